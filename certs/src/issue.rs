@@ -1,0 +1,565 @@
+//! Issuing certificates: self-signed CAs and CA-signed server or client certificates.
+//! Keys are ECDSA P-256 unless RSA is asked for; every certificate gets a random serial.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PKCS_RSA_SHA256, SanType,
+    SerialNumber,
+};
+use ring::rand::{SecureRandom, SystemRandom};
+use rsa::pkcs8::EncodePrivateKey;
+use time::OffsetDateTime;
+
+use crate::error::CertError;
+use crate::pem::{first_block, private_key_der};
+
+/// The key type of a certificate we issue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum KeyAlgorithm {
+    #[default]
+    EcdsaP256,
+    Rsa2048,
+    Rsa4096,
+}
+
+impl KeyAlgorithm {
+    pub const ALL: [KeyAlgorithm; 3] = [Self::EcdsaP256, Self::Rsa2048, Self::Rsa4096];
+
+    /// The name used in specs and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EcdsaP256 => "ecdsa-p256",
+            Self::Rsa2048 => "rsa-2048",
+            Self::Rsa4096 => "rsa-4096",
+        }
+    }
+
+    fn generate(self) -> Result<KeyPair, CertError> {
+        let rsa_bits = match self {
+            Self::EcdsaP256 => return Ok(KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?),
+            Self::Rsa2048 => 2048,
+            Self::Rsa4096 => 4096,
+        };
+        // ring signs with RSA keys but cannot generate them, so the `rsa` crate makes the key
+        // and ring does every signature.
+        let key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, rsa_bits)
+            .map_err(|e| CertError::Generation(format!("RSA-{rsa_bits} key generation: {e}")))?;
+        let der = key
+            .to_pkcs8_der()
+            .map_err(|e| CertError::Generation(format!("RSA key encoding: {e}")))?;
+        Ok(KeyPair::from_pkcs8_der_and_sign_algo(
+            &der.as_bytes().into(),
+            &PKCS_RSA_SHA256,
+        )?)
+    }
+}
+
+impl fmt::Display for KeyAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for KeyAlgorithm {
+    type Err = CertError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "ecdsa-p256" | "ecdsa" | "ec" | "p256" => Ok(Self::EcdsaP256),
+            "rsa-2048" | "rsa2048" | "rsa" => Ok(Self::Rsa2048),
+            "rsa-4096" | "rsa4096" => Ok(Self::Rsa4096),
+            _ => Err(CertError::InvalidRequest(format!(
+                "unknown key algorithm {s:?}: expected one of ecdsa-p256, rsa-2048, rsa-4096"
+            ))),
+        }
+    }
+}
+
+/// What a leaf certificate is for. CA certificates carry neither extended usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    Server,
+    Client,
+}
+
+/// Everything needed to issue one certificate.
+#[derive(Debug, Clone)]
+pub struct CertificateRequest {
+    pub common_name: String,
+    /// DNS names, IP addresses and URIs (such as SPIFFE IDs); empty means `[common_name]`.
+    pub hosts: Vec<String>,
+    pub is_ca: bool,
+    pub usage: Usage,
+    pub valid_for: Duration,
+    pub key_algorithm: KeyAlgorithm,
+}
+
+impl CertificateRequest {
+    pub fn new(common_name: impl Into<String>, usage: Usage, valid_for: Duration) -> Self {
+        Self {
+            common_name: common_name.into(),
+            hosts: Vec::new(),
+            is_ca: false,
+            usage,
+            valid_for,
+            key_algorithm: KeyAlgorithm::default(),
+        }
+    }
+
+    /// A request for a CA certificate.
+    pub fn ca(common_name: impl Into<String>, valid_for: Duration) -> Self {
+        Self {
+            is_ca: true,
+            ..Self::new(common_name, Usage::Server, valid_for)
+        }
+    }
+
+    pub fn with_hosts<I, S>(mut self, hosts: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.hosts = hosts.into_iter().map(Into::into).collect();
+        self
+    }
+
+    pub fn with_key_algorithm(mut self, key_algorithm: KeyAlgorithm) -> Self {
+        self.key_algorithm = key_algorithm;
+        self
+    }
+
+    fn params(&self, now: OffsetDateTime) -> Result<CertificateParams, CertError> {
+        if self.common_name.trim().is_empty() {
+            return Err(CertError::InvalidRequest(
+                "common name must not be empty".into(),
+            ));
+        }
+        let seconds = i64::try_from(self.valid_for.as_secs())
+            .map_err(|_| CertError::InvalidRequest("validity is too long".into()))?;
+        if seconds == 0 {
+            return Err(CertError::InvalidRequest(
+                "validity must be at least one second".into(),
+            ));
+        }
+        // X.509 times have whole seconds; start on one so the arithmetic on the issued
+        // certificate gives back exactly the requested validity.
+        let not_before = now.replace_nanosecond(0).unwrap_or(now);
+        let not_after = not_before
+            .checked_add(time::Duration::seconds(seconds))
+            .filter(|t| t.year() <= 9999)
+            .ok_or_else(|| CertError::InvalidRequest("validity is too long".into()))?;
+
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, self.common_name.as_str());
+        params.distinguished_name = dn;
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.serial_number = Some(random_serial()?);
+        let hosts: Vec<&str> = if self.hosts.is_empty() {
+            vec![self.common_name.as_str()]
+        } else {
+            self.hosts.iter().map(String::as_str).collect()
+        };
+        params.subject_alt_names = hosts
+            .into_iter()
+            .map(subject_alt_name)
+            .collect::<Result<_, _>>()?;
+        if self.is_ca {
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![
+                KeyUsagePurpose::KeyCertSign,
+                KeyUsagePurpose::CrlSign,
+                KeyUsagePurpose::DigitalSignature,
+            ];
+        } else {
+            params.is_ca = IsCa::ExplicitNoCa;
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+            if self.key_algorithm != KeyAlgorithm::EcdsaP256 {
+                params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+            }
+            params.extended_key_usages = vec![match self.usage {
+                Usage::Server => ExtendedKeyUsagePurpose::ServerAuth,
+                Usage::Client => ExtendedKeyUsagePurpose::ClientAuth,
+            }];
+            params.use_authority_key_identifier_extension = true;
+        }
+        Ok(params)
+    }
+}
+
+/// A certificate with its key, as stored in a `kubernetes.io/tls` Secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IssuedCertificate {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The issuer's certificate; the certificate itself when self-signed.
+    pub ca_pem: String,
+}
+
+impl fmt::Debug for IssuedCertificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print private keys, not even in debug logs.
+        f.debug_struct("IssuedCertificate")
+            .field("cert_pem", &self.cert_pem)
+            .field("key_pem", &"<redacted>")
+            .field("ca_pem", &self.ca_pem)
+            .finish()
+    }
+}
+
+/// A CA certificate and its key, ready to sign.
+pub struct CertificateAuthority {
+    cert_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl CertificateAuthority {
+    /// Loads a CA from PEM, checking that it is a CA and that the key is its own.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, CertError> {
+        let info = crate::inspect::CertificateInfo::from_pem(cert_pem)?;
+        if !info.is_ca {
+            return Err(CertError::IssuerNotCa);
+        }
+        crate::verify::key_matches(cert_pem, key_pem)?;
+        let key = load_key(key_pem)?;
+        let der = first_block(cert_pem, "CERTIFICATE")?;
+        let issuer = Issuer::from_ca_cert_der(&der.into(), key)
+            .map_err(|e| CertError::Certificate(e.to_string()))?;
+        Ok(Self {
+            cert_pem: cert_pem.to_owned(),
+            issuer,
+        })
+    }
+
+    /// Loads the CA of an issued self-signed CA certificate.
+    pub fn from_issued(issued: &IssuedCertificate) -> Result<Self, CertError> {
+        Self::from_pem(&issued.cert_pem, &issued.key_pem)
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// Issues a certificate signed by this CA.
+    pub fn issue(&self, request: &CertificateRequest) -> Result<IssuedCertificate, CertError> {
+        self.issue_at(request, OffsetDateTime::now_utc())
+    }
+
+    pub(crate) fn issue_at(
+        &self,
+        request: &CertificateRequest,
+        now: OffsetDateTime,
+    ) -> Result<IssuedCertificate, CertError> {
+        let params = request.params(now)?;
+        let key = request.key_algorithm.generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(IssuedCertificate {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            ca_pem: self.cert_pem.clone(),
+        })
+    }
+}
+
+/// Issues a self-signed certificate (usually a CA).
+pub fn issue_self_signed(request: &CertificateRequest) -> Result<IssuedCertificate, CertError> {
+    issue_self_signed_at(request, OffsetDateTime::now_utc())
+}
+
+pub(crate) fn issue_self_signed_at(
+    request: &CertificateRequest,
+    now: OffsetDateTime,
+) -> Result<IssuedCertificate, CertError> {
+    let params = request.params(now)?;
+    let key = request.key_algorithm.generate()?;
+    let cert = params.self_signed(&key)?;
+    let cert_pem = cert.pem();
+    Ok(IssuedCertificate {
+        ca_pem: cert_pem.clone(),
+        cert_pem,
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Parses a PKCS#8 private key (`PRIVATE KEY` PEM block).
+pub(crate) fn load_key(key_pem: &str) -> Result<KeyPair, CertError> {
+    let der = private_key_der(key_pem)?;
+    let key =
+        KeyPair::try_from(der.as_slice()).map_err(|e| CertError::PrivateKey(e.to_string()))?;
+    // Reject keys rcgen can parse but we never sign with (such as Ed25519) early and clearly.
+    if !key.is_compatible(&PKCS_ECDSA_P256_SHA256) && !key.is_compatible(&PKCS_RSA_SHA256) {
+        return Err(CertError::PrivateKey(
+            "unsupported key type: expected an ECDSA P-256 or RSA key".into(),
+        ));
+    }
+    Ok(key)
+}
+
+fn random_serial() -> Result<SerialNumber, CertError> {
+    let mut bytes = [0u8; 16];
+    SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| CertError::Generation("no randomness available for the serial".into()))?;
+    // Positive and without a leading zero byte, as RFC 5280 asks of serial numbers.
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    Ok(SerialNumber::from_slice(&bytes))
+}
+
+/// Turns a host into the SAN of the matching type: IP address, URI (has a scheme) or DNS name.
+pub fn subject_alt_name(host: &str) -> Result<SanType, CertError> {
+    let invalid = |reason: &str| CertError::InvalidHost {
+        host: host.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(SanType::IpAddress(ip));
+    }
+    if let Some((scheme, rest)) = host.split_once("://") {
+        let scheme_ok = scheme
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+        if !scheme_ok {
+            return Err(invalid(
+                "URI scheme must be letters, digits, '+', '-' or '.'",
+            ));
+        }
+        if rest.is_empty() {
+            return Err(invalid("URI has nothing after the scheme"));
+        }
+        if !host.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(invalid("URI must be printable ASCII without spaces"));
+        }
+        return host
+            .try_into()
+            .map(SanType::URI)
+            .map_err(|e: rcgen::Error| invalid(&e.to_string()));
+    }
+    validate_dns_name(host).map_err(invalid)?;
+    host.try_into()
+        .map(SanType::DnsName)
+        .map_err(|e: rcgen::Error| invalid(&e.to_string()))
+}
+
+fn validate_dns_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("empty name");
+    }
+    if name.len() > 253 {
+        return Err("DNS name longer than 253 characters");
+    }
+    let name = name.strip_prefix("*.").unwrap_or(name);
+    for label in name.trim_end_matches('.').split('.') {
+        if label.is_empty() {
+            return Err("DNS name has an empty label");
+        }
+        if label.len() > 63 {
+            return Err("DNS label longer than 63 characters");
+        }
+        if !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(
+                "not a DNS name, IP address or URI (DNS labels are letters, digits and '-')",
+            );
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("DNS labels must not start or end with '-'");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inspect::{CertificateInfo, SubjectAltName};
+
+    fn day() -> Duration {
+        Duration::from_secs(86_400)
+    }
+
+    #[test]
+    fn self_signed_ca_is_its_own_issuer() {
+        let ca = issue_self_signed(&CertificateRequest::ca("marin3r-ca", day())).unwrap();
+        assert_eq!(ca.cert_pem, ca.ca_pem);
+        let info = CertificateInfo::from_pem(&ca.cert_pem).unwrap();
+        assert!(info.is_ca);
+        assert_eq!(info.subject, "CN=marin3r-ca");
+        assert_eq!(info.issuer, "CN=marin3r-ca");
+        assert_eq!(info.key_algorithm, "ECDSA P-256");
+        assert_eq!(info.not_after - info.not_before, time::Duration::days(1));
+    }
+
+    #[test]
+    fn server_certificate_has_every_san_type_and_server_usage() {
+        let ca = issue_self_signed(&CertificateRequest::ca("ca", day())).unwrap();
+        let ca = CertificateAuthority::from_issued(&ca).unwrap();
+        let req = CertificateRequest::new("xds", Usage::Server, day()).with_hosts([
+            "marin3r-instance",
+            "marin3r-instance.default.svc",
+            "127.0.0.1",
+            "::1",
+            "spiffe://cluster.local/ns/default",
+        ]);
+        let cert = ca.issue(&req).unwrap();
+        assert_eq!(cert.ca_pem, ca.cert_pem());
+        let info = CertificateInfo::from_pem(&cert.cert_pem).unwrap();
+        assert!(!info.is_ca);
+        assert!(info.server_auth && !info.client_auth);
+        assert_eq!(
+            info.sans,
+            vec![
+                SubjectAltName::Dns("marin3r-instance".into()),
+                SubjectAltName::Dns("marin3r-instance.default.svc".into()),
+                SubjectAltName::Ip("127.0.0.1".parse().unwrap()),
+                SubjectAltName::Ip("::1".parse().unwrap()),
+                SubjectAltName::Uri("spiffe://cluster.local/ns/default".into()),
+            ]
+        );
+        assert_eq!(info.issuer, "CN=ca");
+    }
+
+    #[test]
+    fn hosts_default_to_common_name_and_client_usage_is_client_auth() {
+        let ca = issue_self_signed(&CertificateRequest::ca("ca", day())).unwrap();
+        let ca = CertificateAuthority::from_issued(&ca).unwrap();
+        let cert = ca
+            .issue(&CertificateRequest::new("envoy", Usage::Client, day()))
+            .unwrap();
+        let info = CertificateInfo::from_pem(&cert.cert_pem).unwrap();
+        assert_eq!(info.sans, vec![SubjectAltName::Dns("envoy".into())]);
+        assert!(info.client_auth && !info.server_auth);
+    }
+
+    #[test]
+    fn rsa_keys_on_request() {
+        let req = CertificateRequest::ca("rsa-ca", day()).with_key_algorithm(KeyAlgorithm::Rsa2048);
+        let ca = issue_self_signed(&req).unwrap();
+        assert_eq!(
+            CertificateInfo::from_pem(&ca.cert_pem)
+                .unwrap()
+                .key_algorithm,
+            "RSA 2048"
+        );
+        // An RSA CA signs an ECDSA leaf and the other way round.
+        let rsa_ca = CertificateAuthority::from_issued(&ca).unwrap();
+        let leaf = rsa_ca
+            .issue(&CertificateRequest::new("leaf", Usage::Server, day()))
+            .unwrap();
+        crate::verify::verify_signed_by(&leaf.cert_pem, &ca.cert_pem).unwrap();
+        let ec_ca = CertificateAuthority::from_issued(
+            &issue_self_signed(&CertificateRequest::ca("ec", day())).unwrap(),
+        )
+        .unwrap();
+        let rsa_leaf = ec_ca
+            .issue(
+                &CertificateRequest::new("leaf", Usage::Client, day())
+                    .with_key_algorithm(KeyAlgorithm::Rsa2048),
+            )
+            .unwrap();
+        crate::verify::verify_signed_by(&rsa_leaf.cert_pem, ec_ca.cert_pem()).unwrap();
+        crate::verify::key_matches(&rsa_leaf.cert_pem, &rsa_leaf.key_pem).unwrap();
+    }
+
+    #[test]
+    fn serials_are_random_and_positive() {
+        let req = CertificateRequest::ca("ca", day());
+        let a = CertificateInfo::from_pem(&issue_self_signed(&req).unwrap().cert_pem).unwrap();
+        let b = CertificateInfo::from_pem(&issue_self_signed(&req).unwrap().cert_pem).unwrap();
+        assert_ne!(a.serial, b.serial);
+        assert!(!a.serial.starts_with("00"));
+    }
+
+    #[test]
+    fn key_algorithm_names_round_trip() {
+        for alg in KeyAlgorithm::ALL {
+            assert_eq!(alg.as_str().parse::<KeyAlgorithm>().unwrap(), alg);
+        }
+        assert_eq!(
+            "RSA_4096".parse::<KeyAlgorithm>().unwrap(),
+            KeyAlgorithm::Rsa4096
+        );
+        let err = "dsa".parse::<KeyAlgorithm>().unwrap_err().to_string();
+        assert!(err.contains("\"dsa\""), "{err}");
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_reason() {
+        let zero = CertificateRequest::ca("ca", Duration::ZERO);
+        assert!(
+            issue_self_signed(&zero)
+                .unwrap_err()
+                .to_string()
+                .contains("at least one second")
+        );
+        let empty = CertificateRequest::ca(" ", day());
+        assert!(
+            issue_self_signed(&empty)
+                .unwrap_err()
+                .to_string()
+                .contains("common name")
+        );
+        let huge = CertificateRequest::ca("ca", Duration::from_secs(u64::MAX));
+        assert!(
+            issue_self_signed(&huge)
+                .unwrap_err()
+                .to_string()
+                .contains("too long")
+        );
+    }
+
+    #[test]
+    fn hosts_are_checked() {
+        for (host, want) in [
+            ("bad host", "not a DNS name"),
+            ("-lead.example", "start or end"),
+            ("a..b", "empty label"),
+            ("1http://x", "URI scheme"),
+            ("spiffe://", "nothing after the scheme"),
+            ("", "empty name"),
+        ] {
+            let err = subject_alt_name(host).unwrap_err().to_string();
+            assert!(err.contains(want), "{host:?}: {err}");
+            assert!(err.contains(&format!("{host:?}")), "{err}");
+        }
+        for host in [
+            "*.example.com",
+            "svc.ns.svc.cluster.local.",
+            "xn--bcher-kva.example",
+        ] {
+            subject_alt_name(host).unwrap();
+        }
+    }
+
+    #[test]
+    fn issuer_must_be_a_ca_with_its_own_key() {
+        let ca = issue_self_signed(&CertificateRequest::ca("ca", day())).unwrap();
+        let leaf = CertificateAuthority::from_issued(&ca)
+            .unwrap()
+            .issue(&CertificateRequest::new("leaf", Usage::Server, day()))
+            .unwrap();
+        assert!(matches!(
+            CertificateAuthority::from_pem(&leaf.cert_pem, &leaf.key_pem),
+            Err(CertError::IssuerNotCa)
+        ));
+        let other = issue_self_signed(&CertificateRequest::ca("other", day())).unwrap();
+        assert!(matches!(
+            CertificateAuthority::from_pem(&ca.cert_pem, &other.key_pem),
+            Err(CertError::KeyMismatch)
+        ));
+    }
+
+    #[test]
+    fn debug_never_prints_the_key() {
+        let ca = issue_self_signed(&CertificateRequest::ca("ca", day())).unwrap();
+        assert!(!format!("{ca:?}").contains("PRIVATE KEY"));
+    }
+}

@@ -1,0 +1,60 @@
+//! marin3r's PKI: issuing self-signed CAs and CA-signed server and client certificates,
+//! reading PEM, verifying chains and keys, and the two numbers the controllers live by:
+//! the certificate hash and the renewal instant (80% of the validity).
+
+mod error;
+mod inspect;
+mod issue;
+mod pem;
+mod verify;
+
+pub use error::CertError;
+pub use inspect::{
+    CertificateInfo, RENEWAL_FRACTION_PERCENT, SubjectAltName, certificate_hash, renewal_instant,
+};
+pub use issue::{
+    CertificateAuthority, CertificateRequest, IssuedCertificate, KeyAlgorithm, Usage,
+    issue_self_signed, subject_alt_name,
+};
+pub use pem::{blocks_labelled, private_key_der};
+pub use verify::{check_validity, key_matches, verify_signed_by};
+
+/// The SPIFFE URI a proxy's client certificate carries: the namespace is its identity.
+pub fn spiffe_id(trust_domain: &str, namespace: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}")
+}
+
+/// The namespace named by a SPIFFE URI of the form `spiffe://<trust domain>/ns/<namespace>`.
+pub fn namespace_from_spiffe_id(uri: &str) -> Option<&str> {
+    let rest = uri.strip_prefix("spiffe://")?;
+    let (domain, path) = rest.split_once('/')?;
+    let namespace = path.strip_prefix("ns/")?;
+    let valid = !domain.is_empty()
+        && !namespace.is_empty()
+        && namespace
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    valid.then_some(namespace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spiffe_ids_round_trip_and_bad_ones_are_refused() {
+        let id = spiffe_id("cluster.local", "team-a");
+        assert_eq!(id, "spiffe://cluster.local/ns/team-a");
+        assert_eq!(namespace_from_spiffe_id(&id), Some("team-a"));
+        for bad in [
+            "spiffe://cluster.local/ns/",
+            "spiffe:///ns/a",
+            "spiffe://cluster.local/sa/a",
+            "https://cluster.local/ns/a",
+            "spiffe://cluster.local/ns/a/sa/b",
+            "spiffe://cluster.local/ns/A",
+        ] {
+            assert_eq!(namespace_from_spiffe_id(bad), None, "{bad}");
+        }
+    }
+}

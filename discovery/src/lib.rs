@@ -1,0 +1,3 @@
+//! marin3r's discovery service and the `marin3r` command line.
+
+pub mod cli;
