@@ -1,3 +1,4 @@
 //! marin3r's discovery service and the `marin3r` command line.
 
 pub mod cli;
+pub mod resource;
