@@ -1,6 +1,7 @@
 //! The `marin3r` command line: argument parsing and dispatch. Every subcommand is one call
 //! into library code; this module only turns results into output and exit codes.
 
+mod bootstrap;
 mod certs;
 
 use std::process::ExitCode;
@@ -20,6 +21,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Write an Envoy bootstrap (config.json and its SDS files) for a proxy.
+    Bootstrap(bootstrap::BootstrapArgs),
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -28,6 +31,7 @@ pub enum Command {
 /// Runs a parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
+        Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
         Command::Certs(cmd) => certs::run(cmd),
     };
     match result {
