@@ -2,4 +2,5 @@
 
 pub mod bootstrap;
 pub mod cli;
+pub mod crds;
 pub mod resource;

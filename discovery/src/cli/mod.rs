@@ -3,6 +3,8 @@
 
 mod bootstrap;
 mod certs;
+mod crds;
+mod operator;
 
 use std::process::ExitCode;
 
@@ -26,13 +28,23 @@ pub enum Command {
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Print the CustomResourceDefinitions marin3r serves.
+    Crds(crds::CrdsArgs),
+    /// Run the operator's controllers against the cluster of the current kubeconfig (or the
+    /// in-cluster configuration).
+    Operator(operator::OperatorArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Certs(cmd) => certs::run(cmd),
+        Command::Certs(cmd) => certs::run(cmd).await,
+        Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Operator(args) => {
+            init_logging();
+            operator::run(args).await.map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
@@ -40,5 +52,39 @@ pub async fn run(cli: Cli) -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
     }
 }
