@@ -4,3 +4,4 @@ pub mod bootstrap;
 pub mod cli;
 pub mod crds;
 pub mod resource;
+pub mod revisions;
