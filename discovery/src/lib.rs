@@ -1,4 +1,6 @@
 //! marin3r's discovery service and the `marin3r` command line.
 
+pub mod api;
 pub mod cli;
+pub mod convert;
 pub mod resource;
