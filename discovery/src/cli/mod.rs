@@ -2,6 +2,7 @@
 //! into library code; this module only turns results into output and exit codes.
 
 mod certs;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -23,12 +24,16 @@ pub enum Command {
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Validate EnvoyConfig manifests offline: every resource is parsed into its Envoy v3
+    /// type; every problem is printed with its file and field path.
+    Validate(validate::ValidateArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Certs(cmd) => certs::run(cmd),
+        Command::Validate(args) => validate::run(args),
     };
     match result {
         Ok(code) => code,
