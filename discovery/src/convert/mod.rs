@@ -3,6 +3,7 @@
 //! `@type`), checked, named and encoded once. All errors are collected, each naming its
 //! field path from `spec`.
 
+mod canonical;
 mod parse;
 mod pool;
 mod secret;
@@ -183,10 +184,13 @@ fn resource(
             name_field(kind)
         )));
     }
+    let encoded = message.encode_to_vec();
+    // Our own bytes always walk; should they not, they are still a correct encoding.
+    let body = canonical::canonical(pool, &desc, &encoded).unwrap_or(encoded);
     Ok(Resource {
         kind,
         name,
-        body: message.encode_to_vec().into(),
+        body: body.into(),
     })
 }
 
