@@ -184,3 +184,105 @@ fn envoy_runs_the_converted_resources() {
     let clusters = envoy.admin_get("/clusters").unwrap();
     assert!(clusters.contains("backend::127.0.0.1:9"), "{clusters}");
 }
+
+const LISTENER: &str = r#"name: http
+address: { socket_address: { address: 127.0.0.1, port_value: 8080 } }
+filter_chains:
+  - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: http
+          route_config:
+            virtual_hosts:
+              - name: all
+                domains: ["*"]
+                routes:
+                  - match: { prefix: "/" }
+                    direct_response: { status: 200 }
+          http_filters:
+            - name: envoy.filters.http.router
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#;
+
+const CLUSTER: &str = "name: backend\nconnect_timeout: 1s\ntype: STATIC\n";
+
+/// Runs `envoy --mode validate` on a YAML bootstrap holding one static resource, so Envoy
+/// parses and checks the user's text itself. Returns whether it passed, and its output.
+fn envoy_validates(list: &str, resource_yaml: &str) -> (bool, String) {
+    let mut bootstrap = format!("static_resources:\n  {list}:\n");
+    for (i, line) in resource_yaml.lines().enumerate() {
+        bootstrap.push_str(if i == 0 { "  - " } else { "    " });
+        bootstrap.push_str(line);
+        bootstrap.push('\n');
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bootstrap.yaml");
+    std::fs::write(&path, bootstrap).unwrap();
+    let out = std::process::Command::new(marin3r_e2e::tools::envoy().unwrap())
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// The validation rules marin3r checks locally are ones Envoy enforces: Envoy refuses each
+/// of these values, and so does the conversion, before anything reaches a proxy.
+#[test]
+fn local_validation_rules_agree_with_envoy() {
+    use marin3r_discovery::api::Serialization;
+    use marin3r_discovery::convert::convert_value;
+
+    let good = [
+        ("listeners", ResourceType::Listener, LISTENER.to_owned()),
+        ("clusters", ResourceType::Cluster, CLUSTER.to_owned()),
+    ];
+    let bad = [
+        (
+            "listeners",
+            ResourceType::Listener,
+            LISTENER.replace("port_value: 8080", "port_value: 70000"),
+            "port_value",
+        ),
+        (
+            "listeners",
+            ResourceType::Listener,
+            LISTENER.replace("stat_prefix: http", "stat_prefix: \"\""),
+            "stat_prefix",
+        ),
+        (
+            "listeners",
+            ResourceType::Listener,
+            LISTENER.replace("status: 200", "status: 99"),
+            "status",
+        ),
+        (
+            "clusters",
+            ResourceType::Cluster,
+            CLUSTER.replace("1s", "0s"),
+            "connect_timeout",
+        ),
+    ];
+    for (list, kind, value) in good {
+        let (ok, output) = envoy_validates(list, &value);
+        assert!(ok, "envoy refused the good {kind}: {output}");
+        convert_value(kind, &value, Serialization::Yaml).unwrap();
+    }
+    for (list, kind, value, field) in bad {
+        let (ok, output) = envoy_validates(list, &value);
+        assert!(!ok, "envoy accepted {value}");
+        assert!(
+            output.contains("Proto constraint validation failed"),
+            "{output}"
+        );
+        let errors = convert_value(kind, &value, Serialization::Yaml).unwrap_err();
+        assert!(
+            errors.iter().any(|e| e.path.ends_with(field)),
+            "{field}: {errors:?}"
+        );
+    }
+}

@@ -5,11 +5,13 @@
 
 mod canonical;
 mod parse;
+mod pgv;
 mod pool;
 mod secret;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::LazyLock;
 
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
@@ -82,8 +84,12 @@ pub fn envoy_resources(
             let at = format!("spec.envoyResources.{}[{i}]", kind.spec_field());
             let resource = match resource(pool, kind, &entry.value, serialization) {
                 Ok(resource) => resource,
-                Err(err) => {
-                    errors.push(ConversionError::new(format!("{at}.value"), err));
+                Err(errs) => {
+                    let path = format!("{at}.value");
+                    errors.extend(
+                        errs.into_iter()
+                            .map(|e| ConversionError::new(path.clone(), e)),
+                    );
                     continue;
                 }
             };
@@ -151,38 +157,52 @@ fn check_secrets(resources: &EnvoyResources, errors: &mut Vec<ConversionError>) 
     }
 }
 
-/// Parses one serialized value as a `kind` resource and encodes it. The error is relative
-/// to the value (its field path inside it).
+/// Parses one serialized value as a `kind` resource, checks it and encodes it. Errors are
+/// relative to the value (field paths inside it): the first parse error, or every
+/// validation rule the parsed resource breaks.
 pub fn convert_value(
     kind: ResourceType,
     value: &str,
     serialization: Serialization,
-) -> Result<Resource, ValueError> {
-    let pool = descriptor_pool().map_err(|e| ValueError::whole(e.to_string()))?;
+) -> Result<Resource, Vec<ValueError>> {
+    let pool = descriptor_pool().map_err(|e| vec![ValueError::whole(e.to_string())])?;
     resource(pool, kind, value, serialization)
 }
+
+/// Envoy's protoc-gen-validate rules, compiled lazily per message type.
+static VALIDATOR: LazyLock<Option<pgv::Validator>> =
+    LazyLock::new(|| descriptor_pool().ok().map(pgv::Validator::new));
 
 fn resource(
     pool: &prost_reflect::DescriptorPool,
     kind: ResourceType,
     value: &str,
     serialization: Serialization,
-) -> Result<Resource, ValueError> {
+) -> Result<Resource, Vec<ValueError>> {
     let desc = pool
         .get_message_by_name(kind.message_name())
         .ok_or_else(|| {
-            ValueError::whole(format!("the descriptor set has no {}", kind.message_name()))
+            vec![ValueError::whole(format!(
+                "the descriptor set has no {}",
+                kind.message_name()
+            ))]
         })?;
     let message = match parse::parse(&desc, value, serialization) {
         Ok(message) => message,
-        Err(err) => return Err(hint_other_type(pool, kind, value, serialization, err)),
+        Err(err) => return Err(vec![hint_other_type(pool, kind, value, serialization, err)]),
     };
     let name = resource_name(kind, &message);
     if name.is_empty() {
-        return Err(ValueError::whole(format!(
+        return Err(vec![ValueError::whole(format!(
             "the resource has no name: set `{}`",
             name_field(kind)
-        )));
+        ))]);
+    }
+    if let Some(validator) = VALIDATOR.as_ref() {
+        let violations = validator.check(&message);
+        if !violations.is_empty() {
+            return Err(violations);
+        }
     }
     let encoded = message.encode_to_vec();
     // Our own bytes always walk; should they not, they are still a correct encoding.

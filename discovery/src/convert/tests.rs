@@ -79,7 +79,7 @@ fn every_type_converts_in_every_serialization() {
     for (kind, yaml, name) in fixtures() {
         for ser in ALL_SERIALIZATIONS {
             let resource = convert_value(kind, &mk_value(yaml, ser), ser)
-                .unwrap_or_else(|e| panic!("{kind} in {}: {e}", ser.as_str()));
+                .unwrap_or_else(|e| panic!("{kind} in {}: {e:?}", ser.as_str()));
             assert_eq!((resource.kind, resource.name.as_str()), (kind, name));
             assert!(!resource.body.is_empty());
         }
@@ -337,7 +337,7 @@ fn a_v2_resource_is_refused_with_the_v3_advice() {
         "envoy.extensions.filters.http.router.v3.Router",
         "envoy.config.filter.http.router.v2.Router",
     );
-    let err = convert_value(ResourceType::Listener, &v2, Serialization::Yaml).unwrap_err();
+    let err = &convert_value(ResourceType::Listener, &v2, Serialization::Yaml).unwrap_err()[0];
     assert!(
         err.message
             .starts_with("Envoy's v2 API is not supported; use v3"),
@@ -608,4 +608,72 @@ fn the_descriptor_pool_knows_every_resource_type_and_keeps_validation_rules() {
             .any(|(ext, _)| ext.full_name() == "validate.rules"),
         "validate.rules lost"
     );
+}
+
+/// Envoy's protoc-gen-validate rules that the conversion checks itself, each with the
+/// message a user gets (every violation of a value is listed).
+#[test]
+fn validation_rules_are_checked_inside_any_too() {
+    use ResourceType as T;
+    let cases: [(T, String, &[&str]); 7] = [
+        (
+            T::Listener,
+            LISTENER.replace("port_value: 8080", "port_value: 70000"),
+            &["address.socket_address.port_value: must be <= 65535 (got 70000)"],
+        ),
+        (
+            T::Listener,
+            LISTENER
+                .replace("stat_prefix: ingress_http", "stat_prefix: \"\"")
+                .replace("domains: [\"*\"]", "domains: []"),
+            &[
+                "filter_chains[0].filters[0].typed_config.stat_prefix: must have at least 1 \
+                 characters (has 0)",
+                "filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].domains: \
+                 must have at least 1 items (has 0)",
+            ],
+        ),
+        (
+            T::Cluster,
+            CLUSTER.replace("0.25s", "0s"),
+            &["connect_timeout: must be > 0s (got 0s)"],
+        ),
+        (
+            T::Route,
+            ROUTE.replace(
+                "route: { cluster: backend, timeout: 5s }",
+                "route: { cluster: \"\" }",
+            ),
+            &["virtual_hosts[0].routes[0].route.cluster: must have at least 1 characters (has 0)"],
+        ),
+        (
+            T::Route,
+            ROUTE.replace(
+                "        direct_response: { status: 200, body: { inline_string: ok } }\n",
+                "",
+            ),
+            &[
+                "virtual_hosts[0].routes[1]: one of route, redirect, direct_response, \
+               filter_action, non_forwarding_action must be set",
+            ],
+        ),
+        (
+            T::Route,
+            ROUTE.replace("status: 200", "status: 99"),
+            &[
+                "virtual_hosts[0].routes[1].direct_response.status: must be >= 200 and < 600 \
+               (got 99)",
+            ],
+        ),
+        (
+            T::Endpoint,
+            ENDPOINT.replace("load_balancing_weight: 10", "load_balancing_weight: 0"),
+            &["endpoints[0].lb_endpoints[0].load_balancing_weight: must be >= 1 (got 0)"],
+        ),
+    ];
+    for (kind, value, expected) in cases {
+        let errors = convert_value(kind, &value, Serialization::Yaml).unwrap_err();
+        let got: Vec<_> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(got, expected, "{kind}");
+    }
 }
