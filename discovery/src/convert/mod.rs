@@ -231,7 +231,8 @@ fn resource_name(kind: ResourceType, message: &DynamicMessage) -> String {
 
 /// When a value does not parse as its list's type but parses as another resource type, the
 /// user most likely put it in the wrong list: say so instead of listing an unknown field.
-/// Only runs on the error path, so valid configs pay nothing for it.
+/// Likewise a YAML value in a `json` config. Only runs on the error path, so valid configs
+/// pay nothing for it.
 fn hint_other_type(
     pool: &prost_reflect::DescriptorPool,
     kind: ResourceType,
@@ -239,6 +240,15 @@ fn hint_other_type(
     serialization: Serialization,
     err: ValueError,
 ) -> ValueError {
+    if serialization == Serialization::Json
+        && err.path.is_empty()
+        && let Some(desc) = pool.get_message_by_name(kind.message_name())
+        && parse::parse(&desc, value, Serialization::Yaml).is_ok()
+    {
+        return ValueError::whole(format!(
+            "the value is YAML, not JSON: set `spec.serialization: yaml` ({err})"
+        ));
+    }
     if !err.path.is_empty() || !err.message.starts_with("unknown field") {
         return err;
     }

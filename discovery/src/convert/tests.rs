@@ -290,7 +290,8 @@ fn bad_values_are_reported_with_their_path() {
         bad_json(
             T::Cluster,
             "name: backend",
-            "spec.envoyResources.clusters[0].value: expected ident (line 1, column 2 of the value)",
+            "spec.envoyResources.clusters[0].value: the value is YAML, not JSON: set \
+             `spec.serialization: yaml` (expected ident (line 1, column 2 of the value))",
         ),
         Bad {
             ser: Serialization::B64json,
