@@ -24,11 +24,14 @@ pub use pool::{PoolError, descriptor_pool};
 pub use secret::{SecretError, tls_secret};
 
 /// One problem in a spec, at a path such as `spec.envoyResources.listeners[1].value`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {message}")]
+/// Displayed as `path: message`, plus the line and column inside the value when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConversionError {
     pub path: String,
+    /// What is wrong, starting with the field path inside the value when there is one.
     pub message: String,
+    /// 1-based line and column inside the value's text (not the manifest's).
+    pub value_location: Option<(u64, u64)>,
 }
 
 impl ConversionError {
@@ -36,9 +39,35 @@ impl ConversionError {
         Self {
             path: path.into(),
             message: message.to_string(),
+            value_location: None,
+        }
+    }
+
+    fn in_value(path: impl Into<String>, err: ValueError) -> Self {
+        let message = if err.path.is_empty() {
+            err.message
+        } else {
+            format!("{}: {}", err.path, err.message)
+        };
+        Self {
+            path: path.into(),
+            message,
+            value_location: err.location,
         }
     }
 }
+
+impl fmt::Display for ConversionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)?;
+        if let Some((line, column)) = self.value_location {
+            write!(f, " (line {line}, column {column} of the value)")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConversionError {}
 
 /// Validates a whole spec and converts its resources: the `envoyAPI` and `nodeID`, then
 /// every resource as [`envoy_resources`] does. Secrets are references to Kubernetes
@@ -88,7 +117,7 @@ pub fn envoy_resources(
                     let path = format!("{at}.value");
                     errors.extend(
                         errs.into_iter()
-                            .map(|e| ConversionError::new(path.clone(), e)),
+                            .map(|e| ConversionError::in_value(path.clone(), e)),
                     );
                     continue;
                 }
