@@ -62,16 +62,16 @@ fn every_error_of_every_file_is_printed_and_the_exit_is_non_zero() {
                 "{BAD}: EnvoyConfig default/bad: spec.envoyAPI: Envoy's v2 API is not \
                  supported; use v3"
             ),
+            // Errors inside `value: |` blocks point at the file's line and column.
             &format!(
-                "{BAD}: EnvoyConfig default/bad: spec.envoyResources.clusters[0].value: type: \
-                 unknown enum value \"STRICTDNS\" (line 3, column 7 of the value)"
+                "{BAD}:21:17: EnvoyConfig default/bad: spec.envoyResources.clusters[0].value: \
+                 type: unknown enum value \"STRICTDNS\""
             ),
             &format!(
-                "{BAD}: EnvoyConfig default/bad: spec.envoyResources.listeners[0].value: \
+                "{BAD}:36:19: EnvoyConfig default/bad: spec.envoyResources.listeners[0].value: \
                  filter_chains[0].filters[0].typed_config: Envoy's v2 API is not supported; use \
                  v3 (\"@type\" names \
-                 envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager) \
-                 (line 7, column 9 of the value)"
+                 envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager)"
             ),
         ]
     );

@@ -2,6 +2,7 @@
 //! conversion the controller runs before publishing, so a bad config is caught before
 //! `kubectl apply`.
 
+use std::collections::HashMap;
 use std::io::{self, Read as _, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +11,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::api::EnvoyConfigSpec;
-use crate::convert::validate_config;
+use crate::convert::{ConversionError, validate_config};
 use crate::resource::ResourceType;
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
@@ -75,8 +76,14 @@ pub fn validate_files(
                 }
                 Document::Invalid { object, errors } => {
                     all_ok = false;
-                    for e in errors {
-                        writeln!(err, "{name}: {object}: {e}")?;
+                    for problem in errors {
+                        // `file:line:column:` is what editors and terminals turn into links.
+                        match problem.at {
+                            Some((line, column)) => {
+                                writeln!(err, "{name}:{line}:{column}: {object}: {}", problem.text)?
+                            }
+                            None => writeln!(err, "{name}: {object}: {}", problem.text)?,
+                        }
                     }
                 }
                 Document::Skipped { object } => {
@@ -94,9 +101,31 @@ pub enum Document {
     /// An EnvoyConfig that converts cleanly; `summary` names its node and counts.
     Valid { object: String, summary: String },
     /// An EnvoyConfig (or a document that cannot be read as one) with every problem found.
-    Invalid { object: String, errors: Vec<String> },
+    Invalid {
+        object: String,
+        errors: Vec<Problem>,
+    },
     /// Another kind of object, e.g. a Secret in the same file.
     Skipped { object: String },
+}
+
+/// One problem, with its line and column in the file when it can be placed there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub at: Option<(u64, u64)>,
+    pub text: String,
+}
+
+impl From<String> for Problem {
+    fn from(text: String) -> Self {
+        Self { at: None, text }
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(text: &str) -> Self {
+        text.to_owned().into()
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -115,6 +144,27 @@ struct Metadata {
     namespace: Option<String>,
 }
 
+/// Where the `value`s of one document's `spec.envoyResources` lists sit in the file. Read
+/// apart from the spec so that a spec that does not deserialize still gets file positions.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ValueSpans {
+    spec: Option<SpecSpans>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SpecSpans {
+    #[serde(rename = "envoyResources")]
+    envoy_resources: Option<HashMap<String, Vec<EntrySpan>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EntrySpan {
+    value: Option<serde_saphyr::Spanned<String>>,
+}
+
 /// Validates every document of a YAML (or JSON) manifest text.
 pub fn validate_manifests(text: &str) -> Vec<Document> {
     let documents: Vec<serde_json::Value> = match serde_saphyr::from_multiple(text) {
@@ -122,26 +172,78 @@ pub fn validate_manifests(text: &str) -> Vec<Document> {
         Err(e) => {
             return vec![Document::Invalid {
                 object: "YAML".into(),
-                errors: vec![e.without_snippet().to_string()],
+                errors: vec![e.without_snippet().to_string().into()],
             }];
         }
     };
+    // Positions are a convenience: without them, errors still name their field paths.
+    let spans: Vec<Option<ValueSpans>> = serde_saphyr::from_multiple(text)
+        .ok()
+        .filter(|spans: &Vec<Option<ValueSpans>>| spans.len() == documents.len())
+        .unwrap_or_default();
     documents
         .into_iter()
         .enumerate()
         // `---` with nothing after it is an empty document, not an object.
         .filter(|(_, doc)| !doc.is_null())
-        .map(|(i, doc)| validate_document(i + 1, doc))
+        .map(|(i, doc)| {
+            let place = |e: &ConversionError| -> Option<(u64, u64)> {
+                let spans = spans
+                    .get(i)?
+                    .as_ref()?
+                    .spec
+                    .as_ref()?
+                    .envoy_resources
+                    .as_ref()?;
+                file_position(text, spans, e)
+            };
+            validate_document(i + 1, doc, &place)
+        })
         .collect()
 }
 
-fn validate_document(number: usize, doc: serde_json::Value) -> Document {
+/// The file position of an error inside a `value` written as a literal block scalar
+/// (`value: |`), the usual way: its lines are the file's lines, shifted and indented.
+/// Other scalar styles fold or escape their text, so their errors keep value positions.
+fn file_position(
+    text: &str,
+    spans: &HashMap<String, Vec<EntrySpan>>,
+    err: &ConversionError,
+) -> Option<(u64, u64)> {
+    let (line, column) = err.value_location?;
+    let entry = err
+        .path
+        .strip_prefix("spec.envoyResources.")?
+        .strip_suffix("].value")?;
+    let (list, index) = entry.split_once('[')?;
+    let span = spans
+        .get(list)?
+        .get(index.parse::<usize>().ok()?)?
+        .value
+        .as_ref()?;
+    let (start, indent) = (span.referenced.line(), span.referenced.column());
+    // The block's indicator ends the line before its first content line.
+    let indicator_line = text
+        .lines()
+        .nth(usize::try_from(start).ok()?.checked_sub(2)?)?;
+    let indicator = indicator_line.trim_end().rsplit(' ').next()?;
+    if !indicator.starts_with('|') {
+        return None;
+    }
+    Some((start + line - 1, indent + column - 1))
+}
+
+fn validate_document(
+    number: usize,
+    doc: serde_json::Value,
+    place: &dyn Fn(&ConversionError) -> Option<(u64, u64)>,
+) -> Document {
     let manifest = match serde_json::from_value::<Manifest>(doc) {
         Ok(manifest) => manifest,
         Err(e) => {
             return Document::Invalid {
                 object: format!("document {number}"),
-                errors: vec![format!("not a Kubernetes object: {e}")],
+                errors: vec![format!("not a Kubernetes object: {e}").into()],
             };
         }
     };
@@ -164,10 +266,10 @@ fn validate_document(number: usize, doc: serde_json::Value) -> Document {
     let object = format!("{KIND} {name}");
     let mut errors = Vec::new();
     if manifest.api_version.as_deref() != Some(API_VERSION) {
-        errors.push(format!(
+        errors.push(Problem::from(format!(
             "apiVersion: {} is not {API_VERSION}",
             manifest.api_version.as_deref().unwrap_or("(missing)")
-        ));
+        )));
     }
     if manifest.metadata.name.is_none() {
         errors.push("metadata.name: missing".into());
@@ -179,7 +281,7 @@ fn validate_document(number: usize, doc: serde_json::Value) -> Document {
     let spec: EnvoyConfigSpec = match serde_path_to_error::deserialize(spec) {
         Ok(spec) => spec,
         Err(e) => {
-            errors.push(format!("spec.{}: {}", e.path(), e.inner()));
+            errors.push(format!("spec.{}: {}", e.path(), e.inner()).into());
             return Document::Invalid { object, errors };
         }
     };
@@ -208,7 +310,13 @@ fn validate_document(number: usize, doc: serde_json::Value) -> Document {
         }
         Ok(_) => Document::Invalid { object, errors },
         Err(more) => {
-            errors.extend(more.iter().map(ToString::to_string));
+            errors.extend(more.iter().map(|e| match place(e) {
+                Some(at) => Problem {
+                    at: Some(at),
+                    text: format!("{}: {}", e.path, e.message),
+                },
+                None => e.to_string().into(),
+            }));
             Document::Invalid { object, errors }
         }
     }
@@ -253,6 +361,7 @@ mod tests {
                 },
                 Document::Invalid {
                     object: "EnvoyConfig default/bad".into(),
+                    // A double-quoted value is not placed in the file: escapes shift it.
                     errors: vec![
                         "spec.envoyResources.clusters[1].value: unknown field \
                          \"conect_timeout\" (line 2, column 1 of the value)"
@@ -266,7 +375,7 @@ mod tests {
     /// The errors of the only document of `text`.
     fn only_errors(text: &str) -> Vec<String> {
         match validate_manifests(text).as_slice() {
-            [Document::Invalid { errors, .. }] => errors.clone(),
+            [Document::Invalid { errors, .. }] => errors.iter().map(|p| p.text.clone()).collect(),
             other => panic!("one invalid document expected, got {other:?}"),
         }
     }
@@ -289,6 +398,33 @@ mod tests {
         assert_eq!(
             only_errors("kind: EnvoyConfig\napiVersion: x\n: [").len(),
             1
+        );
+    }
+
+    #[test]
+    fn errors_in_block_values_point_at_the_file_line() {
+        let text = format!(
+            "# a comment\n{}",
+            mk_manifest("m", &[]).replace(
+                "    clusters:\n",
+                "    clusters:\n      - value: |\n          name: backend\n          \
+                 connect_timeout: 1s\n          lb_polcy: RANDOM\n",
+            )
+        );
+        let docs = validate_manifests(&text);
+        let [Document::Invalid { errors, .. }] = docs.as_slice() else {
+            panic!("invalid expected: {docs:?}")
+        };
+        assert_eq!(
+            errors,
+            &[Problem {
+                at: Some((13, 11)),
+                text: "spec.envoyResources.clusters[0].value: unknown field \"lb_polcy\"".into()
+            }]
+        );
+        assert_eq!(
+            text.lines().nth(12).map(|l| l.find("lb_polcy")),
+            Some(Some(10))
         );
     }
 }
