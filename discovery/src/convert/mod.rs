@@ -134,8 +134,7 @@ pub fn envoy_resources(
                     ),
                 ));
             }
-            if let Some(first) = seen.insert(resource.name.clone(), i) {
-                seen.insert(resource.name.clone(), first);
+            if let Some(&first) = seen.get(&resource.name) {
                 errors.push(ConversionError::new(
                     at,
                     format!(
@@ -146,6 +145,7 @@ pub fn envoy_resources(
                 ));
                 continue;
             }
+            seen.insert(resource.name.clone(), i);
             out.push(resource);
         }
     }
