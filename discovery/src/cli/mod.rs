@@ -5,6 +5,7 @@ mod bootstrap;
 mod certs;
 mod crds;
 mod operator;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,9 @@ pub enum Command {
     /// Run the operator's controllers against the cluster of the current kubeconfig (or the
     /// in-cluster configuration).
     Operator(operator::OperatorArgs),
+    /// Validate EnvoyConfig manifests offline: every resource is parsed into its Envoy v3
+    /// type; every problem is printed with its file and field path.
+    Validate(validate::ValidateArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -45,6 +49,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             init_logging();
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
+        Command::Validate(args) => validate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -15,6 +15,7 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.scale > 0.0, "--scale must be positive");
     let mut rows = Vec::new();
     rows.extend(marin3r_e2e::bench::certs::issuance(args.scale)?);
+    rows.extend(marin3r_e2e::bench::convert::conversion(args.scale)?);
     print!("{}", marin3r_e2e::bench::table(&rows));
     Ok(())
 }

@@ -1,0 +1,9 @@
+//! marin3r's Kubernetes API types (the specs of its custom resources), independent of any
+//! client: the controllers, the validator and the CLI share them.
+
+pub mod envoy_config;
+
+pub use envoy_config::{
+    EnvoyApi, EnvoyConfigSpec, EnvoyResource, EnvoyResources, EnvoySecretResource, SecretReference,
+    Serialization,
+};
