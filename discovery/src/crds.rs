@@ -5,9 +5,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use marin3r_certs::api::DiscoveryServiceCertificate;
 
+use crate::api::discovery_service::DiscoveryService;
+
 /// All CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![DiscoveryServiceCertificate::crd()]
+    vec![DiscoveryService::crd(), DiscoveryServiceCertificate::crd()]
 }
 
 /// The file name of a CRD in `manifests/crds/`: `<group>_<plural>.yaml`.
