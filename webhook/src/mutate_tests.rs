@@ -111,7 +111,7 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
                 {"name": "stats", "containerPort": 9000, "protocol": "UDP"},
             ],
             "resources": {"requests": {"cpu": "50m"}, "limits": {"memory": "128Mi"}},
-            "readinessProbe": with(&probe, json!({"initialDelaySeconds": 0, "periodSeconds": 5, "failureThreshold": 1})),
+            "readinessProbe": with(&probe, json!({"initialDelaySeconds": 0, "periodSeconds": 5, "failureThreshold": 3})),
             "livenessProbe": with(&probe, json!({"initialDelaySeconds": 30, "periodSeconds": 10, "failureThreshold": 10})),
             "volumeMounts": [
                 {"name": "envoy-sidecar-bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true},

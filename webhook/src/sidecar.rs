@@ -169,7 +169,7 @@ pub fn container(spec: &SidecarSpec) -> Container {
         resources: resources(spec),
         // Ready once Envoy has its first configuration; a proxy that stays unready for
         // minutes (not merely waiting for xDS) is restarted.
-        readiness_probe: Some(probe(0, 5, 1)),
+        readiness_probe: Some(probe(0, 5, 3)),
         liveness_probe: Some(probe(30, 10, 10)),
         volume_mounts: Some(vec![
             VolumeMount {

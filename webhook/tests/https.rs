@@ -342,7 +342,7 @@ fn expected_pod() -> Value {
             {"name": "http", "containerPort": 8081, "protocol": "TCP"},
             {"name": "https", "containerPort": 8443, "protocol": "TCP"},
         ],
-        "readinessProbe": probe(0, 5, 1),
+        "readinessProbe": probe(0, 5, 3),
         "livenessProbe": probe(30, 10, 10),
         "volumeMounts": [
             {"name": "envoy-sidecar-bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true},
