@@ -556,3 +556,52 @@ async fn a_missing_or_bad_certificate_fails_at_start_with_the_path() {
 fn write(dir: &Path, name: &str, content: &str) {
     std::fs::write(dir.join(name), content).unwrap();
 }
+
+/// Go clients (the API server among them) negotiate HTTP/2 through ALPN.
+#[tokio::test]
+async fn http2_clients_are_served() {
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(config(&dir)).await;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(pki.ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(server.addr).await.unwrap();
+    let stream = TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from(HOST).unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for uid in ["h2-1", "h2-2"] {
+        let req = hyper::Request::builder()
+            .method("POST")
+            .uri(format!("https://{HOST}/pod-v1-mutate"))
+            .body(Full::new(Bytes::from(
+                admission_review(uid, &real_looking_pod()).to_string(),
+            )))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let out: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(out["response"]["uid"], uid);
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
+    }
+    server.stop().await;
+}
