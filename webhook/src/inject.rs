@@ -35,36 +35,15 @@ pub fn inject_yaml(input: &str, config: &InjectionConfig) -> Result<Injected, In
     let mut docs = Vec::new();
     let mut notes = Vec::new();
     for (i, de) in serde_yaml::Deserializer::from_str(input).enumerate() {
-        let at = |what: &str| format!("document {}{what}", i + 1);
+        let at = format!("document {}", i + 1);
         let mut doc = Value::deserialize(de).map_err(|e| InjectError {
-            location: at(""),
+            location: at.clone(),
             message: format!("not valid YAML: {e}"),
         })?;
         if doc.is_null() {
             continue;
         }
-        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or("");
-        let name = doc
-            .pointer("/metadata/name")
-            .or_else(|| doc.pointer("/metadata/generateName"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let location = at(&format!(" ({kind} {name:?})"));
-        let selected = match kind {
-            "Pod" => Some(inject_json(&mut doc, config)),
-            k if TEMPLATED_KINDS.contains(&k) => Some(inject_template(&mut doc, config)),
-            _ => None,
-        };
-        match selected {
-            Some(Ok(Selection::Inject)) | None => {}
-            Some(Ok(other)) => notes.push(format!("{location}: not injected: {other}")),
-            Some(Err(denial)) => {
-                return Err(InjectError {
-                    location,
-                    message: denial.to_string(),
-                });
-            }
-        }
+        inject_object(&mut doc, config, &at, &mut notes)?;
         docs.push(doc);
     }
     let mut yaml = String::new();
@@ -78,6 +57,49 @@ pub fn inject_yaml(input: &str, config: &InjectionConfig) -> Result<Injected, In
         })?);
     }
     Ok(Injected { yaml, notes })
+}
+
+/// Injects one object (a `List` item by item); `at` names the document for messages.
+fn inject_object(
+    doc: &mut Value,
+    config: &InjectionConfig,
+    at: &str,
+    notes: &mut Vec<String>,
+) -> Result<(), InjectError> {
+    let kind = doc
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    if kind == "List" {
+        let items = doc.get_mut("items").and_then(Value::as_array_mut);
+        for (j, item) in items.into_iter().flatten().enumerate() {
+            inject_object(item, config, &format!("{at} item {}", j + 1), notes)?;
+        }
+        return Ok(());
+    }
+    let name = doc
+        .pointer("/metadata/name")
+        .or_else(|| doc.pointer("/metadata/generateName"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let location = format!("{at} ({kind} {name:?})");
+    let selected = match kind.as_str() {
+        "Pod" => inject_json(doc, config),
+        k if TEMPLATED_KINDS.contains(&k) => inject_template(doc, config),
+        _ => return Ok(()),
+    };
+    match selected {
+        Ok(Selection::Inject) => Ok(()),
+        Ok(other) => {
+            notes.push(format!("{location}: not injected: {other}"));
+            Ok(())
+        }
+        Err(denial) => Err(InjectError {
+            location,
+            message: denial.to_string(),
+        }),
+    }
 }
 
 /// Injects into `spec.template` by treating the template as a Pod.
@@ -104,4 +126,72 @@ fn inject_template(
         }
     }
     Ok(selected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEMPLATE: &str = "metadata:\n  labels: {marin3r.3scale.net/status: enabled}\n  annotations: {marin3r.3scale.net/node-id: db}\nspec:\n  containers: [{name: db, image: postgres}]\n";
+
+    fn workload(kind: &str) -> String {
+        let indented: String = TEMPLATE.lines().map(|l| format!("    {l}\n")).collect();
+        format!(
+            "apiVersion: apps/v1\nkind: {kind}\nmetadata: {{name: db}}\nspec:\n  template:\n{indented}"
+        )
+    }
+
+    fn sidecar_names(yaml: &str) -> Vec<String> {
+        let v: Value = serde_yaml::from_str(yaml).unwrap();
+        let containers = v
+            .pointer("/spec/template/spec/containers")
+            .or_else(|| v.pointer("/items/0/spec/template/spec/containers"))
+            .unwrap();
+        containers
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn every_workload_kind_with_a_pod_template_is_injected() {
+        for kind in TEMPLATED_KINDS {
+            let out = inject_yaml(&workload(kind), &InjectionConfig::default()).unwrap();
+            assert_eq!(sidecar_names(&out.yaml), ["db", "envoy-sidecar"], "{kind}");
+            assert!(out.notes.is_empty());
+        }
+    }
+
+    #[test]
+    fn list_items_are_injected_and_named_in_errors() {
+        let indented: String = workload("StatefulSet")
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect();
+        let list = format!("apiVersion: v1\nkind: List\nitems:\n-{}", &indented[1..]);
+        let out = inject_yaml(&list, &InjectionConfig::default()).unwrap();
+        assert_eq!(sidecar_names(&out.yaml), ["db", "envoy-sidecar"]);
+
+        let bad = list.replace("node-id: db", "node-id: \"d b\"");
+        let err = inject_yaml(&bad, &InjectionConfig::default()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "document 1 item 1 (StatefulSet \"db\"): marin3r.3scale.net/node-id: \"d b\": must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        );
+    }
+
+    #[test]
+    fn a_workload_without_a_template_is_an_error() {
+        let err = inject_yaml(
+            "kind: Deployment\nmetadata: {name: x}\nspec: {}\n",
+            &InjectionConfig::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "document 1 (Deployment \"x\"): the object has no spec.template"
+        );
+    }
 }

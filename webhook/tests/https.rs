@@ -605,3 +605,25 @@ async fn http2_clients_are_served() {
     }
     server.stop().await;
 }
+
+/// A client that connects and never says hello is dropped, not kept forever.
+#[tokio::test]
+async fn a_silent_client_is_disconnected_after_the_handshake_timeout() {
+    use tokio::io::AsyncReadExt;
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        handshake_timeout: Duration::from_millis(200),
+        ..config(&dir)
+    })
+    .await;
+    let mut tcp = TcpStream::connect(server.addr).await.unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+        .await
+        .expect("the server kept a silent connection open");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    server.stop().await;
+}
