@@ -12,8 +12,22 @@ use marin3r_e2e::envoy::Envoy;
 use marin3r_webhook::{InjectionConfig, sidecar_command_line};
 use serde_json::{Value, json};
 
+/// A bootstrap without `admin` (as the renderer should write it) and one with its own admin
+/// address and node metadata: the overlay's admin wins and the metadata merges.
+const BOOTSTRAPS: [&str; 2] = [
+    r#"{"static_resources": {}}"#,
+    r#"{"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "node": {"metadata": {"from_bootstrap": "kept"}}}"#,
+];
+
 #[test]
 fn the_sidecar_command_line_configures_a_real_envoy() {
+    for bootstrap in BOOTSTRAPS {
+        run_sidecar(bootstrap);
+    }
+}
+
+fn run_sidecar(bootstrap: &str) {
     let dir = tempfile::tempdir().unwrap();
     let access_log = dir.path().join("admin-access.log");
     let admin_port = {
@@ -46,7 +60,7 @@ fn the_sidecar_command_line_configures_a_real_envoy() {
 
     // Envoy::start supplies `-c` with this bootstrap in place of the mounted one.
     let rest: Vec<&str> = args[2..].iter().map(String::as_str).collect();
-    let envoy = Envoy::start(r#"{"static_resources": {}}"#, &rest).unwrap();
+    let envoy = Envoy::start(bootstrap, &rest).unwrap();
     assert_eq!(envoy.admin_address(), format!("127.0.0.1:{admin_port}"));
 
     let info: Value = serde_json::from_str(&envoy.admin_get("/server_info").unwrap()).unwrap();
@@ -55,6 +69,9 @@ fn the_sidecar_command_line_configures_a_real_envoy() {
     assert_eq!(node["cluster"], "edge");
     assert_eq!(node["metadata"]["pod_name"], "kuard-7d4b9");
     assert_eq!(node["metadata"]["pod_namespace"], "shop");
+    if bootstrap.contains("from_bootstrap") {
+        assert_eq!(node["metadata"]["from_bootstrap"], "kept");
+    }
     assert_eq!(info["command_line_options"]["log_level"], "info");
     assert_eq!(envoy.admin_get("/ready").unwrap().trim(), "LIVE");
 

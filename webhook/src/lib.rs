@@ -5,6 +5,7 @@
 pub mod annotations;
 pub mod config;
 pub mod inject;
+pub mod metrics;
 pub mod mutate;
 mod quantity;
 pub mod review;
@@ -14,6 +15,7 @@ pub mod tls;
 
 pub use config::InjectionConfig;
 pub use inject::{InjectError, Injected, inject_yaml};
+pub use metrics::WebhookMetrics;
 pub use mutate::{Denial, Selection, inject_json, mutate, selection, sidecar_command_line};
 pub use quantity::parse_quantity;
 pub use review::{BadRequest, review};

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -20,6 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::InjectionConfig;
+use crate::metrics::WebhookMetrics;
 use crate::review::{Outcome, review};
 use crate::tls::{ReloadingCert, TlsError, server_config};
 
@@ -40,6 +41,8 @@ pub struct WebhookServerConfig {
     pub max_connections: usize,
     /// A client that has not finished the TLS handshake or sent its headers by then is dropped.
     pub handshake_timeout: Duration,
+    /// Where admissions are counted; register it with the process's Prometheus registry.
+    pub metrics: Arc<WebhookMetrics>,
 }
 
 impl WebhookServerConfig {
@@ -52,6 +55,7 @@ impl WebhookServerConfig {
             reload_interval: Duration::from_secs(2),
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(10),
+            metrics: Arc::default(),
         }
     }
 }
@@ -62,17 +66,35 @@ pub enum ServeError {
     Tls(#[from] TlsError),
 }
 
+struct AppState {
+    injection: InjectionConfig,
+    metrics: Arc<WebhookMetrics>,
+}
+
 /// The routes, without TLS: for serving and for in-process tests.
-pub fn router(injection: InjectionConfig, max_body_bytes: usize) -> Router {
+pub fn router(
+    injection: InjectionConfig,
+    max_body_bytes: usize,
+    metrics: Arc<WebhookMetrics>,
+) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate_handler))
         .route(HEALTHZ_PATH, get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(Arc::new(injection))
+        .with_state(Arc::new(AppState { injection, metrics }))
 }
 
-async fn mutate_handler(State(config): State<Arc<InjectionConfig>>, body: Bytes) -> Response {
-    match review(&body, &config) {
+async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let result = review(&body, &state.injection);
+    let outcome = match &result {
+        Ok((_, Outcome::Patched)) => "patched",
+        Ok((_, Outcome::Unchanged)) => "unchanged",
+        Ok((_, Outcome::Denied(_))) => "denied",
+        Err(_) => "bad_request",
+    };
+    state.metrics.observe(outcome, started.elapsed());
+    match result {
         Ok((response, outcome)) => {
             match &outcome {
                 Outcome::Denied(message) => tracing::info!(%message, "admission denied"),
@@ -110,7 +132,11 @@ pub async fn serve(
         let _ = stop_rx.changed().await;
     }));
 
-    let app = router(config.injection.clone(), config.max_body_bytes);
+    let app = router(
+        config.injection.clone(),
+        config.max_body_bytes,
+        config.metrics.clone(),
+    );
     let slots = Arc::new(Semaphore::new(config.max_connections));
     let graceful = GracefulShutdown::new();
     let handshake_timeout = config.handshake_timeout;

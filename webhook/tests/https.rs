@@ -421,8 +421,10 @@ async fn bad_annotations_are_denied_with_200() {
 async fn garbage_gets_400_oversized_gets_413_and_healthz_answers() {
     let pki = Pki::new();
     let dir = SecretDir::new(&pki.server_cert());
+    let metrics = std::sync::Arc::new(marin3r_webhook::WebhookMetrics::default());
     let server = Server::start(WebhookServerConfig {
         max_body_bytes: 64 * 1024,
+        metrics: metrics.clone(),
         ..config(&dir)
     })
     .await;
