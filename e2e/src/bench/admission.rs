@@ -101,12 +101,38 @@ pub fn admission(scale: f64) -> anyhow::Result<Vec<Row>> {
             ),
         });
     }
+    rows.push(decision_only(&body, requests)?);
     let _ = stop.send(());
     server_rt
         .block_on(server)
         .context("webhook server task")?
         .context("webhook server")?;
     Ok(rows)
+}
+
+/// The pure part alone (decode, parse annotations, build the patch, encode), to tell it from
+/// the TLS and HTTP cost.
+fn decision_only(body: &[u8], samples: usize) -> anyhow::Result<Row> {
+    let config = marin3r_webhook::InjectionConfig::default();
+    let mut timings = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        let (response, _) = marin3r_webhook::review(body, &config)?;
+        std::hint::black_box(serde_json::to_vec(&response)?);
+        timings.push(start.elapsed());
+    }
+    let stats = Stats::of(&timings).context("no samples")?;
+    Ok(Row {
+        benchmark: "admission decision alone (no TLS, no HTTP)".into(),
+        case: format!("{} B review", body.len()),
+        samples,
+        result: format!(
+            "p50 {}, p99 {}, min {}",
+            human(stats.p50),
+            human(stats.p99),
+            human(stats.min)
+        ),
+    })
 }
 
 struct LevelRun {
@@ -354,9 +380,14 @@ mod tests {
     #[test]
     fn a_small_run_measures_every_level() {
         let rows = admission(0.001).unwrap();
-        assert_eq!(rows.len(), CONCURRENCY.len());
-        for row in rows {
-            assert!(row.result.contains("req/s"), "{row:?}");
+        assert_eq!(rows.len(), CONCURRENCY.len() + 1);
+        for (i, row) in rows.iter().enumerate() {
+            let unit = if i < CONCURRENCY.len() {
+                "req/s"
+            } else {
+                "p50"
+            };
+            assert!(row.result.contains(unit), "{row:?}");
             assert!(row.samples >= 64, "{row:?}");
         }
     }
