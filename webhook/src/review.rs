@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
 use crate::config::InjectionConfig;
-use crate::mutate::{Denial, mutate};
+use crate::mutate::mutate;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -28,6 +28,27 @@ pub enum Outcome {
 
 /// Decodes an AdmissionReview request, decides, and returns the AdmissionReview response.
 pub fn review(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
+    // Fast path: a well-formed review decodes straight into typed structs. Anything else
+    // goes the slow way through a JSON tree, which says exactly what is wrong.
+    if let Ok(typed) = serde_json::from_slice::<TypedReview>(body)
+        && typed.api_version == API_VERSION
+        && typed.kind == KIND
+        && !typed.request.uid.is_empty()
+    {
+        let request = typed.request;
+        let decision = decide(
+            request.kind.as_ref().map(|k| k.kind.as_str()),
+            request.operation.as_deref(),
+            || Ok(request.object),
+            config,
+        );
+        return Ok(respond(request.uid, decision));
+    }
+    review_tree(body, config)
+}
+
+/// The slow path: the body as a JSON tree, every problem named.
+fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
     let mut review: Value = serde_json::from_slice(body)
         .map_err(|e| BadRequest(format!("the body is not JSON: {e}")))?;
     let Some(obj) = review.as_object_mut() else {
@@ -55,39 +76,48 @@ pub fn review(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome),
             return Err(BadRequest("the AdmissionReview request has no uid".into()));
         }
     };
+    let object = request.remove("object");
+    let kind = request
+        .get("kind")
+        .and_then(|k| k.get("kind"))
+        .and_then(Value::as_str);
+    let operation = request.get("operation").and_then(Value::as_str);
+    let decision = decide(
+        kind,
+        operation,
+        || match object.filter(|o| !o.is_null()) {
+            None => Ok(None),
+            Some(o) => serde_json::from_value(o)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+        },
+        config,
+    );
+    Ok(respond(uid, decision))
+}
 
-    let outcome = decide(request, config);
-    let mut response = Map::new();
-    response.insert("uid".into(), Value::String(uid));
-    match &outcome {
-        Decision::Allow(None, warning) => {
-            response.insert("allowed".into(), Value::Bool(true));
-            if let Some(w) = warning {
-                response.insert("warnings".into(), json!([w]));
-            }
-        }
-        Decision::Allow(Some(patch), _) => {
-            response.insert("allowed".into(), Value::Bool(true));
-            response.insert("patchType".into(), Value::String("JSONPatch".into()));
-            response.insert("patch".into(), Value::String(BASE64.encode(patch)));
-        }
-        Decision::Deny(message) => {
-            response.insert("allowed".into(), Value::Bool(false));
-            response.insert(
-                "status".into(),
-                json!({"status": "Failure", "code": 403, "reason": "Forbidden", "message": message}),
-            );
-        }
-    }
-    let outcome = match outcome {
-        Decision::Allow(Some(_), _) => Outcome::Patched,
-        Decision::Allow(None, _) => Outcome::Unchanged,
-        Decision::Deny(m) => Outcome::Denied(m),
-    };
-    Ok((
-        json!({"apiVersion": API_VERSION, "kind": KIND, "response": response}),
-        outcome,
-    ))
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypedReview {
+    api_version: String,
+    kind: String,
+    request: TypedRequest,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedRequest {
+    uid: String,
+    #[serde(default)]
+    kind: Option<TypedKind>,
+    #[serde(default)]
+    operation: Option<String>,
+    #[serde(default)]
+    object: Option<Pod>,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedKind {
+    kind: String,
 }
 
 enum Decision {
@@ -96,11 +126,45 @@ enum Decision {
     Deny(String),
 }
 
-fn decide(request: &mut Map<String, Value>, config: &InjectionConfig) -> Decision {
-    let kind = request
-        .get("kind")
-        .and_then(|k| k.get("kind"))
-        .and_then(Value::as_str);
+fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
+    let mut response = Map::new();
+    response.insert("uid".into(), Value::String(uid));
+    let outcome = match decision {
+        Decision::Allow(None, warning) => {
+            response.insert("allowed".into(), Value::Bool(true));
+            if let Some(w) = warning {
+                response.insert("warnings".into(), json!([w]));
+            }
+            Outcome::Unchanged
+        }
+        Decision::Allow(Some(patch), _) => {
+            response.insert("allowed".into(), Value::Bool(true));
+            response.insert("patchType".into(), Value::String("JSONPatch".into()));
+            response.insert("patch".into(), Value::String(BASE64.encode(patch)));
+            Outcome::Patched
+        }
+        Decision::Deny(message) => {
+            response.insert("allowed".into(), Value::Bool(false));
+            response.insert(
+                "status".into(),
+                json!({"status": "Failure", "code": 403, "reason": "Forbidden", "message": message}),
+            );
+            Outcome::Denied(message)
+        }
+    };
+    (
+        json!({"apiVersion": API_VERSION, "kind": KIND, "response": response}),
+        outcome,
+    )
+}
+
+/// `object` is only decoded for a Pod CREATE; its error is the decoder's message.
+fn decide(
+    kind: Option<&str>,
+    operation: Option<&str>,
+    object: impl FnOnce() -> Result<Option<Pod>, String>,
+    config: &InjectionConfig,
+) -> Decision {
     if kind.is_some_and(|k| k != "Pod") {
         // Misconfigured rules must not block unrelated objects.
         return Decision::Allow(
@@ -111,18 +175,12 @@ fn decide(request: &mut Map<String, Value>, config: &InjectionConfig) -> Decisio
             )),
         );
     }
-    if request
-        .get("operation")
-        .and_then(Value::as_str)
-        .is_some_and(|op| op != "CREATE")
-    {
+    if operation.is_some_and(|op| op != "CREATE") {
         return Decision::Allow(None, None);
     }
-    let Some(object) = request.remove("object").filter(|o| !o.is_null()) else {
-        return Decision::Deny("the AdmissionReview request has no object".into());
-    };
-    let pod: Pod = match serde_json::from_value(object) {
-        Ok(pod) => pod,
+    let pod = match object() {
+        Ok(Some(pod)) => pod,
+        Ok(None) => return Decision::Deny("the AdmissionReview request has no object".into()),
         Err(e) => return Decision::Deny(format!("the object is not a valid Pod: {e}")),
     };
     match mutate(&pod, config) {
@@ -131,9 +189,7 @@ fn decide(request: &mut Map<String, Value>, config: &InjectionConfig) -> Decisio
             Ok(bytes) => Decision::Allow(Some(bytes), None),
             Err(e) => Decision::Deny(format!("encoding the patch: {e}")),
         },
-        Err(denial @ (Denial::Annotations(_) | Denial::Conflict(_) | Denial::NotAPod(_))) => {
-            Decision::Deny(denial.to_string())
-        }
+        Err(denial) => Decision::Deny(denial.to_string()),
     }
 }
 

@@ -206,9 +206,13 @@ proptest! {
     fn arbitrary_objects_never_panic(object in json_value(), op in prop::sample::select(vec!["CREATE", "UPDATE"])) {
         let mut body = request(object);
         body["request"]["operation"] = json!(op);
-        if let Ok((out, _)) = review(body.to_string().as_bytes(), &InjectionConfig::default()) {
+        let body = body.to_string();
+        let result = review(body.as_bytes(), &InjectionConfig::default());
+        if let Ok((out, _)) = &result {
             prop_assert!(out["response"]["allowed"].is_boolean());
         }
+        // The typed fast path decides exactly as the JSON-tree path does.
+        prop_assert_eq!(result, review_tree(body.as_bytes(), &InjectionConfig::default()));
     }
 
     /// Real pods with arbitrary marin3r annotations: allowed with a patch that applies, or
@@ -227,7 +231,12 @@ proptest! {
         )
     ) {
         let object = pod(json!(annotations));
-        let (out, outcome) = review(request(object.clone()).to_string().as_bytes(), &InjectionConfig::default()).unwrap();
+        let body = request(object.clone()).to_string();
+        let (out, outcome) = review(body.as_bytes(), &InjectionConfig::default()).unwrap();
+        prop_assert_eq!(
+            review_tree(body.as_bytes(), &InjectionConfig::default()).unwrap(),
+            (out.clone(), outcome.clone())
+        );
         match outcome {
             Outcome::Patched => {
                 let patch = BASE64.decode(out["response"]["patch"].as_str().unwrap()).unwrap();
