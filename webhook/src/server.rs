@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,6 +39,9 @@ pub struct WebhookServerConfig {
     pub reload_interval: Duration,
     /// Connections beyond this are closed at once.
     pub max_connections: usize,
+    /// Reviews read and decided at once; more wait. With `max_body_bytes` this bounds the
+    /// memory request bodies can take.
+    pub max_in_flight: usize,
     /// A client that has not finished the TLS handshake or sent its headers by then is dropped.
     pub handshake_timeout: Duration,
     /// Where admissions are counted; register it with the process's Prometheus registry.
@@ -53,7 +56,8 @@ impl WebhookServerConfig {
             injection: InjectionConfig::default(),
             max_body_bytes: 4 * 1024 * 1024,
             reload_interval: Duration::from_secs(2),
-            max_connections: 1024,
+            max_connections: 256,
+            max_in_flight: 64,
             handshake_timeout: Duration::from_secs(10),
             metrics: Arc::default(),
         }
@@ -69,22 +73,47 @@ pub enum ServeError {
 struct AppState {
     injection: InjectionConfig,
     metrics: Arc<WebhookMetrics>,
+    max_body_bytes: usize,
+    in_flight: Semaphore,
 }
 
 /// The routes, without TLS: for serving and for in-process tests.
-pub fn router(
-    injection: InjectionConfig,
-    max_body_bytes: usize,
-    metrics: Arc<WebhookMetrics>,
-) -> Router {
+pub fn router(config: &WebhookServerConfig) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate_handler))
         .route(HEALTHZ_PATH, get(|| async { "ok" }))
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(Arc::new(AppState { injection, metrics }))
+        .with_state(Arc::new(AppState {
+            injection: config.injection.clone(),
+            metrics: config.metrics.clone(),
+            max_body_bytes: config.max_body_bytes,
+            in_flight: Semaphore::new(config.max_in_flight.max(1)),
+        }))
 }
 
-async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    // The permit is taken before the body is read, so waiting requests hold no body memory.
+    let Ok(_permit) = state.in_flight.acquire().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    };
+    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
+        Ok(body) => body,
+        Err(e) => {
+            let too_large = e
+                .into_inner()
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            return if too_large {
+                let limit = state.max_body_bytes;
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("the body is larger than {limit} bytes\n"),
+                )
+                    .into_response()
+            } else {
+                (StatusCode::BAD_REQUEST, "reading the body failed\n").into_response()
+            };
+        }
+    };
     let started = Instant::now();
     let result = review(&body, &state.injection);
     let outcome = match &result {
@@ -132,11 +161,7 @@ pub async fn serve(
         let _ = stop_rx.changed().await;
     }));
 
-    let app = router(
-        config.injection.clone(),
-        config.max_body_bytes,
-        config.metrics.clone(),
-    );
+    let app = router(&config);
     let slots = Arc::new(Semaphore::new(config.max_connections));
     let graceful = GracefulShutdown::new();
     let handshake_timeout = config.handshake_timeout;
@@ -179,6 +204,7 @@ pub async fn serve(
                 .http1()
                 .timer(TokioTimer::new())
                 .header_read_timeout(handshake_timeout);
+            builder.http2().max_concurrent_streams(32);
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(e) = watch.watch(conn).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");

@@ -158,10 +158,13 @@ async fn garbage_gets_400_oversized_gets_413_and_healthz_answers() {
         String::from_utf8_lossy(&body),
         "expected apiVersion \"admission.k8s.io/v1\" and kind \"AdmissionReview\", got \"v1\" and \"Pod\"\n"
     );
-    let (status, _) = client
+    let (status, body) = client
         .request("POST", "/pod-v1-mutate", vec![b' '; 100 * 1024])
         .await;
-    assert_eq!(status, 413);
+    assert_eq!(
+        (status, String::from_utf8_lossy(&body).as_ref()),
+        (413, "the body is larger than 65536 bytes\n")
+    );
     let (status, body) = client.request("GET", "/healthz", Vec::new()).await;
     assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
     let (status, _) = client.request("GET", "/pod-v1-mutate", Vec::new()).await;
