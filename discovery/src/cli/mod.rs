@@ -4,6 +4,7 @@
 mod bootstrap;
 mod certs;
 mod crds;
+mod inject;
 mod operator;
 mod validate;
 
@@ -37,6 +38,8 @@ pub enum Command {
     /// Validate EnvoyConfig manifests offline: every resource is parsed into its Envoy v3
     /// type; every problem is printed with its file and field path.
     Validate(validate::ValidateArgs),
+    /// Inject the Envoy sidecar into Pods and pod templates offline, as the webhook would.
+    Inject(inject::InjectArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -45,6 +48,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
         Command::Certs(cmd) => certs::run(cmd).await,
         Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Inject(args) => inject::run(args),
         Command::Operator(args) => {
             init_logging();
             operator::run(args).await.map(|()| ExitCode::SUCCESS)

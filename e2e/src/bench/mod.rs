@@ -1,5 +1,6 @@
 //! The benchmarks `hack/bench` runs. Each returns rows of one table; the binary prints them.
 
+pub mod admission;
 pub mod certs;
 pub mod convert;
 
