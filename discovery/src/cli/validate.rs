@@ -230,7 +230,10 @@ fn file_position(
     if !indicator.starts_with('|') {
         return None;
     }
-    Some((start + line - 1, indent + column - 1))
+    Some((
+        start + line.saturating_sub(1),
+        (indent + column).saturating_sub(1).max(1),
+    ))
 }
 
 fn validate_document(

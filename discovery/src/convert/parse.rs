@@ -49,6 +49,9 @@ pub fn parse(
     text: &str,
     serialization: Serialization,
 ) -> Result<DynamicMessage, ValueError> {
+    if text.trim().is_empty() {
+        return Err(ValueError::whole("the value is empty"));
+    }
     match serialization {
         Serialization::Json => parse_json(desc, text),
         Serialization::Yaml => parse_yaml(desc, text),
@@ -122,8 +125,12 @@ fn value_error(
     message: &str,
     location: Option<(u64, u64)>,
 ) -> ValueError {
-    // serde_path_to_error renders the root as "."; an error at the root has no path.
-    let path = if path == "." { String::new() } else { path };
+    // serde_path_to_error renders the root as "." and an unknown position as "?".
+    let path = if path == "." || path == "?" {
+        String::new()
+    } else {
+        path
+    };
     // Both parsers append the location to their message; it is reported separately.
     let message = match message.rfind(" at line ") {
         Some(at) if location.is_some() => &message[..at],
@@ -180,6 +187,11 @@ fn reword(message: &str) -> String {
         } else {
             format!("unknown \"@type\": no Envoy v3 message is named {name}")
         };
+    }
+    // The YAML parser's advice is for programmers (a parser option), not for users.
+    if let Some(key) = message.strip_prefix("duplicate mapping key: ") {
+        let key = key.split(", set DuplicateKeyPolicy").next().unwrap_or(key);
+        return format!("duplicate key \"{key}\"");
     }
     if message == "invalid digit found in string" {
         return "expected an integer".to_owned();

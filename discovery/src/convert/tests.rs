@@ -281,6 +281,17 @@ fn bad_values_are_reported_with_their_path() {
             "spec.envoyResources.listeners[0].value: address.socket_address: unknown field \
              \"adress\" (line 1, column 63 of the value)",
         ),
+        bad(
+            T::Cluster,
+            "name: a\nname: b\n",
+            "spec.envoyResources.clusters[0].value: duplicate key \"name\" \
+             (line 2, column 1 of the value)",
+        ),
+        bad(
+            T::Cluster,
+            "  \n",
+            "spec.envoyResources.clusters[0].value: the value is empty",
+        ),
         bad_json(
             T::Cluster,
             r#"{"name": "x"} trailing"#,
