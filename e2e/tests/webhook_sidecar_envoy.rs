@@ -1,7 +1,8 @@
 //! The injected sidecar's command line runs in a real Envoy: `--service-node`,
 //! `--service-cluster`, and the `--config-yaml` overlay (node metadata from the downward API,
-//! admin address and admin access log) all reach Envoy as the webhook intends. The bootstrap
-//! here is a minimal stand-in for the rendered one, which has no `admin` of its own.
+//! admin address and admin access log) all reach Envoy as the webhook intends, over a bootstrap
+//! with and without an `admin` of its own (the rendered one has one; the overlay wins). And the
+//! command line with the real rendered bootstrap passes `envoy --mode validate`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -88,4 +89,82 @@ fn run_sidecar(bootstrap: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The sidecar's real command line with the real rendered bootstrap (the files the operator
+/// puts in the `envoy-sidecar-bootstrap` ConfigMap) and a client certificate at the referenced
+/// paths: Envoy accepts the whole configuration.
+#[test]
+fn the_sidecar_with_the_rendered_bootstrap_passes_envoy_validation() {
+    use marin3r_certs::{CertificateAuthority, CertificateRequest, Usage, issue_self_signed};
+    use marin3r_discovery::bootstrap::{BootstrapOptions, CONFIG_FILE, render};
+
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap_dir = dir.path().join("bootstrap");
+    let cert_dir = dir.path().join("tls");
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    let day = Duration::from_secs(86_400);
+    let ca = issue_self_signed(&CertificateRequest::ca("ca", day)).unwrap();
+    let client = CertificateAuthority::from_issued(&ca)
+        .unwrap()
+        .issue(
+            &CertificateRequest::new("envoy", Usage::Client, day)
+                .with_hosts(["spiffe://cluster.local/ns/shop"]),
+        )
+        .unwrap();
+    for (name, pem) in [
+        ("tls.crt", &client.cert_pem),
+        ("tls.key", &client.key_pem),
+        ("ca.crt", &client.ca_pem),
+    ] {
+        std::fs::write(cert_dir.join(name), pem).unwrap();
+    }
+    let opts = BootstrapOptions {
+        bootstrap_dir: bootstrap_dir.clone(),
+        client_cert_dir: cert_dir,
+        ..BootstrapOptions::new("marin3r-instance.default.svc", 18000)
+    };
+    render(&opts).unwrap().write_to(&bootstrap_dir).unwrap();
+
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "kuard",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "kuard",
+                "marin3r.3scale.net/ports": "http:8080",
+                "marin3r.3scale.net/admin.port": "9901",
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
+    }))
+    .unwrap();
+    let mut args =
+        sidecar_command_line(&pod, &InjectionConfig::default(), "kuard", "shop").unwrap();
+    assert_eq!(args[..2], ["-c", "/etc/envoy/bootstrap/config.json"]);
+    // The pod runner mounts the ConfigMap there; here the rendered file stands in its place.
+    args[1] = bootstrap_dir.join(CONFIG_FILE).to_str().unwrap().to_owned();
+    let out = std::process::Command::new(marin3r_e2e::tools::envoy().unwrap())
+        .args(["--mode", "validate", "--disable-hot-restart"])
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "envoy refused the sidecar configuration:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // And the check can fail: a broken overlay is refused.
+    let broken: Vec<String> = args
+        .iter()
+        .map(|a| a.replace("\"pod_name\"", "\"pod_name\": {\"bad\""))
+        .collect();
+    let out = std::process::Command::new(marin3r_e2e::tools::envoy().unwrap())
+        .args(["--mode", "validate", "--disable-hot-restart"])
+        .args(&broken)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
 }
