@@ -124,10 +124,7 @@ mod tests {
 
     #[test]
     fn bad_crd_is_invalid() {
-        let info = registry::builtins()
-            .into_iter()
-            .find(is_crd)
-            .unwrap();
+        let info = registry::builtins().into_iter().find(is_crd).unwrap();
         let mut crd = json!({"metadata": {"name": "things.example.com"}, "spec": {"group": "example.com", "scope": "Namespaced", "names": {"plural": "things"}, "versions": []}});
         let err = on_create(&info, &mut crd).unwrap_err();
         assert_eq!(err.reason, "Invalid");

@@ -173,6 +173,15 @@ impl ApiServer {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
     }
 
+    /// A kube-rs client for this cluster, over HTTPS through [`Self::kubeconfig`], as a user
+    /// would connect.
+    pub async fn kube_client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&self.kubeconfig())?;
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
     /// Writes [`Self::kubeconfig`] to `path`, creating its folder.
     pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
