@@ -284,7 +284,7 @@ async fn watcher_sees_changes_and_relists_after_410() {
         }
     }
     assert!(relisted);
-    drop(next);
+    let _ = next;
     assert_eq!(expired, 1);
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(10), events.try_next())
