@@ -286,11 +286,14 @@ impl Request<'_> {
         }
         let target = self.target()?;
         match *method {
-            Method::GET => Ok(ok(&self.state.store.get(
-                &self.info,
-                self.namespace(),
-                &name,
-            )?)),
+            Method::GET => {
+                let obj = self.state.store.get(&self.info, self.namespace(), &name)?;
+                let rv = self.state.store.resource_version();
+                Ok(ok(&match self.table() {
+                    Some(include) => table::table(&self.info, &[obj], rv, include),
+                    None => obj,
+                }))
+            }
             Method::PUT => self.update(&name, target),
             Method::PATCH => self.patch(&name, target),
             Method::DELETE => self.delete(&name),
