@@ -140,9 +140,14 @@ impl ApiServer {
         self.https_addr
     }
 
-    /// `https://<addr>:<port>` of the API, as clients on this host reach it.
+    /// `https://<addr>:<port>` of the API, as clients on this host reach it (loopback when
+    /// listening on all addresses).
     pub fn https_url(&self) -> String {
-        format!("https://{}", self.https_addr)
+        let mut addr = self.https_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("https://{addr}")
     }
 
     /// `http://127.0.0.1:<port>`, when plain HTTP was asked for.
