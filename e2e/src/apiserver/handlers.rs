@@ -224,7 +224,14 @@ impl Request<'_> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if ct.contains("protobuf") || ct.contains("cbor") {
-            return Err(ApiError::unsupported_media_type(ct));
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the local cluster accepts JSON or YAML bodies only, not {ct:?}; kubectl's \
+                     imperative generators send protobuf: use `kubectl apply -f` or `kubectl create -f`"
+                ),
+            ));
         }
         let v = patch::parse_json_or_yaml(&self.body).map_err(|e| {
             ApiError::bad_request(format!("the request body could not be decoded: {e}"))
