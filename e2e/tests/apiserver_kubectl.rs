@@ -113,23 +113,27 @@ async fn kubectl_drives_the_local_cluster() {
         &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"),
     )
     .await;
-    let widget = format!(
-        "apiVersion: test.marin3r.io/v1\nkind: Widget\nmetadata: {{name: w1, namespace: {ns}}}\nspec: {{size: 3}}\n"
-    );
-    let out = k
-        .ok_with(&["apply", "--server-side", "-f", "-"], &widget)
-        .await;
+    let widget = |spec: &str| {
+        format!(
+            "apiVersion: test.marin3r.io/v1\nkind: Widget\nmetadata: {{name: w1, namespace: {ns}}}\nspec: {spec}\n"
+        )
+    };
+    let apply = ["apply", "--server-side", "-f", "-"];
+    let out = k.ok_with(&apply, &widget("{size: 3, color: red}")).await;
     assert!(
         out.contains("widget.test.marin3r.io/w1 serverside-applied"),
         "{out}"
     );
+    // Re-applying without a field removes it (the field was kubectl's).
+    k.ok_with(&apply, &widget("{size: 3}")).await;
 
     let yaml = k
         .ok(&["get", "widget", "w1", "-n", &ns, "-o", "yaml"])
         .await;
     let obj: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
     assert_eq!(obj["spec"]["size"], 3);
-    assert_eq!(obj["metadata"]["generation"], 1);
+    assert_eq!(obj["spec"], serde_json::json!({"size": 3}), "{yaml}");
+    assert_eq!(obj["metadata"]["generation"], 2);
     assert!(obj["metadata"]["uid"].is_string(), "{yaml}");
 
     // Table output carries the CRD's printer columns.

@@ -417,21 +417,38 @@ impl Request<'_> {
         }
         let info = self.info.clone();
         let body = self.body.clone();
+        let applied = match kind {
+            PatchKind::Apply => {
+                let applied = patch::parse_json_or_yaml(&body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid apply patch: {e}")))?;
+                check_applied_kind(&info, &applied)?;
+                let manager = self.param("fieldManager").ok_or_else(|| {
+                    ApiError::bad_request("PATCH with apply requires the fieldManager parameter")
+                })?;
+                Some((applied, manager.to_owned()))
+            }
+            _ => None,
+        };
         let patched = self.state.store.modify(
             &self.info,
             self.namespace(),
             name,
             target,
-            kind == PatchKind::Apply,
+            applied.is_some(),
             self.dry_run(),
             |current| {
                 let base = current.cloned().unwrap_or_else(|| json!({}));
-                let out = patch::apply(kind, &base, &body)
-                    .map_err(|e| ApiError::invalid(&info, name, e))?;
-                if kind == PatchKind::Apply {
-                    check_applied_kind(&info, &out)?;
+                match &applied {
+                    Some((applied, manager)) => Ok(super::ssa::apply(
+                        &base,
+                        applied,
+                        manager,
+                        target,
+                        &info.api_version(),
+                    )),
+                    None => patch::apply(kind, &base, &body)
+                        .map_err(|e| ApiError::invalid(&info, name, e)),
                 }
-                Ok(out)
             },
         )?;
         Ok(ok(&patched))
@@ -495,8 +512,14 @@ fn is_builtin_group(group: &str) -> bool {
     super::registry::builtins().iter().any(|b| b.group == group)
 }
 
-/// An applied configuration must name the kind and version of the endpoint it is sent to.
+/// An applied configuration must be an object naming the kind and version of the endpoint
+/// it is sent to.
 fn check_applied_kind(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    if !obj.is_object() || obj.get("metadata").is_some_and(|m| !m.is_object()) {
+        return Err(ApiError::bad_request(
+            "an apply patch must be an object with a metadata object",
+        ));
+    }
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if kind != info.kind || api_version != info.api_version() {

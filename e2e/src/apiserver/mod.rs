@@ -15,6 +15,7 @@ mod openapi;
 mod patch;
 mod registry;
 mod selectors;
+mod ssa;
 mod store;
 mod table;
 mod tls;

@@ -129,6 +129,23 @@ fn generate_suffix() -> String {
         .collect()
 }
 
+/// The object without the times in `managedFields`, which every apply renews: an apply
+/// that changes nothing else is a no-op.
+fn without_apply_times(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(entries) = o
+        .pointer_mut("/metadata/managedFields")
+        .and_then(Value::as_array_mut)
+    {
+        for e in entries {
+            if let Some(e) = e.as_object_mut() {
+                e.remove("time");
+            }
+        }
+    }
+    o
+}
+
 /// The part of an object whose changes move `metadata.generation`.
 fn spec_part(obj: &Value) -> Value {
     let mut o = obj.clone();
@@ -249,7 +266,7 @@ impl Store {
         dry_run: bool,
     ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
-        self.create_locked(&mut inner, info, ns, obj, dry_run)
+        self.create_locked(&mut inner, info, ns, obj, dry_run, false)
     }
 
     fn create_locked(
@@ -259,6 +276,7 @@ impl Store {
         ns: Option<&str>,
         mut obj: Value,
         dry_run: bool,
+        applied: bool,
     ) -> Result<Value, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
@@ -366,6 +384,9 @@ impl Store {
         for k in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
             meta::remove(&mut obj, k);
         }
+        if !applied {
+            meta::remove(&mut obj, "managedFields");
+        }
         obj["apiVersion"] = json!(info.api_version());
         obj["kind"] = json!(info.kind);
         meta::normalise(&mut obj);
@@ -388,8 +409,9 @@ impl Store {
     }
 
     /// Read-modify-write of one object under the lock: `change` gets the current object
-    /// (`None` when missing) and returns the desired one. A missing object is created only
-    /// when `create_missing` (server-side apply), else NotFound.
+    /// (`None` when missing) and returns the desired one. For a server-side `apply`, a
+    /// missing object is created and the desired `managedFields` are kept; otherwise a
+    /// missing object is NotFound and `managedFields` cannot be changed.
     #[allow(clippy::too_many_arguments)]
     pub fn modify(
         &self,
@@ -397,7 +419,7 @@ impl Store {
         ns: &str,
         name: &str,
         target: Target,
-        create_missing: bool,
+        apply: bool,
         dry_run: bool,
         change: impl FnOnce(Option<&Value>) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
@@ -409,7 +431,7 @@ impl Store {
             .and_then(|m| m.get(&key))
             .cloned();
         let Some(current) = current else {
-            if !create_missing || target == Target::Status {
+            if !apply || target == Target::Status {
                 return Err(ApiError::not_found(info, name));
             }
             let mut obj = change(None)?;
@@ -420,10 +442,10 @@ impl Store {
             }
             meta::set(&mut obj, "name", json!(name));
             let ns = info.namespaced.then_some(ns);
-            return self.create_locked(&mut inner, info, ns, obj, dry_run);
+            return self.create_locked(&mut inner, info, ns, obj, dry_run, true);
         };
         let desired = change(Some(&present(info, &current)))?;
-        self.write_existing(&mut inner, info, &current, desired, target, dry_run)
+        self.write_existing(&mut inner, info, &current, desired, target, apply, dry_run)
     }
 
     /// The common path of every update: status isolation, optimistic concurrency,
@@ -436,9 +458,16 @@ impl Store {
         old: &Value,
         desired: Value,
         target: Target,
+        applied: bool,
         dry_run: bool,
     ) -> Result<Value, ApiError> {
         let name = meta::name(old).to_owned();
+        // Only server-side apply changes field ownership.
+        let managed = if applied {
+            desired.pointer("/metadata/managedFields").cloned()
+        } else {
+            old.pointer("/metadata/managedFields").cloned()
+        };
         if !desired.is_object() || desired.get("metadata").is_some_and(|m| !m.is_object()) {
             return Err(ApiError::bad_request(
                 "the object must be a JSON object with a metadata object",
@@ -498,6 +527,12 @@ impl Store {
                 }
             }
         }
+        match managed {
+            Some(m) => meta::set(&mut new, "managedFields", m),
+            None => {
+                meta::remove(&mut new, "managedFields");
+            }
+        }
         let old_generation = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
@@ -516,7 +551,7 @@ impl Store {
         new["apiVersion"] = json!(info.api_version());
         new["kind"] = json!(info.kind);
         meta::normalise(&mut new);
-        if new == *old || dry_run {
+        if without_apply_times(&new) == without_apply_times(old) || dry_run {
             return Ok(present(info, &new));
         }
         let key = (meta::namespace(old).to_owned(), name);
