@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::patch::{self, PatchKind};
 use super::registry::ResourceInfo;
 use super::selectors::{FieldSelector, LabelSelector, Selectors};
-use super::store::{DeleteOptions, Propagation, Target, WatchStart};
+use super::store::{DeleteOptions, Propagation, Target, WatchStart, WriteMode};
 use super::table::{self, IncludeObject};
 use super::watch::{self, WatchRequest};
 
@@ -393,9 +393,11 @@ impl Request<'_> {
             &self.info,
             self.namespace(),
             name,
-            target,
-            false,
-            self.dry_run(),
+            WriteMode {
+                target,
+                apply: false,
+                dry_run: self.dry_run(),
+            },
             |_| Ok(body),
         )?;
         Ok(ok(&updated))
@@ -433,9 +435,11 @@ impl Request<'_> {
             &self.info,
             self.namespace(),
             name,
-            target,
-            applied.is_some(),
-            self.dry_run(),
+            WriteMode {
+                target,
+                apply: applied.is_some(),
+                dry_run: self.dry_run(),
+            },
             |current| {
                 let base = current.cloned().unwrap_or_else(|| json!({}));
                 match &applied {

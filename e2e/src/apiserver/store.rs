@@ -56,6 +56,15 @@ pub enum Target {
     Status,
 }
 
+/// How a write is made: which part it addresses, whether it is a server-side apply
+/// (creates when missing, changes field ownership), whether it is only a dry run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteMode {
+    pub target: Target,
+    pub apply: bool,
+    pub dry_run: bool,
+}
+
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchStart {
@@ -412,15 +421,12 @@ impl Store {
     /// (`None` when missing) and returns the desired one. For a server-side `apply`, a
     /// missing object is created and the desired `managedFields` are kept; otherwise a
     /// missing object is NotFound and `managedFields` cannot be changed.
-    #[allow(clippy::too_many_arguments)]
     pub fn modify(
         &self,
         info: &ResourceInfo,
         ns: &str,
         name: &str,
-        target: Target,
-        apply: bool,
-        dry_run: bool,
+        mode: WriteMode,
         change: impl FnOnce(Option<&Value>) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
@@ -431,7 +437,7 @@ impl Store {
             .and_then(|m| m.get(&key))
             .cloned();
         let Some(current) = current else {
-            if !apply || target == Target::Status {
+            if !mode.apply || mode.target == Target::Status {
                 return Err(ApiError::not_found(info, name));
             }
             let mut obj = change(None)?;
@@ -442,10 +448,10 @@ impl Store {
             }
             meta::set(&mut obj, "name", json!(name));
             let ns = info.namespaced.then_some(ns);
-            return self.create_locked(&mut inner, info, ns, obj, dry_run, true);
+            return self.create_locked(&mut inner, info, ns, obj, mode.dry_run, true);
         };
         let desired = change(Some(&present(info, &current)))?;
-        self.write_existing(&mut inner, info, &current, desired, target, apply, dry_run)
+        self.write_existing(&mut inner, info, &current, desired, mode)
     }
 
     /// The common path of every update: status isolation, optimistic concurrency,
@@ -457,10 +463,13 @@ impl Store {
         info: &ResourceInfo,
         old: &Value,
         desired: Value,
-        target: Target,
-        applied: bool,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Value, ApiError> {
+        let WriteMode {
+            target,
+            apply: applied,
+            dry_run,
+        } = mode;
         let name = meta::name(old).to_owned();
         // Only server-side apply changes field ownership.
         let managed = if applied {
