@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::delete::{DeleteOptions, Propagation};
 use super::meta;
 use super::registry::ResourceInfo;
-use super::store::{DeleteOptions, EventType, Inner, Propagation, Store};
+use super::store::{EventType, Inner, Store};
 
 type Found = Vec<(ResourceInfo, String, String)>;
 

@@ -4,6 +4,7 @@
 
 mod admission;
 mod crds;
+mod delete;
 mod discovery;
 mod error;
 mod faults;
@@ -28,10 +29,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+pub use delete::{DeleteOptions, Propagation};
 pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
 pub use registry::ResourceInfo;
-pub use store::{DeleteOptions, Store};
+pub use store::Store;
 
 /// How to start an [`ApiServer`].
 #[derive(Debug, Clone)]
