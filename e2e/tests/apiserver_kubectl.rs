@@ -142,27 +142,21 @@ async fn kubectl_drives_the_local_cluster() {
     assert_eq!(header, ["NAME", "SIZE", "READY", "AGE"], "{table}");
     assert!(table.lines().nth(1).unwrap().starts_with("w1"), "{table}");
 
-    // `get -w` prints the current state, then the change.
+    // `get -w` prints the current state, then each change.
     let mut watch = k
-        .command(&[
-            "get",
-            "widgets",
-            "-n",
-            &ns,
-            "-w",
-            "-o",
-            "jsonpath={.spec.size}{\"\\n\"}",
-        ])
+        .command(&["get", "widgets", "-n", &ns, "-w", "--no-headers"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // Table rows (kubectl asks for Table watch events): the second column is SIZE.
     let mut next_line = async || {
-        tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
             .await
             .unwrap()
             .unwrap()
-            .unwrap()
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().to_owned()
     };
     assert_eq!(next_line().await, "3");
     k.ok(&[
