@@ -222,6 +222,23 @@ async fn kubectl_drives_the_local_cluster() {
         "{table}"
     );
 
+    // Pods print as kubectl's own printer would, with the IP in the wide output.
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p1, namespace: {ns}}}\nspec: {{containers: [{{name: main, image: busybox}}]}}\n"
+    );
+    k.ok_with(&apply, &pod).await;
+    let table = k.ok(&["get", "pods", "-n", &ns]).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["p1", "0/1", "Pending", "0"], "{table}");
+    let wide = k.ok(&["get", "pods", "-n", &ns, "-o", "wide"]).await;
+    assert!(wide.lines().next().unwrap().contains("IP"), "{wide}");
+
     // Errors come back with the server's reason and message.
     let (ok, _, err) = k.run_with(&["get", "widget", "nope", "-n", &ns], "").await;
     assert!(

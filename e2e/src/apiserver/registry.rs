@@ -93,9 +93,14 @@ fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
 /// The built-in resources, in discovery order.
 pub fn builtins() -> Vec<ResourceInfo> {
     let mut pods = builtin("", "v1", "pods", "Pod", true, true, &["po"]);
+    // `#...` paths are computed cells (see `table::computed`), as kubectl's own printers do.
+    let mut ip = column("IP", "string", ".status.podIP");
+    ip.priority = 1;
     pods.columns = vec![
-        column("Status", "string", ".status.phase"),
-        column("IP", "string", ".status.podIP"),
+        column("Ready", "string", "#podReady"),
+        column("Status", "string", "#podStatus"),
+        column("Restarts", "integer", "#podRestarts"),
+        ip,
     ];
     let mut deployments = builtin(
         "apps",
@@ -107,7 +112,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         &["deploy"],
     );
     deployments.columns = vec![
-        column("Ready", "integer", ".status.readyReplicas"),
+        column("Ready", "string", "#deploymentReady"),
         column("Up-to-date", "integer", ".status.updatedReplicas"),
         column("Available", "integer", ".status.availableReplicas"),
     ];
