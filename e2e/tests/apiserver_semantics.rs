@@ -268,9 +268,25 @@ async fn kube_rs_event_recorder_publishes_and_counts_repeats() {
     let reference = target.object_ref(&());
     recorder.publish(&event, &reference).await.unwrap();
     recorder.publish(&event, &reference).await.unwrap();
+    let client_core = client.clone();
     let events: Api<K8sEvent> = Api::namespaced(client, &ns);
     let listed = events.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].reason.as_deref(), Some("Tested"));
     assert_eq!(listed[0].series.as_ref().map(|s| s.count), Some(2));
+
+    // The same Event, as core/v1 shows it (what `kubectl describe` lists).
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client_core, &ns);
+    let by_uid = format!("involvedObject.uid={}", target.uid().unwrap());
+    let listed = core
+        .list(&ListParams::default().fields(&by_uid))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].message.as_deref(), Some("recorded by the test"));
+    assert_eq!(
+        listed[0].reporting_component.as_deref(),
+        Some("test-controller")
+    );
 }

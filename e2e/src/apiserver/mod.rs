@@ -7,6 +7,7 @@ mod crds;
 mod delete;
 mod discovery;
 mod error;
+mod events;
 mod faults;
 mod gc;
 mod handlers;
@@ -101,8 +102,10 @@ impl ApiServer {
             faults,
             bookmark_interval: config.bookmark_interval,
         });
+        // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
             .fallback(handlers::handle)
+            .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(state.clone());
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr)

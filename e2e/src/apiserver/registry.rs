@@ -50,8 +50,12 @@ impl ResourceInfo {
         }
     }
 
-    /// The storage key of the resource: every version of a group/resource shares objects.
+    /// The storage key of the resource: every version of a group/resource shares objects,
+    /// and events.k8s.io Events are core Events (see `events`).
     pub fn group_resource(&self) -> (String, String) {
+        if super::events::is_events_v1(self) {
+            return (String::new(), "events".into());
+        }
         (self.group.clone(), self.plural.clone())
     }
 }

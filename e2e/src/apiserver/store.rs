@@ -11,6 +11,7 @@ use tokio::sync::{Notify, broadcast};
 
 use super::delete::Propagation;
 use super::error::ApiError;
+use super::events;
 use super::hooks;
 use super::meta;
 use super::registry::{Registry, ResourceInfo};
@@ -94,7 +95,11 @@ impl Default for Store {
 
 /// Sets the apiVersion and kind of the version a client asked for.
 pub fn present(info: &ResourceInfo, obj: &Value) -> Value {
-    let mut out = obj.clone();
+    let mut out = if events::is_events_v1(info) {
+        events::to_view(obj)
+    } else {
+        obj.clone()
+    };
     out["apiVersion"] = json!(info.api_version());
     out["kind"] = json!(info.kind);
     out
@@ -109,6 +114,15 @@ fn generate_suffix() -> String {
         .take(5)
         .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
         .collect()
+}
+
+/// The apiVersion objects are stored with (clients always see the one they asked for).
+fn stored_api_version(info: &ResourceInfo) -> String {
+    if events::is_events_v1(info) {
+        "v1".into()
+    } else {
+        info.api_version()
+    }
 }
 
 /// The object without the times in `managedFields`, which every apply renews: an apply
@@ -193,8 +207,8 @@ impl Store {
     ) {
         let event = Arc::new(Event {
             rv: inner.rv,
-            group: info.group.clone(),
-            resource: info.plural.clone(),
+            group: info.group_resource().0,
+            resource: info.group_resource().1,
             namespace: meta::namespace(&object).to_owned(),
             kind,
             object,
@@ -264,6 +278,9 @@ impl Store {
             return Err(ApiError::bad_request(
                 "the request body must be a JSON object",
             ));
+        }
+        if events::is_events_v1(info) {
+            obj = events::to_storage(&obj);
         }
         if let Some(kind) = obj.get("kind").and_then(Value::as_str)
             && kind != info.kind
@@ -369,7 +386,7 @@ impl Store {
         if !applied {
             meta::remove(&mut obj, "managedFields");
         }
-        obj["apiVersion"] = json!(info.api_version());
+        obj["apiVersion"] = json!(stored_api_version(info));
         obj["kind"] = json!(info.kind);
         meta::normalise(&mut obj);
         if dry_run {
@@ -443,6 +460,11 @@ impl Store {
             apply: applied,
             dry_run,
         } = mode;
+        let desired = if events::is_events_v1(info) {
+            events::to_storage(&desired)
+        } else {
+            desired
+        };
         let name = meta::name(old).to_owned();
         // Only server-side apply changes field ownership.
         let managed = if applied {
@@ -530,7 +552,7 @@ impl Store {
             "resourceVersion",
             json!(meta::resource_version(old)),
         );
-        new["apiVersion"] = json!(info.api_version());
+        new["apiVersion"] = json!(stored_api_version(info));
         new["kind"] = json!(info.kind);
         meta::normalise(&mut new);
         if without_apply_times(&new) == without_apply_times(old) || dry_run {

@@ -39,10 +39,9 @@ impl Store {
         start: WatchStart,
     ) -> Result<Subscription, ApiError> {
         let inner = self.lock();
+        let gr = info.group_resource();
         let same_type = |e: &Event| {
-            e.group == info.group
-                && e.resource == info.plural
-                && ns.is_none_or(|n| n == e.namespace)
+            (&e.group, &e.resource) == (&gr.0, &gr.1) && ns.is_none_or(|n| n == e.namespace)
         };
         let replay = match start {
             WatchStart::Current => inner
@@ -53,8 +52,8 @@ impl Store {
                 .map(|o| {
                     Arc::new(Event {
                         rv: meta::resource_version(o).parse().unwrap_or(0),
-                        group: info.group.clone(),
-                        resource: info.plural.clone(),
+                        group: gr.0.clone(),
+                        resource: gr.1.clone(),
                         namespace: meta::namespace(o).to_owned(),
                         kind: EventType::Added,
                         object: o.clone(),
@@ -123,7 +122,8 @@ fn stream_response(body: Body, table: bool) -> Response {
 /// How an event looks to a watch with selectors: objects starting to match are ADDED,
 /// objects ceasing to match are DELETED.
 fn classify<'a>(req: &WatchRequest, e: &'a Event) -> Option<(EventType, &'a Value)> {
-    if e.group != req.info.group || e.resource != req.info.plural {
+    let gr = req.info.group_resource();
+    if (&e.group, &e.resource) != (&gr.0, &gr.1) {
         return None;
     }
     if req.namespace.as_deref().is_some_and(|ns| ns != e.namespace) {
