@@ -68,6 +68,15 @@ async fn writes_deletes_and_dry_runs() {
     assert_eq!(secret.data.unwrap()["user"].0, b"admin");
     assert!(secret.string_data.is_none());
 
+    // Bodies up to a real API server's 3 MiB are accepted.
+    let big = "x".repeat(2_500_000);
+    cms.create(
+        &PostParams::default(),
+        &cm(json!({"metadata": {"name": "big"}, "data": {"big": big}})),
+    )
+    .await
+    .unwrap();
+
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
