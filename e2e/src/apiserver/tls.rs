@@ -83,8 +83,14 @@ pub fn acceptor(serving: &IssuedCertificate) -> Result<TlsAcceptor, StartError> 
 pub async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: axum::Router) {
     let mut connections = JoinSet::new();
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Such as running out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         while connections.try_join_next().is_some() {}
         let tls = tls.clone();
