@@ -238,6 +238,29 @@ async fn kubectl_drives_the_local_cluster() {
     assert_eq!(row[..4], ["p1", "0/1", "Pending", "0"], "{table}");
     let wide = k.ok(&["get", "pods", "-n", &ns, "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("IP"), "{wide}");
+    // kubectl patches built-in kinds with a strategic merge patch by default.
+    k.ok(&[
+        "patch",
+        "pod",
+        "p1",
+        "-n",
+        &ns,
+        "-p",
+        r#"{"metadata":{"labels":{"patched":"yes"}}}"#,
+    ])
+    .await;
+    let labels = k
+        .ok(&[
+            "get",
+            "pod",
+            "p1",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.metadata.labels.patched}",
+        ])
+        .await;
+    assert_eq!(labels, "yes");
 
     // Errors come back with the server's reason and message.
     let (ok, _, err) = k.run_with(&["get", "widget", "nope", "-n", &ns], "").await;
