@@ -12,6 +12,8 @@ use super::registry::ResourceInfo;
 use super::selectors::Selectors;
 use super::store::{EventType, Inner, Store, present};
 
+/// What becomes of an object's dependents when it is removed (`Foreground` is served as
+/// `Background`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Propagation {
     #[default]
