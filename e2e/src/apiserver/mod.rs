@@ -15,6 +15,7 @@ mod hooks;
 mod meta;
 mod openapi;
 mod patch;
+mod protobuf;
 mod registry;
 mod selectors;
 mod ssa;
