@@ -238,6 +238,53 @@ async fn kubectl_drives_the_local_cluster() {
     assert_eq!(row[..4], ["p1", "0/1", "Pending", "0"], "{table}");
     let wide = k.ok(&["get", "pods", "-n", &ns, "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("IP"), "{wide}");
+    // `kubectl logs` reads the file the pod runner names (here, one the test writes).
+    let logs_dir = tempfile::tempdir().unwrap();
+    let log_file = logs_dir.path().join("p1-main.log");
+    std::fs::write(&log_file, "first\nsecond\n").unwrap();
+    let served = log_file.clone();
+    let wanted = ns.clone();
+    server.set_pod_logs(std::sync::Arc::new(move |n: &str, pod: &str, c: &str| {
+        (n == wanted && pod == "p1" && c == "main").then(|| served.clone())
+    }));
+    assert_eq!(k.ok(&["logs", "p1", "-n", &ns]).await, "first\nsecond\n");
+    assert_eq!(
+        k.ok(&["logs", "p1", "-n", &ns, "--tail=1"]).await,
+        "second\n"
+    );
+    let (ok, _, err) = k
+        .run_with(&["logs", "p1", "-n", &ns, "-c", "nope"], "")
+        .await;
+    assert!(
+        !ok && err.contains("container nope is not valid for pod p1"),
+        "{err}"
+    );
+    let mut follow = k
+        .command(&["logs", "-f", "p1", "-n", &ns])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut followed = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut next_log = async || {
+        tokio::time::timeout(Duration::from_secs(10), followed.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(next_log().await, "first");
+    assert_eq!(next_log().await, "second");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_file)
+            .unwrap();
+        writeln!(f, "third").unwrap();
+    }
+    assert_eq!(next_log().await, "third");
+    follow.kill().await.unwrap();
+
     // kubectl patches built-in kinds with a strategic merge patch by default.
     k.ok(&[
         "patch",

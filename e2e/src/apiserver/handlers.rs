@@ -294,6 +294,28 @@ impl Request<'_> {
                 ),
             ));
         }
+        if *method == Method::GET
+            && self.route.subresource.as_deref() == Some("log")
+            && self.info.group.is_empty()
+            && self.info.plural == "pods"
+        {
+            let logs = self
+                .state
+                .pod_logs
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let store = self.state.store.clone();
+            return super::logs::serve(
+                store,
+                logs,
+                &self.info,
+                self.namespace(),
+                &name,
+                &self.query,
+            )
+            .await;
+        }
         let target = self.target()?;
         match *method {
             Method::GET => {
