@@ -3,3 +3,4 @@
 pub mod bootstrap;
 pub mod cli;
 pub mod resource;
+pub mod xds;
