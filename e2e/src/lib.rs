@@ -4,3 +4,4 @@
 pub mod bench;
 pub mod envoy;
 pub mod tools;
+pub mod xds;
