@@ -105,6 +105,36 @@ fn updates_and_nacks(mode: AdsMode, flaw: ListenerFlaw, envoy_says: &str) {
             >= 2.0
     );
 
+    // `marin3r proxy-status` prints the same, as a user sees it.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args([
+            "proxy-status",
+            "--url",
+            &format!("http://{}", server.http_addr),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with(NS))
+        .unwrap_or_else(|| panic!("no row for {NS}:\n{stdout}"));
+    assert!(row.contains(NODE) && row.contains(POD), "{row}");
+    assert!(
+        row.contains(&format!("NACKED {}", &bad_listeners[..8])),
+        "{stdout}"
+    );
+    assert!(row.contains("SYNCED"), "{stdout}");
+    assert!(
+        stdout.contains("Last NACKs:") && stdout.contains(envoy_says),
+        "{stdout}"
+    );
+
     // Fixing the listener is accepted.
     server
         .cache

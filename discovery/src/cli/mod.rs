@@ -3,6 +3,7 @@
 
 mod bootstrap;
 mod certs;
+mod proxy_status;
 
 use std::process::ExitCode;
 
@@ -26,6 +27,8 @@ pub enum Command {
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Show every proxy connected to a discovery service and its per-type sync state.
+    ProxyStatus(proxy_status::ProxyStatusArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -33,6 +36,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
         Command::Certs(cmd) => certs::run(cmd),
+        Command::ProxyStatus(args) => proxy_status::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
