@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_discovery::resource::ResourceType;
-use marin3r_e2e::xds::resources::{ListenerFlaw, direct_response_config};
+use marin3r_e2e::xds::resources::{ListenerFlaw, direct_response_config, eds_cluster_with_timeout};
 use support::{Pki, Proxy, XdsServer, envoy_serial, free_port, snapshot, wait_for};
 
 const NS: &str = "team-a";
@@ -30,11 +30,27 @@ fn updates_and_nacks(mode: AdsMode, flaw: ListenerFlaw, envoy_says: &str) {
     let proxy = Proxy::start(&server, &pki.client(Some(NS)), NODE, POD, mode);
     proxy.wait_for_body(port, "hello v1");
 
-    // A new snapshot changes what Envoy serves.
-    let good = config("hello v2", ListenerFlaw::None);
+    // A new snapshot changes what Envoy serves; a changed cluster is re-created and gets
+    // its endpoints without waiting for Envoy's initial-fetch timeout.
+    let mut v2 = direct_response_config(port.into(), "hello v2", ListenerFlaw::None);
+    for r in &mut v2 {
+        if r.kind == ResourceType::Cluster {
+            *r = eds_cluster_with_timeout(&r.name, 3);
+        }
+    }
+    let good = snapshot(v2);
     let good_listeners = good.version(ResourceType::Listener).to_owned();
     server.cache.set_snapshot(NS, NODE, good);
     proxy.wait_for_body(port, "hello v2");
+    wait_for(
+        "the changed cluster to warm",
+        Duration::from_secs(5),
+        || {
+            (proxy.stat("cluster_manager.cds.update_success") >= 2
+                && proxy.stat("cluster_manager.warming_clusters") == 0)
+                .then_some(())
+        },
+    );
 
     // A bad listener is NACKed with Envoy's own message.
     let bad = config("hello v2", flaw);

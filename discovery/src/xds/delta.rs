@@ -49,6 +49,9 @@ struct TypeState {
     owed: bool,
     acked: Option<String>,
     rejected: RejectedVersions,
+    /// Names to send again even though the proxy holds their version: the endpoints of
+    /// clusters just sent, since Envoy re-creates a changed cluster and waits for them.
+    resend: BTreeSet<String>,
 }
 
 impl TypeState {
@@ -140,17 +143,44 @@ impl DeltaState {
         } = st;
         known.retain(|name, _| *wildcard || names.contains(name));
         out.response = respond(st, kind, snapshot, &mut self.nonces);
+        if let Some(r) = &out.response
+            && kind == ResourceType::Cluster
+        {
+            self.endpoints_follow(r);
+            if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
+                out.also.extend(respond(
+                    eds,
+                    ResourceType::Endpoint,
+                    snapshot,
+                    &mut self.nonces,
+                ));
+            }
+        }
         out
     }
 
     pub fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<DeltaResponse> {
-        PUSH_ORDER
-            .into_iter()
-            .filter_map(|kind| {
-                let st = self.types.get_mut(&kind)?;
-                respond(st, kind, Some(snapshot), &mut self.nonces)
-            })
-            .collect()
+        let mut out = Vec::new();
+        for kind in PUSH_ORDER {
+            let Some(st) = self.types.get_mut(&kind) else {
+                continue;
+            };
+            if let Some(r) = respond(st, kind, Some(snapshot), &mut self.nonces) {
+                if kind == ResourceType::Cluster {
+                    // Endpoints come later in the push order and pick this up.
+                    self.endpoints_follow(&r);
+                }
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    fn endpoints_follow(&mut self, clusters: &DeltaResponse) {
+        if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
+            eds.resend
+                .extend(clusters.resources.iter().map(|r| r.resource.name.clone()));
+        }
     }
 
     #[cfg(test)]
@@ -176,9 +206,15 @@ fn respond(
     let resources: Vec<VersionedResource> = typed
         .resources()
         .iter()
-        .filter(|(name, r)| st.subscribed(name) && st.known.get(*name) != Some(&r.version))
+        .filter(|(name, r)| {
+            st.subscribed(name)
+                && (st.known.get(*name) != Some(&r.version) || st.resend.contains(*name))
+        })
         .map(|(_, r)| r.clone())
         .collect();
+    for r in &resources {
+        st.resend.remove(&r.resource.name);
+    }
     let removed: Vec<String> = st
         .known
         .keys()
@@ -390,6 +426,56 @@ mod tests {
         assert_eq!(out.ack.unwrap().version, s2.version(CDS));
         let r3 = out.response.unwrap();
         assert_eq!(r3.system_version, s3.version(CDS));
+    }
+
+    #[test]
+    fn endpoints_of_sent_clusters_are_resent_for_warming() {
+        let snap = |cluster_body: &str| {
+            Snapshot::new([
+                Resource {
+                    kind: CDS,
+                    name: "a".into(),
+                    body: Bytes::from(cluster_body.to_owned()),
+                },
+                Resource {
+                    kind: CDS,
+                    name: "b".into(),
+                    body: Bytes::from_static(b"b"),
+                },
+                Resource {
+                    kind: EDS,
+                    name: "a".into(),
+                    body: Bytes::from_static(b"ea"),
+                },
+                Resource {
+                    kind: EDS,
+                    name: "b".into(),
+                    body: Bytes::from_static(b"eb"),
+                },
+            ])
+            .unwrap()
+        };
+        let s1 = snap("a1");
+        let mut st = DeltaState::default();
+        let c = st
+            .on_request(&mk_req(CDS, &[], ""), Some(&s1))
+            .response
+            .unwrap();
+        st.on_request(&ack(&c), Some(&s1));
+        let e = st
+            .on_request(&mk_req(EDS, &["a", "b"], ""), Some(&s1))
+            .response
+            .unwrap();
+        st.on_request(&ack(&e), Some(&s1));
+        // Cluster "a" changes: its endpoints (unchanged) follow, "b"'s do not.
+        let s2 = snap("a2");
+        let pushed = st.on_snapshot(&s2);
+        assert_eq!(pushed.len(), 2);
+        assert_eq!(names(&pushed[0]), ["a"]);
+        assert_eq!((pushed[1].kind, names(&pushed[1])), (EDS, vec!["a"]));
+        st.on_request(&ack(&pushed[0]), Some(&s2));
+        st.on_request(&ack(&pushed[1]), Some(&s2));
+        assert!(st.on_snapshot(&s2).is_empty());
     }
 
     #[test]

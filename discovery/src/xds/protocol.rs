@@ -26,6 +26,9 @@ pub struct Outcome<R> {
     pub ack: Option<Ack>,
     pub nack: Option<Rejection>,
     pub response: Option<R>,
+    /// Responses of other types the request's response calls for, sent right after it
+    /// (endpoints after clusters: a re-created cluster needs its endpoints again).
+    pub also: Vec<R>,
     /// The request was for a type URL marin3r does not serve, or named a stale nonce.
     pub ignored: Option<Ignored>,
 }
@@ -36,6 +39,7 @@ impl<R> Default for Outcome<R> {
             ack: None,
             nack: None,
             response: None,
+            also: Vec::new(),
             ignored: None,
         }
     }

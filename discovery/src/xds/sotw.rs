@@ -47,6 +47,10 @@ struct TypeState {
     sent: Option<(String, Subscription)>,
     acked: Option<String>,
     rejected: RejectedVersions,
+    /// Answer the next request (or snapshot) even if nothing changed: set on endpoints when
+    /// clusters are sent, because Envoy re-creates a changed cluster and it waits (warming)
+    /// for its endpoints, re-requesting the version it already has (Istio's AlwaysRespond).
+    always_respond: bool,
 }
 
 /// One SotW stream's protocol state.
@@ -99,18 +103,42 @@ impl SotwState {
         // The first request of a type always gets the current state, even one Envoy already
         // has (it may be the only answer that completes its initialisation).
         out.response = respond(st, kind, snapshot, first, &mut self.nonces);
+        if out.response.is_some() && kind == ResourceType::Cluster {
+            out.also.extend(self.endpoints_after_clusters(snapshot));
+        }
         out
+    }
+
+    fn endpoints_after_clusters(&mut self, snapshot: Option<&Snapshot>) -> Option<SotwResponse> {
+        let eds = self.types.get_mut(&ResourceType::Endpoint)?;
+        eds.always_respond = true;
+        respond(
+            eds,
+            ResourceType::Endpoint,
+            snapshot,
+            false,
+            &mut self.nonces,
+        )
     }
 
     /// Responses a new snapshot calls for, in push order.
     pub fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<SotwResponse> {
-        PUSH_ORDER
-            .into_iter()
-            .filter_map(|kind| {
-                let st = self.types.get_mut(&kind)?;
-                respond(st, kind, Some(snapshot), false, &mut self.nonces)
-            })
-            .collect()
+        let mut out = Vec::new();
+        for kind in PUSH_ORDER {
+            let Some(st) = self.types.get_mut(&kind) else {
+                continue;
+            };
+            if let Some(r) = respond(st, kind, Some(snapshot), false, &mut self.nonces) {
+                out.push(r);
+                if kind == ResourceType::Cluster
+                    && let Some(eds) = self.types.get_mut(&ResourceType::Endpoint)
+                {
+                    // Endpoints come later in the push order and pick this up.
+                    eds.always_respond = true;
+                }
+            }
+        }
+        out
     }
 
     /// The version Envoy last accepted for a type.
@@ -150,9 +178,10 @@ fn respond(
         .sent
         .as_ref()
         .is_some_and(|(v, sub)| v == version && *sub == st.subscription);
-    if unchanged && !force {
+    if unchanged && !force && !st.always_respond {
         return None;
     }
+    st.always_respond = false;
     let resources = if st.subscription.wildcard {
         typed
             .resources()
@@ -462,6 +491,70 @@ mod tests {
         let s2 = Snapshot::new(s2).unwrap();
         let kinds: Vec<ResourceType> = st.on_snapshot(&s2).iter().map(|r| r.kind).collect();
         assert_eq!(kinds, [LDS, RDS]);
+    }
+
+    #[test]
+    fn endpoints_are_resent_after_clusters_for_warming() {
+        let eds = ResourceType::Endpoint;
+        let cds = ResourceType::Cluster;
+        let with_cluster = |body: &'static str| {
+            Snapshot::new([
+                Resource {
+                    kind: cds,
+                    name: "backend".into(),
+                    body: Bytes::from_static(body.as_bytes()),
+                },
+                Resource {
+                    kind: eds,
+                    name: "backend".into(),
+                    body: Bytes::from_static(b"endpoints"),
+                },
+            ])
+            .unwrap()
+        };
+        let s1 = with_cluster("c1");
+        let mut st = SotwState::default();
+        let c1 = st
+            .on_request(&mk_req(cds, &[], ""), Some(&s1))
+            .response
+            .unwrap();
+        st.on_request(&ack(&c1, &[]), Some(&s1));
+        let e1 = st
+            .on_request(&mk_req(eds, &["backend"], ""), Some(&s1))
+            .response
+            .unwrap();
+        st.on_request(&ack(&e1, &["backend"]), Some(&s1));
+        // Only the cluster changes: endpoints (same version) follow it.
+        let s2 = with_cluster("c2");
+        let pushed = st.on_snapshot(&s2);
+        let kinds: Vec<ResourceType> = pushed.iter().map(|r| r.kind).collect();
+        assert_eq!(kinds, [cds, eds]);
+        assert_eq!(pushed[1].version, e1.version);
+        // Envoy's warming re-request with the old nonce is stale and ignored...
+        let out = st.on_request(&ack(&e1, &["backend"]), Some(&s2));
+        assert_eq!(out.ignored, Some(Ignored::StaleNonce));
+        // ...and the ACKs end the exchange.
+        assert!(
+            st.on_request(&ack(&pushed[0], &[]), Some(&s2))
+                .also
+                .is_empty()
+        );
+        assert!(
+            st.on_request(&ack(&pushed[1], &["backend"]), Some(&s2))
+                .response
+                .is_none()
+        );
+
+        // Clusters unblocked by an ACK bring endpoints along in the same outcome.
+        let s3 = with_cluster("c3");
+        let s4 = with_cluster("c4");
+        let c3 = st.on_snapshot(&s3);
+        assert_eq!(c3.len(), 2);
+        st.on_request(&ack(&c3[1], &["backend"]), Some(&s3));
+        let out = st.on_request(&ack(&c3[0], &[]), Some(&s4));
+        assert_eq!(out.response.unwrap().version, s4.version(cds));
+        assert_eq!(out.also.len(), 1);
+        assert_eq!(out.also[0].kind, eds);
     }
 
     #[test]

@@ -349,10 +349,12 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
             Some(Ignored::StaleNonce) => debug!("ignoring a request with a stale nonce"),
             None => {}
         }
-        match out.response {
-            Some(resp) => self.send::<F>(resp, current).await,
-            None => true,
+        for resp in out.response.into_iter().chain(out.also) {
+            if !self.send::<F>(resp, current).await {
+                return false;
+            }
         }
+        true
     }
 
     async fn send<F: Flavour<Wire = W>>(

@@ -1,6 +1,7 @@
 //! The benchmarks `hack/bench` runs. Each returns rows of one table; the binary prints them.
 
 pub mod certs;
+pub mod xds;
 
 use std::time::Duration;
 

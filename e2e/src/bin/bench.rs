@@ -8,13 +8,34 @@ struct Args {
     /// Multiply every benchmark's sample count (e.g. 0.1 for a quick run).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
+    /// Run only the benchmarks whose name contains this (e.g. `xds`, `certs`).
+    #[arg(long)]
+    only: Option<String>,
+    /// The largest number of simulated Envoys in the xDS benchmark (100, 1000 or 10000).
+    #[arg(long, default_value_t = 10_000)]
+    xds_max_streams: usize,
+    /// Internal: run the xDS bench server child with the TLS files of this folder.
+    #[arg(long, hide = true)]
+    xds_bench_server: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(dir) = &args.xds_bench_server {
+        return marin3r_e2e::bench::xds::run_server(dir);
+    }
     anyhow::ensure!(args.scale > 0.0, "--scale must be positive");
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     let mut rows = Vec::new();
-    rows.extend(marin3r_e2e::bench::certs::issuance(args.scale)?);
+    if wanted("certs") {
+        rows.extend(marin3r_e2e::bench::certs::issuance(args.scale)?);
+    }
+    if wanted("xds") {
+        rows.extend(marin3r_e2e::bench::xds::convergence(
+            args.scale,
+            args.xds_max_streams,
+        )?);
+    }
     print!("{}", marin3r_e2e::bench::table(&rows));
     Ok(())
 }

@@ -191,6 +191,11 @@ pub fn forwarding_route(name: &str, n: usize, clusters: &[String]) -> Resource {
 
 /// A cluster whose endpoints come by EDS.
 pub fn eds_cluster(name: &str) -> Resource {
+    eds_cluster_with_timeout(name, 1)
+}
+
+/// A cluster whose endpoints come by EDS, with a connect timeout (to change a cluster).
+pub fn eds_cluster_with_timeout(name: &str, connect_timeout_seconds: i64) -> Resource {
     let c = Cluster {
         name: name.to_owned(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
@@ -199,7 +204,7 @@ pub fn eds_cluster(name: &str) -> Resource {
             service_name: String::new(),
         }),
         connect_timeout: Some(envoy_types::pb::google::protobuf::Duration {
-            seconds: 1,
+            seconds: connect_timeout_seconds,
             nanos: 0,
         }),
         ..Default::default()
@@ -276,7 +281,7 @@ pub fn realistic_config(generation: u64) -> Vec<Resource> {
             &format!("route-{i}"),
             ListenerFlaw::None,
         ));
-        let mut r = forwarding_route(&format!("route-{i}"), 4, &clusters);
+        let mut r = forwarding_route(&format!("route-{i}"), 7, &clusters);
         // Name stays stable; content carries the generation.
         let mut rc = RouteConfiguration::decode(r.body.as_ref()).unwrap_or_default();
         if let Some(vh) = rc.virtual_hosts.first_mut() {
