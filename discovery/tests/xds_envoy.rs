@@ -297,3 +297,53 @@ fn namespaces_with_the_same_node_id_never_see_each_others_config() {
         ]
     );
 }
+
+/// Versions are content hashes: an Envoy that reconnects to a restarted server presents what
+/// it holds (delta: `initial_resource_versions`) and takes an older configuration.
+fn reconnects_to_a_restarted_server(mode: AdsMode) {
+    let pki = Pki::new();
+    let mut server = XdsServer::start(&pki);
+    let port = free_port();
+    let config = |body: &str| {
+        snapshot(direct_response_config(
+            port.into(),
+            body,
+            ListenerFlaw::None,
+        ))
+    };
+    server.cache.set_snapshot(NS, NODE, config("hello v1"));
+    let proxy = Proxy::start(&server, &pki.client(Some(NS)), NODE, POD, mode);
+    proxy.wait_for_body(port, "hello v1");
+    server.cache.set_snapshot(NS, NODE, config("hello v2"));
+    proxy.wait_for_body(port, "hello v2");
+
+    let addr = server.addr;
+    server.shutdown();
+    drop(server);
+    let server = XdsServer::start_at(&pki, addr);
+    // The restarted server has the older configuration (say, a rollback happened).
+    let old = config("hello v1");
+    let routes = old.version(ResourceType::Route).to_owned();
+    server.cache.set_snapshot(NS, NODE, old);
+    proxy.wait_for_body(port, "hello v1");
+    wait_for(
+        "the reconnected proxy to ACK",
+        Duration::from_secs(10),
+        || {
+            let status = server.sync_status();
+            let p = status.proxies.first()?;
+            (p.types.get("routes")?.acked_version.as_deref() == Some(routes.as_str())).then_some(())
+        },
+    );
+    assert_eq!(proxy.stat("listener_manager.lds.update_rejected"), 0);
+}
+
+#[test]
+fn sotw_envoy_reconnects_to_a_restarted_server_and_takes_an_older_version() {
+    reconnects_to_a_restarted_server(AdsMode::StateOfTheWorld);
+}
+
+#[test]
+fn delta_envoy_reconnects_to_a_restarted_server_and_takes_an_older_version() {
+    reconnects_to_a_restarted_server(AdsMode::Delta);
+}

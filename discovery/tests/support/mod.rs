@@ -96,6 +96,11 @@ pub struct XdsServer {
 
 impl XdsServer {
     pub fn start(pki: &Pki) -> Self {
+        Self::start_at(pki, "127.0.0.1:0".parse().unwrap())
+    }
+
+    /// Starts on a given address (e.g. the one of a server that was shut down).
+    pub fn start_at(pki: &Pki, xds_addr: SocketAddr) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &pki.server.cert_pem).unwrap();
         std::fs::write(dir.path().join("tls.key"), &pki.server.key_pem).unwrap();
@@ -113,7 +118,7 @@ impl XdsServer {
         let router = server.http_router();
         let (listener, http) = rt.block_on(async {
             (
-                tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+                tokio::net::TcpListener::bind(xds_addr).await.unwrap(),
                 tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
             )
         });
