@@ -89,6 +89,10 @@ pub enum SnapshotError {
 
 impl Snapshot {
     /// Builds a snapshot from resources of any types; types without resources are empty.
+    ///
+    /// The sidecar bootstrap subscribes to a runtime layer named `runtime` by RTDS: a snapshot
+    /// without a `Runtime` of that name is served (empty) and ACKed, but Envoy waits for the
+    /// layer until its 15 s initial-fetch timeout before it starts serving.
     pub fn new(resources: impl IntoIterator<Item = Resource>) -> Result<Self, SnapshotError> {
         let mut by_type: BTreeMap<ResourceType, BTreeMap<String, VersionedResource>> =
             ResourceType::ALL

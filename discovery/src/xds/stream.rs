@@ -337,9 +337,14 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
                 version: nack.version,
                 message: nack.message,
             };
-            if let Err(e) = self.shared.nacks.try_send(event) {
-                metrics.dropped_nack_events.inc();
-                tracing::error!(error = %e, "NACK event dropped: its consumer is not keeping up");
+            match self.shared.nacks.try_send(event) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    metrics.dropped_nack_events.inc();
+                    tracing::error!("NACK event dropped: its consumer is not keeping up");
+                }
+                // Nobody consumes NACK events (e.g. a server run without controllers).
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
             }
         }
         match out.ignored {

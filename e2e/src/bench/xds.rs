@@ -283,6 +283,7 @@ struct RunResult {
     all_acked: Vec<Duration>,
     cpu_per_push: Vec<f64>,
     rss_per_stream: f64,
+    steady_rss_per_stream: f64,
     connect_time: Duration,
 }
 
@@ -315,6 +316,7 @@ fn run_at(n: usize, pushes: u64, dir: &Path, tls: &ClientTls) -> anyhow::Result<
         all_acked: Vec::new(),
         cpu_per_push: Vec::new(),
         rss_per_stream: 0.0,
+        steady_rss_per_stream: 0.0,
         connect_time,
     };
     for generation in 1..=pushes {
@@ -334,6 +336,8 @@ fn run_at(n: usize, pushes: u64, dir: &Path, tls: &ClientTls) -> anyhow::Result<
     }
     let peak = server.memory("VmHWM")?;
     result.rss_per_stream = peak.saturating_sub(baseline_rss) as f64 / n as f64;
+    let steady = server.memory("VmRSS")?;
+    result.steady_rss_per_stream = steady.saturating_sub(baseline_rss) as f64 / n as f64;
     drop(server);
     for t in tasks {
         t.abort();
@@ -421,7 +425,8 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
             samples: r.per_stream.len(),
             result: format!(
                 "per stream p50 {}, p99 {}, max {}; all {n} ACKed: median {}, max {}; \
-                 server CPU {:.3} s/push; peak RSS {:.1} KiB/stream; {n} streams connected and synced in {}",
+                 server CPU {:.3} s/push; server RSS per stream: peak {:.1} KiB, after the pushes {:.1} KiB; \
+                 {n} streams connected and synced in {}",
                 human(s.p50),
                 human(s.p99),
                 human(s.max),
@@ -429,6 +434,7 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
                 human(all.max),
                 cpu,
                 r.rss_per_stream / 1024.0,
+                r.steady_rss_per_stream / 1024.0,
                 human(r.connect_time),
             ),
         });

@@ -40,6 +40,9 @@ pub async fn connect(addr: SocketAddr, tls: &ClientTls) -> anyhow::Result<Channe
     let channel = Endpoint::from_shared(format!("https://{addr}"))?
         .tls_config(config)?
         .connect_timeout(Duration::from_secs(10))
+        // Envoy's HTTP/2 defaults: large windows, so a big response needs no WINDOW_UPDATE.
+        .initial_stream_window_size(Some(256 << 20))
+        .initial_connection_window_size(Some(256 << 20))
         .http2_keep_alive_interval(Duration::from_secs(30))
         .connect()
         .await
