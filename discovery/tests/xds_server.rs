@@ -207,3 +207,77 @@ fn proxy_status_names_an_unreachable_url() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must start with http://"));
 }
+
+/// The serial of the certificate the server presents to a new connection.
+async fn server_certificate_serial(
+    server: &XdsServer,
+    pki: &Pki,
+    client: &IssuedCertificate,
+) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca_pem().as_bytes()).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(client.cert_pem.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let der = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    marin3r_certs::CertificateInfo::from_der(&der)
+        .unwrap()
+        .serial
+}
+
+#[test]
+fn renewed_server_certificate_files_are_used_without_a_restart() {
+    let pki = Pki::new();
+    let server = XdsServer::start_with(
+        &pki,
+        "127.0.0.1:0".parse().unwrap(),
+        Some(Duration::from_millis(100)),
+    );
+    let client = pki.client(Some("ns"));
+    let serial = |cert: &IssuedCertificate| {
+        marin3r_certs::CertificateInfo::from_pem(&cert.cert_pem)
+            .unwrap()
+            .serial
+    };
+    let first = server
+        .rt
+        .block_on(server_certificate_serial(&server, &pki, &client));
+    assert_eq!(first, serial(&pki.server));
+
+    let renewed = pki
+        .ca
+        .issue(
+            &CertificateRequest::new("marin3r", Usage::Server, Duration::from_secs(3600))
+                .with_hosts(["127.0.0.1"]),
+        )
+        .unwrap();
+    // Written one file after the other: the server must ride out the mismatched pair.
+    std::fs::write(server.tls_dir().join("tls.key"), &renewed.key_pem).unwrap();
+    std::fs::write(server.tls_dir().join("tls.crt"), &renewed.cert_pem).unwrap();
+    support::wait_for(
+        "the renewed server certificate",
+        Duration::from_secs(10),
+        || {
+            let now = server
+                .rt
+                .block_on(server_certificate_serial(&server, &pki, &client));
+            (now == serial(&renewed)).then_some(())
+        },
+    );
+}

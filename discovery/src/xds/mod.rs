@@ -4,12 +4,13 @@
 //!
 //! ```no_run
 //! # async fn demo(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
-//! use marin3r_discovery::xds::{Cache, Server, Snapshot, TlsFiles, server_config};
+//! use marin3r_discovery::xds::{Cache, Server, Snapshot, TlsFiles};
 //! let cache = Cache::new();
 //! let (server, mut nacks) = Server::builder(cache.clone()).build();
 //! let router = server.http_router(); // serve on the metrics port
 //! cache.set_snapshot("team-a", "gateway", Snapshot::new(vec![])?);
-//! let tls = server_config(&TlsFiles::in_dir("/etc/marin3r/tls".as_ref()))?;
+//! // The files are re-read when they change (a renewed certificate needs no restart).
+//! let tls = TlsFiles::in_dir("/etc/marin3r/tls".as_ref());
 //! server.serve(listener, tls, async { let _ = tokio::signal::ctrl_c().await; }).await?;
 //! # drop((router, nacks.try_recv())); Ok(()) }
 //! ```
@@ -30,4 +31,4 @@ pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, Versioned
 pub use http::SYNC_STATUS_PATH;
 pub use server::{ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, SyncStatus, TypeStatus};
-pub use tls::{PeerIdentity, TlsError, TlsFiles, namespace_of, server_config};
+pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};

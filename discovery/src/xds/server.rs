@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::ControlPlane;
 use prometheus_client::registry::Registry;
-use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,7 +20,7 @@ use super::http::{self, HttpState};
 use super::metrics::Metrics;
 use super::status::{NackEvent, StatusRegistry, SyncStatus};
 use super::stream::Shared;
-use super::tls;
+use super::tls::{self, TlsSource};
 use super::wire::AdsService;
 
 /// How long connections may take to close after shutdown before they are dropped.
@@ -31,6 +30,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub enum ServeError {
     #[error("xDS server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("xDS server TLS: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// Configures a [`Server`].
@@ -120,14 +121,16 @@ impl Server {
     }
 
     /// Serves ADS on `listener` until `shutdown` completes, then ends every stream and waits
-    /// (up to a grace period) for the connections to close.
+    /// (up to a grace period) for the connections to close. `tls` is a fixed
+    /// `Arc<rustls::ServerConfig>` or [`TlsFiles`](super::TlsFiles), reloaded when they change.
     pub async fn serve(
         self,
         listener: TcpListener,
-        tls: Arc<ServerConfig>,
+        tls: impl Into<TlsSource>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), ServeError> {
         let stop = self.shared.stop.clone();
+        let tls = tls.into().watch(stop.clone())?;
         let (conns, incoming) = mpsc::channel(256);
         if let Ok(addr) = listener.local_addr() {
             info!(%addr, "xDS server listening (mTLS)");

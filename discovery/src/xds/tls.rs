@@ -18,11 +18,11 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::metrics::{Metrics, RefusalReason};
 
@@ -110,6 +110,75 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
+/// Where the server's TLS configuration comes from.
+#[derive(Debug, Clone)]
+pub enum TlsSource {
+    /// A fixed configuration.
+    Static(Arc<ServerConfig>),
+    /// Files, re-read every `interval`: a renewed server certificate or CA (a Secret update
+    /// swapped into the mounted folder) is used for new connections without a restart.
+    Files { files: TlsFiles, interval: Duration },
+}
+
+impl From<Arc<ServerConfig>> for TlsSource {
+    fn from(config: Arc<ServerConfig>) -> Self {
+        Self::Static(config)
+    }
+}
+
+impl From<TlsFiles> for TlsSource {
+    fn from(files: TlsFiles) -> Self {
+        Self::Files {
+            files,
+            interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl TlsSource {
+    /// The current configuration, kept up to date by a task (for files) until `stop`.
+    pub(crate) fn watch(
+        self,
+        stop: CancellationToken,
+    ) -> Result<watch::Receiver<Arc<ServerConfig>>, TlsError> {
+        let (files, interval) = match self {
+            Self::Static(config) => return Ok(watch::channel(config).1),
+            Self::Files { files, interval } => (files, interval),
+        };
+        let mut loaded = read_all(&files);
+        let (tx, rx) = watch::channel(server_config(&files)?);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let now = read_all(&files);
+                if now == loaded {
+                    continue;
+                }
+                match server_config(&files) {
+                    Ok(config) => {
+                        info!(cert = %files.cert.display(), "xDS server TLS files changed: reloaded");
+                        tx.send_replace(config);
+                        loaded = now;
+                    }
+                    // Mid-update (key and certificate not swapped together yet) or broken:
+                    // keep serving with what works and try again on the next tick.
+                    Err(e) => warn!(error = %e, "xDS server TLS files changed but cannot be used"),
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+fn read_all(files: &TlsFiles) -> [Option<Vec<u8>>; 3] {
+    [&files.cert, &files.key, &files.ca].map(|p| std::fs::read(p).ok())
+}
+
 /// Who is on the other end of a connection, as proven by its client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerIdentity {
@@ -186,12 +255,11 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// client never holds up the others) and sending the authenticated ones to `out`.
 pub async fn accept_loop(
     listener: TcpListener,
-    config: Arc<ServerConfig>,
+    config: watch::Receiver<Arc<ServerConfig>>,
     metrics: Metrics,
     out: mpsc::Sender<Result<TlsConn, io::Error>>,
     stop: CancellationToken,
 ) {
-    let acceptor = TlsAcceptor::from(config);
     loop {
         let (tcp, remote_addr) = tokio::select! {
             () = stop.cancelled() => return,
@@ -206,7 +274,7 @@ pub async fn accept_loop(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
+        let acceptor = TlsAcceptor::from(Arc::clone(&config.borrow()));
         let metrics = metrics.clone();
         let out = out.clone();
         let stop = stop.clone();

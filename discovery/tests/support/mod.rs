@@ -16,7 +16,7 @@ use marin3r_certs::{
 use marin3r_discovery::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
 use marin3r_discovery::resource::Resource;
 use marin3r_discovery::xds::{
-    Cache, NackEvent, Server, Snapshot, SyncStatus, TlsFiles, server_config,
+    Cache, NackEvent, Server, Snapshot, SyncStatus, TlsFiles, TlsSource, server_config,
 };
 use marin3r_e2e::envoy::{Envoy, get_body};
 use tokio::sync::{mpsc, oneshot};
@@ -101,11 +101,20 @@ impl XdsServer {
 
     /// Starts on a given address (e.g. the one of a server that was shut down).
     pub fn start_at(pki: &Pki, xds_addr: SocketAddr) -> Self {
+        Self::start_with(pki, xds_addr, None)
+    }
+
+    /// With `reload`, the server re-reads its TLS files (see [`Self::tls_dir`]) that often.
+    pub fn start_with(pki: &Pki, xds_addr: SocketAddr, reload: Option<Duration>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &pki.server.cert_pem).unwrap();
         std::fs::write(dir.path().join("tls.key"), &pki.server.key_pem).unwrap();
         std::fs::write(dir.path().join("ca.crt"), pki.ca_pem()).unwrap();
-        let tls = server_config(&TlsFiles::in_dir(dir.path())).unwrap();
+        let files = TlsFiles::in_dir(dir.path());
+        let tls: TlsSource = match reload {
+            None => server_config(&files).unwrap().into(),
+            Some(interval) => TlsSource::Files { files, interval },
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -147,6 +156,10 @@ impl XdsServer {
             || this.http("/readyz").starts_with("ready").then_some(()),
         );
         this
+    }
+
+    pub fn tls_dir(&self) -> &Path {
+        self._dir.path()
     }
 
     pub fn http(&self, path: &str) -> String {
