@@ -156,6 +156,25 @@ fn updates_and_nacks(mode: AdsMode, flaw: ListenerFlaw, envoy_says: &str) {
         .cache
         .set_snapshot(NS, NODE, config("hello v4", ListenerFlaw::None));
     proxy.wait_for_body(port, "hello v4");
+
+    // A listener gone from the snapshot is removed from Envoy (delta: `removed_resources`).
+    let without_listener: Vec<_> =
+        direct_response_config(port.into(), "hello v4", ListenerFlaw::None)
+            .into_iter()
+            .filter(|r| r.kind != ResourceType::Listener)
+            .collect();
+    server
+        .cache
+        .set_snapshot(NS, NODE, snapshot(without_listener));
+    wait_for(
+        "the listener to be removed",
+        Duration::from_secs(10),
+        || {
+            (proxy.stat("listener_manager.total_listeners_active") == 0
+                && proxy.stat("listener_manager.listener_removed") == 1)
+                .then_some(())
+        },
+    );
 }
 
 #[test]
