@@ -7,3 +7,4 @@ pub mod convert;
 pub mod crds;
 pub mod resource;
 pub mod revisions;
+pub mod xds;

@@ -6,6 +6,7 @@ mod certs;
 mod crds;
 mod inject;
 mod operator;
+mod proxy_status;
 mod validate;
 
 use std::process::ExitCode;
@@ -40,6 +41,8 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// Inject the Envoy sidecar into Pods and pod templates offline, as the webhook would.
     Inject(inject::InjectArgs),
+    /// Show every proxy connected to a discovery service and its per-type sync state.
+    ProxyStatus(proxy_status::ProxyStatusArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -53,6 +56,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             init_logging();
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
+        Command::ProxyStatus(args) => proxy_status::run(args).map(|()| ExitCode::SUCCESS),
         Command::Validate(args) => validate::run(args),
     };
     match result {

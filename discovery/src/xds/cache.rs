@@ -1,0 +1,450 @@
+//! The snapshot cache: one immutable [`Snapshot`] per (namespace, node id), published through a
+//! `watch` channel per key so that setting a snapshot wakes only the streams of that key, and a
+//! stream that falls behind simply reads the newest value when it gets to it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::resource::{Resource, ResourceType};
+
+/// Who a snapshot is for: the proxy's namespace (from its client certificate) and its node id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeKey {
+    pub namespace: String,
+    pub node_id: String,
+}
+
+impl NodeKey {
+    pub fn new(namespace: impl Into<String>, node_id: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            node_id: node_id.into(),
+        }
+    }
+}
+
+impl fmt::Display for NodeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.node_id)
+    }
+}
+
+/// A resource with the content hash Envoy sees as its (delta) version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VersionedResource {
+    pub resource: Resource,
+    pub version: String,
+}
+
+/// Every resource of one type, and the type's version: a hash of the names and contents, so
+/// the same configuration always has the same version, across restarts too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypeSnapshot {
+    version: String,
+    resources: BTreeMap<String, VersionedResource>,
+}
+
+impl TypeSnapshot {
+    fn new(resources: BTreeMap<String, VersionedResource>) -> Self {
+        let mut hasher = Sha256::new();
+        for (name, r) in &resources {
+            hasher.update((name.len() as u64).to_be_bytes());
+            hasher.update(name.as_bytes());
+            hasher.update(r.version.as_bytes());
+        }
+        Self {
+            version: short_hex(&hasher.finalize()),
+            resources,
+        }
+    }
+
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn resources(&self) -> &BTreeMap<String, VersionedResource> {
+        &self.resources
+    }
+}
+
+/// The whole configuration of one proxy: every [`ResourceType`], each with its own version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    types: BTreeMap<ResourceType, TypeSnapshot>,
+}
+
+/// A snapshot that cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("two {kind} resources are named {name:?}; names must be unique per type")]
+    DuplicateName { kind: ResourceType, name: String },
+    #[error("a {kind} resource has an empty name")]
+    EmptyName { kind: ResourceType },
+}
+
+impl Snapshot {
+    /// Builds a snapshot from resources of any types; types without resources are empty.
+    ///
+    /// The sidecar bootstrap subscribes to a runtime layer named `runtime` by RTDS: a snapshot
+    /// without a `Runtime` of that name is served (empty) and ACKed, but Envoy waits for the
+    /// layer until its 15 s initial-fetch timeout before it starts serving.
+    pub fn new(resources: impl IntoIterator<Item = Resource>) -> Result<Self, SnapshotError> {
+        let mut by_type: BTreeMap<ResourceType, BTreeMap<String, VersionedResource>> =
+            ResourceType::ALL
+                .into_iter()
+                .map(|t| (t, BTreeMap::new()))
+                .collect();
+        for resource in resources {
+            let kind = resource.kind;
+            if resource.name.is_empty() {
+                return Err(SnapshotError::EmptyName { kind });
+            }
+            let version = short_hex(&Sha256::digest(&resource.body));
+            let name = resource.name.clone();
+            let slot = by_type.entry(kind).or_default();
+            if slot.contains_key(&name) {
+                return Err(SnapshotError::DuplicateName { kind, name });
+            }
+            slot.insert(name, VersionedResource { resource, version });
+        }
+        Ok(Self {
+            types: by_type
+                .into_iter()
+                .map(|(t, r)| (t, TypeSnapshot::new(r)))
+                .collect(),
+        })
+    }
+
+    /// A snapshot with no resources at all.
+    pub fn empty() -> Self {
+        Self {
+            types: ResourceType::ALL
+                .into_iter()
+                .map(|t| (t, TypeSnapshot::new(BTreeMap::new())))
+                .collect(),
+        }
+    }
+
+    pub fn of_type(&self, kind: ResourceType) -> &TypeSnapshot {
+        // Every type is present by construction; the fallback only keeps this total.
+        static EMPTY: std::sync::OnceLock<TypeSnapshot> = std::sync::OnceLock::new();
+        self.types
+            .get(&kind)
+            .unwrap_or_else(|| EMPTY.get_or_init(|| TypeSnapshot::new(BTreeMap::new())))
+    }
+
+    pub fn version(&self, kind: ResourceType) -> &str {
+        self.of_type(kind).version()
+    }
+
+    /// The versions of every type, for logs and status.
+    pub fn versions(&self) -> BTreeMap<ResourceType, &str> {
+        self.types.iter().map(|(t, s)| (*t, s.version())).collect()
+    }
+}
+
+fn short_hex(digest: &[u8]) -> String {
+    // 64 bits of SHA-256: versions only need to tell a proxy's configurations apart.
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A snapshot as published, with the instant it was set (for convergence latency).
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub snapshot: Arc<Snapshot>,
+    pub set_at: Instant,
+}
+
+type Slot = watch::Sender<Option<Published>>;
+
+/// The shared snapshot cache. Cloning is cheap; all clones see the same snapshots.
+#[derive(Clone, Default)]
+pub struct Cache {
+    slots: Arc<Mutex<HashMap<NodeKey, Slot>>>,
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache")
+            .field("keys", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Cache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<NodeKey, Slot>> {
+        // A panic elsewhere while holding the lock leaves the map itself consistent.
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes a snapshot for a proxy. Streams of that key are woken unless the snapshot is
+    /// identical to the current one; returns whether anything changed.
+    pub fn set_snapshot(
+        &self,
+        namespace: impl Into<String>,
+        node_id: impl Into<String>,
+        snapshot: Snapshot,
+    ) -> bool {
+        let key = NodeKey::new(namespace, node_id);
+        let published = Published {
+            snapshot: Arc::new(snapshot),
+            set_at: Instant::now(),
+        };
+        let mut slots = self.lock();
+        let slot = slots.entry(key).or_insert_with(|| watch::Sender::new(None));
+        slot.send_if_modified(|current| {
+            let same = current
+                .as_ref()
+                .is_some_and(|c| c.snapshot == published.snapshot);
+            if !same {
+                *current = Some(published);
+            }
+            !same
+        })
+    }
+
+    /// Removes a proxy's snapshot. Connected proxies keep the configuration they have (nothing
+    /// is sent); they get the next snapshot set for their key.
+    pub fn clear(&self, namespace: &str, node_id: &str) {
+        let key = NodeKey::new(namespace, node_id);
+        let mut slots = self.lock();
+        if let Some(slot) = slots.get(&key) {
+            slot.send_replace(None);
+            if slot.receiver_count() == 0 {
+                slots.remove(&key);
+            }
+        }
+    }
+
+    /// The current snapshot of a proxy, if any.
+    pub fn snapshot(&self, namespace: &str, node_id: &str) -> Option<Arc<Snapshot>> {
+        let key = NodeKey::new(namespace, node_id);
+        self.lock()
+            .get(&key)
+            .and_then(|s| s.borrow().as_ref().map(|p| Arc::clone(&p.snapshot)))
+    }
+
+    /// How many keys the cache holds (with a snapshot or with a watching stream).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Subscribes to a key; the returned watch sees the current snapshot as changed at once
+    /// when there is one.
+    pub fn watch(&self, key: NodeKey) -> Watch {
+        let mut rx = {
+            let mut slots = self.lock();
+            slots
+                .entry(key.clone())
+                .or_insert_with(|| watch::Sender::new(None))
+                .subscribe()
+        };
+        rx.mark_changed();
+        Watch {
+            rx: Some(rx),
+            key,
+            cache: self.clone(),
+        }
+    }
+}
+
+/// A stream's subscription to one key; the slot is dropped with its last watcher when no
+/// snapshot is set, so the cache does not grow with proxies that come and go.
+pub struct Watch {
+    rx: Option<watch::Receiver<Option<Published>>>,
+    key: NodeKey,
+    cache: Cache,
+}
+
+impl Watch {
+    /// Waits until the key's snapshot changes (or is cleared) and returns the newest value;
+    /// several changes in between are seen as one.
+    pub async fn changed(&mut self) -> Option<Published> {
+        let rx = self.rx.as_mut()?;
+        // The sender lives in the cache map for as long as a receiver exists, so this only
+        // fails if the cache itself is gone; then nothing will ever change again.
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        rx.borrow_and_update().clone()
+    }
+
+    pub fn key(&self) -> &NodeKey {
+        &self.key
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        let mut slots = self.cache.lock();
+        if let Some(slot) = slots.get(&self.key)
+            && slot.receiver_count() == 0
+            && slot.borrow().is_none()
+        {
+            slots.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn res(kind: ResourceType, name: &str, body: &str) -> Resource {
+        Resource {
+            kind,
+            name: name.into(),
+            body: Bytes::from(body.to_owned()),
+        }
+    }
+
+    fn snap(body: &str) -> Snapshot {
+        Snapshot::new([
+            res(ResourceType::Listener, "l", body),
+            res(ResourceType::Cluster, "c", "cluster"),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn versions_are_content_hashes() {
+        let a = snap("one");
+        let b = snap("one");
+        let c = snap("two");
+        assert_eq!(a, b);
+        assert_eq!(
+            a.version(ResourceType::Listener),
+            b.version(ResourceType::Listener)
+        );
+        assert_ne!(
+            a.version(ResourceType::Listener),
+            c.version(ResourceType::Listener)
+        );
+        // Only the changed type gets a new version.
+        assert_eq!(
+            a.version(ResourceType::Cluster),
+            c.version(ResourceType::Cluster)
+        );
+        assert_eq!(a.version(ResourceType::Listener).len(), 16);
+        // A rename is a change even with the same body.
+        let renamed = Snapshot::new([
+            res(ResourceType::Listener, "other", "one"),
+            res(ResourceType::Cluster, "c", "cluster"),
+        ])
+        .unwrap();
+        assert_ne!(
+            renamed.version(ResourceType::Listener),
+            a.version(ResourceType::Listener)
+        );
+        assert_eq!(
+            Snapshot::empty().version(ResourceType::Secret),
+            a.version(ResourceType::Secret)
+        );
+    }
+
+    #[test]
+    fn bad_snapshots_are_refused() {
+        let dup = Snapshot::new([
+            res(ResourceType::Cluster, "c", "1"),
+            res(ResourceType::Cluster, "c", "2"),
+        ]);
+        assert_eq!(
+            dup.unwrap_err().to_string(),
+            "two clusters resources are named \"c\"; names must be unique per type"
+        );
+        // The same name in two types is fine.
+        Snapshot::new([
+            res(ResourceType::Cluster, "x", "1"),
+            res(ResourceType::Listener, "x", "2"),
+        ])
+        .unwrap();
+        assert!(matches!(
+            Snapshot::new([res(ResourceType::Route, "", "1")]),
+            Err(SnapshotError::EmptyName { .. })
+        ));
+    }
+
+    async fn woke(w: &mut Watch) -> Option<Option<Published>> {
+        tokio::time::timeout(Duration::from_millis(50), w.changed())
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn setting_a_snapshot_wakes_only_its_key() {
+        let cache = Cache::new();
+        let mut a = cache.watch(NodeKey::new("ns-a", "node"));
+        let mut b = cache.watch(NodeKey::new("ns-b", "node"));
+        // Nothing set yet: the first wake-up reports "no snapshot".
+        assert!(woke(&mut a).await.unwrap().is_none());
+        assert!(woke(&mut b).await.unwrap().is_none());
+
+        assert!(cache.set_snapshot("ns-a", "node", snap("one")));
+        let got = woke(&mut a).await.unwrap().unwrap();
+        assert_eq!(*got.snapshot, snap("one"));
+        assert!(woke(&mut b).await.is_none(), "ns-b must not wake");
+        assert!(cache.snapshot("ns-b", "node").is_none());
+    }
+
+    #[tokio::test]
+    async fn several_sets_are_seen_as_the_newest_one() {
+        let cache = Cache::new();
+        let mut w = cache.watch(NodeKey::new("ns", "n"));
+        woke(&mut w).await.unwrap();
+        for body in ["1", "2", "3"] {
+            cache.set_snapshot("ns", "n", snap(body));
+        }
+        let got = woke(&mut w).await.unwrap().unwrap();
+        assert_eq!(*got.snapshot, snap("3"));
+        assert!(woke(&mut w).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_identical_snapshot_wakes_nobody() {
+        let cache = Cache::new();
+        assert!(cache.set_snapshot("ns", "n", snap("1")));
+        let mut w = cache.watch(NodeKey::new("ns", "n"));
+        assert!(woke(&mut w).await.unwrap().is_some());
+        assert!(!cache.set_snapshot("ns", "n", snap("1")));
+        assert!(woke(&mut w).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn clearing_wakes_with_nothing_and_unused_slots_are_dropped() {
+        let cache = Cache::new();
+        cache.set_snapshot("ns", "n", snap("1"));
+        let mut w = cache.watch(NodeKey::new("ns", "n"));
+        assert!(woke(&mut w).await.unwrap().is_some());
+        cache.clear("ns", "n");
+        assert!(woke(&mut w).await.unwrap().is_none());
+        assert!(cache.snapshot("ns", "n").is_none());
+        assert_eq!(cache.len(), 1, "the watcher keeps its slot");
+        drop(w);
+        assert!(cache.is_empty());
+
+        // A snapshot set with nobody watching stays until cleared.
+        cache.set_snapshot("ns", "m", snap("1"));
+        drop(cache.watch(NodeKey::new("ns", "m")));
+        assert!(cache.snapshot("ns", "m").is_some());
+        cache.clear("ns", "m");
+        assert!(cache.is_empty());
+    }
+}

@@ -1,0 +1,68 @@
+//! The discovery service's plain-HTTP side: Prometheus `/metrics`, `/healthz`, `/readyz`
+//! (ready while the xDS server accepts connections) and `/sync-status` (JSON, every
+//! connected proxy; what `marin3r proxy-status` prints).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+use super::status::{StatusRegistry, SyncStatus};
+
+/// The path of the sync-status endpoint.
+pub const SYNC_STATUS_PATH: &str = "/sync-status";
+
+#[derive(Clone)]
+pub(crate) struct HttpState {
+    pub registry: Arc<Registry>,
+    pub status: StatusRegistry,
+    pub ready: Arc<AtomicBool>,
+}
+
+pub(crate) fn router(state: HttpState) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route(SYNC_STATUS_PATH, get(sync_status))
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("encoding metrics: {e}\n"),
+        ),
+    }
+}
+
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if state.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "xDS server not accepting connections\n",
+        )
+    }
+}
+
+async fn sync_status(State(state): State<HttpState>) -> Json<SyncStatus> {
+    Json(state.status.snapshot())
+}

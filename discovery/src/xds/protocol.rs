@@ -1,0 +1,124 @@
+//! What the pure per-stream state machines ([`super::sotw`], [`super::delta`]) report back to
+//! the I/O loop, and the bits of bookkeeping both share.
+
+use std::collections::VecDeque;
+
+use crate::resource::ResourceType;
+
+/// Envoy accepted a version of a type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub kind: ResourceType,
+    pub version: String,
+}
+
+/// Envoy rejected a version of a type, with its error message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub kind: ResourceType,
+    pub version: String,
+    pub message: String,
+}
+
+/// What one request did: at most one of ack/nack, and maybe a response to send.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Outcome<R> {
+    pub ack: Option<Ack>,
+    pub nack: Option<Rejection>,
+    pub response: Option<R>,
+    /// Responses of other types the request's response calls for, sent right after it
+    /// (endpoints after clusters: a re-created cluster needs its endpoints again).
+    pub also: Vec<R>,
+    /// The request was for a type URL marin3r does not serve, or named a stale nonce.
+    pub ignored: Option<Ignored>,
+}
+
+impl<R> Default for Outcome<R> {
+    fn default() -> Self {
+        Self {
+            ack: None,
+            nack: None,
+            response: None,
+            also: Vec::new(),
+            ignored: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ignored {
+    UnknownType(String),
+    StaleNonce,
+}
+
+/// Versions a stream has rejected for one type; never sent to that stream again. Bounded so a
+/// proxy that rejects everything for days cannot grow it without limit.
+#[derive(Debug, Default, Clone)]
+pub struct RejectedVersions(VecDeque<String>);
+
+impl RejectedVersions {
+    const LIMIT: usize = 32;
+
+    pub fn insert(&mut self, version: String) {
+        if !self.contains(&version) {
+            if self.0.len() == Self::LIMIT {
+                self.0.pop_front();
+            }
+            self.0.push_back(version);
+        }
+    }
+
+    pub fn contains(&self, version: &str) -> bool {
+        self.0.iter().any(|v| v == version)
+    }
+}
+
+/// Nonces unique within a stream, which is all the protocol asks of them.
+#[derive(Debug, Default)]
+pub struct Nonces(u64);
+
+impl Nonces {
+    pub fn next(&mut self) -> String {
+        self.0 += 1;
+        self.0.to_string()
+    }
+}
+
+/// The order in which types changed by one snapshot are pushed: clusters (and their
+/// endpoints and secrets) before the listeners and routes that refer to them, as Envoy's
+/// make-before-break guidance asks.
+pub const PUSH_ORDER: [ResourceType; 8] = [
+    ResourceType::Secret,
+    ResourceType::Cluster,
+    ResourceType::Endpoint,
+    ResourceType::ExtensionConfig,
+    ResourceType::Listener,
+    ResourceType::Route,
+    ResourceType::ScopedRoute,
+    ResourceType::Runtime,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejected_versions_are_bounded_and_deduplicated() {
+        let mut r = RejectedVersions::default();
+        for i in 0..40 {
+            r.insert(format!("v{i}"));
+            r.insert(format!("v{i}"));
+        }
+        assert_eq!(r.0.len(), RejectedVersions::LIMIT);
+        assert!(!r.contains("v0"));
+        assert!(r.contains("v39"));
+    }
+
+    #[test]
+    fn push_order_covers_every_type_once() {
+        let mut seen = PUSH_ORDER.to_vec();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), ResourceType::ALL.len());
+    }
+}

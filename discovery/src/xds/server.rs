@@ -1,0 +1,177 @@
+//! The xDS server: builds the shared state, runs the mTLS accept loop and tonic with the ADS
+//! service, and shuts down gracefully (stop accepting, end every stream, let connections
+//! drain, then give up after a grace period).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::ControlPlane;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::cache::Cache;
+use super::http::{self, HttpState};
+use super::metrics::Metrics;
+use super::status::{NackEvent, StatusRegistry, SyncStatus};
+use super::stream::Shared;
+use super::tls::{self, TlsSource};
+use super::wire::AdsService;
+
+/// How long connections may take to close after shutdown before they are dropped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("xDS server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("xDS server TLS: {0}")]
+    Tls(#[from] tls::TlsError),
+}
+
+/// Configures a [`Server`].
+pub struct ServerBuilder {
+    cache: Cache,
+    control_plane_id: String,
+    nack_capacity: usize,
+    registry: Registry,
+}
+
+impl ServerBuilder {
+    /// The identifier sent as `control_plane.identifier` in every response (e.g. the pod name).
+    pub fn control_plane_id(mut self, id: impl Into<String>) -> Self {
+        self.control_plane_id = id.into();
+        self
+    }
+
+    /// How many NACK events may wait for their consumer before new ones are dropped (and
+    /// counted in `marin3r_xds_dropped_nack_events_total`).
+    pub fn nack_capacity(mut self, capacity: usize) -> Self {
+        self.nack_capacity = capacity.max(1);
+        self
+    }
+
+    /// A registry with other metrics of the process; the server adds its own and serves it.
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// The server and the receiving end of its NACK events.
+    pub fn build(mut self) -> (Server, mpsc::Receiver<NackEvent>) {
+        let metrics = Metrics::register(&mut self.registry);
+        let (nacks, nack_rx) = mpsc::channel(self.nack_capacity);
+        let shared = Arc::new(Shared {
+            cache: self.cache,
+            metrics,
+            status: StatusRegistry::default(),
+            nacks,
+            control_plane: ControlPlane {
+                identifier: self.control_plane_id,
+            },
+            stop: CancellationToken::new(),
+        });
+        let server = Server {
+            shared,
+            registry: Arc::new(self.registry),
+            ready: Arc::new(AtomicBool::new(false)),
+        };
+        (server, nack_rx)
+    }
+}
+
+/// The ADS server over mutual TLS. Controllers write to its [`Cache`]; it serves from it.
+pub struct Server {
+    shared: Arc<Shared>,
+    registry: Arc<Registry>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Server {
+    pub fn builder(cache: Cache) -> ServerBuilder {
+        ServerBuilder {
+            cache,
+            control_plane_id: "marin3r".into(),
+            nack_capacity: 1024,
+            registry: Registry::default(),
+        }
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.shared.cache
+    }
+
+    /// Every connected proxy and how far it got.
+    pub fn sync_status(&self) -> SyncStatus {
+        self.shared.status.snapshot()
+    }
+
+    /// `/metrics`, `/healthz`, `/readyz` and `/sync-status`, for the metrics port.
+    pub fn http_router(&self) -> axum::Router {
+        http::router(HttpState {
+            registry: Arc::clone(&self.registry),
+            status: self.shared.status.clone(),
+            ready: Arc::clone(&self.ready),
+        })
+    }
+
+    /// Serves ADS on `listener` until `shutdown` completes, then ends every stream and waits
+    /// (up to a grace period) for the connections to close. `tls` is a fixed
+    /// `Arc<rustls::ServerConfig>` or [`TlsFiles`](super::TlsFiles), reloaded when they change.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        tls: impl Into<TlsSource>,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ServeError> {
+        let stop = self.shared.stop.clone();
+        let tls = tls.into().watch(stop.clone())?;
+        let (conns, incoming) = mpsc::channel(256);
+        if let Ok(addr) = listener.local_addr() {
+            info!(%addr, "xDS server listening (mTLS)");
+        }
+        let accept = tokio::spawn(tls::accept_loop(
+            listener,
+            tls,
+            self.shared.metrics.clone(),
+            conns,
+            stop.clone(),
+        ));
+        let server = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .add_service(AdsService::new(Arc::clone(&self.shared)))
+            .serve_with_incoming_shutdown(
+                ReceiverStream::new(incoming),
+                stop.clone().cancelled_owned(),
+            );
+        tokio::pin!(server);
+        self.ready.store(true, Ordering::SeqCst);
+        let early = tokio::select! {
+            r = &mut server => Some(r),
+            () = shutdown => None,
+        };
+        self.ready.store(false, Ordering::SeqCst);
+        stop.cancel();
+        accept.abort();
+        let result = match early {
+            Some(r) => r,
+            None => {
+                info!("xDS server shutting down: ending streams");
+                match tokio::time::timeout(SHUTDOWN_GRACE, server).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the grace period; dropping them");
+                        Ok(())
+                    }
+                }
+            }
+        };
+        Ok(result?)
+    }
+}

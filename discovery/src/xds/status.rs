@@ -1,0 +1,188 @@
+//! Who is connected and how far each proxy got: the sync-status registry behind the
+//! `/sync-status` endpoint and `marin3r proxy-status`, and the NACK events the revision
+//! controller consumes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::resource::ResourceType;
+
+/// Envoy rejected a configuration: everything the revision controller needs to taint it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NackEvent {
+    pub namespace: String,
+    pub node_id: String,
+    /// From the node metadata key `pod_name`, when the proxy sets it.
+    pub pod_name: Option<String>,
+    pub resource_type: ResourceType,
+    pub type_url: String,
+    /// The rejected version (the type's version in the snapshot that was sent).
+    pub version: String,
+    /// Envoy's error message.
+    pub message: String,
+}
+
+/// The last NACK of one type, as the status endpoint shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastNack {
+    pub version: String,
+    pub message: String,
+    pub at: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TypeStatus {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acked_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_nack: Option<LastNack>,
+}
+
+/// One connected proxy (one ADS stream).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyStatus {
+    pub namespace: String,
+    pub node_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// `sotw` or `delta`.
+    pub protocol: String,
+    pub peer: String,
+    pub connected_at: String,
+    /// Keyed by the type's `spec.envoyResources` list name (`listeners`, `clusters`, ...).
+    pub types: BTreeMap<String, TypeStatus>,
+}
+
+/// The JSON document of the sync-status endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncStatus {
+    pub proxies: Vec<ProxyStatus>,
+}
+
+pub fn now_rfc3339() -> String {
+    OffsetDateTime::now_utc()
+        .format(&Rfc3339)
+        .unwrap_or_default()
+}
+
+/// The registry of connected proxies. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct StatusRegistry {
+    proxies: Arc<Mutex<HashMap<u64, ProxyStatus>>>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl StatusRegistry {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, ProxyStatus>> {
+        self.proxies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a proxy; it is removed when the handle is dropped.
+    pub fn register(&self, status: ProxyStatus) -> ProxyHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, status);
+        ProxyHandle {
+            id,
+            registry: self.clone(),
+        }
+    }
+
+    /// Every connected proxy, ordered by namespace, node id and connection time.
+    pub fn snapshot(&self) -> SyncStatus {
+        let mut proxies: Vec<ProxyStatus> = self.lock().values().cloned().collect();
+        proxies.sort_by(|a, b| {
+            (&a.namespace, &a.node_id, &a.connected_at).cmp(&(
+                &b.namespace,
+                &b.node_id,
+                &b.connected_at,
+            ))
+        });
+        SyncStatus { proxies }
+    }
+}
+
+/// A registered proxy's entry, updated by its stream.
+#[derive(Debug)]
+pub struct ProxyHandle {
+    id: u64,
+    registry: StatusRegistry,
+}
+
+impl ProxyHandle {
+    fn update(&self, kind: ResourceType, f: impl FnOnce(&mut TypeStatus)) {
+        if let Some(p) = self.registry.lock().get_mut(&self.id) {
+            f(p.types.entry(kind.spec_field().to_owned()).or_default());
+        }
+    }
+
+    pub fn sent(&self, kind: ResourceType, version: &str) {
+        self.update(kind, |t| t.sent_version = Some(version.to_owned()));
+    }
+
+    pub fn acked(&self, kind: ResourceType, version: &str) {
+        self.update(kind, |t| t.acked_version = Some(version.to_owned()));
+    }
+
+    pub fn nacked(&self, kind: ResourceType, version: &str, message: &str) {
+        self.update(kind, |t| {
+            t.last_nack = Some(LastNack {
+                version: version.to_owned(),
+                message: message.to_owned(),
+                at: now_rfc3339(),
+            });
+        });
+    }
+}
+
+impl Drop for ProxyHandle {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mk_proxy(ns: &str, node: &str) -> ProxyStatus {
+        ProxyStatus {
+            namespace: ns.into(),
+            node_id: node.into(),
+            pod: Some("pod-1".into()),
+            protocol: "sotw".into(),
+            peer: "127.0.0.1:1234".into(),
+            connected_at: now_rfc3339(),
+            types: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn proxies_are_listed_updated_and_removed_on_drop() {
+        let reg = StatusRegistry::default();
+        let b = reg.register(mk_proxy("ns-b", "node"));
+        let a = reg.register(mk_proxy("ns-a", "node"));
+        a.sent(ResourceType::Listener, "v1");
+        a.acked(ResourceType::Listener, "v1");
+        a.nacked(ResourceType::Cluster, "v2", "bad cluster");
+        let s = reg.snapshot();
+        assert_eq!(s.proxies.len(), 2);
+        assert_eq!(s.proxies[0].namespace, "ns-a");
+        let l = &s.proxies[0].types["listeners"];
+        assert_eq!(l.acked_version.as_deref(), Some("v1"));
+        let c = &s.proxies[0].types["clusters"];
+        assert_eq!(c.last_nack.as_ref().unwrap().message, "bad cluster");
+        let json = serde_json::to_string(&s).unwrap();
+        let back: SyncStatus = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+        drop(a);
+        drop(b);
+        assert!(reg.snapshot().proxies.is_empty());
+    }
+}

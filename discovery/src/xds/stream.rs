@@ -1,0 +1,386 @@
+//! The I/O side of one ADS stream: a task per stream that feeds requests and snapshot changes
+//! into the pure protocol state ([`super::sotw`] or [`super::delta`]) and sends what it
+//! decides, recording ACKs, NACKs, metrics and sync status along the way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::protobuf::value::Kind;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::resource::ResourceType;
+
+use super::cache::{Cache, NodeKey, Published, Snapshot};
+use super::delta::{DeltaResponse, DeltaState};
+use super::metrics::{Metrics, Protocol, ProtocolLabels};
+use super::protocol::{Ignored, Outcome};
+use super::sotw::{SotwResponse, SotwState};
+use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
+use super::tls::PeerIdentity;
+use super::wire::{self, WireDeltaResponse, WireResponse};
+
+/// Everything the streams share.
+pub(crate) struct Shared {
+    pub cache: Cache,
+    pub metrics: Metrics,
+    pub status: StatusRegistry,
+    pub nacks: mpsc::Sender<NackEvent>,
+    pub control_plane: ControlPlane,
+    /// Cancelled at shutdown: every stream ends.
+    pub stop: CancellationToken,
+}
+
+/// One of the two ADS flavours, as the generic stream loop sees it.
+trait Flavour: Default + Send + 'static {
+    type Req: Send + 'static;
+    type Resp: Send;
+    type Wire: Send + 'static;
+    const PROTOCOL: Protocol;
+
+    fn node(req: &Self::Req) -> Option<&Node>;
+    fn type_url(req: &Self::Req) -> &str;
+    fn on_request(&mut self, req: &Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
+    fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<Self::Resp>;
+    fn describe(resp: &Self::Resp) -> (ResourceType, &str);
+    fn wire(resp: Self::Resp, control_plane: &ControlPlane) -> Self::Wire;
+}
+
+impl Flavour for SotwState {
+    type Req = DiscoveryRequest;
+    type Resp = SotwResponse;
+    type Wire = WireResponse;
+    const PROTOCOL: Protocol = Protocol::Sotw;
+
+    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn type_url(req: &DiscoveryRequest) -> &str {
+        &req.type_url
+    }
+    fn on_request(
+        &mut self,
+        req: &DiscoveryRequest,
+        s: Option<&Snapshot>,
+    ) -> Outcome<SotwResponse> {
+        SotwState::on_request(self, &wire::sotw_request(req), s)
+    }
+    fn on_snapshot(&mut self, s: &Snapshot) -> Vec<SotwResponse> {
+        SotwState::on_snapshot(self, s)
+    }
+    fn describe(resp: &SotwResponse) -> (ResourceType, &str) {
+        (resp.kind, &resp.version)
+    }
+    fn wire(resp: SotwResponse, cp: &ControlPlane) -> WireResponse {
+        wire::sotw_response(resp, cp)
+    }
+}
+
+impl Flavour for DeltaState {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaResponse;
+    type Wire = WireDeltaResponse;
+    const PROTOCOL: Protocol = Protocol::Delta;
+
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn type_url(req: &DeltaDiscoveryRequest) -> &str {
+        &req.type_url
+    }
+    fn on_request(
+        &mut self,
+        req: &DeltaDiscoveryRequest,
+        s: Option<&Snapshot>,
+    ) -> Outcome<DeltaResponse> {
+        DeltaState::on_request(self, &wire::delta_request(req), s)
+    }
+    fn on_snapshot(&mut self, s: &Snapshot) -> Vec<DeltaResponse> {
+        DeltaState::on_snapshot(self, s)
+    }
+    fn describe(resp: &DeltaResponse) -> (ResourceType, &str) {
+        (resp.kind, &resp.system_version)
+    }
+    fn wire(resp: DeltaResponse, cp: &ControlPlane) -> WireDeltaResponse {
+        wire::delta_response(resp, cp)
+    }
+}
+
+type Started<W> = Result<Response<ReceiverStream<Result<W, Status>>>, Status>;
+
+pub(crate) fn start_sotw(
+    shared: Arc<Shared>,
+    request: Request<Streaming<DiscoveryRequest>>,
+) -> Started<WireResponse> {
+    start::<SotwState>(shared, request)
+}
+
+pub(crate) fn start_delta(
+    shared: Arc<Shared>,
+    request: Request<Streaming<DeltaDiscoveryRequest>>,
+) -> Started<WireDeltaResponse> {
+    start::<DeltaState>(shared, request)
+}
+
+fn start<F: Flavour>(shared: Arc<Shared>, request: Request<Streaming<F::Req>>) -> Started<F::Wire>
+where
+    Streaming<F::Req>: Send,
+{
+    let peer = request
+        .extensions()
+        .get::<PeerIdentity>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no verified client certificate"))?;
+    // A small buffer: a proxy that does not read its responses stalls only its own task.
+    let (tx, rx) = mpsc::channel(4);
+    let span = info_span!(
+        "xds_stream",
+        protocol = ?F::PROTOCOL,
+        namespace = %peer.namespace,
+        peer = %peer.remote_addr,
+        node = tracing::field::Empty,
+    );
+    tokio::spawn(run::<F>(shared, peer, request.into_inner(), tx).instrument(span));
+    Ok(Response::new(ReceiverStream::new(rx)))
+}
+
+/// Decrements the connected-proxies gauge however the stream ends.
+struct Connected<'a>(&'a Metrics, Protocol);
+
+impl Drop for Connected<'_> {
+    fn drop(&mut self) {
+        self.0
+            .connected_proxies
+            .get_or_create(&ProtocolLabels { protocol: self.1 })
+            .dec();
+    }
+}
+
+fn pod_name(node: &Node) -> Option<String> {
+    let value = node.metadata.as_ref()?.fields.get("pod_name")?;
+    match &value.kind {
+        Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
+        _ => None,
+    }
+}
+
+async fn run<F: Flavour>(
+    shared: Arc<Shared>,
+    peer: PeerIdentity,
+    mut requests: Streaming<F::Req>,
+    tx: mpsc::Sender<Result<F::Wire, Status>>,
+) where
+    Streaming<F::Req>: Send,
+{
+    let stop = shared.stop.clone();
+    let first = tokio::select! {
+        () = stop.cancelled() => return,
+        m = requests.message() => m,
+    };
+    let first = match first {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(status) => {
+            debug!(%status, "stream ended before its first request");
+            return;
+        }
+    };
+    let Some(node) = F::node(&first).filter(|n| !n.id.is_empty()) else {
+        warn!("refusing an ADS stream whose first request has no node.id");
+        let _ = tx
+            .send(Err(Status::invalid_argument(
+                "the first discovery request must carry node.id",
+            )))
+            .await;
+        return;
+    };
+    let key = NodeKey::new(&*peer.namespace, &node.id);
+    let pod = pod_name(node);
+    tracing::Span::current().record("node", key.node_id.as_str());
+    info!(pod = pod.as_deref().unwrap_or(""), "proxy connected");
+
+    let connected_at = Instant::now();
+    let metrics = &shared.metrics;
+    metrics
+        .connected_proxies
+        .get_or_create(&ProtocolLabels {
+            protocol: F::PROTOCOL,
+        })
+        .inc();
+    let _connected = Connected(metrics, F::PROTOCOL);
+    let handle = shared.status.register(ProxyStatus {
+        namespace: key.namespace.clone(),
+        node_id: key.node_id.clone(),
+        pod: pod.clone(),
+        protocol: match F::PROTOCOL {
+            Protocol::Sotw => "sotw".into(),
+            Protocol::Delta => "delta".into(),
+        },
+        peer: peer.remote_addr.to_string(),
+        connected_at: now_rfc3339(),
+        types: Default::default(),
+    });
+    let mut watch = shared.cache.watch(key.clone());
+    // The watch starts out "changed": this returns the current snapshot at once.
+    let mut current: Option<Published> = watch.changed().await;
+    let mut ctx = StreamCtx {
+        shared: &shared,
+        key: &key,
+        pod: &pod,
+        handle: &handle,
+        connected_at,
+        converged: HashMap::new(),
+        tx: &tx,
+        stop: &stop,
+    };
+    let mut state = F::default();
+
+    let mut next = Some(first);
+    loop {
+        if let Some(req) = next.take() {
+            if let Some(kind) = ResourceType::from_type_url(F::type_url(&req)) {
+                metrics.requests.get_or_create(&Metrics::kind(kind)).inc();
+            }
+            let out = state.on_request(&req, current.as_ref().map(|p| &*p.snapshot));
+            if !ctx.outcome::<F>(out, current.as_ref()).await {
+                break;
+            }
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => break,
+            m = requests.message() => match m {
+                Ok(Some(req)) => next = Some(req),
+                Ok(None) => break,
+                Err(status) => {
+                    debug!(%status, "stream error");
+                    break;
+                }
+            },
+            published = watch.changed() => {
+                current = published;
+                // A cleared snapshot sends nothing: the proxy keeps what it has.
+                let Some(p) = &current else { continue };
+                let mut open = true;
+                for resp in state.on_snapshot(&p.snapshot) {
+                    open = open && ctx.send::<F>(resp, current.as_ref()).await;
+                }
+                if !open {
+                    break;
+                }
+            }
+        }
+    }
+    info!("proxy disconnected");
+}
+
+struct StreamCtx<'a, W> {
+    shared: &'a Shared,
+    key: &'a NodeKey,
+    pod: &'a Option<String>,
+    handle: &'a super::status::ProxyHandle,
+    connected_at: Instant,
+    /// The version per type whose convergence was already measured.
+    converged: HashMap<ResourceType, String>,
+    tx: &'a mpsc::Sender<Result<W, Status>>,
+    stop: &'a CancellationToken,
+}
+
+impl<W: Send + 'static> StreamCtx<'_, W> {
+    /// Latency is measured only for snapshots set while the proxy was connected: a proxy that
+    /// connects hours after a set did not take hours to converge.
+    fn set_while_connected(&self, current: Option<&Published>) -> Option<Instant> {
+        current
+            .map(|p| p.set_at)
+            .filter(|set_at| *set_at >= self.connected_at)
+    }
+
+    /// Applies a request's outcome; false when the stream is gone.
+    async fn outcome<F: Flavour<Wire = W>>(
+        &mut self,
+        out: Outcome<F::Resp>,
+        current: Option<&Published>,
+    ) -> bool {
+        let metrics = &self.shared.metrics;
+        if let Some(ack) = out.ack {
+            metrics.acks.get_or_create(&Metrics::kind(ack.kind)).inc();
+            self.handle.acked(ack.kind, &ack.version);
+            let is_current = current.is_some_and(|p| p.snapshot.version(ack.kind) == ack.version);
+            if is_current && self.converged.get(&ack.kind) != Some(&ack.version) {
+                if let Some(set_at) = self.set_while_connected(current) {
+                    Metrics::observe(&metrics.convergence_latency, ack.kind, set_at.elapsed());
+                }
+                self.converged.insert(ack.kind, ack.version);
+            }
+        }
+        if let Some(nack) = out.nack {
+            metrics.nacks.get_or_create(&Metrics::kind(nack.kind)).inc();
+            self.handle.nacked(nack.kind, &nack.version, &nack.message);
+            warn!(
+                resource_type = %nack.kind,
+                version = %nack.version,
+                error = %nack.message,
+                "Envoy rejected a configuration (NACK)"
+            );
+            let event = NackEvent {
+                namespace: self.key.namespace.clone(),
+                node_id: self.key.node_id.clone(),
+                pod_name: self.pod.clone(),
+                resource_type: nack.kind,
+                type_url: nack.kind.type_url().to_owned(),
+                version: nack.version,
+                message: nack.message,
+            };
+            match self.shared.nacks.try_send(event) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    metrics.dropped_nack_events.inc();
+                    tracing::error!("NACK event dropped: its consumer is not keeping up");
+                }
+                // Nobody consumes NACK events (e.g. a server run without controllers).
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
+            }
+        }
+        match out.ignored {
+            Some(Ignored::UnknownType(t)) => {
+                debug!(type_url = %t, "ignoring a request for a type marin3r does not serve")
+            }
+            Some(Ignored::StaleNonce) => debug!("ignoring a request with a stale nonce"),
+            None => {}
+        }
+        for resp in out.response.into_iter().chain(out.also) {
+            if !self.send::<F>(resp, current).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn send<F: Flavour<Wire = W>>(
+        &mut self,
+        resp: F::Resp,
+        current: Option<&Published>,
+    ) -> bool {
+        let (kind, version) = F::describe(&resp);
+        let metrics = &self.shared.metrics;
+        metrics.responses.get_or_create(&Metrics::kind(kind)).inc();
+        self.handle.sent(kind, version);
+        if let Some(set_at) = self.set_while_connected(current)
+            && current.is_some_and(|p| p.snapshot.version(kind) == version)
+        {
+            Metrics::observe(&metrics.push_latency, kind, set_at.elapsed());
+        }
+        debug!(resource_type = %kind, %version, "sending");
+        let wire = F::wire(resp, &self.shared.control_plane);
+        tokio::select! {
+            r = self.tx.send(Ok(wire)) => r.is_ok(),
+            () = self.stop.cancelled() => false,
+        }
+    }
+}

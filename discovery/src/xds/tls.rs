@@ -1,0 +1,392 @@
+//! Mutual TLS for the xDS port: the rustls server configuration read from files, and the
+//! accept loop that completes each handshake in its own task, takes the proxy's namespace
+//! from its client certificate's SPIFFE URI and hands the connection to tonic with that
+//! identity attached.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use marin3r_certs::{CertificateInfo, SubjectAltName, namespace_from_spiffe_id};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::metrics::{Metrics, RefusalReason};
+
+/// The server certificate, its key and the CA that signs client certificates, as files (a
+/// Kubernetes TLS Secret mounted as a volume: `tls.crt`, `tls.key`, `ca.crt`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// The files of a TLS Secret mounted at `dir`.
+    pub fn in_dir(dir: &Path) -> Self {
+        Self {
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+            ca: dir.join("ca.crt"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: {message}")]
+    Pem { path: PathBuf, message: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.to_owned(),
+            message: format!("not a PEM certificate bundle: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.to_owned(),
+            message: "no CERTIFICATE block".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// Builds the server side of mutual TLS: TLS 1.2 or 1.3, ring, HTTP/2 by ALPN, and a client
+/// certificate signed by the CA required on every connection.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certs(&files.cert)?;
+    let key_pem = read(&files.key)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
+        path: files.key.clone(),
+        message: format!("no usable private key: {e}"),
+    })?;
+    let mut roots = RootCertStore::empty();
+    for ca in certs(&files.ca)? {
+        roots.add(ca).map_err(|e| TlsError::Pem {
+            path: files.ca.clone(),
+            message: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| TlsError::Config(format!("client verifier: {e}")))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Config(format!("server certificate and key: {e}")))?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Where the server's TLS configuration comes from.
+#[derive(Debug, Clone)]
+pub enum TlsSource {
+    /// A fixed configuration.
+    Static(Arc<ServerConfig>),
+    /// Files, re-read every `interval`: a renewed server certificate or CA (a Secret update
+    /// swapped into the mounted folder) is used for new connections without a restart.
+    Files { files: TlsFiles, interval: Duration },
+}
+
+impl From<Arc<ServerConfig>> for TlsSource {
+    fn from(config: Arc<ServerConfig>) -> Self {
+        Self::Static(config)
+    }
+}
+
+impl From<TlsFiles> for TlsSource {
+    fn from(files: TlsFiles) -> Self {
+        Self::Files {
+            files,
+            interval: Duration::from_secs(10),
+        }
+    }
+}
+
+impl TlsSource {
+    /// The current configuration, kept up to date by a task (for files) until `stop`.
+    pub(crate) fn watch(
+        self,
+        stop: CancellationToken,
+    ) -> Result<watch::Receiver<Arc<ServerConfig>>, TlsError> {
+        let (files, interval) = match self {
+            Self::Static(config) => return Ok(watch::channel(config).1),
+            Self::Files { files, interval } => (files, interval),
+        };
+        let mut loaded = read_all(&files);
+        let (tx, rx) = watch::channel(server_config(&files)?);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let now = read_all(&files);
+                if now == loaded {
+                    continue;
+                }
+                match server_config(&files) {
+                    Ok(config) => {
+                        info!(cert = %files.cert.display(), "xDS server TLS files changed: reloaded");
+                        tx.send_replace(config);
+                        loaded = now;
+                    }
+                    // Mid-update (key and certificate not swapped together yet) or broken:
+                    // keep serving with what works and try again on the next tick.
+                    Err(e) => warn!(error = %e, "xDS server TLS files changed but cannot be used"),
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+fn read_all(files: &TlsFiles) -> [Option<Vec<u8>>; 3] {
+    [&files.cert, &files.key, &files.ca].map(|p| std::fs::read(p).ok())
+}
+
+/// Who is on the other end of a connection, as proven by its client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub namespace: Arc<str>,
+    pub remote_addr: SocketAddr,
+}
+
+/// The namespace a verified client certificate speaks for, from its SPIFFE URI SAN.
+pub fn namespace_of(cert_der: &[u8]) -> Option<String> {
+    let info = CertificateInfo::from_der(cert_der).ok()?;
+    info.sans.iter().find_map(|san| match san {
+        SubjectAltName::Uri(uri) => namespace_from_spiffe_id(uri).map(str::to_owned),
+        _ => None,
+    })
+}
+
+/// An accepted, authenticated connection.
+pub struct TlsConn {
+    io: TlsStream<TcpStream>,
+    peer: PeerIdentity,
+}
+
+impl tonic::transport::server::Connected for TlsConn {
+    type ConnectInfo = PeerIdentity;
+
+    fn connect_info(&self) -> PeerIdentity {
+        self.peer.clone()
+    }
+}
+
+impl AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until `stop` is cancelled, handshaking each in its own task (a slow
+/// client never holds up the others) and sending the authenticated ones to `out`.
+pub async fn accept_loop(
+    listener: TcpListener,
+    config: watch::Receiver<Arc<ServerConfig>>,
+    metrics: Metrics,
+    out: mpsc::Sender<Result<TlsConn, io::Error>>,
+    stop: CancellationToken,
+) {
+    loop {
+        let (tcp, remote_addr) = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Running out of file descriptors and the like: back off, keep serving.
+                    warn!(error = %e, "xDS accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = TlsAcceptor::from(Arc::clone(&config.borrow()));
+        let metrics = metrics.clone();
+        let out = out.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+            let conn = tokio::select! {
+                () = stop.cancelled() => return,
+                r = handshake => r,
+            };
+            match authenticate(conn, remote_addr) {
+                Ok(conn) => {
+                    let _ = out.send(Ok(conn)).await;
+                }
+                Err(reason) => metrics.refused(reason),
+            }
+        });
+    }
+}
+
+fn authenticate(
+    conn: Result<io::Result<TlsStream<TcpStream>>, tokio::time::error::Elapsed>,
+    remote_addr: SocketAddr,
+) -> Result<TlsConn, RefusalReason> {
+    let io = match conn {
+        Err(_) => {
+            warn!(%remote_addr, "xDS connection refused: TLS handshake timed out");
+            return Err(RefusalReason::Handshake);
+        }
+        Ok(Err(e)) => {
+            let reason = match e.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                Some(rustls::Error::NoCertificatesPresented) => RefusalReason::NoClientCertificate,
+                Some(rustls::Error::InvalidCertificate(_)) => {
+                    RefusalReason::UntrustedClientCertificate
+                }
+                _ => RefusalReason::Handshake,
+            };
+            warn!(%remote_addr, error = %e, ?reason, "xDS connection refused: TLS handshake failed");
+            return Err(reason);
+        }
+        Ok(Ok(io)) => io,
+    };
+    let leaf = io
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first());
+    let Some(namespace) = leaf.and_then(|c| namespace_of(c)) else {
+        warn!(
+            %remote_addr,
+            "xDS connection refused: the client certificate has no URI SAN \
+             spiffe://<trust domain>/ns/<namespace> naming the proxy's namespace"
+        );
+        return Err(RefusalReason::NoNamespaceIdentity);
+    };
+    debug!(%remote_addr, %namespace, "xDS connection authenticated");
+    Ok(TlsConn {
+        io,
+        peer: PeerIdentity {
+            namespace: namespace.into(),
+            remote_addr,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use marin3r_certs::{
+        CertificateAuthority, CertificateRequest, Usage, issue_self_signed, spiffe_id,
+    };
+
+    use super::*;
+
+    #[test]
+    fn namespace_comes_from_the_spiffe_uri_only() {
+        let ca =
+            issue_self_signed(&CertificateRequest::ca("ca", Duration::from_secs(3600))).unwrap();
+        let ca = CertificateAuthority::from_issued(&ca).unwrap();
+        let der = |hosts: Vec<String>| {
+            let c = ca
+                .issue(
+                    &CertificateRequest::new("envoy", Usage::Client, Duration::from_secs(60))
+                        .with_hosts(hosts),
+                )
+                .unwrap();
+            CertificateInfo::from_pem(&c.cert_pem).unwrap().der
+        };
+        let good = der(vec![
+            "envoy.example".into(),
+            spiffe_id("cluster.local", "team-a"),
+        ]);
+        assert_eq!(namespace_of(&good).as_deref(), Some("team-a"));
+        assert_eq!(namespace_of(&der(vec!["team-a".into()])), None);
+        assert_eq!(
+            namespace_of(&der(vec!["spiffe://cluster.local/sa/team-a".into()])),
+            None
+        );
+        assert_eq!(namespace_of(b"not a certificate"), None);
+    }
+
+    #[test]
+    fn bad_files_are_named_in_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = TlsFiles::in_dir(dir.path());
+        let err = server_config(&files).unwrap_err().to_string();
+        assert!(err.contains("tls.crt"), "{err}");
+        std::fs::write(&files.cert, "garbage").unwrap();
+        let err = server_config(&files).unwrap_err().to_string();
+        assert!(
+            err.contains("tls.crt") && err.contains("no CERTIFICATE"),
+            "{err}"
+        );
+    }
+}

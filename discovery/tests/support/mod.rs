@@ -1,0 +1,365 @@
+//! Shared fixtures of the xDS tests: a PKI, the xDS server running on its own runtime with
+//! its HTTP side, and real Envoy sidecars started from the product's bootstrap with a
+//! Kubernetes-style client certificate folder.
+
+#![allow(dead_code)] // each test file uses a part
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use marin3r_certs::{
+    CertificateAuthority, CertificateInfo, CertificateRequest, IssuedCertificate, Usage,
+    issue_self_signed, spiffe_id,
+};
+use marin3r_discovery::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
+use marin3r_discovery::resource::Resource;
+use marin3r_discovery::xds::{
+    Cache, NackEvent, Server, Snapshot, SyncStatus, TlsFiles, TlsSource, server_config,
+};
+use marin3r_e2e::envoy::{Envoy, get_body};
+use tokio::sync::{mpsc, oneshot};
+
+pub const TRUST_DOMAIN: &str = "cluster.local";
+const DAY: Duration = Duration::from_secs(86_400);
+
+pub struct Pki {
+    pub ca: CertificateAuthority,
+    pub server: IssuedCertificate,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let ca = issue_self_signed(&CertificateRequest::ca("marin3r-ca", DAY)).unwrap();
+        let ca = CertificateAuthority::from_issued(&ca).unwrap();
+        let server = ca
+            .issue(
+                &CertificateRequest::new("marin3r", Usage::Server, DAY)
+                    .with_hosts(["127.0.0.1", "localhost"]),
+            )
+            .unwrap();
+        Self { ca, server }
+    }
+
+    /// A client certificate for a namespace (`None`: no SPIFFE URI at all).
+    pub fn client(&self, namespace: Option<&str>) -> IssuedCertificate {
+        let hosts: Vec<String> = match namespace {
+            Some(ns) => vec![spiffe_id(TRUST_DOMAIN, ns)],
+            None => vec!["envoy.example".into()],
+        };
+        self.ca
+            .issue(&CertificateRequest::new("envoy", Usage::Client, DAY).with_hosts(hosts))
+            .unwrap()
+    }
+
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
+    }
+}
+
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn snapshot(resources: Vec<Resource>) -> Snapshot {
+    Snapshot::new(resources).unwrap()
+}
+
+/// The xDS server on its own runtime, with its HTTP side; shut down gracefully on drop.
+pub struct XdsServer {
+    pub rt: tokio::runtime::Runtime,
+    pub addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub cache: Cache,
+    nacks: Mutex<mpsc::Receiver<NackEvent>>,
+    shutdown: Option<oneshot::Sender<()>>,
+    serve: Option<tokio::task::JoinHandle<Result<(), marin3r_discovery::xds::ServeError>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl XdsServer {
+    pub fn start(pki: &Pki) -> Self {
+        Self::start_at(pki, "127.0.0.1:0".parse().unwrap())
+    }
+
+    /// Starts on a given address (e.g. the one of a server that was shut down).
+    pub fn start_at(pki: &Pki, xds_addr: SocketAddr) -> Self {
+        Self::start_with(pki, xds_addr, None)
+    }
+
+    /// With `reload`, the server re-reads its TLS files (see [`Self::tls_dir`]) that often.
+    pub fn start_with(pki: &Pki, xds_addr: SocketAddr, reload: Option<Duration>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &pki.server.cert_pem).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &pki.server.key_pem).unwrap();
+        std::fs::write(dir.path().join("ca.crt"), pki.ca_pem()).unwrap();
+        let files = TlsFiles::in_dir(dir.path());
+        let tls: TlsSource = match reload {
+            None => server_config(&files).unwrap().into(),
+            Some(interval) => TlsSource::Files { files, interval },
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let cache = Cache::new();
+        let (server, nacks) = Server::builder(cache.clone())
+            .control_plane_id("marin3r-test")
+            .build();
+        let router = server.http_router();
+        let (listener, http) = rt.block_on(async {
+            (
+                tokio::net::TcpListener::bind(xds_addr).await.unwrap(),
+                tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            )
+        });
+        let addr = listener.local_addr().unwrap();
+        let http_addr = http.local_addr().unwrap();
+        rt.spawn(async move {
+            let _ = axum::serve(http, router).await;
+        });
+        let (tx, rx) = oneshot::channel::<()>();
+        let serve = rt.spawn(server.serve(listener, tls, async {
+            let _ = rx.await;
+        }));
+        let this = Self {
+            rt,
+            addr,
+            http_addr,
+            cache,
+            nacks: Mutex::new(nacks),
+            shutdown: Some(tx),
+            serve: Some(serve),
+            _dir: dir,
+        };
+        wait_for(
+            "the xDS server to be ready",
+            Duration::from_secs(10),
+            || this.http("/readyz").starts_with("ready").then_some(()),
+        );
+        this
+    }
+
+    pub fn tls_dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    pub fn http(&self, path: &str) -> String {
+        get_body(&format!("http://{}{path}", self.http_addr)).unwrap_or_default()
+    }
+
+    pub fn sync_status(&self) -> SyncStatus {
+        serde_json::from_str(&self.http("/sync-status")).unwrap()
+    }
+
+    /// The value of one sample line of `/metrics` (0 when absent).
+    pub fn metric(&self, sample: &str) -> f64 {
+        metric_value(&self.http("/metrics"), sample)
+    }
+
+    pub fn next_nack(&self, timeout: Duration) -> Option<NackEvent> {
+        let mut rx = self.nacks.lock().unwrap();
+        self.rt.block_on(async {
+            tokio::time::timeout(timeout, rx.recv())
+                .await
+                .ok()
+                .flatten()
+        })
+    }
+
+    /// Shuts down gracefully and returns how long it took.
+    pub fn shutdown(&mut self) -> Duration {
+        let start = Instant::now();
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(serve) = self.serve.take() {
+            self.rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(20), serve).await })
+                .expect("serve did not return after shutdown")
+                .unwrap()
+                .unwrap();
+        }
+        start.elapsed()
+    }
+}
+
+impl Drop for XdsServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(serve) = self.serve.take() {
+            let _ = self
+                .rt
+                .block_on(async { tokio::time::timeout(Duration::from_secs(15), serve).await });
+        }
+    }
+}
+
+pub fn metric_value(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(sample)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
+}
+
+/// A client certificate folder laid out as a mounted Kubernetes Secret: the files live in a
+/// `..<timestamp>` folder, `..data` points at it, and `tls.crt` etc. point through `..data`.
+pub struct SecretDir {
+    pub path: PathBuf,
+    generation: u32,
+}
+
+impl SecretDir {
+    pub fn create(path: &Path, cert: &IssuedCertificate) -> Self {
+        std::fs::create_dir_all(path).unwrap();
+        let mut dir = Self {
+            path: path.to_owned(),
+            generation: 0,
+        };
+        dir.swap(cert);
+        for file in ["tls.crt", "tls.key", "ca.crt"] {
+            std::os::unix::fs::symlink(format!("..data/{file}"), path.join(file)).unwrap();
+        }
+        dir
+    }
+
+    /// Atomically replaces the files, the way the kubelet does.
+    pub fn swap(&mut self, cert: &IssuedCertificate) {
+        self.generation += 1;
+        let old = self.path.join(format!("..gen_{}", self.generation - 1));
+        let new_name = format!("..gen_{}", self.generation);
+        let new = self.path.join(&new_name);
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(new.join("tls.crt"), &cert.cert_pem).unwrap();
+        std::fs::write(new.join("tls.key"), &cert.key_pem).unwrap();
+        std::fs::write(new.join("ca.crt"), &cert.ca_pem).unwrap();
+        let tmp = self.path.join("..data_tmp");
+        std::os::unix::fs::symlink(&new_name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.path.join("..data")).unwrap();
+        let _ = std::fs::remove_dir_all(old);
+    }
+}
+
+/// A real Envoy started from the product's bootstrap, pointed at the test server.
+pub struct Proxy {
+    pub envoy: Envoy,
+    pub certs: SecretDir,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    pub fn start(
+        server: &XdsServer,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+    ) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("marin3r-proxy-")
+            .tempdir()
+            .unwrap();
+        let certs = SecretDir::create(&dir.path().join("tls"), client);
+        let bootstrap_dir = dir.path().join("bootstrap");
+        let mut opts = BootstrapOptions::new("127.0.0.1", server.addr.port());
+        opts.node_id = Some(node_id.into());
+        opts.cluster_id = Some(node_id.into());
+        opts.ads_mode = mode;
+        opts.admin = Admin {
+            bind_address: [127, 0, 0, 1].into(),
+            port: 0,
+            access_log_path: "/dev/null".into(),
+        };
+        opts.bootstrap_dir = bootstrap_dir.clone();
+        opts.client_cert_dir = certs.path.clone();
+        let rendered = bootstrap::render(&opts).unwrap();
+        rendered.write_to(&bootstrap_dir).unwrap();
+        // The sidecar injector adds the pod's name to the node metadata.
+        let config_path = bootstrap_dir.join(bootstrap::CONFIG_FILE);
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        config["node"]["metadata"] = serde_json::json!({ "pod_name": pod, "pod_namespace": "x" });
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let log_dir = tempfile::Builder::new()
+            .prefix("marin3r-envoy-")
+            .tempdir()
+            .unwrap();
+        let envoy = Envoy::start_with_file(log_dir, &config_path, &[]).unwrap();
+        Self {
+            envoy,
+            certs,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until `GET http://127.0.0.1:port/` answers `body`.
+    pub fn wait_for_body(&self, port: u16, body: &str) {
+        let url = format!("http://127.0.0.1:{port}/");
+        let mut last;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match get_body(&url) {
+                Ok(b) if b == body => return,
+                Ok(b) => last = b,
+                Err(e) => last = format!("{e:#}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "GET {url} never answered {body:?}; last: {last:?}\n{}",
+                self.envoy.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The value of one of Envoy's counters or gauges.
+    pub fn stat(&self, name: &str) -> u64 {
+        let text = self
+            .envoy
+            .admin_get(&format!("/stats?filter=^{}$", name.replace('.', "\\.")))
+            .unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(": ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// A certificate's serial as Envoy's admin `/certs` prints it.
+pub fn envoy_serial(cert: &IssuedCertificate) -> String {
+    CertificateInfo::from_pem(&cert.cert_pem)
+        .unwrap()
+        .serial
+        .replace(':', "")
+        .to_lowercase()
+}

@@ -1,0 +1,283 @@
+//! The xDS server with a plain ADS client over real mutual TLS: who gets refused (and counted),
+//! the newest-only push after a slow ACK, a first request without node id, health endpoints
+//! and graceful shutdown.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod support;
+
+use std::time::Duration;
+
+use marin3r_certs::{
+    CertificateAuthority, CertificateRequest, IssuedCertificate, Usage, issue_self_signed,
+};
+use marin3r_discovery::resource::ResourceType;
+use marin3r_e2e::xds::client::{ClientTls, SotwStream, connect};
+use marin3r_e2e::xds::resources::eds_cluster;
+use support::{Pki, XdsServer, snapshot};
+
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+fn tls(pki: &Pki, client: Option<&IssuedCertificate>) -> ClientTls {
+    ClientTls {
+        ca_pem: pki.ca_pem().to_owned(),
+        identity: client.map(|c| (c.cert_pem.clone(), c.key_pem.clone())),
+        server_name: "127.0.0.1".into(),
+    }
+}
+
+/// Connects, subscribes to clusters and waits for the first response.
+async fn first_response(
+    server: &XdsServer,
+    tls: &ClientTls,
+    node: &str,
+) -> anyhow::Result<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse> {
+    let session = async {
+        let channel = connect(server.addr, tls).await?;
+        let mut stream = SotwStream::open(channel, node, None).await?;
+        stream.subscribe(CDS, &[]).await?;
+        stream.recv().await
+    };
+    tokio::time::timeout(Duration::from_secs(10), session).await?
+}
+
+#[test]
+fn clients_without_a_valid_namespace_certificate_are_refused() {
+    let pki = Pki::new();
+    let server = XdsServer::start(&pki);
+    server
+        .cache
+        .set_snapshot("team-a", "node", snapshot(vec![eds_cluster("backend")]));
+    let day = Duration::from_secs(86_400);
+    let other_ca = issue_self_signed(&CertificateRequest::ca("other-ca", day)).unwrap();
+    let other_ca = CertificateAuthority::from_issued(&other_ca).unwrap();
+    let foreign = other_ca
+        .issue(
+            &CertificateRequest::new("envoy", Usage::Client, day)
+                .with_hosts(["spiffe://cluster.local/ns/team-a"]),
+        )
+        .unwrap();
+    let no_spiffe = pki.client(None);
+    let good = pki.client(Some("team-a"));
+
+    server.rt.block_on(async {
+        for (what, client) in [
+            ("no client certificate", None),
+            ("a certificate from another CA", Some(&foreign)),
+            ("a certificate without a namespace URI", Some(&no_spiffe)),
+        ] {
+            let r = first_response(&server, &tls(&pki, client), "node").await;
+            assert!(r.is_err(), "a client with {what} got a response: {r:?}");
+        }
+        let ok = first_response(&server, &tls(&pki, Some(&good)), "node")
+            .await
+            .unwrap();
+        assert_eq!(ok.resources.len(), 1);
+        assert_eq!(ok.type_url, CDS);
+    });
+    for reason in [
+        "NoClientCertificate",
+        "UntrustedClientCertificate",
+        "NoNamespaceIdentity",
+    ] {
+        let sample = format!(r#"marin3r_xds_refused_connections_total{{reason="{reason}"}}"#);
+        // tonic may retry a refused handshake: at least one refusal per reason.
+        assert!(server.metric(&sample) >= 1.0, "{sample}");
+    }
+}
+
+#[test]
+fn a_slow_ack_gets_only_the_newest_snapshot_and_does_not_hold_up_others() {
+    let pki = Pki::new();
+    let server = XdsServer::start(&pki);
+    // Every generation has a different cluster, so a different clusters version.
+    let mk = |i: u16| snapshot(vec![eds_cluster(&format!("cluster-{i}"))]);
+    server.cache.set_snapshot("ns", "slow", mk(0));
+    server.cache.set_snapshot("ns", "fast", mk(0));
+    let client = tls(&pki, Some(&pki.client(Some("ns"))));
+    server.rt.block_on(async {
+        let mut slow = SotwStream::open(connect(server.addr, &client).await.unwrap(), "slow", None)
+            .await
+            .unwrap();
+        slow.subscribe(CDS, &[]).await.unwrap();
+        let first = slow.recv().await.unwrap();
+        let mut fast = SotwStream::open(connect(server.addr, &client).await.unwrap(), "fast", None)
+            .await
+            .unwrap();
+        fast.subscribe(CDS, &[]).await.unwrap();
+        let mut last = fast.recv().await.unwrap();
+        // While "slow" sits on its first response, four new snapshots come for both.
+        for i in 1..=4 {
+            server.cache.set_snapshot("ns", "slow", mk(i));
+            server.cache.set_snapshot("ns", "fast", mk(i));
+            fast.ack(&last, &[]).await.unwrap();
+            last = tokio::time::timeout(Duration::from_secs(5), fast.recv())
+                .await
+                .expect("the fast stream was held up")
+                .unwrap();
+            assert_eq!(last.version_info, mk(i).version(ResourceType::Cluster));
+        }
+        // The slow stream's ACK brings the newest version, not the ones in between.
+        slow.ack(&first, &[]).await.unwrap();
+        let next = slow.recv().await.unwrap();
+        assert_eq!(next.version_info, mk(4).version(ResourceType::Cluster));
+        assert_ne!(next.nonce, first.nonce);
+    });
+}
+
+#[test]
+fn a_stream_without_node_id_is_refused_with_a_clear_status() {
+    let pki = Pki::new();
+    let server = XdsServer::start(&pki);
+    let client = tls(&pki, Some(&pki.client(Some("ns"))));
+    let err = server.rt.block_on(async {
+        let mut s = SotwStream::open(connect(server.addr, &client).await.unwrap(), "", None)
+            .await
+            .unwrap();
+        s.subscribe(CDS, &[]).await.unwrap();
+        s.recv().await.unwrap_err()
+    });
+    let status = err.downcast_ref::<tonic::Status>().unwrap();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("node.id"), "{status}");
+}
+
+#[test]
+fn graceful_shutdown_ends_streams_and_stops_accepting() {
+    let pki = Pki::new();
+    let mut server = XdsServer::start(&pki);
+    assert_eq!(server.http("/healthz"), "ok\n");
+    assert_eq!(server.http("/readyz"), "ready\n");
+    server
+        .cache
+        .set_snapshot("ns", "n", snapshot(vec![eds_cluster("c")]));
+    let client = tls(&pki, Some(&pki.client(Some("ns"))));
+    let mut stream = server.rt.block_on(async {
+        let mut s = SotwStream::open(connect(server.addr, &client).await.unwrap(), "n", None)
+            .await
+            .unwrap();
+        s.subscribe(CDS, &[]).await.unwrap();
+        s.recv().await.unwrap();
+        s
+    });
+    assert_eq!(
+        server.metric(r#"marin3r_xds_connected_proxies{protocol="Sotw"}"#),
+        1.0
+    );
+    let took = server.shutdown();
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    server.rt.block_on(async {
+        let end = tokio::time::timeout(Duration::from_secs(5), stream.recv())
+            .await
+            .expect("the stream was not ended");
+        assert!(end.is_err(), "{end:?}");
+        assert!(
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                first_response(&server, &client, "n")
+            )
+            .await
+            .map(|r| r.is_err())
+            .unwrap_or(true),
+            "a new connection was accepted after shutdown"
+        );
+    });
+    assert!(server.http("/readyz").contains("not accepting"));
+    assert!(server.sync_status().proxies.is_empty());
+}
+
+#[test]
+fn proxy_status_names_an_unreachable_url() {
+    let port = support::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["proxy-status", "--url", &url])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("GET {url}/sync-status")),
+        "{stderr}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["proxy-status", "--url", "localhost:8383"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must start with http://"));
+}
+
+/// The serial of the certificate the server presents to a new connection.
+async fn server_certificate_serial(
+    server: &XdsServer,
+    pki: &Pki,
+    client: &IssuedCertificate,
+) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca_pem().as_bytes()).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(client.cert_pem.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let der = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    marin3r_certs::CertificateInfo::from_der(&der)
+        .unwrap()
+        .serial
+}
+
+#[test]
+fn renewed_server_certificate_files_are_used_without_a_restart() {
+    let pki = Pki::new();
+    let server = XdsServer::start_with(
+        &pki,
+        "127.0.0.1:0".parse().unwrap(),
+        Some(Duration::from_millis(100)),
+    );
+    let client = pki.client(Some("ns"));
+    let serial = |cert: &IssuedCertificate| {
+        marin3r_certs::CertificateInfo::from_pem(&cert.cert_pem)
+            .unwrap()
+            .serial
+    };
+    let first = server
+        .rt
+        .block_on(server_certificate_serial(&server, &pki, &client));
+    assert_eq!(first, serial(&pki.server));
+
+    let renewed = pki
+        .ca
+        .issue(
+            &CertificateRequest::new("marin3r", Usage::Server, Duration::from_secs(3600))
+                .with_hosts(["127.0.0.1"]),
+        )
+        .unwrap();
+    // Written one file after the other: the server must ride out the mismatched pair.
+    std::fs::write(server.tls_dir().join("tls.key"), &renewed.key_pem).unwrap();
+    std::fs::write(server.tls_dir().join("tls.crt"), &renewed.cert_pem).unwrap();
+    support::wait_for(
+        "the renewed server certificate",
+        Duration::from_secs(10),
+        || {
+            let now = server
+                .rt
+                .block_on(server_certificate_serial(&server, &pki, &client));
+            (now == serial(&renewed)).then_some(())
+        },
+    );
+}

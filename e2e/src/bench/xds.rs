@@ -1,0 +1,443 @@
+//! xDS convergence under load: N simulated Envoys, each its own mTLS connection and ADS
+//! stream, subscribed like Envoy (CDS and LDS wildcard, EDS and RDS by name, the RTDS layer)
+//! and ACKing every response; one realistic configuration (~100 KB) shared by all of them,
+//! as the replicas of one Deployment share a node id. Measures, per snapshot change, the time
+//! until each stream ACKed it (p50/p99/max over streams, and until all did), the server's CPU
+//! seconds per push, and its peak RSS per stream. The server runs as a child process (this
+//! binary with `--xds-bench-server`) so its CPU and memory are its own.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use marin3r_certs::{
+    CertificateAuthority, CertificateRequest, Usage, issue_self_signed, spiffe_id,
+};
+use marin3r_discovery::resource::ResourceType;
+use marin3r_discovery::xds::{Cache, Server, Snapshot, TlsFiles, server_config};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{Semaphore, mpsc};
+
+use super::{Row, Stats, human};
+use crate::xds::client::{ClientTls, SotwStream, connect};
+use crate::xds::resources::realistic_config;
+
+const NAMESPACE: &str = "bench";
+const NODE: &str = "bench-node";
+
+/// The types the simulated Envoys subscribe to, with the names they ask for.
+fn subscriptions() -> Vec<(ResourceType, Vec<String>)> {
+    let named = |prefix: &str| (0..50).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
+    vec![
+        (ResourceType::Cluster, vec![]),
+        (ResourceType::Endpoint, named("cluster")),
+        (ResourceType::Listener, vec![]),
+        (ResourceType::Route, named("route")),
+        (ResourceType::Runtime, vec!["runtime".into()]),
+    ]
+}
+
+fn snapshot(generation: u64) -> anyhow::Result<Snapshot> {
+    Ok(Snapshot::new(realistic_config(generation))?)
+}
+
+/// The body of the child process: serves ADS on an ephemeral port with the TLS files in
+/// `dir`, prints `ready <addr>`, then obeys `set <generation>` and `quit` lines on stdin.
+pub fn run_server(dir: &Path) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let tls = server_config(&TlsFiles::in_dir(dir))?;
+        let cache = Cache::new();
+        cache.set_snapshot(NAMESPACE, NODE, snapshot(0)?);
+        let (server, _nacks) = Server::builder(cache.clone()).build();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let serve = tokio::spawn(server.serve(listener, tls, async {
+            let _ = stop_rx.await;
+        }));
+        println!("ready {addr}");
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Some(line) = lines.next_line().await? {
+            match line.split_whitespace().collect::<Vec<_>>()[..] {
+                ["set", g] => {
+                    cache.set_snapshot(NAMESPACE, NODE, snapshot(g.parse()?)?);
+                    println!("set {g}");
+                }
+                ["quit"] => break,
+                _ => bail!("unknown command {line:?}"),
+            }
+        }
+        let _ = stop_tx.send(());
+        serve.await??;
+        Ok(())
+    })
+}
+
+struct ServerProcess {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("--xds-bench-server")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting the xDS bench server")?;
+        let stdin = child.stdin.take().context("no stdin")?;
+        let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let addr = line
+            .strip_prefix("ready ")
+            .context("the bench server did not start")?
+            .trim()
+            .parse()?;
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            addr,
+        })
+    }
+
+    fn command(&mut self, cmd: &str) -> anyhow::Result<()> {
+        writeln!(self.stdin, "{cmd}")?;
+        self.stdin.flush()?;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        anyhow::ensure!(
+            line.trim() == cmd,
+            "bench server answered {line:?} to {cmd:?}"
+        );
+        Ok(())
+    }
+
+    /// User plus system CPU seconds so far.
+    fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .context("bad /proc stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name; in
+        // clock ticks of 1/100 s on Linux.
+        let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+        Ok(ticks / 100.0)
+    }
+
+    /// A `/proc/<pid>/status` field in bytes (`VmRSS`, `VmHWM`).
+    fn memory(&self, field: &str) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+            .with_context(|| format!("no {field} in /proc status"))?;
+        Ok(kb * 1024)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One ACK seen by a simulated Envoy.
+struct Acked {
+    stream: usize,
+    kind: ResourceType,
+    version: String,
+    at: Instant,
+}
+
+/// Runs one simulated Envoy until its stream ends.
+async fn simulated_envoy(
+    index: usize,
+    addr: SocketAddr,
+    tls: ClientTls,
+    acks: mpsc::UnboundedSender<Acked>,
+    connecting: Arc<Semaphore>,
+) -> anyhow::Result<()> {
+    let permit = connecting.acquire_owned().await?;
+    let channel = connect(addr, &tls).await?;
+    let mut stream = SotwStream::open(channel, NODE, Some(&format!("pod-{index}"))).await?;
+    let subs: HashMap<String, Vec<String>> = subscriptions()
+        .into_iter()
+        .map(|(k, names)| (k.type_url().to_owned(), names))
+        .collect();
+    for (kind, names) in subscriptions() {
+        stream.subscribe(kind.type_url(), &names).await?;
+    }
+    drop(permit);
+    loop {
+        let Ok(resp) = stream.recv().await else {
+            return Ok(());
+        };
+        let names = subs.get(&resp.type_url).cloned().unwrap_or_default();
+        stream.ack(&resp, &names).await?;
+        if let Some(kind) = ResourceType::from_type_url(&resp.type_url) {
+            let _ = acks.send(Acked {
+                stream: index,
+                kind,
+                version: resp.version_info,
+                at: Instant::now(),
+            });
+        }
+    }
+}
+
+/// Tracks which streams have ACKed a target set of versions.
+struct Convergence {
+    acked: Vec<HashMap<ResourceType, String>>,
+    target: HashMap<ResourceType, String>,
+    done: Vec<Option<Instant>>,
+    remaining: usize,
+}
+
+impl Convergence {
+    fn new(n: usize) -> Self {
+        Self {
+            acked: vec![HashMap::new(); n],
+            target: HashMap::new(),
+            done: vec![None; n],
+            remaining: n,
+        }
+    }
+
+    fn retarget(&mut self, snapshot: &Snapshot) {
+        self.target = subscriptions()
+            .into_iter()
+            .map(|(k, _)| (k, snapshot.version(k).to_owned()))
+            .collect();
+        self.done = vec![None; self.acked.len()];
+        self.remaining = self.acked.len();
+        for i in 0..self.acked.len() {
+            self.check(i, Instant::now());
+        }
+    }
+
+    fn check(&mut self, i: usize, at: Instant) {
+        if self.done[i].is_none()
+            && self
+                .target
+                .iter()
+                .all(|(k, v)| self.acked[i].get(k) == Some(v))
+        {
+            self.done[i] = Some(at);
+            self.remaining -= 1;
+        }
+    }
+
+    fn record(&mut self, a: Acked) {
+        self.acked[a.stream].insert(a.kind, a.version);
+        self.check(a.stream, a.at);
+    }
+
+    async fn wait(
+        &mut self,
+        rx: &mut mpsc::UnboundedReceiver<Acked>,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.remaining > 0 {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(a)) => self.record(a),
+                Ok(None) => bail!("every simulated Envoy stopped"),
+                Err(_) => bail!(
+                    "{} streams did not converge within {timeout:?}",
+                    self.remaining
+                ),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The numbers of one run at one N.
+struct RunResult {
+    per_stream: Vec<Duration>,
+    all_acked: Vec<Duration>,
+    cpu_per_push: Vec<f64>,
+    rss_per_stream: f64,
+    steady_rss_per_stream: f64,
+    connect_time: Duration,
+}
+
+fn run_at(n: usize, pushes: u64, dir: &Path, tls: &ClientTls) -> anyhow::Result<RunResult> {
+    let mut server = ServerProcess::start(dir)?;
+    let baseline_rss = server.memory("VmRSS")?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let (acks_tx, mut acks) = mpsc::unbounded_channel();
+    let connecting = Arc::new(Semaphore::new(128));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(n);
+    for i in 0..n {
+        tasks.push(rt.spawn(simulated_envoy(
+            i,
+            server.addr,
+            tls.clone(),
+            acks_tx.clone(),
+            Arc::clone(&connecting),
+        )));
+    }
+    drop(acks_tx);
+    let mut conv = Convergence::new(n);
+    conv.retarget(&snapshot(0)?);
+    rt.block_on(conv.wait(&mut acks, Duration::from_secs(600)))
+        .context("initial configuration")?;
+    let connect_time = started.elapsed();
+
+    let mut result = RunResult {
+        per_stream: Vec::new(),
+        all_acked: Vec::new(),
+        cpu_per_push: Vec::new(),
+        rss_per_stream: 0.0,
+        steady_rss_per_stream: 0.0,
+        connect_time,
+    };
+    for generation in 1..=pushes {
+        let next = snapshot(generation)?;
+        let cpu_before = server.cpu_seconds()?;
+        let t0 = Instant::now();
+        server.command(&format!("set {generation}"))?;
+        conv.retarget(&next);
+        rt.block_on(conv.wait(&mut acks, Duration::from_secs(300)))
+            .with_context(|| format!("push {generation}"))?;
+        let times: Vec<Duration> = conv.done.iter().flatten().map(|t| *t - t0).collect();
+        result
+            .all_acked
+            .push(times.iter().max().copied().unwrap_or_default());
+        result.per_stream.extend(times);
+        result.cpu_per_push.push(server.cpu_seconds()? - cpu_before);
+    }
+    let peak = server.memory("VmHWM")?;
+    result.rss_per_stream = peak.saturating_sub(baseline_rss) as f64 / n as f64;
+    let steady = server.memory("VmRSS")?;
+    result.steady_rss_per_stream = steady.saturating_sub(baseline_rss) as f64 / n as f64;
+    drop(server);
+    for t in tasks {
+        t.abort();
+    }
+    rt.shutdown_timeout(Duration::from_secs(5));
+    Ok(result)
+}
+
+/// How many streams the file-descriptor limit allows (each process holds one socket per
+/// stream, plus some slack).
+fn fd_limit() -> usize {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+        })
+        .unwrap_or(1024)
+}
+
+/// Runs the benchmark at N = 100, 1,000 and 10,000 (up to `max_streams`, and when the fd
+/// limit allows); `scale` multiplies the number of pushes per N.
+pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
+    let dir = tempfile::Builder::new()
+        .prefix("marin3r-xds-bench-")
+        .tempdir()?;
+    let day = Duration::from_secs(86_400);
+    let ca = issue_self_signed(&CertificateRequest::ca("bench-ca", day))?;
+    let ca = CertificateAuthority::from_issued(&ca)?;
+    let server_cert = ca
+        .issue(&CertificateRequest::new("marin3r", Usage::Server, day).with_hosts(["127.0.0.1"]))?;
+    let client = ca.issue(
+        &CertificateRequest::new("envoy", Usage::Client, day)
+            .with_hosts([spiffe_id("cluster.local", NAMESPACE)]),
+    )?;
+    std::fs::write(dir.path().join("tls.crt"), &server_cert.cert_pem)?;
+    std::fs::write(dir.path().join("tls.key"), &server_cert.key_pem)?;
+    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem())?;
+    let tls = ClientTls {
+        ca_pem: ca.cert_pem().to_owned(),
+        identity: Some((client.cert_pem, client.key_pem)),
+        server_name: "127.0.0.1".into(),
+    };
+
+    let config = snapshot(0)?;
+    let size: usize = ResourceType::ALL
+        .iter()
+        .flat_map(|k| config.of_type(*k).resources().values())
+        .map(|r| r.resource.body.len())
+        .sum();
+    let pushed: usize = [ResourceType::Route, ResourceType::Runtime]
+        .iter()
+        .flat_map(|k| config.of_type(*k).resources().values())
+        .map(|r| r.resource.body.len())
+        .sum();
+
+    let limit = fd_limit();
+    let mut rows = Vec::new();
+    for (n, base_pushes) in [(100usize, 20u64), (1_000, 10), (10_000, 3)] {
+        if n > max_streams {
+            continue;
+        }
+        if n + 512 > limit {
+            rows.push(Row {
+                benchmark: "xDS convergence".into(),
+                case: format!("N={n}"),
+                samples: 0,
+                result: format!("skipped: the open-file limit is {limit}"),
+            });
+            continue;
+        }
+        let pushes = ((base_pushes as f64 * scale).round() as u64).max(1);
+        let r = run_at(n, pushes, dir.path(), &tls).with_context(|| format!("N={n}"))?;
+        let s = Stats::of(&r.per_stream).context("no samples")?;
+        let all = Stats::of(&r.all_acked).context("no samples")?;
+        let cpu = r.cpu_per_push.iter().sum::<f64>() / r.cpu_per_push.len().max(1) as f64;
+        rows.push(Row {
+            benchmark: "xDS convergence (SotW, mTLS, one push = routes + runtime changed)".into(),
+            case: format!(
+                "N={n}, config {} KB, {} KB pushed per stream",
+                size / 1000,
+                pushed / 1000
+            ),
+            samples: r.per_stream.len(),
+            result: format!(
+                "per stream p50 {}, p99 {}, max {}; all {n} ACKed: median {}, max {}; \
+                 server CPU {:.3} s/push; server RSS per stream: peak {:.1} KiB, after the pushes {:.1} KiB; \
+                 {n} streams connected and synced in {}",
+                human(s.p50),
+                human(s.p99),
+                human(s.max),
+                human(all.p50),
+                human(all.max),
+                cpu,
+                r.rss_per_stream / 1024.0,
+                r.steady_rss_per_stream / 1024.0,
+                human(r.connect_time),
+            ),
+        });
+    }
+    Ok(rows)
+}
