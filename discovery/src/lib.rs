@@ -5,6 +5,7 @@ pub mod bootstrap;
 pub mod cli;
 pub mod convert;
 pub mod crds;
+pub mod operator;
 pub mod resource;
 pub mod revisions;
 pub mod xds;
