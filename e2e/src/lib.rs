@@ -3,4 +3,5 @@
 
 pub mod bench;
 pub mod envoy;
+pub mod kubelet;
 pub mod tools;

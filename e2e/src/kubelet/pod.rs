@@ -1,0 +1,690 @@
+//! One running Pod: its network namespace, volume and hosts files, and a supervisor task per
+//! container that starts the process, runs its probes, restarts it by the restart policy and
+//! stops it (SIGTERM, then SIGKILL after the grace period). Status is published on a watch
+//! channel; the owner decides where it goes (the API server, or a test).
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::launcher::{self, Launch, Mount};
+use super::net::PodNetwork;
+use super::runtime::{self, ContainerRuntime, PodFacts, State, Terminated};
+use super::{Node, Objects, env, hosts, probe, volumes};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const SERVICE_ACCOUNT_VOLUME: &str = "..kube-api-access";
+
+struct PodShared {
+    node: Arc<Node>,
+    objects: Arc<dyn Objects>,
+    pod: Mutex<Pod>,
+    namespace: String,
+    name: String,
+    dir: PathBuf,
+    log_dir: PathBuf,
+    net: Mutex<Option<PodNetwork>>,
+    ip: String,
+    started_at: jiff::Timestamp,
+    containers: Mutex<Vec<ContainerRuntime>>,
+    status_tx: watch::Sender<PodStatus>,
+    /// Serialises volume and hosts writes between the supervisors and refreshes.
+    files: Mutex<()>,
+}
+
+/// A Pod running on this node. Dropping it kills its processes at once and removes its
+/// namespace and files; `stop` does the same gracefully.
+pub struct PodHandle {
+    shared: Arc<PodShared>,
+    tasks: Vec<JoinHandle<()>>,
+    stop_tx: watch::Sender<Option<Duration>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PodHandle {
+    /// Creates the pod's network namespace and starts its containers. Must be called inside
+    /// a tokio runtime.
+    pub fn start(node: &Arc<Node>, pod: &Pod, objects: Arc<dyn Objects>) -> anyhow::Result<Self> {
+        let namespace = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = pod.metadata.name.clone().context("pod without a name")?;
+        let spec = pod.spec.clone().context("pod without a spec")?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let dir = node
+            .run_dir()
+            .join("pods")
+            .join(format!("{namespace}_{name}_{uid}"));
+        let log_dir = node
+            .config
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| node.run_dir().join("logs"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&log_dir)?;
+        let net = node
+            .network
+            .attach()
+            .with_context(|| format!("pod {namespace}/{name}: network"))?;
+        let ip = net.ip().to_string();
+        let containers: Vec<ContainerRuntime> = spec
+            .containers
+            .iter()
+            .map(|c| ContainerRuntime::new(&c.name, c.image.as_deref().unwrap_or("")))
+            .collect();
+        let (status_tx, _) = watch::channel(PodStatus::default());
+        let shared = Arc::new(PodShared {
+            node: node.clone(),
+            objects,
+            pod: Mutex::new(pod.clone()),
+            namespace,
+            name,
+            dir,
+            log_dir,
+            net: Mutex::new(Some(net)),
+            ip,
+            started_at: jiff::Timestamp::now(),
+            containers: Mutex::new(containers),
+            status_tx,
+            files: Mutex::new(()),
+        });
+        shared.publish();
+        let (stop_tx, _) = watch::channel(None);
+        let tasks = (0..spec.containers.len())
+            .map(|i| tokio::spawn(supervise(shared.clone(), i, stop_tx.subscribe())))
+            .collect();
+        Ok(Self {
+            shared,
+            tasks,
+            stop_tx,
+        })
+    }
+
+    pub fn ip(&self) -> &str {
+        &self.shared.ip
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.shared.namespace
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn uid(&self) -> Option<String> {
+        lock(&self.shared.pod).metadata.uid.clone()
+    }
+
+    /// The latest status; changes arrive on `watch_status`.
+    pub fn status(&self) -> PodStatus {
+        self.shared.status_tx.borrow().clone()
+    }
+
+    pub fn watch_status(&self) -> watch::Receiver<PodStatus> {
+        self.shared.status_tx.subscribe()
+    }
+
+    /// Waits until the pod is Ready, failing with its status and logs after `timeout`.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let mut rx = self.watch_status();
+        let ready = |s: &PodStatus| {
+            s.conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        };
+        let wait = rx.wait_for(|s| ready(s));
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => anyhow::bail!(
+                "pod {}/{} not ready after {timeout:?}: {}\nlogs:\n{}",
+                self.shared.namespace,
+                self.shared.name,
+                serde_json::to_string(&self.status()).unwrap_or_default(),
+                self.logs()
+            ),
+        }
+    }
+
+    /// A container's log file (stdout and stderr, every run appended).
+    pub fn log_path(&self, container: &str) -> PathBuf {
+        self.shared.log_path(container)
+    }
+
+    /// All containers' logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let pod = lock(&self.shared.pod).clone();
+        pod.spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| {
+                let log = std::fs::read_to_string(self.log_path(&c.name)).unwrap_or_default();
+                format!("--- {} ---\n{log}", c.name)
+            })
+            .collect()
+    }
+
+    /// The host folder behind a volume (its atomic-writer root).
+    pub fn volume_dir(&self, volume: &str) -> PathBuf {
+        self.shared.dir.join("volumes").join(volume)
+    }
+
+    /// Takes in a newer version of the Pod (labels and annotations, for the downward API on
+    /// the next start) and rewrites volumes and hosts files from the current objects.
+    pub fn refresh(&self, pod: Option<&Pod>) {
+        if let Some(pod) = pod {
+            *lock(&self.shared.pod) = pod.clone();
+        }
+        if let Err(e) = self.shared.sync_volumes() {
+            tracing::debug!(pod = %self.shared.name, "volumes not ready: {e}");
+        }
+        self.shared.write_hosts();
+    }
+
+    /// The fault "kill a pod's process": SIGKILL to a container's processes. The container is
+    /// then restarted by the pod's restart policy, as after a crash.
+    pub fn kill_container(&self, container: &str) -> anyhow::Result<()> {
+        let pid = lock(&self.shared.containers)
+            .iter()
+            .find(|c| c.name == container)
+            .with_context(|| format!("pod {} has no container {container:?}", self.shared.name))?
+            .pid()
+            .with_context(|| format!("container {container:?} is not running"))?;
+        signal_group(pid, rustix::process::Signal::KILL);
+        Ok(())
+    }
+
+    /// Stops every container (SIGTERM, SIGKILL after `grace`), then removes the namespace
+    /// and files.
+    pub async fn stop(mut self, grace: Duration) {
+        let _ = self.stop_tx.send(Some(grace));
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        self.teardown();
+    }
+
+    fn teardown(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        let net = lock(&self.shared.net).take();
+        drop(net);
+        let _ = std::fs::remove_dir_all(&self.shared.dir);
+    }
+}
+
+impl Drop for PodHandle {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+fn signal_group(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+impl PodShared {
+    fn log_path(&self, container: &str) -> PathBuf {
+        self.log_dir
+            .join(format!("{}_{}_{container}.log", self.namespace, self.name))
+    }
+
+    fn set(&self, index: usize, f: impl FnOnce(&mut ContainerRuntime)) {
+        if let Some(c) = lock(&self.containers).get_mut(index) {
+            f(c);
+        }
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let pod = lock(&self.pod).clone();
+        let containers = lock(&self.containers).clone();
+        let host_ip = self.node.host_ip().to_string();
+        self.status_tx.send_if_modified(|current| {
+            let facts = PodFacts {
+                pod: &pod,
+                pod_ip: &self.ip,
+                host_ip: &host_ip,
+                started_at: self.started_at,
+                containers: &containers,
+                failure: None,
+            };
+            let next = runtime::pod_status(&facts, Some(current));
+            let changed = next != *current;
+            if changed {
+                *current = next;
+            }
+            changed
+        });
+    }
+
+    fn service_account(&self, pod: &Pod) -> bool {
+        self.node.config.access.is_some()
+            && pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.automount_service_account_token)
+                != Some(false)
+    }
+
+    /// Writes every volume; the first error names the volume that could not be set up.
+    fn sync_volumes(&self) -> Result<(), String> {
+        let _guard = lock(&self.files);
+        let pod = lock(&self.pod).clone();
+        let root = self.dir.join("volumes");
+        let mut first_error = None;
+        for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+            let dir = root.join(&volume.name);
+            let result = match volumes::volume_files(&pod, volume, self.objects.as_ref()) {
+                Ok(Some(files)) => volumes::write_atomic(&dir, &files)
+                    .map(|_| ())
+                    .map_err(|e| format!("volume {:?}: {e}", volume.name)),
+                Ok(None) => std::fs::create_dir_all(&dir).map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let (true, Some(access)) = (self.service_account(&pod), &self.node.config.access) {
+            let files = volumes::service_account_files(access, &self.namespace);
+            volumes::write_atomic(&root.join(SERVICE_ACCOUNT_VOLUME), &files)
+                .map_err(|e| format!("service account volume: {e}"))?;
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn write_hosts(&self) {
+        let _guard = lock(&self.files);
+        let pods = self.objects.pods();
+        let services = self.objects.services();
+        let content = hosts::render(&self.namespace, &self.name, &self.ip, &services, &pods);
+        let containers: Vec<String> = lock(&self.containers)
+            .iter()
+            .map(|c| c.name.clone())
+            .collect();
+        for c in containers {
+            let path = self.dir.join("containers").join(&c).join("hosts");
+            // Rewritten in place: the file is bind-mounted, so its inode must stay the same.
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(content.as_str()) {
+                if let Some(parent) = path.parent() {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                let _ = std::fs::write(&path, &content);
+            }
+        }
+    }
+
+    /// Everything needed to start a container, or the waiting reason and message.
+    fn prepare(&self, index: usize) -> Result<(tokio::process::Command, String), (String, String)> {
+        let pod = lock(&self.pod).clone();
+        let spec = pod.spec.clone().unwrap_or_default();
+        let Some(container) = spec.containers.get(index).cloned() else {
+            return Err(("CreateContainerError".into(), "no such container".into()));
+        };
+        let image_name = container.image.clone().unwrap_or_default();
+        let image = self
+            .node
+            .config
+            .images
+            .resolve(&image_name)
+            .map_err(|m| ("ErrImagePull".to_owned(), m))?;
+        let config_error = |m: String| ("CreateContainerConfigError".to_owned(), m);
+        self.sync_volumes()
+            .map_err(|m| ("ContainerCreating".to_owned(), m))?;
+        self.write_hosts();
+        let mut vars = Vec::new();
+        if let Some(access) = &self.node.config.access {
+            vars.push(("KUBERNETES_SERVICE_HOST".to_owned(), access.host.clone()));
+            vars.push((
+                "KUBERNETES_SERVICE_PORT".to_owned(),
+                access.port.to_string(),
+            ));
+            vars.push((
+                "KUBERNETES_SERVICE_PORT_HTTPS".to_owned(),
+                access.port.to_string(),
+            ));
+        }
+        vars.push(("HOSTNAME".to_owned(), self.name.clone()));
+        let node_name = self.node.config.node_name.clone();
+        vars.extend(
+            env::container_env(
+                &pod,
+                &container,
+                &self.ip,
+                &node_name,
+                self.objects.as_ref(),
+            )
+            .map_err(config_error)?,
+        );
+        if !vars.iter().any(|(k, _)| k == "PATH") {
+            vars.push(("PATH".into(), DEFAULT_PATH.into()));
+        }
+        let argv = env::argv(&container, &image, &vars);
+        let mounts = self.mounts(&pod, &container).map_err(config_error)?;
+        let cdir = self.dir.join("containers").join(&container.name);
+        let launch = Launch {
+            mounts,
+            hosts_file: cdir.join("hosts"),
+            scratch: cdir.join("scratch"),
+            working_dir: container.working_dir.clone(),
+            hostname: self.name.clone(),
+        };
+        let script = launcher::script(&launch).map_err(config_error)?;
+        let script_path = cdir.join("launch.sh");
+        let _ = std::fs::remove_dir_all(&launch.scratch);
+        std::fs::write(&script_path, script).map_err(|e| config_error(e.to_string()))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(&container.name))
+            .map_err(|e| config_error(format!("log file: {e}")))?;
+        let log_err = log.try_clone().map_err(|e| config_error(e.to_string()))?;
+        let netns = lock(&self.net)
+            .as_ref()
+            .map(PodNetwork::netns_path)
+            .unwrap_or_default();
+        let mut cmd = tokio::process::Command::new("nsenter");
+        cmd.arg(format!("--net={netns}"))
+            .args([
+                "--",
+                "unshare",
+                "--mount",
+                "--uts",
+                "--propagation",
+                "private",
+                "--",
+                "/bin/sh",
+            ])
+            .arg(&script_path)
+            .args(&argv)
+            .env_clear()
+            .envs(vars)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .process_group(0)
+            .kill_on_drop(true);
+        Ok((cmd, image.path.to_string_lossy().into_owned()))
+    }
+
+    fn mounts(&self, pod: &Pod, container: &Container) -> Result<Vec<Mount>, String> {
+        let root = self.dir.join("volumes");
+        let mut mounts = Vec::new();
+        let declared = |name: &str| {
+            pod.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .any(|v| v.name == name)
+        };
+        for m in container.volume_mounts.iter().flatten() {
+            if !declared(&m.name) {
+                return Err(format!(
+                    "volumeMount {:?}: no volume of that name in the pod",
+                    m.name
+                ));
+            }
+            mounts.push(Mount {
+                source: volumes::mount_source(&root.join(&m.name), m.sub_path.as_deref())?,
+                target: PathBuf::from(&m.mount_path),
+                read_only: m.read_only == Some(true),
+            });
+        }
+        let sa_target = Path::new(volumes::SERVICE_ACCOUNT_PATH);
+        if self.service_account(pod) && !mounts.iter().any(|m| m.target == sa_target) {
+            mounts.push(Mount {
+                source: root.join(SERVICE_ACCOUNT_VOLUME),
+                target: sa_target.to_owned(),
+                read_only: true,
+            });
+        }
+        Ok(mounts)
+    }
+}
+
+fn probes(pod: &Pod, index: usize) -> (Option<Container>, Option<Probe>, Option<Probe>) {
+    let c = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.get(index))
+        .cloned();
+    let readiness = c.as_ref().and_then(|c| c.readiness_probe.clone());
+    let liveness = c.as_ref().and_then(|c| c.liveness_probe.clone());
+    (c, readiness, liveness)
+}
+
+/// Probes one container run: readiness flips `ready`; liveness failures kill the process.
+async fn run_probes(shared: Arc<PodShared>, index: usize, pid: u32) {
+    let pod = lock(&shared.pod).clone();
+    let (Some(container), readiness, liveness) = probes(&pod, index) else {
+        return;
+    };
+    let max = shared.node.config.max_probe_period;
+    if readiness.is_none() {
+        shared.set(index, |c| c.ready = true);
+    }
+    let readiness_task = readiness.map(|probe| {
+        let (shared, container) = (shared.clone(), container.clone());
+        AbortOnDrop(tokio::spawn(async move {
+            let t = probe::timing(&probe, max);
+            tokio::time::sleep(t.initial_delay).await;
+            let (mut ok, mut failed) = (0, 0);
+            loop {
+                match probe::run(&probe, &container, &shared.ip, pid, t.timeout).await {
+                    Ok(()) => {
+                        ok += 1;
+                        failed = 0;
+                        if ok >= t.success_threshold {
+                            shared.set(index, |c| c.ready = true);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(pod = %shared.name, container = %container.name, "readiness: {e}");
+                        failed += 1;
+                        ok = 0;
+                        if failed >= t.failure_threshold {
+                            shared.set(index, |c| c.ready = false);
+                        }
+                    }
+                }
+                tokio::time::sleep(t.period).await;
+            }
+        }))
+    });
+    if let Some(probe) = liveness {
+        let t = probe::timing(&probe, max);
+        tokio::time::sleep(t.initial_delay).await;
+        let mut failed = 0;
+        loop {
+            match probe::run(&probe, &container, &shared.ip, pid, t.timeout).await {
+                Ok(()) => failed = 0,
+                Err(e) => {
+                    failed += 1;
+                    if failed >= t.failure_threshold {
+                        tracing::info!(pod = %shared.name, container = %container.name, "liveness failed, killing: {e}");
+                        signal_group(pid, rustix::process::Signal::KILL);
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(t.period).await;
+        }
+    }
+    if let Some(mut task) = readiness_task {
+        // Keep probing readiness until this run ends (the caller aborts us).
+        let _ = (&mut task.0).await;
+    }
+}
+
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Runs one container until the pod stops, restarting it by the restart policy.
+async fn supervise(
+    shared: Arc<PodShared>,
+    index: usize,
+    mut stop: watch::Receiver<Option<Duration>>,
+) {
+    let mut backoff = Duration::from_secs(1);
+    let max_backoff = shared.node.config.max_restart_backoff;
+    loop {
+        if stop.borrow().is_some() {
+            return;
+        }
+        let (mut cmd, image_path) = match shared.prepare(index) {
+            Ok(ok) => ok,
+            Err((reason, message)) => {
+                shared.set(index, |c| {
+                    c.state = State::Waiting { reason, message };
+                    c.ready = false;
+                });
+                // Retry: the missing Secret or ConfigMap may appear.
+                if wait_or_stop(&mut stop, Duration::from_secs(1)).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let started_at = jiff::Timestamp::now();
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                shared.set(index, |c| {
+                    c.state = State::Waiting {
+                        reason: "RunContainerError".into(),
+                        message: e.to_string(),
+                    };
+                });
+                if wait_or_stop(&mut stop, backoff).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        let pid = child.id().unwrap_or_default();
+        shared.set(index, |c| {
+            c.state = State::Running {
+                since: started_at,
+                pid,
+            };
+            c.image_path = Some(image_path);
+            c.ready = false;
+        });
+        let probes = AbortOnDrop(tokio::spawn(run_probes(shared.clone(), index, pid)));
+        let waited = tokio::select! {
+            status = child.wait() => Some(status),
+            _ = async { stop.wait_for(Option::is_some).await.is_ok() } => None,
+        };
+        let stopping = waited.is_none();
+        let status = match waited {
+            Some(status) => status,
+            None => {
+                let grace = stop.borrow().unwrap_or_default();
+                signal_group(pid, rustix::process::Signal::TERM);
+                match tokio::time::timeout(grace, child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => {
+                        signal_group(pid, rustix::process::Signal::KILL);
+                        child.wait().await
+                    }
+                }
+            }
+        };
+        drop(probes);
+        // Whatever the container started in its process group goes with it.
+        signal_group(pid, rustix::process::Signal::KILL);
+        let (exit_code, signal) = match &status {
+            Ok(s) => match (s.code(), s.signal()) {
+                (Some(code), _) => (code, None),
+                (None, Some(sig)) => (128 + sig, Some(sig)),
+                _ => (-1, None),
+            },
+            Err(_) => (-1, None),
+        };
+        let finished = Terminated {
+            exit_code,
+            signal,
+            reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
+            started_at,
+            finished_at: jiff::Timestamp::now(),
+        };
+        let policy = lock(&shared.pod)
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.clone())
+            .unwrap_or_else(|| "Always".into());
+        let restart = !stopping
+            && match policy.as_str() {
+                "Never" => false,
+                "OnFailure" => exit_code != 0,
+                _ => true,
+            };
+        if !restart {
+            shared.set(index, |c| {
+                c.state = State::Terminated(finished);
+                c.ready = false;
+            });
+            if stopping {
+                return;
+            }
+            let _ = async { stop.wait_for(Option::is_some).await.is_ok() }.await;
+            return;
+        }
+        let ran_long = jiff::Timestamp::now().duration_since(started_at).as_secs() > 10;
+        if ran_long {
+            backoff = Duration::from_secs(1);
+        }
+        let name = shared.name.clone();
+        shared.set(index, |c| {
+            c.state = State::Waiting {
+                reason: "CrashLoopBackOff".into(),
+                message: format!(
+                    "back-off {}s restarting failed container={} pod={name}",
+                    backoff.as_secs(),
+                    c.name
+                ),
+            };
+            c.last = Some(finished);
+            c.ready = false;
+            c.restart_count += 1;
+        });
+        if wait_or_stop(&mut stop, backoff).await {
+            return;
+        }
+        backoff = (backoff * 2).min(max_backoff);
+    }
+}
+
+/// Sleeps, returning early with `true` when the pod is being stopped.
+async fn wait_or_stop(stop: &mut watch::Receiver<Option<Duration>>, d: Duration) -> bool {
+    let stopped = tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = async { stop.wait_for(Option::is_some).await.is_ok() } => true,
+    };
+    stopped || stop.borrow().is_some()
+}

@@ -1,0 +1,343 @@
+//! The pod runner with real processes, driven without an API server: pod networks, volumes,
+//! Service names, probes, the kill fault and cleanup. Needs root (namespaces) and python3.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use marin3r_e2e::kubelet::{ImageMap, Node, NodeConfig, PodHandle, StaticObjects, net};
+
+/// A tiny HTTP server run as the `probe-server` image: it answers with what the container
+/// sees (`/file/<path>`, `/resolve/<name>`, `/env/<name>`, `/hostname`).
+const SERVER: &str = r#"
+import http.server, os, socket, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        kind, _, arg = self.path[1:].partition('/')
+        try:
+            if kind == 'file': body = open('/' + arg).read()
+            elif kind == 'resolve': body = socket.gethostbyname(arg)
+            elif kind == 'env': body = os.environ.get(arg, '<unset>')
+            elif kind == 'hostname': body = socket.gethostname()
+            elif kind == 'argv': body = ' '.join(sys.argv[1:])
+            else: body = 'ok ' + os.environ.get('POD_NAME', '')
+            code = 200
+        except Exception as e:
+            body, code = 'error: %s' % e, 500
+        self.send_response(code); self.end_headers(); self.wfile.write(body.encode())
+    def log_message(self, *a): pass
+http.server.HTTPServer(('', int(os.environ.get('PORT', '8080'))), H).serve_forever()
+"#;
+
+fn python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 is needed for the pod runner tests");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn node() -> Arc<Node> {
+    let images = ImageMap::new()
+        .with_envoy(marin3r_e2e::tools::envoy().unwrap())
+        .with("probe-server", python());
+    Node::start(NodeConfig {
+        images,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn from_yaml<T: serde::de::DeserializeOwned>(json: &str) -> T {
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"))
+}
+
+fn server_pod(name: &str, app: &str, extra_container: &str, volumes: &str) -> Pod {
+    let script = serde_json::to_string(SERVER).unwrap();
+    from_yaml(&format!(
+        r#"{{"metadata": {{"name": "{name}", "namespace": "ns1", "uid": "uid-{name}", "labels": {{"app": "{app}"}}}},
+            "spec": {{"containers": [{{
+                "name": "server", "image": "registry.local/probe-server:1",
+                "command": ["python3", "-c", {script}],
+                "env": [{{"name": "POD_NAME", "valueFrom": {{"fieldRef": {{"fieldPath": "metadata.name"}}}}}}],
+                "readinessProbe": {{"httpGet": {{"path": "/", "port": 8080}}, "periodSeconds": 1}}
+                {extra_container}
+            }}], "volumes": [{volumes}]}}}}"#
+    ))
+}
+
+fn get(url: &str) -> String {
+    marin3r_e2e::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
+}
+
+fn assert_cleaned(prefix: &str) {
+    assert!(
+        !net::netns_names().iter().any(|n| n.starts_with(prefix)),
+        "netns left"
+    );
+    assert!(
+        !net::link_names().iter().any(|n| n.starts_with(prefix)),
+        "links left"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(prefix), "mounts left: {mounts}");
+    assert!(
+        !std::env::temp_dir().join(prefix).exists(),
+        "run folder left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_listen_on_the_same_port_and_the_host_reaches_each_by_ip() {
+    let node = node();
+    let prefix = node.prefix();
+    let objects = Arc::new(StaticObjects::default());
+    let a = PodHandle::start(&node, &server_pod("a", "a", "", ""), objects.clone()).unwrap();
+    let b = PodHandle::start(&node, &server_pod("b", "b", "", ""), objects.clone()).unwrap();
+    a.wait_ready(Duration::from_secs(20)).await.unwrap();
+    b.wait_ready(Duration::from_secs(20)).await.unwrap();
+    assert_ne!(a.ip(), b.ip());
+    assert_eq!(get(&format!("http://{}:8080/", a.ip())), "ok a");
+    assert_eq!(get(&format!("http://{}:8080/", b.ip())), "ok b");
+    assert_eq!(get(&format!("http://{}:8080/hostname", a.ip())), "a");
+    assert_eq!(get(&format!("http://{}:8080/env/POD_NAME", b.ip())), "b");
+    let status = a.status();
+    assert_eq!(status.pod_ip.as_deref(), Some(a.ip()));
+    assert_eq!(status.host_ip, Some(node.host_ip().to_string()));
+    let cs = &status.container_statuses.unwrap()[0];
+    assert!(cs.ready && cs.started == Some(true) && cs.state.as_ref().unwrap().running.is_some());
+    a.stop(Duration::from_secs(5)).await;
+    b.stop(Duration::from_secs(5)).await;
+    drop(node);
+    assert_cleaned(&prefix);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_resolves_service_names_to_the_serving_pod() {
+    let node = node();
+    let objects = Arc::new(StaticObjects::default());
+    let web =
+        PodHandle::start(&node, &server_pod("web-1", "web", "", ""), objects.clone()).unwrap();
+    web.wait_ready(Duration::from_secs(20)).await.unwrap();
+    let mut seen: Pod = server_pod("web-1", "web", "", "");
+    seen.status = Some(web.status());
+    objects.put_pod(seen);
+    objects.put_service(from_yaml::<Service>(
+        r#"{"metadata": {"name": "web", "namespace": "ns1"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080}]}}"#,
+    ));
+    let client = PodHandle::start(
+        &node,
+        &server_pod("client", "client", "", ""),
+        objects.clone(),
+    )
+    .unwrap();
+    client.wait_ready(Duration::from_secs(20)).await.unwrap();
+    for name in ["web", "web.ns1", "web.ns1.svc", "web.ns1.svc.cluster.local"] {
+        assert_eq!(
+            get(&format!("http://{}:8080/resolve/{name}", client.ip())),
+            web.ip(),
+            "{name}"
+        );
+    }
+    // The pod reaches the Service's pod by name from inside its own network namespace.
+    let hosts = get(&format!("http://{}:8080/file/etc/hosts", client.ip()));
+    assert!(
+        hosts.contains(&format!("{}\tclient", client.ip())),
+        "{hosts}"
+    );
+    // A Service added later appears after a refresh.
+    objects.put_service(from_yaml::<Service>(
+        r#"{"metadata": {"name": "web2", "namespace": "ns1"}, "spec": {"selector": {"app": "web"}}}"#,
+    ));
+    client.refresh(None);
+    assert_eq!(
+        get(&format!("http://{}:8080/resolve/web2.ns1.svc", client.ip())),
+        web.ip()
+    );
+}
+
+const ENVOY_BOOTSTRAP: &str = r#"
+admin:
+  address: {socket_address: {address: 0.0.0.0, port_value: 9901}}
+static_resources:
+  listeners:
+  - name: hello
+    address: {socket_address: {address: 0.0.0.0, port_value: 8000}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: hello
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "hello from envoy"}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_reads_its_bootstrap_from_a_mounted_config_map_and_secrets_update_in_place() {
+    let node = node();
+    let prefix = node.prefix();
+    let objects = Arc::new(StaticObjects::default());
+    let mut cm: ConfigMap = from_yaml(r#"{"metadata": {"name": "bootstrap", "namespace": "ns1"}}"#);
+    cm.data = Some([("envoy.yaml".to_owned(), ENVOY_BOOTSTRAP.to_owned())].into());
+    objects.put_config_map(cm);
+    let secret = |v: &str| -> Secret {
+        from_yaml(&format!(
+            r#"{{"metadata": {{"name": "tls", "namespace": "ns1"}}, "data": {{"tls.crt": "{}"}}}}"#,
+            b64(v)
+        ))
+    };
+    objects.put_secret(secret("first"));
+    let pod: Pod = from_yaml(&format!(
+        r#"{{"metadata": {{"name": "envoy", "namespace": "ns1", "uid": "u1"}},
+            "spec": {{"containers": [
+              {{"name": "envoy", "image": "envoyproxy/envoy:v1.40.0",
+                "command": ["envoy"], "args": ["-c", "/etc/envoy/bootstrap/config.yaml", "--concurrency", "1"],
+                "volumeMounts": [{{"name": "bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true}}],
+                "readinessProbe": {{"httpGet": {{"path": "/ready", "port": 9901}}, "periodSeconds": 1}}}},
+              {{"name": "files", "image": "probe-server",
+                "command": ["python3", "-c", {script}],
+                "volumeMounts": [{{"name": "tls", "mountPath": "/etc/envoy/tls/client", "readOnly": true}}]}}
+            ], "volumes": [
+              {{"name": "bootstrap", "configMap": {{"name": "bootstrap", "items": [{{"key": "envoy.yaml", "path": "config.yaml"}}]}}}},
+              {{"name": "tls", "secret": {{"secretName": "tls"}}}}
+            ]}}}}"#,
+        script = serde_json::to_string(SERVER).unwrap()
+    ));
+    let envoy = PodHandle::start(&node, &pod, objects.clone()).unwrap();
+    envoy.wait_ready(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        get(&format!("http://{}:8000/", envoy.ip())),
+        "hello from envoy"
+    );
+    let read = |path: &str| get(&format!("http://{}:8080/file/{path}", envoy.ip()));
+    assert_eq!(read("etc/envoy/tls/client/tls.crt"), "first");
+    // Read-only is honoured inside the container.
+    let hosts_dir_before = std::fs::read_link(envoy.volume_dir("tls").join("..data")).unwrap();
+    objects.put_secret(secret("second"));
+    envoy.refresh(None);
+    let after = std::fs::read_link(envoy.volume_dir("tls").join("..data")).unwrap();
+    assert_ne!(hosts_dir_before, after, "a new ..data target");
+    assert_eq!(read("etc/envoy/tls/client/tls.crt"), "second");
+    assert!(read("etc/envoy/tls/client/..data/tls.crt") == "second");
+    // The host's /etc has no trace of the mount points.
+    assert!(!std::path::Path::new("/etc/envoy/bootstrap").exists());
+    envoy.stop(Duration::from_secs(5)).await;
+    drop(node);
+    assert_cleaned(&prefix);
+}
+
+fn b64(s: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = s.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_process_is_restarted_and_an_unknown_image_waits_with_a_pull_error() {
+    let node = node();
+    let objects = Arc::new(StaticObjects::default());
+    let pod = PodHandle::start(&node, &server_pod("k", "k", "", ""), objects.clone()).unwrap();
+    pod.wait_ready(Duration::from_secs(20)).await.unwrap();
+    pod.kill_container("server").unwrap();
+    let mut rx = pod.watch_status();
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        rx.wait_for(|s| {
+            let cs = &s.container_statuses.as_ref().unwrap()[0];
+            cs.restart_count == 1 && cs.ready
+        }),
+    )
+    .await
+    .expect("restarted and ready again")
+    .unwrap();
+    let cs = pod.status().container_statuses.unwrap().remove(0);
+    let last = cs.last_state.unwrap().terminated.unwrap();
+    assert_eq!((last.exit_code, last.signal), (137, Some(9)));
+    assert!(
+        pod.kill_container("nope")
+            .unwrap_err()
+            .to_string()
+            .contains("nope")
+    );
+
+    let bad: Pod = from_yaml(
+        r#"{"metadata": {"name": "bad", "namespace": "ns1"}, "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}}"#,
+    );
+    let bad = PodHandle::start(&node, &bad, objects.clone()).unwrap();
+    let mut rx = bad.watch_status();
+    let status = tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| {
+            s.container_statuses.iter().flatten().any(|c| {
+                c.state
+                    .as_ref()
+                    .and_then(|s| s.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    == Some("ErrImagePull")
+            })
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .clone();
+    assert_eq!(status.phase.as_deref(), Some("Pending"));
+    let message = status.container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .waiting
+        .unwrap()
+        .message
+        .unwrap();
+    assert!(
+        message.contains("nginx:1.27") && message.contains("--image"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_of_a_dead_run_are_removed() {
+    // A run id nobody owns: its namespace and link are stale.
+    let stale = "m3rdead0";
+    let ns = format!("{stale}-1");
+    let link = format!("{stale}br");
+    std::process::Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap();
+    std::process::Command::new("ip")
+        .args(["link", "add", &link, "type", "bridge"])
+        .status()
+        .unwrap();
+    std::fs::create_dir_all(std::env::temp_dir().join(stale)).unwrap();
+    net::cleanup_stale();
+    assert!(!net::netns_names().contains(&ns));
+    assert!(!net::link_names().contains(&link));
+    assert!(!std::env::temp_dir().join(stale).exists());
+}
