@@ -8,27 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use marin3r_e2e::kubelet::{ImageMap, Node, NodeConfig, PodHandle, StaticObjects, net};
 
-/// A tiny HTTP server run as the `probe-server` image: it answers with what the container
-/// sees (`/file/<path>`, `/resolve/<name>`, `/env/<name>`, `/hostname`).
-const SERVER: &str = r#"
-import http.server, os, socket, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        kind, _, arg = self.path[1:].partition('/')
-        try:
-            if kind == 'file': body = open('/' + arg).read()
-            elif kind == 'resolve': body = socket.gethostbyname(arg)
-            elif kind == 'env': body = os.environ.get(arg, '<unset>')
-            elif kind == 'hostname': body = socket.gethostname()
-            elif kind == 'argv': body = ' '.join(sys.argv[1:])
-            else: body = 'ok ' + os.environ.get('POD_NAME', '')
-            code = 200
-        except Exception as e:
-            body, code = 'error: %s' % e, 500
-        self.send_response(code); self.end_headers(); self.wfile.write(body.encode())
-    def log_message(self, *a): pass
-http.server.HTTPServer(('', int(os.environ.get('PORT', '8080'))), H).serve_forever()
-"#;
+const SERVER: &str = marin3r_e2e::kubelet::PROBE_SERVER_PY;
 
 fn python() -> String {
     let out = std::process::Command::new("python3")
@@ -98,8 +78,8 @@ async fn two_pods_listen_on_the_same_port_and_the_host_reaches_each_by_ip() {
     a.wait_ready(Duration::from_secs(20)).await.unwrap();
     b.wait_ready(Duration::from_secs(20)).await.unwrap();
     assert_ne!(a.ip(), b.ip());
-    assert_eq!(get(&format!("http://{}:8080/", a.ip())), "ok a");
-    assert_eq!(get(&format!("http://{}:8080/", b.ip())), "ok b");
+    assert_eq!(get(&format!("http://{}:8080/", a.ip())), "ok a ");
+    assert_eq!(get(&format!("http://{}:8080/", b.ip())), "ok b ");
     assert_eq!(get(&format!("http://{}:8080/hostname", a.ip())), "a");
     assert_eq!(get(&format!("http://{}:8080/env/POD_NAME", b.ip())), "b");
     let status = a.status();

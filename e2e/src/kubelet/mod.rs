@@ -11,6 +11,7 @@ pub mod net;
 pub mod pod;
 pub mod probe;
 pub mod runtime;
+pub mod sync;
 pub mod volumes;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 pub use images::ImageMap;
 pub use net::Network;
 pub use pod::PodHandle;
+pub use sync::Kubelet;
+
+/// The source of a small Python HTTP server that answers with what its container sees
+/// (files, name resolution, env, the API through in-cluster credentials): run it with
+/// `python3 -c` under an image mapped to python3, to test the pod runner from outside.
+pub const PROBE_SERVER_PY: &str = include_str!("probe_server.py");
 
 /// Everything a pod may read from the cluster besides itself: the Secrets and ConfigMaps its
 /// env and volumes name, and the Services and Pods its `/etc/hosts` is built from.
@@ -137,6 +144,7 @@ impl Default for NodeConfig {
 /// and the folder; pods must be dropped first (each holds an `Arc` to it).
 pub struct Node {
     pub(crate) config: NodeConfig,
+    access: std::sync::OnceLock<ClusterAccess>,
     pub(crate) network: Network,
     pub(crate) run_dir: RunDir,
 }
@@ -149,11 +157,29 @@ impl Node {
         net::cleanup_stale();
         let run_dir = RunDir::create()?;
         let network = Network::create(run_dir.id())?;
+        let access = std::sync::OnceLock::new();
+        if let Some(a) = &config.access {
+            let _ = access.set(a.clone());
+        }
         Ok(Arc::new(Self {
             config,
+            access,
             network,
             run_dir,
         }))
+    }
+
+    /// Sets how pods reach the API server, for a server started after the node (it listens
+    /// on the node's bridge address). Pods started before keep what they had; a second call
+    /// is refused.
+    pub fn set_cluster_access(&self, access: ClusterAccess) -> anyhow::Result<()> {
+        self.access
+            .set(access)
+            .map_err(|_| anyhow::anyhow!("the node's cluster access is already set"))
+    }
+
+    pub fn cluster_access(&self) -> Option<&ClusterAccess> {
+        self.access.get()
     }
 
     /// The bridge's address on the host: how pods reach servers on the host (the API server).

@@ -278,7 +278,7 @@ impl PodShared {
     }
 
     fn service_account(&self, pod: &Pod) -> bool {
-        self.node.config.access.is_some()
+        self.node.cluster_access().is_some()
             && pod
                 .spec
                 .as_ref()
@@ -305,7 +305,7 @@ impl PodShared {
                 first_error.get_or_insert(e);
             }
         }
-        if let (true, Some(access)) = (self.service_account(&pod), &self.node.config.access) {
+        if let (true, Some(access)) = (self.service_account(&pod), self.node.cluster_access()) {
             let files = volumes::service_account_files(access, &self.namespace);
             volumes::write_atomic(&root.join(SERVICE_ACCOUNT_VOLUME), &files)
                 .map_err(|e| format!("service account volume: {e}"))?;
@@ -353,7 +353,7 @@ impl PodShared {
             .map_err(|m| ("ContainerCreating".to_owned(), m))?;
         self.write_hosts();
         let mut vars = Vec::new();
-        if let Some(access) = &self.node.config.access {
+        if let Some(access) = self.node.cluster_access() {
             vars.push(("KUBERNETES_SERVICE_HOST".to_owned(), access.host.clone()));
             vars.push((
                 "KUBERNETES_SERVICE_PORT".to_owned(),
