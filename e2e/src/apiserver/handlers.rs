@@ -17,7 +17,7 @@ use super::error::ApiError;
 use super::patch::{self, PatchKind};
 use super::registry::ResourceInfo;
 use super::selectors::{FieldSelector, LabelSelector, Selectors};
-use super::store::{DeleteOptions, Propagation, Target, WatchStart};
+use super::store::{DeleteOptions, Propagation, Target, WatchStart, WriteMode};
 use super::table::{self, IncludeObject};
 use super::watch::{self, WatchRequest};
 
@@ -224,7 +224,14 @@ impl Request<'_> {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if ct.contains("protobuf") || ct.contains("cbor") {
-            return Err(ApiError::unsupported_media_type(ct));
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the local cluster accepts JSON or YAML bodies only, not {ct:?}; kubectl's \
+                     imperative generators send protobuf: use `kubectl apply -f` or `kubectl create -f`"
+                ),
+            ));
         }
         let v = patch::parse_json_or_yaml(&self.body).map_err(|e| {
             ApiError::bad_request(format!("the request body could not be decoded: {e}"))
@@ -286,11 +293,14 @@ impl Request<'_> {
         }
         let target = self.target()?;
         match *method {
-            Method::GET => Ok(ok(&self.state.store.get(
-                &self.info,
-                self.namespace(),
-                &name,
-            )?)),
+            Method::GET => {
+                let obj = self.state.store.get(&self.info, self.namespace(), &name)?;
+                let rv = self.state.store.resource_version();
+                Ok(ok(&match self.table() {
+                    Some(include) => table::table(&self.info, &[obj], rv, include),
+                    None => obj,
+                }))
+            }
             Method::PUT => self.update(&name, target),
             Method::PATCH => self.patch(&name, target),
             Method::DELETE => self.delete(&name),
@@ -383,9 +393,11 @@ impl Request<'_> {
             &self.info,
             self.namespace(),
             name,
-            target,
-            false,
-            self.dry_run(),
+            WriteMode {
+                target,
+                apply: false,
+                dry_run: self.dry_run(),
+            },
             |_| Ok(body),
         )?;
         Ok(ok(&updated))
@@ -407,21 +419,40 @@ impl Request<'_> {
         }
         let info = self.info.clone();
         let body = self.body.clone();
+        let applied = match kind {
+            PatchKind::Apply => {
+                let applied = patch::parse_json_or_yaml(&body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid apply patch: {e}")))?;
+                check_applied_kind(&info, &applied)?;
+                let manager = self.param("fieldManager").ok_or_else(|| {
+                    ApiError::bad_request("PATCH with apply requires the fieldManager parameter")
+                })?;
+                Some((applied, manager.to_owned()))
+            }
+            _ => None,
+        };
         let patched = self.state.store.modify(
             &self.info,
             self.namespace(),
             name,
-            target,
-            kind == PatchKind::Apply,
-            self.dry_run(),
+            WriteMode {
+                target,
+                apply: applied.is_some(),
+                dry_run: self.dry_run(),
+            },
             |current| {
                 let base = current.cloned().unwrap_or_else(|| json!({}));
-                let out = patch::apply(kind, &base, &body)
-                    .map_err(|e| ApiError::invalid(&info, name, e))?;
-                if kind == PatchKind::Apply {
-                    check_applied_kind(&info, &out)?;
+                match &applied {
+                    Some((applied, manager)) => Ok(super::ssa::apply(
+                        &base,
+                        applied,
+                        manager,
+                        target,
+                        &info.api_version(),
+                    )),
+                    None => patch::apply(kind, &base, &body)
+                        .map_err(|e| ApiError::invalid(&info, name, e)),
                 }
-                Ok(out)
             },
         )?;
         Ok(ok(&patched))
@@ -485,8 +516,14 @@ fn is_builtin_group(group: &str) -> bool {
     super::registry::builtins().iter().any(|b| b.group == group)
 }
 
-/// An applied configuration must name the kind and version of the endpoint it is sent to.
+/// An applied configuration must be an object naming the kind and version of the endpoint
+/// it is sent to.
 fn check_applied_kind(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    if !obj.is_object() || obj.get("metadata").is_some_and(|m| !m.is_object()) {
+        return Err(ApiError::bad_request(
+            "an apply patch must be an object with a metadata object",
+        ));
+    }
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
     let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if kind != info.kind || api_version != info.api_version() {

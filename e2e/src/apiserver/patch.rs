@@ -1,6 +1,6 @@
-//! The patch formats: JSON merge patch (RFC 7386), JSON patch (RFC 6902), strategic merge
-//! (approximated by a merge patch: lists are replaced, not merged by key) and server-side
-//! apply (the applied configuration merged over the live object, without field ownership).
+//! The document patch formats: JSON merge patch (RFC 7386), JSON patch (RFC 6902) and
+//! strategic merge (approximated by a merge patch: lists are replaced, not merged by key).
+//! Server-side apply is in `ssa`.
 
 use serde_json::Value;
 
@@ -48,11 +48,7 @@ pub fn apply(kind: PatchKind, current: &Value, body: &[u8]) -> Result<Value, Str
             json_patch::merge(&mut doc, &patch);
         }
         PatchKind::Apply => {
-            let applied = parse_json_or_yaml(body)?;
-            if !applied.is_object() {
-                return Err("an apply patch must be an object".into());
-            }
-            apply_merge(&mut doc, &applied);
+            return Err("server-side apply is not a document patch (see ssa.rs)".into());
         }
         PatchKind::Json => {
             let ops: Value =
@@ -84,25 +80,6 @@ fn tolerate_null_tests(doc: &Value, ops: Value) -> Result<Value, String> {
     Ok(Value::Array(kept))
 }
 
-/// Server-side apply without managed fields: maps merge recursively, everything else
-/// (lists included) is replaced by the applied value; explicit nulls remove a field.
-fn apply_merge(doc: &mut Value, applied: &Value) {
-    match (doc, applied) {
-        (Value::Object(live), Value::Object(cfg)) => {
-            for (k, v) in cfg {
-                if v.is_null() {
-                    live.remove(k);
-                } else if let Some(existing) = live.get_mut(k) {
-                    apply_merge(existing, v);
-                } else {
-                    live.insert(k.clone(), v.clone());
-                }
-            }
-        }
-        (doc, applied) => *doc = applied.clone(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,16 +103,15 @@ mod tests {
     }
 
     #[test]
-    fn merge_and_apply() {
+    fn merge_and_yaml() {
         let cur = json!({"spec": {"a": 1, "b": [1, 2], "c": {"d": 1}}});
         let out = apply(PatchKind::Merge, &cur, br#"{"spec":{"a":null,"b":[3]}}"#).unwrap();
         assert_eq!(out, json!({"spec": {"b": [3], "c": {"d": 1}}}));
-        let out = apply(PatchKind::Apply, &cur, b"spec:\n  c:\n    e: 2\n").unwrap();
-        assert_eq!(
-            out,
-            json!({"spec": {"a": 1, "b": [1, 2], "c": {"d": 1, "e": 2}}})
-        );
         assert!(apply(PatchKind::Merge, &cur, b"[1]").is_err());
-        assert!(apply(PatchKind::Apply, &cur, b": : :").is_err());
+        assert_eq!(
+            parse_json_or_yaml(b"spec:\n  c: 2\n").unwrap(),
+            json!({"spec": {"c": 2}})
+        );
+        assert!(parse_json_or_yaml(b": : :").is_err());
     }
 }

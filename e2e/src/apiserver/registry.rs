@@ -113,13 +113,18 @@ pub fn builtins() -> Vec<ResourceInfo> {
     ];
     let mut namespaces = builtin("", "v1", "namespaces", "Namespace", false, true, &["ns"]);
     namespaces.columns = vec![column("Status", "string", ".status.phase")];
+    for r in [&mut pods, &mut deployments] {
+        r.categories = vec!["all".into()];
+    }
+    let mut services = builtin("", "v1", "services", "Service", true, true, &["svc"]);
+    services.categories = vec!["all".into()];
     let rbac = "rbac.authorization.k8s.io";
     vec![
         namespaces,
         pods,
         builtin("", "v1", "secrets", "Secret", true, false, &[]),
         builtin("", "v1", "configmaps", "ConfigMap", true, false, &["cm"]),
-        builtin("", "v1", "services", "Service", true, true, &["svc"]),
+        services,
         builtin(
             "",
             "v1",

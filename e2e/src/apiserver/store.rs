@@ -56,6 +56,15 @@ pub enum Target {
     Status,
 }
 
+/// How a write is made: which part it addresses, whether it is a server-side apply
+/// (creates when missing, changes field ownership), whether it is only a dry run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteMode {
+    pub target: Target,
+    pub apply: bool,
+    pub dry_run: bool,
+}
+
 /// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchStart {
@@ -127,6 +136,23 @@ fn generate_suffix() -> String {
         .take(5)
         .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
         .collect()
+}
+
+/// The object without the times in `managedFields`, which every apply renews: an apply
+/// that changes nothing else is a no-op.
+fn without_apply_times(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(entries) = o
+        .pointer_mut("/metadata/managedFields")
+        .and_then(Value::as_array_mut)
+    {
+        for e in entries {
+            if let Some(e) = e.as_object_mut() {
+                e.remove("time");
+            }
+        }
+    }
+    o
 }
 
 /// The part of an object whose changes move `metadata.generation`.
@@ -249,7 +275,7 @@ impl Store {
         dry_run: bool,
     ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
-        self.create_locked(&mut inner, info, ns, obj, dry_run)
+        self.create_locked(&mut inner, info, ns, obj, dry_run, false)
     }
 
     fn create_locked(
@@ -259,6 +285,7 @@ impl Store {
         ns: Option<&str>,
         mut obj: Value,
         dry_run: bool,
+        applied: bool,
     ) -> Result<Value, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::bad_request(
@@ -366,6 +393,9 @@ impl Store {
         for k in ["deletionTimestamp", "deletionGracePeriodSeconds"] {
             meta::remove(&mut obj, k);
         }
+        if !applied {
+            meta::remove(&mut obj, "managedFields");
+        }
         obj["apiVersion"] = json!(info.api_version());
         obj["kind"] = json!(info.kind);
         meta::normalise(&mut obj);
@@ -388,17 +418,15 @@ impl Store {
     }
 
     /// Read-modify-write of one object under the lock: `change` gets the current object
-    /// (`None` when missing) and returns the desired one. A missing object is created only
-    /// when `create_missing` (server-side apply), else NotFound.
-    #[allow(clippy::too_many_arguments)]
+    /// (`None` when missing) and returns the desired one. For a server-side `apply`, a
+    /// missing object is created and the desired `managedFields` are kept; otherwise a
+    /// missing object is NotFound and `managedFields` cannot be changed.
     pub fn modify(
         &self,
         info: &ResourceInfo,
         ns: &str,
         name: &str,
-        target: Target,
-        create_missing: bool,
-        dry_run: bool,
+        mode: WriteMode,
         change: impl FnOnce(Option<&Value>) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
@@ -409,7 +437,7 @@ impl Store {
             .and_then(|m| m.get(&key))
             .cloned();
         let Some(current) = current else {
-            if !create_missing || target == Target::Status {
+            if !mode.apply || mode.target == Target::Status {
                 return Err(ApiError::not_found(info, name));
             }
             let mut obj = change(None)?;
@@ -420,10 +448,10 @@ impl Store {
             }
             meta::set(&mut obj, "name", json!(name));
             let ns = info.namespaced.then_some(ns);
-            return self.create_locked(&mut inner, info, ns, obj, dry_run);
+            return self.create_locked(&mut inner, info, ns, obj, mode.dry_run, true);
         };
         let desired = change(Some(&present(info, &current)))?;
-        self.write_existing(&mut inner, info, &current, desired, target, dry_run)
+        self.write_existing(&mut inner, info, &current, desired, mode)
     }
 
     /// The common path of every update: status isolation, optimistic concurrency,
@@ -435,10 +463,20 @@ impl Store {
         info: &ResourceInfo,
         old: &Value,
         desired: Value,
-        target: Target,
-        dry_run: bool,
+        mode: WriteMode,
     ) -> Result<Value, ApiError> {
+        let WriteMode {
+            target,
+            apply: applied,
+            dry_run,
+        } = mode;
         let name = meta::name(old).to_owned();
+        // Only server-side apply changes field ownership.
+        let managed = if applied {
+            desired.pointer("/metadata/managedFields").cloned()
+        } else {
+            old.pointer("/metadata/managedFields").cloned()
+        };
         if !desired.is_object() || desired.get("metadata").is_some_and(|m| !m.is_object()) {
             return Err(ApiError::bad_request(
                 "the object must be a JSON object with a metadata object",
@@ -498,6 +536,12 @@ impl Store {
                 }
             }
         }
+        match managed {
+            Some(m) => meta::set(&mut new, "managedFields", m),
+            None => {
+                meta::remove(&mut new, "managedFields");
+            }
+        }
         let old_generation = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
@@ -516,7 +560,7 @@ impl Store {
         new["apiVersion"] = json!(info.api_version());
         new["kind"] = json!(info.kind);
         meta::normalise(&mut new);
-        if new == *old || dry_run {
+        if without_apply_times(&new) == without_apply_times(old) || dry_run {
             return Ok(present(info, &new));
         }
         let key = (meta::namespace(old).to_owned(), name);

@@ -46,7 +46,17 @@ async fn main() -> anyhow::Result<()> {
     let server = ApiServer::start(config)
         .await
         .context("starting the API server")?;
-    // The pod runner and the deployment controller start here, once they exist.
+    // Only hand out a kubeconfig for an API that answers, through the kubeconfig itself.
+    let client = server
+        .kube_client()
+        .await
+        .context("building a client for the API")?;
+    let version = client
+        .apiserver_version()
+        .await
+        .context("the API server does not answer")?;
+    tracing::info!(version = %version.git_version, "API server answers");
+    // The pod runner and the deployment controller start here, given `client`.
     server
         .write_kubeconfig(&args.kubeconfig)
         .with_context(|| format!("writing the kubeconfig to {}", args.kubeconfig.display()))?;

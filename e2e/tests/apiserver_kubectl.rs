@@ -1,0 +1,243 @@
+//! Real kubectl (installed by `hack/install-tools`) against the local cluster over HTTPS:
+//! server-side apply of a CRD and a custom resource, `get -o yaml`, table output with the
+//! CRD's printer columns, `get -w` until a change, merge and JSON patches, `wait
+//! --for=condition=...`, `delete`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.test.marin3r.io
+spec:
+  group: test.marin3r.io
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, shortNames: [wd]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+    additionalPrinterColumns:
+    - {name: Size, type: integer, jsonPath: .spec.size}
+    - {name: Ready, type: string, jsonPath: '.status.conditions[?(@.type=="Ready")].status'}
+"#;
+
+struct Kubectl {
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Kubectl {
+    fn new(server: &ApiServer) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).unwrap();
+        Self {
+            kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(marin3r_e2e::tools::kubectl().unwrap());
+        cmd.args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HOME", self._dir.path())
+            .stdin(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs kubectl with `stdin`, returning (success, stdout, stderr).
+    async fn run_with(&self, args: &[&str], stdin: &str) -> (bool, String, String) {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use tokio::io::AsyncWriteExt;
+            let mut input = child.stdin.take().unwrap();
+            input.write_all(stdin.as_bytes()).await.unwrap();
+        }
+        let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    async fn ok(&self, args: &[&str]) -> String {
+        self.ok_with(args, "").await
+    }
+
+    async fn ok_with(&self, args: &[&str], stdin: &str) -> String {
+        let (ok, out, err) = self.run_with(args, stdin).await;
+        assert!(ok, "kubectl {args:?} failed:\n{out}\n{err}");
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_drives_the_local_cluster() {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let k = Kubectl::new(&server);
+    let ns = format!("kubectl-{}", std::process::id());
+
+    k.ok_with(&["apply", "--server-side", "-f", "-"], CRD).await;
+    k.ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/widgets.test.marin3r.io",
+        "--timeout=10s",
+    ])
+    .await;
+    k.ok_with(
+        &["apply", "--server-side", "-f", "-"],
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"),
+    )
+    .await;
+    let widget = |spec: &str| {
+        format!(
+            "apiVersion: test.marin3r.io/v1\nkind: Widget\nmetadata: {{name: w1, namespace: {ns}}}\nspec: {spec}\n"
+        )
+    };
+    let apply = ["apply", "--server-side", "-f", "-"];
+    let out = k.ok_with(&apply, &widget("{size: 3, color: red}")).await;
+    assert!(
+        out.contains("widget.test.marin3r.io/w1 serverside-applied"),
+        "{out}"
+    );
+    // Re-applying without a field removes it (the field was kubectl's).
+    k.ok_with(&apply, &widget("{size: 3}")).await;
+
+    let yaml = k
+        .ok(&["get", "widget", "w1", "-n", &ns, "-o", "yaml"])
+        .await;
+    let obj: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(obj["spec"]["size"], 3);
+    assert_eq!(obj["spec"], serde_json::json!({"size": 3}), "{yaml}");
+    assert_eq!(obj["metadata"]["generation"], 2);
+    assert!(obj["metadata"]["uid"].is_string(), "{yaml}");
+
+    // Table output carries the CRD's printer columns.
+    let table = k.ok(&["get", "wd", "-n", &ns]).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "SIZE", "READY", "AGE"], "{table}");
+    assert!(table.lines().nth(1).unwrap().starts_with("w1"), "{table}");
+
+    // `get -w` prints the current state, then the change.
+    let mut watch = k
+        .command(&[
+            "get",
+            "widgets",
+            "-n",
+            &ns,
+            "-w",
+            "-o",
+            "jsonpath={.spec.size}{\"\\n\"}",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let mut next_line = async || {
+        tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(next_line().await, "3");
+    k.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"size":4}}"#,
+    ])
+    .await;
+    assert_eq!(next_line().await, "4");
+    k.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        &ns,
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/size","value":5}]"#,
+    ])
+    .await;
+    assert_eq!(next_line().await, "5");
+    watch.kill().await.unwrap();
+
+    // `wait --for=condition=Ready` returns once the status says so.
+    let waiting = k
+        .command(&[
+            "wait",
+            "--for=condition=Ready",
+            "widget/w1",
+            "-n",
+            &ns,
+            "--timeout=20s",
+        ])
+        .output();
+    let waiting = tokio::spawn(waiting);
+    k.ok(&[
+        "patch",
+        "widget",
+        "w1",
+        "-n",
+        &ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ])
+    .await;
+    let waited = waiting.await.unwrap().unwrap();
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let table = k.ok(&["get", "wd", "w1", "-n", &ns, "--no-headers"]).await;
+    assert_eq!(
+        table.split_whitespace().take(3).collect::<Vec<_>>(),
+        ["w1", "5", "True"],
+        "{table}"
+    );
+
+    // Errors come back with the server's reason and message.
+    let (ok, _, err) = k.run_with(&["get", "widget", "nope", "-n", &ns], "").await;
+    assert!(
+        !ok && err.contains(r#"widgets.test.marin3r.io "nope" not found"#),
+        "{err}"
+    );
+
+    k.ok(&["delete", "widget", "w1", "-n", &ns]).await;
+    let (ok, _, err) = k.run_with(&["get", "widget", "w1", "-n", &ns], "").await;
+    assert!(!ok && err.contains("NotFound"), "{err}");
+    k.ok(&["delete", "namespace", &ns, "--wait=true", "--timeout=10s"])
+        .await;
+}

@@ -1,0 +1,237 @@
+//! API semantics beyond plain CRUD, through kube-rs: generateName, Secret stringData, dry
+//! runs, delete preconditions, delete-collection, orphaning, CRD deletion, and watch-list
+//! (`sendInitialEvents`) as kube-rs' streaming-list watcher uses it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions, PropagationPolicy};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
+use serde_json::json;
+
+async fn setup() -> (ApiServer, Client, String) {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = server.kube_client().await.unwrap();
+    let ns = format!("s-{}", std::process::id());
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    (server, client, ns)
+}
+
+fn status_of(err: kube::Error) -> (u16, String) {
+    match err {
+        kube::Error::Api(s) => (s.code, s.reason),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn cm(value: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(value).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_deletes_and_dry_runs() {
+    let (_server, client, ns) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+
+    let generated = cms
+        .create(
+            &PostParams::default(),
+            &cm(json!({"metadata": {"generateName": "gen-"}})),
+        )
+        .await
+        .unwrap();
+    let name = generated.name_any();
+    assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "s"}, "stringData": {"user": "admin"}}))
+            .unwrap();
+    let secret = secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    assert_eq!(secret.data.unwrap()["user"].0, b"admin");
+    assert!(secret.string_data.is_none());
+
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    cms.create(&dry, &cm(json!({"metadata": {"name": "dry"}})))
+        .await
+        .unwrap();
+    assert_eq!(status_of(cms.get("dry").await.unwrap_err()).0, 404);
+
+    // Namespaced objects need an existing namespace.
+    let elsewhere: Api<ConfigMap> = Api::namespaced(client.clone(), "no-such-namespace");
+    assert_eq!(
+        status_of(
+            elsewhere
+                .create(
+                    &PostParams::default(),
+                    &cm(json!({"metadata": {"name": "x"}}))
+                )
+                .await
+                .unwrap_err()
+        ),
+        (404, "NotFound".into())
+    );
+
+    // Delete preconditions.
+    let wrong_uid = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some("nope".into()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    assert_eq!(
+        status_of(cms.delete(&name, &wrong_uid).await.unwrap_err()),
+        (409, "Conflict".into())
+    );
+
+    // Delete-collection by label.
+    for (n, color) in [("r1", "red"), ("r2", "red"), ("b1", "blue")] {
+        cms.create(
+            &PostParams::default(),
+            &cm(json!({"metadata": {"name": n, "labels": {"color": color}}})),
+        )
+        .await
+        .unwrap();
+    }
+    cms.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("color=red"),
+    )
+    .await
+    .unwrap();
+    let left: Vec<String> = cms
+        .list(&ListParams::default().labels("color"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(left, ["b1"]);
+
+    // Orphaning keeps dependents and strips their owner reference.
+    let owner = cms.get("b1").await.unwrap();
+    let dependent = cm(json!({"metadata": {"name": "dep", "ownerReferences": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "b1", "uid": owner.uid().unwrap()}
+    ]}}));
+    cms.create(&PostParams::default(), &dependent)
+        .await
+        .unwrap();
+    let orphan = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Orphan),
+        ..DeleteParams::default()
+    };
+    cms.delete("b1", &orphan).await.unwrap();
+    let kept = cms.get("dep").await.unwrap();
+    assert!(kept.metadata.owner_references.is_none(), "{kept:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_crd_deletes_its_objects_and_stops_serving_them() {
+    let (_server, client, ns) = setup().await;
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "things.test.marin3r.io"},
+        "spec": {
+            "group": "test.marin3r.io", "scope": "Namespaced",
+            "names": {"plural": "things", "singular": "thing", "kind": "Thing"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    }))
+    .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.marin3r.io", "v1", "Thing"),
+        "things",
+    );
+    let things: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let thing = DynamicObject::new("t", &ar).data(json!({"spec": {"a": 1}}));
+    things.create(&PostParams::default(), &thing).await.unwrap();
+
+    // A second CRD cannot claim the same resource.
+    let mut clash = crd.clone();
+    clash.metadata.name = Some("other.test.marin3r.io".into());
+    assert_eq!(
+        status_of(
+            crds.create(&PostParams::default(), &clash)
+                .await
+                .unwrap_err()
+        )
+        .1,
+        "Invalid"
+    );
+
+    crds.delete("things.test.marin3r.io", &DeleteParams::default())
+        .await
+        .unwrap();
+    let uid = crds
+        .get_opt("things.test.marin3r.io")
+        .await
+        .unwrap()
+        .map(|c| c.uid().unwrap());
+    if let Some(uid) = uid {
+        let gone = await_condition(
+            crds.clone(),
+            "things.test.marin3r.io",
+            conditions::is_deleted(&uid),
+        );
+        tokio::time::timeout(Duration::from_secs(5), gone)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(status_of(things.get("t").await.unwrap_err()).0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_list_watcher() {
+    let (_server, client, ns) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
+    cms.create(
+        &PostParams::default(),
+        &cm(json!({"metadata": {"name": "before"}})),
+    )
+    .await
+    .unwrap();
+    let config = watcher::Config::default().streaming_lists();
+    let mut events = watcher(cms.clone(), config).boxed();
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert!(matches!(next().await, watcher::Event::Init));
+    assert!(matches!(next().await, watcher::Event::InitApply(c) if c.name_any() == "before"));
+    assert!(matches!(next().await, watcher::Event::InitDone));
+    cms.create(
+        &PostParams::default(),
+        &cm(json!({"metadata": {"name": "after"}})),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(next().await, watcher::Event::Apply(c) if c.name_any() == "after"));
+}
