@@ -13,17 +13,33 @@ use crate::deployments::DeploymentController;
 use crate::kubelet::{ClusterAccess, ImageMap, Kubelet, Node, NodeConfig};
 
 /// How to start a [`LocalCluster`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct LocalClusterConfig {
     pub images: ImageMap,
-    /// The HTTPS port of the API (0 picks a free one); it listens on the bridge address.
-    pub port: u16,
+    /// Where the API listens for HTTPS. By default the pod network's bridge address (so
+    /// pods reach it too) on a free port; 127.0.0.1 when no pods are run.
+    pub listen: Option<SocketAddr>,
     /// Also serve plain HTTP on loopback (tests).
     pub plain_http: bool,
     /// Where container logs are kept (the run's folder, removed at the end, when unset).
     pub log_dir: Option<std::path::PathBuf>,
     /// More names for the API's certificate.
     pub extra_hosts: Vec<String>,
+    /// Run pods (needs root). Without, the API and Deployment controller run alone.
+    pub run_pods: bool,
+}
+
+impl Default for LocalClusterConfig {
+    fn default() -> Self {
+        Self {
+            images: ImageMap::default(),
+            listen: None,
+            plain_http: false,
+            log_dir: None,
+            extra_hosts: Vec::new(),
+            run_pods: true,
+        }
+    }
 }
 
 /// A running local cluster. Dropping it kills every pod at once; `shutdown` stops them
@@ -33,7 +49,7 @@ pub struct LocalCluster {
     deployments: Option<DeploymentController>,
     client: kube::Client,
     api: ApiServer,
-    node: Arc<Node>,
+    node: Option<Arc<Node>>,
 }
 
 /// A kube-rs client for a kubeconfig's text.
@@ -49,34 +65,57 @@ pub async fn client_for(kubeconfig: &str) -> anyhow::Result<kube::Client> {
 
 impl LocalCluster {
     pub async fn start(config: LocalClusterConfig) -> anyhow::Result<Self> {
-        let node = Node::start(NodeConfig {
-            images: config.images,
-            log_dir: config.log_dir,
-            ..NodeConfig::default()
-        })?;
+        let node = if config.run_pods {
+            Some(Node::start(NodeConfig {
+                images: config.images,
+                log_dir: config.log_dir,
+                ..NodeConfig::default()
+            })?)
+        } else {
+            None
+        };
+        let listen = config.listen.unwrap_or_else(|| match &node {
+            Some(node) => SocketAddr::new(IpAddr::V4(node.host_ip()), 0),
+            None => SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0),
+        });
+        let mut extra_hosts = config.extra_hosts;
+        if let Some(node) = &node {
+            extra_hosts.push(node.host_ip().to_string());
+        }
         let api = ApiServer::start(ApiServerConfig {
-            https_addr: SocketAddr::new(IpAddr::V4(node.host_ip()), config.port),
-            extra_hosts: config.extra_hosts,
+            https_addr: listen,
+            extra_hosts,
             plain_http: config.plain_http,
             ..ApiServerConfig::default()
         })
         .await
         .context("starting the API server")?;
-        node.set_cluster_access(ClusterAccess {
-            host: node.host_ip().to_string(),
-            port: api.https_addr().port(),
-            ca_pem: api.ca_pem().to_owned(),
-            token: "local-cluster".into(),
-        })?;
         let client = client_for(&api.kubeconfig()).await?;
-        let kubelet = Kubelet::start(node.clone(), client.clone())
-            .await
-            .context("starting the pod runner")?;
+        let mut kubelet = None;
+        if let Some(node) = &node {
+            let ip = api.https_addr().ip();
+            if !(ip.is_unspecified() || ip == IpAddr::V4(node.host_ip())) {
+                tracing::warn!(
+                    "the API listens on {ip}, which pods cannot reach: in-cluster clients will fail"
+                );
+            }
+            node.set_cluster_access(ClusterAccess {
+                host: node.host_ip().to_string(),
+                port: api.https_addr().port(),
+                ca_pem: api.ca_pem().to_owned(),
+                token: "local-cluster".into(),
+            })?;
+            kubelet = Some(
+                Kubelet::start(node.clone(), client.clone())
+                    .await
+                    .context("starting the pod runner")?,
+            );
+        }
         let deployments = DeploymentController::start(client.clone())
             .await
             .context("starting the deployment controller")?;
         Ok(Self {
-            kubelet: Some(kubelet),
+            kubelet,
             deployments: Some(deployments),
             client,
             api,
@@ -93,8 +132,9 @@ impl LocalCluster {
         &self.api
     }
 
-    pub fn node(&self) -> &Arc<Node> {
-        &self.node
+    /// The node running pods (none when started without pods).
+    pub fn node(&self) -> Option<&Arc<Node>> {
+        self.node.as_ref()
     }
 
     /// The fault "kill a pod's process" (see [`Kubelet::kill_container`]).
@@ -106,7 +146,7 @@ impl LocalCluster {
     ) -> anyhow::Result<()> {
         self.kubelet
             .as_ref()
-            .context("the cluster is shutting down")?
+            .context("this cluster runs no pods")?
             .kill_container(namespace, pod, container)
     }
 

@@ -102,7 +102,7 @@ fn deployment(version: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deployment_rolls_its_pod_new_ready_before_old_gone() {
     let cluster = cluster().await;
-    let prefix = cluster.node().prefix();
+    let prefix = cluster.node().unwrap().prefix();
     let client = cluster.client();
     namespace(&client, "demo").await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "demo");
@@ -378,7 +378,7 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
     // Deleting a pod stops its process and frees its namespace.
     let uid_ns_count = net::netns_names()
         .iter()
-        .filter(|n| n.starts_with(&cluster.node().prefix()))
+        .filter(|n| n.starts_with(&cluster.node().unwrap().prefix()))
         .count();
     pods.delete("waits", &Default::default()).await.unwrap();
     until(
@@ -387,7 +387,7 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
         || async {
             let now = net::netns_names()
                 .iter()
-                .filter(|n| n.starts_with(&cluster.node().prefix()))
+                .filter(|n| n.starts_with(&cluster.node().unwrap().prefix()))
                 .count();
             (now < uid_ns_count).then_some(())
         },

@@ -87,7 +87,8 @@ impl ImageMap {
             return match &self.marin3r {
                 Some(path) => Ok(plain(path)),
                 None => Err(format!(
-                    "image {image:?}: no marin3r binary configured for the local cluster"
+                    "image {image:?}: no marin3r binary configured for the local cluster \
+                     (build it with `cargo build -p marin3r-discovery`, or pass --marin3r PATH)"
                 )),
             };
         }
