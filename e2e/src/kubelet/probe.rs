@@ -1,11 +1,16 @@
 //! Running one probe (httpGet, tcpSocket, exec) against a container, as the kubelet does:
-//! HTTP success is a status in 200..400; exec runs inside the container's namespaces.
+//! HTTP success is a status in 200..400, HTTPS skips certificate verification; exec runs
+//! inside the container's namespaces.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Probe timing with Kubernetes' defaults, the period capped by the node's setting.
@@ -67,11 +72,11 @@ async fn run_inner(
 ) -> Result<(), String> {
     if let Some(http) = &probe.http_get {
         let scheme = http.scheme.as_deref().unwrap_or("HTTP");
-        if !scheme.eq_ignore_ascii_case("HTTP") {
-            return Err(format!(
-                "httpGet scheme {scheme} is not supported by the local cluster"
-            ));
-        }
+        let tls = match scheme.to_ascii_uppercase().as_str() {
+            "HTTP" => false,
+            "HTTPS" => true,
+            _ => return Err(format!("httpGet scheme {scheme:?} is not HTTP or HTTPS")),
+        };
         let host = http
             .host
             .as_deref()
@@ -79,6 +84,7 @@ async fn run_inner(
             .unwrap_or(pod_ip);
         let port = port(container, &http.port)?;
         let path = http.path.as_deref().unwrap_or("/");
+        let url = format!("{}://{host}:{port}{path}", scheme.to_ascii_lowercase());
         let mut request = format!(
             "GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: kube-probe/1.37\r\nAccept: */*\r\nConnection: close\r\n"
         );
@@ -86,33 +92,18 @@ async fn run_inner(
             request.push_str(&format!("{}: {}\r\n", h.name, h.value));
         }
         request.push_str("\r\n");
-        let mut stream = TcpStream::connect((host, port))
+        let stream = TcpStream::connect((host, port))
             .await
-            .map_err(|e| format!("Get \"http://{host}:{port}{path}\": {e}"))?;
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut head = Vec::new();
-        let mut buf = [0u8; 512];
-        while !head.windows(2).any(|w| w == b"\r\n") {
-            let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
-            if n == 0 {
-                break;
-            }
-            head.extend_from_slice(&buf[..n]);
+            .map_err(|e| format!("Get \"{url}\": {e}"))?;
+        let code = if tls {
+            let stream = tls_connect(stream, host)
+                .await
+                .map_err(|e| format!("Get \"{url}\": {e}"))?;
+            status_code(stream, &request).await
+        } else {
+            status_code(stream, &request).await
         }
-        let line = String::from_utf8_lossy(&head);
-        let code: u16 = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| {
-                format!(
-                    "malformed HTTP response: {:?}",
-                    line.lines().next().unwrap_or("")
-                )
-            })?;
+        .map_err(|e| format!("Get \"{url}\": {e}"))?;
         return if (200..400).contains(&code) {
             Ok(())
         } else {
@@ -155,6 +146,103 @@ async fn run_inner(
         };
     }
     Err("probe has no handler the local cluster supports (httpGet, tcpSocket, exec)".into())
+}
+
+/// Sends `request` and reads the status code of the answer.
+async fn status_code<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &str,
+) -> Result<u16, String> {
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 512];
+    while !head.windows(2).any(|w| w == b"\r\n") {
+        let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "malformed HTTP response: {:?}",
+                line.lines().next().unwrap_or("")
+            )
+        })
+}
+
+/// TLS as the kubelet's HTTPS probes do it: the server's certificate is not verified.
+async fn tls_connect(
+    stream: TcpStream,
+    host: &str,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 #[cfg(test)]
