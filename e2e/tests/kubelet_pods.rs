@@ -321,3 +321,69 @@ async fn leftovers_of_a_dead_run_are_removed() {
     assert!(!net::link_names().contains(&link));
     assert!(!std::env::temp_dir().join(stale).exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_containers_run_first_and_share_empty_dirs() {
+    let node = node();
+    let objects = Arc::new(StaticObjects::default());
+    let pod = |name: &str, init_code: &str, policy: &str| -> Pod {
+        from_yaml(&format!(
+            r#"{{"metadata": {{"name": "{name}", "namespace": "ns1", "uid": "u-{name}"}},
+                "spec": {{"restartPolicy": "{policy}",
+                  "initContainers": [{{"name": "init", "image": "probe-server",
+                    "command": ["python3", "-c", "open('/etc/m3r-test/work/x', 'w').write('from init'); raise SystemExit({init_code})"],
+                    "volumeMounts": [{{"name": "work", "mountPath": "/etc/m3r-test/work"}}]}}],
+                  "containers": [{{"name": "server", "image": "probe-server",
+                    "command": ["python3", "-c", {script}],
+                    "volumeMounts": [{{"name": "work", "mountPath": "/etc/m3r-test/work"}}],
+                    "readinessProbe": {{"tcpSocket": {{"port": 8080}}, "periodSeconds": 1}}}}],
+                  "volumes": [{{"name": "work", "emptyDir": {{}}}}]}}}}"#,
+            script = serde_json::to_string(SERVER).unwrap()
+        ))
+    };
+    let ok = PodHandle::start(&node, &pod("ok", "0", "Always"), objects.clone()).unwrap();
+    ok.wait_ready(Duration::from_secs(20)).await.unwrap();
+    assert_eq!(
+        get(&format!("http://{}:8080/file/etc/m3r-test/work/x", ok.ip())),
+        "from init"
+    );
+    let status = ok.status();
+    let init = &status.init_container_statuses.unwrap()[0];
+    let done = init.state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(
+        (done.exit_code, done.reason.as_deref()),
+        (0, Some("Completed"))
+    );
+    let initialized = status
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Initialized")
+        .unwrap();
+    assert_eq!(initialized.status, "True");
+
+    let failing = PodHandle::start(&node, &pod("failing", "3", "Never"), objects.clone()).unwrap();
+    let mut rx = failing.watch_status();
+    let status = tokio::time::timeout(
+        Duration::from_secs(20),
+        rx.wait_for(|s| s.phase.as_deref() == Some("Failed")),
+    )
+    .await
+    .expect("the pod fails")
+    .unwrap()
+    .clone();
+    let main = &status.container_statuses.unwrap()[0];
+    let waiting = main.state.as_ref().unwrap().waiting.as_ref().unwrap();
+    assert_eq!(waiting.reason.as_deref(), Some("PodInitializing"));
+    let init = &status.init_container_statuses.unwrap()[0];
+    assert_eq!(
+        init.state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        3
+    );
+}

@@ -11,6 +11,7 @@ pub mod net;
 pub mod pod;
 pub mod probe;
 pub mod runtime;
+mod supervisor;
 pub mod sync;
 pub mod volumes;
 

@@ -3,40 +3,48 @@
 //! stops it (SIGTERM, then SIGKILL after the grace period). Status is published on a watch
 //! channel; the owner decides where it goes (the API server, or a test).
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Probe};
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::launcher::{self, Launch, Mount};
 use super::net::PodNetwork;
-use super::runtime::{self, ContainerRuntime, PodFacts, State, Terminated};
-use super::{Node, Objects, env, hosts, probe, volumes};
+use super::runtime::{self, ContainerRuntime, PodFacts, State};
+use super::supervisor::{run_pod, signal_group};
+use super::{Node, Objects, env, hosts, volumes};
+
+/// A container of the pod: one of `spec.initContainers` or of `spec.containers`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Which {
+    Init(usize),
+    Main(usize),
+}
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const SERVICE_ACCOUNT_VOLUME: &str = "..kube-api-access";
 
-struct PodShared {
-    node: Arc<Node>,
-    objects: Arc<dyn Objects>,
-    pod: Mutex<Pod>,
-    namespace: String,
-    name: String,
-    dir: PathBuf,
-    log_dir: PathBuf,
-    net: Mutex<Option<PodNetwork>>,
-    ip: String,
-    started_at: jiff::Timestamp,
-    containers: Mutex<Vec<ContainerRuntime>>,
-    status_tx: watch::Sender<PodStatus>,
+pub(super) struct PodShared {
+    pub(super) node: Arc<Node>,
+    pub(super) objects: Arc<dyn Objects>,
+    pub(super) pod: Mutex<Pod>,
+    pub(super) namespace: String,
+    pub(super) name: String,
+    pub(super) dir: PathBuf,
+    pub(super) log_dir: PathBuf,
+    pub(super) net: Mutex<Option<PodNetwork>>,
+    pub(super) ip: String,
+    pub(super) started_at: jiff::Timestamp,
+    pub(super) init: Mutex<Vec<ContainerRuntime>>,
+    pub(super) containers: Mutex<Vec<ContainerRuntime>>,
+    pub(super) status_tx: watch::Sender<PodStatus>,
     /// Serialises volume and hosts writes between the supervisors and refreshes.
-    files: Mutex<()>,
+    pub(super) files: Mutex<()>,
 }
 
 /// A Pod running on this node. Dropping it kills its processes at once and removes its
@@ -47,7 +55,7 @@ pub struct PodHandle {
     stop_tx: watch::Sender<Option<Duration>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -79,11 +87,21 @@ impl PodHandle {
             .attach()
             .with_context(|| format!("pod {namespace}/{name}: network"))?;
         let ip = net.ip().to_string();
-        let containers: Vec<ContainerRuntime> = spec
-            .containers
-            .iter()
-            .map(|c| ContainerRuntime::new(&c.name, c.image.as_deref().unwrap_or("")))
-            .collect();
+        let runtimes = |list: &[Container]| -> Vec<ContainerRuntime> {
+            list.iter()
+                .map(|c| ContainerRuntime::new(&c.name, c.image.as_deref().unwrap_or("")))
+                .collect()
+        };
+        let init = runtimes(spec.init_containers.as_deref().unwrap_or_default());
+        let mut containers = runtimes(&spec.containers);
+        if !init.is_empty() {
+            for c in &mut containers {
+                c.state = State::Waiting {
+                    reason: "PodInitializing".into(),
+                    message: String::new(),
+                };
+            }
+        }
         let (status_tx, _) = watch::channel(PodStatus::default());
         let shared = Arc::new(PodShared {
             node: node.clone(),
@@ -96,15 +114,20 @@ impl PodHandle {
             net: Mutex::new(Some(net)),
             ip,
             started_at: jiff::Timestamp::now(),
+            init: Mutex::new(init),
             containers: Mutex::new(containers),
             status_tx,
             files: Mutex::new(()),
         });
         shared.publish();
         let (stop_tx, _) = watch::channel(None);
-        let tasks = (0..spec.containers.len())
-            .map(|i| tokio::spawn(supervise(shared.clone(), i, stop_tx.subscribe())))
-            .collect();
+        let init_count = spec.init_containers.as_ref().map_or(0, Vec::len);
+        let tasks = vec![tokio::spawn(run_pod(
+            shared.clone(),
+            init_count,
+            spec.containers.len(),
+            stop_tx.subscribe(),
+        ))];
         Ok(Self {
             shared,
             tasks,
@@ -169,7 +192,7 @@ impl PodHandle {
         let pod = lock(&self.shared.pod).clone();
         pod.spec
             .iter()
-            .flat_map(|s| s.containers.iter())
+            .flat_map(|s| s.init_containers.iter().flatten().chain(&s.containers))
             .map(|c| {
                 let log = std::fs::read_to_string(self.log_path(&c.name)).unwrap_or_default();
                 format!("--- {} ---\n{log}", c.name)
@@ -197,7 +220,12 @@ impl PodHandle {
     /// The fault "kill a pod's process": SIGKILL to a container's processes. The container is
     /// then restarted by the pod's restart policy, as after a crash.
     pub fn kill_container(&self, container: &str) -> anyhow::Result<()> {
-        let pid = lock(&self.shared.containers)
+        let all: Vec<ContainerRuntime> = lock(&self.shared.init)
+            .iter()
+            .chain(lock(&self.shared.containers).iter())
+            .cloned()
+            .collect();
+        let pid = all
             .iter()
             .find(|c| c.name == container)
             .with_context(|| format!("pod {} has no container {container:?}", self.shared.name))?
@@ -233,30 +261,26 @@ impl Drop for PodHandle {
     }
 }
 
-fn signal_group(pid: u32, signal: rustix::process::Signal) {
-    if let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    {
-        let _ = rustix::process::kill_process_group(pid, signal);
-    }
-}
-
 impl PodShared {
-    fn log_path(&self, container: &str) -> PathBuf {
+    pub(super) fn log_path(&self, container: &str) -> PathBuf {
         self.log_dir
             .join(format!("{}_{}_{container}.log", self.namespace, self.name))
     }
 
-    fn set(&self, index: usize, f: impl FnOnce(&mut ContainerRuntime)) {
-        if let Some(c) = lock(&self.containers).get_mut(index) {
+    pub(super) fn set(&self, which: Which, f: impl FnOnce(&mut ContainerRuntime)) {
+        let (list, index) = match which {
+            Which::Init(i) => (&self.init, i),
+            Which::Main(i) => (&self.containers, i),
+        };
+        if let Some(c) = lock(list).get_mut(index) {
             f(c);
         }
         self.publish();
     }
 
-    fn publish(&self) {
+    pub(super) fn publish(&self) {
         let pod = lock(&self.pod).clone();
+        let init = lock(&self.init).clone();
         let containers = lock(&self.containers).clone();
         let host_ip = self.node.host_ip().to_string();
         self.status_tx.send_if_modified(|current| {
@@ -265,6 +289,7 @@ impl PodShared {
                 pod_ip: &self.ip,
                 host_ip: &host_ip,
                 started_at: self.started_at,
+                init_containers: &init,
                 containers: &containers,
                 failure: None,
             };
@@ -277,7 +302,7 @@ impl PodShared {
         });
     }
 
-    fn service_account(&self, pod: &Pod) -> bool {
+    pub(super) fn service_account(&self, pod: &Pod) -> bool {
         self.node.cluster_access().is_some()
             && pod
                 .spec
@@ -287,7 +312,7 @@ impl PodShared {
     }
 
     /// Writes every volume; the first error names the volume that could not be set up.
-    fn sync_volumes(&self) -> Result<(), String> {
+    pub(super) fn sync_volumes(&self) -> Result<(), String> {
         let _guard = lock(&self.files);
         let pod = lock(&self.pod).clone();
         let root = self.dir.join("volumes");
@@ -313,13 +338,14 @@ impl PodShared {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn write_hosts(&self) {
+    pub(super) fn write_hosts(&self) {
         let _guard = lock(&self.files);
         let pods = self.objects.pods();
         let services = self.objects.services();
         let content = hosts::render(&self.namespace, &self.name, &self.ip, &services, &pods);
-        let containers: Vec<String> = lock(&self.containers)
+        let containers: Vec<String> = lock(&self.init)
             .iter()
+            .chain(lock(&self.containers).iter())
             .map(|c| c.name.clone())
             .collect();
         for c in containers {
@@ -335,10 +361,17 @@ impl PodShared {
     }
 
     /// Everything needed to start a container, or the waiting reason and message.
-    fn prepare(&self, index: usize) -> Result<(tokio::process::Command, String), (String, String)> {
+    pub(super) fn prepare(
+        &self,
+        which: Which,
+    ) -> Result<(tokio::process::Command, String), (String, String)> {
         let pod = lock(&self.pod).clone();
         let spec = pod.spec.clone().unwrap_or_default();
-        let Some(container) = spec.containers.get(index).cloned() else {
+        let container = match which {
+            Which::Init(i) => spec.init_containers.as_ref().and_then(|l| l.get(i)),
+            Which::Main(i) => spec.containers.get(i),
+        };
+        let Some(container) = container.cloned() else {
             return Err(("CreateContainerError".into(), "no such container".into()));
         };
         let image_name = container.image.clone().unwrap_or_default();
@@ -428,7 +461,7 @@ impl PodShared {
         Ok((cmd, image.path.to_string_lossy().into_owned()))
     }
 
-    fn mounts(&self, pod: &Pod, container: &Container) -> Result<Vec<Mount>, String> {
+    pub(super) fn mounts(&self, pod: &Pod, container: &Container) -> Result<Vec<Mount>, String> {
         let root = self.dir.join("volumes");
         let mut mounts = Vec::new();
         let declared = |name: &str| {
@@ -460,231 +493,4 @@ impl PodShared {
         }
         Ok(mounts)
     }
-}
-
-fn probes(pod: &Pod, index: usize) -> (Option<Container>, Option<Probe>, Option<Probe>) {
-    let c = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.get(index))
-        .cloned();
-    let readiness = c.as_ref().and_then(|c| c.readiness_probe.clone());
-    let liveness = c.as_ref().and_then(|c| c.liveness_probe.clone());
-    (c, readiness, liveness)
-}
-
-/// Probes one container run: readiness flips `ready`; liveness failures kill the process.
-async fn run_probes(shared: Arc<PodShared>, index: usize, pid: u32) {
-    let pod = lock(&shared.pod).clone();
-    let (Some(container), readiness, liveness) = probes(&pod, index) else {
-        return;
-    };
-    let max = shared.node.config.max_probe_period;
-    if readiness.is_none() {
-        shared.set(index, |c| c.ready = true);
-    }
-    let readiness_task = readiness.map(|probe| {
-        let (shared, container) = (shared.clone(), container.clone());
-        AbortOnDrop(tokio::spawn(async move {
-            let t = probe::timing(&probe, max);
-            tokio::time::sleep(t.initial_delay).await;
-            let (mut ok, mut failed) = (0, 0);
-            loop {
-                match probe::run(&probe, &container, &shared.ip, pid, t.timeout).await {
-                    Ok(()) => {
-                        ok += 1;
-                        failed = 0;
-                        if ok >= t.success_threshold {
-                            shared.set(index, |c| c.ready = true);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(pod = %shared.name, container = %container.name, "readiness: {e}");
-                        failed += 1;
-                        ok = 0;
-                        if failed >= t.failure_threshold {
-                            shared.set(index, |c| c.ready = false);
-                        }
-                    }
-                }
-                tokio::time::sleep(t.period).await;
-            }
-        }))
-    });
-    if let Some(probe) = liveness {
-        let t = probe::timing(&probe, max);
-        tokio::time::sleep(t.initial_delay).await;
-        let mut failed = 0;
-        loop {
-            match probe::run(&probe, &container, &shared.ip, pid, t.timeout).await {
-                Ok(()) => failed = 0,
-                Err(e) => {
-                    failed += 1;
-                    if failed >= t.failure_threshold {
-                        tracing::info!(pod = %shared.name, container = %container.name, "liveness failed, killing: {e}");
-                        signal_group(pid, rustix::process::Signal::KILL);
-                        break;
-                    }
-                }
-            }
-            tokio::time::sleep(t.period).await;
-        }
-    }
-    if let Some(mut task) = readiness_task {
-        // Keep probing readiness until this run ends (the caller aborts us).
-        let _ = (&mut task.0).await;
-    }
-}
-
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Runs one container until the pod stops, restarting it by the restart policy.
-async fn supervise(
-    shared: Arc<PodShared>,
-    index: usize,
-    mut stop: watch::Receiver<Option<Duration>>,
-) {
-    let mut backoff = Duration::from_secs(1);
-    let max_backoff = shared.node.config.max_restart_backoff;
-    loop {
-        if stop.borrow().is_some() {
-            return;
-        }
-        let (mut cmd, image_path) = match shared.prepare(index) {
-            Ok(ok) => ok,
-            Err((reason, message)) => {
-                shared.set(index, |c| {
-                    c.state = State::Waiting { reason, message };
-                    c.ready = false;
-                });
-                // Retry: the missing Secret or ConfigMap may appear.
-                if wait_or_stop(&mut stop, Duration::from_secs(1)).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        let started_at = jiff::Timestamp::now();
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                shared.set(index, |c| {
-                    c.state = State::Waiting {
-                        reason: "RunContainerError".into(),
-                        message: e.to_string(),
-                    };
-                });
-                if wait_or_stop(&mut stop, backoff).await {
-                    return;
-                }
-                continue;
-            }
-        };
-        let pid = child.id().unwrap_or_default();
-        shared.set(index, |c| {
-            c.state = State::Running {
-                since: started_at,
-                pid,
-            };
-            c.image_path = Some(image_path);
-            c.ready = false;
-        });
-        let probes = AbortOnDrop(tokio::spawn(run_probes(shared.clone(), index, pid)));
-        let waited = tokio::select! {
-            status = child.wait() => Some(status),
-            _ = async { stop.wait_for(Option::is_some).await.is_ok() } => None,
-        };
-        let stopping = waited.is_none();
-        let status = match waited {
-            Some(status) => status,
-            None => {
-                let grace = stop.borrow().unwrap_or_default();
-                signal_group(pid, rustix::process::Signal::TERM);
-                match tokio::time::timeout(grace, child.wait()).await {
-                    Ok(status) => status,
-                    Err(_) => {
-                        signal_group(pid, rustix::process::Signal::KILL);
-                        child.wait().await
-                    }
-                }
-            }
-        };
-        drop(probes);
-        // Whatever the container started in its process group goes with it.
-        signal_group(pid, rustix::process::Signal::KILL);
-        let (exit_code, signal) = match &status {
-            Ok(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => (code, None),
-                (None, Some(sig)) => (128 + sig, Some(sig)),
-                _ => (-1, None),
-            },
-            Err(_) => (-1, None),
-        };
-        let finished = Terminated {
-            exit_code,
-            signal,
-            reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
-            started_at,
-            finished_at: jiff::Timestamp::now(),
-        };
-        let policy = lock(&shared.pod)
-            .spec
-            .as_ref()
-            .and_then(|s| s.restart_policy.clone())
-            .unwrap_or_else(|| "Always".into());
-        let restart = !stopping
-            && match policy.as_str() {
-                "Never" => false,
-                "OnFailure" => exit_code != 0,
-                _ => true,
-            };
-        if !restart {
-            shared.set(index, |c| {
-                c.state = State::Terminated(finished);
-                c.ready = false;
-            });
-            if stopping {
-                return;
-            }
-            let _ = async { stop.wait_for(Option::is_some).await.is_ok() }.await;
-            return;
-        }
-        let ran_long = jiff::Timestamp::now().duration_since(started_at).as_secs() > 10;
-        if ran_long {
-            backoff = Duration::from_secs(1);
-        }
-        let name = shared.name.clone();
-        shared.set(index, |c| {
-            c.state = State::Waiting {
-                reason: "CrashLoopBackOff".into(),
-                message: format!(
-                    "back-off {}s restarting failed container={} pod={name}",
-                    backoff.as_secs(),
-                    c.name
-                ),
-            };
-            c.last = Some(finished);
-            c.ready = false;
-            c.restart_count += 1;
-        });
-        if wait_or_stop(&mut stop, backoff).await {
-            return;
-        }
-        backoff = (backoff * 2).min(max_backoff);
-    }
-}
-
-/// Sleeps, returning early with `true` when the pod is being stopped.
-async fn wait_or_stop(stop: &mut watch::Receiver<Option<Duration>>, d: Duration) -> bool {
-    let stopped = tokio::select! {
-        _ = tokio::time::sleep(d) => false,
-        _ = async { stop.wait_for(Option::is_some).await.is_ok() } => true,
-    };
-    stopped || stop.borrow().is_some()
 }

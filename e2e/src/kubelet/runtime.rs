@@ -121,6 +121,7 @@ pub struct PodFacts<'a> {
     pub pod_ip: &'a str,
     pub host_ip: &'a str,
     pub started_at: jiff::Timestamp,
+    pub init_containers: &'a [ContainerRuntime],
     pub containers: &'a [ContainerRuntime],
     /// Set when the pod could not be started at all (e.g. no network).
     pub failure: Option<&'a str>,
@@ -144,8 +145,17 @@ pub fn pod_status(facts: &PodFacts<'_>, previous: Option<&PodStatus>) -> PodStat
         !cs.is_empty() && cs.iter().all(|c| matches!(c.state, State::Terminated(_)));
     let ever_ran =
         |c: &ContainerRuntime| !matches!(c.state, State::Waiting { .. }) || c.last.is_some();
-    let phase = if facts.failure.is_some() {
+    let succeeded =
+        |c: &ContainerRuntime| matches!(&c.state, State::Terminated(t) if t.exit_code == 0);
+    let initialized = facts.init_containers.iter().all(succeeded);
+    let init_failed = facts
+        .init_containers
+        .iter()
+        .any(|c| matches!(&c.state, State::Terminated(t) if t.exit_code != 0));
+    let phase = if facts.failure.is_some() || init_failed {
         "Failed"
+    } else if !initialized {
+        "Pending"
     } else if all_terminated && restart_policy != "Always" {
         let ok = cs
             .iter()
@@ -191,11 +201,13 @@ pub fn pod_status(facts: &PodFacts<'_>, previous: Option<&PodStatus>) -> PodStat
         qos_class: Some("BestEffort".into()),
         conditions: Some(vec![
             condition("PodScheduled", true, None),
-            condition("Initialized", true, None),
+            condition("Initialized", initialized, Some("ContainersNotInitialized")),
             condition("ContainersReady", all_ready, not_ready),
             condition("Ready", all_ready, not_ready),
         ]),
         container_statuses: Some(cs.iter().map(container_status).collect()),
+        init_container_statuses: (!facts.init_containers.is_empty())
+            .then(|| facts.init_containers.iter().map(container_status).collect()),
         ..Default::default()
     }
 }
@@ -211,6 +223,7 @@ mod tests {
             pod_ip: "10.200.0.2",
             host_ip: "10.200.0.1",
             started_at: jiff::Timestamp::now(),
+            init_containers: &[],
             containers: cs,
             failure: None,
         }
