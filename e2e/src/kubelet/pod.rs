@@ -374,6 +374,17 @@ impl PodShared {
         let Some(container) = container.cloned() else {
             return Err(("CreateContainerError".into(), "no such container".into()));
         };
+        if matches!(which, Which::Init(_)) && container.restart_policy.as_deref() == Some("Always")
+        {
+            return Err((
+                "CreateContainerConfigError".into(),
+                format!(
+                    "init container {:?}: sidecar init containers (restartPolicy: Always) are not \
+                     supported by the local cluster",
+                    container.name
+                ),
+            ));
+        }
         let image_name = container.image.clone().unwrap_or_default();
         let image = self
             .node
