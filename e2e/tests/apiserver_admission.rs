@@ -117,6 +117,15 @@ fn pod(name: &str, labels: Value) -> Pod {
     .unwrap()
 }
 
+/// The pod "serving" the webhook: its named port `https` is the webhook's port.
+fn serving_pod(port: u16) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "hook-pod", "labels": {"app": "hook"}},
+        "spec": {"containers": [{"name": "main", "image": "webhook", "ports": [{"name": "https", "containerPort": port}]}]},
+    }))
+    .unwrap()
+}
+
 fn api_error(err: kube::Error) -> (u16, String) {
     match err {
         kube::Error::Api(s) => (s.code, s.message),
@@ -231,10 +240,10 @@ async fn mutating_webhooks_are_called_and_honoured() {
     assert!(message.contains("deadline exceeded"), "{message}");
     server.faults().delay_webhooks(None);
 
-    // Through a Service: resolved to its ready pod's IP and target port.
+    // Through a Service: resolved to its ready pod's IP and (named) target port.
     let svc: Service = serde_json::from_value(json!({
         "metadata": {"name": "hook"},
-        "spec": {"selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": port}]},
+        "spec": {"selector": {"app": "hook"}, "ports": [{"port": 443, "targetPort": "https"}]},
     }))
     .unwrap();
     Api::<Service>::namespaced(client.clone(), &ns)
@@ -250,12 +259,9 @@ async fn mutating_webhooks_are_called_and_honoured() {
         .unwrap_err(),
     );
     assert!(message.contains("no endpoints available"), "{message}");
-    pods.create(
-        &PostParams::default(),
-        &pod("hook-pod", json!({"app": "hook"})),
-    )
-    .await
-    .unwrap();
+    pods.create(&PostParams::default(), &serving_pod(port))
+        .await
+        .unwrap();
     let ready = json!({"status": {"podIP": "127.0.0.1", "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
     pods.patch_status("hook-pod", &PatchParams::default(), &Patch::Merge(ready))
         .await

@@ -414,9 +414,22 @@ async fn controller_with_finalizer_reconciles_goes_quiet_and_cleans_up() {
     let g = api.get("c").await.unwrap();
     assert_eq!(g.finalizers(), ["test.marin3r.io/cleanup"]);
 
-    // Idle: the controller's own writes must not keep it busy.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let settled = ctx.reconciles.load(Ordering::SeqCst);
+    // Idle: the controller's own writes must not keep it busy. Let the echo of its last
+    // write pass (the count holds for half a second), then it must stay quiet.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut settled = ctx.reconciles.load(Ordering::SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = ctx.reconciles.load(Ordering::SeqCst);
+        if now == settled {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the controller never went quiet ({now} reconciles)"
+        );
+        settled = now;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         ctx.reconciles.load(Ordering::SeqCst),

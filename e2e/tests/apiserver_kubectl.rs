@@ -142,27 +142,21 @@ async fn kubectl_drives_the_local_cluster() {
     assert_eq!(header, ["NAME", "SIZE", "READY", "AGE"], "{table}");
     assert!(table.lines().nth(1).unwrap().starts_with("w1"), "{table}");
 
-    // `get -w` prints the current state, then the change.
+    // `get -w` prints the current state, then each change.
     let mut watch = k
-        .command(&[
-            "get",
-            "widgets",
-            "-n",
-            &ns,
-            "-w",
-            "-o",
-            "jsonpath={.spec.size}{\"\\n\"}",
-        ])
+        .command(&["get", "widgets", "-n", &ns, "-w", "--no-headers"])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    // Table rows (kubectl asks for Table watch events): the second column is SIZE.
     let mut next_line = async || {
-        tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
             .await
             .unwrap()
             .unwrap()
-            .unwrap()
+            .unwrap();
+        line.split_whitespace().nth(1).unwrap().to_owned()
     };
     assert_eq!(next_line().await, "3");
     k.ok(&[
@@ -227,6 +221,46 @@ async fn kubectl_drives_the_local_cluster() {
         ["w1", "5", "True"],
         "{table}"
     );
+
+    // Pods print as kubectl's own printer would, with the IP in the wide output.
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p1, namespace: {ns}}}\nspec: {{containers: [{{name: main, image: busybox}}]}}\n"
+    );
+    k.ok_with(&apply, &pod).await;
+    let table = k.ok(&["get", "pods", "-n", &ns]).await;
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "STATUS", "RESTARTS", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(row[..4], ["p1", "0/1", "Pending", "0"], "{table}");
+    let wide = k.ok(&["get", "pods", "-n", &ns, "-o", "wide"]).await;
+    assert!(wide.lines().next().unwrap().contains("IP"), "{wide}");
+    // kubectl patches built-in kinds with a strategic merge patch by default.
+    k.ok(&[
+        "patch",
+        "pod",
+        "p1",
+        "-n",
+        &ns,
+        "-p",
+        r#"{"metadata":{"labels":{"patched":"yes"}}}"#,
+    ])
+    .await;
+    let labels = k
+        .ok(&[
+            "get",
+            "pod",
+            "p1",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.metadata.labels.patched}",
+        ])
+        .await;
+    assert_eq!(labels, "yes");
 
     // Errors come back with the server's reason and message.
     let (ok, _, err) = k.run_with(&["get", "widget", "nope", "-n", &ns], "").await;

@@ -68,6 +68,15 @@ async fn writes_deletes_and_dry_runs() {
     assert_eq!(secret.data.unwrap()["user"].0, b"admin");
     assert!(secret.string_data.is_none());
 
+    // Bodies up to a real API server's 3 MiB are accepted.
+    let big = "x".repeat(2_500_000);
+    cms.create(
+        &PostParams::default(),
+        &cm(json!({"metadata": {"name": "big"}, "data": {"big": big}})),
+    )
+    .await
+    .unwrap();
+
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -234,4 +243,59 @@ async fn streaming_list_watcher() {
     .await
     .unwrap();
     assert!(matches!(next().await, watcher::Event::Apply(c) if c.name_any() == "after"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_rs_event_recorder_publishes_and_counts_repeats() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::Resource;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+    let (_server, client, ns) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let target = cms
+        .create(
+            &PostParams::default(),
+            &cm(json!({"metadata": {"name": "evented"}})),
+        )
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "test-controller".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Tested".into(),
+        note: Some("recorded by the test".into()),
+        action: "Test".into(),
+        secondary: None,
+    };
+    let reference = target.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let client_core = client.clone();
+    let events: Api<K8sEvent> = Api::namespaced(client, &ns);
+    let listed = events.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].reason.as_deref(), Some("Tested"));
+    assert_eq!(listed[0].series.as_ref().map(|s| s.count), Some(2));
+
+    // The same Event, as core/v1 shows it (what `kubectl describe` lists).
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client_core, &ns);
+    let by_uid = format!("involvedObject.uid={}", target.uid().unwrap());
+    let listed = core
+        .list(&ListParams::default().fields(&by_uid))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].message.as_deref(), Some("recorded by the test"));
+    assert_eq!(
+        listed[0].reporting_component.as_deref(),
+        Some("test-controller")
+    );
 }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::delete::{DeleteOptions, Propagation};
 use super::meta;
 use super::registry::ResourceInfo;
-use super::store::{DeleteOptions, EventType, Inner, Propagation, Store};
+use super::store::{EventType, Inner, Store};
 
 type Found = Vec<(ResourceInfo, String, String)>;
 
@@ -37,16 +38,17 @@ fn find(inner: &Inner, pred: impl Fn(&(String, String), &Value) -> bool) -> Foun
 }
 
 impl Store {
-    /// Runs until the store is dropped, collecting whenever something was deleted.
-    pub async fn run_collector(self: Arc<Self>) {
+    /// Collects whenever something was deleted, until its task is aborted (the server's
+    /// drop does that).
+    pub(super) async fn run_collector(self: Arc<Self>) {
         loop {
             self.gc.notified().await;
             self.collect_garbage();
         }
     }
 
-    /// One pass of the collector (also called directly by tests).
-    pub fn collect_garbage(&self) {
+    /// One pass of the collector.
+    fn collect_garbage(&self) {
         let mut inner = self.lock();
         let opts = DeleteOptions::default();
         loop {

@@ -12,13 +12,15 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::ServerState;
+use super::delete::{DeleteOptions, Propagation};
 use super::discovery;
 use super::error::ApiError;
 use super::patch::{self, PatchKind};
 use super::registry::ResourceInfo;
 use super::selectors::{FieldSelector, LabelSelector, Selectors};
-use super::store::{DeleteOptions, Propagation, Target, WatchStart, WriteMode};
+use super::store::{Target, WriteMode};
 use super::table::{self, IncludeObject};
+use super::watch::WatchStart;
 use super::watch::{self, WatchRequest};
 
 /// A resource request, from its path.

@@ -4,8 +4,10 @@
 
 mod admission;
 mod crds;
+mod delete;
 mod discovery;
 mod error;
+mod events;
 mod faults;
 mod gc;
 mod handlers;
@@ -28,10 +30,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+pub use delete::{DeleteOptions, Propagation};
 pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
 pub use registry::ResourceInfo;
-pub use store::{DeleteOptions, Store};
+pub use store::Store;
 
 /// How to start an [`ApiServer`].
 #[derive(Debug, Clone)]
@@ -99,8 +102,10 @@ impl ApiServer {
             faults,
             bookmark_interval: config.bookmark_interval,
         });
+        // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
             .fallback(handlers::handle)
+            .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(state.clone());
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr)

@@ -50,8 +50,12 @@ impl ResourceInfo {
         }
     }
 
-    /// The storage key of the resource: every version of a group/resource shares objects.
+    /// The storage key of the resource: every version of a group/resource shares objects,
+    /// and events.k8s.io Events are core Events (see `events`).
     pub fn group_resource(&self) -> (String, String) {
+        if super::events::is_events_v1(self) {
+            return (String::new(), "events".into());
+        }
         (self.group.clone(), self.plural.clone())
     }
 }
@@ -93,9 +97,14 @@ fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
 /// The built-in resources, in discovery order.
 pub fn builtins() -> Vec<ResourceInfo> {
     let mut pods = builtin("", "v1", "pods", "Pod", true, true, &["po"]);
+    // `#...` paths are computed cells (see `table::computed`), as kubectl's own printers do.
+    let mut ip = column("IP", "string", ".status.podIP");
+    ip.priority = 1;
     pods.columns = vec![
-        column("Status", "string", ".status.phase"),
-        column("IP", "string", ".status.podIP"),
+        column("Ready", "string", "#podReady"),
+        column("Status", "string", "#podStatus"),
+        column("Restarts", "integer", "#podRestarts"),
+        ip,
     ];
     let mut deployments = builtin(
         "apps",
@@ -107,7 +116,7 @@ pub fn builtins() -> Vec<ResourceInfo> {
         &["deploy"],
     );
     deployments.columns = vec![
-        column("Ready", "integer", ".status.readyReplicas"),
+        column("Ready", "string", "#deploymentReady"),
         column("Up-to-date", "integer", ".status.updatedReplicas"),
         column("Available", "integer", ".status.availableReplicas"),
     ];

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, broadcast};
 
+use super::delete::Propagation;
 use super::error::ApiError;
+use super::events;
 use super::hooks;
 use super::meta;
 use super::registry::{Registry, ResourceInfo};
@@ -65,34 +67,6 @@ pub struct WriteMode {
     pub dry_run: bool,
 }
 
-/// Where a watch starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WatchStart {
-    /// Synthetic ADDED events for every current object, then live events.
-    Current,
-    /// Every event after this resourceVersion, then live events.
-    After(u64),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Propagation {
-    #[default]
-    Background,
-    Orphan,
-}
-
-/// The parts of `DeleteOptions` the server honours.
-#[derive(Debug, Clone, Default)]
-pub struct DeleteOptions {
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
-    pub propagation: Propagation,
-    pub dry_run: bool,
-}
-
-/// What a new watch starts from: history to replay, the live feed, the version it is at.
-pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>, u64);
-
 type Objects = BTreeMap<(String, String), BTreeMap<(String, String), Value>>;
 
 pub(super) struct Inner {
@@ -109,7 +83,7 @@ pub(super) struct Inner {
 /// The in-memory store behind the API server.
 pub struct Store {
     inner: Mutex<Inner>,
-    events: broadcast::Sender<Arc<Event>>,
+    pub(super) events: broadcast::Sender<Arc<Event>>,
     pub(super) gc: Notify,
 }
 
@@ -121,7 +95,11 @@ impl Default for Store {
 
 /// Sets the apiVersion and kind of the version a client asked for.
 pub fn present(info: &ResourceInfo, obj: &Value) -> Value {
-    let mut out = obj.clone();
+    let mut out = if events::is_events_v1(info) {
+        events::to_view(obj)
+    } else {
+        obj.clone()
+    };
     out["apiVersion"] = json!(info.api_version());
     out["kind"] = json!(info.kind);
     out
@@ -136,6 +114,15 @@ fn generate_suffix() -> String {
         .take(5)
         .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
         .collect()
+}
+
+/// The apiVersion objects are stored with (clients always see the one they asked for).
+fn stored_api_version(info: &ResourceInfo) -> String {
+    if events::is_events_v1(info) {
+        "v1".into()
+    } else {
+        info.api_version()
+    }
 }
 
 /// The object without the times in `managedFields`, which every apply renews: an apply
@@ -220,8 +207,8 @@ impl Store {
     ) {
         let event = Arc::new(Event {
             rv: inner.rv,
-            group: info.group.clone(),
-            resource: info.plural.clone(),
+            group: info.group_resource().0,
+            resource: info.group_resource().1,
             namespace: meta::namespace(&object).to_owned(),
             kind,
             object,
@@ -291,6 +278,9 @@ impl Store {
             return Err(ApiError::bad_request(
                 "the request body must be a JSON object",
             ));
+        }
+        if events::is_events_v1(info) {
+            obj = events::to_storage(&obj);
         }
         if let Some(kind) = obj.get("kind").and_then(Value::as_str)
             && kind != info.kind
@@ -396,7 +386,7 @@ impl Store {
         if !applied {
             meta::remove(&mut obj, "managedFields");
         }
-        obj["apiVersion"] = json!(info.api_version());
+        obj["apiVersion"] = json!(stored_api_version(info));
         obj["kind"] = json!(info.kind);
         meta::normalise(&mut obj);
         if dry_run {
@@ -470,6 +460,11 @@ impl Store {
             apply: applied,
             dry_run,
         } = mode;
+        let desired = if events::is_events_v1(info) {
+            events::to_storage(&desired)
+        } else {
+            desired
+        };
         let name = meta::name(old).to_owned();
         // Only server-side apply changes field ownership.
         let managed = if applied {
@@ -557,7 +552,7 @@ impl Store {
             "resourceVersion",
             json!(meta::resource_version(old)),
         );
-        new["apiVersion"] = json!(info.api_version());
+        new["apiVersion"] = json!(stored_api_version(info));
         new["kind"] = json!(info.kind);
         meta::normalise(&mut new);
         if without_apply_times(&new) == without_apply_times(old) || dry_run {
@@ -592,182 +587,5 @@ impl Store {
             self.gc.notify_one();
         }
         Ok(present(info, &new))
-    }
-
-    /// Removes an object for good: a DELETED event at a new version, dependents queued for
-    /// the garbage collector (or orphaned).
-    pub(super) fn remove(
-        &self,
-        inner: &mut Inner,
-        info: &ResourceInfo,
-        key: &(String, String),
-        mut obj: Value,
-        propagation: Propagation,
-    ) -> Value {
-        if let Some(m) = inner.objects.get_mut(&info.group_resource()) {
-            m.remove(key);
-        }
-        inner.rv += 1;
-        meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
-        let uid = meta::uid(&obj).to_owned();
-        if hooks::is_crd(info) {
-            inner.registry.remove_crd(meta::name(&obj));
-        }
-        self.emit(inner, info, EventType::Deleted, obj.clone(), None);
-        match propagation {
-            Propagation::Background => inner.gc_queue.push(uid),
-            Propagation::Orphan => self.orphan(inner, &uid),
-        }
-        self.gc.notify_one();
-        present(info, &obj)
-    }
-
-    /// Deletes one object: marks it deleting while finalizers remain, else removes it.
-    pub fn delete(
-        &self,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        opts: &DeleteOptions,
-    ) -> Result<Value, ApiError> {
-        let mut inner = self.lock();
-        self.delete_locked(&mut inner, info, ns, name, opts)
-    }
-
-    pub(super) fn delete_locked(
-        &self,
-        inner: &mut Inner,
-        info: &ResourceInfo,
-        ns: &str,
-        name: &str,
-        opts: &DeleteOptions,
-    ) -> Result<Value, ApiError> {
-        let key = (ns.to_owned(), name.to_owned());
-        let obj = inner
-            .objects
-            .get(&info.group_resource())
-            .and_then(|m| m.get(&key))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(info, name))?;
-        if let Some(uid) = &opts.uid
-            && uid != meta::uid(&obj)
-        {
-            return Err(ApiError::conflict(
-                info,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    meta::uid(&obj)
-                ),
-            ));
-        }
-        if let Some(rv) = &opts.resource_version
-            && rv != meta::resource_version(&obj)
-        {
-            return Err(ApiError::conflict(
-                info,
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    meta::resource_version(&obj)
-                ),
-            ));
-        }
-        if opts.dry_run {
-            return Ok(present(info, &obj));
-        }
-        let waits = !meta::finalizers(&obj).is_empty() || super::crds::server_finalized(info);
-        if !waits {
-            return Ok(self.remove(inner, info, &key, obj, opts.propagation));
-        }
-        if meta::is_deleting(&obj) {
-            return Ok(present(info, &obj));
-        }
-        let old = obj.clone();
-        let mut obj = obj;
-        meta::set(&mut obj, "deletionTimestamp", json!(meta::now()));
-        meta::set(&mut obj, "deletionGracePeriodSeconds", json!(0));
-        if hooks::is_namespace(info) {
-            obj["status"] = json!({"phase": "Terminating"});
-        }
-        inner.rv += 1;
-        meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
-        inner
-            .objects
-            .entry(info.group_resource())
-            .or_default()
-            .insert(key, obj.clone());
-        self.emit(inner, info, EventType::Modified, obj.clone(), Some(old));
-        self.gc.notify_one();
-        Ok(present(info, &obj))
-    }
-
-    /// Deletes every matching object of a resource in a namespace (or everywhere).
-    pub fn delete_collection(
-        &self,
-        info: &ResourceInfo,
-        ns: Option<&str>,
-        sel: &Selectors,
-        opts: &DeleteOptions,
-    ) -> Vec<Value> {
-        let mut inner = self.lock();
-        let keys: Vec<(String, String)> = inner
-            .objects
-            .get(&info.group_resource())
-            .into_iter()
-            .flat_map(|m| m.iter())
-            .filter(|((o_ns, _), o)| ns.is_none_or(|n| n == o_ns) && sel.matches(o))
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.iter()
-            .filter_map(|(o_ns, name)| self.delete_locked(&mut inner, info, o_ns, name, opts).ok())
-            .collect()
-    }
-
-    /// History to replay and a live receiver, taken under one lock.
-    pub fn subscribe(
-        &self,
-        info: &ResourceInfo,
-        ns: Option<&str>,
-        start: WatchStart,
-    ) -> Result<Subscription, ApiError> {
-        let inner = self.lock();
-        let same_type = |e: &Event| {
-            e.group == info.group
-                && e.resource == info.plural
-                && ns.is_none_or(|n| n == e.namespace)
-        };
-        let replay = match start {
-            WatchStart::Current => inner
-                .objects
-                .get(&info.group_resource())
-                .into_iter()
-                .flat_map(|m| m.values())
-                .map(|o| {
-                    Arc::new(Event {
-                        rv: meta::resource_version(o).parse().unwrap_or(0),
-                        group: info.group.clone(),
-                        resource: info.plural.clone(),
-                        namespace: meta::namespace(o).to_owned(),
-                        kind: EventType::Added,
-                        object: o.clone(),
-                        old: None,
-                    })
-                })
-                .filter(|e| same_type(e))
-                .collect(),
-            WatchStart::After(rv) => {
-                if rv < inner.compacted {
-                    return Err(ApiError::expired(rv, inner.compacted));
-                }
-                inner
-                    .history
-                    .iter()
-                    .filter(|e| e.rv > rv && same_type(e))
-                    .cloned()
-                    .collect()
-            }
-        };
-        Ok((replay, self.events.subscribe(), inner.rv))
     }
 }

@@ -69,7 +69,10 @@ pub fn table(
 fn row(info: &ResourceInfo, obj: &Value, include: IncludeObject) -> Value {
     let mut cells = vec![json!(meta::name(obj))];
     for c in &info.columns {
-        let v = eval_path(obj, &c.json_path);
+        let v = match c.json_path.strip_prefix('#') {
+            Some(name) => computed(name, obj),
+            None => eval_path(obj, &c.json_path),
+        };
         cells.push(match (c.type_.as_str(), v) {
             (_, None) => Value::Null,
             ("date", Some(Value::String(ts))) => json!(age(&ts)),
@@ -100,6 +103,56 @@ fn row(info: &ResourceInfo, obj: &Value, include: IncludeObject) -> Value {
         IncludeObject::Object => row["object"] = present(info, obj),
     }
     row
+}
+
+/// Cells kubectl's built-in printers compute rather than read: a pod's ready containers,
+/// status (a container's waiting reason, Terminating) and restarts; a deployment's ready
+/// replicas.
+fn computed(name: &str, obj: &Value) -> Option<Value> {
+    let int = |p: &str| obj.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    let statuses: &[Value] = obj
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice);
+    match name {
+        "podReady" => {
+            let total = obj
+                .pointer("/spec/containers")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            let ready = statuses
+                .iter()
+                .filter(|c| c.get("ready").and_then(Value::as_bool) == Some(true))
+                .count();
+            Some(json!(format!("{ready}/{total}")))
+        }
+        "podStatus" => {
+            if meta::is_deleting(obj) {
+                return Some(json!("Terminating"));
+            }
+            let waiting = statuses.iter().find_map(|c| {
+                c.pointer("/state/waiting/reason")
+                    .or_else(|| c.pointer("/state/terminated/reason"))
+                    .and_then(Value::as_str)
+            });
+            let phase = obj.pointer("/status/phase").and_then(Value::as_str);
+            waiting.or(phase).map(|s| json!(s))
+        }
+        "podRestarts" => Some(json!(
+            statuses
+                .iter()
+                .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
+                .sum::<i64>()
+        )),
+        "deploymentReady" => Some(json!(format!(
+            "{}/{}",
+            int("/status/readyReplicas"),
+            obj.pointer("/spec/replicas")
+                .and_then(Value::as_i64)
+                .unwrap_or(1)
+        ))),
+        _ => None,
+    }
 }
 
 /// Evaluates the JSONPath subset printer columns use: `.a.b`, `.a[0]`,
@@ -168,6 +221,22 @@ mod tests {
             Some(json!("True"))
         );
         assert_eq!(eval_path(&o, ".spec.missing"), None);
+    }
+
+    #[test]
+    fn computed_pod_and_deployment_cells() {
+        let pod = json!({
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
+            "status": {"phase": "Pending", "containerStatuses": [
+                {"name": "a", "ready": true, "restartCount": 2, "state": {"running": {}}},
+                {"name": "b", "ready": false, "restartCount": 1, "state": {"waiting": {"reason": "ErrImagePull"}}},
+            ]},
+        });
+        assert_eq!(computed("podReady", &pod), Some(json!("1/2")));
+        assert_eq!(computed("podStatus", &pod), Some(json!("ErrImagePull")));
+        assert_eq!(computed("podRestarts", &pod), Some(json!(3)));
+        let deploy = json!({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}});
+        assert_eq!(computed("deploymentReady", &deploy), Some(json!("1/2")));
     }
 
     #[test]

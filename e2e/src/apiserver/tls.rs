@@ -83,8 +83,14 @@ pub fn acceptor(serving: &IssuedCertificate) -> Result<TlsAcceptor, StartError> 
 pub async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: axum::Router) {
     let mut connections = JoinSet::new();
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Such as running out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
         while connections.try_join_next().is_some() {}
         let tls = tls.clone();
@@ -133,4 +139,34 @@ contexts:
 current-context: local-cluster
 "
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use marin3r_certs::{CertificateInfo, SubjectAltName};
+
+    #[test]
+    fn serving_certificate_names_loopback_services_and_extra_hosts() {
+        let listen: IpAddr = "0.0.0.0".parse().unwrap();
+        let (ca, serving) = issue(listen, &["10.244.0.1".into(), "api.example".into()]).unwrap();
+        marin3r_certs::verify_signed_by(&serving.cert_pem, &ca.cert_pem).unwrap();
+        let sans = CertificateInfo::from_pem(&serving.cert_pem).unwrap().sans;
+        for want in [
+            SubjectAltName::Ip("127.0.0.1".parse().unwrap()),
+            SubjectAltName::Ip("10.244.0.1".parse().unwrap()),
+            SubjectAltName::Dns("api.example".into()),
+            SubjectAltName::Dns("kubernetes.default.svc".into()),
+        ] {
+            assert!(sans.contains(&want), "{want} missing from {sans:?}");
+        }
+        assert!(!sans.contains(&SubjectAltName::Ip(listen)));
+    }
+
+    #[test]
+    fn kubeconfig_names_the_server_and_ca() {
+        let config = kubeconfig("https://127.0.0.1:6443", "PEM");
+        assert!(config.contains("server: https://127.0.0.1:6443"));
+        assert!(config.contains("certificate-authority-data: UEVN"));
+    }
 }

@@ -12,10 +12,71 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::error::ApiError;
+use super::meta;
 use super::registry::ResourceInfo;
 use super::selectors::Selectors;
-use super::store::{Event, EventType, Store, WatchStart, present};
+use super::store::{Event, EventType, Store, present};
 use super::table::{self, IncludeObject};
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchStart {
+    /// Synthetic ADDED events for every current object, then live events.
+    Current,
+    /// Every event after this resourceVersion, then live events.
+    After(u64),
+}
+
+/// What a new watch starts from: history to replay, the live feed, the version it is at.
+pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>, u64);
+
+impl Store {
+    /// History to replay and a live receiver, taken under one lock.
+    pub fn subscribe(
+        &self,
+        info: &ResourceInfo,
+        ns: Option<&str>,
+        start: WatchStart,
+    ) -> Result<Subscription, ApiError> {
+        let inner = self.lock();
+        let gr = info.group_resource();
+        let same_type = |e: &Event| {
+            (&e.group, &e.resource) == (&gr.0, &gr.1) && ns.is_none_or(|n| n == e.namespace)
+        };
+        let replay = match start {
+            WatchStart::Current => inner
+                .objects
+                .get(&info.group_resource())
+                .into_iter()
+                .flat_map(|m| m.values())
+                .map(|o| {
+                    Arc::new(Event {
+                        rv: meta::resource_version(o).parse().unwrap_or(0),
+                        group: gr.0.clone(),
+                        resource: gr.1.clone(),
+                        namespace: meta::namespace(o).to_owned(),
+                        kind: EventType::Added,
+                        object: o.clone(),
+                        old: None,
+                    })
+                })
+                .filter(|e| same_type(e))
+                .collect(),
+            WatchStart::After(rv) => {
+                if rv < inner.compacted {
+                    return Err(ApiError::expired(rv, inner.compacted));
+                }
+                inner
+                    .history
+                    .iter()
+                    .filter(|e| e.rv > rv && same_type(e))
+                    .cloned()
+                    .collect()
+            }
+        };
+        Ok((replay, self.events.subscribe(), inner.rv))
+    }
+}
 
 /// What a watch request asked for.
 #[derive(Debug, Clone)]
@@ -61,7 +122,8 @@ fn stream_response(body: Body, table: bool) -> Response {
 /// How an event looks to a watch with selectors: objects starting to match are ADDED,
 /// objects ceasing to match are DELETED.
 fn classify<'a>(req: &WatchRequest, e: &'a Event) -> Option<(EventType, &'a Value)> {
-    if e.group != req.info.group || e.resource != req.info.plural {
+    let gr = req.info.group_resource();
+    if (&e.group, &e.resource) != (&gr.0, &gr.1) {
         return None;
     }
     if req.namespace.as_deref().is_some_and(|ns| ns != e.namespace) {
