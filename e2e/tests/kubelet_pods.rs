@@ -387,3 +387,67 @@ async fn init_containers_run_first_and_share_empty_dirs() {
         3
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_failures_restart_and_stop_escalates_to_sigkill_after_the_grace() {
+    let node = node();
+    let objects = Arc::new(StaticObjects::default());
+    // Liveness on a path that answers 500: the container is killed and restarted.
+    let mut unhealthy = server_pod("unhealthy", "x", "", "");
+    let container = &mut unhealthy.spec.as_mut().unwrap().containers[0];
+    container.liveness_probe = Some(from_yaml(
+        r#"{"httpGet": {"path": "/file/no/such/file", "port": 8080}, "periodSeconds": 1, "failureThreshold": 2}"#,
+    ));
+    let pod = PodHandle::start(&node, &unhealthy, objects.clone()).unwrap();
+    let mut rx = pod.watch_status();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        rx.wait_for(|s| {
+            s.container_statuses
+                .iter()
+                .flatten()
+                .any(|c| c.restart_count >= 1)
+        }),
+    )
+    .await
+    .expect("restarted after failed liveness probes")
+    .unwrap();
+
+    // A process that ignores SIGTERM is killed once the grace period is over.
+    let stubborn: Pod = from_yaml(
+        r#"{"metadata": {"name": "stubborn", "namespace": "ns1"},
+            "spec": {"containers": [{"name": "c", "image": "probe-server",
+              "command": ["python3", "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(600)"]}]}}"#,
+    );
+    let stubborn = PodHandle::start(&node, &stubborn, objects.clone()).unwrap();
+    let log = stubborn.log_path("c");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("up")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never started: {}",
+            stubborn.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = stubborn.status().container_statuses.unwrap()[0]
+        .container_id
+        .clone()
+        .unwrap()
+        .trim_start_matches("local://")
+        .to_owned();
+    let started = std::time::Instant::now();
+    stubborn.stop(Duration::from_secs(1)).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "process {pid} survived"
+    );
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
@@ -118,6 +118,15 @@ async fn a_deployment_rolls_its_pod_new_ready_before_old_gone() {
         .unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "demo");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "demo");
+    let services: Api<Service> = Api::namespaced(client.clone(), "demo");
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080}]}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     deployments
         .create(
             &PostParams::default(),
@@ -297,6 +306,19 @@ async fn a_deployment_rolls_its_pod_new_ready_before_old_gone() {
         .clone()
         .unwrap();
     assert!(get(&format!("http://{new_ip}:8080/")).ends_with(" v2"));
+    // The Service name follows the serving pod (hosts files rewritten as pods change).
+    until(
+        "the Service name to resolve to the new pod",
+        Duration::from_secs(10),
+        || async {
+            (get(&format!(
+                "http://{new_ip}:8080/resolve/web.demo.svc.cluster.local"
+            )) == new_ip)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(get(&format!("http://{new_ip}:8080/resolve/web")), new_ip);
 
     cluster.shutdown(Duration::from_secs(5)).await;
     let left: Vec<String> = net::netns_names()
