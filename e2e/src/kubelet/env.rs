@@ -56,6 +56,14 @@ pub fn expand(input: &str, lookup: &dyn Fn(&str) -> Option<String>) -> String {
     out
 }
 
+/// Where the pod runs, as the downward API reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement<'a> {
+    pub pod_ip: &'a str,
+    pub host_ip: &'a str,
+    pub node_name: &'a str,
+}
+
 /// Why a container cannot be configured (the kubelet's `CreateContainerConfigError`).
 pub type ConfigError = String;
 
@@ -64,8 +72,7 @@ pub type ConfigError = String;
 pub fn container_env(
     pod: &Pod,
     container: &Container,
-    pod_ip: &str,
-    node: &str,
+    at: &Placement<'_>,
     objects: &dyn Objects,
 ) -> Result<Vec<(String, String)>, ConfigError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
@@ -111,12 +118,10 @@ pub fn container_env(
                 let lookup = |name: &str| env.get(name).cloned();
                 expand(value, &lookup)
             }
-            (None, Some(source)) => {
-                match value_from(pod, container, source, pod_ip, node, objects)? {
-                    Some(v) => v,
-                    None => continue,
-                }
-            }
+            (None, Some(source)) => match value_from(pod, container, source, at, objects)? {
+                Some(v) => v,
+                None => continue,
+            },
             (None, None) => String::new(),
         };
         set(&mut env, var.name.clone(), value);
@@ -136,13 +141,12 @@ fn value_from(
     pod: &Pod,
     container: &Container,
     source: &EnvVarSource,
-    pod_ip: &str,
-    node: &str,
+    at: &Placement<'_>,
     objects: &dyn Objects,
 ) -> Result<Option<String>, ConfigError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     if let Some(field) = &source.field_ref {
-        return field_value(pod, &field.field_path, pod_ip, node).map(Some);
+        return field_value(pod, &field.field_path, at).map(Some);
     }
     if let Some(sel) = &source.secret_key_ref {
         let optional = sel.optional == Some(true);
@@ -199,7 +203,7 @@ fn value_from(
 }
 
 /// The downward API's `fieldRef` paths.
-pub fn field_value(pod: &Pod, path: &str, pod_ip: &str, node: &str) -> Result<String, ConfigError> {
+pub fn field_value(pod: &Pod, path: &str, at: &Placement<'_>) -> Result<String, ConfigError> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     let indexed = |prefix: &str, map: Option<&BTreeMap<String, String>>| {
@@ -210,12 +214,11 @@ pub fn field_value(pod: &Pod, path: &str, pod_ip: &str, node: &str) -> Result<St
         "metadata.name" => meta.name.clone().unwrap_or_default(),
         "metadata.namespace" => meta.namespace.clone().unwrap_or_else(|| "default".into()),
         "metadata.uid" => meta.uid.clone().unwrap_or_default(),
-        "status.podIP" => pod_ip.to_owned(),
-        "status.podIPs" => pod_ip.to_owned(),
-        "status.hostIP" | "status.hostIPs" => pod_ip.to_owned(),
+        "status.podIP" | "status.podIPs" => at.pod_ip.to_owned(),
+        "status.hostIP" | "status.hostIPs" => at.host_ip.to_owned(),
         "spec.nodeName" => spec
             .and_then(|s| s.node_name.clone())
-            .unwrap_or_else(|| node.to_owned()),
+            .unwrap_or_else(|| at.node_name.to_owned()),
         "spec.serviceAccountName" => spec
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_else(|| "default".into()),
@@ -311,6 +314,12 @@ mod tests {
         }
     }
 
+    const AT: Placement<'static> = Placement {
+        pod_ip: "10.200.0.2",
+        host_ip: "10.200.0.1",
+        node_name: "local",
+    };
+
     fn pod() -> Pod {
         Pod {
             metadata: ObjectMeta {
@@ -372,6 +381,7 @@ mod tests {
                 env_var("NAME", None, field("metadata.name")),
                 env_var("NS", None, field("metadata.namespace")),
                 env_var("IP", None, field("status.podIP")),
+                env_var("HOST", None, field("status.hostIP")),
                 env_var("APP", None, field("metadata.labels['app']")),
                 env_var("GREETING", Some("$(NAME).$(NS) $(LATER) $$(NAME)"), None),
                 env_var(
@@ -402,11 +412,12 @@ mod tests {
             ]),
             ..Default::default()
         };
-        let env = container_env(&pod(), &container, "10.200.0.2", "local", &objects()).unwrap();
+        let env = container_env(&pod(), &container, &AT, &objects()).unwrap();
         let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("NAME"), Some("p1"));
         assert_eq!(get("NS"), Some("ns1"));
         assert_eq!(get("IP"), Some("10.200.0.2"));
+        assert_eq!(get("HOST"), Some("10.200.0.1"));
         assert_eq!(get("APP"), Some("web"));
         assert_eq!(get("GREETING"), Some("p1.ns1 $(LATER) $(NAME)"));
         assert_eq!(get("S"), Some("secret-value"));
@@ -431,16 +442,16 @@ mod tests {
             )]),
             ..Default::default()
         };
-        let err = container_env(&pod(), &missing(None), "", "n", &objects()).unwrap_err();
+        let err = container_env(&pod(), &missing(None), &AT, &objects()).unwrap_err();
         assert!(err.contains("\"nope\""), "{err}");
-        let env = container_env(&pod(), &missing(Some(true)), "", "n", &objects()).unwrap();
+        let env = container_env(&pod(), &missing(Some(true)), &AT, &objects()).unwrap();
         assert!(env.is_empty());
         let bad_field = Container {
             name: "c".into(),
             env: Some(vec![env_var("X", None, field("spec.bogus"))]),
             ..Default::default()
         };
-        let err = container_env(&pod(), &bad_field, "", "n", &objects()).unwrap_err();
+        let err = container_env(&pod(), &bad_field, &AT, &objects()).unwrap_err();
         assert!(err.contains("spec.bogus"), "{err}");
     }
 

@@ -414,8 +414,11 @@ impl PodShared {
             env::container_env(
                 &pod,
                 &container,
-                &self.ip,
-                &node_name,
+                &env::Placement {
+                    pod_ip: &self.ip,
+                    host_ip: &self.node.host_ip().to_string(),
+                    node_name: &node_name,
+                },
                 self.objects.as_ref(),
             )
             .map_err(config_error)?,
