@@ -34,8 +34,9 @@ struct Args {
     /// written, without its tag, or its last path segment.
     #[arg(long = "image", value_name = "NAME=PATH")]
     images: Vec<String>,
-    /// The binary `marin3r` images run (default: `marin3r` beside this binary).
-    #[arg(long, env = "MARIN3R_BIN")]
+    /// The binary `marin3r` images run (default: `MARIN3R_BIN`, else the workspace's newest
+    /// build, else `marin3r` beside this binary).
+    #[arg(long)]
     marin3r: Option<PathBuf>,
     /// Where container logs go (`<namespace>_<pod>_<container>.log`).
     #[arg(long, default_value = ".local-cluster/logs")]
@@ -46,22 +47,25 @@ struct Args {
 }
 
 fn images(args: &Args) -> anyhow::Result<ImageMap> {
-    let mut map = ImageMap::new();
-    let marin3r = args.marin3r.clone().or_else(|| {
-        let beside = std::env::current_exe().ok()?.parent()?.join("marin3r");
-        beside.is_file().then_some(beside)
-    });
-    match marin3r {
-        Some(path) if path.is_file() => map = map.with_marin3r(path),
-        Some(path) => anyhow::bail!("--marin3r {}: not a file", path.display()),
-        None => tracing::warn!(
-            "no marin3r binary beside local-cluster: marin3r images will not run \
-             (cargo build -p marin3r-discovery, or pass --marin3r PATH)"
-        ),
+    let mut map = ImageMap::discover();
+    let beside = || {
+        let path = std::env::current_exe().ok()?.parent()?.join("marin3r");
+        path.is_file().then_some(path)
+    };
+    if let Some(path) = &args.marin3r {
+        anyhow::ensure!(path.is_file(), "--marin3r {}: not a file", path.display());
+        map = map.with_marin3r(path);
+    } else if map.resolve("marin3r").is_err() {
+        match beside() {
+            Some(path) => map = map.with_marin3r(path),
+            None => tracing::warn!(
+                "no marin3r binary found: marin3r images will not run \
+                 (cargo build -p marin3r-discovery, or pass --marin3r PATH)"
+            ),
+        }
     }
-    match marin3r_e2e::tools::envoy() {
-        Ok(envoy) => map = map.with_envoy(envoy),
-        Err(e) => tracing::warn!("envoyproxy/envoy images will not run: {e}"),
+    if let Err(e) = map.resolve("envoyproxy/envoy") {
+        tracing::warn!("{e}");
     }
     for flag in &args.images {
         map = map.with_flag(flag)?;

@@ -35,6 +35,27 @@ impl ImageMap {
         Self::default()
     }
 
+    /// What this machine has: Envoy from `tools::envoy()` and `marin3r` from `MARIN3R_BIN`,
+    /// or else the workspace's `target/debug` or `target/release` (whichever is newer).
+    /// Missing ones stay unmapped (their images fail to pull, saying why).
+    pub fn discover() -> Self {
+        let mut map = Self::new();
+        if let Ok(envoy) = crate::tools::envoy() {
+            map = map.with_envoy(envoy);
+        }
+        let from_env = std::env::var_os("MARIN3R_BIN").map(PathBuf::from);
+        let target = crate::tools::repo_root().join("target");
+        let built = ["debug", "release"]
+            .iter()
+            .map(|profile| target.join(profile).join("marin3r"))
+            .filter(|p| p.is_file())
+            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+        if let Some(path) = from_env.or(built).filter(|p| p.is_file()) {
+            map = map.with_marin3r(path);
+        }
+        map
+    }
+
     /// The binary `marin3r` images run.
     pub fn with_marin3r(mut self, path: impl Into<PathBuf>) -> Self {
         self.marin3r = Some(path.into());
