@@ -199,6 +199,10 @@ impl Network {
     pub(crate) fn create(run_id: &str) -> anyhow::Result<Self> {
         let prefix = format!("{PREFIX}{run_id}");
         let bridge = format!("{prefix}br");
+        // Picking a subnet and routing it is one step for the runs of this process (tests
+        // start several at once), so two runs never pick the same /24.
+        static PICKING: Mutex<()> = Mutex::new(());
+        let _picking = PICKING.lock().unwrap_or_else(|e| e.into_inner());
         let routed = routed_prefixes();
         let mut seed = random_u64();
         let mut subnet = None;
