@@ -213,8 +213,12 @@ impl RunDir {
     fn create() -> anyhow::Result<Self> {
         let id = net::random_run_id();
         let path = std::env::temp_dir().join(format!("{}{id}", net::PREFIX));
-        std::fs::create_dir_all(&path)?;
-        std::fs::write(path.join("owner"), net::owner_token(std::process::id()))?;
+        // The folder appears with its owner file already in it (a rename), so a concurrent
+        // start never takes it for a dead run's.
+        let staging = path.with_extension("new");
+        std::fs::create_dir_all(&staging)?;
+        std::fs::write(staging.join("owner"), net::owner_token(std::process::id()))?;
+        std::fs::rename(&staging, &path)?;
         Ok(Self { id, path })
     }
     pub(crate) fn id(&self) -> &str {
