@@ -238,6 +238,53 @@ async fn kubectl_drives_the_local_cluster() {
     assert_eq!(row[..4], ["p1", "0/1", "Pending", "0"], "{table}");
     let wide = k.ok(&["get", "pods", "-n", &ns, "-o", "wide"]).await;
     assert!(wide.lines().next().unwrap().contains("IP"), "{wide}");
+    // `kubectl logs` reads the file the pod runner names (here, one the test writes).
+    let logs_dir = tempfile::tempdir().unwrap();
+    let log_file = logs_dir.path().join("p1-main.log");
+    std::fs::write(&log_file, "first\nsecond\n").unwrap();
+    let served = log_file.clone();
+    let wanted = ns.clone();
+    server.set_pod_logs(std::sync::Arc::new(move |n: &str, pod: &str, c: &str| {
+        (n == wanted && pod == "p1" && c == "main").then(|| served.clone())
+    }));
+    assert_eq!(k.ok(&["logs", "p1", "-n", &ns]).await, "first\nsecond\n");
+    assert_eq!(
+        k.ok(&["logs", "p1", "-n", &ns, "--tail=1"]).await,
+        "second\n"
+    );
+    let (ok, _, err) = k
+        .run_with(&["logs", "p1", "-n", &ns, "-c", "nope"], "")
+        .await;
+    assert!(
+        !ok && err.contains("container nope is not valid for pod p1"),
+        "{err}"
+    );
+    let mut follow = k
+        .command(&["logs", "-f", "p1", "-n", &ns])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut followed = BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut next_log = async || {
+        tokio::time::timeout(Duration::from_secs(10), followed.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(next_log().await, "first");
+    assert_eq!(next_log().await, "second");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_file)
+            .unwrap();
+        writeln!(f, "third").unwrap();
+    }
+    assert_eq!(next_log().await, "third");
+    follow.kill().await.unwrap();
+
     // kubectl patches built-in kinds with a strategic merge patch by default.
     k.ok(&[
         "patch",
@@ -261,6 +308,108 @@ async fn kubectl_drives_the_local_cluster() {
         ])
         .await;
     assert_eq!(labels, "yes");
+
+    // kubectl's imperative generators send protobuf bodies.
+    let generated = format!("{ns}-gen");
+    k.ok(&["create", "namespace", &generated]).await;
+    let n = &generated;
+    k.ok(&["create", "configmap", "c1", "-n", n, "--from-literal=k=v"])
+        .await;
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "s1",
+        "-n",
+        n,
+        "--from-literal=user=admin",
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = marin3r_certs::issue_self_signed(&marin3r_certs::CertificateRequest::ca(
+        "test-ca",
+        Duration::from_secs(3600),
+    ))
+    .unwrap();
+    std::fs::write(dir.path().join("tls.crt"), &ca.cert_pem).unwrap();
+    std::fs::write(dir.path().join("tls.key"), &ca.key_pem).unwrap();
+    let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    k.ok(&[
+        "create",
+        "secret",
+        "tls",
+        "t1",
+        "-n",
+        n,
+        &format!("--cert={}", crt.display()),
+        &format!("--key={}", key.display()),
+    ])
+    .await;
+    k.ok(&["create", "serviceaccount", "sa1", "-n", n]).await;
+    k.ok(&[
+        "create",
+        "deployment",
+        "d1",
+        "-n",
+        n,
+        "--image=nginx",
+        "--replicas=2",
+        "--port=8080",
+        "--",
+        "/bin/server",
+        "--flag",
+    ])
+    .await;
+    let get = |what: &'static str| {
+        let k = &k;
+        async move {
+            let out = k.ok(&["get", what, "-n", n, "-o", "json"]).await;
+            serde_json::from_str::<serde_json::Value>(&out).unwrap()
+        }
+    };
+    assert_eq!(
+        get("configmap/c1").await["data"],
+        serde_json::json!({"k": "v"})
+    );
+    let s1 = get("secret/s1").await;
+    assert_eq!(
+        (s1["type"].as_str(), s1["data"]["user"].as_str()),
+        (Some("Opaque"), Some("YWRtaW4="))
+    );
+    let t1 = get("secret/t1").await;
+    assert_eq!(t1["type"], "kubernetes.io/tls");
+    assert!(
+        t1["data"]["tls.crt"].is_string() && t1["data"]["tls.key"].is_string(),
+        "{t1}"
+    );
+    assert_eq!(get("serviceaccount/sa1").await["metadata"]["name"], "sa1");
+    let d1 = get("deployment/d1").await;
+    assert_eq!(d1["spec"]["replicas"], 2);
+    let container = &d1["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "nginx");
+    assert_eq!(
+        container["command"],
+        serde_json::json!(["/bin/server", "--flag"])
+    );
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    // A generator whose protobuf this server does not decode is refused, saying what to do.
+    let (ok, _, err) = k
+        .run_with(
+            &[
+                "create",
+                "service",
+                "clusterip",
+                "svc",
+                "-n",
+                n,
+                "--tcp=80:8080",
+            ],
+            "",
+        )
+        .await;
+    assert!(!ok && err.contains("send JSON (kubectl apply -f)"), "{err}");
+    k.ok(&["delete", "namespace", n, "--wait=true", "--timeout=10s"])
+        .await;
 
     // Errors come back with the server's reason and message.
     let (ok, _, err) = k.run_with(&["get", "widget", "nope", "-n", &ns], "").await;

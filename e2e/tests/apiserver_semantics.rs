@@ -299,3 +299,45 @@ async fn kube_rs_event_recorder_publishes_and_counts_repeats() {
         Some("test-controller")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_namespace_refuses_new_content_until_it_is_gone() {
+    let (_server, client, ns) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let held = cm(json!({"metadata": {"name": "held", "finalizers": ["test.marin3r.io/hold"]}}));
+    cms.create(&PostParams::default(), &held).await.unwrap();
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.delete(&ns, &DeleteParams::default()).await.unwrap();
+
+    // The held object keeps the namespace Terminating; nothing new may be created in it.
+    let terminating = await_condition(nss.clone(), &ns, |n: Option<&Namespace>| {
+        n.and_then(|n| n.status.as_ref())
+            .and_then(|s| s.phase.as_deref())
+            == Some("Terminating")
+    });
+    tokio::time::timeout(Duration::from_secs(5), terminating)
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = cms
+        .create(
+            &PostParams::default(),
+            &cm(json!({"metadata": {"name": "new"}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(refused), (403, "Forbidden".into()));
+    let deleting = cms.get("held").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+
+    // Releasing the finalizer lets the object, then the namespace, go.
+    let release = kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    cms.patch("held", &kube::api::PatchParams::default(), &release)
+        .await
+        .unwrap();
+    let gone = await_condition(nss, &ns, |n: Option<&Namespace>| n.is_none());
+    tokio::time::timeout(Duration::from_secs(5), gone)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -85,6 +85,15 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
         .filter(|r| r.group == group && r.version == version)
     {
         resources.push(resource(info));
+        if info.group.is_empty() && info.plural == "pods" {
+            resources.push(json!({
+                "name": "pods/log",
+                "singularName": "",
+                "namespaced": true,
+                "kind": "Pod",
+                "verbs": ["get"],
+            }));
+        }
         if info.status {
             resources.push(json!({
                 "name": format!("{}/status", info.plural),

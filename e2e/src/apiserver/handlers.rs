@@ -225,19 +225,20 @@ impl Request<'_> {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
-        if ct.contains("protobuf") || ct.contains("cbor") {
+        let v = if ct.contains("protobuf") {
+            super::protobuf::decode(&self.body)
+                .map_err(|e| ApiError::new(415, "UnsupportedMediaType", e))?
+        } else if ct.contains("cbor") {
             return Err(ApiError::new(
                 415,
                 "UnsupportedMediaType",
-                format!(
-                    "the local cluster accepts JSON or YAML bodies only, not {ct:?}; kubectl's \
-                     imperative generators send protobuf: use `kubectl apply -f` or `kubectl create -f`"
-                ),
+                "the local cluster accepts JSON, YAML or (for a few kinds) protobuf bodies, not CBOR",
             ));
-        }
-        let v = patch::parse_json_or_yaml(&self.body).map_err(|e| {
-            ApiError::bad_request(format!("the request body could not be decoded: {e}"))
-        })?;
+        } else {
+            patch::parse_json_or_yaml(&self.body).map_err(|e| {
+                ApiError::bad_request(format!("the request body could not be decoded: {e}"))
+            })?
+        };
         if !v.is_object() || v.get("metadata").is_some_and(|m| !m.is_object()) {
             return Err(ApiError::bad_request(
                 "the request body must be an object with a metadata object",
@@ -292,6 +293,28 @@ impl Request<'_> {
                     self.info.plural
                 ),
             ));
+        }
+        if *method == Method::GET
+            && self.route.subresource.as_deref() == Some("log")
+            && self.info.group.is_empty()
+            && self.info.plural == "pods"
+        {
+            let logs = self
+                .state
+                .pod_logs
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let store = self.state.store.clone();
+            return super::logs::serve(
+                store,
+                logs,
+                &self.info,
+                self.namespace(),
+                &name,
+                &self.query,
+            )
+            .await;
         }
         let target = self.target()?;
         match *method {

@@ -38,6 +38,13 @@ pub fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     }
     if is_secret(info) {
         fold_string_data(obj);
+        if obj
+            .get("type")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            obj["type"] = json!("Opaque");
+        }
     }
     if is_namespace(info) {
         // As on a real cluster, so namespaceSelectors can select a namespace by name.
@@ -129,6 +136,7 @@ mod tests {
             json!({"metadata": {"name": "s"}, "data": {"a": "eA=="}, "stringData": {"b": "hi"}});
         on_create(&info, &mut s).unwrap();
         assert_eq!(s["data"], json!({"a": "eA==", "b": "aGk="}));
+        assert_eq!(s["type"], "Opaque");
         assert!(s.get("stringData").is_none());
     }
 

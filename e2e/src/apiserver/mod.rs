@@ -12,9 +12,11 @@ mod faults;
 mod gc;
 mod handlers;
 mod hooks;
+mod logs;
 mod meta;
 mod openapi;
 mod patch;
+mod protobuf;
 mod registry;
 mod selectors;
 mod ssa;
@@ -33,6 +35,7 @@ use tokio::task::JoinHandle;
 pub use delete::{DeleteOptions, Propagation};
 pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
+pub use logs::PodLogs;
 pub use registry::ResourceInfo;
 pub use store::Store;
 
@@ -80,6 +83,7 @@ pub(crate) struct ServerState {
     store: Arc<Store>,
     faults: Arc<Faults>,
     bookmark_interval: Duration,
+    pod_logs: std::sync::RwLock<Option<Arc<dyn PodLogs>>>,
 }
 
 /// A running API server; stops (listeners, connections, watches) when dropped.
@@ -101,6 +105,7 @@ impl ApiServer {
             store: store.clone(),
             faults,
             bookmark_interval: config.bookmark_interval,
+            pod_logs: std::sync::RwLock::new(None),
         });
         // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
@@ -182,6 +187,16 @@ impl ApiServer {
     /// A kubeconfig for this cluster over HTTPS (any token is accepted).
     pub fn kubeconfig(&self) -> String {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
+    }
+
+    /// Serves `kubectl logs` from the log files `logs` finds (the pod runner's).
+    pub fn set_pod_logs(&self, logs: Arc<dyn PodLogs>) {
+        let mut slot = self
+            .state
+            .pod_logs
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(logs);
     }
 
     /// A kube-rs client for this cluster, over HTTPS through [`Self::kubeconfig`], as a user
