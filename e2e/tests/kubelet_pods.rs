@@ -451,3 +451,151 @@ async fn liveness_failures_restart_and_stop_escalates_to_sigkill_after_the_grace
         "process {pid} survived"
     );
 }
+
+const SDS_BOOTSTRAP: &str = r#"
+admin:
+  address: {socket_address: {address: 0.0.0.0, port_value: 9901}}
+static_resources:
+  listeners:
+  - name: tls
+    address: {socket_address: {address: 0.0.0.0, port_value: 8443}}
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            tls_certificate_sds_secret_configs:
+            - name: server
+              sds_config:
+                path_config_source:
+                  path: /etc/envoy/bootstrap/sds.yaml
+                  watched_directory: {path: /etc/envoy/tls/server}
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: tls
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "tls"}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#;
+
+const SDS_FILE: &str = r#"
+resources:
+- "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret
+  name: server
+  tls_certificate:
+    certificate_chain: {filename: /etc/envoy/tls/server/tls.crt}
+    private_key: {filename: /etc/envoy/tls/server/tls.key}
+"#;
+
+/// The serial as Envoy's admin `/certs` prints it: lowercase hex, no colons or leading zeros.
+fn serial_of(pem: &str) -> String {
+    let info = marin3r_certs::CertificateInfo::from_pem(pem).unwrap();
+    info.serial
+        .replace(':', "")
+        .to_lowercase()
+        .trim_start_matches('0')
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_picks_up_a_rotated_secret_through_the_data_symlink_swap() {
+    let node = node();
+    let objects = Arc::new(StaticObjects::default());
+    let issue = || {
+        marin3r_certs::issue_self_signed(&marin3r_certs::CertificateRequest::new(
+            "envoy",
+            marin3r_certs::Usage::Server,
+            Duration::from_secs(3600),
+        ))
+        .unwrap()
+    };
+    let tls_secret = |cert: &marin3r_certs::IssuedCertificate| -> Secret {
+        let mut s: Secret =
+            from_yaml(r#"{"metadata": {"name": "server-tls", "namespace": "ns1"}}"#);
+        s.string_data = Some(
+            [
+                ("tls.crt".to_owned(), cert.cert_pem.clone()),
+                ("tls.key".to_owned(), cert.key_pem.clone()),
+            ]
+            .into(),
+        );
+        s
+    };
+    let first = issue();
+    objects.put_secret(tls_secret(&first));
+    let mut cm: ConfigMap = from_yaml(r#"{"metadata": {"name": "bootstrap", "namespace": "ns1"}}"#);
+    cm.data = Some(
+        [
+            ("envoy.yaml".to_owned(), SDS_BOOTSTRAP.to_owned()),
+            ("sds.yaml".to_owned(), SDS_FILE.to_owned()),
+        ]
+        .into(),
+    );
+    objects.put_config_map(cm);
+    let pod: Pod = from_yaml(
+        r#"{"metadata": {"name": "sds", "namespace": "ns1", "uid": "sds"},
+            "spec": {"containers": [{"name": "envoy", "image": "envoyproxy/envoy:v1.40.0",
+                "command": ["envoy"], "args": ["-c", "/etc/envoy/bootstrap/envoy.yaml", "--service-node", "sds", "--service-cluster", "sds", "--concurrency", "1"],
+                "volumeMounts": [
+                  {"name": "bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true},
+                  {"name": "tls", "mountPath": "/etc/envoy/tls/server", "readOnly": true}],
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 9901}, "periodSeconds": 1}}],
+              "volumes": [
+                {"name": "bootstrap", "configMap": {"name": "bootstrap"}},
+                {"name": "tls", "secret": {"secretName": "server-tls"}}]}}"#,
+    );
+    let envoy = PodHandle::start(&node, &pod, objects.clone()).unwrap();
+    envoy.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let certs = || get(&format!("http://{}:9901/certs", envoy.ip()));
+    let pid_of = |envoy: &PodHandle| {
+        envoy.status().container_statuses.unwrap()[0]
+            .container_id
+            .clone()
+    };
+    let pid = pid_of(&envoy);
+    let before = certs();
+    assert!(before.contains(&serial_of(&first.cert_pem)), "{before}");
+
+    for _ in 0..std::env::var("M3R_ROTATIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+    {
+        objects.put_secret(tls_secret(&issue()));
+        envoy.refresh(None);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let second = issue();
+    objects.put_secret(tls_secret(&second));
+    envoy.refresh(None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = certs();
+        if now.contains(&serial_of(&second.cert_pem)) {
+            assert!(!now.contains(&serial_of(&first.cert_pem)), "{now}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Envoy kept the old certificate: {now}\n{}",
+            envoy.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Reloaded in place: the same process, no restart.
+    assert_eq!(
+        envoy.status().container_statuses.unwrap()[0].restart_count,
+        0
+    );
+}
