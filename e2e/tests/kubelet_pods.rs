@@ -593,9 +593,6 @@ async fn envoy_picks_up_a_rotated_secret_through_the_data_symlink_swap() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Reloaded in place: the same process, no restart.
-    assert_eq!(
-        envoy.status().container_statuses.unwrap()[0].restart_count,
-        0
-    );
+    // Reloaded in place: the same process.
+    assert_eq!(pid_of(&envoy), pid, "{}", envoy.logs());
 }
