@@ -341,6 +341,12 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
     let client = cluster.client();
     namespace(&client, "errs").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "errs");
+    // The kubelet and the controller survive dropped watches and failing requests.
+    cluster.api().faults().drop_watches();
+    cluster
+        .api()
+        .faults()
+        .fail_next(3, 500, marin3r_e2e::apiserver::FaultScope::Watch);
     let pod = |name: &str, image: &str| -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": name},
