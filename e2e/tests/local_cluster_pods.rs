@@ -403,6 +403,20 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
         is_ready(&p).then_some(())
     })
     .await;
+    // The kubelet recorded what happened as Events.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), "errs");
+    until("the kubelet's events", Duration::from_secs(10), || async {
+        let list = events.list(&ListParams::default()).await.unwrap().items;
+        let about = |pod: &str, reason: &str| {
+            list.iter().any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod)
+                    && e.reason.as_deref() == Some(reason)
+            })
+        };
+        (about("nginx", "Failed") && about("waits", "Failed") && about("waits", "Started"))
+            .then_some(())
+    })
+    .await;
     // Deleting a pod stops its process and frees its namespace.
     let uid_ns_count = net::netns_names()
         .iter()

@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
@@ -42,6 +43,80 @@ pub fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
         }
         _ => (old != new).then(|| new.clone()),
     }
+}
+
+/// The Events a kubelet records for a status change (type, reason, note), as `kubectl
+/// describe pod` shows them: containers started, failing to start, backing off, unready.
+pub fn container_events(
+    pod: &str,
+    old: &k8s_openapi::api::core::v1::PodStatus,
+    new: &k8s_openapi::api::core::v1::PodStatus,
+) -> Vec<(EventType, String, String)> {
+    let mut events = Vec::new();
+    let old_statuses = old.container_statuses.as_deref().unwrap_or_default();
+    let all_new = new
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(new.container_statuses.iter().flatten());
+    for c in all_new {
+        let before = old_statuses
+            .iter()
+            .chain(old.init_container_statuses.iter().flatten())
+            .find(|o| o.name == c.name);
+        let state = |s: Option<&k8s_openapi::api::core::v1::ContainerStatus>| {
+            s.and_then(|s| s.state.clone())
+        };
+        let (now, was) = (
+            state(Some(c)).unwrap_or_default(),
+            state(before).unwrap_or_default(),
+        );
+        let name = &c.name;
+        if let Some(running) = &now.running
+            && was.running.as_ref().map(|r| &r.started_at) != Some(&running.started_at)
+        {
+            events.push((
+                EventType::Normal,
+                "Started".into(),
+                format!("Started container {name}"),
+            ));
+        }
+        if let Some(waiting) = &now.waiting {
+            let reason = waiting.reason.clone().unwrap_or_default();
+            let changed =
+                was.waiting.as_ref().and_then(|w| w.reason.clone()) != Some(reason.clone());
+            let message = waiting.message.clone().unwrap_or_default();
+            match reason.as_str() {
+                "ErrImagePull"
+                | "CreateContainerConfigError"
+                | "CreateContainerError"
+                | "RunContainerError"
+                    if changed =>
+                {
+                    events.push((
+                        EventType::Warning,
+                        "Failed".into(),
+                        format!("Error: {message}"),
+                    ));
+                }
+                "CrashLoopBackOff" if changed => events.push((
+                    EventType::Warning,
+                    "BackOff".into(),
+                    format!("Back-off restarting failed container {name} in pod {pod}"),
+                )),
+                _ => {}
+            }
+        }
+        let was_ready = before.is_some_and(|b| b.ready);
+        if was_ready && !c.ready && now.running.is_some() {
+            events.push((
+                EventType::Warning,
+                "Unhealthy".into(),
+                format!("Readiness probe failed for container {name}"),
+            ));
+        }
+    }
+    events
 }
 
 /// What pods read from the cluster, served from the watches' caches.
@@ -158,9 +233,16 @@ impl Kubelet {
             .map_err(|_| anyhow::anyhow!("the kubelet's watches did not sync within 30 s"))??;
         let running: RunningPods = Arc::default();
         let state = running.clone();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "kubelet".into(),
+                instance: Some(node.config().node_name.clone()),
+            },
+        );
         tasks.push(AbortOnDrop(tokio::spawn(async move {
             loop {
-                reconcile(&node, &client, &cached, &state);
+                reconcile(&node, &client, &recorder, &cached, &state);
                 trigger.notified().await;
                 // Coalesce a burst of events into one pass.
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -247,7 +329,13 @@ fn grace_of(pod: &Pod) -> Duration {
     Duration::from_secs(secs.max(0) as u64)
 }
 
-fn reconcile(node: &Arc<Node>, client: &Client, cached: &Arc<Cached>, running: &RunningPods) {
+fn reconcile(
+    node: &Arc<Node>,
+    client: &Client,
+    recorder: &Recorder,
+    cached: &Arc<Cached>,
+    running: &RunningPods,
+) {
     let desired: BTreeMap<String, Arc<Pod>> = cached
         .pods
         .state()
@@ -305,7 +393,9 @@ fn reconcile(node: &Arc<Node>, client: &Client, cached: &Arc<Cached>, running: &
                     .as_ref()
                     .and_then(|s| serde_json::to_value(s).ok())
                     .unwrap_or_else(|| json!({}));
-                let writer = tokio::spawn(write_status(api, name, base, handle.watch_status()));
+                let events = (recorder.clone(), pod.object_ref(&()));
+                let writer =
+                    tokio::spawn(write_status(api, name, base, events, handle.watch_status()));
                 let mut state = lock(running);
                 if state.closed {
                     // Shut down meanwhile: dropping the handle kills the pod again.
@@ -339,10 +429,25 @@ async fn write_status(
     api: Api<Pod>,
     name: String,
     mut base: Value,
+    (recorder, reference): (Recorder, k8s_openapi::api::core::v1::ObjectReference),
     mut rx: tokio::sync::watch::Receiver<k8s_openapi::api::core::v1::PodStatus>,
 ) {
+    let mut last = k8s_openapi::api::core::v1::PodStatus::default();
     loop {
         let status = rx.borrow_and_update().clone();
+        for (type_, reason, note) in container_events(&name, &last, &status) {
+            let event = Event {
+                type_,
+                reason,
+                note: Some(note),
+                action: "Sync".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::debug!(pod = %name, "recording an event: {e}");
+            }
+        }
+        last = status.clone();
         let new = serde_json::to_value(&status).unwrap_or_else(|_| json!({}));
         let mut retry = false;
         if let Some(diff) = merge_diff(&base, &new) {
@@ -396,5 +501,41 @@ mod tests {
             merge_diff(&json!({"a": [1]}), &json!({"a": [2]})),
             Some(json!({"a": [2]}))
         );
+    }
+
+    fn status(state: serde_json::Value, ready: bool) -> k8s_openapi::api::core::v1::PodStatus {
+        serde_json::from_value(json!({"containerStatuses": [
+            {"name": "c", "image": "i", "imageID": "", "ready": ready, "restartCount": 0, "state": state}
+        ]}))
+        .unwrap()
+    }
+
+    #[test]
+    fn status_changes_become_kubelet_events_once() {
+        let none = k8s_openapi::api::core::v1::PodStatus::default();
+        let pull = status(
+            json!({"waiting": {"reason": "ErrImagePull", "message": "no binary"}}),
+            false,
+        );
+        let events = container_events("p", &none, &pull);
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].1.as_str(), events[0].2.as_str()),
+            ("Failed", "Error: no binary")
+        );
+        assert!(container_events("p", &pull, &pull).is_empty());
+        let running = status(
+            json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}),
+            true,
+        );
+        let events = container_events("p", &pull, &running);
+        assert_eq!(events[0].1, "Started");
+        let unready = status(
+            json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}),
+            false,
+        );
+        assert_eq!(container_events("p", &running, &unready)[0].1, "Unhealthy");
+        let backoff = status(json!({"waiting": {"reason": "CrashLoopBackOff"}}), false);
+        assert_eq!(container_events("p", &running, &backoff)[0].1, "BackOff");
     }
 }
