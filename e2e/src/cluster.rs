@@ -105,6 +105,13 @@ impl LocalCluster {
                 ca_pem: api.ca_pem().to_owned(),
                 token: "local-cluster".into(),
             })?;
+            // `kubectl logs` reads the files the kubelet writes (only the folder is shared, so
+            // the API server never keeps the node alive).
+            let log_dir = node.log_dir();
+            api.set_pod_logs(Arc::new(move |ns: &str, pod: &str, container: &str| {
+                let path = crate::kubelet::container_log_path(&log_dir, ns, pod, container);
+                path.is_file().then_some(path)
+            }));
             kubelet = Some(
                 Kubelet::start(node.clone(), client.clone())
                     .await

@@ -120,6 +120,17 @@ fn local_cluster_runs_a_deployment_applied_with_kubectl_and_cleans_up() {
     let body = marin3r_e2e::envoy::get_body(&format!("http://{ip}:8080/index.html")).unwrap();
     assert_eq!(body, "hello from a pod");
     assert!(net::netns_names().iter().any(|n| n.starts_with(&prefix)));
+    // kubectl logs reads the container's log file: http.server logs each request.
+    let pod = kubectl(&[
+        "get",
+        "pods",
+        "-l",
+        "app=hello",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let logs = kubectl(&["logs", &pod]);
+    assert!(logs.contains("GET /index.html"), "{logs}");
 
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])

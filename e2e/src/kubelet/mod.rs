@@ -101,6 +101,11 @@ impl Objects for StaticObjects {
     }
 }
 
+/// `<dir>/<namespace>_<pod>_<container>.log`.
+pub fn container_log_path(dir: &Path, namespace: &str, pod: &str, container: &str) -> PathBuf {
+    dir.join(format!("{namespace}_{pod}_{container}.log"))
+}
+
 /// How pods reach the API server from inside the cluster: what in-cluster kube-rs config
 /// reads from `KUBERNETES_SERVICE_HOST/PORT` and the service account folder.
 #[derive(Clone, Debug)]
@@ -199,6 +204,19 @@ impl Node {
 
     pub fn config(&self) -> &NodeConfig {
         &self.config
+    }
+
+    /// Where container logs go: `log_dir`, or the run's folder (removed at shutdown).
+    pub fn log_dir(&self) -> PathBuf {
+        self.config
+            .log_dir
+            .clone()
+            .unwrap_or_else(|| self.run_dir.path().join("logs"))
+    }
+
+    /// The log file of a container (stdout and stderr, every run appended).
+    pub fn log_path(&self, namespace: &str, pod: &str, container: &str) -> PathBuf {
+        container_log_path(&self.log_dir(), namespace, pod, container)
     }
 }
 

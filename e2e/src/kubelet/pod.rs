@@ -75,11 +75,7 @@ impl PodHandle {
             .run_dir()
             .join("pods")
             .join(format!("{namespace}_{name}_{uid}"));
-        let log_dir = node
-            .config
-            .log_dir
-            .clone()
-            .unwrap_or_else(|| node.run_dir().join("logs"));
+        let log_dir = node.log_dir();
         std::fs::create_dir_all(&dir)?;
         std::fs::create_dir_all(&log_dir)?;
         let net = node
@@ -263,8 +259,7 @@ impl Drop for PodHandle {
 
 impl PodShared {
     pub(super) fn log_path(&self, container: &str) -> PathBuf {
-        self.log_dir
-            .join(format!("{}_{}_{container}.log", self.namespace, self.name))
+        super::container_log_path(&self.log_dir, &self.namespace, &self.name, container)
     }
 
     pub(super) fn set(&self, which: Which, f: impl FnOnce(&mut ContainerRuntime)) {
