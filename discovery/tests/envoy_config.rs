@@ -691,3 +691,118 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
     );
     assert_eq!(plane.list_revisions(NS).len(), 1);
 }
+
+/// The design seed's example, as written for the original MARIN3R (v2 type URLs and all).
+const SEED_EXAMPLE: &str = r#"
+apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata:
+  name: test
+  namespace: team-a
+spec:
+  nodeID: my-proxy
+  serialization: yaml
+  envoyResources:
+    secrets:
+      - name: my-certificate
+        ref:
+          name: my-certificate-secret-resource
+          namespace: team-a
+    listeners:
+      - name: https
+        value: |
+          name: https
+          address: { socket_address: { address: 0.0.0.0, port_value: 1443 }}
+          filter_chains:
+            - filters:
+              - name: envoy.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager
+                  stat_prefix: ingress_http
+                  route_config:
+                    name: local_route
+                    virtual_hosts:
+                      - name: my-proxy
+                        domains: ["*"]
+                        routes:
+                          - match: { prefix: "/" }
+                            direct_response: { status: 200, body: { inline_string: ok }}
+                  http_filters: [ name: envoy.router ]
+"#;
+
+#[test]
+fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
+    let plane = Plane::start(&[NS]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    plane._api.write_kubeconfig(&kubeconfig).unwrap();
+    let k = marin3r_e2e::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+    for file in [
+        "marin3r.3scale.net_envoyconfigs.yaml",
+        "marin3r.3scale.net_envoyconfigrevisions.yaml",
+    ] {
+        // The checked-in CRDs apply over the ones the plane installed from the types.
+        let path = crds.join(file);
+        plane
+            .rt
+            .block_on(k.ok(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                path.to_str().unwrap(),
+            ]))
+            .unwrap();
+    }
+
+    // The original manifest applies unchanged; its Envoy v2 resources are refused in status.
+    plane
+        .rt
+        .block_on(k.ok_with(&["apply", "--server-side", "-f", "-"], SEED_EXAMPLE))
+        .unwrap();
+    let ec = plane.wait_status(NS, "test", "the v2 resources to be refused", |ec| {
+        condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
+    });
+    let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
+    assert!(
+        message.contains("spec.envoyResources.listeners[0].value"),
+        "{message}"
+    );
+    assert!(plane.list_revisions(NS).is_empty());
+
+    let port = free_port();
+    plane.apply(NS, "good", spec("good", port, "ok"));
+    let ec = plane.wait_in_sync(NS, "good");
+    let version = ec.spec.envoy_resources.version();
+    let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", NS])).unwrap();
+    let header = table.lines().next().unwrap();
+    for column in [
+        "NODE ID",
+        "ENVOY API",
+        "DESIRED VERSION",
+        "PUBLISHED VERSION",
+        "CACHE STATE",
+    ] {
+        assert!(header.contains(column), "{table}");
+    }
+    let row = table.lines().find(|l| l.starts_with("good ")).unwrap();
+    assert!(row.contains(&version) && row.contains("InSync"), "{table}");
+    let table = plane.rt.block_on(k.ok(&["get", "ecr", "-n", NS])).unwrap();
+    let header = table.lines().next().unwrap();
+    for column in [
+        "NODE ID",
+        "VERSION",
+        "PUBLISHED",
+        "CREATED AT",
+        "LAST PUBLISHED AT",
+        "TAINTED",
+    ] {
+        assert!(header.contains(column), "{table}");
+    }
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&format!("good-{version}")))
+        .unwrap();
+    assert!(row.contains("true"), "{table}");
+}
