@@ -806,3 +806,75 @@ fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
         .unwrap();
     assert!(row.contains("true"), "{table}");
 }
+
+#[test]
+fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(
+        NS,
+        "late",
+        https_spec("late", port, json!({"name": "later"})),
+    );
+    let ec = plane.wait_in_sync(NS, "late");
+    let version = ec.spec.envoy_resources.version();
+    let name = format!("late-{version}");
+    let out_of_sync = |reason: &str| {
+        let reason = reason.to_owned();
+        wait(
+            &format!("ResourcesOutOfSync {reason}"),
+            Duration::from_secs(20),
+            || {
+                let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+                r.status?
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "ResourcesOutOfSync" && c.reason == reason)
+            },
+        )
+    };
+    let c = out_of_sync("LoadFailed");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message.contains("Secret team-a/later not found"),
+        "{}",
+        c.message
+    );
+    assert!(plane.cache.snapshot(NS, "late").is_none());
+
+    // An Opaque Secret is not a certificate.
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let mut opaque = tls_secret("later", &plane.pki.server);
+    opaque.type_ = Some("Opaque".into());
+    plane
+        .rt
+        .block_on(secrets.create(&PostParams::default(), &opaque))
+        .unwrap();
+    wait("the type to be refused", Duration::from_secs(20), || {
+        let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+        r.status?.conditions.into_iter().find(|c| {
+            c.type_ == "ResourcesOutOfSync" && c.message.contains("not kubernetes.io/tls")
+        })
+    });
+
+    // With a TLS Secret it loads, with no change to the config.
+    plane
+        .rt
+        .block_on(secrets.delete("later", &DeleteParams::default()))
+        .unwrap();
+    plane
+        .rt
+        .block_on(secrets.create(
+            &PostParams::default(),
+            &tls_secret("later", &plane.pki.server),
+        ))
+        .unwrap();
+    let c = out_of_sync("ResourcesLoaded");
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains(&format!("secrets version {version}-")),
+        "{}",
+        c.message
+    );
+    assert!(plane.cache.snapshot(NS, "late").is_some());
+}
