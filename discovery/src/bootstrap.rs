@@ -171,6 +171,9 @@ pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
     let xds_cluster = json!({
         "name": XDS_CLUSTER,
         "type": if host_ip.is_some() { "STATIC" } else { "STRICT_DNS" },
+        // A Service name resolves to IPv4 in most clusters: asking for that first avoids an
+        // AAAA query that may wait for DNS timeouts before the IPv4 answer is tried.
+        "dns_lookup_family": "V4_PREFERRED",
         "connect_timeout": "2s",
         "load_assignment": {
             "cluster_name": XDS_CLUSTER,
