@@ -521,3 +521,38 @@ async fn two_replicas_never_lead_at_once() {
         t.await.unwrap().unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standalone_certificate_example_is_issued() {
+    let op = start().await;
+    let client = op.client.clone();
+    create_namespace(&client, "demo").await;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/examples/certificate.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), "demo");
+    for doc in text.split("\n---\n") {
+        let dsc: DiscoveryServiceCertificate = serde_yaml::from_str(doc).unwrap();
+        dscs.create(&PostParams::default(), &dsc).await.unwrap();
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "demo");
+    let server = wait_for("the example server certificate", || async {
+        let dsc = dscs.get("example-server").await.unwrap();
+        dsc.status.as_ref()?.ready.filter(|r| *r)?;
+        secrets.get_opt("example-server").await.unwrap()
+    })
+    .await;
+    let ca = secrets.get("example-ca").await.unwrap();
+    let text =
+        |s: &Secret, k: &str| String::from_utf8(s.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    assert_eq!(
+        text(&server, "ca.crt"),
+        text(&ca, "tls.crt"),
+        "signed by the example CA"
+    );
+    let info = marin3r_certs::CertificateInfo::from_pem(&text(&server, "tls.crt")).unwrap();
+    assert!(info.server_auth);
+    assert!(format!("{:?}", info.sans).contains("example.demo.svc"));
+}
