@@ -278,6 +278,22 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     .await;
     let status = ds.status.unwrap();
     assert_eq!(status.enabled_namespaces, ["team-a", "team-b"]);
+    // What happened is told in Events on the DiscoveryService.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), OPS);
+    let reasons = wait_for("the Events", || async {
+        let reasons: BTreeSet<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("instance"))
+            .filter_map(|e| e.reason)
+            .collect();
+        (reasons.contains("Ready") && reasons.contains("NamespaceEnabled")).then_some(reasons)
+    })
+    .await;
+    assert!(reasons.contains("DeploymentNotReady"), "{reasons:?}");
     assert_eq!(status.deployment.as_deref(), Some("1/1"));
 
     // A renewed server certificate rolls the pod template.
