@@ -430,15 +430,25 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
 async fn an_invalid_or_untrusted_discovery_service_says_why() {
     let op = start().await;
     let client = op.client.clone();
-    for (ns, spec, reason, needle) in [
+    let long = "x".repeat(64);
+    for (ns, name, spec, reason, needle) in [
         (
             OPS,
+            "bad",
             json!({"xdsServerPort": 8383}),
             "InvalidSpec",
             "must differ",
         ),
         (
+            OPS,
+            long.as_str(),
+            json!({}),
+            "InvalidSpec",
+            "longer than 63 characters",
+        ),
+        (
             "team-c",
+            "bad",
             json!({}),
             "UntrustedNamespace",
             "--trusted-namespace=team-c",
@@ -446,12 +456,12 @@ async fn an_invalid_or_untrusted_discovery_service_says_why() {
     ] {
         let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), ns);
         let ds: DiscoveryService = serde_json::from_value(json!({
-            "metadata": {"name": "bad", "namespace": ns}, "spec": spec,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec,
         }))
         .unwrap();
         dss.create(&PostParams::default(), &ds).await.unwrap();
         let ds = wait_for(reason, || async {
-            let ds = dss.get("bad").await.unwrap();
+            let ds = dss.get(name).await.unwrap();
             ready_condition(&ds)
                 .filter(|(_, r)| r == reason)
                 .map(|_| ds)
@@ -461,7 +471,7 @@ async fn an_invalid_or_untrusted_discovery_service_says_why() {
         assert!(message.contains(needle), "{message}");
         assert!(
             Api::<Deployment>::namespaced(client.clone(), ns)
-                .get_opt("marin3r-bad")
+                .get_opt(&format!("marin3r-{name}"))
                 .await
                 .unwrap()
                 .is_none()

@@ -172,7 +172,16 @@ struct NotReady {
 async fn apply(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
     let ns = ds.namespace().unwrap_or_default();
     let mut status = ds.status.clone().unwrap_or_default();
-    let resolved = match ds.resolve(&ctx.config.default_image) {
+    // The name is a label value on every child and in the webhook's namespace selector.
+    let name = ds.name_any();
+    let checked = if name.len() > 63 {
+        Err(format!(
+            "metadata.name {name:?} is longer than 63 characters; it is used as a label value"
+        ))
+    } else {
+        ds.resolve(&ctx.config.default_image)
+    };
+    let resolved = match checked {
         Ok(r) => r,
         Err(message) => {
             let not_ready = NotReady {
