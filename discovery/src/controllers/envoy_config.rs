@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -56,8 +55,12 @@ pub(crate) async fn run(
 }
 
 fn error_policy(ec: Arc<EnvoyConfig>, err: &Error, _: Arc<Context>) -> Action {
-    warn!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), error = %err, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    if err.is_conflict() {
+        debug!(envoyconfig = %ec.name_any(), error = %err, "write conflict; retrying");
+    } else {
+        warn!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), error = %err, "reconcile failed; retrying");
+    }
+    Action::requeue(super::retry_after(err))
 }
 
 /// Why a spec cannot be published: every problem, each naming its field path.
@@ -310,7 +313,7 @@ async fn set_published(
         message,
         revision.metadata.generation,
     );
-    let patch = status_patch(&status, &[])?;
+    let patch = status_patch(&status, &[], revision.metadata.resource_version.as_deref())?;
     api.patch_status(
         &revision.name_any(),
         &PatchParams::apply(super::FIELD_MANAGER),
@@ -344,6 +347,7 @@ async fn write_status(
     let patch = status_patch(
         &status,
         &["cacheState", "publishedVersion", "lastNackMessage"],
+        ec.metadata.resource_version.as_deref(),
     )?;
     api.patch_status(
         &ec.name_any(),

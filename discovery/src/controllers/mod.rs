@@ -206,10 +206,14 @@ pub(crate) fn now() -> Time {
 }
 
 /// A status as a merge patch that also removes the optional fields it leaves unset (a plain
-/// merge patch of a struct with skipped `None`s would keep their old values).
+/// merge patch of a struct with skipped `None`s would keep their old values). The patch
+/// carries the resource version it was computed from: several writers share a revision's
+/// conditions (publisher, loader, NACK consumer), and a list in a merge patch replaces the
+/// whole list, so a write based on a stale read must fail with a conflict and be redone.
 pub(crate) fn status_patch<S: serde::Serialize>(
     status: &S,
     optional: &[&str],
+    resource_version: Option<&str>,
 ) -> Result<serde_json::Value, Error> {
     let mut value = serde_json::to_value(status)?;
     if let Some(map) = value.as_object_mut() {
@@ -217,5 +221,25 @@ pub(crate) fn status_patch<S: serde::Serialize>(
             map.entry(*key).or_insert(serde_json::Value::Null);
         }
     }
-    Ok(serde_json::json!({ "status": value }))
+    let mut patch = serde_json::json!({ "status": value });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    Ok(patch)
+}
+
+impl Error {
+    /// A write lost a race with another writer; retry soon with a fresh read.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(kube::Error::Api(e)) if e.code == 409)
+    }
+}
+
+/// How long a failed reconcile waits: a conflict is retried at once, anything else later.
+pub(crate) fn retry_after(err: &Error) -> std::time::Duration {
+    if err.is_conflict() {
+        std::time::Duration::from_millis(100)
+    } else {
+        std::time::Duration::from_secs(5)
+    }
 }

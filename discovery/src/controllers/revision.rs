@@ -91,8 +91,12 @@ fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
 }
 
 fn error_policy(r: Arc<EnvoyConfigRevision>, err: &Error, _: Arc<Context>) -> Action {
-    warn!(revision = %r.name_any(), namespace = ?r.namespace(), error = %err, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    if err.is_conflict() {
+        debug!(revision = %r.name_any(), error = %err, "write conflict; retrying");
+    } else {
+        warn!(revision = %r.name_any(), namespace = ?r.namespace(), error = %err, "reconcile failed; retrying");
+    }
+    Action::requeue(super::retry_after(err))
 }
 
 async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -148,7 +152,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     };
     if r.status.as_ref() != Some(&status) {
         let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
-        let patch = status_patch(&status, &[])?;
+        let patch = status_patch(&status, &[], r.metadata.resource_version.as_deref())?;
         api.patch_status(
             &name,
             &PatchParams::apply(super::FIELD_MANAGER),
