@@ -67,6 +67,13 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on the webhook port {}", args.webhook_port))?;
 
     let tls = TlsFiles::in_dir(&args.server_cert_dir);
+    // Refuse to start, naming the folder, rather than fail later inside a server task.
+    crate::xds::server_config(&tls).with_context(|| {
+        format!(
+            "the server certificate in {} (--server-cert-dir)",
+            args.server_cert_dir.display()
+        )
+    })?;
     let webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
     let mut registry = Registry::default();
     webhook.metrics.register(&mut registry);
