@@ -23,7 +23,7 @@ use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_discovery::controllers::{self, Readiness};
 use marin3r_discovery::xds::{Cache, Server, server_config};
-use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
+use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig, FaultScope};
 use serde_json::json;
 use support::{Pki, Proxy, free_port};
 
@@ -139,24 +139,26 @@ impl Plane {
             "metadata": {"name": name, "namespace": ns},
             "spec": spec,
         });
-        self.rt
-            .block_on(self.configs(ns).patch(
+        // Retried: a fault test may have queued errors for any request.
+        retry(|| {
+            self.rt.block_on(self.configs(ns).patch(
                 name,
                 &PatchParams::apply("test").force(),
-                &Patch::Apply(body),
+                &Patch::Apply(body.clone()),
             ))
-            .unwrap();
+        });
     }
 
     fn get(&self, ns: &str, name: &str) -> EnvoyConfig {
-        self.rt.block_on(self.configs(ns).get(name)).unwrap()
+        retry(|| self.rt.block_on(self.configs(ns).get(name)))
     }
 
     fn list_revisions(&self, ns: &str) -> Vec<EnvoyConfigRevision> {
-        self.rt
-            .block_on(self.revisions(ns).list(&ListParams::default()))
-            .unwrap()
-            .items
+        retry(|| {
+            self.rt
+                .block_on(self.revisions(ns).list(&ListParams::default()))
+        })
+        .items
     }
 
     /// Waits until the config's status satisfies `f`; panics with the last status.
@@ -223,6 +225,19 @@ impl Drop for Plane {
                 .block_on(async { tokio::time::timeout(Duration::from_secs(15), task).await });
         }
     }
+}
+
+/// Runs an API call until it succeeds (a few times at most).
+fn retry<T>(mut call: impl FnMut() -> Result<T, kube::Error>) -> T {
+    let mut last = None;
+    for _ in 0..20 {
+        match call() {
+            Ok(v) => return v,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("API call kept failing: {last:?}");
 }
 
 fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
@@ -877,4 +892,24 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         c.message
     );
     assert!(plane.cache.snapshot(NS, "late").is_some());
+}
+
+#[test]
+fn the_controllers_recover_from_dropped_watches_and_failed_requests() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(NS, "flaky", spec("flaky", port, "before"));
+    plane.wait_in_sync(NS, "flaky");
+    let proxy = plane.proxy(NS, "flaky", AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(port, "before");
+
+    let faults = plane._api.faults();
+    faults.drop_watches();
+    faults.fail_next(1, 410, FaultScope::Watch);
+    faults.fail_next(3, 500, FaultScope::Any);
+    faults.fail_next(2, 409, FaultScope::Any);
+    plane.apply(NS, "flaky", spec("flaky", port, "after"));
+    plane.wait_in_sync(NS, "flaky");
+    proxy.wait_for_body(port, "after");
+    assert_eq!(plane.list_revisions(NS).len(), 2);
 }
