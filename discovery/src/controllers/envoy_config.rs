@@ -177,7 +177,10 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     for r in mine.iter().filter(|r| r.spec.version == plan.publish) {
         set_published(&api, r, true).await?;
     }
-    for r in mine.iter().filter(|r| r.spec.version != plan.publish) {
+    for r in mine
+        .iter()
+        .filter(|r| r.spec.version != plan.publish && !plan.delete.contains(&r.spec.version))
+    {
         set_published(&api, r, false).await?;
     }
     for v in &plan.delete {
@@ -199,27 +202,8 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
         .iter()
         .find(|r| r.spec.version == version)
         .and_then(|r| r.taint_message().map(str::to_owned));
-    let (out_of_sync, reason, message) = match plan.cache_state {
-        CacheState::InSync => (false, "InSync", format!("version {version} is published")),
-        CacheState::Rollback => (
-            true,
-            "Rollback",
-            format!(
-                "Envoy rejected version {version}; rolled back to version {}: {}",
-                plan.publish,
-                nack.as_deref().unwrap_or("")
-            ),
-        ),
-        CacheState::RollbackFailed => (
-            true,
-            "RollbackFailed",
-            format!(
-                "Envoy rejected version {version} and no earlier revision is untainted; it \
-                 stays published until the spec is fixed: {}",
-                nack.as_deref().unwrap_or("")
-            ),
-        ),
-    };
+    let (out_of_sync, reason, message) =
+        cache_condition(plan.cache_state, &version, &plan.publish, nack.as_deref());
     set_condition(
         &mut status.conditions,
         CACHE_OUT_OF_SYNC,
@@ -258,6 +242,33 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     }
     write_status(&ctx, &ec, status).await?;
     Ok(Action::await_change())
+}
+
+/// The `CacheOutOfSync` condition (status, reason, message) for a cache state: why the
+/// desired version is not what proxies get, with Envoy's words when it rejected it.
+pub fn cache_condition(
+    state: CacheState,
+    desired: &str,
+    published: &str,
+    nack: Option<&str>,
+) -> (bool, &'static str, String) {
+    let why = nack.map(|m| format!(": {m}")).unwrap_or_default();
+    match state {
+        CacheState::InSync => (false, "InSync", format!("version {desired} is published")),
+        CacheState::Rollback => (
+            true,
+            "Rollback",
+            format!("Envoy rejected version {desired}; rolled back to version {published}{why}"),
+        ),
+        CacheState::RollbackFailed => (
+            true,
+            "RollbackFailed",
+            format!(
+                "Envoy rejected version {desired} and no earlier revision is untainted; it stays \
+                 published until the spec is fixed{why}"
+            ),
+        ),
+    }
 }
 
 fn revision_ref(
@@ -405,6 +416,25 @@ mod tests {
         assert!(problems(&spec, "mine", true).is_empty());
         spec.envoy_resources.secrets[0].secret_ref.namespace = Some("mine".into());
         assert!(problems(&spec, "mine", false).is_empty());
+    }
+
+    #[test]
+    fn the_cache_condition_says_what_is_served_and_why() {
+        let (out, reason, msg) = cache_condition(CacheState::InSync, "b", "b", None);
+        assert_eq!(
+            (out, reason, msg.as_str()),
+            (false, "InSync", "version b is published")
+        );
+        let (out, reason, msg) =
+            cache_condition(CacheState::Rollback, "b", "a", Some("router must be last"));
+        assert_eq!((out, reason), (true, "Rollback"));
+        assert_eq!(
+            msg,
+            "Envoy rejected version b; rolled back to version a: router must be last"
+        );
+        let (out, reason, msg) = cache_condition(CacheState::RollbackFailed, "b", "b", Some("x"));
+        assert_eq!((out, reason), (true, "RollbackFailed"));
+        assert!(msg.ends_with("until the spec is fixed: x"), "{msg}");
     }
 
     #[test]
