@@ -21,6 +21,7 @@ use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use marin3r_e2e::envoy::get_body;
 use serde_json::json;
+use support::plane::pem_der;
 use support::{Pki, Proxy, free_port, wait_for};
 
 /// The discovery service process; killed on drop if the test did not stop it.
@@ -226,14 +227,6 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     };
     drop(proxy);
     assert!(status.success(), "{status:?}\n{}", log());
-}
-
-fn pem_der(pem: &str) -> Vec<u8> {
-    use base64::Engine;
-    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .unwrap()
 }
 
 /// The certificate the webhook presents, after checking it answers `/healthz` with 200.
