@@ -130,18 +130,20 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
             "version {version} is invalid and was not published: {}",
             problems.join("; ")
         );
-        if set_condition(
+        let changed = set_condition(
             &mut status.conditions,
             CACHE_OUT_OF_SYNC,
             true,
             "InvalidSpec",
             &message,
             generation,
-        ) {
+        );
+        // The status write fails on a stale read, so an event follows only a real change.
+        write_status(&ctx, &ec, status).await?;
+        if changed {
             ctx.publish(&*ec, EventType::Warning, "InvalidSpec", &message)
                 .await;
         }
-        write_status(&ctx, &ec, status).await?;
         return Ok(Action::await_change());
     }
 
@@ -231,6 +233,7 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     );
     status.last_nack_message = nack;
     let state = plan.cache_state.as_str();
+    write_status(&ctx, &ec, status).await?;
     if previous_state.as_deref() != Some(state) {
         let type_ = if plan.cache_state == CacheState::InSync {
             EventType::Normal
@@ -240,7 +243,6 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
         info!(envoyconfig = %ec.name_any(), namespace = %ns, published = %plan.publish, %state, "cache state changed");
         ctx.publish(&*ec, type_, state, &message).await;
     }
-    write_status(&ctx, &ec, status).await?;
     Ok(Action::await_change())
 }
 

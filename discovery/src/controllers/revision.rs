@@ -132,6 +132,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     }
     let mut status = r.status.clone().unwrap_or_default();
     let generation = r.metadata.generation;
+    let mut failure = None;
     let action = match load(&r, &ctx).await? {
         Ok((snapshot, secrets_version)) => {
             if ctx.publisher.load(&key, &name, &r.spec.version, snapshot) {
@@ -161,8 +162,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
                 &message,
                 generation,
             ) {
-                ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)
-                    .await;
+                failure = Some(message.clone());
             }
             warn!(revision = %name, %message, "cannot load revision");
             Action::requeue(LOAD_RETRY)
@@ -177,6 +177,11 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
             &Patch::Merge(patch),
         )
         .await?;
+    }
+    // After the write, which fails on a stale read: one event per new problem.
+    if let Some(message) = failure {
+        ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)
+            .await;
     }
     Ok(action)
 }
