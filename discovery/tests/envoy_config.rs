@@ -116,6 +116,19 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         .unwrap();
     assert!(c.message.contains("router"), "{}", c.message);
     proxy.wait_for_body(port, "v1");
+    // `kubectl describe` tells the user why.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    plane.api.write_kubeconfig(&kubeconfig).unwrap();
+    let k = marin3r_e2e::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let described = plane
+        .rt
+        .block_on(k.ok(&["describe", "ec", "gw", "-n", NS]))
+        .unwrap();
+    assert!(
+        described.contains("Rollback") && described.contains("terminal filter"),
+        "{described}"
+    );
 
     // A fixed spec is InSync again.
     plane.apply(NS, "gw", spec(node, port, "v3"));
