@@ -1,7 +1,7 @@
 //! Secrets served to Envoy by SDS from `spec.envoyResources.secrets`: Envoy presents the
 //! Secret's certificate, a changed Secret reaches Envoy with no EnvoyConfig change, a
 //! cross-namespace reference is refused, and a missing or non-TLS Secret is reported on the
-//! revision until it is fixed.
+//! revision until it is fixed (that one without `ref`: the Secret named like the entry).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -112,7 +112,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     plane.apply(
         NS,
         "late",
-        https_spec("late", port, json!({"name": "later"})),
+        https_spec("late", port, serde_json::Value::Null),
     );
     let ec = plane.wait_in_sync(NS, "late");
     let version = ec.spec.envoy_resources.version();
@@ -134,7 +134,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     let c = out_of_sync("LoadFailed");
     assert_eq!(c.status, "True");
     assert!(
-        c.message.contains("Secret team-a/later not found"),
+        c.message.contains("Secret team-a/my-certificate not found"),
         "{}",
         c.message
     );
@@ -142,7 +142,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
 
     // An Opaque Secret is not a certificate.
     let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
-    let mut opaque = tls_secret("later", &plane.pki.server);
+    let mut opaque = tls_secret("my-certificate", &plane.pki.server);
     opaque.type_ = Some("Opaque".into());
     plane
         .rt
@@ -158,13 +158,13 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     // With a TLS Secret it loads, with no change to the config.
     plane
         .rt
-        .block_on(secrets.delete("later", &DeleteParams::default()))
+        .block_on(secrets.delete("my-certificate", &DeleteParams::default()))
         .unwrap();
     plane
         .rt
         .block_on(secrets.create(
             &PostParams::default(),
-            &tls_secret("later", &plane.pki.server),
+            &tls_secret("my-certificate", &plane.pki.server),
         ))
         .unwrap();
     let c = out_of_sync("ResourcesLoaded");

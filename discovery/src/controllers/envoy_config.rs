@@ -90,19 +90,14 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
         Err(errors) => errors.iter().map(ToString::to_string).collect(),
     };
     for (i, secret) in spec.envoy_resources.secrets.iter().enumerate() {
-        if let Some(ns) = &secret.secret_ref.namespace
+        if let Some(ns) = secret.secret_namespace()
             && ns != namespace
             && !cross_namespace
         {
             out.push(format!(
                 "spec.envoyResources.secrets[{i}].ref.namespace: Secret {ns}/{} is in another \
                  namespace; only Secrets of namespace {namespace} may be referenced",
-                secret.secret_ref.name
-            ));
-        }
-        if secret.secret_ref.name.is_empty() {
-            out.push(format!(
-                "spec.envoyResources.secrets[{i}].ref.name: must not be empty"
+                secret.secret_name()
             ));
         }
     }
@@ -404,10 +399,10 @@ mod tests {
         };
         spec.envoy_resources.secrets.push(EnvoySecretResource {
             name: "cert".into(),
-            secret_ref: SecretReference {
+            secret_ref: Some(SecretReference {
                 name: "s".into(),
                 namespace: Some("other".into()),
-            },
+            }),
         });
         let p = problems(&spec, "mine", false);
         assert_eq!(p.len(), 1, "{p:?}");
@@ -416,7 +411,11 @@ mod tests {
             "{p:?}"
         );
         assert!(problems(&spec, "mine", true).is_empty());
-        spec.envoy_resources.secrets[0].secret_ref.namespace = Some("mine".into());
+        spec.envoy_resources.secrets[0]
+            .secret_ref
+            .as_mut()
+            .unwrap()
+            .namespace = Some("mine".into());
         assert!(problems(&spec, "mine", false).is_empty());
     }
 

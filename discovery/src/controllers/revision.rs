@@ -95,11 +95,8 @@ fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)
     let own = r.namespace().unwrap_or_default();
     r.spec.envoy_resources.secrets.iter().map(move |s| {
         (
-            s.secret_ref
-                .namespace
-                .clone()
-                .unwrap_or_else(|| own.clone()),
-            s.secret_ref.name.clone(),
+            s.secret_namespace().unwrap_or(&own).to_owned(),
+            s.secret_name().to_owned(),
         )
     })
 }
@@ -202,29 +199,26 @@ async fn load(
     let own = r.namespace().unwrap_or_default();
     let mut hasher = Sha256::new();
     for (i, s) in r.spec.envoy_resources.secrets.iter().enumerate() {
-        let ns = s
-            .secret_ref
-            .namespace
-            .clone()
-            .unwrap_or_else(|| own.clone());
+        let ns = s.secret_namespace().unwrap_or(&own).to_owned();
+        let secret_name = s.secret_name();
         let path = format!("spec.envoyResources.secrets[{i}]");
         if ns != own && !ctx.config.allow_cross_namespace_secrets {
             return Ok(Err(format!(
                 "{path}.ref: Secret {ns}/{} is in another namespace; only Secrets of namespace {own} may be referenced",
-                s.secret_ref.name
+                secret_name
             )));
         }
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-        let Some(secret) = api.get_opt(&s.secret_ref.name).await? else {
+        let Some(secret) = api.get_opt(secret_name).await? else {
             return Ok(Err(format!(
                 "{path}.ref: Secret {ns}/{} not found",
-                s.secret_ref.name
+                secret_name
             )));
         };
         if secret.type_.as_deref() != Some("kubernetes.io/tls") {
             return Ok(Err(format!(
                 "{path}.ref: Secret {ns}/{} is of type {:?}, not kubernetes.io/tls",
-                s.secret_ref.name,
+                secret_name,
                 secret.type_.as_deref().unwrap_or("Opaque")
             )));
         }
@@ -237,10 +231,7 @@ async fn load(
                 resources.push(resource);
             }
             Err(e) => {
-                return Ok(Err(format!(
-                    "{path}.ref: Secret {ns}/{}: {e}",
-                    s.secret_ref.name
-                )));
+                return Ok(Err(format!("{path}.ref: Secret {ns}/{}: {e}", secret_name)));
             }
         }
     }

@@ -403,11 +403,17 @@ filter_chains:
               sds_config: {{ ads: {{}}, resource_api_version: V3 }}
 "#
     );
+    // `null`: no `ref`, the original MARIN3R's way of naming the Secret `my-certificate`.
+    let secret = if secret_ref.is_null() {
+        json!({"name": "my-certificate"})
+    } else {
+        json!({"name": "my-certificate", "ref": secret_ref})
+    };
     json!({
         "nodeID": node,
         "serialization": "yaml",
         "envoyResources": {
-            "secrets": [{"name": "my-certificate", "ref": secret_ref}],
+            "secrets": [secret],
             "listeners": [{"name": "https", "value": listener}],
             "runtimes": [{"name": "runtime", "value": RUNTIME}],
         }
