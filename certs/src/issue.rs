@@ -88,7 +88,7 @@ pub enum Usage {
 }
 
 /// Everything needed to issue one certificate.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CertificateRequest {
     pub common_name: String,
     /// DNS names, IP addresses and URIs (such as SPIFFE IDs); empty means `[common_name]`.
@@ -133,6 +133,12 @@ impl CertificateRequest {
         self
     }
 
+    /// The hosts the certificate is issued for: `hosts`, or the common name when empty.
+    pub fn effective_hosts(&self) -> impl Iterator<Item = &str> {
+        let fallback = self.hosts.is_empty().then_some(self.common_name.as_str());
+        self.hosts.iter().map(String::as_str).chain(fallback)
+    }
+
     fn params(&self, now: OffsetDateTime) -> Result<CertificateParams, CertError> {
         if self.common_name.trim().is_empty() {
             return Err(CertError::InvalidRequest(
@@ -161,13 +167,8 @@ impl CertificateRequest {
         params.not_before = not_before;
         params.not_after = not_after;
         params.serial_number = Some(random_serial()?);
-        let hosts: Vec<&str> = if self.hosts.is_empty() {
-            vec![self.common_name.as_str()]
-        } else {
-            self.hosts.iter().map(String::as_str).collect()
-        };
-        params.subject_alt_names = hosts
-            .into_iter()
+        params.subject_alt_names = self
+            .effective_hosts()
             .map(subject_alt_name)
             .collect::<Result<_, _>>()?;
         if self.is_ca {

@@ -2,6 +2,8 @@
 //! reading PEM, verifying chains and keys, and the two numbers the controllers live by:
 //! the certificate hash and the renewal instant (80% of the validity).
 
+pub mod api;
+pub mod controller;
 mod error;
 mod inspect;
 mod issue;

@@ -1,6 +1,10 @@
 //! marin3r's discovery service and the `marin3r` command line.
 
+pub mod api;
 pub mod bootstrap;
 pub mod cli;
+pub mod convert;
+pub mod crds;
 pub mod resource;
+pub mod revisions;
 pub mod xds;

@@ -4,8 +4,13 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Subcommand;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
 use marin3r_certs::CertificateInfo;
+use marin3r_certs::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -18,10 +23,48 @@ pub enum CertsCommand {
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
     },
+    /// Request a renewal of a DiscoveryServiceCertificate (sets the
+    /// `marin3r.3scale.net/renew` annotation to the current time).
+    Renew {
+        /// The DiscoveryServiceCertificate's name.
+        name: String,
+        /// Its namespace (default: the current context's).
+        #[arg(short, long)]
+        namespace: Option<String>,
+    },
+    /// Show a DiscoveryServiceCertificate: readiness, conditions, its Secret and the
+    /// certificate inside it.
+    Status {
+        name: String,
+        #[arg(short, long)]
+        namespace: Option<String>,
+    },
 }
 
-pub fn run(cmd: CertsCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(cmd: CertsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        CertsCommand::Renew { name, namespace } => {
+            let (api, ns) = certificates(namespace).await?;
+            let now = rfc3339(OffsetDateTime::now_utc());
+            let patch = serde_json::json!({"metadata": {"annotations": {RENEW_ANNOTATION: now}}});
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .with_context(|| format!("requesting a renewal of {ns}/{name}"))?;
+            println!("renewal requested for discoveryservicecertificate {ns}/{name}");
+            Ok(ExitCode::SUCCESS)
+        }
+        CertsCommand::Status { name, namespace } => {
+            let (api, ns) = certificates(namespace).await?;
+            let dsc = api
+                .get(&name)
+                .await
+                .with_context(|| format!("reading discoveryservicecertificate {ns}/{name}"))?;
+            let secrets: Api<Secret> =
+                Api::namespaced(api_client(&api), &secret_namespace(&dsc, &ns));
+            let secret = secrets.get_opt(&dsc.spec.secret_ref.name).await?;
+            print!("{}", status_report(&dsc, &ns, secret.as_ref()));
+            Ok(ExitCode::SUCCESS)
+        }
         CertsCommand::Inspect { files } => {
             let ok = inspect(&files, &mut io::stdout().lock(), &mut io::stderr().lock())?;
             Ok(if ok {
@@ -112,4 +155,113 @@ fn write_certificate(info: &CertificateInfo, out: &mut impl Write) -> io::Result
     )?;
     writeln!(out, "  Hash:        {}", info.hash())?;
     Ok(())
+}
+
+async fn certificates(
+    namespace: Option<String>,
+) -> anyhow::Result<(Api<DiscoveryServiceCertificate>, String)> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the cluster of the current kubeconfig")?;
+    let ns = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
+    Ok((Api::namespaced(client, &ns), ns))
+}
+
+fn api_client(api: &Api<DiscoveryServiceCertificate>) -> kube::Client {
+    api.clone().into_client()
+}
+
+fn secret_namespace(dsc: &DiscoveryServiceCertificate, ns: &str) -> String {
+    dsc.spec
+        .secret_ref
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| ns.to_owned())
+}
+
+/// The `marin3r certs status` report.
+pub fn status_report(
+    dsc: &DiscoveryServiceCertificate,
+    ns: &str,
+    secret: Option<&Secret>,
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let name = dsc.metadata.name.as_deref().unwrap_or_default();
+    let status = dsc.status.clone().unwrap_or_default();
+    let time = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.as_ref()
+            .map_or_else(|| "-".to_owned(), |t| t.0.to_string())
+    };
+    let _ = writeln!(out, "Name:          {name}");
+    let _ = writeln!(out, "Namespace:     {ns}");
+    let _ = writeln!(out, "Common name:   {}", dsc.spec.common_name);
+    let _ = writeln!(
+        out,
+        "Ready:         {}",
+        status
+            .ready
+            .map_or("Unknown", |r| if r { "True" } else { "False" })
+    );
+    let _ = writeln!(out, "Not before:    {}", time(&status.not_before));
+    let _ = writeln!(out, "Not after:     {}", time(&status.not_after));
+    let _ = writeln!(out, "Renewal time:  {}", time(&status.renewal_time));
+    let _ = writeln!(
+        out,
+        "Hash:          {}",
+        status.certificate_hash.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(out, "Conditions:");
+    if status.conditions.is_empty() {
+        let _ = writeln!(out, "  (none yet: is the operator running?)");
+    }
+    for c in &status.conditions {
+        let _ = writeln!(
+            out,
+            "  {}={} {}: {} (since {})",
+            c.type_, c.status, c.reason, c.message, c.last_transition_time.0
+        );
+    }
+    let secret_ref = format!("{}/{}", secret_namespace(dsc, ns), dsc.spec.secret_ref.name);
+    match secret {
+        None => {
+            let _ = writeln!(out, "Secret:        {secret_ref} (not found)");
+        }
+        Some(secret) => {
+            let keys: Vec<&str> = secret
+                .data
+                .iter()
+                .flat_map(|d| d.keys())
+                .map(String::as_str)
+                .collect();
+            let _ = writeln!(
+                out,
+                "Secret:        {secret_ref} (type {}, keys: {})",
+                secret.type_.as_deref().unwrap_or("-"),
+                keys.join(", ")
+            );
+            let cert = secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get("tls.crt"))
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+            match cert.as_deref().map(CertificateInfo::from_pem) {
+                Some(Ok(info)) => {
+                    let _ = writeln!(out, "Certificate (tls.crt):");
+                    let mut buf = Vec::new();
+                    if write_certificate(&info, &mut buf).is_ok() {
+                        out.push_str(&String::from_utf8_lossy(&buf));
+                    }
+                }
+                Some(Err(e)) => {
+                    let _ = writeln!(out, "Certificate (tls.crt): unreadable: {e}");
+                }
+                None => {
+                    let _ = writeln!(out, "Certificate (tls.crt): missing");
+                }
+            }
+        }
+    }
+    out
 }

@@ -3,7 +3,11 @@
 
 mod bootstrap;
 mod certs;
+mod crds;
+mod inject;
+mod operator;
 mod proxy_status;
+mod validate;
 
 use std::process::ExitCode;
 
@@ -27,6 +31,16 @@ pub enum Command {
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Print the CustomResourceDefinitions marin3r serves.
+    Crds(crds::CrdsArgs),
+    /// Run the operator's controllers against the cluster of the current kubeconfig (or the
+    /// in-cluster configuration).
+    Operator(operator::OperatorArgs),
+    /// Validate EnvoyConfig manifests offline: every resource is parsed into its Envoy v3
+    /// type; every problem is printed with its file and field path.
+    Validate(validate::ValidateArgs),
+    /// Inject the Envoy sidecar into Pods and pod templates offline, as the webhook would.
+    Inject(inject::InjectArgs),
     /// Show every proxy connected to a discovery service and its per-type sync state.
     ProxyStatus(proxy_status::ProxyStatusArgs),
 }
@@ -35,7 +49,14 @@ pub enum Command {
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
-        Command::Certs(cmd) => certs::run(cmd),
+        Command::Certs(cmd) => certs::run(cmd).await,
+        Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Inject(args) => inject::run(args),
+        Command::Operator(args) => {
+            init_logging();
+            operator::run(args).await.map(|()| ExitCode::SUCCESS)
+        }
+        Command::Validate(args) => validate::run(args),
         Command::ProxyStatus(args) => proxy_status::run(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
@@ -44,5 +65,39 @@ pub async fn run(cli: Cli) -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
     }
 }

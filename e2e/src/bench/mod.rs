@@ -1,6 +1,8 @@
 //! The benchmarks `hack/bench` runs. Each returns rows of one table; the binary prints them.
 
+pub mod admission;
 pub mod certs;
+pub mod convert;
 pub mod xds;
 
 use std::time::Duration;

@@ -8,9 +8,9 @@ struct Args {
     /// Multiply every benchmark's sample count (e.g. 0.1 for a quick run).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Run only the benchmarks whose name contains this (e.g. `xds`, `certs`).
-    #[arg(long)]
-    only: Option<String>,
+    /// Run only these benchmarks (certs, convert, admission, xds); all by default.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
     /// The largest number of simulated Envoys in the xDS benchmark (100, 1000 or 10000).
     #[arg(long, default_value_t = 10_000)]
     xds_max_streams: usize,
@@ -25,10 +25,23 @@ fn main() -> anyhow::Result<()> {
         return marin3r_e2e::bench::xds::run_server(dir);
     }
     anyhow::ensure!(args.scale > 0.0, "--scale must be positive");
-    let wanted = |name: &str| args.only.as_deref().is_none_or(|o| name.contains(o));
     let mut rows = Vec::new();
+    const ALL: [&str; 4] = ["certs", "convert", "admission", "xds"];
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    if let Some(unknown) = args.only.iter().find(|o| !ALL.contains(&o.as_str())) {
+        anyhow::bail!(
+            "unknown benchmark {unknown:?}: expected one of {}",
+            ALL.join(", ")
+        );
+    }
     if wanted("certs") {
         rows.extend(marin3r_e2e::bench::certs::issuance(args.scale)?);
+    }
+    if wanted("convert") {
+        rows.extend(marin3r_e2e::bench::convert::conversion(args.scale)?);
+    }
+    if wanted("admission") {
+        rows.extend(marin3r_e2e::bench::admission::admission(args.scale)?);
     }
     if wanted("xds") {
         rows.extend(marin3r_e2e::bench::xds::convergence(

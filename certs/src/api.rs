@@ -1,0 +1,268 @@
+//! The `DiscoveryServiceCertificate` resource (`operator.marin3r.3scale.net/v1alpha1`,
+//! short name `dsc`): field names and defaults as in the original MARIN3R, plus an optional
+//! key algorithm and the renewal instant in status.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::KeyAlgorithm;
+
+/// The annotation that requests a manual renewal: each new value reissues the certificate once
+/// (`marin3r certs renew` sets it to the current time).
+pub const RENEW_ANNOTATION: &str = "marin3r.3scale.net/renew";
+/// Labels on every Secret the controller writes, naming the certificate that owns it.
+pub const OWNER_NAME_LABEL: &str = "marin3r.3scale.net/dsc-name";
+pub const OWNER_NAMESPACE_LABEL: &str = "marin3r.3scale.net/dsc-namespace";
+/// The condition type the controller maintains.
+pub const READY_CONDITION: &str = "Ready";
+
+/// A certificate that marin3r issues into a `kubernetes.io/tls` Secret and keeps renewed.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "operator.marin3r.3scale.net",
+    version = "v1alpha1",
+    kind = "DiscoveryServiceCertificate",
+    namespaced,
+    shortname = "dsc",
+    status = "DiscoveryServiceCertificateStatus",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Not After","type":"date","jsonPath":".status.notAfter"}"#,
+    printcolumn = r#"{"name":"Renewal","type":"date","jsonPath":".status.renewalTime"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryServiceCertificateSpec {
+    /// The certificate's subject common name.
+    pub common_name: String,
+    /// Issue with the server-auth usage (otherwise client-auth).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<bool>,
+    /// Issue a CA certificate.
+    #[serde(default, rename = "isCA", skip_serializing_if = "Option::is_none")]
+    pub is_ca: Option<bool>,
+    /// Validity in seconds.
+    #[schemars(range(min = 1))]
+    pub valid_for: i64,
+    /// DNS names, IP addresses and URIs (such as SPIFFE IDs); defaults to `[commonName]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
+    /// Who signs the certificate: exactly one of `selfSigned` or `caSigned`.
+    pub signer: Signer,
+    /// The Secret to write (`kubernetes.io/tls` with `tls.crt`, `tls.key`, `ca.crt`).
+    pub secret_ref: SecretReference,
+    /// Renewal at 80% of the validity; enabled unless set to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_renewal: Option<CertificateRenewal>,
+    /// `ecdsa-p256` (default), `rsa-2048` or `rsa-4096`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["ecdsa-p256", "rsa-2048", "rsa-4096"]))]
+    pub key_algorithm: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
+pub struct Signer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_signed: Option<SelfSigned>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_signed: Option<CaSigned>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct SelfSigned {}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaSigned {
+    /// The Secret holding the CA's `tls.crt` and `tls.key`.
+    pub ca_secret_ref: SecretReference,
+}
+
+/// A Secret by name; the namespace defaults to the certificate's own.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretReference {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct CertificateRenewal {
+    pub enabled: bool,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryServiceCertificateStatus {
+    /// The certificate in the Secret is valid now and matches the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<Time>,
+    /// When the certificate will be renewed (80% of its validity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal_time: Option<Time>,
+    /// The certificate hash (see `marin3r certs inspect`); changes with every issuance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_hash: Option<String>,
+    /// The last value of the renew annotation that was acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_renewal_request: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A spec turned into what the PKI needs, or the reason it cannot be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidSpec {
+    pub request: crate::CertificateRequest,
+    pub ca_secret: Option<(String, String)>,
+    pub secret: (String, String),
+    pub renewal_enabled: bool,
+}
+
+impl DiscoveryServiceCertificateSpec {
+    /// Checks the spec and resolves defaults. `namespace` is the resource's own namespace.
+    pub fn validate(&self, namespace: &str) -> Result<ValidSpec, String> {
+        if self.common_name.trim().is_empty() {
+            return Err("spec.commonName must not be empty".into());
+        }
+        let valid_for = u64::try_from(self.valid_for)
+            .ok()
+            .filter(|s| *s > 0)
+            .ok_or_else(|| format!("spec.validFor must be positive, got {}", self.valid_for))?;
+        let key_algorithm = match &self.key_algorithm {
+            None => KeyAlgorithm::default(),
+            Some(alg) => alg
+                .parse()
+                .map_err(|e: crate::CertError| format!("spec.keyAlgorithm: {e}"))?,
+        };
+        let hosts = self
+            .hosts
+            .clone()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| vec![self.common_name.clone()]);
+        for (i, host) in hosts.iter().enumerate() {
+            crate::subject_alt_name(host).map_err(|e| format!("spec.hosts[{i}]: {e}"))?;
+        }
+        let ca_secret = match (&self.signer.self_signed, &self.signer.ca_signed) {
+            (Some(_), None) => None,
+            (None, Some(ca)) => Some(resolve(&ca.ca_secret_ref, namespace, "caSecretRef")?),
+            (Some(_), Some(_)) => {
+                return Err(
+                    "spec.signer: set exactly one of selfSigned and caSigned, not both".into(),
+                );
+            }
+            (None, None) => {
+                return Err("spec.signer: set exactly one of selfSigned and caSigned".into());
+            }
+        };
+        let secret = resolve(&self.secret_ref, namespace, "secretRef")?;
+        let usage = if self.server.unwrap_or(false) {
+            crate::Usage::Server
+        } else {
+            crate::Usage::Client
+        };
+        let request = crate::CertificateRequest {
+            common_name: self.common_name.clone(),
+            hosts,
+            is_ca: self.is_ca.unwrap_or(false),
+            usage,
+            valid_for: std::time::Duration::from_secs(valid_for),
+            key_algorithm,
+        };
+        Ok(ValidSpec {
+            request,
+            ca_secret,
+            secret,
+            renewal_enabled: self.certificate_renewal.as_ref().is_none_or(|r| r.enabled),
+        })
+    }
+}
+
+fn resolve(r: &SecretReference, namespace: &str, field: &str) -> Result<(String, String), String> {
+    if r.name.trim().is_empty() {
+        return Err(format!("spec.{field}.name must not be empty"));
+    }
+    let ns = r.namespace.clone().filter(|n| !n.is_empty());
+    Ok((ns.unwrap_or_else(|| namespace.to_owned()), r.name.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> DiscoveryServiceCertificateSpec {
+        serde_json::from_value(serde_json::json!({
+            "commonName": "marin3r-server",
+            "server": true,
+            "validFor": 3600,
+            "hosts": ["marin3r", "marin3r.default.svc"],
+            "signer": {"caSigned": {"caSecretRef": {"name": "ca"}}},
+            "secretRef": {"name": "server-cert", "namespace": "default"},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn original_manifests_parse_and_resolve_defaults() {
+        let valid = spec().validate("default").unwrap();
+        assert_eq!(valid.request.usage, crate::Usage::Server);
+        assert!(!valid.request.is_ca);
+        assert_eq!(valid.ca_secret, Some(("default".into(), "ca".into())));
+        assert_eq!(valid.secret, ("default".into(), "server-cert".into()));
+        assert!(valid.renewal_enabled);
+        assert_eq!(valid.request.key_algorithm, KeyAlgorithm::EcdsaP256);
+
+        let ca: DiscoveryServiceCertificateSpec = serde_json::from_value(serde_json::json!({
+            "commonName": "ca", "isCA": true, "validFor": 86400,
+            "signer": {"selfSigned": {}}, "secretRef": {"name": "ca"},
+            "certificateRenewal": {"enabled": false}, "keyAlgorithm": "rsa-2048",
+        }))
+        .unwrap();
+        let valid = ca.validate("ops").unwrap();
+        assert!(valid.request.is_ca);
+        assert_eq!(valid.request.hosts, vec!["ca".to_owned()]);
+        assert_eq!(valid.ca_secret, None);
+        assert_eq!(valid.secret, ("ops".into(), "ca".into()));
+        assert!(!valid.renewal_enabled);
+    }
+
+    #[test]
+    fn bad_specs_say_which_field() {
+        type Mutation = fn(&mut DiscoveryServiceCertificateSpec);
+        let cases: Vec<(Mutation, &str)> = vec![
+            (|s| s.valid_for = 0, "spec.validFor must be positive, got 0"),
+            (
+                |s| s.valid_for = -5,
+                "spec.validFor must be positive, got -5",
+            ),
+            (|s| s.common_name = "".into(), "spec.commonName"),
+            (
+                |s| s.hosts = Some(vec!["ok".into(), "not ok".into()]),
+                "spec.hosts[1]",
+            ),
+            (|s| s.signer = Signer::default(), "exactly one of"),
+            (|s| s.signer.self_signed = Some(SelfSigned {}), "not both"),
+            (
+                |s| s.key_algorithm = Some("dsa".into()),
+                "spec.keyAlgorithm",
+            ),
+            (|s| s.secret_ref.name = " ".into(), "spec.secretRef.name"),
+        ];
+        for (mutate, want) in cases {
+            let mut s = spec();
+            mutate(&mut s);
+            let err = s.validate("default").unwrap_err();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+}

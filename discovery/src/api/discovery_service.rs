@@ -1,0 +1,371 @@
+//! The `DiscoveryService` resource (`operator.marin3r.3scale.net/v1alpha1`): one discovery
+//! service deployment, its PKI and the namespaces whose pods it injects and configures.
+//! Field names are the original MARIN3R's (including its `pkiConfg` misspelling).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::duration::parse_go_duration;
+
+pub const DEFAULT_XDS_PORT: u16 = 18000;
+pub const DEFAULT_METRICS_PORT: u16 = 8383;
+pub const DEFAULT_WEBHOOK_PORT: u16 = 8443;
+pub const DEFAULT_CA_DURATION: &str = "26280h";
+pub const DEFAULT_SERVER_CERT_DURATION: &str = "2160h";
+pub const DEFAULT_CLIENT_CERT_DURATION: &str = "168h";
+/// The label a user puts on a namespace to enable it for a discovery service.
+pub const DISCOVERY_SERVICE_LABEL: &str = "marin3r.3scale.net/discovery-service";
+pub const STATUS_LABEL: &str = "marin3r.3scale.net/status";
+/// The pod template label that rolls the discovery pod when its certificate changes.
+pub const SERVER_CERT_HASH_LABEL: &str = "marin3r.3scale.net/server-certificate-hash";
+
+/// A marin3r discovery service: the xDS server and injection webhook pod, its certificates,
+/// and the namespaces it serves.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "operator.marin3r.3scale.net",
+    version = "v1alpha1",
+    kind = "DiscoveryService",
+    namespaced,
+    status = "DiscoveryServiceStatus",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryServiceSpec {
+    /// The marin3r image of the discovery pod (default: this operator's version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Debug logging in the discovery pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debug: Option<bool>,
+    /// Resources of the discovery pod's container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// The PKI: CA, server certificate and client certificate lifetimes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pki_config: Option<PkiConfig>,
+    /// The original MARIN3R's spelling of `pkiConfig`; `pkiConfig` wins when both are set.
+    #[serde(default, rename = "pkiConfg", skip_serializing_if = "Option::is_none")]
+    pub pki_confg: Option<PkiConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xds_server_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_port: Option<u16>,
+    /// Namespaces enabled for injection besides those labelled
+    /// `marin3r.3scale.net/discovery-service=<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled_namespaces: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_config: Option<ServiceConfig>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PkiConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_certificate_authority: Option<CertificateOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_certificate: Option<CertificateOptions>,
+    /// Lifetime of the sidecars' client certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<ClientCertificateOptions>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_name: Option<String>,
+    /// A Go duration such as `2160h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ClientCertificateOptions {
+    /// A Go duration such as `168h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ServiceConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `ClusterIP` (default), `LoadBalancer` or `Headless`.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["ClusterIP", "LoadBalancer", "Headless"]))]
+    pub type_: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryServiceStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Namespaces currently enabled (listed or labelled).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub enabled_namespaces: Vec<String>,
+    /// The discovery Deployment's ready and desired replicas, e.g. `1/1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// A `DiscoveryService` spec with every default applied and every field checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub image: String,
+    pub debug: bool,
+    pub resources: Option<ResourceRequirements>,
+    pub ca_secret: String,
+    pub ca_duration: Duration,
+    pub server_secret: String,
+    pub server_duration: Duration,
+    pub client_duration: Duration,
+    pub xds_port: u16,
+    pub metrics_port: u16,
+    pub webhook_port: u16,
+    pub enabled_namespaces: Vec<String>,
+    pub service_name: String,
+    pub service_type: String,
+}
+
+impl DiscoveryService {
+    /// The name shared by the objects this resource owns: `marin3r-<name>`.
+    pub fn owned_name(&self) -> String {
+        format!(
+            "marin3r-{}",
+            self.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+
+    /// Applies defaults and checks the spec; the error names the field.
+    pub fn resolve(&self, default_image: &str) -> Result<Resolved, String> {
+        let spec = &self.spec;
+        let owned = self.owned_name();
+        let pki = spec
+            .pki_config
+            .clone()
+            .or_else(|| spec.pki_confg.clone())
+            .unwrap_or_default();
+        let duration = |field: &str, value: Option<&str>, default: &str| {
+            let d = parse_go_duration(value.unwrap_or(default))
+                .map_err(|e| format!("spec.pkiConfig.{field}.duration: {e}"))?;
+            if d < Duration::from_secs(1) {
+                return Err(format!(
+                    "spec.pkiConfig.{field}.duration must be at least 1s"
+                ));
+            }
+            Ok(d)
+        };
+        let ca = pki.root_certificate_authority.unwrap_or_default();
+        let server = pki.server_certificate.unwrap_or_default();
+        let client = pki.client_certificate.unwrap_or_default();
+        let port = |field: &str, value: Option<u16>, default: u16| match value {
+            Some(0) => Err(format!("spec.{field} must be between 1 and 65535")),
+            other => Ok(other.unwrap_or(default)),
+        };
+        let service = spec.service_config.clone().unwrap_or_default();
+        let service_type = service.type_.unwrap_or_else(|| "ClusterIP".into());
+        if !["ClusterIP", "LoadBalancer", "Headless"].contains(&service_type.as_str()) {
+            return Err(format!(
+                "spec.serviceConfig.type: {service_type:?} is not one of ClusterIP, LoadBalancer, Headless"
+            ));
+        }
+        let mut enabled = spec.enabled_namespaces.clone().unwrap_or_default();
+        for (i, ns) in enabled.iter().enumerate() {
+            if !is_dns_label(ns) {
+                return Err(format!(
+                    "spec.enabledNamespaces[{i}]: {ns:?} is not a namespace name"
+                ));
+            }
+        }
+        enabled.sort();
+        enabled.dedup();
+        let resolved = Resolved {
+            image: spec
+                .image
+                .clone()
+                .unwrap_or_else(|| default_image.to_owned()),
+            debug: spec.debug.unwrap_or(false),
+            resources: spec.resources.clone(),
+            ca_secret: ca.secret_name.unwrap_or_else(|| {
+                format!(
+                    "marin3r-ca-cert-{}",
+                    self.metadata.name.as_deref().unwrap_or_default()
+                )
+            }),
+            ca_duration: duration(
+                "rootCertificateAuthority",
+                ca.duration.as_deref(),
+                DEFAULT_CA_DURATION,
+            )?,
+            server_secret: server.secret_name.unwrap_or_else(|| {
+                format!(
+                    "marin3r-server-cert-{}",
+                    self.metadata.name.as_deref().unwrap_or_default()
+                )
+            }),
+            server_duration: duration(
+                "serverCertificate",
+                server.duration.as_deref(),
+                DEFAULT_SERVER_CERT_DURATION,
+            )?,
+            client_duration: duration(
+                "clientCertificate",
+                client.duration.as_deref(),
+                DEFAULT_CLIENT_CERT_DURATION,
+            )?,
+            xds_port: port("xdsServerPort", spec.xds_server_port, DEFAULT_XDS_PORT)?,
+            metrics_port: port("metricsPort", spec.metrics_port, DEFAULT_METRICS_PORT)?,
+            webhook_port: port("webhookPort", spec.webhook_port, DEFAULT_WEBHOOK_PORT)?,
+            enabled_namespaces: enabled,
+            service_name: service.name.unwrap_or(owned),
+            service_type,
+        };
+        for (field, name) in [
+            (
+                "spec.pkiConfig.rootCertificateAuthority.secretName",
+                &resolved.ca_secret,
+            ),
+            (
+                "spec.pkiConfig.serverCertificate.secretName",
+                &resolved.server_secret,
+            ),
+        ] {
+            if !is_dns_subdomain(name) {
+                return Err(format!("{field}: {name:?} is not a valid Secret name"));
+            }
+        }
+        if !is_dns_label(&resolved.service_name) {
+            return Err(format!(
+                "spec.serviceConfig.name: {:?} is not a valid Service name",
+                resolved.service_name
+            ));
+        }
+        let ports = [
+            resolved.xds_port,
+            resolved.metrics_port,
+            resolved.webhook_port,
+        ];
+        if ports[0] == ports[1] || ports[0] == ports[2] || ports[1] == ports[2] {
+            return Err(
+                "spec.xdsServerPort, spec.metricsPort and spec.webhookPort must differ".into(),
+            );
+        }
+        Ok(resolved)
+    }
+}
+
+/// RFC 1123 label: what namespace and Service names must be.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// RFC 1123 subdomain: what Secret and ConfigMap names must be.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds(spec: serde_json::Value) -> DiscoveryService {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+            "kind": "DiscoveryService",
+            "metadata": {"name": "instance", "namespace": "default"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn defaults_match_the_original() {
+        let r = ds(serde_json::json!({})).resolve("marin3r:test").unwrap();
+        assert_eq!(r.image, "marin3r:test");
+        assert_eq!(r.ca_secret, "marin3r-ca-cert-instance");
+        assert_eq!(r.server_secret, "marin3r-server-cert-instance");
+        assert_eq!(r.ca_duration, Duration::from_secs(26280 * 3600));
+        assert_eq!(r.server_duration, Duration::from_secs(2160 * 3600));
+        assert_eq!(r.client_duration, Duration::from_secs(168 * 3600));
+        assert_eq!(
+            (r.xds_port, r.metrics_port, r.webhook_port),
+            (18000, 8383, 8443)
+        );
+        assert_eq!(r.service_name, "marin3r-instance");
+        assert_eq!(r.service_type, "ClusterIP");
+        assert!(r.enabled_namespaces.is_empty());
+    }
+
+    #[test]
+    fn the_original_misspelling_is_accepted_and_the_right_spelling_wins() {
+        let pki = |secret: &str| serde_json::json!({"serverCertificate": {"secretName": secret, "duration": "10m"}});
+        let r = ds(serde_json::json!({"pkiConfg": pki("old")}))
+            .resolve("i")
+            .unwrap();
+        assert_eq!(r.server_secret, "old");
+        assert_eq!(r.server_duration, Duration::from_secs(600));
+        let r = ds(serde_json::json!({"pkiConfg": pki("old"), "pkiConfig": pki("new")}))
+            .resolve("i")
+            .unwrap();
+        assert_eq!(r.server_secret, "new");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        for (spec, want) in [
+            (
+                serde_json::json!({"pkiConfig": {"serverCertificate": {"duration": "3d"}}}),
+                "spec.pkiConfig.serverCertificate.duration",
+            ),
+            (
+                serde_json::json!({"pkiConfig": {"clientCertificate": {"duration": "0"}}}),
+                "at least 1s",
+            ),
+            (
+                serde_json::json!({"xdsServerPort": 0}),
+                "spec.xdsServerPort",
+            ),
+            (serde_json::json!({"metricsPort": 18000}), "must differ"),
+            (
+                serde_json::json!({"enabledNamespaces": ["ok", "Not_OK"]}),
+                "spec.enabledNamespaces[1]",
+            ),
+            (
+                serde_json::json!({"serviceConfig": {"type": "NodePort"}}),
+                "spec.serviceConfig.type",
+            ),
+            (
+                serde_json::json!({"serviceConfig": {"name": "a.b"}}),
+                "spec.serviceConfig.name",
+            ),
+            (
+                serde_json::json!({"pkiConfig": {"rootCertificateAuthority": {"secretName": "UPPER"}}}),
+                "secretName",
+            ),
+        ] {
+            let err = ds(spec.clone()).resolve("i").unwrap_err();
+            assert!(err.contains(want), "{spec}: {err}");
+        }
+    }
+}

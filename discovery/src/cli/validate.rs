@@ -1,0 +1,433 @@
+//! `marin3r validate -f FILE...`: checks EnvoyConfig manifests offline with the same
+//! conversion the controller runs before publishing, so a bad config is caught before
+//! `kubectl apply`.
+
+use std::collections::HashMap;
+use std::io::{self, Read as _, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::api::EnvoyConfigSpec;
+use crate::convert::{ConversionError, validate_config};
+use crate::resource::ResourceType;
+
+const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
+const KIND: &str = "EnvoyConfig";
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Manifest files (YAML or JSON, several documents each); `-` reads standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", required = true, num_args = 1..)]
+    files: Vec<PathBuf>,
+}
+
+pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
+    let ok = validate_files(
+        &args.files,
+        &mut io::stdout().lock(),
+        &mut io::stderr().lock(),
+    )?;
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Validates every file, printing one OK line per valid EnvoyConfig on `out` and every
+/// problem, prefixed with the file name, on `err`. Returns whether everything was valid.
+pub fn validate_files(
+    files: &[PathBuf],
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> io::Result<bool> {
+    let mut all_ok = true;
+    for path in files {
+        let (name, text) = if path.as_os_str() == "-" {
+            let mut text = String::new();
+            let read = io::stdin().read_to_string(&mut text).map(|_| text);
+            ("<stdin>".to_owned(), read)
+        } else {
+            (path.display().to_string(), std::fs::read_to_string(path))
+        };
+        let text = match text {
+            Ok(text) => text,
+            Err(e) => {
+                all_ok = false;
+                writeln!(err, "{name}: cannot read: {e}")?;
+                continue;
+            }
+        };
+        let reports = validate_manifests(&text);
+        if !reports
+            .iter()
+            .any(|r| !matches!(r, Document::Skipped { .. }))
+        {
+            all_ok = false;
+            writeln!(err, "{name}: no {KIND} ({API_VERSION}) found")?;
+        }
+        for report in reports {
+            match report {
+                Document::Valid { object, summary } => {
+                    writeln!(out, "{name}: {KIND} {object}: OK ({summary})")?;
+                }
+                Document::Invalid { object, errors } => {
+                    all_ok = false;
+                    for problem in errors {
+                        // `file:line:column:` is what editors and terminals turn into links.
+                        match problem.at {
+                            Some((line, column)) => {
+                                writeln!(err, "{name}:{line}:{column}: {object}: {}", problem.text)?
+                            }
+                            None => writeln!(err, "{name}: {object}: {}", problem.text)?,
+                        }
+                    }
+                }
+                Document::Skipped { object } => {
+                    writeln!(err, "{name}: {object}: skipped, not an {KIND}")?;
+                }
+            }
+        }
+    }
+    Ok(all_ok)
+}
+
+/// The verdict on one document of a manifest file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Document {
+    /// An EnvoyConfig that converts cleanly; `summary` names its node and counts.
+    Valid { object: String, summary: String },
+    /// An EnvoyConfig (or a document that cannot be read as one) with every problem found.
+    Invalid {
+        object: String,
+        errors: Vec<Problem>,
+    },
+    /// Another kind of object, e.g. a Secret in the same file.
+    Skipped { object: String },
+}
+
+/// One problem, with its line and column in the file when it can be placed there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub at: Option<(u64, u64)>,
+    pub text: String,
+}
+
+impl From<String> for Problem {
+    fn from(text: String) -> Self {
+        Self { at: None, text }
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(text: &str) -> Self {
+        text.to_owned().into()
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(default)]
+    metadata: Metadata,
+    spec: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Metadata {
+    name: Option<String>,
+    namespace: Option<String>,
+}
+
+/// Where the `value`s of one document's `spec.envoyResources` lists sit in the file. Read
+/// apart from the spec so that a spec that does not deserialize still gets file positions.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ValueSpans {
+    spec: Option<SpecSpans>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct SpecSpans {
+    #[serde(rename = "envoyResources")]
+    envoy_resources: Option<HashMap<String, Vec<EntrySpan>>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct EntrySpan {
+    value: Option<serde_saphyr::Spanned<String>>,
+}
+
+/// Validates every document of a YAML (or JSON) manifest text.
+pub fn validate_manifests(text: &str) -> Vec<Document> {
+    let documents: Vec<serde_json::Value> = match serde_saphyr::from_multiple(text) {
+        Ok(documents) => documents,
+        Err(e) => {
+            return vec![Document::Invalid {
+                object: "YAML".into(),
+                errors: vec![e.without_snippet().to_string().into()],
+            }];
+        }
+    };
+    // Positions are a convenience: without them, errors still name their field paths.
+    let spans: Vec<Option<ValueSpans>> = serde_saphyr::from_multiple(text)
+        .ok()
+        .filter(|spans: &Vec<Option<ValueSpans>>| spans.len() == documents.len())
+        .unwrap_or_default();
+    documents
+        .into_iter()
+        .enumerate()
+        // `---` with nothing after it is an empty document, not an object.
+        .filter(|(_, doc)| !doc.is_null())
+        .map(|(i, doc)| {
+            let place = |e: &ConversionError| -> Option<(u64, u64)> {
+                let spans = spans
+                    .get(i)?
+                    .as_ref()?
+                    .spec
+                    .as_ref()?
+                    .envoy_resources
+                    .as_ref()?;
+                file_position(text, spans, e)
+            };
+            validate_document(i + 1, doc, &place)
+        })
+        .collect()
+}
+
+/// The file position of an error inside a `value` written as a literal block scalar
+/// (`value: |`), the usual way: its lines are the file's lines, shifted and indented.
+/// Other scalar styles fold or escape their text, so their errors keep value positions.
+fn file_position(
+    text: &str,
+    spans: &HashMap<String, Vec<EntrySpan>>,
+    err: &ConversionError,
+) -> Option<(u64, u64)> {
+    let (line, column) = err.value_location?;
+    let entry = err
+        .path
+        .strip_prefix("spec.envoyResources.")?
+        .strip_suffix("].value")?;
+    let (list, index) = entry.split_once('[')?;
+    let span = spans
+        .get(list)?
+        .get(index.parse::<usize>().ok()?)?
+        .value
+        .as_ref()?;
+    let (start, indent) = (span.referenced.line(), span.referenced.column());
+    // The block's indicator ends the line before its first content line.
+    let indicator_line = text
+        .lines()
+        .nth(usize::try_from(start).ok()?.checked_sub(2)?)?;
+    let indicator = indicator_line.trim_end().rsplit(' ').next()?;
+    if !indicator.starts_with('|') {
+        return None;
+    }
+    Some((
+        start + line.saturating_sub(1),
+        (indent + column).saturating_sub(1).max(1),
+    ))
+}
+
+fn validate_document(
+    number: usize,
+    doc: serde_json::Value,
+    place: &dyn Fn(&ConversionError) -> Option<(u64, u64)>,
+) -> Document {
+    let manifest = match serde_json::from_value::<Manifest>(doc) {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            return Document::Invalid {
+                object: format!("document {number}"),
+                errors: vec![format!("not a Kubernetes object: {e}").into()],
+            };
+        }
+    };
+    let kind = manifest.kind.as_deref().unwrap_or_default();
+    let name = match (&manifest.metadata.namespace, &manifest.metadata.name) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        (None, Some(name)) => name.clone(),
+        _ => format!("document {number}"),
+    };
+    if kind != KIND {
+        let kind = if kind.is_empty() {
+            "object without kind"
+        } else {
+            kind
+        };
+        return Document::Skipped {
+            object: format!("{kind} {name}"),
+        };
+    }
+    let object = format!("{KIND} {name}");
+    let mut errors = Vec::new();
+    if manifest.api_version.as_deref() != Some(API_VERSION) {
+        errors.push(Problem::from(format!(
+            "apiVersion: {} is not {API_VERSION}",
+            manifest.api_version.as_deref().unwrap_or("(missing)")
+        )));
+    }
+    if manifest.metadata.name.is_none() {
+        errors.push("metadata.name: missing".into());
+    }
+    let Some(spec) = manifest.spec else {
+        errors.push("spec: missing".into());
+        return Document::Invalid { object, errors };
+    };
+    let spec: EnvoyConfigSpec = match serde_path_to_error::deserialize(spec) {
+        Ok(spec) => spec,
+        Err(e) => {
+            errors.push(format!("spec.{}: {}", e.path(), e.inner()).into());
+            return Document::Invalid { object, errors };
+        }
+    };
+    match validate_config(&spec) {
+        Ok(resources) if errors.is_empty() => {
+            let mut counts: Vec<String> = ResourceType::ALL
+                .iter()
+                .filter_map(|&kind| {
+                    let n = resources.iter().filter(|r| r.kind == kind).count();
+                    (n > 0).then(|| format!("{kind} {n}"))
+                })
+                .collect();
+            if !spec.envoy_resources.secrets.is_empty() {
+                counts.push(format!("secrets {}", spec.envoy_resources.secrets.len()));
+            }
+            let total = resources.len() + spec.envoy_resources.secrets.len();
+            let counts = if counts.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", counts.join(", "))
+            };
+            Document::Valid {
+                object: name,
+                summary: format!("node {}, {total} resources{counts}", spec.node_id),
+            }
+        }
+        Ok(_) => Document::Invalid { object, errors },
+        Err(more) => {
+            errors.extend(more.iter().map(|e| match place(e) {
+                Some(at) => Problem {
+                    at: Some(at),
+                    text: format!("{}: {}", e.path, e.message),
+                },
+                None => e.to_string().into(),
+            }));
+            Document::Invalid { object, errors }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CLUSTER: &str = "name: backend\\nconnect_timeout: 1s";
+
+    fn mk_manifest(name: &str, clusters: &[&str]) -> String {
+        let mut doc = format!(
+            "apiVersion: {API_VERSION}\nkind: EnvoyConfig\nmetadata: {{ name: {name}, \
+             namespace: default }}\nspec:\n  nodeID: proxy\n  serialization: yaml\n  \
+             envoyResources:\n    clusters:\n"
+        );
+        for value in clusters {
+            doc.push_str(&format!("      - value: \"{value}\"\n"));
+        }
+        doc
+    }
+
+    #[test]
+    fn every_document_gets_a_verdict() {
+        let text = [
+            mk_manifest("good", &[CLUSTER]),
+            "apiVersion: v1\nkind: Secret\nmetadata: { name: s }\n".into(),
+            mk_manifest("bad", &[CLUSTER, "name: x\\nconect_timeout: 1s"]),
+            String::new(),
+        ]
+        .join("---\n");
+        assert_eq!(
+            validate_manifests(&text),
+            [
+                Document::Valid {
+                    object: "default/good".into(),
+                    summary: "node proxy, 1 resources: clusters 1".into()
+                },
+                Document::Skipped {
+                    object: "Secret s".into()
+                },
+                Document::Invalid {
+                    object: "EnvoyConfig default/bad".into(),
+                    // A double-quoted value is not placed in the file: escapes shift it.
+                    errors: vec![
+                        "spec.envoyResources.clusters[1].value: unknown field \
+                         \"conect_timeout\" (line 2, column 1 of the value)"
+                            .into()
+                    ]
+                },
+            ]
+        );
+    }
+
+    /// The errors of the only document of `text`.
+    fn only_errors(text: &str) -> Vec<String> {
+        match validate_manifests(text).as_slice() {
+            [Document::Invalid { errors, .. }] => errors.iter().map(|p| p.text.clone()).collect(),
+            other => panic!("one invalid document expected, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn spec_shape_errors_name_their_path() {
+        let text =
+            mk_manifest("m", &[]).replace("    clusters:\n", "    clusters:\n      - name: x\n");
+        let text = text.replace(
+            "apiVersion: marin3r.3scale.net/v1alpha1",
+            "apiVersion: marin3r.3scale.net/v1",
+        );
+        assert_eq!(
+            only_errors(&text),
+            [
+                "apiVersion: marin3r.3scale.net/v1 is not marin3r.3scale.net/v1alpha1",
+                "spec.envoyResources.clusters[0]: missing field `value`",
+            ]
+        );
+        assert_eq!(
+            only_errors("kind: EnvoyConfig\napiVersion: x\n: [").len(),
+            1
+        );
+    }
+
+    #[test]
+    fn errors_in_block_values_point_at_the_file_line() {
+        let text = format!(
+            "# a comment\n{}",
+            mk_manifest("m", &[]).replace(
+                "    clusters:\n",
+                "    clusters:\n      - value: |\n          name: backend\n          \
+                 connect_timeout: 1s\n          lb_polcy: RANDOM\n",
+            )
+        );
+        let docs = validate_manifests(&text);
+        let [Document::Invalid { errors, .. }] = docs.as_slice() else {
+            panic!("invalid expected: {docs:?}")
+        };
+        assert_eq!(
+            errors,
+            &[Problem {
+                at: Some((13, 11)),
+                text: "spec.envoyResources.clusters[0].value: unknown field \"lb_polcy\"".into()
+            }]
+        );
+        assert_eq!(
+            text.lines().nth(12).map(|l| l.find("lb_polcy")),
+            Some(Some(10))
+        );
+    }
+}

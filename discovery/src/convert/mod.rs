@@ -1,0 +1,305 @@
+//! From an `EnvoyConfig` spec to Envoy v3 protobuf resources: every serialized value is
+//! parsed into its message type (canonical proto3 JSON, YAML or base64 JSON, `Any` by
+//! `@type`), checked, named and encoded once. All errors are collected, each naming its
+//! field path from `spec`.
+
+mod canonical;
+mod parse;
+mod pgv;
+mod pool;
+mod secret;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::LazyLock;
+
+use prost::Message as _;
+use prost_reflect::{DynamicMessage, Value};
+
+use crate::api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
+use crate::resource::{Resource, ResourceType};
+
+pub use parse::{ValueError, is_v2_name};
+pub use pool::{PoolError, descriptor_pool};
+pub use secret::{SecretError, tls_secret};
+
+/// One problem in a spec, at a path such as `spec.envoyResources.listeners[1].value`.
+/// Displayed as `path: message`, plus the line and column inside the value when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConversionError {
+    pub path: String,
+    /// What is wrong, starting with the field path inside the value when there is one.
+    pub message: String,
+    /// 1-based line and column inside the value's text (not the manifest's).
+    pub value_location: Option<(u64, u64)>,
+}
+
+impl ConversionError {
+    fn new(path: impl Into<String>, message: impl fmt::Display) -> Self {
+        Self {
+            path: path.into(),
+            message: message.to_string(),
+            value_location: None,
+        }
+    }
+
+    fn in_value(path: impl Into<String>, err: ValueError) -> Self {
+        let message = if err.path.is_empty() {
+            err.message
+        } else {
+            format!("{}: {}", err.path, err.message)
+        };
+        Self {
+            path: path.into(),
+            message,
+            value_location: err.location,
+        }
+    }
+}
+
+impl fmt::Display for ConversionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)?;
+        if let Some((line, column)) = self.value_location {
+            write!(f, " (line {line}, column {column} of the value)")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConversionError {}
+
+/// Validates a whole spec and converts its resources: the `envoyAPI` and `nodeID`, then
+/// every resource as [`envoy_resources`] does. Secrets are references to Kubernetes
+/// Secrets; they are checked here (names, duplicates) and loaded by the revision controller.
+pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<ConversionError>> {
+    let mut errors = Vec::new();
+    if spec.envoy_api == EnvoyApi::V2 {
+        errors.push(ConversionError::new(
+            "spec.envoyAPI",
+            "Envoy's v2 API is not supported; use v3",
+        ));
+    }
+    if spec.node_id.trim().is_empty() {
+        errors.push(ConversionError::new("spec.nodeID", "must not be empty"));
+    }
+    match envoy_resources(&spec.envoy_resources, spec.serialization) {
+        Ok(resources) if errors.is_empty() => Ok(resources),
+        Ok(_) => Err(errors),
+        Err(more) => {
+            errors.extend(more);
+            Err(errors)
+        }
+    }
+}
+
+/// Converts every serialized resource of `spec.envoyResources` (secrets excepted, see
+/// [`validate_config`]) into encoded protobuf resources, in list order, or returns every
+/// error found.
+pub fn envoy_resources(
+    resources: &EnvoyResources,
+    serialization: Serialization,
+) -> Result<Vec<Resource>, Vec<ConversionError>> {
+    let mut errors = Vec::new();
+    let mut out = Vec::with_capacity(resources.len());
+    let pool = match descriptor_pool() {
+        Ok(pool) => pool,
+        Err(err) => return Err(vec![ConversionError::new("spec.envoyResources", err)]),
+    };
+    for (kind, list) in resources.serialized() {
+        // Names seen so far in this list, with the index of their first entry.
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for (i, entry) in list.iter().enumerate() {
+            let at = format!("spec.envoyResources.{}[{i}]", kind.spec_field());
+            let resource = match resource(pool, kind, &entry.value, serialization) {
+                Ok(resource) => resource,
+                Err(errs) => {
+                    let path = format!("{at}.value");
+                    errors.extend(
+                        errs.into_iter()
+                            .map(|e| ConversionError::in_value(path.clone(), e)),
+                    );
+                    continue;
+                }
+            };
+            if let Some(name) = entry.name.as_deref()
+                && name != resource.name
+            {
+                errors.push(ConversionError::new(
+                    format!("{at}.name"),
+                    format!(
+                        "\"{name}\" differs from the resource's own name \"{}\"; \
+                         remove it or make them equal",
+                        resource.name
+                    ),
+                ));
+            }
+            if let Some(&first) = seen.get(&resource.name) {
+                errors.push(ConversionError::new(
+                    at,
+                    format!(
+                        "duplicate name \"{}\" (also in {}[{first}])",
+                        resource.name,
+                        kind.spec_field()
+                    ),
+                ));
+                continue;
+            }
+            seen.insert(resource.name.clone(), i);
+            out.push(resource);
+        }
+    }
+    check_secrets(resources, &mut errors);
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+fn check_secrets(resources: &EnvoyResources, errors: &mut Vec<ConversionError>) {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for (i, secret) in resources.secrets.iter().enumerate() {
+        let at = format!("spec.envoyResources.secrets[{i}]");
+        if secret.name.trim().is_empty() {
+            errors.push(ConversionError::new(
+                format!("{at}.name"),
+                "must not be empty",
+            ));
+        } else if let Some(first) = seen.get(secret.name.as_str()) {
+            errors.push(ConversionError::new(
+                at.clone(),
+                format!(
+                    "duplicate name \"{}\" (also in secrets[{first}])",
+                    secret.name
+                ),
+            ));
+        } else {
+            seen.insert(&secret.name, i);
+        }
+        if secret.secret_ref.name.trim().is_empty() {
+            errors.push(ConversionError::new(
+                format!("{at}.ref.name"),
+                "must name a kubernetes.io/tls Secret",
+            ));
+        }
+    }
+}
+
+/// Parses one serialized value as a `kind` resource, checks it and encodes it. Errors are
+/// relative to the value (field paths inside it): the first parse error, or every
+/// validation rule the parsed resource breaks.
+pub fn convert_value(
+    kind: ResourceType,
+    value: &str,
+    serialization: Serialization,
+) -> Result<Resource, Vec<ValueError>> {
+    let pool = descriptor_pool().map_err(|e| vec![ValueError::whole(e.to_string())])?;
+    resource(pool, kind, value, serialization)
+}
+
+/// Envoy's protoc-gen-validate rules, compiled lazily per message type.
+static VALIDATOR: LazyLock<Option<pgv::Validator>> =
+    LazyLock::new(|| descriptor_pool().ok().map(pgv::Validator::new));
+
+fn resource(
+    pool: &prost_reflect::DescriptorPool,
+    kind: ResourceType,
+    value: &str,
+    serialization: Serialization,
+) -> Result<Resource, Vec<ValueError>> {
+    let desc = pool
+        .get_message_by_name(kind.message_name())
+        .ok_or_else(|| {
+            vec![ValueError::whole(format!(
+                "the descriptor set has no {}",
+                kind.message_name()
+            ))]
+        })?;
+    let message = match parse::parse(&desc, value, serialization) {
+        Ok(message) => message,
+        Err(err) => return Err(vec![hint_other_type(pool, kind, value, serialization, err)]),
+    };
+    let name = resource_name(kind, &message);
+    if name.is_empty() {
+        return Err(vec![ValueError::whole(format!(
+            "the resource has no name: set `{}`",
+            name_field(kind)
+        ))]);
+    }
+    if let Some(validator) = VALIDATOR.as_ref() {
+        let violations = validator.check(&message);
+        if !violations.is_empty() {
+            return Err(violations);
+        }
+    }
+    let encoded = message.encode_to_vec();
+    // Our own bytes always walk; should they not, they are still a correct encoding.
+    let body = canonical::canonical(pool, &desc, &encoded).unwrap_or(encoded);
+    Ok(Resource {
+        kind,
+        name,
+        body: body.into(),
+    })
+}
+
+/// The field that names a resource of `kind`.
+fn name_field(kind: ResourceType) -> &'static str {
+    match kind {
+        ResourceType::Endpoint => "cluster_name",
+        _ => "name",
+    }
+}
+
+fn resource_name(kind: ResourceType, message: &DynamicMessage) -> String {
+    match message.get_field_by_name(name_field(kind)).as_deref() {
+        Some(Value::String(name)) => name.clone(),
+        _ => String::new(),
+    }
+}
+
+/// When a value does not parse as its list's type but parses as another resource type, the
+/// user most likely put it in the wrong list: say so instead of listing an unknown field.
+/// Likewise a YAML value in a `json` config. Only runs on the error path, so valid configs
+/// pay nothing for it.
+fn hint_other_type(
+    pool: &prost_reflect::DescriptorPool,
+    kind: ResourceType,
+    value: &str,
+    serialization: Serialization,
+    err: ValueError,
+) -> ValueError {
+    if serialization == Serialization::Json
+        && err.path.is_empty()
+        && let Some(desc) = pool.get_message_by_name(kind.message_name())
+        && parse::parse(&desc, value, Serialization::Yaml).is_ok()
+    {
+        return ValueError::whole(format!(
+            "the value is YAML, not JSON: set `spec.serialization: yaml` ({err})"
+        ));
+    }
+    if !err.path.is_empty() || !err.message.starts_with("unknown field") {
+        return err;
+    }
+    let fits = ResourceType::ALL
+        .into_iter()
+        .filter(|&other| other != kind)
+        .find(|other| {
+            pool.get_message_by_name(other.message_name())
+                .is_some_and(|desc| parse::parse(&desc, value, serialization).is_ok())
+        });
+    match fits {
+        Some(other) => ValueError::whole(format!(
+            "this is an {} resource, which belongs in `{}`; `{}` holds {} resources ({})",
+            other.message_name(),
+            other.spec_field(),
+            kind.spec_field(),
+            kind.message_name(),
+            err.message
+        )),
+        None => err,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,244 @@
+//! Parsing one serialized value straight into a protobuf message descriptor. The text is
+//! deserialized by the message descriptor itself (no intermediate JSON value), wrapped in
+//! `serde_path_to_error`, so an error knows both its field path and its line and column.
+
+use std::fmt;
+
+use base64::Engine as _;
+use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor};
+
+use crate::api::Serialization;
+
+/// Why one value could not be parsed: where inside the value, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueError {
+    /// The field path inside the value (`filter_chains[0].filters[0].typed_config`); empty
+    /// when the error is about the value as a whole.
+    pub path: String,
+    pub message: String,
+    /// 1-based line and column inside the value's text, when the parser knows them.
+    pub location: Option<(u64, u64)>,
+}
+
+impl ValueError {
+    pub(crate) fn whole(message: impl Into<String>) -> Self {
+        Self {
+            path: String::new(),
+            message: message.into(),
+            location: None,
+        }
+    }
+}
+
+impl fmt::Display for ValueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(&self.message)?;
+        if let Some((line, column)) = self.location {
+            write!(f, " (line {line}, column {column} of the value)")?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses `text` as one `desc` message written in `serialization`.
+pub fn parse(
+    desc: &MessageDescriptor,
+    text: &str,
+    serialization: Serialization,
+) -> Result<DynamicMessage, ValueError> {
+    if text.trim().is_empty() {
+        return Err(ValueError::whole("the value is empty"));
+    }
+    match serialization {
+        Serialization::Json => parse_json(desc, text),
+        Serialization::Yaml => parse_yaml(desc, text),
+        Serialization::B64json => {
+            // Manifests often wrap long base64 strings; whitespace is not part of the data.
+            let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(compact.as_bytes())
+                .map_err(|e| ValueError::whole(format!("invalid base64: {e}")))?;
+            let json = String::from_utf8(bytes).map_err(|_| {
+                ValueError::whole("the base64 value does not decode to UTF-8 JSON text")
+            })?;
+            parse_json(desc, &json)
+        }
+    }
+}
+
+fn options() -> DeserializeOptions {
+    DeserializeOptions::new().deny_unknown_fields(true)
+}
+
+fn parse_json(desc: &MessageDescriptor, text: &str) -> Result<DynamicMessage, ValueError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let mut track = serde_path_to_error::Track::new();
+    let result = DynamicMessage::deserialize_with_options(
+        desc.clone(),
+        serde_path_to_error::Deserializer::new(&mut de, &mut track),
+        &options(),
+    )
+    .and_then(|msg| de.end().map(|()| msg));
+    result.map_err(|err| {
+        let location = (err.line() > 0).then(|| (err.line() as u64, err.column() as u64));
+        value_error(text, track.path().to_string(), &err.to_string(), location)
+    })
+}
+
+fn parse_yaml(desc: &MessageDescriptor, text: &str) -> Result<DynamicMessage, ValueError> {
+    let mut path = None;
+    let yaml_options = serde_saphyr::options! { with_snippet: false };
+    let result = serde_saphyr::with_deserializer_from_str_with_options(text, yaml_options, |de| {
+        let mut track = serde_path_to_error::Track::new();
+        let result = DynamicMessage::deserialize_with_options(
+            desc.clone(),
+            serde_path_to_error::Deserializer::new(de, &mut track),
+            &options(),
+        );
+        if result.is_err() {
+            path = Some(track.path().to_string());
+        }
+        result
+    });
+    result.map_err(|err| {
+        let err = err.without_snippet();
+        let location = err
+            .location()
+            .filter(|l| l.line() > 0)
+            .map(|l| (l.line(), l.column()));
+        let message = match err {
+            serde_saphyr::Error::Message { msg, .. } => msg.clone(),
+            other => other.to_string(),
+        };
+        value_error(text, path.unwrap_or_default(), &message, location)
+    })
+}
+
+/// Builds the error, rewording the deserializer's messages into the ones users read in
+/// Kubernetes conditions and `marin3r validate`.
+fn value_error(
+    text: &str,
+    path: String,
+    message: &str,
+    location: Option<(u64, u64)>,
+) -> ValueError {
+    // serde_path_to_error renders the root as "." and an unknown position as "?".
+    let path = if path == "." || path == "?" {
+        String::new()
+    } else {
+        path
+    };
+    // Both parsers append the location to their message; it is reported separately.
+    let message = match message.rfind(" at line ") {
+        Some(at) if location.is_some() => &message[..at],
+        _ => message,
+    };
+    let message = reword(message);
+    let location = unknown_field_location(text, &message, location).or(location);
+    ValueError {
+        path,
+        message,
+        location,
+    }
+}
+
+/// The parsers place an unknown-field error at the enclosing map (or nowhere, at the root);
+/// the offending key is the first occurrence of `key:` from there on, which is what a user
+/// wants to be pointed at.
+fn unknown_field_location(
+    text: &str,
+    message: &str,
+    near: Option<(u64, u64)>,
+) -> Option<(u64, u64)> {
+    let key = message
+        .strip_prefix("unknown field \"")?
+        .strip_suffix('"')?;
+    let first_line = near.map_or(1, |(line, _)| line);
+    text.lines()
+        .enumerate()
+        .skip(usize::try_from(first_line).ok()?.saturating_sub(1))
+        .find_map(|(i, line)| {
+            [
+                format!("{key}:"),
+                format!("\"{key}\":"),
+                format!("'{key}':"),
+            ]
+            .iter()
+            .find_map(|pattern| line.find(pattern.as_str()))
+            .map(|col| (i as u64 + 1, col as u64 + 1))
+        })
+}
+
+fn reword(message: &str) -> String {
+    if let Some(name) = quoted_after(message, "unrecognized field name '") {
+        return format!("unknown field \"{name}\"");
+    }
+    if let Some(value) = quoted_after(message, "unrecognized enum value '") {
+        return format!("unknown enum value \"{value}\"");
+    }
+    if let Some(name) = quoted_after(message, "message '")
+        && message.ends_with("' not found")
+    {
+        return if is_v2_name(name) {
+            format!("Envoy's v2 API is not supported; use v3 (\"@type\" names {name})")
+        } else {
+            format!("unknown \"@type\": no Envoy v3 message is named {name}")
+        };
+    }
+    // The YAML parser's advice is for programmers (a parser option), not for users.
+    if let Some(key) = message.strip_prefix("duplicate mapping key: ") {
+        let key = key.split(", set DuplicateKeyPolicy").next().unwrap_or(key);
+        return format!("duplicate key \"{key}\"");
+    }
+    if message == "invalid digit found in string" {
+        return "expected an integer".to_owned();
+    }
+    message.to_owned()
+}
+
+/// The text between `prefix` and the next `'`, if `message` starts with `prefix`.
+fn quoted_after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
+    let rest = message.strip_prefix(prefix)?;
+    Some(rest.split('\'').next().unwrap_or(rest))
+}
+
+/// Whether a message name belongs to Envoy's removed v2 API (`envoy.api.v2.Listener`,
+/// `envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager`, and the
+/// `v2alpha` packages).
+pub fn is_v2_name(name: &str) -> bool {
+    name.starts_with("envoy.") && name.split('.').any(|part| part.starts_with("v2"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v2_names_are_recognised() {
+        assert!(is_v2_name("envoy.api.v2.Listener"));
+        assert!(is_v2_name(
+            "envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager"
+        ));
+        assert!(is_v2_name(
+            "envoy.config.filter.http.jwt_authn.v2alpha.JwtAuthentication"
+        ));
+        assert!(!is_v2_name("envoy.config.listener.v3.Listener"));
+        assert!(!is_v2_name("google.protobuf.v2.Thing"));
+    }
+
+    #[test]
+    fn deserializer_messages_are_reworded() {
+        assert_eq!(
+            reword("unrecognized field name 'stat_prefx'"),
+            "unknown field \"stat_prefx\""
+        );
+        assert_eq!(
+            reword("message 'envoy.api.v2.Cluster' not found"),
+            "Envoy's v2 API is not supported; use v3 (\"@type\" names envoy.api.v2.Cluster)"
+        );
+        assert_eq!(reword("something else"), "something else");
+    }
+}

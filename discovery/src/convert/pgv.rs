@@ -1,0 +1,589 @@
+//! A cheap subset of Envoy's protoc-gen-validate rules, read from the descriptors'
+//! `validate.rules` options: number and duration bounds, string and bytes lengths, required
+//! messages and oneofs, list and map sizes, defined enum values. Envoy rejects a whole xDS
+//! response for any of these, so catching them here keeps a typo from ever reaching it.
+//! Regex patterns, `in`/`not_in`, `const` and well-known string formats are left to Envoy.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use prost_reflect::{
+    DescriptorPool, DynamicMessage, ExtensionDescriptor, FieldDescriptor, Kind, MapKey,
+    MessageDescriptor, OneofDescriptor, ReflectMessage as _, Value,
+};
+
+use super::parse::ValueError;
+
+/// The compiled rules of one message type: what to check without decoding options again.
+#[derive(Debug, Default)]
+struct MessageRules {
+    fields: Vec<(FieldDescriptor, FieldRule)>,
+    required_oneofs: Vec<OneofDescriptor>,
+    /// Set message fields to skip when descending (`(validate.rules).message.skip`).
+    skipped: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct FieldRule {
+    required: bool,
+    check: Option<Check>,
+}
+
+#[derive(Debug, Clone)]
+enum Check {
+    Number {
+        bounds: Bounds,
+        ignore_empty: bool,
+    },
+    Length {
+        unit: Unit,
+        min: Option<u64>,
+        max: Option<u64>,
+        ignore_empty: bool,
+    },
+    Items {
+        min: Option<u64>,
+        max: Option<u64>,
+        items: Option<Box<Check>>,
+        ignore_empty: bool,
+    },
+    Pairs {
+        min: Option<u64>,
+        max: Option<u64>,
+    },
+    Duration {
+        required: bool,
+        bounds: Bounds,
+    },
+    AnyRequired,
+    EnumDefined,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Chars,
+    Bytes,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bounds {
+    lt: Option<f64>,
+    lte: Option<f64>,
+    gt: Option<f64>,
+    gte: Option<f64>,
+}
+
+/// Checks messages against their `validate.rules`, caching the compiled rules per type.
+#[derive(Debug)]
+pub struct Validator {
+    pool: DescriptorPool,
+    field_rules: Option<ExtensionDescriptor>,
+    oneof_required: Option<ExtensionDescriptor>,
+    cache: RwLock<HashMap<String, Arc<MessageRules>>>,
+}
+
+impl Validator {
+    pub fn new(pool: &DescriptorPool) -> Self {
+        Self {
+            pool: pool.clone(),
+            field_rules: pool.get_extension_by_name("validate.rules"),
+            oneof_required: pool.get_extension_by_name("validate.required"),
+            cache: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Every rule violation in `message`, with field paths relative to it.
+    pub fn check(&self, message: &DynamicMessage) -> Vec<ValueError> {
+        let mut errors = Vec::new();
+        let mut path = Vec::new();
+        self.check_message(message, &mut path, &mut errors);
+        errors
+    }
+
+    fn rules(&self, desc: &MessageDescriptor) -> Arc<MessageRules> {
+        if let Ok(cache) = self.cache.read()
+            && let Some(rules) = cache.get(desc.full_name())
+        {
+            return rules.clone();
+        }
+        let rules = Arc::new(self.compile(desc));
+        if let Ok(mut cache) = self.cache.write() {
+            cache.insert(desc.full_name().to_owned(), rules.clone());
+        }
+        rules
+    }
+
+    fn compile(&self, desc: &MessageDescriptor) -> MessageRules {
+        let mut rules = MessageRules::default();
+        if let Some(ext) = &self.field_rules {
+            for field in desc.fields() {
+                let options = field.options();
+                if !options.has_extension(ext) {
+                    continue;
+                }
+                let Value::Message(field_rules) = options.get_extension(ext).into_owned() else {
+                    continue;
+                };
+                let rule = field_rule(&field_rules);
+                if let Some(Value::Message(m)) = field_rules.get_field_by_name("message").as_deref()
+                    && flag(m, "skip")
+                {
+                    rules.skipped.push(field.number());
+                }
+                if rule.required || rule.check.is_some() {
+                    rules.fields.push((field, rule));
+                }
+            }
+        }
+        if let Some(ext) = &self.oneof_required {
+            rules.required_oneofs = desc
+                .oneofs()
+                .filter(|oneof| {
+                    let options = oneof.options();
+                    options.has_extension(ext)
+                        && matches!(options.get_extension(ext).as_ref(), Value::Bool(true))
+                })
+                .collect();
+        }
+        rules
+    }
+
+    fn check_message(
+        &self,
+        message: &DynamicMessage,
+        path: &mut Vec<String>,
+        errors: &mut Vec<ValueError>,
+    ) {
+        let desc = message.descriptor();
+        if desc.full_name() == "google.protobuf.Any" {
+            self.check_any(message, path, errors);
+            return;
+        }
+        // Well-known types carry no rules and are leaves for validation.
+        if desc.full_name().starts_with("google.protobuf.") {
+            return;
+        }
+        let rules = self.rules(&desc);
+        for oneof in &rules.required_oneofs {
+            if !oneof.fields().any(|f| message.has_field(&f)) {
+                let names: Vec<_> = oneof.fields().map(|f| f.name().to_owned()).collect();
+                errors.push(error(
+                    path,
+                    None,
+                    format!("one of {} must be set", names.join(", ")),
+                ));
+            }
+        }
+        for (field, rule) in &rules.fields {
+            let set = message.has_field(field);
+            // A oneof member's rules apply only when that member is the one set.
+            if field.containing_oneof().is_some() && !set {
+                continue;
+            }
+            if rule.required && !set {
+                errors.push(error(path, Some(field.name()), "is required".into()));
+                continue;
+            }
+            if let Some(check) = &rule.check
+                && let Err(message) = apply(check, field, &message.get_field(field), set)
+            {
+                errors.push(error(path, Some(field.name()), message));
+            }
+        }
+        for (field, value) in message.fields() {
+            if rules.skipped.contains(&field.number()) {
+                continue;
+            }
+            match value {
+                Value::Message(nested) => {
+                    path.push(field.name().to_owned());
+                    self.check_message(nested, path, errors);
+                    path.pop();
+                }
+                Value::List(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        if let Value::Message(nested) = item {
+                            path.push(format!("{}[{i}]", field.name()));
+                            self.check_message(nested, path, errors);
+                            path.pop();
+                        }
+                    }
+                }
+                Value::Map(map) => {
+                    for (key, item) in map {
+                        if let Value::Message(nested) = item {
+                            path.push(format!("{}.{}", field.name(), map_key(key)));
+                            self.check_message(nested, path, errors);
+                            path.pop();
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn check_any(
+        &self,
+        any: &DynamicMessage,
+        path: &mut Vec<String>,
+        errors: &mut Vec<ValueError>,
+    ) {
+        let url = any.get_field_by_name("type_url");
+        let bytes = any.get_field_by_name("value");
+        let (Some(Value::String(url)), Some(Value::Bytes(bytes))) =
+            (url.as_deref(), bytes.as_deref())
+        else {
+            return;
+        };
+        let name = url.rsplit('/').next().unwrap_or(url);
+        // The parser resolved every `@type` already; an unknown one cannot get here.
+        if let Some(desc) = self.pool.get_message_by_name(name)
+            && let Ok(payload) = DynamicMessage::decode(desc, bytes.as_ref())
+        {
+            self.check_message(&payload, path, errors);
+        }
+    }
+}
+
+fn error(path: &[String], field: Option<&str>, message: String) -> ValueError {
+    let mut full: Vec<&str> = path.iter().map(String::as_str).collect();
+    full.extend(field);
+    ValueError {
+        path: full.join("."),
+        message,
+        location: None,
+    }
+}
+
+fn map_key(key: &MapKey) -> String {
+    match key {
+        MapKey::String(s) => s.clone(),
+        MapKey::Bool(b) => b.to_string(),
+        MapKey::I32(n) => n.to_string(),
+        MapKey::I64(n) => n.to_string(),
+        MapKey::U32(n) => n.to_string(),
+        MapKey::U64(n) => n.to_string(),
+    }
+}
+
+fn flag(message: &DynamicMessage, name: &str) -> bool {
+    matches!(
+        message.get_field_by_name(name).as_deref(),
+        Some(Value::Bool(true))
+    )
+}
+
+/// A proto2 `optional` bound of a rules message, as a number.
+fn bound(message: &DynamicMessage, name: &str) -> Option<f64> {
+    let field = message.descriptor().get_field_by_name(name)?;
+    if !message.has_field(&field) {
+        return None;
+    }
+    match message.get_field(&field).as_ref() {
+        Value::Message(duration) => Some(duration_seconds(duration)),
+        other => number(other),
+    }
+}
+
+fn count(message: &DynamicMessage, name: &str) -> Option<u64> {
+    bound(message, name).map(|n| n as u64)
+}
+
+fn number(value: &Value) -> Option<f64> {
+    match value {
+        Value::I32(n) | Value::EnumNumber(n) => Some(f64::from(*n)),
+        Value::U32(n) => Some(f64::from(*n)),
+        Value::I64(n) => Some(*n as f64),
+        Value::U64(n) => Some(*n as f64),
+        Value::F32(n) => Some(f64::from(*n)),
+        Value::F64(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn duration_seconds(duration: &DynamicMessage) -> f64 {
+    let part = |name| {
+        duration
+            .get_field_by_name(name)
+            .as_deref()
+            .and_then(number)
+            .unwrap_or(0.0)
+    };
+    part("seconds") + part("nanos") / 1e9
+}
+
+fn bounds(rules: &DynamicMessage) -> Bounds {
+    Bounds {
+        lt: bound(rules, "lt"),
+        lte: bound(rules, "lte"),
+        gt: bound(rules, "gt"),
+        gte: bound(rules, "gte"),
+    }
+}
+
+fn field_rule(rules: &DynamicMessage) -> FieldRule {
+    let required = matches!(
+        rules.get_field_by_name("message").as_deref(),
+        Some(Value::Message(m)) if flag(m, "required")
+    );
+    FieldRule {
+        required,
+        check: type_check(rules),
+    }
+}
+
+/// The check for the `type` oneof of a `FieldRules` message, if it is one we implement.
+fn type_check(rules: &DynamicMessage) -> Option<Check> {
+    let (field, value) = rules
+        .fields()
+        .find(|(f, _)| f.containing_oneof().is_some())?;
+    let Value::Message(r) = value else {
+        return None;
+    };
+    let ignore_empty = flag(r, "ignore_empty");
+    let check = match field.name() {
+        "float" | "double" | "int32" | "int64" | "uint32" | "uint64" | "sint32" | "sint64"
+        | "fixed32" | "fixed64" | "sfixed32" | "sfixed64" => Check::Number {
+            bounds: bounds(r),
+            ignore_empty,
+        },
+        "string" => Check::Length {
+            unit: Unit::Chars,
+            min: count(r, "min_len").or(count(r, "len")),
+            max: count(r, "max_len").or(count(r, "len")),
+            ignore_empty,
+        },
+        "bytes" => Check::Length {
+            unit: Unit::Bytes,
+            min: count(r, "min_len").or(count(r, "len")),
+            max: count(r, "max_len").or(count(r, "len")),
+            ignore_empty,
+        },
+        "repeated" => Check::Items {
+            min: count(r, "min_items"),
+            max: count(r, "max_items"),
+            items: match r.get_field_by_name("items").as_deref() {
+                Some(Value::Message(items)) => type_check(items).map(Box::new),
+                _ => None,
+            },
+            ignore_empty,
+        },
+        "map" => Check::Pairs {
+            min: count(r, "min_pairs"),
+            max: count(r, "max_pairs"),
+        },
+        "duration" => Check::Duration {
+            required: flag(r, "required"),
+            bounds: bounds(r),
+        },
+        "any" if flag(r, "required") => Check::AnyRequired,
+        "enum" if flag(r, "defined_only") => Check::EnumDefined,
+        _ => return None,
+    };
+    Some(check)
+}
+
+/// Applies one check to a field's value (`set`: whether the field has presence and is set).
+fn apply(check: &Check, field: &FieldDescriptor, value: &Value, set: bool) -> Result<(), String> {
+    match check {
+        Check::Number {
+            bounds,
+            ignore_empty,
+        } => {
+            // Rules on a wrapper (`UInt32Value`) apply to the wrapped value, when present.
+            let n = match value {
+                Value::Message(wrapper) if set => wrapper
+                    .get_field_by_name("value")
+                    .as_deref()
+                    .and_then(number),
+                Value::Message(_) => None,
+                other => number(other),
+            };
+            match n {
+                Some(n) if !(*ignore_empty && n == 0.0) => bounds.check(n, &format_number),
+                _ => Ok(()),
+            }
+        }
+        Check::Length {
+            unit,
+            min,
+            max,
+            ignore_empty,
+        } => {
+            let len = match (value, unit) {
+                (Value::String(s), Unit::Chars) => s.chars().count(),
+                (Value::String(s), Unit::Bytes) => s.len(),
+                (Value::Bytes(b), _) => b.len(),
+                (Value::Message(wrapper), _) if set => {
+                    match wrapper.get_field_by_name("value").as_deref() {
+                        Some(Value::String(s)) => s.chars().count(),
+                        Some(Value::Bytes(b)) => b.len(),
+                        _ => return Ok(()),
+                    }
+                }
+                _ => return Ok(()),
+            } as u64;
+            if *ignore_empty && len == 0 {
+                return Ok(());
+            }
+            let what = match (value, unit) {
+                (Value::String(_), Unit::Chars) => "characters",
+                _ => "bytes",
+            };
+            sizes(len, *min, *max, what)
+        }
+        Check::Items {
+            min,
+            max,
+            items,
+            ignore_empty,
+        } => {
+            let Value::List(list) = value else {
+                return Ok(());
+            };
+            if *ignore_empty && list.is_empty() {
+                return Ok(());
+            }
+            sizes(list.len() as u64, *min, *max, "items")?;
+            if let Some(item_check) = items {
+                for (i, item) in list.iter().enumerate() {
+                    apply(item_check, field, item, true).map_err(|e| format!("[{i}]: {e}"))?;
+                }
+            }
+            Ok(())
+        }
+        Check::Pairs { min, max } => match value {
+            Value::Map(map) => sizes(map.len() as u64, *min, *max, "entries"),
+            _ => Ok(()),
+        },
+        Check::Duration { required, bounds } => match value {
+            Value::Message(d) if set => bounds.check(duration_seconds(d), &|s| format!("{s}s")),
+            _ if *required => Err("is required".into()),
+            _ => Ok(()),
+        },
+        Check::AnyRequired if !set => Err("is required".into()),
+        Check::AnyRequired => Ok(()),
+        Check::EnumDefined => match (value, field.kind()) {
+            (Value::EnumNumber(n), Kind::Enum(e)) if e.get_value(*n).is_none() => {
+                Err(format!("{n} is not a defined {} value", e.name()))
+            }
+            _ => Ok(()),
+        },
+    }
+}
+
+fn format_number(n: f64) -> String {
+    if n.fract() == 0.0 && n.abs() < 1e15 {
+        format!("{}", n as i64)
+    } else {
+        n.to_string()
+    }
+}
+
+fn sizes(len: u64, min: Option<u64>, max: Option<u64>, what: &str) -> Result<(), String> {
+    match (min, max) {
+        (Some(min), _) if len < min => Err(format!("must have at least {min} {what} (has {len})")),
+        (_, Some(max)) if len > max => Err(format!("must have at most {max} {what} (has {len})")),
+        _ => Ok(()),
+    }
+}
+
+impl Bounds {
+    /// PGV semantics: with both a lower and an upper bound, lower < upper means "inside",
+    /// lower >= upper means "outside" the range.
+    fn check(&self, v: f64, show: &dyn Fn(f64) -> String) -> Result<(), String> {
+        let lower = self.gt.map(|b| (b, false)).or(self.gte.map(|b| (b, true)));
+        let upper = self.lt.map(|b| (b, false)).or(self.lte.map(|b| (b, true)));
+        let above = |(b, inclusive): (f64, bool)| if inclusive { v >= b } else { v > b };
+        let below = |(b, inclusive): (f64, bool)| if inclusive { v <= b } else { v < b };
+        let text = |(b, inclusive): (f64, bool), op: &str| {
+            format!("{op}{} {}", if inclusive { "=" } else { "" }, show(b))
+        };
+        let (ok, rule) = match (lower, upper) {
+            (Some(l), Some(u)) if l.0 < u.0 => (
+                above(l) && below(u),
+                format!("{} and {}", text(l, ">"), text(u, "<")),
+            ),
+            (Some(l), Some(u)) => (
+                above(l) || below(u),
+                format!("{} or {}", text(l, ">"), text(u, "<")),
+            ),
+            (Some(l), None) => (above(l), text(l, ">")),
+            (None, Some(u)) => (below(u), text(u, "<")),
+            (None, None) => (true, String::new()),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("must be {rule} (got {})", show(v)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(bounds: Bounds, v: f64) -> Result<(), String> {
+        bounds.check(v, &format_number)
+    }
+
+    #[test]
+    fn bounds_follow_protoc_gen_validate_semantics() {
+        let port = Bounds {
+            lte: Some(65535.0),
+            ..Default::default()
+        };
+        assert_eq!(check(port, 65535.0), Ok(()));
+        assert_eq!(
+            check(port, 65536.0),
+            Err("must be <= 65535 (got 65536)".into())
+        );
+        // lower < upper: inside the range.
+        let status = Bounds {
+            gte: Some(200.0),
+            lt: Some(600.0),
+            ..Default::default()
+        };
+        assert_eq!(check(status, 200.0), Ok(()));
+        assert_eq!(
+            check(status, 600.0),
+            Err("must be >= 200 and < 600 (got 600)".into())
+        );
+        // lower >= upper: outside the range.
+        let outside = Bounds {
+            gt: Some(10.0),
+            lt: Some(5.0),
+            ..Default::default()
+        };
+        assert_eq!(check(outside, 4.0), Ok(()));
+        assert_eq!(check(outside, 11.0), Ok(()));
+        assert_eq!(
+            check(outside, 7.0),
+            Err("must be > 10 or < 5 (got 7)".into())
+        );
+        assert_eq!(check(Bounds::default(), -1.0), Ok(()));
+        assert_eq!(
+            Bounds {
+                gt: Some(0.0),
+                ..Default::default()
+            }
+            .check(0.0, &|s| format!("{s}s")),
+            Err("must be > 0s (got 0s)".into())
+        );
+    }
+
+    #[test]
+    fn sizes_name_the_unit() {
+        assert_eq!(
+            sizes(0, Some(1), None, "items"),
+            Err("must have at least 1 items (has 0)".into())
+        );
+        assert_eq!(
+            sizes(3, None, Some(2), "bytes"),
+            Err("must have at most 2 bytes (has 3)".into())
+        );
+        assert_eq!(sizes(2, Some(1), Some(2), "items"), Ok(()));
+    }
+}

@@ -1,0 +1,691 @@
+//! Conversion tables: every resource type in every serialization, the errors users make,
+//! and a round trip through envoy-types' prost structs.
+
+use base64::Engine as _;
+use envoy_types::pb::envoy;
+use prost::Message as _;
+
+use super::*;
+use crate::api::{EnvoyResource, EnvoySecretResource, SecretReference};
+
+const LISTENER: &str = include_str!("testdata/listener_hcm.yaml");
+const CLUSTER: &str = include_str!("testdata/cluster.yaml");
+const ENDPOINT: &str = include_str!("testdata/endpoint.yaml");
+const ROUTE: &str = include_str!("testdata/route.yaml");
+const SCOPED_ROUTE: &str = include_str!("testdata/scoped_route.yaml");
+const SECRET: &str = include_str!("testdata/secret.yaml");
+const RUNTIME: &str = include_str!("testdata/runtime.yaml");
+const EXTENSION_CONFIG: &str = include_str!("testdata/extension_config.yaml");
+
+/// Every resource type with a realistic value and the name it must get.
+fn fixtures() -> [(ResourceType, &'static str, &'static str); 8] {
+    [
+        (ResourceType::Listener, LISTENER, "http"),
+        (ResourceType::Cluster, CLUSTER, "backend"),
+        (ResourceType::Endpoint, ENDPOINT, "backend"),
+        (ResourceType::Route, ROUTE, "local_route"),
+        (ResourceType::ScopedRoute, SCOPED_ROUTE, "scope-a"),
+        (ResourceType::Secret, SECRET, "server-cert"),
+        (ResourceType::Runtime, RUNTIME, "runtime"),
+        (ResourceType::ExtensionConfig, EXTENSION_CONFIG, "router"),
+    ]
+}
+
+/// The same resource written in `serialization` (JSON as a user writes it: snake_case).
+fn mk_value(yaml: &str, serialization: Serialization) -> String {
+    let json = || {
+        let value: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        serde_json::to_string_pretty(&value).unwrap()
+    };
+    match serialization {
+        Serialization::Yaml => yaml.to_owned(),
+        Serialization::Json => json(),
+        Serialization::B64json => base64::engine::general_purpose::STANDARD.encode(json()),
+    }
+}
+
+const ALL_SERIALIZATIONS: [Serialization; 3] = [
+    Serialization::Yaml,
+    Serialization::Json,
+    Serialization::B64json,
+];
+
+fn mk_entry(value: String) -> EnvoyResource {
+    EnvoyResource { name: None, value }
+}
+
+fn mk_resources(kind: ResourceType, values: &[&str], ser: Serialization) -> EnvoyResources {
+    let mut resources = EnvoyResources::default();
+    let list = values.iter().map(|v| mk_entry(mk_value(v, ser))).collect();
+    match kind {
+        ResourceType::Endpoint => resources.endpoints = list,
+        ResourceType::Cluster => resources.clusters = list,
+        ResourceType::Route => resources.routes = list,
+        ResourceType::ScopedRoute => resources.scoped_routes = list,
+        ResourceType::Listener => resources.listeners = list,
+        ResourceType::Runtime => resources.runtimes = list,
+        ResourceType::ExtensionConfig => resources.extension_configs = list,
+        ResourceType::Secret => panic!("secrets are references, not values"),
+    }
+    resources
+}
+
+fn messages(errors: &[ConversionError]) -> Vec<String> {
+    errors.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn every_type_converts_in_every_serialization() {
+    for (kind, yaml, name) in fixtures() {
+        for ser in ALL_SERIALIZATIONS {
+            let resource = convert_value(kind, &mk_value(yaml, ser), ser)
+                .unwrap_or_else(|e| panic!("{kind} in {}: {e:?}", ser.as_str()));
+            assert_eq!((resource.kind, resource.name.as_str()), (kind, name));
+            assert!(!resource.body.is_empty());
+        }
+    }
+}
+
+#[test]
+fn encoding_is_deterministic() {
+    // A runtime layer is a Struct (a map), and so is a route's typed_per_filter_config map of
+    // Any payloads that hold maps themselves.
+    let route = ROUTE.replace(
+        "    routes:\n",
+        "    typed_per_filter_config:\n      \
+         a: { \"@type\": type.googleapis.com/google.protobuf.Struct, value: { x: 1, y: 2, z: 3 } }\n      \
+         b: { \"@type\": type.googleapis.com/google.protobuf.Struct, value: { u: 1, v: 2, w: 3 } }\n      \
+         c: { \"@type\": type.googleapis.com/google.protobuf.Struct, value: { r: 1, s: 2, t: 3 } }\n    \
+         routes:\n",
+    );
+    for (kind, yaml) in [
+        (ResourceType::Runtime, RUNTIME),
+        (ResourceType::Route, route.as_str()),
+    ] {
+        let first = convert_value(kind, yaml, Serialization::Yaml).unwrap();
+        for ser in ALL_SERIALIZATIONS.into_iter().cycle().take(30) {
+            let again = convert_value(kind, &mk_value(yaml, ser), ser).unwrap();
+            assert_eq!(first.body, again.body, "{kind} in {}", ser.as_str());
+        }
+    }
+}
+
+#[test]
+fn serializations_give_the_same_message() {
+    let pool = descriptor_pool().unwrap();
+    for (kind, yaml, _) in fixtures() {
+        let desc = pool.get_message_by_name(kind.message_name()).unwrap();
+        // Compared decoded: protobuf map entries (a runtime layer's Struct) have no fixed order.
+        let messages: Vec<_> = ALL_SERIALIZATIONS
+            .iter()
+            .map(|&ser| {
+                let body = convert_value(kind, &mk_value(yaml, ser), ser).unwrap().body;
+                DynamicMessage::decode(desc.clone(), body).unwrap()
+            })
+            .collect();
+        assert!(messages.windows(2).all(|w| w[0] == w[1]), "{kind}");
+    }
+}
+
+#[test]
+fn spec_lists_convert_in_order() {
+    for (kind, yaml, name) in fixtures() {
+        if kind == ResourceType::Secret {
+            continue;
+        }
+        let second = yaml.replacen(name, &format!("{name}-2"), 1);
+        let resources = mk_resources(kind, &[yaml, &second], Serialization::Yaml);
+        let out = envoy_resources(&resources, Serialization::Yaml).unwrap();
+        let names: Vec<_> = out.iter().map(|r| (r.kind, r.name.as_str())).collect();
+        let expected_second = format!("{name}-2");
+        assert_eq!(names, [(kind, name), (kind, expected_second.as_str())]);
+    }
+}
+
+/// One bad value: the type, the value, its serialization, and the whole expected message
+/// (path from `spec` included).
+struct Bad {
+    kind: ResourceType,
+    value: String,
+    ser: Serialization,
+    expected: &'static str,
+}
+
+fn bad(kind: ResourceType, value: impl Into<String>, expected: &'static str) -> Bad {
+    Bad {
+        kind,
+        value: value.into(),
+        ser: Serialization::Yaml,
+        expected,
+    }
+}
+
+fn bad_json(kind: ResourceType, value: impl Into<String>, expected: &'static str) -> Bad {
+    Bad {
+        ser: Serialization::Json,
+        ..bad(kind, value, expected)
+    }
+}
+
+#[test]
+fn bad_values_are_reported_with_their_path() {
+    use ResourceType as T;
+    let table = [
+        bad(
+            T::Listener,
+            LISTENER.replace("stat_prefix", "stat_prefx"),
+            "spec.envoyResources.listeners[0].value: filter_chains[0].filters[0].typed_config: \
+             unknown field \"stat_prefx\" (line 8, column 11 of the value)",
+        ),
+        bad(
+            T::Listener,
+            LISTENER.replace("codec_type: AUTO", "codec_type: AUTOMATIC"),
+            "spec.envoyResources.listeners[0].value: \
+             filter_chains[0].filters[0].typed_config.codec_type: unknown enum value \
+             \"AUTOMATIC\" (line 9, column 23 of the value)",
+        ),
+        bad(
+            T::Listener,
+            LISTENER.replace(
+                "envoy.extensions.filters.network.http_connection_manager.v3",
+                "envoy.config.filter.network.http_connection_manager.v2",
+            ),
+            "spec.envoyResources.listeners[0].value: filter_chains[0].filters[0].typed_config: \
+             Envoy's v2 API is not supported; use v3 (\"@type\" names \
+             envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager) \
+             (line 7, column 11 of the value)",
+        ),
+        bad(
+            T::Listener,
+            LISTENER.replace("router.v3.Router", "router.v3.Routr"),
+            "spec.envoyResources.listeners[0].value: \
+             filter_chains[0].filters[0].typed_config.http_filters[0].typed_config: unknown \
+             \"@type\": no Envoy v3 message is named envoy.extensions.filters.http.router.v3.Routr \
+             (line 21, column 17 of the value)",
+        ),
+        bad(
+            T::Listener,
+            LISTENER.replace("filter_chains:", "filter_chainz:"),
+            "spec.envoyResources.listeners[0].value: unknown field \"filter_chainz\" \
+             (line 3, column 1 of the value)",
+        ),
+        bad(
+            T::Listener,
+            LISTENER.replace("port_value: 8080", "port_value: eighty"),
+            "spec.envoyResources.listeners[0].value: address.socket_address.port_value: \
+             expected an integer (line 2, column 62 of the value)",
+        ),
+        bad(
+            T::Listener,
+            CLUSTER,
+            "spec.envoyResources.listeners[0].value: this is an envoy.config.cluster.v3.Cluster \
+             resource, which belongs in `clusters`; `listeners` holds \
+             envoy.config.listener.v3.Listener resources (unknown field \"connect_timeout\")",
+        ),
+        bad(
+            T::Cluster,
+            CLUSTER.replace("type: STRICT_DNS", "type: DNS"),
+            "spec.envoyResources.clusters[0].value: type: unknown enum value \"DNS\" \
+             (line 3, column 7 of the value)",
+        ),
+        bad(
+            T::Cluster,
+            CLUSTER.replace("0.25s", "forever"),
+            "spec.envoyResources.clusters[0].value: connect_timeout: failed to parse duration \
+             (line 2, column 18 of the value)",
+        ),
+        bad(
+            T::Cluster,
+            CLUSTER.replacen("name: backend\n", "", 1),
+            "spec.envoyResources.clusters[0].value: the resource has no name: set `name`",
+        ),
+        bad(
+            T::Endpoint,
+            ENDPOINT.replace("cluster_name: backend\n", ""),
+            "spec.envoyResources.endpoints[0].value: the resource has no name: set \
+             `cluster_name`",
+        ),
+        bad(
+            T::Route,
+            ROUTE.replace("timeout: 5s", "timeout: 5s, retries: 3"),
+            "spec.envoyResources.routes[0].value: virtual_hosts[0].routes[0].route: unknown \
+             field \"retries\" (line 7, column 49 of the value)",
+        ),
+        bad(
+            T::ScopedRoute,
+            SCOPED_ROUTE.replace("string_key", "int_key"),
+            "spec.envoyResources.scopedRoutes[0].value: key.fragments[0]: unknown field \
+             \"int_key\" (line 5, column 7 of the value)",
+        ),
+        bad(
+            T::Runtime,
+            "name: runtime\nlayer: [1, 2]\n",
+            "spec.envoyResources.runtimes[0].value: layer: expected mapping start \
+             (line 2, column 8 of the value)",
+        ),
+        bad(
+            T::ExtensionConfig,
+            "name: router\ntyped_config:\n  suppress_envoy_headers: true\n",
+            "spec.envoyResources.extensionConfigs[0].value: typed_config: expected '@type' \
+             field (line 3, column 3 of the value)",
+        ),
+        bad(
+            T::Listener,
+            "name: [",
+            "spec.envoyResources.listeners[0].value: name: expected string scalar \
+             (line 1, column 7 of the value)",
+        ),
+        bad_json(
+            T::Listener,
+            r#"{"name": "x", "address": {"socket_address": {"port_value": 1, "adress": "1"}}}"#,
+            "spec.envoyResources.listeners[0].value: address.socket_address: unknown field \
+             \"adress\" (line 1, column 63 of the value)",
+        ),
+        bad(
+            T::Cluster,
+            "name: a\nname: b\n",
+            "spec.envoyResources.clusters[0].value: duplicate key \"name\" \
+             (line 2, column 1 of the value)",
+        ),
+        bad(
+            T::Cluster,
+            "  \n",
+            "spec.envoyResources.clusters[0].value: the value is empty",
+        ),
+        bad_json(
+            T::Cluster,
+            r#"{"name": "x"} trailing"#,
+            "spec.envoyResources.clusters[0].value: trailing characters \
+             (line 1, column 15 of the value)",
+        ),
+        bad_json(
+            T::Cluster,
+            "name: backend",
+            "spec.envoyResources.clusters[0].value: the value is YAML, not JSON: set \
+             `spec.serialization: yaml` (expected ident (line 1, column 2 of the value))",
+        ),
+        Bad {
+            ser: Serialization::B64json,
+            ..bad(
+                T::Cluster,
+                "not base64!",
+                "spec.envoyResources.clusters[0].value: invalid base64: Invalid symbol 33, offset 9.",
+            )
+        },
+    ];
+    let mut failures = Vec::new();
+    for case in table {
+        let resources = mk_resources(case.kind, &[], case.ser);
+        let mut resources = resources;
+        let entry = mk_entry(case.value.clone());
+        match case.kind {
+            ResourceType::Endpoint => resources.endpoints.push(entry),
+            ResourceType::Cluster => resources.clusters.push(entry),
+            ResourceType::Route => resources.routes.push(entry),
+            ResourceType::ScopedRoute => resources.scoped_routes.push(entry),
+            ResourceType::Listener => resources.listeners.push(entry),
+            ResourceType::Runtime => resources.runtimes.push(entry),
+            ResourceType::ExtensionConfig => resources.extension_configs.push(entry),
+            ResourceType::Secret => unreachable!(),
+        }
+        match envoy_resources(&resources, case.ser) {
+            Ok(_) => failures.push(format!("accepted: {}", case.expected)),
+            Err(errors) if messages(&errors) != [case.expected] => {
+                failures.push(format!(
+                    "expected {}\n     got {:?}",
+                    case.expected,
+                    messages(&errors)
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn a_v2_resource_is_refused_with_the_v3_advice() {
+    let v2 = LISTENER.replace(
+        "envoy.extensions.filters.http.router.v3.Router",
+        "envoy.config.filter.http.router.v2.Router",
+    );
+    let err = &convert_value(ResourceType::Listener, &v2, Serialization::Yaml).unwrap_err()[0];
+    assert!(
+        err.message
+            .starts_with("Envoy's v2 API is not supported; use v3"),
+        "{err}"
+    );
+    // The whole spec: envoyAPI v2 is refused even when every value is fine.
+    let spec = EnvoyConfigSpec {
+        node_id: "proxy".into(),
+        envoy_api: EnvoyApi::V2,
+        serialization: Serialization::Yaml,
+        envoy_resources: mk_resources(ResourceType::Cluster, &[CLUSTER], Serialization::Yaml),
+    };
+    assert_eq!(
+        messages(&validate_config(&spec).unwrap_err()),
+        ["spec.envoyAPI: Envoy's v2 API is not supported; use v3"]
+    );
+}
+
+#[test]
+fn every_error_of_a_spec_is_collected() {
+    let mut resources = EnvoyResources {
+        listeners: vec![
+            mk_entry(LISTENER.to_owned()),
+            mk_entry(LISTENER.replace("stat_prefix", "stat_prefx")),
+            mk_entry(LISTENER.to_owned()),
+        ],
+        clusters: vec![EnvoyResource {
+            name: Some("other".into()),
+            value: CLUSTER.to_owned(),
+        }],
+        secrets: vec![
+            EnvoySecretResource {
+                name: "cert".into(),
+                secret_ref: SecretReference {
+                    name: "cert-secret".into(),
+                    namespace: None,
+                },
+            },
+            EnvoySecretResource {
+                name: "cert".into(),
+                secret_ref: SecretReference::default(),
+            },
+        ],
+        ..Default::default()
+    };
+    let spec = EnvoyConfigSpec {
+        node_id: " ".into(),
+        serialization: Serialization::Yaml,
+        envoy_api: EnvoyApi::V3,
+        envoy_resources: resources.clone(),
+    };
+    assert_eq!(
+        messages(&validate_config(&spec).unwrap_err()),
+        [
+            "spec.nodeID: must not be empty",
+            "spec.envoyResources.clusters[0].name: \"other\" differs from the resource's own \
+             name \"backend\"; remove it or make them equal",
+            "spec.envoyResources.listeners[1].value: filter_chains[0].filters[0].typed_config: \
+             unknown field \"stat_prefx\" (line 8, column 11 of the value)",
+            "spec.envoyResources.listeners[2]: duplicate name \"http\" (also in listeners[0])",
+            "spec.envoyResources.secrets[1]: duplicate name \"cert\" (also in secrets[0])",
+            "spec.envoyResources.secrets[1].ref.name: must name a kubernetes.io/tls Secret",
+        ]
+    );
+    // Fixed, the same spec converts; a matching entry name is accepted.
+    resources.listeners.truncate(1);
+    resources.clusters[0].name = Some("backend".into());
+    resources.secrets.truncate(1);
+    let out = envoy_resources(&resources, Serialization::Yaml).unwrap();
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn a_manifest_spec_in_the_original_format_parses() {
+    let spec: EnvoyConfigSpec = serde_saphyr::from_str(
+        r#"
+nodeID: my-proxy
+serialization: yaml
+envoyResources:
+  secrets:
+    - name: my-certificate
+      ref: { name: my-certificate-secret, namespace: default }
+  runtime:
+    - name: runtime
+      value: "name: runtime\nlayer: { a: 1 }"
+  clusters:
+    - value: "name: backend\nconnect_timeout: 1s"
+"#,
+    )
+    .unwrap();
+    assert_eq!(spec.envoy_api, EnvoyApi::V3);
+    assert_eq!(
+        spec.envoy_resources.runtimes.len(),
+        1,
+        "`runtime` is an alias"
+    );
+    assert_eq!(
+        spec.envoy_resources.secrets[0]
+            .secret_ref
+            .namespace
+            .as_deref(),
+        Some("default")
+    );
+    let out = validate_config(&spec).unwrap();
+    let kinds: Vec<_> = out.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, [ResourceType::Cluster, ResourceType::Runtime]);
+
+    let json: EnvoyConfigSpec = serde_json::from_str(r#"{"nodeID": "p"}"#).unwrap();
+    assert_eq!(
+        (json.serialization, json.envoy_api),
+        (Serialization::Json, EnvoyApi::V3)
+    );
+    let v2: EnvoyConfigSpec = serde_json::from_str(r#"{"nodeID": "p", "envoyAPI": "v2"}"#).unwrap();
+    assert_eq!(v2.envoy_api, EnvoyApi::V2);
+    let typo = serde_json::from_str::<EnvoyConfigSpec>(r#"{"nodeID": "p", "envoyResource": {}}"#);
+    assert!(
+        typo.unwrap_err()
+            .to_string()
+            .contains("unknown field `envoyResource`")
+    );
+}
+
+/// Decodes `body` with the envoy-types prost struct, encodes it again and checks that both
+/// encodings mean the same message (prost and prost-reflect need not order fields alike).
+fn assert_round_trip<M: prost::Message + Default>(kind: ResourceType, body: &[u8]) -> M {
+    let typed = M::decode(body).unwrap_or_else(|e| panic!("{kind}: {e}"));
+    let desc = descriptor_pool()
+        .unwrap()
+        .get_message_by_name(kind.message_name())
+        .unwrap();
+    let ours = DynamicMessage::decode(desc.clone(), body).unwrap();
+    let theirs = DynamicMessage::decode(desc, typed.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(ours, theirs, "{kind}");
+    assert!(
+        ours.unknown_fields().next().is_none(),
+        "{kind} has unknown fields"
+    );
+    typed
+}
+
+#[test]
+fn encoded_resources_decode_with_envoy_types() {
+    use envoy::config::{cluster, endpoint, listener, route};
+    use envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, http_connection_manager::RouteSpecifier,
+    };
+    let body = |kind, yaml| convert_value(kind, yaml, Serialization::Yaml).unwrap().body;
+
+    let l: listener::v3::Listener = assert_round_trip(
+        ResourceType::Listener,
+        &body(ResourceType::Listener, LISTENER),
+    );
+    let any = l.filter_chains[0].filters[0].config_type.clone().unwrap();
+    let listener::v3::filter::ConfigType::TypedConfig(any) = any else {
+        panic!("typed_config expected")
+    };
+    assert!(any.type_url.ends_with("v3.HttpConnectionManager"));
+    let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+    assert_eq!(hcm.stat_prefix, "ingress_http");
+    let Some(RouteSpecifier::RouteConfig(rc)) = hcm.route_specifier else {
+        panic!("inline route_config expected")
+    };
+    assert_eq!(rc.virtual_hosts[0].domains, ["*"]);
+    assert_eq!(hcm.http_filters[0].name, "envoy.filters.http.router");
+
+    let c: cluster::v3::Cluster =
+        assert_round_trip(ResourceType::Cluster, &body(ResourceType::Cluster, CLUSTER));
+    assert_eq!(c.connect_timeout.unwrap().nanos, 250_000_000);
+    let cla = c.load_assignment.unwrap();
+    assert_eq!(cla.cluster_name, "backend");
+    assert_eq!(cla.endpoints[0].lb_endpoints.len(), 1);
+
+    let e: endpoint::v3::ClusterLoadAssignment = assert_round_trip(
+        ResourceType::Endpoint,
+        &body(ResourceType::Endpoint, ENDPOINT),
+    );
+    assert_eq!(
+        e.endpoints[0].lb_endpoints[0]
+            .load_balancing_weight
+            .map(|w| w.value),
+        Some(10)
+    );
+
+    let r: route::v3::RouteConfiguration =
+        assert_round_trip(ResourceType::Route, &body(ResourceType::Route, ROUTE));
+    assert_eq!(r.virtual_hosts[0].routes.len(), 2);
+
+    let s: route::v3::ScopedRouteConfiguration = assert_round_trip(
+        ResourceType::ScopedRoute,
+        &body(ResourceType::ScopedRoute, SCOPED_ROUTE),
+    );
+    assert_eq!(s.route_configuration_name, "local_route");
+
+    let secret: envoy::extensions::transport_sockets::tls::v3::Secret =
+        assert_round_trip(ResourceType::Secret, &body(ResourceType::Secret, SECRET));
+    let Some(envoy::extensions::transport_sockets::tls::v3::secret::Type::TlsCertificate(tls)) =
+        secret.r#type
+    else {
+        panic!("tls_certificate expected")
+    };
+    let chain = tls.certificate_chain.unwrap().specifier.unwrap();
+    assert_eq!(
+        chain,
+        envoy::config::core::v3::data_source::Specifier::InlineBytes(
+            b"-----BEGIN CERTIFICATE-----\n".to_vec()
+        )
+    );
+
+    let rt: envoy::service::runtime::v3::Runtime =
+        assert_round_trip(ResourceType::Runtime, &body(ResourceType::Runtime, RUNTIME));
+    let layer = rt.layer.unwrap();
+    assert!(
+        layer
+            .fields
+            .contains_key("envoy.reloadable_features.example")
+    );
+
+    let ext: envoy::config::core::v3::TypedExtensionConfig = assert_round_trip(
+        ResourceType::ExtensionConfig,
+        &body(ResourceType::ExtensionConfig, EXTENSION_CONFIG),
+    );
+    assert!(
+        ext.typed_config
+            .unwrap()
+            .type_url
+            .ends_with("router.v3.Router")
+    );
+}
+
+#[test]
+fn tls_secrets_from_kubernetes_data_match_the_parsed_form() {
+    let from_k8s = tls_secret(
+        "server-cert",
+        b"-----BEGIN CERTIFICATE-----\n",
+        b"-----BEGIN PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let parsed = convert_value(ResourceType::Secret, SECRET, Serialization::Yaml).unwrap();
+    assert_eq!(from_k8s, parsed);
+    assert_eq!(
+        tls_secret("s", b"", b"key").unwrap_err().to_string(),
+        "secret \"s\": tls.crt is empty"
+    );
+    assert_eq!(
+        tls_secret("s", b"crt", b"").unwrap_err().to_string(),
+        "secret \"s\": tls.key is empty"
+    );
+}
+
+#[test]
+fn the_descriptor_pool_knows_every_resource_type_and_keeps_validation_rules() {
+    let pool = descriptor_pool().unwrap();
+    for kind in ResourceType::ALL {
+        assert!(
+            pool.get_message_by_name(kind.message_name()).is_some(),
+            "{kind}"
+        );
+    }
+    // protoc-gen-validate rules survive (custom options are kept by prost-reflect's decoder).
+    let port = pool
+        .get_message_by_name("envoy.config.core.v3.SocketAddress")
+        .unwrap()
+        .get_field_by_name("port_value")
+        .unwrap();
+    assert!(
+        port.options()
+            .extensions()
+            .any(|(ext, _)| ext.full_name() == "validate.rules"),
+        "validate.rules lost"
+    );
+}
+
+/// Envoy's protoc-gen-validate rules that the conversion checks itself, each with the
+/// message a user gets (every violation of a value is listed).
+#[test]
+fn validation_rules_are_checked_inside_any_too() {
+    use ResourceType as T;
+    let cases: [(T, String, &[&str]); 7] = [
+        (
+            T::Listener,
+            LISTENER.replace("port_value: 8080", "port_value: 70000"),
+            &["address.socket_address.port_value: must be <= 65535 (got 70000)"],
+        ),
+        (
+            T::Listener,
+            LISTENER
+                .replace("stat_prefix: ingress_http", "stat_prefix: \"\"")
+                .replace("domains: [\"*\"]", "domains: []"),
+            &[
+                "filter_chains[0].filters[0].typed_config.stat_prefix: must have at least 1 \
+                 characters (has 0)",
+                "filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].domains: \
+                 must have at least 1 items (has 0)",
+            ],
+        ),
+        (
+            T::Cluster,
+            CLUSTER.replace("0.25s", "0s"),
+            &["connect_timeout: must be > 0s (got 0s)"],
+        ),
+        (
+            T::Route,
+            ROUTE.replace(
+                "route: { cluster: backend, timeout: 5s }",
+                "route: { cluster: \"\" }",
+            ),
+            &["virtual_hosts[0].routes[0].route.cluster: must have at least 1 characters (has 0)"],
+        ),
+        (
+            T::Route,
+            ROUTE.replace(
+                "        direct_response: { status: 200, body: { inline_string: ok } }\n",
+                "",
+            ),
+            &[
+                "virtual_hosts[0].routes[1]: one of route, redirect, direct_response, \
+               filter_action, non_forwarding_action must be set",
+            ],
+        ),
+        (
+            T::Route,
+            ROUTE.replace("status: 200", "status: 99"),
+            &[
+                "virtual_hosts[0].routes[1].direct_response.status: must be >= 200 and < 600 \
+               (got 99)",
+            ],
+        ),
+        (
+            T::Endpoint,
+            ENDPOINT.replace("load_balancing_weight: 10", "load_balancing_weight: 0"),
+            &["endpoints[0].lb_endpoints[0].load_balancing_weight: must be >= 1 (got 0)"],
+        ),
+    ];
+    for (kind, value, expected) in cases {
+        let errors = convert_value(kind, &value, Serialization::Yaml).unwrap_err();
+        let got: Vec<_> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(got, expected, "{kind}");
+    }
+}

@@ -1,0 +1,300 @@
+//! The revision algorithm of `EnvoyConfig` (seed 002), as a pure function: from the revisions
+//! in publication order, the desired version and which revisions Envoy rejected, decide the
+//! new order, which revision is published, the cache state, and which revisions to delete.
+
+use std::collections::BTreeSet;
+
+/// At most this many revisions are kept per `EnvoyConfig`.
+pub const MAX_REVISIONS: usize = 10;
+
+/// `status.cacheState` of an `EnvoyConfig`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheState {
+    /// The desired version is published.
+    InSync,
+    /// The desired version was rejected; an older untainted revision is published.
+    Rollback,
+    /// Every revision was rejected; the newest stays published until the spec is fixed.
+    RollbackFailed,
+}
+
+impl CacheState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InSync => "InSync",
+            Self::Rollback => "Rollback",
+            Self::RollbackFailed => "RollbackFailed",
+        }
+    }
+}
+
+/// The outcome of one run of the algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Versions in publication order; the last published one has the highest index.
+    pub revisions: Vec<String>,
+    /// The version to publish; every other revision is unpublished.
+    pub publish: String,
+    pub cache_state: CacheState,
+    /// Whether the desired version has no revision yet and one must be created.
+    pub create: bool,
+    /// Versions whose revisions are dropped to stay within the limit.
+    pub delete: Vec<String>,
+}
+
+/// Runs the algorithm.
+/// - `current`: `status.revisions` in publication order (unknown or repeated entries are
+///   tolerated: duplicates keep their last position);
+/// - `existing`: versions that have a revision object (a revision deleted by hand drops out);
+/// - `tainted`: versions Envoy rejected.
+pub fn plan(
+    current: &[String],
+    existing: &BTreeSet<String>,
+    desired: &str,
+    tainted: &BTreeSet<String>,
+    limit: usize,
+) -> Plan {
+    let limit = limit.max(1);
+    let mut revisions: Vec<String> = Vec::with_capacity(current.len() + 1);
+    for version in current {
+        if existing.contains(version) && version != desired {
+            revisions.retain(|v| v != version);
+            revisions.push(version.clone());
+        }
+    }
+    // Applying a spec (new or re-applied) makes its revision the newest.
+    revisions.push(desired.to_owned());
+    let create = !existing.contains(desired);
+
+    let untainted = revisions
+        .iter()
+        .rev()
+        .find(|v| !tainted.contains(*v))
+        .cloned();
+    let (publish, cache_state) = match untainted {
+        Some(v) if v == desired => (v, CacheState::InSync),
+        Some(v) => (v, CacheState::Rollback),
+        None => (desired.to_owned(), CacheState::RollbackFailed),
+    };
+
+    // Drop the oldest revisions over the limit, but never the published or the desired one.
+    let mut delete = Vec::new();
+    while revisions.len() > limit {
+        let Some(index) = revisions.iter().position(|v| *v != publish && v != desired) else {
+            break;
+        };
+        delete.push(revisions.remove(index));
+    }
+    Plan {
+        revisions,
+        publish,
+        cache_state,
+        create,
+        delete,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn set(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_new_spec_gets_a_new_published_revision() {
+        let p = plan(&[], &set(&[]), "a", &set(&[]), MAX_REVISIONS);
+        assert_eq!(p.revisions, v(&["a"]));
+        assert_eq!(p.publish, "a");
+        assert_eq!(p.cache_state, CacheState::InSync);
+        assert!(p.create);
+
+        let p = plan(&v(&["a"]), &set(&["a"]), "b", &set(&[]), MAX_REVISIONS);
+        assert_eq!(p.revisions, v(&["a", "b"]));
+        assert_eq!((p.publish.as_str(), p.create), ("b", true));
+    }
+
+    #[test]
+    fn an_unchanged_spec_changes_nothing() {
+        let p = plan(
+            &v(&["a", "b"]),
+            &set(&["a", "b"]),
+            "b",
+            &set(&[]),
+            MAX_REVISIONS,
+        );
+        assert_eq!(p.revisions, v(&["a", "b"]));
+        assert_eq!((p.publish.as_str(), p.create), ("b", false));
+        assert!(p.delete.is_empty());
+    }
+
+    #[test]
+    fn a_reapplied_spec_moves_its_revision_to_the_end() {
+        let p = plan(
+            &v(&["a", "b", "c"]),
+            &set(&["a", "b", "c"]),
+            "a",
+            &set(&[]),
+            10,
+        );
+        assert_eq!(p.revisions, v(&["b", "c", "a"]));
+        assert_eq!((p.publish.as_str(), p.create), ("a", false));
+        assert_eq!(p.cache_state, CacheState::InSync);
+    }
+
+    #[test]
+    fn a_tainted_published_revision_rolls_back_to_the_previous_untainted_one() {
+        let p = plan(
+            &v(&["a", "b", "c"]),
+            &set(&["a", "b", "c"]),
+            "c",
+            &set(&["c"]),
+            10,
+        );
+        assert_eq!(p.publish, "b");
+        assert_eq!(p.cache_state, CacheState::Rollback);
+        let p = plan(
+            &v(&["a", "b", "c"]),
+            &set(&["a", "b", "c"]),
+            "c",
+            &set(&["b", "c"]),
+            10,
+        );
+        assert_eq!(p.publish, "a");
+        assert_eq!(p.cache_state, CacheState::Rollback);
+    }
+
+    #[test]
+    fn all_tainted_keeps_the_failing_revision_published() {
+        let p = plan(
+            &v(&["a", "b"]),
+            &set(&["a", "b"]),
+            "b",
+            &set(&["a", "b"]),
+            10,
+        );
+        assert_eq!(p.publish, "b");
+        assert_eq!(p.cache_state, CacheState::RollbackFailed);
+    }
+
+    #[test]
+    fn a_fixed_spec_recovers_to_in_sync() {
+        let p = plan(
+            &v(&["a", "b"]),
+            &set(&["a", "b"]),
+            "c",
+            &set(&["a", "b"]),
+            10,
+        );
+        assert_eq!(p.revisions, v(&["a", "b", "c"]));
+        assert_eq!(p.publish, "c");
+        assert_eq!(p.cache_state, CacheState::InSync);
+        assert!(p.create);
+    }
+
+    #[test]
+    fn the_limit_drops_the_oldest_but_never_the_published_one() {
+        let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+        let existing: BTreeSet<String> = names.iter().cloned().collect();
+        let p = plan(&names, &existing, "new", &set(&[]), 10);
+        assert_eq!(p.delete, v(&["r0"]));
+        assert_eq!(p.revisions.len(), 10);
+        assert_eq!(p.revisions.last().map(String::as_str), Some("new"));
+
+        // Only the oldest is untainted, so it is published and the next oldest goes instead.
+        let tainted: BTreeSet<String> = names[1..].iter().cloned().chain(["new".into()]).collect();
+        let p = plan(&names, &existing, "new", &tainted, 10);
+        assert_eq!(p.publish, "r0");
+        assert_eq!(p.delete, v(&["r1"]));
+        assert_eq!(p.revisions[0], "r0");
+    }
+
+    #[test]
+    fn revisions_deleted_by_hand_drop_out_and_duplicates_collapse() {
+        let p = plan(
+            &v(&["a", "b", "a", "c"]),
+            &set(&["a", "c"]),
+            "c",
+            &set(&[]),
+            10,
+        );
+        assert_eq!(p.revisions, v(&["a", "c"]));
+        // The desired revision was deleted by hand: it is created again.
+        let p = plan(&v(&["a", "b"]), &set(&["a"]), "b", &set(&[]), 10);
+        assert_eq!(p.revisions, v(&["a", "b"]));
+        assert!(p.create);
+    }
+
+    /// Every combination of up to 5 revisions, each tainted or not, any desired version and
+    /// limits 1..=5: the invariants of the seed hold.
+    #[test]
+    fn invariants_hold_exhaustively() {
+        let pool = ["a", "b", "c", "d", "e", "f"];
+        for len in 0..=5usize {
+            let current: Vec<String> = pool[..len].iter().map(|s| (*s).to_owned()).collect();
+            let existing: BTreeSet<String> = current.iter().cloned().collect();
+            for mask in 0..(1u32 << (len + 1)) {
+                let tainted: BTreeSet<String> = pool[..=len]
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, s)| (*s).to_owned())
+                    .collect();
+                for desired in &pool[..=len] {
+                    for limit in 1..=5 {
+                        check(&current, &existing, desired, &tainted, limit);
+                    }
+                }
+            }
+        }
+    }
+
+    fn check(
+        current: &[String],
+        existing: &BTreeSet<String>,
+        desired: &str,
+        tainted: &BTreeSet<String>,
+        limit: usize,
+    ) {
+        let p = plan(current, existing, desired, tainted, limit);
+        let ctx = format!("{current:?} desired={desired} tainted={tainted:?} limit={limit}: {p:?}");
+        assert_eq!(
+            p.revisions.last().map(String::as_str),
+            Some(desired),
+            "{ctx}"
+        );
+        assert!(p.revisions.contains(&p.publish), "{ctx}");
+        assert!(p.revisions.len() <= limit.max(2), "{ctx}");
+        let unique: BTreeSet<&String> = p.revisions.iter().collect();
+        assert_eq!(unique.len(), p.revisions.len(), "{ctx}");
+        assert!(p.delete.iter().all(|d| !p.revisions.contains(d)), "{ctx}");
+        assert_eq!(p.create, !existing.contains(desired), "{ctx}");
+        // The published revision is the newest untainted one; with none left, the desired one.
+        if p.revisions.iter().any(|v| !tainted.contains(v)) {
+            assert!(!tainted.contains(&p.publish), "{ctx}");
+            let newer = p.revisions.iter().rev().take_while(|v| **v != p.publish);
+            assert!(newer.clone().all(|v| tainted.contains(v)), "{ctx}");
+            // Dropped revisions were older than the published one or rejected.
+            assert!(
+                p.delete
+                    .iter()
+                    .all(|d| tainted.contains(d) || !current.is_empty()),
+                "{ctx}"
+            );
+            let state = if p.publish == desired {
+                CacheState::InSync
+            } else {
+                CacheState::Rollback
+            };
+            assert_eq!(p.cache_state, state, "{ctx}");
+        } else {
+            assert_eq!(p.publish, desired, "{ctx}");
+            assert_eq!(p.cache_state, CacheState::RollbackFailed, "{ctx}");
+        }
+    }
+}

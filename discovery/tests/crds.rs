@@ -1,0 +1,75 @@
+//! The CRDs checked into `manifests/crds/` are exactly the ones generated from the Rust types.
+//! To refresh them: `cargo run -p marin3r-discovery -- crds --out-dir manifests/crds`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use marin3r_discovery::crds;
+
+#[test]
+fn checked_in_crds_match_the_rust_types() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+    let mut expected = BTreeSet::new();
+    for crd in crds::all() {
+        let name = crds::file_name(&crd);
+        let want = crds::to_yaml(&crd).unwrap();
+        let have = std::fs::read_to_string(dir.join(&name))
+            .unwrap_or_else(|e| panic!("manifests/crds/{name}: {e}; regenerate the CRDs"));
+        assert!(
+            have == want,
+            "manifests/crds/{name} is stale: run `cargo run -p marin3r-discovery -- crds --out-dir manifests/crds`"
+        );
+        expected.insert(name);
+    }
+    let present: BTreeSet<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml"))
+        .collect();
+    assert_eq!(
+        present, expected,
+        "manifests/crds/ holds CRDs that no type generates"
+    );
+}
+
+#[test]
+fn the_certificate_crd_has_the_original_names_and_columns() {
+    let crd = crds::all()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "DiscoveryServiceCertificate")
+        .unwrap();
+    assert_eq!(crd.spec.group, "operator.marin3r.3scale.net");
+    assert_eq!(crd.spec.names.short_names, Some(vec!["dsc".to_owned()]));
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    assert!(version.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<&str> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(columns, ["Ready", "Not After", "Renewal", "Age"]);
+    let spec = serde_json::to_value(&version.schema).unwrap();
+    let props = &spec["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    for field in [
+        "commonName",
+        "server",
+        "isCA",
+        "validFor",
+        "hosts",
+        "signer",
+        "secretRef",
+        "certificateRenewal",
+        "keyAlgorithm",
+    ] {
+        assert!(
+            props.get(field).is_some(),
+            "spec.{field} missing from the schema"
+        );
+    }
+    assert_eq!(props["validFor"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(props["signer"]["maxProperties"], 1);
+}

@@ -1,0 +1,533 @@
+//! The pod annotations that drive injection (SPEC §4): their names, their grammar and their
+//! validation. Parsing is pure and collects every bad annotation, each error naming the
+//! annotation and its value, so a user fixes them all in one round.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::config::InjectionConfig;
+use crate::quantity::parse_quantity;
+
+pub const PREFIX: &str = "marin3r.3scale.net/";
+pub const NODE_ID: &str = "marin3r.3scale.net/node-id";
+pub const CLUSTER_ID: &str = "marin3r.3scale.net/cluster-id";
+pub const CONTAINER_NAME: &str = "marin3r.3scale.net/container-name";
+pub const PORTS: &str = "marin3r.3scale.net/ports";
+pub const HOST_PORT_MAPPINGS: &str = "marin3r.3scale.net/host-port-mappings";
+pub const ENVOY_IMAGE: &str = "marin3r.3scale.net/envoy-image";
+pub const CONFIG_VOLUME: &str = "marin3r.3scale.net/config-volume";
+pub const TLS_VOLUME: &str = "marin3r.3scale.net/tls-volume";
+pub const CLIENT_CERTIFICATE: &str = "marin3r.3scale.net/client-certificate";
+pub const ENVOY_EXTRA_ARGS: &str = "marin3r.3scale.net/envoy-extra-args";
+pub const REQUESTS_CPU: &str = "marin3r.3scale.net/resources.requests.cpu";
+pub const REQUESTS_MEMORY: &str = "marin3r.3scale.net/resources.requests.memory";
+pub const LIMITS_CPU: &str = "marin3r.3scale.net/resources.limits.cpu";
+pub const LIMITS_MEMORY: &str = "marin3r.3scale.net/resources.limits.memory";
+pub const ADMIN_PORT: &str = "marin3r.3scale.net/admin.port";
+pub const ADMIN_BIND_ADDRESS: &str = "marin3r.3scale.net/admin.bind-address";
+pub const ADMIN_ACCESS_LOG_PATH: &str = "marin3r.3scale.net/admin.access-log-path";
+/// Accepted from original MARIN3R manifests: only `v3` exists in today's Envoy.
+pub const ENVOY_API_VERSION: &str = "marin3r.3scale.net/envoy-api-version";
+/// Written by the webhook on every pod it injects; a pod carrying it is left alone.
+pub const INJECTED: &str = "marin3r.3scale.net/injected";
+/// The pod label (value `enabled`) that opts a pod into injection.
+pub const STATUS_LABEL: &str = "marin3r.3scale.net/status";
+
+/// Arguments the sidecar's command line already sets; `envoy-extra-args` may not repeat them
+/// (Envoy refuses a flag given twice, and a second bootstrap would silently win).
+const RESERVED_ARGS: [&str; 5] = [
+    "-c",
+    "--config-path",
+    "--service-node",
+    "--service-cluster",
+    "--config-yaml",
+];
+
+/// One bad annotation: which, its value, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnnotationError {
+    pub annotation: &'static str,
+    pub value: String,
+    pub reason: String,
+}
+
+impl fmt::Display for AnnotationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {:?}: {}", self.annotation, self.value, self.reason)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+/// A port the sidecar exposes (`ports`), with its host port if `host-port-mappings` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortSpec {
+    pub name: String,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub host_port: Option<u16>,
+}
+
+/// Kubernetes quantities as written in the annotations (already validated).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub requests_cpu: Option<String>,
+    pub requests_memory: Option<String>,
+    pub limits_cpu: Option<String>,
+    pub limits_memory: Option<String>,
+}
+
+impl Resources {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admin {
+    pub port: u16,
+    pub bind_address: IpAddr,
+    pub access_log_path: Option<String>,
+}
+
+/// Everything a pod's annotations say about its sidecar, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarSpec {
+    pub node_id: String,
+    pub cluster_id: String,
+    pub container_name: String,
+    pub ports: Vec<PortSpec>,
+    pub envoy_image: String,
+    pub config_volume: String,
+    pub tls_volume: String,
+    pub client_certificate: String,
+    pub extra_args: Vec<String>,
+    pub resources: Resources,
+    pub admin: Admin,
+}
+
+/// Reads the sidecar spec from a pod's annotations, with `config` supplying the defaults.
+/// Returns every bad annotation, in the order of the list above.
+pub fn parse(
+    annotations: &BTreeMap<String, String>,
+    config: &InjectionConfig,
+) -> Result<SidecarSpec, Vec<AnnotationError>> {
+    let mut errors = Vec::new();
+    let get = |name: &str| annotations.get(name).map(String::as_str);
+    let mut check = |name: &'static str, value: &str, result: Result<(), String>| {
+        if let Err(reason) = result {
+            errors.push(AnnotationError {
+                annotation: name,
+                value: value.to_owned(),
+                reason,
+            });
+        }
+    };
+
+    let node_id = get(NODE_ID).unwrap_or_default().to_owned();
+    if get(NODE_ID).is_none() {
+        check(
+            NODE_ID,
+            "",
+            Err("the annotation is required to inject the Envoy sidecar".into()),
+        );
+    } else {
+        check(NODE_ID, &node_id, label_value(&node_id));
+    }
+    let cluster_id = get(CLUSTER_ID).unwrap_or(&node_id).to_owned();
+    if let Some(v) = get(CLUSTER_ID) {
+        check(CLUSTER_ID, v, label_value(v));
+    }
+    let container_name = get(CONTAINER_NAME)
+        .unwrap_or(&config.container_name)
+        .to_owned();
+    if let Some(v) = get(CONTAINER_NAME) {
+        check(CONTAINER_NAME, v, dns_label(v));
+    }
+
+    let mut ports = Vec::new();
+    let mut ports_invalid = false;
+    if let Some(v) = get(PORTS) {
+        match parse_ports(v) {
+            Ok(p) => ports = p,
+            Err((entry, reason)) => {
+                ports_invalid = true;
+                check(PORTS, &entry, Err(reason));
+            }
+        }
+    }
+    if let Some(v) = get(HOST_PORT_MAPPINGS)
+        && let Err((entry, reason)) = apply_host_port_mappings(v, &mut ports, ports_invalid)
+    {
+        check(HOST_PORT_MAPPINGS, &entry, Err(reason));
+    }
+
+    let envoy_image = get(ENVOY_IMAGE).unwrap_or(&config.envoy_image).to_owned();
+    if let Some(v) = get(ENVOY_IMAGE) {
+        check(ENVOY_IMAGE, v, image_reference(v));
+    }
+    let config_volume = get(CONFIG_VOLUME)
+        .unwrap_or(&config.config_volume)
+        .to_owned();
+    if let Some(v) = get(CONFIG_VOLUME) {
+        check(CONFIG_VOLUME, v, dns_label(v));
+    }
+    let tls_volume = get(TLS_VOLUME).unwrap_or(&config.tls_volume).to_owned();
+    if let Some(v) = get(TLS_VOLUME) {
+        let distinct = if v == config_volume {
+            Err(format!(
+                "the same volume name as {CONFIG_VOLUME} ({config_volume:?}); the two volumes need distinct names"
+            ))
+        } else {
+            Ok(())
+        };
+        check(TLS_VOLUME, v, dns_label(v).and(distinct));
+    }
+    let client_certificate = get(CLIENT_CERTIFICATE)
+        .unwrap_or(&config.client_certificate)
+        .to_owned();
+    if let Some(v) = get(CLIENT_CERTIFICATE) {
+        check(CLIENT_CERTIFICATE, v, dns_subdomain(v));
+    }
+    let mut extra_args = Vec::new();
+    if let Some(v) = get(ENVOY_EXTRA_ARGS) {
+        match parse_extra_args(v) {
+            Ok(a) => extra_args = a,
+            Err(e) => check(ENVOY_EXTRA_ARGS, v, Err(e)),
+        }
+    }
+
+    let mut resources = Resources::default();
+    let mut quantity = |name: &'static str, slot: &mut Option<String>| -> Option<f64> {
+        let v = get(name)?;
+        match parse_quantity(v) {
+            Ok(q) => {
+                *slot = Some(v.to_owned());
+                Some(q)
+            }
+            Err(e) => {
+                check(name, v, Err(e));
+                None
+            }
+        }
+    };
+    let req_cpu = quantity(REQUESTS_CPU, &mut resources.requests_cpu);
+    let req_mem = quantity(REQUESTS_MEMORY, &mut resources.requests_memory);
+    let lim_cpu = quantity(LIMITS_CPU, &mut resources.limits_cpu);
+    let lim_mem = quantity(LIMITS_MEMORY, &mut resources.limits_memory);
+    for (name, request, limit, limit_name) in [
+        (REQUESTS_CPU, req_cpu, lim_cpu, LIMITS_CPU),
+        (REQUESTS_MEMORY, req_mem, lim_mem, LIMITS_MEMORY),
+    ] {
+        if let (Some(r), Some(l)) = (request, limit)
+            && r > l
+        {
+            check(
+                name,
+                get(name).unwrap_or_default(),
+                Err(format!(
+                    "the request is greater than the limit {limit_name}={:?}",
+                    get(limit_name).unwrap_or_default()
+                )),
+            );
+        }
+    }
+
+    let mut admin = Admin {
+        port: config.admin_port,
+        bind_address: config.admin_bind_address,
+        access_log_path: config.admin_access_log_path.clone(),
+    };
+    if let Some(v) = get(ADMIN_PORT) {
+        match parse_port_number(v) {
+            Ok(p) => {
+                admin.port = p;
+            }
+            Err(e) => check(ADMIN_PORT, v, Err(e)),
+        }
+    }
+    if let Some(clash) = ports
+        .iter()
+        .find(|p| p.port == admin.port && p.protocol == Protocol::Tcp)
+    {
+        check(
+            ADMIN_PORT,
+            get(ADMIN_PORT).unwrap_or(&admin.port.to_string()),
+            Err(format!(
+                "Envoy's admin port clashes with the port {:?} declared in {PORTS}",
+                clash.name
+            )),
+        );
+    }
+    if let Some(v) = get(ADMIN_BIND_ADDRESS) {
+        match parse_bind_address(v) {
+            Ok(ip) => admin.bind_address = ip,
+            Err(e) => check(ADMIN_BIND_ADDRESS, v, Err(e)),
+        }
+    }
+    if let Some(v) = get(ADMIN_ACCESS_LOG_PATH) {
+        match absolute_path(v) {
+            Ok(()) => admin.access_log_path = Some(v.to_owned()),
+            Err(e) => check(ADMIN_ACCESS_LOG_PATH, v, Err(e)),
+        }
+    }
+    if let Some(v) = get(ENVOY_API_VERSION)
+        && v != "v3"
+    {
+        let reason = if v == "v2" {
+            "Envoy's v2 API is gone from Envoy; only v3 is supported".to_string()
+        } else {
+            "unknown Envoy API version; only v3 is supported".to_string()
+        };
+        check(ENVOY_API_VERSION, v, Err(reason));
+    }
+
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(SidecarSpec {
+        node_id,
+        cluster_id,
+        container_name,
+        ports,
+        envoy_image,
+        config_volume,
+        tls_volume,
+        client_certificate,
+        extra_args,
+        resources,
+        admin,
+    })
+}
+
+/// `name:port[:TCP|UDP|SCTP]`, comma separated. An error carries the bad entry and why.
+fn parse_ports(value: &str) -> Result<Vec<PortSpec>, (String, String)> {
+    let mut ports: Vec<PortSpec> = Vec::new();
+    for entry in value.split(',').map(str::trim) {
+        let bad = |reason: String| (entry.to_owned(), reason);
+        let parts: Vec<&str> = entry.split(':').collect();
+        let (name, port, protocol) = match parts.as_slice() {
+            [name, port] => (*name, *port, None),
+            [name, port, protocol] => (*name, *port, Some(*protocol)),
+            _ => return Err(bad("expected name:port or name:port:protocol".into())),
+        };
+        port_name(name).map_err(bad)?;
+        let port = parse_port_number(port).map_err(bad)?;
+        let protocol = match protocol.map(str::to_ascii_uppercase).as_deref() {
+            None | Some("TCP") => Protocol::Tcp,
+            Some("UDP") => Protocol::Udp,
+            Some("SCTP") => Protocol::Sctp,
+            Some(_) => return Err(bad("protocol must be TCP, UDP or SCTP".into())),
+        };
+        if ports.iter().any(|p| p.name == name) {
+            return Err(bad(format!("port name {name:?} is declared twice")));
+        }
+        if ports
+            .iter()
+            .any(|p| p.port == port && p.protocol == protocol)
+        {
+            return Err(bad(format!(
+                "port {port}/{} is declared twice",
+                protocol.as_str()
+            )));
+        }
+        ports.push(PortSpec {
+            name: name.to_owned(),
+            port,
+            protocol,
+            host_port: None,
+        });
+    }
+    Ok(ports)
+}
+
+/// `name:hostPort`, comma separated; every name must be a port of `ports`.
+fn apply_host_port_mappings(
+    value: &str,
+    ports: &mut [PortSpec],
+    ports_invalid: bool,
+) -> Result<(), (String, String)> {
+    let mut seen: HashSet<(u16, Protocol)> = HashSet::new();
+    for entry in value.split(',').map(str::trim) {
+        let bad = |reason: String| (entry.to_owned(), reason);
+        let Some((name, host_port)) = entry.split_once(':') else {
+            return Err(bad("expected name:hostPort".into()));
+        };
+        let host_port = parse_port_number(host_port).map_err(bad)?;
+        let Some(port) = ports.iter_mut().find(|p| p.name == name) else {
+            // A bad `ports` annotation is reported on its own; do not blame the mapping too.
+            return if ports_invalid {
+                Ok(())
+            } else {
+                Err(bad(format!("no port named {name:?} in {PORTS}")))
+            };
+        };
+        if port.host_port.is_some() {
+            return Err(bad(format!("port {name:?} is mapped twice")));
+        }
+        if !seen.insert((host_port, port.protocol)) {
+            return Err(bad(format!(
+                "host port {host_port}/{} is mapped twice",
+                port.protocol.as_str()
+            )));
+        }
+        port.host_port = Some(host_port);
+    }
+    Ok(())
+}
+
+fn parse_port_number(value: &str) -> Result<u16, String> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("port {value:?} is not a number"));
+    }
+    match value.parse::<u32>() {
+        Ok(p @ 1..=65535) => Ok(p as u16),
+        _ => Err("port must be between 1 and 65535".into()),
+    }
+}
+
+/// Envoy's command line split as a POSIX shell would, minus the flags the sidecar owns.
+fn parse_extra_args(value: &str) -> Result<Vec<String>, String> {
+    let args = shlex::split(value)
+        .ok_or_else(|| "unbalanced quotes or a trailing backslash".to_string())?;
+    for arg in &args {
+        if let Some(reserved) = RESERVED_ARGS.iter().find(|r| {
+            arg == *r
+                || arg
+                    .strip_prefix(**r)
+                    .is_some_and(|rest| rest.starts_with('='))
+        }) {
+            return Err(format!(
+                "{reserved} is set by the injector and may not be given again"
+            ));
+        }
+    }
+    Ok(args)
+}
+
+fn parse_bind_address(value: &str) -> Result<IpAddr, String> {
+    let ip: IpAddr = value
+        .parse()
+        .map_err(|_| "not an IPv4 or IPv6 address".to_string())?;
+    if ip.is_loopback() {
+        return Err(
+            "the readiness and liveness probes reach the admin port from outside the pod's loopback; use 0.0.0.0, :: or a pod address"
+                .into(),
+        );
+    }
+    Ok(ip)
+}
+
+fn absolute_path(value: &str) -> Result<(), String> {
+    if !value.starts_with('/') {
+        return Err("must be an absolute path".into());
+    }
+    if value.chars().any(char::is_control) {
+        return Err("must not contain control characters".into());
+    }
+    Ok(())
+}
+
+fn image_reference(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("the image must not be empty".into());
+    }
+    if value.len() > 1024 || value.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("not a container image reference".into());
+    }
+    Ok(())
+}
+
+/// A label value (the node id is also a label on revisions): at most 63 characters of
+/// `[A-Za-z0-9._-]`, starting and ending alphanumeric.
+fn label_value(value: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > 63 {
+        return Err("must be at most 63 characters".into());
+    }
+    if !value.chars().all(ok_char)
+        || !value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        || !value.ends_with(|c: char| c.is_ascii_alphanumeric())
+    {
+        return Err(
+            "must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// An RFC 1123 label, as container and volume names must be.
+fn dns_label(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > 63 {
+        return Err("must be at most 63 characters".into());
+    }
+    if !value
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        || value.starts_with('-')
+        || value.ends_with('-')
+    {
+        return Err(
+            "must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// An RFC 1123 subdomain, as Secret names must be.
+fn dns_subdomain(value: &str) -> Result<(), String> {
+    if value.len() > 253 {
+        return Err("must be at most 253 characters".into());
+    }
+    value.split('.').try_for_each(dns_label).map_err(|_| {
+        "must be an RFC 1123 subdomain (lower-case letters, digits, '-' and '.')".into()
+    })
+}
+
+/// An IANA service name, as Kubernetes port names must be.
+fn port_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!("port name {name:?} must be 1 to 15 characters"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        || !name.chars().any(|c| c.is_ascii_lowercase())
+        || name.starts_with('-')
+        || name.ends_with('-')
+        || name.contains("--")
+    {
+        return Err(format!(
+            "port name {name:?} must be lower-case letters, digits and single '-' (not at either end), with at least one letter"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "annotations_tests.rs"]
+mod tests;

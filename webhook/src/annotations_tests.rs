@@ -1,0 +1,352 @@
+//! Table-driven tests: every annotation with good and bad values, and the defaults.
+
+use std::net::IpAddr;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut m = BTreeMap::from([(NODE_ID.to_owned(), "kuard".to_owned())]);
+    for (k, v) in pairs {
+        m.insert((*k).to_owned(), (*v).to_owned());
+    }
+    m
+}
+
+fn parse_ok(pairs: &[(&str, &str)]) -> SidecarSpec {
+    parse(&annotations(pairs), &InjectionConfig::default())
+        .unwrap_or_else(|e| panic!("{pairs:?} refused: {e:?}"))
+}
+
+/// The single error for these annotations, as the user sees it.
+fn parse_err(pairs: &[(&str, &str)]) -> String {
+    let errors = parse(&annotations(pairs), &InjectionConfig::default())
+        .expect_err(&format!("{pairs:?} accepted"));
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    errors[0].to_string()
+}
+
+fn port(name: &str, port: u16, protocol: Protocol, host_port: Option<u16>) -> PortSpec {
+    PortSpec {
+        name: name.into(),
+        port,
+        protocol,
+        host_port,
+    }
+}
+
+#[test]
+fn defaults_fill_in_everything_but_the_node_id() {
+    let spec = parse_ok(&[]);
+    assert_eq!(
+        spec,
+        SidecarSpec {
+            node_id: "kuard".into(),
+            cluster_id: "kuard".into(),
+            container_name: "envoy-sidecar".into(),
+            ports: vec![],
+            envoy_image: "envoyproxy/envoy:v1.40.0".into(),
+            config_volume: "envoy-sidecar-bootstrap".into(),
+            tls_volume: "envoy-sidecar-tls".into(),
+            client_certificate: "envoy-sidecar-client-cert".into(),
+            extra_args: vec![],
+            resources: Resources::default(),
+            admin: Admin {
+                port: 9901,
+                bind_address: "0.0.0.0".parse().unwrap(),
+                access_log_path: None,
+            },
+        }
+    );
+}
+
+#[test]
+fn cluster_level_defaults_come_from_the_config() {
+    let config = InjectionConfig {
+        envoy_image: "registry.local/envoy:v1.40.1".into(),
+        container_name: "proxy".into(),
+        admin_port: 15000,
+        admin_access_log_path: Some("/tmp/admin.log".into()),
+        ..InjectionConfig::default()
+    };
+    let spec = parse(&annotations(&[]), &config).unwrap();
+    assert_eq!(spec.envoy_image, "registry.local/envoy:v1.40.1");
+    assert_eq!(spec.container_name, "proxy");
+    assert_eq!(spec.admin.port, 15000);
+    assert_eq!(
+        spec.admin.access_log_path.as_deref(),
+        Some("/tmp/admin.log")
+    );
+}
+
+#[test]
+fn the_node_id_is_required() {
+    let errors = parse(&BTreeMap::new(), &InjectionConfig::default()).unwrap_err();
+    assert_eq!(
+        errors[0].to_string(),
+        r#"marin3r.3scale.net/node-id: "": the annotation is required to inject the Envoy sidecar"#
+    );
+}
+
+/// What a good case expects of the parsed spec.
+type Check = Box<dyn Fn(&SidecarSpec)>;
+
+#[test]
+fn good_values_are_read() {
+    use Protocol::*;
+    let cases: Vec<(Vec<(&str, &str)>, Check)> = vec![
+        (
+            vec![(NODE_ID, "gw_1.eu-west")],
+            Box::new(|s| {
+                assert_eq!(
+                    (s.node_id.as_str(), s.cluster_id.as_str()),
+                    ("gw_1.eu-west", "gw_1.eu-west")
+                )
+            }),
+        ),
+        (
+            vec![(CLUSTER_ID, "edge")],
+            Box::new(|s| assert_eq!(s.cluster_id, "edge")),
+        ),
+        (
+            vec![(CONTAINER_NAME, "proxy-1")],
+            Box::new(|s| assert_eq!(s.container_name, "proxy-1")),
+        ),
+        (
+            vec![(
+                PORTS,
+                "http:8080, https:8443:TCP,dns:53:udp,sig:9000:SCTP,dnstcp:53",
+            )],
+            Box::new(|s| {
+                assert_eq!(
+                    s.ports,
+                    vec![
+                        port("http", 8080, Tcp, None),
+                        port("https", 8443, Tcp, None),
+                        port("dns", 53, Udp, None),
+                        port("sig", 9000, Sctp, None),
+                        port("dnstcp", 53, Tcp, None),
+                    ]
+                )
+            }),
+        ),
+        (
+            vec![
+                (PORTS, "http:8080,https:8443"),
+                (HOST_PORT_MAPPINGS, "https:443, http:80"),
+            ],
+            Box::new(|s| {
+                assert_eq!(
+                    s.ports,
+                    vec![
+                        port("http", 8080, Tcp, Some(80)),
+                        port("https", 8443, Tcp, Some(443))
+                    ]
+                )
+            }),
+        ),
+        (
+            vec![(ENVOY_IMAGE, "quay.io/me/envoy@sha256:0123abcd")],
+            Box::new(|s| assert_eq!(s.envoy_image, "quay.io/me/envoy@sha256:0123abcd")),
+        ),
+        (
+            vec![(CONFIG_VOLUME, "boot"), (TLS_VOLUME, "certs")],
+            Box::new(|s| {
+                assert_eq!(
+                    (s.config_volume.as_str(), s.tls_volume.as_str()),
+                    ("boot", "certs")
+                )
+            }),
+        ),
+        (
+            vec![(CLIENT_CERTIFICATE, "my.client-cert")],
+            Box::new(|s| assert_eq!(s.client_certificate, "my.client-cert")),
+        ),
+        (
+            vec![(
+                ENVOY_EXTRA_ARGS,
+                r#"--log-level debug --component-log-level "upstream:trace,http:info" --drain-time-s 5"#,
+            )],
+            Box::new(|s| {
+                assert_eq!(
+                    s.extra_args,
+                    [
+                        "--log-level",
+                        "debug",
+                        "--component-log-level",
+                        "upstream:trace,http:info",
+                        "--drain-time-s",
+                        "5"
+                    ]
+                )
+            }),
+        ),
+        (
+            vec![
+                (REQUESTS_CPU, "100m"),
+                (REQUESTS_MEMORY, "64Mi"),
+                (LIMITS_CPU, "1"),
+                (LIMITS_MEMORY, "0.5Gi"),
+            ],
+            Box::new(|s| {
+                assert_eq!(
+                    s.resources,
+                    Resources {
+                        requests_cpu: Some("100m".into()),
+                        requests_memory: Some("64Mi".into()),
+                        limits_cpu: Some("1".into()),
+                        limits_memory: Some("0.5Gi".into()),
+                    }
+                )
+            }),
+        ),
+        (
+            vec![(LIMITS_CPU, "2")],
+            Box::new(|s| assert_eq!(s.resources.limits_cpu.as_deref(), Some("2"))),
+        ),
+        (
+            vec![
+                (ADMIN_PORT, "15000"),
+                (ADMIN_BIND_ADDRESS, "::"),
+                (ADMIN_ACCESS_LOG_PATH, "/dev/stdout"),
+            ],
+            Box::new(|s| {
+                assert_eq!(
+                    s.admin,
+                    Admin {
+                        port: 15000,
+                        bind_address: "::".parse::<IpAddr>().unwrap(),
+                        access_log_path: Some("/dev/stdout".into()),
+                    }
+                )
+            }),
+        ),
+        (
+            vec![(ENVOY_API_VERSION, "v3")],
+            Box::new(|s| assert_eq!(s.node_id, "kuard")),
+        ),
+        (
+            vec![("marin3r.3scale.net/shutdown-manager.enabled", "true")],
+            Box::new(|s| assert_eq!(s.node_id, "kuard")),
+        ),
+    ];
+    for (pairs, check) in cases {
+        check(&parse_ok(&pairs));
+    }
+}
+
+#[test]
+fn bad_values_are_denied_naming_annotation_and_value() {
+    let long = "a".repeat(64);
+    let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
+        (vec![(NODE_ID, "")], r#"marin3r.3scale.net/node-id: "": must not be empty"#.into()),
+        (vec![(NODE_ID, "my node")], r#"marin3r.3scale.net/node-id: "my node": must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"#.into()),
+        (vec![(NODE_ID, &long)], format!("marin3r.3scale.net/node-id: {long:?}: must be at most 63 characters")),
+        (vec![(CLUSTER_ID, "-edge")], r#"marin3r.3scale.net/cluster-id: "-edge": must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"#.into()),
+        (vec![(CONTAINER_NAME, "Envoy")], r#"marin3r.3scale.net/container-name: "Envoy": must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
+        (vec![(PORTS, "http:99999")], r#"marin3r.3scale.net/ports: "http:99999": port must be between 1 and 65535"#.into()),
+        (vec![(PORTS, "http:0")], r#"marin3r.3scale.net/ports: "http:0": port must be between 1 and 65535"#.into()),
+        (vec![(PORTS, "http:80,admin:x")], r#"marin3r.3scale.net/ports: "admin:x": port "x" is not a number"#.into()),
+        (vec![(PORTS, "http")], r#"marin3r.3scale.net/ports: "http": expected name:port or name:port:protocol"#.into()),
+        (vec![(PORTS, "http:80:TCP:x")], r#"marin3r.3scale.net/ports: "http:80:TCP:x": expected name:port or name:port:protocol"#.into()),
+        (vec![(PORTS, "http:80,")], r#"marin3r.3scale.net/ports: "": expected name:port or name:port:protocol"#.into()),
+        (vec![(PORTS, "http:80:QUIC")], r#"marin3r.3scale.net/ports: "http:80:QUIC": protocol must be TCP, UDP or SCTP"#.into()),
+        (vec![(PORTS, "HTTP:80")], r#"marin3r.3scale.net/ports: "HTTP:80": port name "HTTP" must be lower-case letters, digits and single '-' (not at either end), with at least one letter"#.into()),
+        (vec![(PORTS, "a--b:80")], r#"marin3r.3scale.net/ports: "a--b:80": port name "a--b" must be lower-case letters, digits and single '-' (not at either end), with at least one letter"#.into()),
+        (vec![(PORTS, "8080:80")], r#"marin3r.3scale.net/ports: "8080:80": port name "8080" must be lower-case letters, digits and single '-' (not at either end), with at least one letter"#.into()),
+        (vec![(PORTS, "a-very-long-port-name:80")], r#"marin3r.3scale.net/ports: "a-very-long-port-name:80": port name "a-very-long-port-name" must be 1 to 15 characters"#.into()),
+        (vec![(PORTS, "http:80,http:81")], r#"marin3r.3scale.net/ports: "http:81": port name "http" is declared twice"#.into()),
+        (vec![(PORTS, "a:80,b:80:tcp")], r#"marin3r.3scale.net/ports: "b:80:tcp": port 80/TCP is declared twice"#.into()),
+        (vec![(PORTS, "http:9901")], r#"marin3r.3scale.net/admin.port: "9901": Envoy's admin port clashes with the port "http" declared in marin3r.3scale.net/ports"#.into()),
+        (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "https:443")], r#"marin3r.3scale.net/host-port-mappings: "https:443": no port named "https" in marin3r.3scale.net/ports"#.into()),
+        (vec![(HOST_PORT_MAPPINGS, "http:80")], r#"marin3r.3scale.net/host-port-mappings: "http:80": no port named "http" in marin3r.3scale.net/ports"#.into()),
+        (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http:70000")], r#"marin3r.3scale.net/host-port-mappings: "http:70000": port must be between 1 and 65535"#.into()),
+        (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http")], r#"marin3r.3scale.net/host-port-mappings: "http": expected name:hostPort"#.into()),
+        (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http:80,http:81")], r#"marin3r.3scale.net/host-port-mappings: "http:81": port "http" is mapped twice"#.into()),
+        (vec![(PORTS, "a:80,b:81"), (HOST_PORT_MAPPINGS, "a:8000,b:8000")], r#"marin3r.3scale.net/host-port-mappings: "b:8000": host port 8000/TCP is mapped twice"#.into()),
+        (vec![(ENVOY_IMAGE, "")], r#"marin3r.3scale.net/envoy-image: "": the image must not be empty"#.into()),
+        (vec![(ENVOY_IMAGE, "envoy proxy")], r#"marin3r.3scale.net/envoy-image: "envoy proxy": not a container image reference"#.into()),
+        (vec![(CONFIG_VOLUME, "Boot")], r#"marin3r.3scale.net/config-volume: "Boot": must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
+        (vec![(TLS_VOLUME, "tls_certs")], r#"marin3r.3scale.net/tls-volume: "tls_certs": must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
+        (vec![(TLS_VOLUME, "envoy-sidecar-bootstrap")], r#"marin3r.3scale.net/tls-volume: "envoy-sidecar-bootstrap": the same volume name as marin3r.3scale.net/config-volume ("envoy-sidecar-bootstrap"); the two volumes need distinct names"#.into()),
+        (vec![(CLIENT_CERTIFICATE, "my..cert")], r#"marin3r.3scale.net/client-certificate: "my..cert": must be an RFC 1123 subdomain (lower-case letters, digits, '-' and '.')"#.into()),
+        (vec![(ENVOY_EXTRA_ARGS, r#"--log-level "debug"#)], r#"marin3r.3scale.net/envoy-extra-args: "--log-level \"debug": unbalanced quotes or a trailing backslash"#.into()),
+        (vec![(ENVOY_EXTRA_ARGS, "-c /tmp/other.yaml")], r#"marin3r.3scale.net/envoy-extra-args: "-c /tmp/other.yaml": -c is set by the injector and may not be given again"#.into()),
+        (vec![(ENVOY_EXTRA_ARGS, "--service-node=x")], r#"marin3r.3scale.net/envoy-extra-args: "--service-node=x": --service-node is set by the injector and may not be given again"#.into()),
+        (vec![(ENVOY_EXTRA_ARGS, "--config-yaml {}")], r#"marin3r.3scale.net/envoy-extra-args: "--config-yaml {}": --config-yaml is set by the injector and may not be given again"#.into()),
+        (vec![(REQUESTS_CPU, "lots")], r#"marin3r.3scale.net/resources.requests.cpu: "lots": not a Kubernetes quantity (expected a number with an optional suffix such as m, Mi, G)"#.into()),
+        (vec![(REQUESTS_MEMORY, "64MB")], r#"marin3r.3scale.net/resources.requests.memory: "64MB": unknown quantity suffix "MB" (expected one of n, u, m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent such as e3)"#.into()),
+        (vec![(LIMITS_CPU, "-1")], r#"marin3r.3scale.net/resources.limits.cpu: "-1": a resource quantity must not be negative"#.into()),
+        (vec![(LIMITS_MEMORY, "")], r#"marin3r.3scale.net/resources.limits.memory: "": a quantity must not be empty"#.into()),
+        (vec![(REQUESTS_CPU, "2"), (LIMITS_CPU, "500m")], r#"marin3r.3scale.net/resources.requests.cpu: "2": the request is greater than the limit marin3r.3scale.net/resources.limits.cpu="500m""#.into()),
+        (vec![(REQUESTS_MEMORY, "1Gi"), (LIMITS_MEMORY, "1G")], r#"marin3r.3scale.net/resources.requests.memory: "1Gi": the request is greater than the limit marin3r.3scale.net/resources.limits.memory="1G""#.into()),
+        (vec![(ADMIN_PORT, "0")], r#"marin3r.3scale.net/admin.port: "0": port must be between 1 and 65535"#.into()),
+        (vec![(ADMIN_PORT, "65536")], r#"marin3r.3scale.net/admin.port: "65536": port must be between 1 and 65535"#.into()),
+        (vec![(ADMIN_PORT, " 9901")], r#"marin3r.3scale.net/admin.port: " 9901": port " 9901" is not a number"#.into()),
+        (vec![(PORTS, "admin:15000"), (ADMIN_PORT, "15000")], r#"marin3r.3scale.net/admin.port: "15000": Envoy's admin port clashes with the port "admin" declared in marin3r.3scale.net/ports"#.into()),
+        (vec![(ADMIN_BIND_ADDRESS, "localhost")], r#"marin3r.3scale.net/admin.bind-address: "localhost": not an IPv4 or IPv6 address"#.into()),
+        (vec![(ADMIN_BIND_ADDRESS, "127.0.0.1")], r#"marin3r.3scale.net/admin.bind-address: "127.0.0.1": the readiness and liveness probes reach the admin port from outside the pod's loopback; use 0.0.0.0, :: or a pod address"#.into()),
+        (vec![(ADMIN_ACCESS_LOG_PATH, "admin.log")], r#"marin3r.3scale.net/admin.access-log-path: "admin.log": must be an absolute path"#.into()),
+        (vec![(ADMIN_ACCESS_LOG_PATH, "/tmp/a\nb")], r#"marin3r.3scale.net/admin.access-log-path: "/tmp/a\nb": must not contain control characters"#.into()),
+        (vec![(ENVOY_API_VERSION, "v2")], r#"marin3r.3scale.net/envoy-api-version: "v2": Envoy's v2 API is gone from Envoy; only v3 is supported"#.into()),
+    ];
+    for (pairs, want) in cases {
+        assert_eq!(parse_err(&pairs), want, "{pairs:?}");
+    }
+}
+
+#[test]
+fn every_bad_annotation_is_reported_at_once() {
+    let errors = parse(
+        &annotations(&[(PORTS, "http:99999"), (ADMIN_PORT, "x"), (LIMITS_CPU, "?")]),
+        &InjectionConfig::default(),
+    )
+    .unwrap_err();
+    let names: Vec<&str> = errors.iter().map(|e| e.annotation).collect();
+    assert_eq!(names, [PORTS, LIMITS_CPU, ADMIN_PORT]);
+}
+
+#[test]
+fn a_mapping_is_not_blamed_for_a_bad_ports_annotation() {
+    let errors = parse(
+        &annotations(&[(PORTS, "http:99999"), (HOST_PORT_MAPPINGS, "http:80")]),
+        &InjectionConfig::default(),
+    )
+    .unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].annotation, PORTS);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Any string in any annotation is either accepted or refused with a message naming it.
+    #[test]
+    fn parsing_never_panics(
+        key in prop::sample::select(vec![
+            NODE_ID, CLUSTER_ID, CONTAINER_NAME, PORTS, HOST_PORT_MAPPINGS, ENVOY_IMAGE,
+            CONFIG_VOLUME, TLS_VOLUME, CLIENT_CERTIFICATE, ENVOY_EXTRA_ARGS, REQUESTS_CPU,
+            REQUESTS_MEMORY, LIMITS_CPU, LIMITS_MEMORY, ADMIN_PORT, ADMIN_BIND_ADDRESS,
+            ADMIN_ACCESS_LOG_PATH, ENVOY_API_VERSION,
+        ]),
+        value in prop_oneof![
+            any::<String>(),
+            "[a-z0-9:,.\\- ]{0,40}",
+            "[0-9]{0,8}(\\.[0-9]{0,3})?(m|Mi|Gi|k|e[0-9]|E-?[0-9]{1,5}|[a-zA-Z]{0,3})",
+            "([a-z]{1,5}:[0-9]{1,6}(:(TCP|UDP|tcp|x))?,?){0,4}",
+        ],
+        ports in "([a-z]{1,5}:[0-9]{1,6},?){0,3}",
+    ) {
+        let a = annotations(&[(key, &value), (PORTS, &ports)]);
+        match parse(&a, &InjectionConfig::default()) {
+            Ok(spec) => prop_assert!(!spec.node_id.is_empty()),
+            Err(errors) => {
+                prop_assert!(!errors.is_empty());
+                for e in errors {
+                    prop_assert!(e.to_string().starts_with(PREFIX));
+                }
+            }
+        }
+    }
+}

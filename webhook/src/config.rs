@@ -1,0 +1,61 @@
+//! Cluster-level injection settings: the defaults every pod annotation falls back to, and the
+//! names of the objects the operator creates in each enabled namespace.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+/// The Envoy image a sidecar runs unless the pod asks for another (`envoy-image`).
+pub const DEFAULT_ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
+/// The sidecar container's name unless `container-name` says otherwise.
+pub const DEFAULT_CONTAINER_NAME: &str = "envoy-sidecar";
+/// The bootstrap ConfigMap the operator writes into every enabled namespace; also the default
+/// name of the pod volume that mounts it (`config-volume`).
+pub const DEFAULT_BOOTSTRAP_CONFIG_MAP: &str = "envoy-sidecar-bootstrap";
+/// The default name of the pod volume holding the client certificate (`tls-volume`).
+pub const DEFAULT_TLS_VOLUME: &str = "envoy-sidecar-tls";
+/// The client certificate Secret the operator issues in every enabled namespace
+/// (`client-certificate`).
+pub const DEFAULT_CLIENT_CERTIFICATE: &str = "envoy-sidecar-client-cert";
+/// Envoy's admin port unless `admin.port` says otherwise.
+pub const DEFAULT_ADMIN_PORT: u16 = 9901;
+
+/// Where the bootstrap ConfigMap is mounted; it holds [`BOOTSTRAP_FILE`] and [`SDS_FILE`].
+pub const BOOTSTRAP_MOUNT_PATH: &str = "/etc/envoy/bootstrap";
+/// The Envoy bootstrap inside the bootstrap ConfigMap.
+pub const BOOTSTRAP_FILE: &str = "config.json";
+/// The file-based SDS resource the bootstrap points at for the client certificate.
+pub const SDS_FILE: &str = "tls_certificate_sds_secret.json";
+/// Where the client certificate Secret (`tls.crt`, `tls.key`, `ca.crt`) is mounted.
+pub const CLIENT_CERT_MOUNT_PATH: &str = "/etc/envoy/tls/client";
+
+/// Settings shared by every injection; pod annotations override the per-pod ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectionConfig {
+    pub envoy_image: String,
+    pub container_name: String,
+    /// The ConfigMap holding the bootstrap; not overridable per pod, the operator owns it.
+    pub bootstrap_config_map: String,
+    pub config_volume: String,
+    pub tls_volume: String,
+    pub client_certificate: String,
+    pub admin_port: u16,
+    pub admin_bind_address: IpAddr,
+    /// `None`: Envoy's admin interface writes no access log.
+    pub admin_access_log_path: Option<String>,
+}
+
+impl Default for InjectionConfig {
+    fn default() -> Self {
+        Self {
+            envoy_image: DEFAULT_ENVOY_IMAGE.into(),
+            container_name: DEFAULT_CONTAINER_NAME.into(),
+            bootstrap_config_map: DEFAULT_BOOTSTRAP_CONFIG_MAP.into(),
+            config_volume: DEFAULT_BOOTSTRAP_CONFIG_MAP.into(),
+            tls_volume: DEFAULT_TLS_VOLUME.into(),
+            client_certificate: DEFAULT_CLIENT_CERTIFICATE.into(),
+            admin_port: DEFAULT_ADMIN_PORT,
+            // Kubelet probes the admin `/ready` from outside the pod's loopback.
+            admin_bind_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            admin_access_log_path: None,
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! marin3r's sidecar injection webhook (SPEC §4): pod annotations parsed into a sidecar spec,
+//! the pure `mutate(&Pod, &InjectionConfig) -> Result<Patch, Denial>`, the AdmissionReview v1
+//! codec, the HTTPS server (certificate reloaded from disk) and offline injection of YAML.
+
+pub mod annotations;
+pub mod config;
+pub mod inject;
+pub mod metrics;
+pub mod mutate;
+mod quantity;
+pub mod review;
+pub mod server;
+pub mod sidecar;
+pub mod tls;
+
+pub use config::InjectionConfig;
+pub use inject::{InjectError, Injected, inject_yaml};
+pub use metrics::WebhookMetrics;
+pub use mutate::{Denial, Selection, inject_json, mutate, selection, sidecar_command_line};
+pub use quantity::parse_quantity;
+pub use review::{BadRequest, review};
+pub use server::{WebhookServerConfig, router, serve};

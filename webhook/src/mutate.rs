@@ -1,0 +1,214 @@
+//! The pure core of the webhook: whether a pod is to be injected, and the JSONPatch that adds
+//! the sidecar, its volumes and the `injected` marker, or the reason it is denied.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::Value;
+
+use crate::annotations::{
+    self, AnnotationError, CONFIG_VOLUME, CONTAINER_NAME, HOST_PORT_MAPPINGS, INJECTED,
+    STATUS_LABEL, SidecarSpec, TLS_VOLUME,
+};
+use crate::config::InjectionConfig;
+use crate::sidecar;
+
+/// Why a pod may not be created as it is. The message names what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denial {
+    /// One or more annotations are invalid.
+    #[error("{}", join(.0))]
+    Annotations(Vec<AnnotationError>),
+    /// The pod already has something the sidecar would need to add under the same name.
+    #[error("{0}")]
+    Conflict(String),
+    /// The object could not be read as a Pod.
+    #[error("{0}")]
+    NotAPod(String),
+}
+
+fn join(errors: &[AnnotationError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What the webhook does with a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selection {
+    /// Not labelled `marin3r.3scale.net/status=enabled`: left alone.
+    NotSelected,
+    /// Carries the `injected` marker: left alone, so injection is idempotent.
+    AlreadyInjected,
+    Inject,
+}
+
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotSelected => write!(f, "the pod is not labelled {STATUS_LABEL}=enabled"),
+            Self::AlreadyInjected => write!(f, "the pod carries the {INJECTED} annotation"),
+            Self::Inject => write!(f, "the pod is selected for injection"),
+        }
+    }
+}
+
+pub fn selection(pod: &Pod) -> Selection {
+    let meta = &pod.metadata;
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(INJECTED))
+    {
+        return Selection::AlreadyInjected;
+    }
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(STATUS_LABEL))
+        .is_some_and(|v| v == "enabled");
+    if labelled {
+        Selection::Inject
+    } else {
+        Selection::NotSelected
+    }
+}
+
+/// The sidecar spec for a pod selected for injection (annotations parsed, defaults applied).
+pub fn sidecar_spec(pod: &Pod, config: &InjectionConfig) -> Result<SidecarSpec, Denial> {
+    let empty = BTreeMap::new();
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    annotations::parse(annotations, config).map_err(Denial::Annotations)
+}
+
+/// The final Envoy args of the sidecar injected into `pod`, with the downward-API variables
+/// expanded as kubelet would for a pod named `pod_name` in `namespace`: the command line the
+/// sidecar runs (after `envoy`).
+pub fn sidecar_command_line(
+    pod: &Pod,
+    config: &InjectionConfig,
+    pod_name: &str,
+    namespace: &str,
+) -> Result<Vec<String>, Denial> {
+    let spec = sidecar_spec(pod, config)?;
+    let env = BTreeMap::from([
+        (sidecar::POD_NAME_ENV.to_owned(), pod_name.to_owned()),
+        (sidecar::POD_NAMESPACE_ENV.to_owned(), namespace.to_owned()),
+    ]);
+    Ok(sidecar::expand_env(&sidecar::sidecar_args(&spec), &env))
+}
+
+/// The JSONPatch that injects the sidecar into `pod`; empty when the pod is not selected or
+/// already injected.
+pub fn mutate(pod: &Pod, config: &InjectionConfig) -> Result<Patch, Denial> {
+    if selection(pod) != Selection::Inject {
+        return Ok(Patch(Vec::new()));
+    }
+    let spec = sidecar_spec(pod, config)?;
+    check_conflicts(pod, &spec)?;
+
+    let container = sidecar::container(&spec);
+    let volumes = sidecar::volumes(&spec, config);
+    let mut ops = vec![add(
+        &["spec", "containers", "-"],
+        serde_json::to_value(container),
+    )?];
+    let pod_spec = pod.spec.as_ref();
+    match pod_spec.and_then(|s| s.volumes.as_ref()) {
+        Some(existing) if !existing.is_empty() => {
+            for volume in volumes {
+                ops.push(add(
+                    &["spec", "volumes", "-"],
+                    serde_json::to_value(volume),
+                )?);
+            }
+        }
+        // `add` on a missing (or, from a client that sends `[]`, empty) list creates it.
+        _ => ops.push(add(&["spec", "volumes"], serde_json::to_value(volumes))?),
+    }
+    // The node-id annotation exists (it was required), so the annotations map does too.
+    ops.push(add(
+        &["metadata", "annotations", INJECTED],
+        Ok(Value::String("true".into())),
+    )?);
+    Ok(Patch(ops))
+}
+
+fn add(path: &[&str], value: Result<Value, serde_json::Error>) -> Result<PatchOperation, Denial> {
+    let value = value.map_err(|e| Denial::NotAPod(format!("encoding the sidecar: {e}")))?;
+    Ok(PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(path.iter().copied()),
+        value,
+    }))
+}
+
+/// Never clobber: a container or volume of the same name, or a host port already taken, is
+/// the user's to rename.
+fn check_conflicts(pod: &Pod, spec: &SidecarSpec) -> Result<(), Denial> {
+    let Some(pod_spec) = pod.spec.as_ref() else {
+        return Err(Denial::NotAPod("the pod has no spec".into()));
+    };
+    let all_containers = pod_spec
+        .containers
+        .iter()
+        .chain(pod_spec.init_containers.iter().flatten());
+    let mut host_ports = Vec::new();
+    for c in all_containers {
+        if c.name == spec.container_name {
+            return Err(Denial::Conflict(format!(
+                "the pod already has a container named {:?}; set {CONTAINER_NAME} to another name for the Envoy sidecar",
+                c.name
+            )));
+        }
+        for p in c.ports.iter().flatten() {
+            if let Some(hp) = p.host_port {
+                host_ports.push((hp, p.protocol.clone().unwrap_or_else(|| "TCP".into())));
+            }
+        }
+    }
+    for v in pod_spec.volumes.iter().flatten() {
+        for (name, annotation) in [
+            (&spec.config_volume, CONFIG_VOLUME),
+            (&spec.tls_volume, TLS_VOLUME),
+        ] {
+            if &v.name == name {
+                return Err(Denial::Conflict(format!(
+                    "the pod already has a volume named {name:?}; set {annotation} to another name for the sidecar's volume"
+                )));
+            }
+        }
+    }
+    for p in &spec.ports {
+        if let Some(hp) = p.host_port
+            && host_ports
+                .iter()
+                .any(|(h, proto)| *h == i32::from(hp) && proto == p.protocol.as_str())
+        {
+            return Err(Denial::Conflict(format!(
+                "{HOST_PORT_MAPPINGS}: host port {hp}/{} is already used by another container of the pod",
+                p.protocol.as_str()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the mutation to a pod's JSON (unknown fields kept), for offline injection.
+pub fn inject_json(pod_json: &mut Value, config: &InjectionConfig) -> Result<Selection, Denial> {
+    let pod: Pod = serde_json::from_value(pod_json.clone())
+        .map_err(|e| Denial::NotAPod(format!("not a valid Pod: {e}")))?;
+    let selected = selection(&pod);
+    let patch = mutate(&pod, config)?;
+    json_patch::patch(pod_json, &patch.0)
+        .map_err(|e| Denial::NotAPod(format!("applying the sidecar patch: {e}")))?;
+    Ok(selected)
+}
+
+#[cfg(test)]
+#[path = "mutate_tests.rs"]
+mod tests;

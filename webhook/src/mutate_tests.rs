@@ -1,0 +1,320 @@
+use serde_json::json;
+
+use super::*;
+
+fn mk_pod(annotations: Value, extra_spec: Value) -> Value {
+    let mut spec = json!({
+        "containers": [{"name": "app", "image": "kuard:1", "ports": [{"containerPort": 8080}]}],
+    });
+    if let (Some(s), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        s.extend(extra.clone());
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "kuard",
+            "namespace": "shop",
+            "labels": {"app": "kuard", "marin3r.3scale.net/status": "enabled"},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    })
+}
+
+fn typed(v: &Value) -> Pod {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
+fn patched(v: &Value, config: &InjectionConfig) -> Value {
+    let patch = mutate(&typed(v), config).unwrap();
+    let mut out = v.clone();
+    json_patch::patch(&mut out, &patch.0).unwrap();
+    out
+}
+
+fn denial(v: &Value) -> String {
+    mutate(&typed(v), &InjectionConfig::default())
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn the_sidecar_is_added_with_everything_spec_4_lists() {
+    let pod = mk_pod(
+        json!({
+            "marin3r.3scale.net/node-id": "kuard",
+            "marin3r.3scale.net/ports": "http:8081,stats:9000:UDP",
+            "marin3r.3scale.net/host-port-mappings": "http:30080",
+            "marin3r.3scale.net/resources.requests.cpu": "50m",
+            "marin3r.3scale.net/resources.limits.memory": "128Mi",
+            "marin3r.3scale.net/envoy-extra-args": "--log-level debug",
+            "marin3r.3scale.net/admin.access-log-path": "/dev/stdout",
+        }),
+        json!({}),
+    );
+    let out = patched(&pod, &InjectionConfig::default());
+    assert_eq!(out["metadata"]["annotations"][INJECTED], "true");
+    assert_eq!(out["spec"]["containers"][0], pod["spec"]["containers"][0]);
+    let probe = json!({
+        "httpGet": {"path": "/ready", "port": 9901, "scheme": "HTTP"},
+        "successThreshold": 1,
+        "timeoutSeconds": 1,
+    });
+    let with = |p: &Value, extra: Value| {
+        let mut p = p.clone();
+        p.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        p
+    };
+    // Compared parsed: key order inside the overlay is serde_json's business.
+    let mut sidecar = out["spec"]["containers"][1].clone();
+    let overlay: Value = serde_json::from_str(sidecar["args"][7].as_str().unwrap()).unwrap();
+    assert_eq!(
+        overlay,
+        json!({
+            "node": {"metadata": {"pod_name": "$(POD_NAME)", "pod_namespace": "$(POD_NAMESPACE)"}},
+            "admin": {
+                "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9901}},
+                "access_log": [{
+                    "name": "envoy.access_loggers.file",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                        "path": "/dev/stdout",
+                    },
+                }],
+            },
+        })
+    );
+    sidecar["args"][7] = json!("<overlay>");
+    let config_yaml = "<overlay>";
+    assert_eq!(
+        sidecar,
+        json!({
+            "name": "envoy-sidecar",
+            "image": "envoyproxy/envoy:v1.40.0",
+            "command": ["envoy"],
+            "args": [
+                "-c", "/etc/envoy/bootstrap/config.json",
+                "--service-node", "kuard",
+                "--service-cluster", "kuard",
+                "--config-yaml", config_yaml,
+                "--log-level", "debug",
+            ],
+            "env": [
+                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}},
+                {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}},
+            ],
+            "ports": [
+                {"name": "http", "containerPort": 8081, "hostPort": 30080, "protocol": "TCP"},
+                {"name": "stats", "containerPort": 9000, "protocol": "UDP"},
+            ],
+            "resources": {"requests": {"cpu": "50m"}, "limits": {"memory": "128Mi"}},
+            "readinessProbe": with(&probe, json!({"initialDelaySeconds": 0, "periodSeconds": 5, "failureThreshold": 3})),
+            "livenessProbe": with(&probe, json!({"initialDelaySeconds": 30, "periodSeconds": 10, "failureThreshold": 10})),
+            "volumeMounts": [
+                {"name": "envoy-sidecar-bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true},
+                {"name": "envoy-sidecar-tls", "mountPath": "/etc/envoy/tls/client", "readOnly": true},
+            ],
+        })
+    );
+    assert_eq!(
+        out["spec"]["volumes"],
+        json!([
+            {"name": "envoy-sidecar-bootstrap", "configMap": {"name": "envoy-sidecar-bootstrap"}},
+            {"name": "envoy-sidecar-tls", "secret": {"secretName": "envoy-sidecar-client-cert"}},
+        ])
+    );
+}
+
+#[test]
+fn volumes_are_appended_to_existing_ones_and_named_by_annotations() {
+    let pod = mk_pod(
+        json!({
+            "marin3r.3scale.net/node-id": "kuard",
+            "marin3r.3scale.net/config-volume": "boot",
+            "marin3r.3scale.net/tls-volume": "certs",
+            "marin3r.3scale.net/client-certificate": "other-cert",
+        }),
+        json!({"volumes": [{"name": "data", "emptyDir": {}}]}),
+    );
+    let config = InjectionConfig {
+        bootstrap_config_map: "custom-bootstrap".into(),
+        ..InjectionConfig::default()
+    };
+    let out = patched(&pod, &config);
+    assert_eq!(
+        out["spec"]["volumes"],
+        json!([
+            {"name": "data", "emptyDir": {}},
+            {"name": "boot", "configMap": {"name": "custom-bootstrap"}},
+            {"name": "certs", "secret": {"secretName": "other-cert"}},
+        ])
+    );
+    let mounts: Vec<&str> = out["spec"]["containers"][1]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(mounts, ["boot", "certs"]);
+}
+
+#[test]
+fn an_empty_volume_list_is_replaced() {
+    let pod = mk_pod(
+        json!({"marin3r.3scale.net/node-id": "kuard"}),
+        json!({"volumes": []}),
+    );
+    let out = patched(&pod, &InjectionConfig::default());
+    assert_eq!(out["spec"]["volumes"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn injecting_twice_changes_nothing() {
+    let pod = mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"}), json!({}));
+    let once = patched(&pod, &InjectionConfig::default());
+    assert_eq!(selection(&typed(&once)), Selection::AlreadyInjected);
+    assert!(
+        mutate(&typed(&once), &InjectionConfig::default())
+            .unwrap()
+            .0
+            .is_empty()
+    );
+    assert_eq!(patched(&once, &InjectionConfig::default()), once);
+}
+
+#[test]
+fn pods_not_labelled_are_left_alone() {
+    let mut pod = mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"}), json!({}));
+    pod["metadata"]["labels"]["marin3r.3scale.net/status"] = json!("disabled");
+    assert_eq!(selection(&typed(&pod)), Selection::NotSelected);
+    assert!(
+        mutate(&typed(&pod), &InjectionConfig::default())
+            .unwrap()
+            .0
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_labelled_pod_without_node_id_is_denied() {
+    let pod = mk_pod(json!({}), json!({}));
+    assert_eq!(
+        denial(&pod),
+        r#"marin3r.3scale.net/node-id: "": the annotation is required to inject the Envoy sidecar"#
+    );
+    let mut pod = pod;
+    pod["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    assert!(denial(&pod).starts_with("marin3r.3scale.net/node-id"));
+}
+
+#[test]
+fn existing_names_are_conflicts_not_clobbered() {
+    let node = json!({"marin3r.3scale.net/node-id": "kuard"});
+    let cases = [
+        (
+            mk_pod(
+                node.clone(),
+                json!({"containers": [{"name": "envoy-sidecar", "image": "x"}]}),
+            ),
+            r#"the pod already has a container named "envoy-sidecar"; set marin3r.3scale.net/container-name to another name for the Envoy sidecar"#,
+        ),
+        (
+            mk_pod(
+                node.clone(),
+                json!({"initContainers": [{"name": "envoy-sidecar", "image": "x"}]}),
+            ),
+            r#"the pod already has a container named "envoy-sidecar"; set marin3r.3scale.net/container-name to another name for the Envoy sidecar"#,
+        ),
+        (
+            mk_pod(
+                node.clone(),
+                json!({"volumes": [{"name": "envoy-sidecar-bootstrap", "emptyDir": {}}]}),
+            ),
+            r#"the pod already has a volume named "envoy-sidecar-bootstrap"; set marin3r.3scale.net/config-volume to another name for the sidecar's volume"#,
+        ),
+        (
+            mk_pod(
+                node.clone(),
+                json!({"volumes": [{"name": "envoy-sidecar-tls", "emptyDir": {}}]}),
+            ),
+            r#"the pod already has a volume named "envoy-sidecar-tls"; set marin3r.3scale.net/tls-volume to another name for the sidecar's volume"#,
+        ),
+        (
+            mk_pod(
+                json!({
+                    "marin3r.3scale.net/node-id": "kuard",
+                    "marin3r.3scale.net/ports": "http:8081",
+                    "marin3r.3scale.net/host-port-mappings": "http:8080",
+                }),
+                json!({"containers": [{"name": "app", "image": "x", "ports": [{"containerPort": 80, "hostPort": 8080}]}]}),
+            ),
+            "marin3r.3scale.net/host-port-mappings: host port 8080/TCP is already used by another container of the pod",
+        ),
+    ];
+    for (pod, want) in cases {
+        assert_eq!(denial(&pod), want);
+    }
+}
+
+#[test]
+fn the_command_line_is_the_args_with_the_downward_api_expanded() {
+    let pod = mk_pod(
+        json!({"marin3r.3scale.net/node-id": "kuard", "marin3r.3scale.net/cluster-id": "edge"}),
+        json!({}),
+    );
+    let args = sidecar_command_line(
+        &typed(&pod),
+        &InjectionConfig::default(),
+        "kuard-7d4b9",
+        "shop",
+    )
+    .unwrap();
+    assert_eq!(
+        args[..6],
+        [
+            "-c",
+            "/etc/envoy/bootstrap/config.json",
+            "--service-node",
+            "kuard",
+            "--service-cluster",
+            "edge"
+        ]
+    );
+    assert_eq!(args[6], "--config-yaml");
+    let overlay: Value = serde_json::from_str(&args[7]).unwrap();
+    assert_eq!(
+        overlay["node"]["metadata"],
+        json!({"pod_name": "kuard-7d4b9", "pod_namespace": "shop"})
+    );
+    assert_eq!(args.len(), 8);
+}
+
+#[test]
+fn a_dollar_in_the_access_log_path_survives_kubelet_expansion() {
+    let pod = mk_pod(
+        json!({"marin3r.3scale.net/node-id": "kuard", "marin3r.3scale.net/admin.access-log-path": "/tmp/$(HOME)/a$b"}),
+        json!({}),
+    );
+    let args = sidecar_command_line(&typed(&pod), &InjectionConfig::default(), "p", "n").unwrap();
+    let overlay: Value = serde_json::from_str(&args[7]).unwrap();
+    assert_eq!(
+        overlay["admin"]["access_log"][0]["typed_config"]["path"],
+        "/tmp/$(HOME)/a$b"
+    );
+}
+
+#[test]
+fn offline_injection_keeps_unknown_fields() {
+    let mut pod = mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"}), json!({}));
+    pod["spec"]["futureField"] = json!({"x": 1});
+    let selected = inject_json(&mut pod, &InjectionConfig::default()).unwrap();
+    assert_eq!(selected, Selection::Inject);
+    assert_eq!(pod["spec"]["futureField"], json!({"x": 1}));
+    assert_eq!(pod["spec"]["containers"][1]["name"], "envoy-sidecar");
+}

@@ -1,0 +1,207 @@
+//! AdmissionReview v1 in and out: decoding a request body, calling [`mutate`], encoding the
+//! response. A body that is not an AdmissionReview is a [`BadRequest`] (HTTP 400); anything
+//! wrong with the pod inside one is a denial (HTTP 200, `allowed: false`).
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Map, Value, json};
+
+use crate::config::InjectionConfig;
+use crate::mutate::mutate;
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// The body is not an AdmissionReview v1 request; the message says what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// The outcome of one review, for logs and the caller's metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Patched,
+    Unchanged,
+    Denied(String),
+}
+
+/// Decodes an AdmissionReview request, decides, and returns the AdmissionReview response.
+pub fn review(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
+    // Fast path: a well-formed review decodes straight into typed structs. Anything else
+    // goes the slow way through a JSON tree, which says exactly what is wrong.
+    if let Ok(typed) = serde_json::from_slice::<TypedReview>(body)
+        && typed.api_version == API_VERSION
+        && typed.kind == KIND
+        && !typed.request.uid.is_empty()
+    {
+        let request = typed.request;
+        let decision = decide(
+            request.kind.as_ref().map(|k| k.kind.as_str()),
+            request.operation.as_deref(),
+            || Ok(request.object),
+            config,
+        );
+        return Ok(respond(request.uid, decision));
+    }
+    review_tree(body, config)
+}
+
+/// The slow path: the body as a JSON tree, every problem named.
+fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
+    let mut review: Value = serde_json::from_slice(body)
+        .map_err(|e| BadRequest(format!("the body is not JSON: {e}")))?;
+    let Some(obj) = review.as_object_mut() else {
+        return Err(BadRequest(
+            "the body is not a JSON object (expected an AdmissionReview)".into(),
+        ));
+    };
+    let api_version = obj.get("apiVersion").and_then(Value::as_str);
+    let kind = obj.get("kind").and_then(Value::as_str);
+    if api_version != Some(API_VERSION) || kind != Some(KIND) {
+        return Err(BadRequest(format!(
+            "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got {} and {}",
+            shown(api_version),
+            shown(kind)
+        )));
+    }
+    let Some(request) = obj.get_mut("request").and_then(Value::as_object_mut) else {
+        return Err(BadRequest(
+            "the AdmissionReview has no request object".into(),
+        ));
+    };
+    let uid = match request.get("uid").and_then(Value::as_str) {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => {
+            return Err(BadRequest("the AdmissionReview request has no uid".into()));
+        }
+    };
+    let object = request.remove("object");
+    let kind = request
+        .get("kind")
+        .and_then(|k| k.get("kind"))
+        .and_then(Value::as_str);
+    let operation = request.get("operation").and_then(Value::as_str);
+    let decision = decide(
+        kind,
+        operation,
+        || match object.filter(|o| !o.is_null()) {
+            None => Ok(None),
+            Some(o) => serde_json::from_value(o)
+                .map(Some)
+                .map_err(|e| e.to_string()),
+        },
+        config,
+    );
+    Ok(respond(uid, decision))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TypedReview {
+    api_version: String,
+    kind: String,
+    request: TypedRequest,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedRequest {
+    uid: String,
+    #[serde(default)]
+    kind: Option<TypedKind>,
+    #[serde(default)]
+    operation: Option<String>,
+    #[serde(default)]
+    object: Option<Pod>,
+}
+
+#[derive(serde::Deserialize)]
+struct TypedKind {
+    kind: String,
+}
+
+enum Decision {
+    /// The encoded patch (absent: no change), and a warning for the user.
+    Allow(Option<Vec<u8>>, Option<String>),
+    Deny(String),
+}
+
+fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
+    let mut response = Map::new();
+    response.insert("uid".into(), Value::String(uid));
+    let outcome = match decision {
+        Decision::Allow(None, warning) => {
+            response.insert("allowed".into(), Value::Bool(true));
+            if let Some(w) = warning {
+                response.insert("warnings".into(), json!([w]));
+            }
+            Outcome::Unchanged
+        }
+        Decision::Allow(Some(patch), _) => {
+            response.insert("allowed".into(), Value::Bool(true));
+            response.insert("patchType".into(), Value::String("JSONPatch".into()));
+            response.insert("patch".into(), Value::String(BASE64.encode(patch)));
+            Outcome::Patched
+        }
+        Decision::Deny(message) => {
+            response.insert("allowed".into(), Value::Bool(false));
+            response.insert(
+                "status".into(),
+                json!({"status": "Failure", "code": 403, "reason": "Forbidden", "message": message}),
+            );
+            Outcome::Denied(message)
+        }
+    };
+    (
+        json!({"apiVersion": API_VERSION, "kind": KIND, "response": response}),
+        outcome,
+    )
+}
+
+/// `object` is only decoded for a Pod CREATE; its error is the decoder's message.
+fn decide(
+    kind: Option<&str>,
+    operation: Option<&str>,
+    object: impl FnOnce() -> Result<Option<Pod>, String>,
+    config: &InjectionConfig,
+) -> Decision {
+    if kind.is_some_and(|k| k != "Pod") {
+        // Misconfigured rules must not block unrelated objects.
+        return Decision::Allow(
+            None,
+            Some(format!(
+                "marin3r sidecar injection only handles Pods, not {}",
+                shown(kind)
+            )),
+        );
+    }
+    if operation.is_some_and(|op| op != "CREATE") {
+        return Decision::Allow(None, None);
+    }
+    let pod = match object() {
+        Ok(Some(pod)) => pod,
+        Ok(None) => return Decision::Deny("the AdmissionReview request has no object".into()),
+        Err(e) => return Decision::Deny(format!("the object is not a valid Pod: {e}")),
+    };
+    match mutate(&pod, config) {
+        Ok(patch) if patch.0.is_empty() => Decision::Allow(None, None),
+        Ok(patch) => match serde_json::to_vec(&patch) {
+            Ok(bytes) => Decision::Allow(Some(bytes), None),
+            Err(e) => Decision::Deny(format!("encoding the patch: {e}")),
+        },
+        Err(denial) => Decision::Deny(denial.to_string()),
+    }
+}
+
+/// A field value for an error message, without echoing unbounded input back.
+fn shown(v: Option<&str>) -> String {
+    match v {
+        None => "nothing".into(),
+        Some(s) if s.len() > 64 => format!("{:?}…", s.chars().take(64).collect::<String>()),
+        Some(s) => format!("{s:?}"),
+    }
+}
+
+#[cfg(test)]
+#[path = "review_tests.rs"]
+mod tests;
