@@ -366,3 +366,47 @@ fn sotw_envoy_reconnects_to_a_restarted_server_and_takes_an_older_version() {
 fn delta_envoy_reconnects_to_a_restarted_server_and_takes_an_older_version() {
     reconnects_to_a_restarted_server(AdsMode::Delta);
 }
+
+#[test]
+fn envoy_with_a_foreign_or_namespace_less_certificate_gets_nothing() {
+    let pki = Pki::new();
+    let server = XdsServer::start(&pki);
+    let port = free_port();
+    server.cache.set_snapshot(
+        NS,
+        NODE,
+        snapshot(direct_response_config(
+            port.into(),
+            "secret",
+            ListenerFlaw::None,
+        )),
+    );
+    let day = Duration::from_secs(86_400);
+    let other =
+        marin3r_certs::issue_self_signed(&marin3r_certs::CertificateRequest::ca("other-ca", day))
+            .unwrap();
+    let other = marin3r_certs::CertificateAuthority::from_issued(&other).unwrap();
+    let mut foreign = other
+        .issue(
+            &marin3r_certs::CertificateRequest::new("envoy", marin3r_certs::Usage::Client, day)
+                .with_hosts([marin3r_certs::spiffe_id("cluster.local", NS)]),
+        )
+        .unwrap();
+    // The proxy trusts the right server CA; only its own certificate is wrong.
+    foreign.ca_pem = pki.ca_pem().to_owned();
+    for (client, reason) in [
+        (foreign, "UntrustedClientCertificate"),
+        (pki.client(None), "NoNamespaceIdentity"),
+    ] {
+        let proxy = Proxy::start_with(&server, &client, NODE, POD, AdsMode::Delta, Some("1s"));
+        let sample = format!(r#"marin3r_xds_refused_connections_total{{reason="{reason}"}}"#);
+        wait_for(
+            &format!("a refusal for {reason}"),
+            Duration::from_secs(10),
+            || (server.metric(&sample) >= 1.0).then_some(()),
+        );
+        assert_eq!(proxy.stat("cluster_manager.cds.update_success"), 0);
+        assert_eq!(proxy.stat("listener_manager.total_listeners_active"), 0);
+        assert!(server.sync_status().proxies.is_empty());
+    }
+}
