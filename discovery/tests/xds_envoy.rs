@@ -410,3 +410,132 @@ fn envoy_with_a_foreign_or_namespace_less_certificate_gets_nothing() {
         assert!(server.sync_status().proxies.is_empty());
     }
 }
+
+/// A user's EnvoyConfig, as the controllers will handle it: converted by
+/// `convert::validate_config` (plus the referenced TLS Secret), put into the cache, served to a
+/// real Envoy: the listener answers, the certificate arrives by SDS over ADS, the runtime
+/// layer is loaded.
+#[test]
+fn a_converted_envoyconfig_reaches_envoy_over_ads_including_sds_and_rtds() {
+    let port = free_port();
+    let tls_port = free_port();
+    let spec = format!(
+        r#"
+nodeID: {NODE}
+serialization: yaml
+envoyResources:
+  secrets:
+    - name: server-cert
+      ref: {{ name: server-cert-secret }}
+  listeners:
+    - value: |
+        name: http
+        address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+        filter_chains:
+          - filters:
+              - name: envoy.filters.network.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                  stat_prefix: http
+                  route_config:
+                    virtual_hosts:
+                      - name: all
+                        domains: ["*"]
+                        routes:
+                          - match: {{ prefix: "/" }}
+                            direct_response: {{ status: 200, body: {{ inline_string: "from an EnvoyConfig" }} }}
+                  http_filters:
+                    - name: envoy.filters.http.router
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+    - value: |
+        name: https
+        address: {{ socket_address: {{ address: 127.0.0.1, port_value: {tls_port} }} }}
+        filter_chains:
+          - transport_socket:
+              name: envoy.transport_sockets.tls
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+                common_tls_context:
+                  tls_certificate_sds_secret_configs:
+                    - name: server-cert
+                      sds_config: {{ ads: {{}}, resource_api_version: V3 }}
+            filters:
+              - name: envoy.filters.network.tcp_proxy
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+                  stat_prefix: https
+                  cluster: backend
+  clusters:
+    - value: |
+        name: backend
+        connect_timeout: 1s
+        type: STATIC
+        load_assignment:
+          cluster_name: backend
+          endpoints:
+            - lb_endpoints:
+                - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}
+  runtimes:
+    - value: |
+        name: runtime
+        layer:
+          marin3r.test_key: converted
+"#
+    );
+    let spec: marin3r_discovery::api::EnvoyConfigSpec = serde_yaml::from_str(&spec).unwrap();
+    let mut resources = marin3r_discovery::convert::validate_config(&spec)
+        .unwrap_or_else(|errors| panic!("{errors:?}"));
+    let pki = Pki::new();
+    let served = pki
+        .ca
+        .issue(
+            &marin3r_certs::CertificateRequest::new(
+                "served-by-sds",
+                marin3r_certs::Usage::Server,
+                Duration::from_secs(3600),
+            )
+            .with_hosts(["localhost"]),
+        )
+        .unwrap();
+    resources.push(
+        marin3r_discovery::convert::tls_secret(
+            "server-cert",
+            served.cert_pem.as_bytes(),
+            served.key_pem.as_bytes(),
+        )
+        .unwrap(),
+    );
+
+    let server = XdsServer::start(&pki);
+    server.cache.set_snapshot(NS, NODE, snapshot(resources));
+    let proxy = Proxy::start(
+        &server,
+        &pki.client(Some(NS)),
+        NODE,
+        POD,
+        AdsMode::StateOfTheWorld,
+    );
+    proxy.wait_for_body(port, "from an EnvoyConfig");
+    wait_for(
+        "the TLS listener with its SDS secret",
+        Duration::from_secs(10),
+        || (proxy.stat("listener_manager.total_listeners_active") == 2).then_some(()),
+    );
+    let certs = proxy.envoy.admin_get("/certs").unwrap();
+    assert!(certs.contains(&envoy_serial(&served)), "{certs}");
+    let runtime = proxy.envoy.admin_get("/runtime").unwrap();
+    assert!(
+        runtime.contains("marin3r.test_key") && runtime.contains("converted"),
+        "{runtime}"
+    );
+    let status = server.sync_status();
+    let types = &status.proxies[0].types;
+    for kind in ["listeners", "clusters", "secrets", "runtimes"] {
+        let t = &types[kind];
+        assert!(
+            t.acked_version.is_some() && t.acked_version == t.sent_version,
+            "{kind}: {t:?}"
+        );
+    }
+}
