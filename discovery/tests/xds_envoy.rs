@@ -539,3 +539,26 @@ envoyResources:
         );
     }
 }
+
+/// The bootstrap subscribes to the runtime layer `runtime`; a configuration without one must
+/// not leave Envoy waiting for it (its initial-fetch timeout) before it starts.
+#[test]
+fn a_configuration_without_a_runtime_layer_does_not_hold_up_envoy() {
+    for mode in [AdsMode::StateOfTheWorld, AdsMode::Delta] {
+        let pki = Pki::new();
+        let server = XdsServer::start(&pki);
+        let port = free_port();
+        let resources: Vec<_> =
+            direct_response_config(port.into(), "no runtime", ListenerFlaw::None)
+                .into_iter()
+                .filter(|r| r.kind != ResourceType::Runtime)
+                .collect();
+        server.cache.set_snapshot(NS, NODE, snapshot(resources));
+        let proxy = Proxy::start(&server, &pki.client(Some(NS)), NODE, POD, mode);
+        proxy.wait_for_body(port, "no runtime");
+        // Envoy got the (empty) layer: it did not start because its wait timed out.
+        assert_eq!(proxy.stat("runtime.init_fetch_timeout"), 0, "{mode:?}");
+        assert!(proxy.stat("runtime.update_success") >= 1, "{mode:?}");
+        assert_eq!(proxy.stat("runtime.update_rejected"), 0, "{mode:?}");
+    }
+}
