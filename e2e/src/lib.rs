@@ -1,6 +1,7 @@
 //! Test support for marin3r: finding the real tools `hack/install-tools` installs, running
-//! real Envoy processes, and the benchmarks behind `hack/bench`.
+//! real Envoy processes, the local cluster's API server, and the benchmarks behind `hack/bench`.
 
+pub mod apiserver;
 pub mod bench;
 pub mod envoy;
 pub mod tools;

@@ -1,0 +1,163 @@
+//! Deletion: delete options and preconditions, finalizers holding an object in a deleting
+//! state, removal with its DELETED event, delete-collection. What removal leaves to do
+//! (dependents, namespace content) is the garbage collector's (`gc`).
+
+use serde_json::{Value, json};
+
+use super::crds;
+use super::error::ApiError;
+use super::hooks;
+use super::meta;
+use super::registry::ResourceInfo;
+use super::selectors::Selectors;
+use super::store::{EventType, Inner, Store, present};
+
+/// What becomes of an object's dependents when it is removed (`Foreground` is served as
+/// `Background`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Propagation {
+    #[default]
+    Background,
+    Orphan,
+}
+
+/// The parts of `DeleteOptions` the server honours.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub propagation: Propagation,
+    pub dry_run: bool,
+}
+
+impl Store {
+    /// Removes an object for good: a DELETED event at a new version, dependents queued for
+    /// the garbage collector (or orphaned).
+    pub(super) fn remove(
+        &self,
+        inner: &mut Inner,
+        info: &ResourceInfo,
+        key: &(String, String),
+        mut obj: Value,
+        propagation: Propagation,
+    ) -> Value {
+        if let Some(m) = inner.objects.get_mut(&info.group_resource()) {
+            m.remove(key);
+        }
+        inner.rv += 1;
+        meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
+        let uid = meta::uid(&obj).to_owned();
+        if hooks::is_crd(info) {
+            inner.registry.remove_crd(meta::name(&obj));
+        }
+        self.emit(inner, info, EventType::Deleted, obj.clone(), None);
+        match propagation {
+            Propagation::Background => inner.gc_queue.push(uid),
+            Propagation::Orphan => self.orphan(inner, &uid),
+        }
+        self.gc.notify_one();
+        present(info, &obj)
+    }
+
+    /// Deletes one object: marks it deleting while finalizers remain, else removes it.
+    pub fn delete(
+        &self,
+        info: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        self.delete_locked(&mut inner, info, ns, name, opts)
+    }
+
+    pub(super) fn delete_locked(
+        &self,
+        inner: &mut Inner,
+        info: &ResourceInfo,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOptions,
+    ) -> Result<Value, ApiError> {
+        let key = (ns.to_owned(), name.to_owned());
+        let obj = inner
+            .objects
+            .get(&info.group_resource())
+            .and_then(|m| m.get(&key))
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(info, name))?;
+        if let Some(uid) = &opts.uid
+            && uid != meta::uid(&obj)
+        {
+            return Err(ApiError::conflict(
+                info,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta::uid(&obj)
+                ),
+            ));
+        }
+        if let Some(rv) = &opts.resource_version
+            && rv != meta::resource_version(&obj)
+        {
+            return Err(ApiError::conflict(
+                info,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta::resource_version(&obj)
+                ),
+            ));
+        }
+        if opts.dry_run {
+            return Ok(present(info, &obj));
+        }
+        let waits = !meta::finalizers(&obj).is_empty() || crds::server_finalized(info);
+        if !waits {
+            return Ok(self.remove(inner, info, &key, obj, opts.propagation));
+        }
+        if meta::is_deleting(&obj) {
+            return Ok(present(info, &obj));
+        }
+        let old = obj.clone();
+        let mut obj = obj;
+        meta::set(&mut obj, "deletionTimestamp", json!(meta::now()));
+        meta::set(&mut obj, "deletionGracePeriodSeconds", json!(0));
+        if hooks::is_namespace(info) {
+            obj["status"] = json!({"phase": "Terminating"});
+        }
+        inner.rv += 1;
+        meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
+        inner
+            .objects
+            .entry(info.group_resource())
+            .or_default()
+            .insert(key, obj.clone());
+        self.emit(inner, info, EventType::Modified, obj.clone(), Some(old));
+        self.gc.notify_one();
+        Ok(present(info, &obj))
+    }
+
+    /// Deletes every matching object of a resource in a namespace (or everywhere).
+    pub fn delete_collection(
+        &self,
+        info: &ResourceInfo,
+        ns: Option<&str>,
+        sel: &Selectors,
+        opts: &DeleteOptions,
+    ) -> Vec<Value> {
+        let mut inner = self.lock();
+        let keys: Vec<(String, String)> = inner
+            .objects
+            .get(&info.group_resource())
+            .into_iter()
+            .flat_map(|m| m.iter())
+            .filter(|((o_ns, _), o)| ns.is_none_or(|n| n == o_ns) && sel.matches(o))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.iter()
+            .filter_map(|(o_ns, name)| self.delete_locked(&mut inner, info, o_ns, name, opts).ok())
+            .collect()
+    }
+}

@@ -1,0 +1,613 @@
+//! The REST surface: parses a request path into discovery or a resource operation, then
+//! dispatches to the store (get, list, watch, create, update, patch, delete).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::ServerState;
+use super::delete::{DeleteOptions, Propagation};
+use super::discovery;
+use super::error::ApiError;
+use super::patch::{self, PatchKind};
+use super::registry::ResourceInfo;
+use super::selectors::{FieldSelector, LabelSelector, Selectors};
+use super::store::{Target, WriteMode};
+use super::table::{self, IncludeObject};
+use super::watch::WatchStart;
+use super::watch::{self, WatchRequest};
+
+/// A resource request, from its path.
+#[derive(Debug, Clone, PartialEq)]
+struct Route {
+    group: String,
+    version: String,
+    namespace: Option<String>,
+    resource: String,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+/// What a path addresses.
+#[derive(Debug, Clone, PartialEq)]
+enum Path {
+    Version,
+    Health,
+    CoreVersions,
+    Groups,
+    Group(String),
+    Resources(String, String),
+    Resource(Route),
+    OpenApiIndex,
+    OpenApi,
+    Unknown,
+}
+
+fn parse_path(path: &str) -> Path {
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["version"] => return Path::Version,
+        ["healthz" | "livez" | "readyz", ..] => return Path::Health,
+        ["api"] => return Path::CoreVersions,
+        ["openapi", "v3"] => return Path::OpenApiIndex,
+        ["openapi", "v3", ..] => return Path::OpenApi,
+        ["apis"] => return Path::Groups,
+        ["apis", g] => return Path::Group((*g).to_owned()),
+        ["api", v] => return Path::Resources(String::new(), (*v).to_owned()),
+        ["apis", g, v] => return Path::Resources((*g).to_owned(), (*v).to_owned()),
+        ["api", v, rest @ ..] => (String::new(), (*v).to_owned(), rest),
+        ["apis", g, v, rest @ ..] => ((*g).to_owned(), (*v).to_owned(), rest),
+        _ => return Path::Unknown,
+    };
+    let own = |s: &&str| (*s).to_owned();
+    let (namespace, resource, name, subresource) = match rest {
+        // `namespaces/<ns>/status|finalize` addresses the namespace itself.
+        ["namespaces", ns, sub @ ("status" | "finalize")] => {
+            (None, "namespaces".to_owned(), Some(own(ns)), Some(own(sub)))
+        }
+        ["namespaces", ns, resource, tail @ ..] => (
+            Some(own(ns)),
+            own(resource),
+            tail.first().map(own),
+            tail.get(1).map(own),
+        ),
+        [resource, tail @ ..] => (
+            None,
+            own(resource),
+            tail.first().map(own),
+            tail.get(1).map(own),
+        ),
+        [] => return Path::Unknown,
+    };
+    if rest.len() > 5 {
+        return Path::Unknown;
+    }
+    Path::Resource(Route {
+        group,
+        version,
+        namespace,
+        resource,
+        name,
+        subresource,
+    })
+}
+
+fn json_response(code: StatusCode, value: &Value) -> Response {
+    (code, axum::Json(value)).into_response()
+}
+
+fn ok(value: &Value) -> Response {
+    json_response(StatusCode::OK, value)
+}
+
+fn not_found_path(path: &str) -> Response {
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("the server could not find the requested resource ({path})"),
+    )
+    .into_response()
+}
+
+/// The single entry point of the router.
+pub async fn handle(
+    State(state): State<Arc<ServerState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let query: HashMap<String, String> = Query::try_from_uri(&uri).map(|q| q.0).unwrap_or_default();
+    let registry = state.store.registry();
+    let path = uri.path();
+    match parse_path(path) {
+        Path::Version => ok(&discovery::version()),
+        Path::Health => (StatusCode::OK, "ok").into_response(),
+        Path::CoreVersions => ok(&discovery::core_versions()),
+        Path::Groups => ok(&discovery::group_list(&registry)),
+        Path::Group(g) => {
+            discovery::api_group(&registry, &g).map_or_else(|| not_found_path(path), |v| ok(&v))
+        }
+        Path::Resources(g, v) => discovery::resource_list(&registry, &g, &v)
+            .map_or_else(|| not_found_path(path), |v| ok(&v)),
+        Path::OpenApiIndex => ok(&super::openapi::index(&registry)),
+        Path::OpenApi => super::openapi::group_version(&registry, path)
+            .map_or_else(|| not_found_path(path), |v| ok(&v)),
+        Path::Unknown => not_found_path(path),
+        Path::Resource(route) => {
+            let Some(info) = registry
+                .find(&route.group, &route.version, &route.resource)
+                .cloned()
+            else {
+                return not_found_path(path);
+            };
+            let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+            if let Some(code) = state.faults.take(is_watch && method == Method::GET) {
+                let err = ApiError::injected(code);
+                return if is_watch && code == 410 {
+                    watch::error_stream(&ApiError::expired(0, state.store.resource_version()))
+                } else {
+                    err.into_response()
+                };
+            }
+            let req = Request {
+                state: &state,
+                info,
+                route,
+                query,
+                headers,
+                body,
+            };
+            match req.dispatch(&method, is_watch).await {
+                Ok(response) => response,
+                Err(err) => err.into_response(),
+            }
+        }
+    }
+}
+
+struct Request<'a> {
+    state: &'a Arc<ServerState>,
+    info: ResourceInfo,
+    route: Route,
+    query: HashMap<String, String>,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Request<'_> {
+    fn param(&self, key: &str) -> Option<&str> {
+        self.query
+            .get(key)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
+    }
+
+    fn dry_run(&self) -> bool {
+        self.param("dryRun").is_some()
+    }
+
+    fn selectors(&self) -> Result<Selectors, ApiError> {
+        Ok(Selectors {
+            labels: LabelSelector::parse(self.param("labelSelector").unwrap_or(""))
+                .map_err(ApiError::bad_request)?,
+            fields: FieldSelector::parse(self.param("fieldSelector").unwrap_or(""))
+                .map_err(ApiError::bad_request)?,
+        })
+    }
+
+    fn table(&self) -> Option<IncludeObject> {
+        let accept = self
+            .headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        table::wants_table(accept).then(|| IncludeObject::parse(self.param("includeObject")))
+    }
+
+    fn namespace(&self) -> &str {
+        self.route.namespace.as_deref().unwrap_or("")
+    }
+
+    fn body_object(&self) -> Result<Value, ApiError> {
+        let ct = self
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let v = if ct.contains("protobuf") {
+            super::protobuf::decode(&self.body)
+                .map_err(|e| ApiError::new(415, "UnsupportedMediaType", e))?
+        } else if ct.contains("cbor") {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                "the local cluster accepts JSON, YAML or (for a few kinds) protobuf bodies, not CBOR",
+            ));
+        } else {
+            patch::parse_json_or_yaml(&self.body).map_err(|e| {
+                ApiError::bad_request(format!("the request body could not be decoded: {e}"))
+            })?
+        };
+        if !v.is_object() || v.get("metadata").is_some_and(|m| !m.is_object()) {
+            return Err(ApiError::bad_request(
+                "the request body must be an object with a metadata object",
+            ));
+        }
+        Ok(v)
+    }
+
+    fn target(&self) -> Result<Target, ApiError> {
+        match self.route.subresource.as_deref() {
+            None => Ok(Target::Main),
+            Some("status") if self.info.status => Ok(Target::Status),
+            Some("finalize") if super::hooks::is_namespace(&self.info) => Ok(Target::Main),
+            Some(other) => Err(ApiError::new(
+                404,
+                "NotFound",
+                format!(
+                    "the server could not find the requested resource ({}/{other})",
+                    self.info.qualified()
+                ),
+            )),
+        }
+    }
+
+    async fn dispatch(&self, method: &Method, is_watch: bool) -> Result<Response, ApiError> {
+        // A namespaced resource addressed without a namespace is only valid for lists.
+        if self.route.namespace.is_some() && !self.info.namespaced {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("{} is not namespaced", self.info.qualified()),
+            ));
+        }
+        let Some(name) = self.route.name.clone() else {
+            return match *method {
+                Method::GET if is_watch => self.watch(),
+                Method::GET => self.list(),
+                Method::POST => self.create().await,
+                Method::DELETE => self.delete_collection(),
+                _ => Err(ApiError::method_not_allowed(format!(
+                    "{method} is not supported on a collection"
+                ))),
+            };
+        };
+        if self.info.namespaced && self.route.namespace.is_none() {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!(
+                    "{} is namespaced: use /namespaces/<ns>/{}",
+                    self.info.qualified(),
+                    self.info.plural
+                ),
+            ));
+        }
+        if *method == Method::GET
+            && self.route.subresource.as_deref() == Some("log")
+            && self.info.group.is_empty()
+            && self.info.plural == "pods"
+        {
+            let logs = self
+                .state
+                .pod_logs
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let store = self.state.store.clone();
+            return super::logs::serve(
+                store,
+                logs,
+                &self.info,
+                self.namespace(),
+                &name,
+                &self.query,
+            )
+            .await;
+        }
+        let target = self.target()?;
+        match *method {
+            Method::GET => {
+                let obj = self.state.store.get(&self.info, self.namespace(), &name)?;
+                let rv = self.state.store.resource_version();
+                Ok(ok(&match self.table() {
+                    Some(include) => table::table(&self.info, &[obj], rv, include),
+                    None => obj,
+                }))
+            }
+            Method::PUT => self.update(&name, target),
+            Method::PATCH => self.patch(&name, target),
+            Method::DELETE => self.delete(&name),
+            _ => Err(ApiError::method_not_allowed(format!(
+                "{method} is not supported on {}",
+                self.info.qualified()
+            ))),
+        }
+    }
+
+    fn list(&self) -> Result<Response, ApiError> {
+        let sel = self.selectors()?;
+        let (items, rv) = self
+            .state
+            .store
+            .list(&self.info, self.route.namespace.as_deref(), &sel);
+        if let Some(include) = self.table() {
+            return Ok(ok(&table::table(&self.info, &items, rv, include)));
+        }
+        Ok(ok(&json!({
+            "kind": format!("{}List", self.info.kind),
+            "apiVersion": self.info.api_version(),
+            "metadata": {"resourceVersion": rv.to_string()},
+            "items": items,
+        })))
+    }
+
+    fn watch(&self) -> Result<Response, ApiError> {
+        let send_initial_events = self.param("sendInitialEvents") == Some("true");
+        let start =
+            match self.param("resourceVersion") {
+                None | Some("0") => WatchStart::Current,
+                _ if send_initial_events => WatchStart::Current,
+                Some(rv) => WatchStart::After(rv.parse().map_err(|_| {
+                    ApiError::bad_request(format!("invalid resourceVersion {rv:?}"))
+                })?),
+            };
+        let timeout = self
+            .param("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let req = WatchRequest {
+            info: self.info.clone(),
+            namespace: self.route.namespace.clone(),
+            start,
+            selectors: self.selectors()?,
+            bookmarks: self.param("allowWatchBookmarks") == Some("true"),
+            send_initial_events,
+            timeout,
+            table: self.table(),
+        };
+        Ok(watch::start(
+            &self.state.store,
+            req,
+            self.state.faults.watch_generation(),
+            self.state.bookmark_interval,
+        ))
+    }
+
+    async fn create(&self) -> Result<Response, ApiError> {
+        let mut obj = self.body_object()?;
+        if super::hooks::is_namespace(&self.info) {
+            // kubectl may send a namespace's own name as its namespace; it has none.
+            if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.remove("namespace");
+            }
+        }
+        if self.info.group.is_empty() && self.info.plural == "pods" {
+            obj = super::admission::admit(
+                self.state,
+                &self.info,
+                self.namespace(),
+                obj,
+                self.dry_run(),
+            )
+            .await?;
+        }
+        let created = self.state.store.create(
+            &self.info,
+            self.route.namespace.as_deref(),
+            obj,
+            self.dry_run(),
+        )?;
+        Ok(json_response(StatusCode::CREATED, &created))
+    }
+
+    fn update(&self, name: &str, target: Target) -> Result<Response, ApiError> {
+        let body = self.body_object()?;
+        let updated = self.state.store.modify(
+            &self.info,
+            self.namespace(),
+            name,
+            WriteMode {
+                target,
+                apply: false,
+                dry_run: self.dry_run(),
+            },
+            |_| Ok(body),
+        )?;
+        Ok(ok(&updated))
+    }
+
+    fn patch(&self, name: &str, target: Target) -> Result<Response, ApiError> {
+        let ct = self
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let kind =
+            PatchKind::from_content_type(ct).ok_or_else(|| ApiError::unsupported_media_type(ct))?;
+        if kind == PatchKind::Strategic
+            && !self.info.group.is_empty()
+            && !is_builtin_group(&self.info.group)
+        {
+            return Err(ApiError::unsupported_media_type(ct));
+        }
+        let info = self.info.clone();
+        let body = self.body.clone();
+        let applied = match kind {
+            PatchKind::Apply => {
+                let applied = patch::parse_json_or_yaml(&body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid apply patch: {e}")))?;
+                check_applied_kind(&info, &applied)?;
+                let manager = self.param("fieldManager").ok_or_else(|| {
+                    ApiError::bad_request("PATCH with apply requires the fieldManager parameter")
+                })?;
+                Some((applied, manager.to_owned()))
+            }
+            _ => None,
+        };
+        let patched = self.state.store.modify(
+            &self.info,
+            self.namespace(),
+            name,
+            WriteMode {
+                target,
+                apply: applied.is_some(),
+                dry_run: self.dry_run(),
+            },
+            |current| {
+                let base = current.cloned().unwrap_or_else(|| json!({}));
+                match &applied {
+                    Some((applied, manager)) => Ok(super::ssa::apply(
+                        &base,
+                        applied,
+                        manager,
+                        target,
+                        &info.api_version(),
+                    )),
+                    None => patch::apply(kind, &base, &body)
+                        .map_err(|e| ApiError::invalid(&info, name, e)),
+                }
+            },
+        )?;
+        Ok(ok(&patched))
+    }
+
+    fn delete_options(&self) -> Result<DeleteOptions, ApiError> {
+        let body: Value = if self.body.is_empty() {
+            json!({})
+        } else {
+            serde_json::from_slice(&self.body)
+                .map_err(|e| ApiError::bad_request(format!("invalid DeleteOptions: {e}")))?
+        };
+        let text = |p: &str| body.pointer(p).and_then(Value::as_str).map(str::to_owned);
+        let propagation = text("/propagationPolicy")
+            .or_else(|| self.param("propagationPolicy").map(str::to_owned));
+        Ok(DeleteOptions {
+            uid: text("/preconditions/uid"),
+            resource_version: text("/preconditions/resourceVersion"),
+            propagation: if propagation.as_deref() == Some("Orphan")
+                || body.get("orphanDependents") == Some(&json!(true))
+            {
+                Propagation::Orphan
+            } else {
+                Propagation::Background
+            },
+            dry_run: self.dry_run()
+                || body
+                    .get("dryRun")
+                    .and_then(Value::as_array)
+                    .is_some_and(|a| !a.is_empty()),
+        })
+    }
+
+    fn delete(&self, name: &str) -> Result<Response, ApiError> {
+        let opts = self.delete_options()?;
+        let deleted = self
+            .state
+            .store
+            .delete(&self.info, self.namespace(), name, &opts)?;
+        Ok(ok(&deleted))
+    }
+
+    fn delete_collection(&self) -> Result<Response, ApiError> {
+        let opts = self.delete_options()?;
+        let items = self.state.store.delete_collection(
+            &self.info,
+            self.route.namespace.as_deref(),
+            &self.selectors()?,
+            &opts,
+        );
+        Ok(ok(&json!({
+            "kind": format!("{}List", self.info.kind),
+            "apiVersion": self.info.api_version(),
+            "metadata": {"resourceVersion": self.state.store.resource_version().to_string()},
+            "items": items,
+        })))
+    }
+}
+
+fn is_builtin_group(group: &str) -> bool {
+    super::registry::builtins().iter().any(|b| b.group == group)
+}
+
+/// An applied configuration must be an object naming the kind and version of the endpoint
+/// it is sent to.
+fn check_applied_kind(info: &ResourceInfo, obj: &Value) -> Result<(), ApiError> {
+    if !obj.is_object() || obj.get("metadata").is_some_and(|m| !m.is_object()) {
+        return Err(ApiError::bad_request(
+            "an apply patch must be an object with a metadata object",
+        ));
+    }
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+    let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    if kind != info.kind || api_version != info.api_version() {
+        return Err(ApiError::bad_request(format!(
+            "an apply patch for {} must have apiVersion {:?} and kind {:?} (got {api_version:?}, {kind:?})",
+            info.qualified(),
+            info.api_version(),
+            info.kind
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(g: &str, ns: Option<&str>, r: &str, name: Option<&str>, sub: Option<&str>) -> Path {
+        Path::Resource(Route {
+            group: g.into(),
+            version: "v1".into(),
+            namespace: ns.map(Into::into),
+            resource: r.into(),
+            name: name.map(Into::into),
+            subresource: sub.map(Into::into),
+        })
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(
+            parse_path("/api/v1/namespaces"),
+            route("", None, "namespaces", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a"),
+            route("", None, "namespaces", Some("a"), None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/status"),
+            route("", None, "namespaces", Some("a"), Some("status"))
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/pods"),
+            route("", Some("a"), "pods", None, None)
+        );
+        assert_eq!(
+            parse_path("/api/v1/namespaces/a/pods/p/status"),
+            route("", Some("a"), "pods", Some("p"), Some("status"))
+        );
+        assert_eq!(
+            parse_path("/apis/x.io/v1/things/t"),
+            route("x.io", None, "things", Some("t"), None)
+        );
+        assert_eq!(
+            parse_path("/apis/x.io/v1"),
+            Path::Resources("x.io".into(), "v1".into())
+        );
+        assert_eq!(parse_path("/apis/x.io"), Path::Group("x.io".into()));
+        assert_eq!(parse_path("/nope"), Path::Unknown);
+    }
+}

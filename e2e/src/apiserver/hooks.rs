@@ -1,0 +1,151 @@
+//! What the API server does for particular kinds on write: status reset on create,
+//! `Secret.stringData`, namespace phase, and CustomResourceDefinition validation and status.
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::meta;
+use super::registry::{self, ResourceInfo};
+
+pub fn is_namespace(info: &ResourceInfo) -> bool {
+    info.group.is_empty() && info.plural == "namespaces"
+}
+
+pub fn is_crd(info: &ResourceInfo) -> bool {
+    info.group == "apiextensions.k8s.io" && info.plural == "customresourcedefinitions"
+}
+
+fn is_secret(info: &ResourceInfo) -> bool {
+    info.group.is_empty() && info.plural == "secrets"
+}
+
+/// Prepares a new object's kind-specific fields; the status a client sends on create is
+/// dropped for kinds with a status subresource, as on a real API server.
+pub fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+    if info.status {
+        if let Some(o) = obj.as_object_mut() {
+            o.remove("status");
+        }
+        let initial = match (info.group.as_str(), info.plural.as_str()) {
+            ("", "pods") => Some(json!({"phase": "Pending"})),
+            ("", "namespaces") => Some(json!({"phase": "Active"})),
+            _ => None,
+        };
+        if let Some(status) = initial {
+            obj["status"] = status;
+        }
+    }
+    if is_secret(info) {
+        fold_string_data(obj);
+        if obj
+            .get("type")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            obj["type"] = json!("Opaque");
+        }
+    }
+    if is_namespace(info) {
+        // As on a real cluster, so namespaceSelectors can select a namespace by name.
+        let name = json!(meta::name(obj));
+        if let Some(m) = meta::metadata_mut(obj) {
+            let labels = m.entry("labels").or_insert_with(|| json!({}));
+            if labels.is_object() {
+                labels["kubernetes.io/metadata.name"] = name;
+            }
+        }
+    }
+    if is_crd(info) {
+        let infos =
+            registry::from_crd(obj).map_err(|e| ApiError::invalid(info, meta::name(obj), e))?;
+        obj["status"] = crd_status(obj, &infos);
+    }
+    Ok(())
+}
+
+/// Kind-specific work on an update of the main resource.
+pub fn on_update(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+    if is_secret(info) {
+        fold_string_data(obj);
+    }
+    if is_crd(info) {
+        registry::from_crd(obj).map_err(|e| ApiError::invalid(info, meta::name(obj), e))?;
+    }
+    Ok(())
+}
+
+/// `stringData` is write-only: merged into `data` base64-encoded.
+fn fold_string_data(obj: &mut Value) {
+    let Some(string_data) = obj.as_object_mut().and_then(|o| o.remove("stringData")) else {
+        return;
+    };
+    let Some(entries) = string_data.as_object() else {
+        return;
+    };
+    if !obj.get("data").is_some_and(Value::is_object) {
+        obj["data"] = json!({});
+    }
+    for (k, v) in entries {
+        let text = v.as_str().unwrap_or_default();
+        obj["data"][k] = Value::String(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
+/// A CRD is established as soon as it is stored: its resources are served at once.
+fn crd_status(crd: &Value, infos: &[ResourceInfo]) -> Value {
+    let now = meta::now();
+    let condition = |type_: &str, reason: &str, message: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now, "reason": reason, "message": message});
+    let storage: Vec<Value> = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        .filter_map(|v| v.get("name").cloned())
+        .collect();
+    let stored = if storage.is_empty() {
+        infos
+            .first()
+            .map(|i| vec![json!(i.version)])
+            .unwrap_or_default()
+    } else {
+        storage
+    };
+    json!({
+        "conditions": [
+            condition("NamesAccepted", "NoConflicts", "no conflicts found"),
+            condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
+        ],
+        "acceptedNames": crd.pointer("/spec/names").cloned().unwrap_or(json!({})),
+        "storedVersions": stored,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_data_is_folded() {
+        let info = registry::builtins()
+            .into_iter()
+            .find(|i| i.plural == "secrets")
+            .unwrap();
+        let mut s =
+            json!({"metadata": {"name": "s"}, "data": {"a": "eA=="}, "stringData": {"b": "hi"}});
+        on_create(&info, &mut s).unwrap();
+        assert_eq!(s["data"], json!({"a": "eA==", "b": "aGk="}));
+        assert_eq!(s["type"], "Opaque");
+        assert!(s.get("stringData").is_none());
+    }
+
+    #[test]
+    fn bad_crd_is_invalid() {
+        let info = registry::builtins().into_iter().find(is_crd).unwrap();
+        let mut crd = json!({"metadata": {"name": "things.example.com"}, "spec": {"group": "example.com", "scope": "Namespaced", "names": {"plural": "things"}, "versions": []}});
+        let err = on_create(&info, &mut crd).unwrap_err();
+        assert_eq!(err.reason, "Invalid");
+        assert!(err.message.contains("spec.names.kind"), "{}", err.message);
+    }
+}

@@ -1,0 +1,227 @@
+//! The local cluster's API server: the Kubernetes REST API for the kinds marin3r uses and
+//! every CRD, served over HTTPS with its own CA (and optionally plain HTTP on loopback), with
+//! admission webhooks and fault injection. Any bearer token (or none) is accepted.
+
+mod admission;
+mod crds;
+mod delete;
+mod discovery;
+mod error;
+mod events;
+mod faults;
+mod gc;
+mod handlers;
+mod hooks;
+mod logs;
+mod meta;
+mod openapi;
+mod patch;
+mod protobuf;
+mod registry;
+mod selectors;
+mod ssa;
+mod store;
+mod table;
+mod tls;
+mod watch;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+pub use delete::{DeleteOptions, Propagation};
+pub use error::ApiError;
+pub use faults::{FaultScope, Faults};
+pub use logs::PodLogs;
+pub use registry::ResourceInfo;
+pub use store::Store;
+
+/// How to start an [`ApiServer`].
+#[derive(Debug, Clone)]
+pub struct ApiServerConfig {
+    /// The address to listen on for HTTPS (port 0 picks a free port).
+    pub https_addr: SocketAddr,
+    /// Extra DNS names or IP addresses for the serving certificate (such as the pod
+    /// network's bridge address, so pods reach the API by it).
+    pub extra_hosts: Vec<String>,
+    /// Also serve plain HTTP on a free loopback port (for tests; never for pods).
+    pub plain_http: bool,
+    /// How often watches that allow bookmarks get one.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for ApiServerConfig {
+    fn default() -> Self {
+        Self {
+            https_addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+            extra_hosts: Vec::new(),
+            plain_http: false,
+            bookmark_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot issue the API server's certificates: {0}")]
+    Certificate(#[from] marin3r_certs::CertError),
+    #[error("cannot set up TLS: {0}")]
+    Tls(String),
+}
+
+/// What every request handler shares.
+pub(crate) struct ServerState {
+    store: Arc<Store>,
+    faults: Arc<Faults>,
+    bookmark_interval: Duration,
+    pod_logs: std::sync::RwLock<Option<Arc<dyn PodLogs>>>,
+}
+
+/// A running API server; stops (listeners, connections, watches) when dropped.
+pub struct ApiServer {
+    state: Arc<ServerState>,
+    https_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    ca: marin3r_certs::IssuedCertificate,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ApiServer {
+    /// Issues a CA and serving certificate and starts listening; the API answers once
+    /// this returns.
+    pub async fn start(config: ApiServerConfig) -> Result<Self, StartError> {
+        let store = Arc::new(Store::new());
+        let faults = Arc::new(Faults::default());
+        let state = Arc::new(ServerState {
+            store: store.clone(),
+            faults,
+            bookmark_interval: config.bookmark_interval,
+            pod_logs: std::sync::RwLock::new(None),
+        });
+        // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
+        let router = axum::Router::new()
+            .fallback(handlers::handle)
+            .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
+            .with_state(state.clone());
+        let bind = |addr: SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { addr, source })
+        };
+        let https = bind(config.https_addr).await?;
+        let https_addr = https.local_addr().map_err(|source| StartError::Listen {
+            addr: config.https_addr,
+            source,
+        })?;
+        let (ca, serving) = tls::issue(https_addr.ip(), &config.extra_hosts)?;
+        let acceptor = tls::acceptor(&serving)?;
+        let mut tasks = vec![
+            tokio::spawn(tls::serve(https, Some(acceptor), router.clone())),
+            tokio::spawn(store.clone().run_collector()),
+        ];
+        let mut http_addr = None;
+        if config.plain_http {
+            let loopback = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+            let http = bind(loopback).await?;
+            http_addr = Some(http.local_addr().map_err(|source| StartError::Listen {
+                addr: loopback,
+                source,
+            })?);
+            tasks.push(tokio::spawn(tls::serve(http, None, router)));
+        }
+        Ok(Self {
+            state,
+            https_addr,
+            http_addr,
+            ca,
+            tasks,
+        })
+    }
+
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https_addr
+    }
+
+    /// `https://<addr>:<port>` of the API, as clients on this host reach it (loopback when
+    /// listening on all addresses).
+    pub fn https_url(&self) -> String {
+        let mut addr = self.https_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        format!("https://{addr}")
+    }
+
+    /// `http://127.0.0.1:<port>`, when plain HTTP was asked for.
+    pub fn http_url(&self) -> Option<String> {
+        self.http_addr.map(|a| format!("http://{a}"))
+    }
+
+    /// The CA that signed the serving certificate (what in-cluster clients trust).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca.ca_pem
+    }
+
+    /// The CA itself, to issue more certificates clients of this cluster trust.
+    pub fn ca(&self) -> Result<marin3r_certs::CertificateAuthority, marin3r_certs::CertError> {
+        marin3r_certs::CertificateAuthority::from_issued(&self.ca)
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.state.store
+    }
+
+    pub fn faults(&self) -> &Faults {
+        &self.state.faults
+    }
+
+    /// A kubeconfig for this cluster over HTTPS (any token is accepted).
+    pub fn kubeconfig(&self) -> String {
+        tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
+    }
+
+    /// Serves `kubectl logs` from the log files `logs` finds (the pod runner's).
+    pub fn set_pod_logs(&self, logs: Arc<dyn PodLogs>) {
+        let mut slot = self
+            .state
+            .pod_logs
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(logs);
+    }
+
+    /// A kube-rs client for this cluster, over HTTPS through [`Self::kubeconfig`], as a user
+    /// would connect.
+    pub async fn kube_client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&self.kubeconfig())?;
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Writes [`Self::kubeconfig`] to `path`, creating its folder.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, self.kubeconfig())
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.state.faults.drop_watches();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
