@@ -4,5 +4,6 @@
 pub mod apiserver;
 pub mod bench;
 pub mod envoy;
+pub mod kubectl;
 pub mod tools;
 pub mod xds;

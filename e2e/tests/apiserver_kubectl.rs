@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -33,8 +32,9 @@ spec:
     - {name: Ready, type: string, jsonPath: '.status.conditions[?(@.type=="Ready")].status'}
 "#;
 
+/// The library's kubectl runner with the server's kubeconfig, unwrapping for brevity.
 struct Kubectl {
-    kubeconfig: PathBuf,
+    inner: marin3r_e2e::kubectl::Kubectl,
     _dir: tempfile::TempDir,
 }
 
@@ -44,53 +44,27 @@ impl Kubectl {
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
         Self {
-            kubeconfig,
+            inner: marin3r_e2e::kubectl::Kubectl::new(&kubeconfig).unwrap(),
             _dir: dir,
         }
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(marin3r_e2e::tools::kubectl().unwrap());
-        cmd.args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HOME", self._dir.path())
-            .stdin(Stdio::piped())
-            .kill_on_drop(true);
-        cmd
+        self.inner.command(args).unwrap()
     }
 
     /// Runs kubectl with `stdin`, returning (success, stdout, stderr).
     async fn run_with(&self, args: &[&str], stdin: &str) -> (bool, String, String) {
-        let mut child = self
-            .command(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        {
-            use tokio::io::AsyncWriteExt;
-            let mut input = child.stdin.take().unwrap();
-            input.write_all(stdin.as_bytes()).await.unwrap();
-        }
-        let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let out = self.inner.run_with(args, stdin).await.unwrap();
+        (out.success, out.stdout, out.stderr)
     }
 
     async fn ok(&self, args: &[&str]) -> String {
-        self.ok_with(args, "").await
+        self.inner.ok(args).await.unwrap()
     }
 
     async fn ok_with(&self, args: &[&str], stdin: &str) -> String {
-        let (ok, out, err) = self.run_with(args, stdin).await;
-        assert!(ok, "kubectl {args:?} failed:\n{out}\n{err}");
-        out
+        self.inner.ok_with(args, stdin).await.unwrap()
     }
 }
 

@@ -56,8 +56,8 @@ pub async fn run(cli: Cli) -> ExitCode {
             init_logging();
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
-        Command::Validate(args) => validate::run(args),
         Command::ProxyStatus(args) => proxy_status::run(args).map(|()| ExitCode::SUCCESS),
+        Command::Validate(args) => validate::run(args),
     };
     match result {
         Ok(code) => code,

@@ -8,7 +8,8 @@ struct Args {
     /// Multiply every benchmark's sample count (e.g. 0.1 for a quick run).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Run only these benchmarks (certs, convert, admission, xds); all by default.
+    /// Run only these benchmarks (comma separated: certs, convert, admission, xds); all by
+    /// default.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// The largest number of simulated Envoys in the xDS benchmark (100, 1000 or 10000).
@@ -25,9 +26,9 @@ fn main() -> anyhow::Result<()> {
         return marin3r_e2e::bench::xds::run_server(dir);
     }
     anyhow::ensure!(args.scale > 0.0, "--scale must be positive");
+    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     let mut rows = Vec::new();
     const ALL: [&str; 4] = ["certs", "convert", "admission", "xds"];
-    let wanted = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
     if let Some(unknown) = args.only.iter().find(|o| !ALL.contains(&o.as_str())) {
         anyhow::bail!(
             "unknown benchmark {unknown:?}: expected one of {}",
