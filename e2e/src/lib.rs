@@ -3,7 +3,11 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod cluster;
+pub mod deployments;
 pub mod envoy;
 pub mod kubectl;
+pub mod kubelet;
+pub mod tasks;
 pub mod tools;
 pub mod xds;

@@ -1,31 +1,76 @@
 //! `local-cluster`: a Kubernetes stand-in on this machine for kubectl, kube-rs and the demo.
-//! Starts the API server, writes a kubeconfig once the API answers, runs until SIGINT or
-//! SIGTERM.
+//! Starts the API server, the pod runner and the Deployment controller, writes a kubeconfig
+//! once the API answers, runs until SIGINT or SIGTERM, then stops every pod.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
+use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_e2e::kubelet::ImageMap;
 
 #[derive(Debug, Parser)]
 #[command(
-    about = "Run the local cluster: an in-memory Kubernetes API server for kubectl and kube-rs"
+    about = "Run the local cluster: an in-memory Kubernetes API server for kubectl and kube-rs, \
+             with pods run as local processes"
 )]
 struct Args {
     /// Where to write the kubeconfig.
     #[arg(long, default_value = ".local-cluster/kubeconfig")]
     kubeconfig: PathBuf,
-    /// The HTTPS address of the API (port 0 picks a free one).
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: SocketAddr,
+    /// The HTTPS address of the API. Default: the pod network's bridge address (so pods
+    /// reach it) on a free port, or 127.0.0.1 with --no-pods.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
     /// Extra DNS names or IPs for the API's serving certificate (repeatable).
     #[arg(long = "tls-san")]
     tls_sans: Vec<String>,
     /// Also serve plain HTTP on a loopback port (printed at start).
     #[arg(long)]
     plain_http: bool,
+    /// Map an image to a local binary, NAME=PATH (repeatable); NAME matches the image as
+    /// written, without its tag, or its last path segment.
+    #[arg(long = "image", value_name = "NAME=PATH")]
+    images: Vec<String>,
+    /// The binary `marin3r` images run (default: `MARIN3R_BIN`, else the workspace's newest
+    /// build, else `marin3r` beside this binary).
+    #[arg(long)]
+    marin3r: Option<PathBuf>,
+    /// Where container logs go (`<namespace>_<pod>_<container>.log`).
+    #[arg(long, default_value = ".local-cluster/logs")]
+    logs: PathBuf,
+    /// Run only the API server and controllers, no pods (no root needed).
+    #[arg(long)]
+    no_pods: bool,
+}
+
+fn images(args: &Args) -> anyhow::Result<ImageMap> {
+    let mut map = ImageMap::discover();
+    let beside = || {
+        let path = std::env::current_exe().ok()?.parent()?.join("marin3r");
+        path.is_file().then_some(path)
+    };
+    if let Some(path) = &args.marin3r {
+        anyhow::ensure!(path.is_file(), "--marin3r {}: not a file", path.display());
+        map = map.with_marin3r(path);
+    } else if map.resolve("marin3r").is_err() {
+        match beside() {
+            Some(path) => map = map.with_marin3r(path),
+            None => tracing::warn!(
+                "no marin3r binary found: marin3r images will not run \
+                 (cargo build -p marin3r-discovery, or pass --marin3r PATH)"
+            ),
+        }
+    }
+    if let Err(e) = map.resolve("envoyproxy/envoy") {
+        tracing::warn!("{e}");
+    }
+    for flag in &args.images {
+        map = map.with_flag(flag)?;
+    }
+    Ok(map)
 }
 
 #[tokio::main]
@@ -37,15 +82,18 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    let config = ApiServerConfig {
-        https_addr: args.listen,
-        extra_hosts: args.tls_sans,
+    let config = LocalClusterConfig {
+        images: images(&args)?,
+        listen: args.listen,
         plain_http: args.plain_http,
-        ..ApiServerConfig::default()
+        log_dir: (!args.no_pods).then(|| args.logs.clone()),
+        extra_hosts: args.tls_sans.clone(),
+        run_pods: !args.no_pods,
     };
-    let server = ApiServer::start(config)
+    let cluster = LocalCluster::start(config)
         .await
-        .context("starting the API server")?;
+        .context("starting the local cluster")?;
+    let server = cluster.api();
     // Only hand out a kubeconfig for an API that answers, through the kubeconfig itself.
     let client = server
         .kube_client()
@@ -56,13 +104,21 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("the API server does not answer")?;
     tracing::info!(version = %version.git_version, "API server answers");
-    // The pod runner and the deployment controller start here, given `client`.
     server
         .write_kubeconfig(&args.kubeconfig)
         .with_context(|| format!("writing the kubeconfig to {}", args.kubeconfig.display()))?;
     println!("local cluster API at {}", server.https_url());
     if let Some(http) = server.http_url() {
         println!("plain HTTP (loopback only) at {http}");
+    }
+    if let Some(node) = cluster.node() {
+        println!(
+            "pods run as local processes: pod network on bridge {}br, host address {}; \
+             container logs in {}",
+            node.prefix(),
+            node.host_ip(),
+            args.logs.display()
+        );
     }
     println!("kubeconfig written to {}", args.kubeconfig.display());
     println!(
@@ -71,7 +127,7 @@ async fn main() -> anyhow::Result<()> {
     );
     wait_for_signal().await?;
     println!("stopping the local cluster");
-    drop(server);
+    cluster.shutdown(Duration::from_secs(10)).await;
     // Nothing else is left behind: the kubeconfig would name a dead server.
     let _ = std::fs::remove_file(&args.kubeconfig);
     Ok(())
