@@ -2,7 +2,7 @@
 //! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics, health and
 //! sync-status HTTP server, and the sidecar injection webhook, on one server certificate.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +38,7 @@ pub struct DiscoveryServiceArgs {
     #[arg(long, value_name = "NAME")]
     discovery_service_name: Option<String>,
     /// Address to listen on.
-    #[arg(long, default_value_t = IpAddr::V6(Ipv6Addr::UNSPECIFIED))]
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
     /// Debug logging.
     #[arg(long)]
