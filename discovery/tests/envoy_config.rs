@@ -369,3 +369,39 @@ fn the_controllers_recover_from_dropped_watches_and_failed_requests() {
     proxy.wait_for_body(port, "after");
     assert_eq!(plane.list_revisions(NS).len(), 2);
 }
+
+#[test]
+fn a_published_revision_deleted_by_hand_is_recreated_and_served_again() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(NS, "kept", spec("kept", port, "kept"));
+    let ec = plane.wait_in_sync(NS, "kept");
+    let name = format!("kept-{}", ec.spec.envoy_resources.version());
+    let proxy = plane.proxy(NS, "kept", AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(port, "kept");
+    let old_uid = plane.list_revisions(NS)[0].metadata.uid.clone();
+
+    retry(|| {
+        plane
+            .rt
+            .block_on(plane.revisions(NS).delete(&name, &DeleteParams::default()))
+    });
+    let revision = wait(
+        "the revision to be recreated and published",
+        Duration::from_secs(20),
+        || {
+            plane
+                .list_revisions(NS)
+                .into_iter()
+                .find(|r| r.metadata.uid != old_uid && r.is_published())
+        },
+    );
+    assert_eq!(revision.metadata.name.as_deref(), Some(name.as_str()));
+    wait(
+        "the cache to serve it again",
+        Duration::from_secs(20),
+        || plane.cache.snapshot(NS, "kept").map(|_| ()),
+    );
+    proxy.wait_for_body(port, "kept");
+    assert_eq!(revision_versions(&plane.get(NS, "kept")).len(), 1);
+}

@@ -117,14 +117,15 @@ fn error_policy(r: Arc<EnvoyConfigRevision>, err: &Error, _: Arc<Context>) -> Ac
 async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = key_of(&r);
     let name = r.name_any();
+    let uid = r.uid().unwrap_or_default();
     if !r.is_published() || r.metadata.deletion_timestamp.is_some() {
-        if ctx.publisher.unload(&key, &name) {
+        if ctx.publisher.unload(&key, &uid) {
             info!(revision = %name, node = %key, "unpublished; no longer served");
         }
         return Ok(Action::await_change());
     }
     if !ctx.serves(&key.namespace).await? {
-        ctx.publisher.unload(&key, &name);
+        ctx.publisher.unload(&key, &uid);
         return Ok(Action::await_change());
     }
     let mut status = r.status.clone().unwrap_or_default();
@@ -132,7 +133,10 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     let mut failure = None;
     let action = match load(&r, &ctx).await? {
         Ok((snapshot, secrets_version)) => {
-            if ctx.publisher.load(&key, &name, &r.spec.version, snapshot) {
+            if ctx
+                .publisher
+                .load(&key, &name, &uid, &r.spec.version, snapshot)
+            {
                 info!(revision = %name, node = %key, secrets = %secrets_version, "loaded into the xDS cache");
             }
             set_condition(
@@ -259,19 +263,22 @@ async fn watch_deletions(ctx: Arc<Context>) {
         match event {
             Ok(Event::Delete(r)) => {
                 let key = key_of(&r);
-                if ctx.publisher.unload(&key, &r.name_any()) {
+                if ctx.publisher.unload(&key, &r.uid().unwrap_or_default()) {
                     info!(revision = %r.name_any(), node = %key, "deleted; no longer served");
                 }
             }
             Ok(Event::Init) => listed.clear(),
             Ok(Event::InitApply(r)) => {
-                listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
+                listed.insert((
+                    r.namespace().unwrap_or_default(),
+                    r.uid().unwrap_or_default(),
+                ));
             }
             Ok(Event::InitDone) => {
-                for (key, revision) in ctx.publisher.served() {
-                    if !listed.contains(&(key.namespace.clone(), revision.clone())) {
-                        ctx.publisher.unload(&key, &revision);
-                        info!(%revision, node = %key, "gone; no longer served");
+                for (key, uid) in ctx.publisher.served() {
+                    if !listed.contains(&(key.namespace.clone(), uid.clone())) {
+                        ctx.publisher.unload(&key, &uid);
+                        info!(%uid, node = %key, "revision gone; no longer served");
                     }
                 }
             }
