@@ -199,6 +199,19 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         },
     );
 
+    // The controllers' metrics are on the metrics port with the xDS server's.
+    let metrics_text = get_body(&format!("http://127.0.0.1:{metrics}/metrics")).unwrap();
+    for sample in [
+        r#"marin3r_controller_reconciles_total{controller="envoyconfig",result="ok"}"#,
+        "marin3r_xds_connected_proxies",
+        "marin3r_webhook_admission_duration_seconds_count",
+    ] {
+        assert!(
+            metrics_text.contains(sample),
+            "{sample} missing:\n{metrics_text}"
+        );
+    }
+
     // The webhook answers over TLS with the same server certificate.
     let presented = webhook_certificate(&rt, webhook, pki.ca_pem());
     assert_eq!(presented, pem_der(&pki.server.cert_pem));

@@ -116,6 +116,11 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         .unwrap();
     assert!(c.message.contains("router"), "{}", c.message);
     proxy.wait_for_body(port, "v1");
+    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    assert_eq!(
+        plane.metric(r#"marin3r_envoyconfig_cache_state_changes_total{state="Rollback"}"#),
+        1.0
+    );
     // `kubectl describe` tells the user why.
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");

@@ -77,6 +77,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
     let mut registry = Registry::default();
     webhook.metrics.register(&mut registry);
+    let controller_metrics = controllers::ControllerMetrics::default();
+    controller_metrics.register(&mut registry);
 
     let readiness = Readiness::default();
     let webhook_ready = Arc::new(AtomicBool::new(false));
@@ -101,6 +103,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         }
     };
     let config = controllers::Config {
+        metrics: controller_metrics,
         discovery_service: args.discovery_service_name.clone(),
         allow_cross_namespace_secrets: false,
     };

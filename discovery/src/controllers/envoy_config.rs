@@ -64,11 +64,14 @@ pub(crate) async fn run(
     };
     controller
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(envoyconfig = %obj, "reconciled"),
-                Err(err) => debug!(error = %err, "reconcile failed"),
+        .run(reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|result| {
+            ctx.metrics.reconciled("envoyconfig", result.is_ok());
+            async move {
+                match result {
+                    Ok((obj, _)) => debug!(envoyconfig = %obj, "reconciled"),
+                    Err(err) => debug!(error = %err, "reconcile failed"),
+                }
             }
         })
         .await;
@@ -236,6 +239,10 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
             EventType::Warning
         };
         info!(envoyconfig = %ec.name_any(), namespace = %ns, published = %plan.publish, %state, "cache state changed");
+        ctx.metrics
+            .cache_state_changes
+            .get_or_create(&super::metrics::StateLabels { state })
+            .inc();
         ctx.publish(&*ec, type_, state, &message).await;
     }
     Ok(Action::await_change())

@@ -3,6 +3,7 @@
 //! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
 
 pub mod envoy_config;
+pub mod metrics;
 pub mod nacks;
 pub mod publisher;
 pub mod revision;
@@ -19,6 +20,7 @@ use tracing::warn;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::xds::{Cache, NackEvent};
+pub use metrics::ControllerMetrics;
 pub use publisher::Publisher;
 
 const FIELD_MANAGER: &str = "marin3r-discovery-service";
@@ -34,6 +36,8 @@ pub enum Error {
 /// What the controllers serve.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
+    /// Where the controllers count their work; register it with the process's registry.
+    pub metrics: ControllerMetrics,
     /// Serve only `EnvoyConfig`s in namespaces labelled
     /// `marin3r.3scale.net/discovery-service=<name>`; `None`: every namespace.
     pub discovery_service: Option<String>,
@@ -48,6 +52,7 @@ pub(crate) struct Context {
     pub recorder: Recorder,
     pub config: Config,
     pub publisher: Publisher,
+    pub metrics: ControllerMetrics,
 }
 
 impl Context {
@@ -141,6 +146,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
+        metrics: config.metrics.clone(),
         config,
         publisher: Publisher::new(cache),
     });

@@ -81,6 +81,7 @@ async fn taint(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
     )
     .await?;
     info!(revision = %revision.name_any(), namespace = %nack.namespace, %message, "tainted");
+    ctx.metrics.taints.inc();
     ctx.publish(&revision, EventType::Warning, "RevisionTainted", &message)
         .await;
     Ok(())

@@ -79,11 +79,14 @@ pub(crate) async fn run(
             },
         )
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(revision = %obj, "reconciled"),
-                Err(err) => debug!(error = %err, "reconcile failed"),
+        .run(reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|result| {
+            ctx.metrics.reconciled("revision", result.is_ok());
+            async move {
+                match result {
+                    Ok((obj, _)) => debug!(revision = %obj, "reconciled"),
+                    Err(err) => debug!(error = %err, "reconcile failed"),
+                }
             }
         })
         .await;

@@ -23,6 +23,8 @@ use super::{Pki, Proxy};
 
 /// The local cluster, the xDS server and the controllers, on their own runtime.
 pub struct Plane {
+    /// The controllers' metrics.
+    pub registry: prometheus_client::registry::Registry,
     pub rt: tokio::runtime::Runtime,
     pub api: ApiServer,
     pub client: Client,
@@ -85,6 +87,9 @@ impl Plane {
             let _ = stopped.await;
         });
         let readiness = Readiness::default();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let config = controllers::Config::default();
+        config.metrics.register(&mut registry);
         let tasks = vec![
             rt.spawn({
                 let stopped = stopped.clone();
@@ -94,7 +99,7 @@ impl Plane {
             }),
             rt.spawn(controllers::run(
                 client.clone(),
-                controllers::Config::default(),
+                config,
                 cache.clone(),
                 nacks,
                 readiness.clone(),
@@ -108,6 +113,7 @@ impl Plane {
             cache,
             xds_port,
             pki,
+            registry,
             stop: Some(stop),
             tasks,
         };
@@ -115,6 +121,13 @@ impl Plane {
             readiness.ready().then_some(())
         });
         plane
+    }
+
+    /// The value of one sample line of the controllers' metrics (0 when absent).
+    pub fn metric(&self, sample: &str) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        super::metric_value(&text, sample)
     }
 
     pub fn configs(&self, ns: &str) -> Api<EnvoyConfig> {
