@@ -19,7 +19,7 @@ pub use issue::{
     issue_self_signed, subject_alt_name,
 };
 pub use pem::{blocks_labelled, private_key_der};
-pub use verify::{check_validity, key_matches, verify_signed_by};
+pub use verify::{check_validity, key_matches, verify_self_signed, verify_signed_by};
 
 /// The SPIFFE URI a proxy's client certificate carries: the namespace is its identity.
 pub fn spiffe_id(trust_domain: &str, namespace: &str) -> String {

@@ -42,6 +42,22 @@ pub fn verify_signed_by(cert_pem: &str, ca_pem: &str) -> Result<(), CertError> {
         .map_err(|e| CertError::NotSignedBy(format!("signature check failed: {e}")))
 }
 
+/// Checks that the first certificate of `cert_pem` is self-signed: its issuer is its subject
+/// and its own key verifies its signature (a CA flag is not required).
+pub fn verify_self_signed(cert_pem: &str) -> Result<(), CertError> {
+    let der = first_block(cert_pem, "CERTIFICATE")?;
+    let cert = parse(&der)?;
+    if cert.issuer() != cert.subject() {
+        return Err(CertError::NotSignedBy(format!(
+            "issuer {} is not the subject {}",
+            cert.issuer(),
+            cert.subject()
+        )));
+    }
+    cert.verify_signature(None)
+        .map_err(|e| CertError::NotSignedBy(format!("signature check failed: {e}")))
+}
+
 /// Checks that `at` is within the certificate's validity window.
 pub fn check_validity(cert_pem: &str, at: OffsetDateTime) -> Result<(), CertError> {
     let der = first_block(cert_pem, "CERTIFICATE")?;
@@ -119,6 +135,23 @@ mod tests {
         assert!(matches!(
             verify_signed_by(&cert.cert_pem, &cert.cert_pem),
             Err(CertError::IssuerNotCa)
+        ));
+    }
+
+    #[test]
+    fn self_signed_leaves_verify_against_themselves_only() {
+        let plain = issue_self_signed(&CertificateRequest::new(
+            "plain",
+            Usage::Server,
+            Duration::from_secs(60),
+        ))
+        .unwrap();
+        verify_self_signed(&plain.cert_pem).unwrap();
+        let ours = ca("ours");
+        verify_self_signed(&ours.cert_pem).unwrap();
+        assert!(matches!(
+            verify_self_signed(&leaf(&ours).cert_pem),
+            Err(CertError::NotSignedBy(_))
         ));
     }
 

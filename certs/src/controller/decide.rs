@@ -76,7 +76,7 @@ pub fn needs_issue(
             }
         }
         None => {
-            if info.issuer != info.subject || crate::verify_signed_by(cert, cert).is_err() {
+            if crate::verify_self_signed(cert).is_err() {
                 return Some(IssueReason::SpecChanged("signer is now selfSigned".into()));
             }
         }
@@ -370,10 +370,19 @@ mod tests {
 
     #[test]
     fn self_signed_certificates_are_checked_against_themselves() {
-        let req = CertificateRequest::ca("ca", Duration::from_secs(100));
-        let spec = mk_spec(req.clone(), false);
-        let files = mk_files(&issue_self_signed(&req).unwrap());
-        assert_eq!(needs_issue(&spec, &files, None, false, now()), None);
+        // A CA and a plain (non-CA) self-signed certificate are both left alone.
+        for req in [
+            CertificateRequest::ca("ca", Duration::from_secs(100)),
+            CertificateRequest::new("plain", Usage::Server, Duration::from_secs(100)),
+        ] {
+            let spec = mk_spec(req.clone(), false);
+            let files = mk_files(&issue_self_signed(&req).unwrap());
+            assert_eq!(
+                needs_issue(&spec, &files, None, false, now()),
+                None,
+                "{req:?}"
+            );
+        }
     }
 
     #[test]

@@ -258,16 +258,18 @@ async fn issue_if_needed(
 
     let (secret_ns, secret_name) = &valid.secret;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), secret_ns);
-    let files = secrets
-        .get_opt(secret_name)
-        .await?
-        .as_ref()
-        .map(tls_files)
-        .unwrap_or_default();
+    let existing = secrets.get_opt(secret_name).await?;
+    let files = existing.as_ref().map(tls_files).unwrap_or_default();
     let now = OffsetDateTime::now_utc();
     let renew_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
     let previous = dsc.status.clone().unwrap_or_default();
-    let manual = renew_request.is_some() && renew_request != previous.last_renewal_request;
+    // The Secret records the renewal request it was issued for. It is read fresh from the API,
+    // unlike `dsc`, which may come from a cache that has not seen our last status write yet
+    // (deciding from the status would then renew twice).
+    let handled = existing
+        .as_ref()
+        .and_then(|s| s.annotations().get(RENEW_ANNOTATION).cloned());
+    let manual = renew_request.is_some() && renew_request != handled;
     let issuer_pem = ca.as_ref().map(|ca| ca.cert_pem());
 
     let (cert_pem, issued_because) = match needs_issue(&valid, &files, issuer_pem, manual, now) {
@@ -281,7 +283,7 @@ async fn issue_if_needed(
                 Ok(issued) => issued,
                 Err(e) => return Ok(Err(NotReady::new("IssuanceFailed", e.to_string()))),
             };
-            write_secret(&secrets, dsc, &valid, &issued).await?;
+            write_secret(&secrets, dsc, &valid, &issued, renew_request.as_deref()).await?;
             info!(certificate = %dsc.name_any(), namespace = %ns, %reason, "issued certificate");
             (issued.cert_pem, Some(reason))
         }
@@ -372,6 +374,7 @@ async fn write_secret(
     dsc: &DiscoveryServiceCertificate,
     valid: &ValidSpec,
     issued: &crate::IssuedCertificate,
+    renew_request: Option<&str>,
 ) -> Result<(), Error> {
     let (ns, name) = &valid.secret;
     let mut labels = BTreeMap::new();
@@ -400,6 +403,8 @@ async fn write_secret(
             name: Some(name.clone()),
             namespace: Some(ns.clone()),
             labels: Some(labels),
+            annotations: renew_request
+                .map(|r| BTreeMap::from([(RENEW_ANNOTATION.to_owned(), r.to_owned())])),
             owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
