@@ -193,10 +193,23 @@ async fn marin3r_end_to_end() {
         .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
         .await
         .unwrap();
-    until("the operator pod", 60, || async {
+    let operator = until("the operator pod", 60, || async {
         ready_pods(&client, OPS, "app.kubernetes.io/component=operator")
             .await
             .pop()
+    })
+    .await;
+    // It runs the controllers because it holds the leader Lease.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), OPS);
+    until("the operator to hold the leader Lease", 30, || async {
+        let holder = leases
+            .get_opt("marin3r-operator")
+            .await
+            .unwrap()?
+            .spec?
+            .holder_identity?;
+        (holder == operator.name_any()).then_some(())
     })
     .await;
     create_namespace(&client, "demo").await;
