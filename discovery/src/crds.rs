@@ -6,10 +6,16 @@ use kube::CustomResourceExt;
 use marin3r_certs::api::DiscoveryServiceCertificate;
 
 use crate::api::discovery_service::DiscoveryService;
+use crate::api::{EnvoyConfig, EnvoyConfigRevision};
 
 /// All CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![DiscoveryService::crd(), DiscoveryServiceCertificate::crd()]
+    vec![
+        DiscoveryService::crd(),
+        DiscoveryServiceCertificate::crd(),
+        EnvoyConfig::crd(),
+        EnvoyConfigRevision::crd(),
+    ]
 }
 
 /// The file name of a CRD in `manifests/crds/`: `<group>_<plural>.yaml`.

@@ -3,6 +3,7 @@
 pub mod api;
 pub mod bootstrap;
 pub mod cli;
+pub mod controllers;
 pub mod convert;
 pub mod crds;
 pub mod resource;

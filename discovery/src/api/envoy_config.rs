@@ -1,12 +1,34 @@
 //! The `EnvoyConfig` spec (`marin3r.3scale.net/v1alpha1`): the Envoy resources a user declares
 //! for one node id, with the field names of the original MARIN3R manifests. Plain serde
-//! structs, so the CRD derive can be added on top without reshaping them.
+//! structs with the CRD derive on top; the status follows SPEC §2.3.
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// `spec` of an `EnvoyConfig` (and, with a version, of an `EnvoyConfigRevision`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "marin3r.3scale.net",
+    version = "v1alpha1",
+    kind = "EnvoyConfig",
+    namespaced,
+    shortname = "ec",
+    status = "EnvoyConfigStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Node ID","type":"string","jsonPath":".spec.nodeID"}"#,
+    printcolumn = r#"{"name":"Envoy API","type":"string","jsonPath":".spec.envoyAPI"}"#,
+    printcolumn = r#"{"name":"Desired Version","type":"string","jsonPath":".status.desiredVersion"}"#,
+    printcolumn = r#"{"name":"Published Version","type":"string","jsonPath":".status.publishedVersion"}"#,
+    printcolumn = r#"{"name":"Cache State","type":"string","jsonPath":".status.cacheState"}"#
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = allow_additional_properties)]
 pub struct EnvoyConfigSpec {
     /// The Envoy `node.id` this configuration is served to.
     #[serde(rename = "nodeID")]
@@ -23,8 +45,34 @@ pub struct EnvoyConfigSpec {
     pub envoy_resources: EnvoyResources,
 }
 
+/// `deny_unknown_fields` makes schemars write `additionalProperties: false` next to
+/// `properties`, which a structural CRD schema forbids; the API server prunes unknown fields
+/// anyway, so the schema leaves it out.
+fn allow_additional_properties(schema: &mut schemars::Schema) {
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("additionalProperties");
+    }
+}
+
+/// The original MARIN3R's name for `runtimes` is `runtime`: both are in the schema, so the
+/// API server keeps whichever a manifest uses.
+fn runtime_alias(schema: &mut schemars::Schema) {
+    let runtimes = schema
+        .get("properties")
+        .and_then(|p| p.get("runtimes"))
+        .cloned();
+    if let (Some(runtimes), Some(properties)) = (
+        runtimes,
+        schema
+            .get_mut("properties")
+            .and_then(serde_json::Value::as_object_mut),
+    ) {
+        properties.insert("runtime".into(), runtimes);
+    }
+}
+
 /// The encoding of each resource `value`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Serialization {
     /// Canonical proto3 JSON.
@@ -47,7 +95,7 @@ impl Serialization {
 }
 
 /// Envoy's xDS API version.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EnvoyApi {
     /// Removed from Envoy; always rejected by validation.
@@ -57,8 +105,9 @@ pub enum EnvoyApi {
 }
 
 /// `spec.envoyResources`: one list per Envoy resource type.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(transform = allow_additional_properties, transform = runtime_alias)]
 pub struct EnvoyResources {
     /// `ClusterLoadAssignment`s, named by their `cluster_name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -85,6 +134,19 @@ pub struct EnvoyResources {
 }
 
 impl EnvoyResources {
+    /// The version of these resources: a hash of their canonical JSON, so the same resources
+    /// always get the same version (and a re-applied spec finds its old revision).
+    pub fn version(&self) -> String {
+        use sha2::{Digest, Sha256};
+        // Serializing plain structs of strings cannot fail; the fallback keeps this total.
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        Sha256::digest(&json)
+            .iter()
+            .take(5)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// Every list of serialized resources with the type it must hold (secrets are references,
     /// not serialized values, and are not among them).
     pub fn serialized(&self) -> [(crate::resource::ResourceType, &[EnvoyResource]); 7] {
@@ -120,8 +182,9 @@ impl EnvoyResources {
 /// `cluster_name` for endpoints), so a second copy adds nothing. Original MARIN3R manifests
 /// carry it, so it is accepted, and when present it must equal the resource's own name:
 /// a mismatch is an error rather than a silent choice between two names.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = allow_additional_properties)]
 pub struct EnvoyResource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -130,8 +193,9 @@ pub struct EnvoyResource {
 }
 
 /// An SDS secret served under `name`, read from a `kubernetes.io/tls` Secret.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = allow_additional_properties)]
 pub struct EnvoySecretResource {
     /// The name Envoy asks for (`tls_certificate_sds_secret_configs[].name`).
     pub name: String,
@@ -141,10 +205,43 @@ pub struct EnvoySecretResource {
 }
 
 /// A Kubernetes Secret by name; the namespace defaults to the config's own.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = allow_additional_properties)]
 pub struct SecretReference {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
+}
+
+/// `status` of an `EnvoyConfig`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyConfigStatus {
+    /// `InSync`, `Rollback` or `RollbackFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_state: Option<String>,
+    /// The version served to the proxies of `nodeID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published_version: Option<String>,
+    /// The version of `spec.envoyResources`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_version: Option<String>,
+    /// `CacheOutOfSync` and `RollbackFailed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The revisions in publication order; the last published one is last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub revisions: Vec<ConfigRevisionRef>,
+    /// Why Envoy refused the desired version, when it did (its NACK's error text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_nack_message: Option<String>,
+}
+
+/// One entry of `status.revisions`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+pub struct ConfigRevisionRef {
+    pub version: String,
+    #[serde(rename = "ref")]
+    pub revision_ref: ObjectReference,
 }

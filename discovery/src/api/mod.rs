@@ -4,8 +4,12 @@
 pub mod discovery_service;
 pub mod duration;
 pub mod envoy_config;
+pub mod envoy_config_revision;
 
 pub use envoy_config::{
-    EnvoyApi, EnvoyConfigSpec, EnvoyResource, EnvoyResources, EnvoySecretResource, SecretReference,
-    Serialization,
+    ConfigRevisionRef, EnvoyApi, EnvoyConfig, EnvoyConfigSpec, EnvoyConfigStatus, EnvoyResource,
+    EnvoyResources, EnvoySecretResource, SecretReference, Serialization,
+};
+pub use envoy_config_revision::{
+    EnvoyConfigRevision, EnvoyConfigRevisionSpec, EnvoyConfigRevisionStatus,
 };

@@ -4,6 +4,7 @@
 mod bootstrap;
 mod certs;
 mod crds;
+mod discovery_service;
 mod inject;
 mod operator;
 mod proxy_status;
@@ -33,6 +34,9 @@ pub enum Command {
     Certs(certs::CertsCommand),
     /// Print the CustomResourceDefinitions marin3r serves.
     Crds(crds::CrdsArgs),
+    /// Run the discovery service: the xDS server, the EnvoyConfig and EnvoyConfigRevision
+    /// controllers, the metrics/health HTTP server and the sidecar injection webhook.
+    DiscoveryService(discovery_service::DiscoveryServiceArgs),
     /// Run the operator's controllers against the cluster of the current kubeconfig (or the
     /// in-cluster configuration).
     Operator(operator::OperatorArgs),
@@ -51,6 +55,12 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
         Command::Certs(cmd) => certs::run(cmd).await,
         Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
+        Command::DiscoveryService(args) => {
+            init_logging_at(if args.debug() { "debug" } else { "info" });
+            discovery_service::run(args)
+                .await
+                .map(|()| ExitCode::SUCCESS)
+        }
         Command::Inject(args) => inject::run(args),
         Command::Operator(args) => {
             init_logging();
@@ -70,8 +80,13 @@ pub async fn run(cli: Cli) -> ExitCode {
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
 fn init_logging() {
+    init_logging_at("info");
+}
+
+/// Logs to stderr at `default` unless `RUST_LOG` says otherwise.
+fn init_logging_at(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

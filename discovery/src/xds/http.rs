@@ -1,5 +1,5 @@
 //! The discovery service's plain-HTTP side: Prometheus `/metrics`, `/healthz`, `/readyz`
-//! (ready while the xDS server accepts connections) and `/sync-status` (JSON, every
+//! (ready while the xDS server accepts connections and every readiness gate is open) and `/sync-status` (JSON, every
 //! connected proxy; what `marin3r proxy-status` prints).
 
 use std::sync::Arc;
@@ -22,6 +22,7 @@ pub(crate) struct HttpState {
     pub registry: Arc<Registry>,
     pub status: StatusRegistry,
     pub ready: Arc<AtomicBool>,
+    pub gates: Arc<Vec<super::server::ReadinessGate>>,
 }
 
 pub(crate) fn router(state: HttpState) -> axum::Router {
@@ -53,12 +54,24 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready\n")
+    if !state.ready.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "xDS server not accepting connections\n".to_owned(),
+        );
+    }
+    let waiting: Vec<&str> = state
+        .gates
+        .iter()
+        .filter(|(_, flag)| !flag.load(Ordering::SeqCst))
+        .map(|(name, _)| *name)
+        .collect();
+    if waiting.is_empty() {
+        (StatusCode::OK, "ready\n".to_owned())
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "xDS server not accepting connections\n",
+            format!("not ready: {}\n", waiting.join(", ")),
         )
     }
 }

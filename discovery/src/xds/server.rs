@@ -40,7 +40,12 @@ pub struct ServerBuilder {
     control_plane_id: String,
     nack_capacity: usize,
     registry: Registry,
+    gates: Vec<ReadinessGate>,
 }
+
+/// Something else the process needs before `/readyz` says ready (e.g. a controller whose
+/// caches are not synced yet), by the name `/readyz` reports while it is not.
+pub type ReadinessGate = (&'static str, Arc<AtomicBool>);
 
 impl ServerBuilder {
     /// The identifier sent as `control_plane.identifier` in every response (e.g. the pod name).
@@ -53,6 +58,12 @@ impl ServerBuilder {
     /// counted in `marin3r_xds_dropped_nack_events_total`).
     pub fn nack_capacity(mut self, capacity: usize) -> Self {
         self.nack_capacity = capacity.max(1);
+        self
+    }
+
+    /// `/readyz` also waits for `flag`, reporting `name` while it is false.
+    pub fn ready_when(mut self, name: &'static str, flag: Arc<AtomicBool>) -> Self {
+        self.gates.push((name, flag));
         self
     }
 
@@ -80,6 +91,7 @@ impl ServerBuilder {
             shared,
             registry: Arc::new(self.registry),
             ready: Arc::new(AtomicBool::new(false)),
+            gates: Arc::new(self.gates),
         };
         (server, nack_rx)
     }
@@ -90,6 +102,7 @@ pub struct Server {
     shared: Arc<Shared>,
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
+    gates: Arc<Vec<ReadinessGate>>,
 }
 
 impl Server {
@@ -99,6 +112,7 @@ impl Server {
             control_plane_id: "marin3r".into(),
             nack_capacity: 1024,
             registry: Registry::default(),
+            gates: Vec::new(),
         }
     }
 
@@ -117,6 +131,7 @@ impl Server {
             registry: Arc::clone(&self.registry),
             status: self.shared.status.clone(),
             ready: Arc::clone(&self.ready),
+            gates: Arc::clone(&self.gates),
         })
     }
 

@@ -1,0 +1,117 @@
+//! The `EnvoyConfigRevision` resource (`marin3r.3scale.net/v1alpha1`): one version of an
+//! `EnvoyConfig`'s resources, owned by it and named `<nodeID>-<version>`. Which revision is
+//! published is decided by the `EnvoyConfig` controller and recorded in this status.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::envoy_config::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
+
+/// The label holding a revision's node id.
+pub const NODE_ID_LABEL: &str = "marin3r.3scale.net/node-id";
+/// The label holding a revision's version.
+pub const VERSION_LABEL: &str = "marin3r.3scale.net/config-version";
+
+/// Condition: the revision is the one served to its node.
+pub const REVISION_PUBLISHED: &str = "RevisionPublished";
+/// Condition: Envoy rejected this revision; it is never published again while another can be.
+pub const REVISION_TAINTED: &str = "RevisionTainted";
+/// Condition: the revision's resources could not be (re)loaded into the xDS cache.
+pub const RESOURCES_OUT_OF_SYNC: &str = "ResourcesOutOfSync";
+
+/// One version of an `EnvoyConfig`'s resources.
+#[derive(
+    CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "marin3r.3scale.net",
+    version = "v1alpha1",
+    kind = "EnvoyConfigRevision",
+    namespaced,
+    shortname = "ecr",
+    status = "EnvoyConfigRevisionStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    printcolumn = r#"{"name":"Node ID","type":"string","jsonPath":".spec.nodeID"}"#,
+    printcolumn = r#"{"name":"Envoy API","type":"string","jsonPath":".spec.envoyAPI"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".spec.version"}"#,
+    printcolumn = r#"{"name":"Published","type":"boolean","jsonPath":".status.published"}"#,
+    printcolumn = r#"{"name":"Created At","type":"string","format":"date-time","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Last Published At","type":"string","format":"date-time","jsonPath":".status.lastPublishedAt"}"#,
+    printcolumn = r#"{"name":"Tainted","type":"boolean","jsonPath":".status.tainted"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyConfigRevisionSpec {
+    #[serde(rename = "nodeID")]
+    pub node_id: String,
+    /// The hash of the owning `EnvoyConfig`'s `spec.envoyResources`.
+    pub version: String,
+    #[serde(default, rename = "envoyAPI", skip_serializing_if = "Option::is_none")]
+    pub envoy_api: Option<EnvoyApi>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serialization: Option<Serialization>,
+    #[serde(default)]
+    pub envoy_resources: EnvoyResources,
+}
+
+impl EnvoyConfigRevisionSpec {
+    /// The revision of a config at `version`.
+    pub fn of(config: &EnvoyConfigSpec, version: &str) -> Self {
+        Self {
+            node_id: config.node_id.clone(),
+            version: version.to_owned(),
+            envoy_api: Some(config.envoy_api),
+            serialization: Some(config.serialization),
+            envoy_resources: config.envoy_resources.clone(),
+        }
+    }
+
+    /// The config this revision holds, for conversion.
+    pub fn config(&self) -> EnvoyConfigSpec {
+        EnvoyConfigSpec {
+            node_id: self.node_id.clone(),
+            serialization: self.serialization.unwrap_or_default(),
+            envoy_api: self.envoy_api.unwrap_or_default(),
+            envoy_resources: self.envoy_resources.clone(),
+        }
+    }
+}
+
+/// `status` of an `EnvoyConfigRevision`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyConfigRevisionStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub published: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_published_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tainted: Option<bool>,
+    /// `RevisionPublished`, `RevisionTainted`, `ResourcesOutOfSync`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl EnvoyConfigRevision {
+    pub fn is_published(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.published) == Some(true)
+    }
+
+    pub fn is_tainted(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.tainted == Some(true)
+                || s.conditions
+                    .iter()
+                    .any(|c| c.type_ == REVISION_TAINTED && c.status == "True")
+        })
+    }
+
+    /// The message of the `RevisionTainted` condition, when tainted.
+    pub fn taint_message(&self) -> Option<&str> {
+        self.status.as_ref()?.conditions.iter().find_map(|c| {
+            (c.type_ == REVISION_TAINTED && c.status == "True").then_some(c.message.as_str())
+        })
+    }
+}

@@ -1,0 +1,150 @@
+//! `marin3r discovery-service`: the discovery pod's one process. The xDS server (mTLS), the
+//! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics, health and
+//! sync-status HTTP server, and the sidecar injection webhook, on one server certificate.
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use clap::Args;
+use marin3r_webhook::server::WebhookServerConfig;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::api::discovery_service::{DEFAULT_METRICS_PORT, DEFAULT_WEBHOOK_PORT, DEFAULT_XDS_PORT};
+use crate::controllers::{self, Readiness};
+use crate::xds::{Cache, Server, TlsFiles};
+
+#[derive(Debug, Args)]
+pub struct DiscoveryServiceArgs {
+    /// Port of the xDS server (gRPC ADS over mutual TLS).
+    #[arg(long, default_value_t = DEFAULT_XDS_PORT)]
+    xds_port: u16,
+    /// Port of the plain-HTTP server: /metrics, /healthz, /readyz, /sync-status.
+    #[arg(long, default_value_t = DEFAULT_METRICS_PORT)]
+    metrics_port: u16,
+    /// Port of the sidecar injection webhook (HTTPS).
+    #[arg(long, default_value_t = DEFAULT_WEBHOOK_PORT)]
+    webhook_port: u16,
+    /// Folder with the server certificate (tls.crt, tls.key) and the CA that signs the
+    /// proxies' client certificates (ca.crt): a Kubernetes TLS Secret mounted there.
+    #[arg(long, value_name = "DIR")]
+    server_cert_dir: PathBuf,
+    /// Serve only EnvoyConfigs in namespaces labelled
+    /// marin3r.3scale.net/discovery-service=NAME (default: every namespace).
+    #[arg(long, value_name = "NAME")]
+    discovery_service_name: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value_t = IpAddr::V6(Ipv6Addr::UNSPECIFIED))]
+    bind_address: IpAddr,
+    /// Debug logging.
+    #[arg(long)]
+    debug: bool,
+}
+
+impl DiscoveryServiceArgs {
+    pub fn debug(&self) -> bool {
+        self.debug
+    }
+}
+
+pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let bind = |port| SocketAddr::new(args.bind_address, port);
+    let xds_listener = TcpListener::bind(bind(args.xds_port))
+        .await
+        .with_context(|| format!("listening on the xDS port {}", args.xds_port))?;
+    let http_listener = TcpListener::bind(bind(args.metrics_port))
+        .await
+        .with_context(|| format!("listening on the metrics port {}", args.metrics_port))?;
+    let webhook_listener = TcpListener::bind(bind(args.webhook_port))
+        .await
+        .with_context(|| format!("listening on the webhook port {}", args.webhook_port))?;
+
+    let tls = TlsFiles::in_dir(&args.server_cert_dir);
+    let webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
+    let mut registry = Registry::default();
+    webhook.metrics.register(&mut registry);
+
+    let readiness = Readiness::default();
+    let webhook_ready = Arc::new(AtomicBool::new(false));
+    let cache = Cache::new();
+    let (server, nacks) = Server::builder(cache.clone())
+        .control_plane_id(std::env::var("POD_NAME").unwrap_or_else(|_| "marin3r".into()))
+        .registry(registry)
+        .ready_when("EnvoyConfig controller", readiness.envoy_configs.clone())
+        .ready_when(
+            "EnvoyConfigRevision controller",
+            readiness.revisions.clone(),
+        )
+        .ready_when("webhook", webhook_ready.clone())
+        .build();
+    let router = server.http_router();
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let config = controllers::Config {
+        discovery_service: args.discovery_service_name.clone(),
+        allow_cross_namespace_secrets: false,
+    };
+    info!(
+        xds = args.xds_port,
+        metrics = args.metrics_port,
+        webhook = args.webhook_port,
+        discovery_service = ?args.discovery_service_name,
+        "starting the discovery service"
+    );
+    let controllers = tokio::spawn(controllers::run(
+        client,
+        config,
+        cache,
+        nacks,
+        readiness,
+        stopped(),
+    ));
+    let http = tokio::spawn({
+        let stop = stopped();
+        async move {
+            axum::serve(http_listener, router)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    });
+    let mut webhook_task =
+        tokio::spawn(marin3r_webhook::serve(webhook, webhook_listener, stopped()));
+    webhook_ready.store(true, Ordering::SeqCst);
+    let mut xds = tokio::spawn(server.serve(xds_listener, tls, stopped()));
+    let mut http = http;
+
+    // A server that stops on its own is fatal: the pod must restart rather than limp along.
+    let early = tokio::select! {
+        () = super::shutdown_signal() => None,
+        r = &mut xds => Some(("xDS server", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut http => Some(("HTTP server", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut webhook_task => Some(("webhook", r.map(|r| r.map_err(anyhow::Error::from)))),
+    };
+    let _ = stop_tx.send(true);
+    if let Some((what, result)) = early {
+        controllers.abort();
+        result
+            .with_context(|| format!("{what} task"))?
+            .with_context(|| what.to_owned())?;
+        anyhow::bail!("{what} stopped unexpectedly");
+    }
+    let (x, h, w, _) = tokio::join!(xds, http, webhook_task, controllers);
+    x.context("xDS server task")?.context("xDS server")?;
+    h.context("HTTP server task")?.context("HTTP server")?;
+    w.context("webhook task")?.context("webhook")?;
+    info!("discovery service stopped");
+    Ok(())
+}

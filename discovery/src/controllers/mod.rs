@@ -1,0 +1,196 @@
+//! The discovery service's controllers: `EnvoyConfig` (revisions and which one is published),
+//! `EnvoyConfigRevision` (loads the published one, with its Secrets, into the xDS cache) and
+//! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
+
+pub mod envoy_config;
+pub mod nacks;
+pub mod publisher;
+pub mod revision;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use crate::xds::{Cache, NackEvent};
+pub use publisher::Publisher;
+
+const FIELD_MANAGER: &str = "marin3r-discovery-service";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("serializing status: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// What the controllers serve.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    /// Serve only `EnvoyConfig`s in namespaces labelled
+    /// `marin3r.3scale.net/discovery-service=<name>`; `None`: every namespace.
+    pub discovery_service: Option<String>,
+    /// Let revisions reference Secrets in other namespaces (off: a cross-namespace reference
+    /// is an error in status, so a namespace cannot have another's certificates served).
+    pub allow_cross_namespace_secrets: bool,
+}
+
+/// Shared by every controller.
+pub(crate) struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub config: Config,
+    pub publisher: Publisher,
+}
+
+impl Context {
+    /// Whether this discovery service serves `namespace`. Read on every reconcile: a label
+    /// added later takes effect on the next change of the config.
+    pub async fn serves(&self, namespace: &str) -> Result<bool, Error> {
+        let Some(name) = &self.config.discovery_service else {
+            return Ok(true);
+        };
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        Ok(api.get_opt(namespace).await?.is_some_and(|ns| {
+            ns.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(DISCOVERY_SERVICE_LABEL))
+                == Some(name)
+        }))
+    }
+
+    pub async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            warn!(error = %err, "could not publish an event");
+        }
+    }
+}
+
+/// Readiness of the controllers: true once every watch has listed its objects.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    pub envoy_configs: Arc<AtomicBool>,
+    pub revisions: Arc<AtomicBool>,
+}
+
+impl Readiness {
+    pub fn ready(&self) -> bool {
+        self.envoy_configs.load(Ordering::SeqCst) && self.revisions.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs every controller and the NACK consumer until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    config: Config,
+    cache: Cache,
+    nacks: mpsc::Receiver<NackEvent>,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        config,
+        publisher: Publisher::new(cache),
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let ec = tokio::spawn(envoy_config::run(
+        Arc::clone(&ctx),
+        readiness.envoy_configs.clone(),
+        stopped(),
+    ));
+    let ecr = tokio::spawn(revision::run(
+        Arc::clone(&ctx),
+        readiness.revisions.clone(),
+        stopped(),
+    ));
+    let nack = tokio::spawn(nacks::run(Arc::clone(&ctx), nacks, stopped()));
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    let _ = tokio::join!(ec, ecr, nack);
+}
+
+/// Sets condition `type_`, keeping its transition time unless its status flips. Returns
+/// whether its status or reason changed.
+pub(crate) fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> bool {
+    let value = if status { "True" } else { "False" };
+    let previous = conditions.iter().find(|c| c.type_ == type_).cloned();
+    let transition = match &previous {
+        Some(c) if c.status == value => c.last_transition_time.clone(),
+        _ => now(),
+    };
+    let changed = previous
+        .as_ref()
+        .is_none_or(|c| c.status != value || c.reason != reason);
+    let condition = Condition {
+        type_: type_.into(),
+        status: value.into(),
+        reason: reason.into(),
+        message: message.chars().take(32_000).collect(),
+        last_transition_time: transition,
+        observed_generation: generation,
+    };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(slot) => *slot = condition,
+        None => conditions.push(condition),
+    }
+    changed
+}
+
+pub(crate) fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// A status as a merge patch that also removes the optional fields it leaves unset (a plain
+/// merge patch of a struct with skipped `None`s would keep their old values).
+pub(crate) fn status_patch<S: serde::Serialize>(
+    status: &S,
+    optional: &[&str],
+) -> Result<serde_json::Value, Error> {
+    let mut value = serde_json::to_value(status)?;
+    if let Some(map) = value.as_object_mut() {
+        for key in optional {
+            map.entry(*key).or_insert(serde_json::Value::Null);
+        }
+    }
+    Ok(serde_json::json!({ "status": value }))
+}

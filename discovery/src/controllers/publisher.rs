@@ -1,0 +1,203 @@
+//! What each proxy key is being served: the xDS cache plus, per (namespace, node id), which
+//! revision loaded it. Only the revision that loaded a key may clear it, and a NACK's
+//! per-type version is mapped back to the revision whose snapshot carried it.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::resource::ResourceType;
+use crate::xds::{Cache, NackEvent, NodeKey, Snapshot};
+
+/// How many loads per key are remembered to map late NACKs (a NACK for a snapshot that was
+/// already replaced) back to their revision.
+const HISTORY: usize = 16;
+
+/// One snapshot loaded by a revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Load {
+    /// The `EnvoyConfigRevision`'s name.
+    pub revision: String,
+    /// Its version (`spec.version`).
+    pub version: String,
+    /// The per-type versions of the snapshot, as Envoy sees them.
+    pub types: BTreeMap<ResourceType, String>,
+}
+
+#[derive(Default)]
+struct Entry {
+    current: Option<Load>,
+    /// Newest last.
+    history: VecDeque<Load>,
+}
+
+/// Writes to the xDS cache on behalf of revisions. Cheap to clone.
+#[derive(Clone)]
+pub struct Publisher {
+    cache: Cache,
+    entries: Arc<Mutex<HashMap<NodeKey, Entry>>>,
+}
+
+impl Publisher {
+    pub fn new(cache: Cache) -> Self {
+        Self {
+            cache,
+            entries: Arc::default(),
+        }
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<NodeKey, Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Serves `snapshot` to `key` on behalf of `revision`; returns whether the proxies get
+    /// anything new.
+    pub fn load(&self, key: &NodeKey, revision: &str, version: &str, snapshot: Snapshot) -> bool {
+        let load = Load {
+            revision: revision.to_owned(),
+            version: version.to_owned(),
+            types: snapshot
+                .versions()
+                .into_iter()
+                .map(|(t, v)| (t, v.to_owned()))
+                .collect(),
+        };
+        let mut entries = self.lock();
+        let entry = entries.entry(key.clone()).or_default();
+        if entry.history.back() != Some(&load) {
+            entry.history.push_back(load.clone());
+            while entry.history.len() > HISTORY {
+                entry.history.pop_front();
+            }
+        }
+        entry.current = Some(load);
+        // Under the lock, so a concurrent unload of another revision cannot interleave.
+        self.cache
+            .set_snapshot(key.namespace.clone(), key.node_id.clone(), snapshot)
+    }
+
+    /// Stops serving `key` if `revision` is what it serves (an unpublished or deleted revision
+    /// never clears what another revision of the same node published). Returns whether it did.
+    pub fn unload(&self, key: &NodeKey, revision: &str) -> bool {
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key) else {
+            return false;
+        };
+        if entry
+            .current
+            .as_ref()
+            .is_none_or(|l| l.revision != revision)
+        {
+            return false;
+        }
+        entry.current = None;
+        self.cache.clear(&key.namespace, &key.node_id);
+        true
+    }
+
+    /// The revision currently served to `key`.
+    pub fn current(&self, key: &NodeKey) -> Option<Load> {
+        self.lock().get(key).and_then(|e| e.current.clone())
+    }
+
+    /// Every key served, with its revision.
+    pub fn served(&self) -> Vec<(NodeKey, String)> {
+        self.lock()
+            .iter()
+            .filter_map(|(k, e)| Some((k.clone(), e.current.as_ref()?.revision.clone())))
+            .collect()
+    }
+
+    /// The revision a NACK rejected: the current one when its snapshot carries the rejected
+    /// version of that type, otherwise the newest earlier load that did. Versions are content
+    /// hashes, so two revisions may share one for a type; the newest load is the one Envoy
+    /// was sent last, which is the one it answered.
+    pub fn revision_of(&self, nack: &NackEvent) -> Option<Load> {
+        let key = NodeKey::new(nack.namespace.clone(), nack.node_id.clone());
+        let entries = self.lock();
+        let entry = entries.get(&key)?;
+        let carries = |l: &Load| l.types.get(&nack.resource_type) == Some(&nack.version);
+        if let Some(current) = entry.current.as_ref().filter(|l| carries(l)) {
+            return Some(current.clone());
+        }
+        entry.history.iter().rev().find(|l| carries(l)).cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resource::Resource;
+
+    fn runtime(value: &str) -> Snapshot {
+        use prost::Message;
+        let layer = envoy_types::pb::envoy::service::runtime::v3::Runtime {
+            name: "runtime".into(),
+            layer: Some(envoy_types::pb::google::protobuf::Struct {
+                fields: [(
+                    "k".to_owned(),
+                    envoy_types::pb::google::protobuf::Value {
+                        kind: Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(
+                            value.into(),
+                        )),
+                    },
+                )]
+                .into(),
+            }),
+        };
+        Snapshot::new([Resource {
+            kind: ResourceType::Runtime,
+            name: "runtime".into(),
+            body: layer.encode_to_vec().into(),
+        }])
+        .unwrap()
+    }
+
+    fn nack(snapshot: &Snapshot) -> NackEvent {
+        NackEvent {
+            namespace: "ns".into(),
+            node_id: "node".into(),
+            pod_name: None,
+            resource_type: ResourceType::Runtime,
+            type_url: ResourceType::Runtime.type_url().into(),
+            version: snapshot.version(ResourceType::Runtime).into(),
+            message: "bad".into(),
+        }
+    }
+
+    #[test]
+    fn only_the_serving_revision_clears_its_key() {
+        let p = Publisher::new(Cache::new());
+        let key = NodeKey::new("ns", "node");
+        assert!(p.load(&key, "node-a", "a", runtime("a")));
+        assert!(p.load(&key, "node-b", "b", runtime("b")));
+        assert!(!p.unload(&key, "node-a"));
+        assert!(p.cache().snapshot("ns", "node").is_some());
+        assert!(p.unload(&key, "node-b"));
+        assert!(p.cache().snapshot("ns", "node").is_none());
+        assert!(p.current(&key).is_none());
+    }
+
+    #[test]
+    fn nacks_map_to_the_revision_that_carried_the_version() {
+        let p = Publisher::new(Cache::new());
+        let key = NodeKey::new("ns", "node");
+        let (a, b) = (runtime("a"), runtime("b"));
+        let (nack_a, nack_b) = (nack(&a), nack(&b));
+        p.load(&key, "node-a", "a", a);
+        p.load(&key, "node-b", "b", b);
+        assert_eq!(p.revision_of(&nack_b).unwrap().revision, "node-b");
+        // A late NACK of the older snapshot still names its revision.
+        assert_eq!(p.revision_of(&nack_a).unwrap().revision, "node-a");
+        // Another key, or a version never served: nothing.
+        let mut other = nack_b.clone();
+        other.namespace = "other".into();
+        assert!(p.revision_of(&other).is_none());
+        let mut unknown = nack_b;
+        unknown.version = "0000".into();
+        assert!(p.revision_of(&unknown).is_none());
+    }
+}

@@ -1,0 +1,272 @@
+//! The `EnvoyConfigRevision` controller: loads a published revision, with the TLS Secrets it
+//! references served by SDS, into the xDS cache under (its namespace, its node id), and stops
+//! serving it when it is unpublished or deleted. A change to a referenced Secret reloads the
+//! revisions that use it, so Envoy gets the new certificate with no config change.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+use sha2::{Digest, Sha256};
+use tracing::{debug, info, warn};
+
+use super::{Context, Error, set_condition, status_patch};
+use crate::api::EnvoyConfigRevision;
+use crate::api::envoy_config_revision::RESOURCES_OUT_OF_SYNC;
+use crate::convert;
+use crate::xds::{NodeKey, Snapshot};
+
+/// How long to wait before loading a revision again whose Secret is missing or unusable (a
+/// Secret created later also triggers it at once, through the Secret watch).
+const LOAD_RETRY: Duration = Duration::from_secs(15);
+
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    ready: Arc<AtomicBool>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let controller = Controller::new(
+        Api::<EnvoyConfigRevision>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
+    let synced = store.clone();
+    tokio::spawn(async move {
+        if synced.wait_until_ready().await.is_ok() {
+            ready.store(true, Ordering::SeqCst);
+        }
+    });
+    controller
+        .watches(
+            Api::<Secret>::all(client),
+            watcher::Config::default(),
+            move |secret: Secret| {
+                let ns = secret.namespace().unwrap_or_default();
+                let name = secret.name_any();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|r| {
+                        r.is_published()
+                            && secret_refs(r).any(|(rns, rname)| rns == ns && rname == name)
+                    })
+                    .map(|r| ObjectRef::from_obj(&*r))
+                    .collect::<Vec<_>>()
+            },
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(revision = %obj, "reconciled"),
+                Err(err) => debug!(error = %err, "reconcile failed"),
+            }
+        })
+        .await;
+    deletions.abort();
+}
+
+/// The (namespace, name) of every Secret a revision references.
+fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
+    let own = r.namespace().unwrap_or_default();
+    r.spec.envoy_resources.secrets.iter().map(move |s| {
+        (
+            s.secret_ref
+                .namespace
+                .clone()
+                .unwrap_or_else(|| own.clone()),
+            s.secret_ref.name.clone(),
+        )
+    })
+}
+
+fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
+    NodeKey::new(r.namespace().unwrap_or_default(), r.spec.node_id.clone())
+}
+
+fn error_policy(r: Arc<EnvoyConfigRevision>, err: &Error, _: Arc<Context>) -> Action {
+    warn!(revision = %r.name_any(), namespace = ?r.namespace(), error = %err, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = key_of(&r);
+    let name = r.name_any();
+    if !r.is_published() || r.metadata.deletion_timestamp.is_some() {
+        if ctx.publisher.unload(&key, &name) {
+            info!(revision = %name, node = %key, "unpublished; no longer served");
+        }
+        return Ok(Action::await_change());
+    }
+    if !ctx.serves(&key.namespace).await? {
+        ctx.publisher.unload(&key, &name);
+        return Ok(Action::await_change());
+    }
+    let mut status = r.status.clone().unwrap_or_default();
+    let generation = r.metadata.generation;
+    let action = match load(&r, &ctx).await? {
+        Ok((snapshot, secrets_version)) => {
+            if ctx.publisher.load(&key, &name, &r.spec.version, snapshot) {
+                info!(revision = %name, node = %key, secrets = %secrets_version, "loaded into the xDS cache");
+            }
+            set_condition(
+                &mut status.conditions,
+                RESOURCES_OUT_OF_SYNC,
+                false,
+                "ResourcesLoaded",
+                &format!(
+                    "served to node {} (secrets version {secrets_version})",
+                    r.spec.node_id
+                ),
+                generation,
+            );
+            Action::await_change()
+        }
+        Err(message) => {
+            // What was served stays served: a missing Secret must not take a proxy's
+            // configuration away.
+            if set_condition(
+                &mut status.conditions,
+                RESOURCES_OUT_OF_SYNC,
+                true,
+                "LoadFailed",
+                &message,
+                generation,
+            ) {
+                ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)
+                    .await;
+            }
+            warn!(revision = %name, %message, "cannot load revision");
+            Action::requeue(LOAD_RETRY)
+        }
+    };
+    if r.status.as_ref() != Some(&status) {
+        let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
+        let patch = status_patch(&status, &[])?;
+        api.patch_status(
+            &name,
+            &PatchParams::apply(super::FIELD_MANAGER),
+            &Patch::Merge(patch),
+        )
+        .await?;
+    }
+    Ok(action)
+}
+
+/// The revision's snapshot and its secrets version (`<version>-<hash of the loaded
+/// secrets>`), or why it cannot be served.
+async fn load(
+    r: &EnvoyConfigRevision,
+    ctx: &Context,
+) -> Result<Result<(Snapshot, String), String>, Error> {
+    let mut resources = match convert::validate_config(&r.spec.config()) {
+        Ok(resources) => resources,
+        Err(errors) => {
+            let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Ok(Err(format!("invalid resources: {}", all.join("; "))));
+        }
+    };
+    let own = r.namespace().unwrap_or_default();
+    let mut hasher = Sha256::new();
+    for (i, s) in r.spec.envoy_resources.secrets.iter().enumerate() {
+        let ns = s
+            .secret_ref
+            .namespace
+            .clone()
+            .unwrap_or_else(|| own.clone());
+        let path = format!("spec.envoyResources.secrets[{i}]");
+        if ns != own && !ctx.config.allow_cross_namespace_secrets {
+            return Ok(Err(format!(
+                "{path}.ref: Secret {ns}/{} is in another namespace; only Secrets of namespace {own} may be referenced",
+                s.secret_ref.name
+            )));
+        }
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        let Some(secret) = api.get_opt(&s.secret_ref.name).await? else {
+            return Ok(Err(format!(
+                "{path}.ref: Secret {ns}/{} not found",
+                s.secret_ref.name
+            )));
+        };
+        if secret.type_.as_deref() != Some("kubernetes.io/tls") {
+            return Ok(Err(format!(
+                "{path}.ref: Secret {ns}/{} is of type {:?}, not kubernetes.io/tls",
+                s.secret_ref.name,
+                secret.type_.as_deref().unwrap_or("Opaque")
+            )));
+        }
+        let data = secret.data.unwrap_or_default();
+        let field = |k: &str| data.get(k).map(|b| b.0.clone()).unwrap_or_default();
+        let (cert, key) = (field("tls.crt"), field("tls.key"));
+        match convert::tls_secret(&s.name, &cert, &key) {
+            Ok(resource) => {
+                hasher.update(&resource.body);
+                resources.push(resource);
+            }
+            Err(e) => {
+                return Ok(Err(format!(
+                    "{path}.ref: Secret {ns}/{}: {e}",
+                    s.secret_ref.name
+                )));
+            }
+        }
+    }
+    let secrets_hash: String = hasher
+        .finalize()
+        .iter()
+        .take(5)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    match Snapshot::new(resources) {
+        Ok(snapshot) => Ok(Ok((snapshot, format!("{}-{secrets_hash}", r.spec.version)))),
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+/// Deleted revisions are not reconciled by the controller (it only sees objects that exist),
+/// so deletions are watched here: a deleted revision stops being served. After every
+/// (re)list, keys served by revisions that no longer exist are cleared too, so a deletion
+/// missed while the watch was down is not served forever.
+async fn watch_deletions(ctx: Arc<Context>) {
+    let api = Api::<EnvoyConfigRevision>::all(ctx.client.clone());
+    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+    let mut listed: BTreeSet<(String, String)> = BTreeSet::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Delete(r)) => {
+                let key = key_of(&r);
+                if ctx.publisher.unload(&key, &r.name_any()) {
+                    info!(revision = %r.name_any(), node = %key, "deleted; no longer served");
+                }
+            }
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(r)) => {
+                listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
+            }
+            Ok(Event::InitDone) => {
+                for (key, revision) in ctx.publisher.served() {
+                    if !listed.contains(&(key.namespace.clone(), revision.clone())) {
+                        ctx.publisher.unload(&key, &revision);
+                        info!(%revision, node = %key, "gone; no longer served");
+                    }
+                }
+            }
+            Ok(Event::Apply(_)) => {}
+            Err(e) => {
+                debug!(error = %e, "revision watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
