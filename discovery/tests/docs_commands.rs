@@ -2,12 +2,14 @@
 //! `README.md` and `docs/**/*.md` are fenced ```` ```console ```` blocks: a `$ ` line is a command,
 //! the lines below it (up to the next `$ `) its expected output. Offline `marin3r` commands are
 //! run here against the checked-in files and their output compared; every other command must
-//! be listed in `NEEDS_A_CLUSTER`, so a new cluster command in the docs is a decision.
+//! be one that `hack/demo` runs, word for word (`marin3r_e2e::demo::commands`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use marin3r_e2e::demo::commands;
 
 /// `marin3r` subcommands that need nothing but files: run by this test.
 const OFFLINE: &[&str] = &[
@@ -20,25 +22,14 @@ const OFFLINE: &[&str] = &[
     "--version",
 ];
 
-/// Commands the docs show that need a cluster (a real one, or the local cluster of
-/// `hack/demo`), by prefix. They are not run here.
-const NEEDS_A_CLUSTER: &[&str] = &[
-    "kubectl apply -k manifests/",
-    "kubectl apply -f docs/examples/",
-    "kubectl label namespace",
-    "kubectl get",
-    "kubectl describe",
-    "kubectl annotate",
-    "kubectl delete",
-    "kubectl port-forward",
-    "kubectl -n",
-    "marin3r certs renew",
-    "marin3r certs status",
-    "marin3r proxy-status",
-    "curl",
-    "hack/demo",
-    "hack/test",
-];
+/// The two scripts the README shows: `hack/test` runs every test, `hack/demo` the demo.
+const SCRIPTS: &[&str] = &["hack/demo", "hack/test"];
+
+/// Whether the demo runs this cluster command as the docs show it
+/// (`marin3r_e2e::demo::commands`).
+fn run_by_the_demo(command: &str) -> bool {
+    commands::ALL.contains(&command) || command.starts_with(commands::PROXY_STATUS_PREFIX)
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -193,20 +184,20 @@ fn every_offline_command_in_the_docs_prints_what_the_docs_show() {
 }
 
 #[test]
-fn every_other_command_in_the_docs_is_known_to_need_a_cluster() {
+fn every_other_command_in_the_docs_is_run_by_the_demo() {
     let mut unknown = Vec::new();
     for e in all_examples() {
         if is_offline(&e.command) {
             continue;
         }
-        if !NEEDS_A_CLUSTER.iter().any(|p| e.command.starts_with(p)) {
+        if !run_by_the_demo(&e.command) && !SCRIPTS.contains(&e.command.as_str()) {
             unknown.push(format!("{}:{}: {}", e.file, e.line, e.command));
         }
     }
     assert!(
         unknown.is_empty(),
-        "commands shown in the docs that nothing runs (make them offline examples, or add \
-         them to NEEDS_A_CLUSTER and to the demo):\n{}",
+        "commands shown in the docs that nothing runs (make them offline examples, or have \
+         the demo run them: marin3r_e2e::demo::commands):\n{}",
         unknown.join("\n")
     );
 }
