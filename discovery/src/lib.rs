@@ -6,6 +6,7 @@ pub mod cli;
 pub mod controllers;
 pub mod convert;
 pub mod crds;
+pub mod operator;
 pub mod reference;
 pub mod resource;
 pub mod revisions;

@@ -1,18 +1,34 @@
-//! `marin3r operator`: the controllers that manage certificates (and, later, discovery
-//! services), until SIGINT or SIGTERM.
+//! `marin3r operator`: the certificate and DiscoveryService controllers, run by the replica
+//! that holds the leader Lease, until SIGINT or SIGTERM.
 
 use std::collections::BTreeSet;
 
+use anyhow::Context;
 use clap::Args;
-use marin3r_certs::controller;
+use marin3r_certs::controller as certificates;
+use tokio_util::sync::CancellationToken;
+
+use crate::operator::{self, leader};
 
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
     /// Namespaces whose certificates may write Secrets to and read CAs from other namespaces
-    /// (repeatable). Defaults to the operator's own namespace (POD_NAMESPACE).
+    /// (repeatable). Defaults to the operator's own namespace (POD_NAMESPACE). A
+    /// DiscoveryService must live in one of them.
     #[arg(long = "trusted-namespace", value_name = "NAMESPACE")]
     trusted_namespaces: Vec<String>,
+    /// The discovery pods' image when a DiscoveryService sets none.
+    #[arg(long, env = "MARIN3R_IMAGE", default_value = concat!("quay.io/3scale/marin3r:v", env!("CARGO_PKG_VERSION")))]
+    discovery_service_image: String,
+    /// The namespace of the leader election Lease (default: POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Run the controllers without leader election (one replica only).
+    #[arg(long)]
+    no_leader_election: bool,
 }
+
+const LEASE_NAME: &str = "marin3r-operator";
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await?;
@@ -22,10 +38,48 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     {
         trusted.insert(ns);
     }
-    tracing::info!(?trusted, "starting the certificate controller");
-    let config = controller::Config {
-        trusted_namespaces: trusted,
+    let stop = CancellationToken::new();
+    let work = {
+        let (client, stop, trusted) = (client.clone(), stop.clone(), trusted.clone());
+        async move {
+            tracing::info!(
+                ?trusted,
+                "starting the certificate and DiscoveryService controllers"
+            );
+            let certs = certificates::run(
+                client.clone(),
+                certificates::Config {
+                    trusted_namespaces: trusted.clone(),
+                },
+                stop.clone().cancelled_owned(),
+            );
+            let discovery_services = operator::run(
+                client,
+                operator::Config {
+                    default_image: args.discovery_service_image,
+                    trusted_namespaces: trusted,
+                },
+                stop.cancelled_owned(),
+            );
+            tokio::join!(certs, discovery_services);
+        }
     };
-    controller::run(client, config, super::shutdown_signal()).await;
-    Ok(())
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            super::shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    if args.no_leader_election {
+        work.await;
+        return Ok(());
+    }
+    let namespace = args
+        .leader_election_namespace
+        .context("leader election needs a namespace: set POD_NAMESPACE or --leader-election-namespace, or pass --no-leader-election")?;
+    let identity = std::env::var("POD_NAME")
+        .unwrap_or_else(|_| format!("marin3r-operator-{}", std::process::id()));
+    let config = leader::LeaseConfig::new(&namespace, LEASE_NAME, &identity);
+    Ok(leader::run_as_leader(client, config, stop, work).await?)
 }

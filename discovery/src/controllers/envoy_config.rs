@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -42,11 +42,7 @@ pub(crate) async fn run(
         watcher::Config::default(),
     );
     let store = controller.store();
-    tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            ready.store(true, Ordering::SeqCst);
-        }
-    });
+    tokio::spawn(super::mark_ready(store, ready));
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -100,6 +100,31 @@ impl Readiness {
     }
 }
 
+/// Sets `flag` once `store` has listed its objects. kube's readiness future keeps only the
+/// waker of its last poller (the controller's own), so it is polled again every 100 ms
+/// rather than awaited once.
+pub(crate) async fn mark_ready<K>(store: kube::runtime::reflector::Store<K>, flag: Arc<AtomicBool>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    loop {
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            store.wait_until_ready(),
+        )
+        .await
+        {
+            Ok(Ok(())) => {
+                flag.store(true, Ordering::SeqCst);
+                return;
+            }
+            Ok(Err(_)) => return,
+            Err(_) => {}
+        }
+    }
+}
+
 /// Runs every controller and the NACK consumer until `shutdown` resolves.
 pub async fn run(
     client: Client,

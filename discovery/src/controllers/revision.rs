@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -41,12 +41,7 @@ pub(crate) async fn run(
     );
     let store = controller.store();
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
-    let synced = store.clone();
-    tokio::spawn(async move {
-        if synced.wait_until_ready().await.is_ok() {
-            ready.store(true, Ordering::SeqCst);
-        }
-    });
+    tokio::spawn(super::mark_ready(store.clone(), ready));
     controller
         .watches(
             Api::<Secret>::all(client),

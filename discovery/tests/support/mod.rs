@@ -280,13 +280,24 @@ impl Proxy {
         pod: &str,
         mode: AdsMode,
     ) -> Self {
+        Self::start_on(server.addr.port(), client, node_id, pod, mode)
+    }
+
+    /// Pointed at an xDS server on 127.0.0.1:`xds_port`.
+    pub fn start_on(
+        xds_port: u16,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("marin3r-proxy-")
             .tempdir()
             .unwrap();
         let certs = SecretDir::create(&dir.path().join("tls"), client);
         let bootstrap_dir = dir.path().join("bootstrap");
-        let mut opts = BootstrapOptions::new("127.0.0.1", server.addr.port());
+        let mut opts = BootstrapOptions::new("127.0.0.1", xds_port);
         opts.node_id = Some(node_id.into());
         opts.cluster_id = Some(node_id.into());
         opts.ads_mode = mode;

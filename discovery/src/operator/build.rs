@@ -1,0 +1,537 @@
+//! Pure builders of every object a `DiscoveryService` owns: its certificates, the discovery
+//! pod's ServiceAccount, RBAC, Service and Deployment, the injection webhook configuration and
+//! the per-namespace client certificate and bootstrap. No I/O: the controller applies them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
+};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
+    PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Service, ServiceAccount, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use marin3r_certs::api::{
+    CaSigned, DiscoveryServiceCertificate, DiscoveryServiceCertificateSpec, SecretReference,
+    SelfSigned, Signer,
+};
+use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
+
+use crate::api::discovery_service::{
+    DISCOVERY_SERVICE_LABEL, DiscoveryService, Resolved, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
+};
+use crate::bootstrap::{BootstrapError, BootstrapOptions, render};
+
+/// Labels naming the `DiscoveryService` an object belongs to; the cleanup of objects that
+/// cannot be owned (cluster-scoped or in other namespaces) selects on them.
+pub const OWNER_NAME_LABEL: &str = "operator.marin3r.3scale.net/discoveryservice";
+pub const OWNER_NAMESPACE_LABEL: &str = "operator.marin3r.3scale.net/discoveryservice-namespace";
+/// On a client certificate: the namespace it is for.
+pub const CLIENT_NAMESPACE_LABEL: &str = "operator.marin3r.3scale.net/client-namespace";
+/// On a Namespace the operator labelled because `spec.enabledNamespaces` lists it: which
+/// discovery service did (`<namespace>/<name>`), so that removing it from the list also
+/// removes the label, while a label a user set stays theirs.
+pub const LABELLED_BY_ANNOTATION: &str = "operator.marin3r.3scale.net/labelled-by";
+/// Where the server certificate Secret is mounted in the discovery pod.
+pub const SERVER_CERT_DIR: &str = "/etc/marin3r/tls/server";
+pub const WEBHOOK_PATH: &str = "/pod-v1-mutate";
+/// How long the API server waits for the webhook before applying the failure policy.
+pub const WEBHOOK_TIMEOUT_SECONDS: i32 = 10;
+/// `Fail`: a pod that asked for a sidecar (it carries the `status=enabled` label, which the
+/// object selector matches) is refused rather than started without one while the discovery
+/// service is down. Pods without the label never reach the webhook.
+pub const WEBHOOK_FAILURE_POLICY: &str = "Fail";
+/// The SPIFFE trust domain of client certificate identities.
+pub const TRUST_DOMAIN: &str = "cluster.local";
+const CONTAINER_NAME: &str = "marin3r";
+
+/// The label selector of every object a `DiscoveryService` labelled as its own.
+pub fn owner_selector(name: &str, namespace: &str) -> String {
+    format!("{OWNER_NAME_LABEL}={name},{OWNER_NAMESPACE_LABEL}={namespace}")
+}
+
+/// Builds the children of one `DiscoveryService` from its resolved spec.
+#[derive(Debug, Clone)]
+pub struct Children<'a> {
+    ds: &'a DiscoveryService,
+    spec: &'a Resolved,
+    name: String,
+    namespace: String,
+}
+
+impl<'a> Children<'a> {
+    pub fn new(ds: &'a DiscoveryService, spec: &'a Resolved) -> Self {
+        Self {
+            ds,
+            spec,
+            name: ds.name_any(),
+            namespace: ds.namespace().unwrap_or_default(),
+        }
+    }
+
+    /// `marin3r-<name>`: the Deployment, ServiceAccount and namespaced objects.
+    pub fn owned_name(&self) -> String {
+        self.ds.owned_name()
+    }
+
+    /// Cluster-scoped objects carry the namespace too, since two namespaces may each have a
+    /// `DiscoveryService` of the same name.
+    pub fn cluster_name(&self) -> String {
+        format!("marin3r-{}-{}", self.namespace, self.name)
+    }
+
+    pub fn ca_name(&self) -> &str {
+        &self.spec.ca_secret
+    }
+
+    pub fn server_name(&self) -> &str {
+        &self.spec.server_secret
+    }
+
+    pub fn client_certificate_name(&self, namespace: &str) -> String {
+        format!("marin3r-client-{}-{}", self.name, namespace)
+    }
+
+    /// The host the sidecars dial: in the server certificate and resolvable from any namespace.
+    pub fn xds_host(&self) -> String {
+        format!("{}.{}.svc", self.spec.service_name, self.namespace)
+    }
+
+    /// The Service's DNS names, each a SAN of the server certificate.
+    pub fn server_hosts(&self) -> Vec<String> {
+        let (svc, ns) = (&self.spec.service_name, &self.namespace);
+        vec![
+            svc.clone(),
+            format!("{svc}.{ns}"),
+            format!("{svc}.{ns}.svc"),
+            format!("{svc}.{ns}.svc.cluster.local"),
+        ]
+    }
+
+    /// Labels on every child.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        let mut labels = self.selector_labels();
+        labels.insert(
+            "app.kubernetes.io/managed-by".into(),
+            "marin3r-operator".into(),
+        );
+        labels.insert(OWNER_NAME_LABEL.into(), self.name.clone());
+        labels.insert(OWNER_NAMESPACE_LABEL.into(), self.namespace.clone());
+        labels
+    }
+
+    /// The labels that select the discovery pods.
+    pub fn selector_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            ("app.kubernetes.io/name".into(), "marin3r".into()),
+            (
+                "app.kubernetes.io/component".into(),
+                "discovery-service".into(),
+            ),
+            ("app.kubernetes.io/instance".into(), self.name.clone()),
+        ])
+    }
+
+    /// The label selector (as a string) of the objects that cannot be owned.
+    pub fn owner_selector(&self) -> String {
+        owner_selector(&self.name, &self.namespace)
+    }
+
+    /// The DiscoveryService's namespace, where the owned objects live.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn owner(&self) -> Option<OwnerReference> {
+        self.ds.controller_owner_ref(&())
+    }
+
+    /// Metadata of an object in the DiscoveryService's namespace, owned by it.
+    fn owned_meta(&self, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels()),
+            owner_references: self.owner().map(|o| vec![o]),
+            ..Default::default()
+        }
+    }
+
+    /// Metadata of an object ownerReferences cannot reach (another namespace or cluster).
+    fn unowned_meta(&self, name: &str, namespace: Option<&str>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: namespace.map(str::to_owned),
+            labels: Some(self.labels()),
+            ..Default::default()
+        }
+    }
+
+    fn secs(d: std::time::Duration) -> i64 {
+        i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    /// The self-signed CA that signs the server and every client certificate.
+    pub fn ca_certificate(&self) -> DiscoveryServiceCertificate {
+        let spec = DiscoveryServiceCertificateSpec {
+            common_name: format!("marin3r-ca-{}", self.name),
+            server: None,
+            is_ca: Some(true),
+            valid_for: Self::secs(self.spec.ca_duration),
+            hosts: None,
+            signer: Signer {
+                self_signed: Some(SelfSigned {}),
+                ca_signed: None,
+            },
+            secret_ref: SecretReference {
+                name: self.spec.ca_secret.clone(),
+                namespace: Some(self.namespace.clone()),
+            },
+            certificate_renewal: None,
+            key_algorithm: None,
+        };
+        let mut dsc = DiscoveryServiceCertificate::new(self.ca_name(), spec);
+        dsc.metadata = self.owned_meta(self.ca_name());
+        dsc
+    }
+
+    fn ca_signer(&self) -> Signer {
+        Signer {
+            self_signed: None,
+            ca_signed: Some(CaSigned {
+                ca_secret_ref: SecretReference {
+                    name: self.spec.ca_secret.clone(),
+                    namespace: Some(self.namespace.clone()),
+                },
+            }),
+        }
+    }
+
+    /// The discovery pod's certificate for xDS and the webhook: every Service DNS form.
+    pub fn server_certificate(&self) -> DiscoveryServiceCertificate {
+        let hosts = self.server_hosts();
+        let spec = DiscoveryServiceCertificateSpec {
+            common_name: hosts[2].clone(),
+            server: Some(true),
+            is_ca: None,
+            valid_for: Self::secs(self.spec.server_duration),
+            hosts: Some(hosts),
+            signer: self.ca_signer(),
+            secret_ref: SecretReference {
+                name: self.spec.server_secret.clone(),
+                namespace: Some(self.namespace.clone()),
+            },
+            certificate_renewal: None,
+            key_algorithm: None,
+        };
+        let mut dsc = DiscoveryServiceCertificate::new(self.server_name(), spec);
+        dsc.metadata = self.owned_meta(self.server_name());
+        dsc
+    }
+
+    /// The sidecars' client certificate of one enabled namespace. The resource lives (owned)
+    /// beside the CA; its Secret is written into the enabled namespace.
+    pub fn client_certificate(&self, namespace: &str) -> DiscoveryServiceCertificate {
+        let id = marin3r_certs::spiffe_id(TRUST_DOMAIN, namespace);
+        let spec = DiscoveryServiceCertificateSpec {
+            common_name: format!("envoy-sidecar.{namespace}"),
+            server: Some(false),
+            is_ca: None,
+            valid_for: Self::secs(self.spec.client_duration),
+            hosts: Some(vec![id]),
+            signer: self.ca_signer(),
+            secret_ref: SecretReference {
+                name: DEFAULT_CLIENT_CERTIFICATE.into(),
+                namespace: Some(namespace.to_owned()),
+            },
+            certificate_renewal: None,
+            key_algorithm: None,
+        };
+        let name = self.client_certificate_name(namespace);
+        let mut dsc = DiscoveryServiceCertificate::new(&name, spec);
+        dsc.metadata = self.owned_meta(&name);
+        dsc.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(CLIENT_NAMESPACE_LABEL.into(), namespace.to_owned());
+        dsc
+    }
+
+    /// The shared bootstrap of the sidecars in `namespace` (see `crate::bootstrap`).
+    pub fn bootstrap_config_map(&self, namespace: &str) -> Result<ConfigMap, BootstrapError> {
+        let bootstrap = render(&BootstrapOptions::new(self.xds_host(), self.spec.xds_port))?;
+        let data = bootstrap
+            .files()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Ok(ConfigMap {
+            metadata: self.unowned_meta(DEFAULT_BOOTSTRAP_CONFIG_MAP, Some(namespace)),
+            data: Some(data),
+            ..Default::default()
+        })
+    }
+
+    pub fn service_account(&self) -> ServiceAccount {
+        ServiceAccount {
+            metadata: self.owned_meta(&self.owned_name()),
+            ..Default::default()
+        }
+    }
+
+    /// What the discovery pod may do. Cluster-wide because it watches every namespace that
+    /// carries its label: namespaces (to find them), EnvoyConfigs and their revisions (it
+    /// owns the revisions and writes both statuses), Secrets read-only (SDS secrets and their
+    /// changes), and Events.
+    pub fn cluster_role(&self) -> ClusterRole {
+        let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
+            api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+            resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+            verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        };
+        let read = ["get", "list", "watch"];
+        ClusterRole {
+            metadata: self.unowned_meta(&self.cluster_name(), None),
+            rules: Some(vec![
+                rule(&[""], &["namespaces"], &read),
+                rule(&[""], &["secrets"], &read),
+                rule(
+                    &["marin3r.3scale.net"],
+                    &["envoyconfigs"],
+                    &["get", "list", "watch", "update", "patch"],
+                ),
+                rule(
+                    &["marin3r.3scale.net"],
+                    &["envoyconfigrevisions"],
+                    &[
+                        "get", "list", "watch", "create", "update", "patch", "delete",
+                    ],
+                ),
+                rule(
+                    &["marin3r.3scale.net"],
+                    &["envoyconfigs/status", "envoyconfigrevisions/status"],
+                    &["get", "update", "patch"],
+                ),
+                rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+            ]),
+            ..Default::default()
+        }
+    }
+
+    pub fn cluster_role_binding(&self) -> ClusterRoleBinding {
+        ClusterRoleBinding {
+            metadata: self.unowned_meta(&self.cluster_name(), None),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "ClusterRole".into(),
+                name: self.cluster_name(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: self.owned_name(),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            }]),
+        }
+    }
+
+    pub fn service(&self) -> Service {
+        let port = |name: &str, port: u16, target: u16| ServicePort {
+            name: Some(name.into()),
+            port: i32::from(port),
+            target_port: Some(IntOrString::Int(i32::from(target))),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        };
+        let (type_, cluster_ip) = match self.spec.service_type.as_str() {
+            "Headless" => (Some("ClusterIP".to_owned()), Some("None".to_owned())),
+            other => (Some(other.to_owned()), None),
+        };
+        Service {
+            metadata: self.owned_meta(&self.spec.service_name),
+            spec: Some(ServiceSpec {
+                type_,
+                cluster_ip,
+                selector: Some(self.selector_labels()),
+                ports: Some(vec![
+                    port("xds", self.spec.xds_port, self.spec.xds_port),
+                    port("webhook", 443, self.spec.webhook_port),
+                    port("metrics", self.spec.metrics_port, self.spec.metrics_port),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The discovery pod. `server_cert_hash` is the server certificate's hash: a new
+    /// certificate changes the pod template and so rolls the pod, one ready before the old
+    /// one stops (`maxUnavailable: 0` and the readiness probe).
+    pub fn deployment(&self, server_cert_hash: &str) -> Deployment {
+        let s = self.spec;
+        let mut args: Vec<String> = vec![
+            "discovery-service".into(),
+            format!("--xds-port={}", s.xds_port),
+            format!("--metrics-port={}", s.metrics_port),
+            format!("--webhook-port={}", s.webhook_port),
+            format!("--server-cert-dir={SERVER_CERT_DIR}"),
+            format!("--discovery-service-name={}", self.name),
+        ];
+        if s.debug {
+            args.push("--debug".into());
+        }
+        let field_env = |name: &str, path: &str| EnvVar {
+            name: name.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let port = |name: &str, port: u16| ContainerPort {
+            name: Some(name.into()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        };
+        let probe = |path: &str, initial: i32, period: i32, failures: i32| Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some(path.into()),
+                port: IntOrString::Int(i32::from(s.metrics_port)),
+                scheme: Some("HTTP".into()),
+                ..Default::default()
+            }),
+            initial_delay_seconds: Some(initial),
+            period_seconds: Some(period),
+            failure_threshold: Some(failures),
+            timeout_seconds: Some(1),
+            ..Default::default()
+        };
+        let mut pod_labels = self.selector_labels();
+        pod_labels.insert(SERVER_CERT_HASH_LABEL.into(), server_cert_hash.to_owned());
+        let container = Container {
+            name: CONTAINER_NAME.into(),
+            image: Some(s.image.clone()),
+            args: Some(args),
+            env: Some(vec![
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]),
+            ports: Some(vec![
+                port("xds", s.xds_port),
+                port("webhook", s.webhook_port),
+                port("metrics", s.metrics_port),
+            ]),
+            readiness_probe: Some(probe("/readyz", 0, 2, 3)),
+            liveness_probe: Some(probe("/healthz", 30, 10, 6)),
+            resources: s.resources.clone(),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "server-cert".into(),
+                mount_path: SERVER_CERT_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        Deployment {
+            metadata: self.owned_meta(&self.owned_name()),
+            spec: DeploymentSpec {
+                replicas: Some(1),
+                selector: LabelSelector {
+                    match_labels: Some(self.selector_labels()),
+                    ..Default::default()
+                },
+                strategy: Some(DeploymentStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    rolling_update: Some(RollingUpdateDeployment {
+                        max_unavailable: Some(IntOrString::Int(0)),
+                        max_surge: Some(IntOrString::Int(1)),
+                    }),
+                }),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        labels: Some(pod_labels),
+                        ..Default::default()
+                    }),
+                    spec: Some(PodSpec {
+                        service_account_name: Some(self.owned_name()),
+                        containers: vec![container],
+                        volumes: Some(vec![Volume {
+                            name: "server-cert".into(),
+                            secret: Some(SecretVolumeSource {
+                                secret_name: Some(s.server_secret.clone()),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                },
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// The injection webhook: pods labelled `status=enabled`, created in a namespace labelled
+    /// for this discovery service, are sent to the discovery pod.
+    pub fn webhook_configuration(&self, ca_pem: &str) -> MutatingWebhookConfiguration {
+        let selector = |key: &str, value: &str| LabelSelector {
+            match_labels: Some(BTreeMap::from([(key.to_owned(), value.to_owned())])),
+            ..Default::default()
+        };
+        MutatingWebhookConfiguration {
+            metadata: self.unowned_meta(&self.cluster_name(), None),
+            webhooks: Some(vec![MutatingWebhook {
+                name: format!(
+                    "{}.{}.sidecar-injector.marin3r.3scale.net",
+                    self.name, self.namespace
+                ),
+                admission_review_versions: vec!["v1".into()],
+                client_config: WebhookClientConfig {
+                    ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
+                    service: Some(ServiceReference {
+                        name: self.spec.service_name.clone(),
+                        namespace: self.namespace.clone(),
+                        path: Some(WEBHOOK_PATH.into()),
+                        port: Some(443),
+                    }),
+                    url: None,
+                },
+                failure_policy: Some(WEBHOOK_FAILURE_POLICY.into()),
+                match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(selector(DISCOVERY_SERVICE_LABEL, &self.name)),
+                object_selector: Some(selector(STATUS_LABEL, "enabled")),
+                reinvocation_policy: Some("Never".into()),
+                rules: Some(vec![RuleWithOperations {
+                    api_groups: Some(vec!["".into()]),
+                    api_versions: Some(vec!["v1".into()]),
+                    operations: Some(vec!["CREATE".into()]),
+                    resources: Some(vec!["pods".into()]),
+                    scope: Some("Namespaced".into()),
+                }]),
+                side_effects: "None".into(),
+                timeout_seconds: Some(WEBHOOK_TIMEOUT_SECONDS),
+                ..Default::default()
+            }]),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "build_tests.rs"]
+mod tests;

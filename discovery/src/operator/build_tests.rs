@@ -1,0 +1,284 @@
+use super::*;
+use crate::api::discovery_service::DiscoveryService;
+
+fn ds(spec: serde_json::Value) -> DiscoveryService {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+        "kind": "DiscoveryService",
+        "metadata": {"name": "instance", "namespace": "ops", "uid": "u-1"},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn with<T>(spec: serde_json::Value, f: impl FnOnce(&Children<'_>) -> T) -> T {
+    let ds = ds(spec);
+    let resolved = ds.resolve("marin3r:test").unwrap();
+    f(&Children::new(&ds, &resolved))
+}
+
+#[test]
+fn the_server_certificate_covers_every_service_name_and_is_signed_by_the_ca() {
+    let (ca, server) = with(serde_json::json!({}), |c| {
+        (c.ca_certificate(), c.server_certificate())
+    });
+    let ca_valid = ca.spec.validate("ops").unwrap();
+    assert!(ca_valid.request.is_ca);
+    assert_eq!(ca_valid.ca_secret, None);
+    assert_eq!(
+        ca_valid.secret,
+        ("ops".into(), "marin3r-ca-cert-instance".into())
+    );
+    let valid = server.spec.validate("ops").unwrap();
+    assert_eq!(
+        valid.request.hosts,
+        [
+            "marin3r-instance",
+            "marin3r-instance.ops",
+            "marin3r-instance.ops.svc",
+            "marin3r-instance.ops.svc.cluster.local"
+        ]
+    );
+    assert_eq!(valid.request.usage, marin3r_certs::Usage::Server);
+    assert_eq!(
+        valid.ca_secret,
+        Some(("ops".into(), "marin3r-ca-cert-instance".into()))
+    );
+    assert_eq!(
+        valid.secret,
+        ("ops".into(), "marin3r-server-cert-instance".into())
+    );
+    assert_eq!(
+        valid.request.valid_for,
+        std::time::Duration::from_secs(2160 * 3600)
+    );
+    for dsc in [&ca, &server] {
+        let owner = &dsc.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("DiscoveryService", "u-1")
+        );
+        assert_eq!(dsc.labels()[OWNER_NAME_LABEL], "instance");
+    }
+}
+
+#[test]
+fn a_client_certificate_carries_its_namespace_and_lands_there() {
+    let dsc = with(
+        serde_json::json!({"pkiConfig": {"clientCertificate": {"duration": "90s"}}}),
+        |c| c.client_certificate("team-a"),
+    );
+    assert_eq!(dsc.metadata.namespace.as_deref(), Some("ops"));
+    assert_eq!(dsc.labels()[CLIENT_NAMESPACE_LABEL], "team-a");
+    let valid = dsc.spec.validate("ops").unwrap();
+    assert_eq!(valid.request.hosts, ["spiffe://cluster.local/ns/team-a"]);
+    assert_eq!(valid.request.usage, marin3r_certs::Usage::Client);
+    assert_eq!(
+        valid.secret,
+        ("team-a".into(), "envoy-sidecar-client-cert".into())
+    );
+    assert_eq!(valid.request.valid_for, std::time::Duration::from_secs(90));
+    // An issued certificate's identity is the namespace the xDS server reads.
+    let ca = marin3r_certs::issue_self_signed(&marin3r_certs::CertificateRequest {
+        is_ca: true,
+        ..marin3r_certs::CertificateRequest::new(
+            "ca",
+            marin3r_certs::Usage::Client,
+            std::time::Duration::from_secs(600),
+        )
+    })
+    .unwrap();
+    let ca = marin3r_certs::CertificateAuthority::from_pem(&ca.cert_pem, &ca.key_pem).unwrap();
+    let issued = ca.issue(&valid.request).unwrap();
+    let info = marin3r_certs::CertificateInfo::from_pem(&issued.cert_pem).unwrap();
+    assert!(
+        format!("{info:?}").contains("spiffe://cluster.local/ns/team-a"),
+        "{info:?}"
+    );
+}
+
+#[test]
+fn the_bootstrap_dials_the_service_name_in_the_server_certificate() {
+    let (cm, hosts) = with(serde_json::json!({"xdsServerPort": 18555}), |c| {
+        (c.bootstrap_config_map("team-a").unwrap(), c.server_hosts())
+    });
+    assert_eq!(cm.metadata.name.as_deref(), Some("envoy-sidecar-bootstrap"));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("team-a"));
+    assert!(cm.metadata.owner_references.is_none());
+    assert_eq!(cm.labels()[OWNER_NAMESPACE_LABEL], "ops");
+    let data = cm.data.unwrap();
+    let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "config.json",
+            "tls_certificate_sds_secret.json",
+            "validation_context_sds_secret.json"
+        ]
+    );
+    let config: serde_json::Value = serde_json::from_str(&data["config.json"]).unwrap();
+    let addr = &config["static_resources"]["clusters"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        [0]["endpoint"]["address"]["socket_address"];
+    assert_eq!(addr["address"], "marin3r-instance.ops.svc");
+    assert_eq!(addr["port_value"], 18555);
+    assert!(hosts.contains(&"marin3r-instance.ops.svc".to_owned()));
+}
+
+#[test]
+fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
+    let d = with(
+        serde_json::json!({"debug": true, "webhookPort": 9443}),
+        |c| c.deployment("abc123"),
+    );
+    let spec = d.spec;
+    let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(0)));
+    let template = spec.template;
+    let labels = template.metadata.unwrap().labels.unwrap();
+    assert_eq!(labels[SERVER_CERT_HASH_LABEL], "abc123");
+    for (k, v) in spec.selector.match_labels.unwrap() {
+        assert_eq!(labels[&k], v, "the selector matches the template");
+    }
+    let pod = template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("marin3r-instance")
+    );
+    let c = &pod.containers[0];
+    assert_eq!(c.image.as_deref(), Some("marin3r:test"));
+    assert_eq!(
+        c.args.as_ref().unwrap(),
+        &[
+            "discovery-service",
+            "--xds-port=18000",
+            "--metrics-port=8383",
+            "--webhook-port=9443",
+            "--server-cert-dir=/etc/marin3r/tls/server",
+            "--discovery-service-name=instance",
+            "--debug"
+        ]
+    );
+    let readiness = c
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(readiness.path.as_deref(), Some("/readyz"));
+    assert_eq!(readiness.port, IntOrString::Int(8383));
+    assert_eq!(
+        c.volume_mounts.as_ref().unwrap()[0].mount_path,
+        SERVER_CERT_DIR
+    );
+    let volume = &pod.volumes.unwrap()[0];
+    assert_eq!(
+        volume.secret.as_ref().unwrap().secret_name.as_deref(),
+        Some("marin3r-server-cert-instance")
+    );
+}
+
+#[test]
+fn the_service_exposes_the_webhook_on_443() {
+    let svc = with(
+        serde_json::json!({"webhookPort": 9443, "serviceConfig": {"name": "xds", "type": "Headless"}}),
+        |c| c.service(),
+    );
+    assert_eq!(svc.metadata.name.as_deref(), Some("xds"));
+    let spec = svc.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    let ports: Vec<(String, i32, IntOrString)> = spec
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name.unwrap(), p.port, p.target_port.unwrap()))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            ("xds".into(), 18000, IntOrString::Int(18000)),
+            ("webhook".into(), 443, IntOrString::Int(9443)),
+            ("metrics".into(), 8383, IntOrString::Int(8383)),
+        ]
+    );
+}
+
+#[test]
+fn the_webhook_trusts_the_ca_and_selects_labelled_pods_in_served_namespaces() {
+    let (hook, name) = with(serde_json::json!({}), |c| {
+        (c.webhook_configuration("PEM"), c.cluster_name())
+    });
+    assert_eq!(name, "marin3r-ops-instance");
+    assert!(hook.metadata.owner_references.is_none());
+    assert_eq!(hook.labels()[OWNER_NAMESPACE_LABEL], "ops");
+    let w = &hook.webhooks.unwrap()[0];
+    assert_eq!(w.client_config.ca_bundle.as_ref().unwrap().0, b"PEM");
+    let svc = w.client_config.service.as_ref().unwrap();
+    assert_eq!(
+        (
+            svc.name.as_str(),
+            svc.namespace.as_str(),
+            svc.path.as_deref(),
+            svc.port
+        ),
+        ("marin3r-instance", "ops", Some("/pod-v1-mutate"), Some(443))
+    );
+    assert_eq!(
+        w.namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()[DISCOVERY_SERVICE_LABEL],
+        "instance"
+    );
+    assert_eq!(
+        w.object_selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()[STATUS_LABEL],
+        "enabled"
+    );
+    let rule = &w.rules.as_ref().unwrap()[0];
+    assert_eq!(rule.operations.as_deref(), Some(&["CREATE".to_owned()][..]));
+    assert_eq!(rule.resources.as_deref(), Some(&["pods".to_owned()][..]));
+    assert_eq!(w.side_effects, "None");
+    assert_eq!(w.admission_review_versions, ["v1"]);
+    assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(w.timeout_seconds, Some(WEBHOOK_TIMEOUT_SECONDS));
+}
+
+#[test]
+fn cluster_rbac_is_bound_to_the_service_account_only() {
+    let (role, binding) = with(serde_json::json!({}), |c| {
+        (c.cluster_role(), c.cluster_role_binding())
+    });
+    assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "marin3r-instance", Some("ops"))
+    );
+    let rules = role.rules.unwrap();
+    let secrets = rules
+        .iter()
+        .find(|r| {
+            r.resources
+                .as_ref()
+                .unwrap()
+                .contains(&"secrets".to_owned())
+        })
+        .unwrap();
+    assert_eq!(
+        secrets.verbs,
+        ["get", "list", "watch"],
+        "Secrets are read-only"
+    );
+    assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_owned())));
+}

@@ -1,0 +1,209 @@
+//! `marin3r discovery-service` as a process against the local cluster's API server (through a
+//! kubeconfig): it starts, `/readyz` turns ready once its servers listen and its controllers
+//! synced, an Envoy gets its namespace's EnvoyConfig through it, EnvoyConfigs of namespaces
+//! not labelled for it are left alone, and SIGTERM stops it cleanly.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Api, CustomResourceExt};
+use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
+use marin3r_discovery::bootstrap::AdsMode;
+use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
+use marin3r_e2e::envoy::get_body;
+use serde_json::json;
+use support::{Pki, Proxy, free_port, wait_for};
+
+/// The discovery service process; killed on drop if the test did not stop it.
+struct Process(Option<Child>);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+const RUNTIME: &str = "name: runtime\nlayer: { marin3r.test: 1 }\n";
+
+fn spec(port: u16, body: &str) -> serde_json::Value {
+    let listener = format!(
+        r#"name: http
+address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+filter_chains:
+  - filters:
+    - name: envoy.filters.network.http_connection_manager
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+        stat_prefix: ingress
+        route_config:
+          virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+                - match: {{ prefix: "/" }}
+                  direct_response: {{ status: 200, body: {{ inline_string: "{body}" }} }}
+        http_filters:
+        - name: envoy.filters.http.router
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
+    );
+    json!({
+        "nodeID": "sidecar",
+        "serialization": "yaml",
+        "envoyResources": {
+            "listeners": [{"name": "http", "value": listener}],
+            "runtimes": [{"name": "runtime", "value": RUNTIME}],
+        }
+    })
+}
+
+#[test]
+fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (api, client) = rt.block_on(async {
+        let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+        let client = api.kube_client().await.unwrap();
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in [EnvoyConfig::crd(), EnvoyConfigRevision::crd()] {
+            let name = crd.metadata.name.clone().unwrap();
+            crds.create(&PostParams::default(), &crd).await.unwrap();
+            let established =
+                await_condition(crds.clone(), &name, conditions::is_crd_established());
+            tokio::time::timeout(Duration::from_secs(10), established)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        let nss: Api<Namespace> = Api::all(client.clone());
+        for (ns, labels) in [
+            (
+                "served",
+                json!({"marin3r.3scale.net/discovery-service": "ds"}),
+            ),
+            ("ignored", json!({})),
+        ] {
+            let ns: Namespace =
+                serde_json::from_value(json!({"metadata": {"name": ns, "labels": labels}}))
+                    .unwrap();
+            nss.create(&PostParams::default(), &ns).await.unwrap();
+        }
+        (api, client)
+    });
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let pki = Pki::new();
+    let certs = dir.path().join("server-cert");
+    std::fs::create_dir(&certs).unwrap();
+    std::fs::write(certs.join("tls.crt"), &pki.server.cert_pem).unwrap();
+    std::fs::write(certs.join("tls.key"), &pki.server.key_pem).unwrap();
+    std::fs::write(certs.join("ca.crt"), pki.ca_pem()).unwrap();
+    let (xds, metrics, webhook) = (free_port(), free_port(), free_port());
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["discovery-service", "--server-cert-dir"])
+        .arg(&certs)
+        .args(["--xds-port", &xds.to_string()])
+        .args(["--metrics-port", &metrics.to_string()])
+        .args(["--webhook-port", &webhook.to_string()])
+        .args([
+            "--discovery-service-name",
+            "ds",
+            "--bind-address",
+            "127.0.0.1",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let mut process = Process(Some(child));
+    let log = || std::fs::read_to_string(dir.path().join("log")).unwrap_or_default();
+
+    let readyz = format!("http://127.0.0.1:{metrics}/readyz");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get_body(&readyz).ok().as_deref() != Some("ready\n") {
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never turned ready: {:?}\n{}",
+            get_body(&readyz),
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let port = free_port();
+    for ns in ["ignored", "served"] {
+        let body = json!({
+            "apiVersion": "marin3r.3scale.net/v1alpha1",
+            "kind": "EnvoyConfig",
+            "metadata": {"name": "cfg", "namespace": ns},
+            "spec": spec(port, ns),
+        });
+        let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), ns);
+        rt.block_on(configs.patch("cfg", &PatchParams::apply("test"), &Patch::Apply(body)))
+            .unwrap();
+    }
+    let served: Api<EnvoyConfig> = Api::namespaced(client.clone(), "served");
+    wait_for(
+        "the served config to be InSync",
+        Duration::from_secs(20),
+        || {
+            let ec = rt.block_on(served.get("cfg")).unwrap();
+            (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
+        },
+    );
+    let proxy = Proxy::start_on(
+        xds,
+        &pki.client(Some("served")),
+        "sidecar",
+        "sidecar-pod",
+        AdsMode::Delta,
+    );
+    proxy.wait_for_body(port, "served");
+    let ignored: Api<EnvoyConfig> = Api::namespaced(client.clone(), "ignored");
+    let ec = rt.block_on(ignored.get("cfg")).unwrap();
+    assert!(ec.status.is_none(), "{:?}", ec.status);
+
+    // SIGTERM: a clean exit.
+    let mut child = process.0.take().unwrap();
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no exit after SIGTERM\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    drop(proxy);
+    assert!(status.success(), "{status:?}\n{}", log());
+}
