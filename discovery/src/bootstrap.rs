@@ -171,6 +171,10 @@ pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
     let xds_cluster = json!({
         "name": XDS_CLUSTER,
         "type": if host_ip.is_some() { "STATIC" } else { "STRICT_DNS" },
+        // IPv4 first: with Envoy's default (AUTO) a name that /etc/hosts maps to an IPv4
+        // address only is still looked up as AAAA in DNS first, and with no DNS server
+        // reachable Envoy never connects. IPv6-only clusters still resolve (AAAA fallback).
+        "dns_lookup_family": "V4_PREFERRED",
         "connect_timeout": "2s",
         "load_assignment": {
             "cluster_name": XDS_CLUSTER,
@@ -221,7 +225,12 @@ pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
             "lds_config": ads,
         },
         "layered_runtime": { "layers": [
-            { "name": "runtime", "rtds_layer": { "name": "runtime", "rtds_config": ads } },
+            // A namespace rarely defines the runtime layer, and Envoy holds its start-up until
+            // the layer arrives or the initial fetch times out (15 s by default; 0 would wait
+            // forever): wait 1 s, a runtime that comes later is still applied.
+            { "name": "runtime", "rtds_layer": { "name": "runtime", "rtds_config": {
+                "ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "1s",
+            }}},
         ]},
         "static_resources": { "clusters": [xds_cluster] },
     });

@@ -43,6 +43,9 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
 
     let mut images = ImageMap::discover();
     if let Some(path) = &args.marin3r {
+        // Pods run in their own folders: the path must not be relative.
+        let path =
+            std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?;
         images = images.with_marin3r(path);
     }
     let marin3r = images
@@ -99,8 +102,8 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
             "\nThe cluster keeps running. Look around:\n\
              \x20 export KUBECONFIG={kc}\n\
              \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
-             \x20 kubectl describe envoyconfig hello -n demo\n\
-             \x20 kubectl logs -n demo deployment/hello -c envoy-sidecar\n\
+             \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
+             \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
              \x20 {m} proxy-status --url http://<discovery pod IP>:8383\n\
              (kubectl get pods -A -o wide shows the IPs). Container logs: {logs}\n\
              Press Ctrl-C to stop.",

@@ -10,19 +10,20 @@ use anyhow::{Context, bail};
 use crate::kubectl::Kubectl;
 
 pub const INSTALL: &str = "kubectl apply -k manifests/";
-pub const APPLY_DISCOVERY_SERVICE: &str = "kubectl apply -f docs/examples/discoveryservice.yaml";
+pub const APPLY_DISCOVERY_SERVICE: &str =
+    "kubectl apply -f manifests/examples/discoveryservice.yaml";
 pub const LABEL_NAMESPACE: &str =
     "kubectl label namespace demo marin3r.3scale.net/discovery-service=instance";
-pub const APPLY_ENVOY_CONFIG: &str = "kubectl apply -f docs/examples/envoyconfig.yaml";
-pub const APPLY_DEPLOYMENT: &str = "kubectl apply -f docs/examples/deployment.yaml";
+pub const APPLY_ENVOY_CONFIG: &str = "kubectl apply -f manifests/examples/envoyconfig.yaml";
+pub const APPLY_DEPLOYMENT: &str = "kubectl apply -f manifests/examples/deployment.yaml";
 pub const GET_CONFIGS: &str = "kubectl get envoyconfigs,envoyconfigrevisions -n demo";
-pub const DESCRIBE_CONFIG: &str = "kubectl describe envoyconfig hello -n demo";
-pub const APPLY_CERTIFICATE: &str = "kubectl apply -f docs/examples/certificate.yaml";
+pub const DESCRIBE_CONFIG: &str = "kubectl describe envoyconfig demo-proxy -n demo";
+pub const APPLY_CERTIFICATE: &str = "kubectl apply -f manifests/examples/certificate.yaml";
 pub const GET_CERTIFICATES: &str = "kubectl get dsc -A";
-pub const CERTIFICATE_STATUS: &str = "marin3r certs status hello-cert -n demo";
-pub const RENEW: &str = "marin3r certs renew hello-cert -n demo";
+pub const CERTIFICATE_STATUS: &str = "marin3r certs status example-server -n demo";
+pub const RENEW: &str = "marin3r certs renew example-server -n demo";
 pub const RENEW_BY_ANNOTATION: &str =
-    "kubectl annotate dsc hello-cert -n demo marin3r.3scale.net/renew=now --overwrite";
+    "kubectl annotate dsc example-server -n demo marin3r.3scale.net/renew=now --overwrite";
 
 /// Every command above.
 pub const ALL: &[&str] = &[

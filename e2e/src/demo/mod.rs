@@ -1,5 +1,5 @@
 //! The quick start behind `hack/demo`: on the local cluster, install `manifests/`, create a
-//! DiscoveryService, an EnvoyConfig and an annotated Deployment from `docs/examples/`, and
+//! DiscoveryService, an EnvoyConfig and an annotated Deployment from `manifests/examples/`, and
 //! narrate each step of the story as the Kubernetes API and the proxies show it happening.
 
 pub mod commands;
@@ -23,16 +23,17 @@ pub use narrate::{Narrator, wait_for};
 
 /// The files the story applies, relative to the repository (the same ones the user guide
 /// shows).
-pub const DISCOVERY_SERVICE: &str = "docs/examples/discoveryservice.yaml";
-pub const ENVOY_CONFIG: &str = "docs/examples/envoyconfig.yaml";
+pub const DISCOVERY_SERVICE: &str = "manifests/examples/discoveryservice.yaml";
+pub const ENVOY_CONFIG: &str = "manifests/examples/envoyconfig.yaml";
 pub const REJECTED_CONFIG: &str = "docs/examples/envoyconfig-rejected.yaml";
 
 /// The body the first config answers with, and the one the update switches to.
-pub const FIRST_BODY: &str = "Hello from marin3r\n";
-pub const UPDATED_BODY: &str = "Hello again from marin3r\n";
+pub const FIRST_BODY: &str = "hello from marin3r";
+pub const UPDATED_BODY: &str = "hello again from marin3r";
 
 const NAMESPACE: &str = "demo";
-const NODE_ID: &str = "hello";
+const NODE_ID: &str = "demo-proxy";
+const APP_LABEL: &str = "app=demo";
 const SIDECAR: &str = "envoy-sidecar";
 const LISTENER_PORT: u16 = 8080;
 const METRICS_PORT: u16 = 8383;
@@ -129,7 +130,7 @@ impl Demo {
 
         let enabled = n
             .step(
-                "labelling namespace demo; waiting until it is enabled",
+                "enabling namespace demo (enabledNamespaces, and the label); waiting for it",
                 async {
                     self.doc(commands::LABEL_NAMESPACE).await?;
                     wait_for("namespace demo enabled", t, || async {
@@ -152,11 +153,11 @@ impl Demo {
         let configs: Api<EnvoyConfig> = Api::namespaced(self.client.clone(), NAMESPACE);
         let Some(first_version) = n
             .step(
-                "applying the EnvoyConfig demo/hello; waiting until InSync",
+                "applying the EnvoyConfig demo/demo-proxy; waiting until InSync",
                 async {
                     self.doc(commands::APPLY_ENVOY_CONFIG).await?;
                     let v = wait_for("cacheState InSync", t, || async {
-                        in_sync_version(&configs.get("hello").await?)
+                        in_sync_version(&configs.get(NODE_ID).await?)
                     })
                     .await?;
                     Ok((v.clone(), format!("published version {v}")))
@@ -173,10 +174,8 @@ impl Demo {
                 async {
                     self.doc(commands::APPLY_DEPLOYMENT).await?;
                     let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
-                    let pod = wait_for("a pod of app=hello with the sidecar", t, || async {
-                        let list = pods
-                            .list(&ListParams::default().labels("app=hello"))
-                            .await?;
+                    let pod = wait_for("a pod of app=demo with the sidecar", t, || async {
+                        let list = pods.list(&ListParams::default().labels(APP_LABEL)).await?;
                         Ok(list.items.into_iter().find(has_sidecar))
                     })
                     .await?;
@@ -236,15 +235,13 @@ impl Demo {
             .step(
                 "updating the EnvoyConfig; waiting for Envoy to serve it",
                 async {
-                    let text = self
-                        .file(ENVOY_CONFIG)?
-                        .replace(&escaped(FIRST_BODY), &escaped(UPDATED_BODY));
-                    if !text.contains(&escaped(UPDATED_BODY)) {
+                    let text = self.file(ENVOY_CONFIG)?.replace(FIRST_BODY, UPDATED_BODY);
+                    if !text.contains(UPDATED_BODY) {
                         bail!("{ENVOY_CONFIG} no longer holds the body {FIRST_BODY:?}");
                     }
                     self.apply(&text).await?;
                     let v = wait_for("a new version InSync", t, || async {
-                        let v = in_sync_version(&configs.get("hello").await?)?;
+                        let v = in_sync_version(&configs.get(NODE_ID).await?)?;
                         Ok(v.filter(|v| *v != first_version))
                     })
                     .await?;
@@ -268,7 +265,7 @@ impl Demo {
             async {
                 self.apply(&self.file(REJECTED_CONFIG)?).await?;
                 let nack = wait_for("cacheState Rollback", t, || async {
-                    let ec = configs.get("hello").await?;
+                    let ec = configs.get(NODE_ID).await?;
                     let status = ec.status.unwrap_or_default();
                     Ok((status.cache_state.as_deref() == Some("Rollback"))
                         .then(|| status.last_nack_message.unwrap_or_default()))
@@ -299,19 +296,19 @@ impl Demo {
         let t = self.step_timeout;
         let api: Api<DiscoveryServiceCertificate> = Api::namespaced(self.client.clone(), NAMESPACE);
         let hash = || async {
-            let dsc = api.get("hello-cert").await?;
+            let dsc = api.get("example-server").await?;
             let status = dsc.status.unwrap_or_default();
             if status.ready != Some(true) {
-                bail!("hello-cert not ready yet");
+                bail!("example-server not ready yet");
             }
             Ok(status.certificate_hash)
         };
         let Some(first) = n
             .step(
-                "issuing a certificate of your own (docs/examples/certificate.yaml)",
+                "issuing a certificate of your own (manifests/examples/certificate.yaml)",
                 async {
                     self.doc(commands::APPLY_CERTIFICATE).await?;
-                    let h = wait_for("hello-cert Ready", t, hash).await?;
+                    let h = wait_for("example-server Ready", t, hash).await?;
                     let out = self.doc(commands::CERTIFICATE_STATUS).await?;
                     Narrator::show(&format!("$ {}", commands::CERTIFICATE_STATUS));
                     Narrator::show(&out);
@@ -380,11 +377,6 @@ impl Demo {
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
-}
-
-/// `"a\n"` as it is written inside the YAML example (`"a\\n"`).
-fn escaped(body: &str) -> String {
-    body.replace('\n', "\\n")
 }
 
 async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
@@ -532,7 +524,7 @@ async fn get(url: &str) -> anyhow::Result<Option<String>> {
 pub fn find_repo(start: &Path) -> anyhow::Result<PathBuf> {
     start
         .ancestors()
-        .find(|d| d.join("manifests").is_dir() && d.join("docs/examples").is_dir())
+        .find(|d| d.join("manifests/examples").is_dir() && d.join("docs/examples").is_dir())
         .map(Path::to_path_buf)
         .with_context(|| {
             format!(
@@ -550,9 +542,10 @@ mod tests {
     fn the_update_changes_the_body_the_example_holds() {
         let repo = find_repo(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap();
         let text = std::fs::read_to_string(repo.join(ENVOY_CONFIG)).unwrap();
-        assert!(text.contains(&escaped(FIRST_BODY)));
+        assert!(text.contains(FIRST_BODY));
+        assert!(text.contains(&format!("nodeID: {NODE_ID}\n")));
         let rejected = std::fs::read_to_string(repo.join(REJECTED_CONFIG)).unwrap();
-        assert!(rejected.contains("name: hello\n"));
+        assert!(rejected.contains(&format!("name: {NODE_ID}\n")));
     }
 
     #[test]
