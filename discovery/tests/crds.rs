@@ -73,3 +73,107 @@ fn the_certificate_crd_has_the_original_names_and_columns() {
     assert_eq!(props["validFor"]["minimum"].as_f64(), Some(1.0));
     assert_eq!(props["signer"]["maxProperties"], 1);
 }
+
+/// A structural schema may not put `additionalProperties` beside `properties`; the API server
+/// refuses such a CRD.
+fn assert_structural(path: &str, schema: &serde_json::Value) {
+    if let Some(map) = schema.as_object() {
+        assert!(
+            !(map.contains_key("properties") && map.contains_key("additionalProperties")),
+            "{path} has both properties and additionalProperties"
+        );
+        for (key, child) in map {
+            assert_structural(&format!("{path}.{key}"), child);
+        }
+    } else if let Some(list) = schema.as_array() {
+        for (i, child) in list.iter().enumerate() {
+            assert_structural(&format!("{path}[{i}]"), child);
+        }
+    }
+}
+
+#[test]
+fn the_envoy_config_crds_have_the_original_names_columns_and_fields() {
+    let all = crds::all();
+    let find = |kind: &str| all.iter().find(|c| c.spec.names.kind == kind).unwrap();
+    for (kind, short, columns) in [
+        (
+            "EnvoyConfig",
+            "ec",
+            &[
+                "Node ID",
+                "Envoy API",
+                "Desired Version",
+                "Published Version",
+                "Cache State",
+            ][..],
+        ),
+        (
+            "EnvoyConfigRevision",
+            "ecr",
+            &[
+                "Node ID",
+                "Envoy API",
+                "Version",
+                "Published",
+                "Created At",
+                "Last Published At",
+                "Tainted",
+            ][..],
+        ),
+    ] {
+        let crd = find(kind);
+        assert_eq!(crd.spec.group, "marin3r.3scale.net");
+        assert_eq!(crd.spec.names.short_names, Some(vec![short.to_owned()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert!(version.subresources.as_ref().unwrap().status.is_some());
+        let names: Vec<&str> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, columns);
+        let schema = serde_json::to_value(&version.schema).unwrap();
+        assert_structural(kind, &schema);
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for field in ["nodeID", "serialization", "envoyAPI", "envoyResources"] {
+            assert!(spec.get(field).is_some(), "{kind} spec lacks {field}");
+        }
+        let resources = &spec["envoyResources"]["properties"];
+        for field in [
+            "endpoints",
+            "clusters",
+            "routes",
+            "scopedRoutes",
+            "listeners",
+            "runtimes",
+            "runtime",
+            "secrets",
+            "extensionConfigs",
+        ] {
+            assert!(
+                resources.get(field).is_some(),
+                "{kind} envoyResources lacks {field}"
+            );
+        }
+        let secret = &resources["secrets"]["items"]["properties"];
+        assert!(secret["ref"]["properties"].get("namespace").is_some());
+    }
+    let status = serde_json::to_value(&find("EnvoyConfig").spec.versions[0].schema).unwrap();
+    let status = &status["openAPIV3Schema"]["properties"]["status"]["properties"];
+    for field in [
+        "cacheState",
+        "publishedVersion",
+        "desiredVersion",
+        "conditions",
+        "revisions",
+        "lastNackMessage",
+    ] {
+        assert!(
+            status.get(field).is_some(),
+            "EnvoyConfig status lacks {field}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! `marin3r discovery-service` as a process against the local cluster's API server (through a
 //! kubeconfig): it starts, `/readyz` turns ready once its servers listen and its controllers
 //! synced, an Envoy gets its namespace's EnvoyConfig through it, EnvoyConfigs of namespaces
-//! not labelled for it are left alone, and SIGTERM stops it cleanly.
+//! not labelled for it are left alone until the label is added, the webhook answers on the same
+//! certificate, and SIGTERM stops it cleanly.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -20,6 +21,7 @@ use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use marin3r_e2e::envoy::get_body;
 use serde_json::json;
+use support::plane::pem_der;
 use support::{Pki, Proxy, free_port, wait_for};
 
 /// The discovery service process; killed on drop if the test did not stop it.
@@ -182,6 +184,38 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     let ec = rt.block_on(ignored.get("cfg")).unwrap();
     assert!(ec.status.is_none(), "{:?}", ec.status);
 
+    // Labelling the namespace for this discovery service takes effect without touching the
+    // config.
+    let nss: Api<Namespace> = Api::all(client.clone());
+    let label = json!({"metadata": {"labels": {"marin3r.3scale.net/discovery-service": "ds"}}});
+    rt.block_on(nss.patch("ignored", &PatchParams::default(), &Patch::Merge(label)))
+        .unwrap();
+    wait_for(
+        "the newly labelled namespace's config to be InSync",
+        Duration::from_secs(20),
+        || {
+            let ec = rt.block_on(ignored.get("cfg")).unwrap();
+            (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
+        },
+    );
+
+    // The controllers' metrics are on the metrics port with the xDS server's.
+    let metrics_text = get_body(&format!("http://127.0.0.1:{metrics}/metrics")).unwrap();
+    for sample in [
+        r#"marin3r_controller_reconciles_total{controller="envoyconfig",result="ok"}"#,
+        "marin3r_xds_connected_proxies",
+        "marin3r_webhook_admission_duration_seconds_count",
+    ] {
+        assert!(
+            metrics_text.contains(sample),
+            "{sample} missing:\n{metrics_text}"
+        );
+    }
+
+    // The webhook answers over TLS with the same server certificate.
+    let presented = webhook_certificate(&rt, webhook, pki.ca_pem());
+    assert_eq!(presented, pem_der(&pki.server.cert_pem));
+
     // SIGTERM: a clean exit.
     let mut child = process.0.take().unwrap();
     let pid = child.id().to_string();
@@ -206,4 +240,67 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     };
     drop(proxy);
     assert!(status.success(), "{status:?}\n{}", log());
+}
+
+/// The certificate the webhook presents, after checking it answers `/healthz` with 200.
+fn webhook_certificate(rt: &tokio::runtime::Runtime, port: u16, ca_pem: &str) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pem_der(ca_pem).into()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        tls.read_to_string(&mut response).await.unwrap_or_default();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    })
+}
+
+#[test]
+fn a_missing_server_certificate_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n\
+         users: [{name: u, user: {}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n\
+         current-context: x\n",
+    )
+    .unwrap();
+    let missing = dir.path().join("no-such-dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["discovery-service", "--server-cert-dir"])
+        .arg(&missing)
+        .args([
+            "--xds-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--webhook-port",
+            "0",
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--server-cert-dir") && stderr.contains("no-such-dir"),
+        "{stderr}"
+    );
 }

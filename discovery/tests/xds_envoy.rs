@@ -366,3 +366,199 @@ fn sotw_envoy_reconnects_to_a_restarted_server_and_takes_an_older_version() {
 fn delta_envoy_reconnects_to_a_restarted_server_and_takes_an_older_version() {
     reconnects_to_a_restarted_server(AdsMode::Delta);
 }
+
+#[test]
+fn envoy_with_a_foreign_or_namespace_less_certificate_gets_nothing() {
+    let pki = Pki::new();
+    let server = XdsServer::start(&pki);
+    let port = free_port();
+    server.cache.set_snapshot(
+        NS,
+        NODE,
+        snapshot(direct_response_config(
+            port.into(),
+            "secret",
+            ListenerFlaw::None,
+        )),
+    );
+    let day = Duration::from_secs(86_400);
+    let other =
+        marin3r_certs::issue_self_signed(&marin3r_certs::CertificateRequest::ca("other-ca", day))
+            .unwrap();
+    let other = marin3r_certs::CertificateAuthority::from_issued(&other).unwrap();
+    let mut foreign = other
+        .issue(
+            &marin3r_certs::CertificateRequest::new("envoy", marin3r_certs::Usage::Client, day)
+                .with_hosts([marin3r_certs::spiffe_id("cluster.local", NS)]),
+        )
+        .unwrap();
+    // The proxy trusts the right server CA; only its own certificate is wrong.
+    foreign.ca_pem = pki.ca_pem().to_owned();
+    for (client, reason) in [
+        (foreign, "UntrustedClientCertificate"),
+        (pki.client(None), "NoNamespaceIdentity"),
+    ] {
+        let proxy = Proxy::start_with(&server, &client, NODE, POD, AdsMode::Delta, Some("1s"));
+        let sample = format!(r#"marin3r_xds_refused_connections_total{{reason="{reason}"}}"#);
+        wait_for(
+            &format!("a refusal for {reason}"),
+            Duration::from_secs(10),
+            || (server.metric(&sample) >= 1.0).then_some(()),
+        );
+        assert_eq!(proxy.stat("cluster_manager.cds.update_success"), 0);
+        assert_eq!(proxy.stat("listener_manager.total_listeners_active"), 0);
+        assert!(server.sync_status().proxies.is_empty());
+    }
+}
+
+/// A user's EnvoyConfig, as the controllers will handle it: converted by
+/// `convert::validate_config` (plus the referenced TLS Secret), put into the cache, served to a
+/// real Envoy: the listener answers, the certificate arrives by SDS over ADS, the runtime
+/// layer is loaded.
+#[test]
+fn a_converted_envoyconfig_reaches_envoy_over_ads_including_sds_and_rtds() {
+    let port = free_port();
+    let tls_port = free_port();
+    let spec = format!(
+        r#"
+nodeID: {NODE}
+serialization: yaml
+envoyResources:
+  secrets:
+    - name: server-cert
+      ref: {{ name: server-cert-secret }}
+  listeners:
+    - value: |
+        name: http
+        address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+        filter_chains:
+          - filters:
+              - name: envoy.filters.network.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                  stat_prefix: http
+                  route_config:
+                    virtual_hosts:
+                      - name: all
+                        domains: ["*"]
+                        routes:
+                          - match: {{ prefix: "/" }}
+                            direct_response: {{ status: 200, body: {{ inline_string: "from an EnvoyConfig" }} }}
+                  http_filters:
+                    - name: envoy.filters.http.router
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+    - value: |
+        name: https
+        address: {{ socket_address: {{ address: 127.0.0.1, port_value: {tls_port} }} }}
+        filter_chains:
+          - transport_socket:
+              name: envoy.transport_sockets.tls
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+                common_tls_context:
+                  tls_certificate_sds_secret_configs:
+                    - name: server-cert
+                      sds_config: {{ ads: {{}}, resource_api_version: V3 }}
+            filters:
+              - name: envoy.filters.network.tcp_proxy
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+                  stat_prefix: https
+                  cluster: backend
+  clusters:
+    - value: |
+        name: backend
+        connect_timeout: 1s
+        type: STATIC
+        load_assignment:
+          cluster_name: backend
+          endpoints:
+            - lb_endpoints:
+                - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }} }}
+  runtimes:
+    - value: |
+        name: runtime
+        layer:
+          marin3r.test_key: converted
+"#
+    );
+    let spec: marin3r_discovery::api::EnvoyConfigSpec = serde_yaml::from_str(&spec).unwrap();
+    let mut resources = marin3r_discovery::convert::validate_config(&spec)
+        .unwrap_or_else(|errors| panic!("{errors:?}"));
+    let pki = Pki::new();
+    let served = pki
+        .ca
+        .issue(
+            &marin3r_certs::CertificateRequest::new(
+                "served-by-sds",
+                marin3r_certs::Usage::Server,
+                Duration::from_secs(3600),
+            )
+            .with_hosts(["localhost"]),
+        )
+        .unwrap();
+    resources.push(
+        marin3r_discovery::convert::tls_secret(
+            "server-cert",
+            served.cert_pem.as_bytes(),
+            served.key_pem.as_bytes(),
+        )
+        .unwrap(),
+    );
+
+    let server = XdsServer::start(&pki);
+    server.cache.set_snapshot(NS, NODE, snapshot(resources));
+    let proxy = Proxy::start(
+        &server,
+        &pki.client(Some(NS)),
+        NODE,
+        POD,
+        AdsMode::StateOfTheWorld,
+    );
+    proxy.wait_for_body(port, "from an EnvoyConfig");
+    wait_for(
+        "the TLS listener with its SDS secret",
+        Duration::from_secs(10),
+        || (proxy.stat("listener_manager.total_listeners_active") == 2).then_some(()),
+    );
+    let certs = proxy.envoy.admin_get("/certs").unwrap();
+    assert!(certs.contains(&envoy_serial(&served)), "{certs}");
+    let runtime = proxy.envoy.admin_get("/runtime").unwrap();
+    assert!(
+        runtime.contains("marin3r.test_key") && runtime.contains("converted"),
+        "{runtime}"
+    );
+    let status = server.sync_status();
+    let types = &status.proxies[0].types;
+    for kind in ["listeners", "clusters", "secrets", "runtimes"] {
+        let t = &types[kind];
+        assert!(
+            t.acked_version.is_some() && t.acked_version == t.sent_version,
+            "{kind}: {t:?}"
+        );
+    }
+}
+
+/// The bootstrap subscribes to the runtime layer `runtime`; a configuration without one must
+/// not leave Envoy waiting for it (its initial-fetch timeout) before it starts.
+#[test]
+fn a_configuration_without_a_runtime_layer_does_not_hold_up_envoy() {
+    for mode in [AdsMode::StateOfTheWorld, AdsMode::Delta] {
+        let pki = Pki::new();
+        let server = XdsServer::start(&pki);
+        let port = free_port();
+        let resources: Vec<_> =
+            direct_response_config(port.into(), "no runtime", ListenerFlaw::None)
+                .into_iter()
+                .filter(|r| r.kind != ResourceType::Runtime)
+                .collect();
+        server.cache.set_snapshot(NS, NODE, snapshot(resources));
+        let proxy = Proxy::start(&server, &pki.client(Some(NS)), NODE, POD, mode);
+        proxy.wait_for_body(port, "no runtime");
+        // Envoy got the (empty) layer: it did not start because its wait timed out.
+        assert_eq!(proxy.stat("runtime.init_fetch_timeout"), 0, "{mode:?}");
+        assert!(proxy.stat("runtime.update_success") >= 1, "{mode:?}");
+        assert_eq!(proxy.stat("runtime.update_rejected"), 0, "{mode:?}");
+    }
+}

@@ -8,17 +8,16 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource};
+use kube::runtime::reflector::Store;
 use serde_json::json;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+
+use crate::tasks::{AbortOnDrop, watch_into_store};
 
 use crate::kubelet::sync::merge_diff;
 
@@ -211,42 +210,9 @@ pub fn plan(deployment: &Deployment, owned: &[&Pod], previous: Option<&Deploymen
     out
 }
 
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The running controller; stops when dropped.
 pub struct DeploymentController {
     _tasks: Vec<AbortOnDrop>,
-}
-
-fn watch<K>(api: Api<K>, trigger: Arc<Notify>, tasks: &mut Vec<AbortOnDrop>) -> Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
-        .default_backoff();
-    tasks.push(AbortOnDrop(tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => trigger.notify_one(),
-                Err(e) => tracing::warn!("deployment controller watch: {e}"),
-            }
-        }
-    })));
-    reader
 }
 
 /// Pods created but not yet seen in the cache, so a slow cache does not double them.
@@ -256,9 +222,18 @@ impl DeploymentController {
     pub async fn start(client: Client) -> anyhow::Result<Self> {
         let trigger = Arc::new(Notify::new());
         let mut tasks = Vec::new();
-        let deployments: Store<Deployment> =
-            watch(Api::all(client.clone()), trigger.clone(), &mut tasks);
-        let pods: Store<Pod> = watch(Api::all(client.clone()), trigger.clone(), &mut tasks);
+        let deployments: Store<Deployment> = watch_into_store(
+            Api::all(client.clone()),
+            trigger.clone(),
+            &mut tasks,
+            "deployment controller",
+        );
+        let pods: Store<Pod> = watch_into_store(
+            Api::all(client.clone()),
+            trigger.clone(),
+            &mut tasks,
+            "deployment controller",
+        );
         tokio::time::timeout(Duration::from_secs(30), async {
             deployments.wait_until_ready().await?;
             pods.wait_until_ready().await

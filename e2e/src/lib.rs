@@ -10,5 +10,6 @@ pub mod deployments;
 pub mod envoy;
 pub mod kubectl;
 pub mod kubelet;
+pub mod tasks;
 pub mod tools;
 pub mod xds;

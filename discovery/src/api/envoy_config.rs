@@ -199,9 +199,22 @@ pub struct EnvoyResource {
 pub struct EnvoySecretResource {
     /// The name Envoy asks for (`tls_certificate_sds_secret_configs[].name`).
     pub name: String,
-    /// The Kubernetes Secret holding `tls.crt` and `tls.key`.
-    #[serde(rename = "ref")]
-    pub secret_ref: SecretReference,
+    /// The Kubernetes Secret holding `tls.crt` and `tls.key`. Without it, as in the original
+    /// MARIN3R, the Secret named `name` in the config's namespace.
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretReference>,
+}
+
+impl EnvoySecretResource {
+    /// The name of the Kubernetes Secret to read.
+    pub fn secret_name(&self) -> &str {
+        self.secret_ref.as_ref().map_or(&self.name, |r| &r.name)
+    }
+
+    /// The namespace of the Kubernetes Secret, when the reference names one.
+    pub fn secret_namespace(&self) -> Option<&str> {
+        self.secret_ref.as_ref()?.namespace.as_deref()
+    }
 }
 
 /// A Kubernetes Secret by name; the namespace defaults to the config's own.

@@ -2,7 +2,7 @@
 //! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics, health and
 //! sync-status HTTP server, and the sidecar injection webhook, on one server certificate.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +38,7 @@ pub struct DiscoveryServiceArgs {
     #[arg(long, value_name = "NAME")]
     discovery_service_name: Option<String>,
     /// Address to listen on.
-    #[arg(long, default_value_t = IpAddr::V6(Ipv6Addr::UNSPECIFIED))]
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
     /// Debug logging.
     #[arg(long)]
@@ -67,9 +67,18 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on the webhook port {}", args.webhook_port))?;
 
     let tls = TlsFiles::in_dir(&args.server_cert_dir);
+    // Refuse to start, naming the folder, rather than fail later inside a server task.
+    crate::xds::server_config(&tls).with_context(|| {
+        format!(
+            "the server certificate in {} (--server-cert-dir)",
+            args.server_cert_dir.display()
+        )
+    })?;
     let webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
     let mut registry = Registry::default();
     webhook.metrics.register(&mut registry);
+    let controller_metrics = controllers::ControllerMetrics::default();
+    controller_metrics.register(&mut registry);
 
     let readiness = Readiness::default();
     let webhook_ready = Arc::new(AtomicBool::new(false));
@@ -94,6 +103,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         }
     };
     let config = controllers::Config {
+        metrics: controller_metrics,
         discovery_service: args.discovery_service_name.clone(),
         allow_cross_namespace_secrets: false,
     };

@@ -5,13 +5,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, info, warn};
@@ -42,22 +42,48 @@ pub(crate) async fn run(
         watcher::Config::default(),
     );
     let store = controller.store();
-    tokio::spawn(super::mark_ready(store, ready));
+    tokio::spawn(super::mark_ready(store.clone(), ready));
+    // Labelling a namespace for this discovery service (or removing the label) takes effect
+    // at once.
+    let controller = if ctx.config.discovery_service.is_some() {
+        controller.watches(
+            Api::<Namespace>::all(ctx.client.clone()),
+            watcher::Config::default(),
+            move |ns: Namespace| {
+                let name = ns.name_any();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|ec| ec.namespace().as_deref() == Some(name.as_str()))
+                    .map(|ec| ObjectRef::from_obj(&*ec))
+                    .collect::<Vec<_>>()
+            },
+        )
+    } else {
+        controller
+    };
     controller
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(envoyconfig = %obj, "reconciled"),
-                Err(err) => debug!(error = %err, "reconcile failed"),
+        .run(reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|result| {
+            ctx.metrics.reconciled("envoyconfig", result.is_ok());
+            async move {
+                match result {
+                    Ok((obj, _)) => debug!(envoyconfig = %obj, "reconciled"),
+                    Err(err) => debug!(error = %err, "reconcile failed"),
+                }
             }
         })
         .await;
 }
 
 fn error_policy(ec: Arc<EnvoyConfig>, err: &Error, _: Arc<Context>) -> Action {
-    warn!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), error = %err, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    if err.is_conflict() {
+        debug!(envoyconfig = %ec.name_any(), error = %err, "write conflict; retrying");
+    } else {
+        warn!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), error = %err, "reconcile failed; retrying");
+    }
+    Action::requeue(super::retry_after(err))
 }
 
 /// Why a spec cannot be published: every problem, each naming its field path.
@@ -67,19 +93,14 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
         Err(errors) => errors.iter().map(ToString::to_string).collect(),
     };
     for (i, secret) in spec.envoy_resources.secrets.iter().enumerate() {
-        if let Some(ns) = &secret.secret_ref.namespace
+        if let Some(ns) = secret.secret_namespace()
             && ns != namespace
             && !cross_namespace
         {
             out.push(format!(
                 "spec.envoyResources.secrets[{i}].ref.namespace: Secret {ns}/{} is in another \
                  namespace; only Secrets of namespace {namespace} may be referenced",
-                secret.secret_ref.name
-            ));
-        }
-        if secret.secret_ref.name.is_empty() {
-            out.push(format!(
-                "spec.envoyResources.secrets[{i}].ref.name: must not be empty"
+                secret.secret_name()
             ));
         }
     }
@@ -107,18 +128,20 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
             "version {version} is invalid and was not published: {}",
             problems.join("; ")
         );
-        if set_condition(
+        let changed = set_condition(
             &mut status.conditions,
             CACHE_OUT_OF_SYNC,
             true,
             "InvalidSpec",
             &message,
             generation,
-        ) {
+        );
+        // The status write fails on a stale read, so an event follows only a real change.
+        write_status(&ctx, &ec, status).await?;
+        if changed {
             ctx.publish(&*ec, EventType::Warning, "InvalidSpec", &message)
                 .await;
         }
-        write_status(&ctx, &ec, status).await?;
         return Ok(Action::await_change());
     }
 
@@ -154,7 +177,10 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     for r in mine.iter().filter(|r| r.spec.version == plan.publish) {
         set_published(&api, r, true).await?;
     }
-    for r in mine.iter().filter(|r| r.spec.version != plan.publish) {
+    for r in mine
+        .iter()
+        .filter(|r| r.spec.version != plan.publish && !plan.delete.contains(&r.spec.version))
+    {
         set_published(&api, r, false).await?;
     }
     for v in &plan.delete {
@@ -176,27 +202,8 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
         .iter()
         .find(|r| r.spec.version == version)
         .and_then(|r| r.taint_message().map(str::to_owned));
-    let (out_of_sync, reason, message) = match plan.cache_state {
-        CacheState::InSync => (false, "InSync", format!("version {version} is published")),
-        CacheState::Rollback => (
-            true,
-            "Rollback",
-            format!(
-                "Envoy rejected version {version}; rolled back to version {}: {}",
-                plan.publish,
-                nack.as_deref().unwrap_or("")
-            ),
-        ),
-        CacheState::RollbackFailed => (
-            true,
-            "RollbackFailed",
-            format!(
-                "Envoy rejected version {version} and no earlier revision is untainted; it \
-                 stays published until the spec is fixed: {}",
-                nack.as_deref().unwrap_or("")
-            ),
-        ),
-    };
+    let (out_of_sync, reason, message) =
+        cache_condition(plan.cache_state, &version, &plan.publish, nack.as_deref());
     set_condition(
         &mut status.conditions,
         CACHE_OUT_OF_SYNC,
@@ -224,6 +231,7 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     );
     status.last_nack_message = nack;
     let state = plan.cache_state.as_str();
+    write_status(&ctx, &ec, status).await?;
     if previous_state.as_deref() != Some(state) {
         let type_ = if plan.cache_state == CacheState::InSync {
             EventType::Normal
@@ -231,10 +239,40 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
             EventType::Warning
         };
         info!(envoyconfig = %ec.name_any(), namespace = %ns, published = %plan.publish, %state, "cache state changed");
+        ctx.metrics
+            .cache_state_changes
+            .get_or_create(&super::metrics::StateLabels { state })
+            .inc();
         ctx.publish(&*ec, type_, state, &message).await;
     }
-    write_status(&ctx, &ec, status).await?;
     Ok(Action::await_change())
+}
+
+/// The `CacheOutOfSync` condition (status, reason, message) for a cache state: why the
+/// desired version is not what proxies get, with Envoy's words when it rejected it.
+pub fn cache_condition(
+    state: CacheState,
+    desired: &str,
+    published: &str,
+    nack: Option<&str>,
+) -> (bool, &'static str, String) {
+    let why = nack.map(|m| format!(": {m}")).unwrap_or_default();
+    match state {
+        CacheState::InSync => (false, "InSync", format!("version {desired} is published")),
+        CacheState::Rollback => (
+            true,
+            "Rollback",
+            format!("Envoy rejected version {desired}; rolled back to version {published}{why}"),
+        ),
+        CacheState::RollbackFailed => (
+            true,
+            "RollbackFailed",
+            format!(
+                "Envoy rejected version {desired} and no earlier revision is untainted; it stays \
+                 published until the spec is fixed{why}"
+            ),
+        ),
+    }
 }
 
 fn revision_ref(
@@ -310,7 +348,7 @@ async fn set_published(
         message,
         revision.metadata.generation,
     );
-    let patch = status_patch(&status, &[])?;
+    let patch = status_patch(&status, &[], revision.metadata.resource_version.as_deref())?;
     api.patch_status(
         &revision.name_any(),
         &PatchParams::apply(super::FIELD_MANAGER),
@@ -344,6 +382,7 @@ async fn write_status(
     let patch = status_patch(
         &status,
         &["cacheState", "publishedVersion", "lastNackMessage"],
+        ec.metadata.resource_version.as_deref(),
     )?;
     api.patch_status(
         &ec.name_any(),
@@ -367,10 +406,10 @@ mod tests {
         };
         spec.envoy_resources.secrets.push(EnvoySecretResource {
             name: "cert".into(),
-            secret_ref: SecretReference {
+            secret_ref: Some(SecretReference {
                 name: "s".into(),
                 namespace: Some("other".into()),
-            },
+            }),
         });
         let p = problems(&spec, "mine", false);
         assert_eq!(p.len(), 1, "{p:?}");
@@ -379,8 +418,31 @@ mod tests {
             "{p:?}"
         );
         assert!(problems(&spec, "mine", true).is_empty());
-        spec.envoy_resources.secrets[0].secret_ref.namespace = Some("mine".into());
+        spec.envoy_resources.secrets[0]
+            .secret_ref
+            .as_mut()
+            .unwrap()
+            .namespace = Some("mine".into());
         assert!(problems(&spec, "mine", false).is_empty());
+    }
+
+    #[test]
+    fn the_cache_condition_says_what_is_served_and_why() {
+        let (out, reason, msg) = cache_condition(CacheState::InSync, "b", "b", None);
+        assert_eq!(
+            (out, reason, msg.as_str()),
+            (false, "InSync", "version b is published")
+        );
+        let (out, reason, msg) =
+            cache_condition(CacheState::Rollback, "b", "a", Some("router must be last"));
+        assert_eq!((out, reason), (true, "Rollback"));
+        assert_eq!(
+            msg,
+            "Envoy rejected version b; rolled back to version a: router must be last"
+        );
+        let (out, reason, msg) = cache_condition(CacheState::RollbackFailed, "b", "b", Some("x"));
+        assert_eq!((out, reason), (true, "RollbackFailed"));
+        assert!(msg.ends_with("until the spec is fixed: x"), "{msg}");
     }
 
     #[test]

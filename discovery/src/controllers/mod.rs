@@ -3,6 +3,7 @@
 //! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
 
 pub mod envoy_config;
+pub mod metrics;
 pub mod nacks;
 pub mod publisher;
 pub mod revision;
@@ -19,6 +20,7 @@ use tracing::warn;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::xds::{Cache, NackEvent};
+pub use metrics::ControllerMetrics;
 pub use publisher::Publisher;
 
 const FIELD_MANAGER: &str = "marin3r-discovery-service";
@@ -34,6 +36,8 @@ pub enum Error {
 /// What the controllers serve.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
+    /// Where the controllers count their work; register it with the process's registry.
+    pub metrics: ControllerMetrics,
     /// Serve only `EnvoyConfig`s in namespaces labelled
     /// `marin3r.3scale.net/discovery-service=<name>`; `None`: every namespace.
     pub discovery_service: Option<String>,
@@ -48,6 +52,7 @@ pub(crate) struct Context {
     pub recorder: Recorder,
     pub config: Config,
     pub publisher: Publisher,
+    pub metrics: ControllerMetrics,
 }
 
 impl Context {
@@ -141,6 +146,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
+        metrics: config.metrics.clone(),
         config,
         publisher: Publisher::new(cache),
     });
@@ -206,10 +212,14 @@ pub(crate) fn now() -> Time {
 }
 
 /// A status as a merge patch that also removes the optional fields it leaves unset (a plain
-/// merge patch of a struct with skipped `None`s would keep their old values).
+/// merge patch of a struct with skipped `None`s would keep their old values). The patch
+/// carries the resource version it was computed from: several writers share a revision's
+/// conditions (publisher, loader, NACK consumer), and a list in a merge patch replaces the
+/// whole list, so a write based on a stale read must fail with a conflict and be redone.
 pub(crate) fn status_patch<S: serde::Serialize>(
     status: &S,
     optional: &[&str],
+    resource_version: Option<&str>,
 ) -> Result<serde_json::Value, Error> {
     let mut value = serde_json::to_value(status)?;
     if let Some(map) = value.as_object_mut() {
@@ -217,5 +227,25 @@ pub(crate) fn status_patch<S: serde::Serialize>(
             map.entry(*key).or_insert(serde_json::Value::Null);
         }
     }
-    Ok(serde_json::json!({ "status": value }))
+    let mut patch = serde_json::json!({ "status": value });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    Ok(patch)
+}
+
+impl Error {
+    /// A write lost a race with another writer; retry soon with a fresh read.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Kube(kube::Error::Api(e)) if e.code == 409)
+    }
+}
+
+/// How long a failed reconcile waits: a conflict is retried at once, anything else later.
+pub(crate) fn retry_after(err: &Error) -> std::time::Duration {
+    if err.is_conflict() {
+        std::time::Duration::from_millis(100)
+    } else {
+        std::time::Duration::from_secs(5)
+    }
 }

@@ -73,10 +73,15 @@ async fn taint(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
     api.patch_status(
         &revision.name_any(),
         &PatchParams::apply(super::FIELD_MANAGER),
-        &Patch::Merge(status_patch(&status, &[])?),
+        &Patch::Merge(status_patch(
+            &status,
+            &[],
+            revision.metadata.resource_version.as_deref(),
+        )?),
     )
     .await?;
     info!(revision = %revision.name_any(), namespace = %nack.namespace, %message, "tainted");
+    ctx.metrics.taints.inc();
     ctx.publish(&revision, EventType::Warning, "RevisionTainted", &message)
         .await;
     Ok(())

@@ -17,6 +17,8 @@ const HISTORY: usize = 16;
 pub struct Load {
     /// The `EnvoyConfigRevision`'s name.
     pub revision: String,
+    /// Its uid: a revision deleted and created again under the same name is another one.
+    pub uid: String,
     /// Its version (`spec.version`).
     pub version: String,
     /// The per-type versions of the snapshot, as Envoy sees them.
@@ -53,11 +55,19 @@ impl Publisher {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Serves `snapshot` to `key` on behalf of `revision`; returns whether the proxies get
-    /// anything new.
-    pub fn load(&self, key: &NodeKey, revision: &str, version: &str, snapshot: Snapshot) -> bool {
+    /// Serves `snapshot` to `key` on behalf of revision `revision` (`uid`); returns whether
+    /// the proxies get anything new.
+    pub fn load(
+        &self,
+        key: &NodeKey,
+        revision: &str,
+        uid: &str,
+        version: &str,
+        snapshot: Snapshot,
+    ) -> bool {
         let load = Load {
             revision: revision.to_owned(),
+            uid: uid.to_owned(),
             version: version.to_owned(),
             types: snapshot
                 .versions()
@@ -79,18 +89,15 @@ impl Publisher {
             .set_snapshot(key.namespace.clone(), key.node_id.clone(), snapshot)
     }
 
-    /// Stops serving `key` if `revision` is what it serves (an unpublished or deleted revision
-    /// never clears what another revision of the same node published). Returns whether it did.
-    pub fn unload(&self, key: &NodeKey, revision: &str) -> bool {
+    /// Stops serving `key` if the revision with `uid` is what it serves (an unpublished or
+    /// deleted revision never clears what another revision of the same node published, nor
+    /// what a revision re-created under its name loaded). Returns whether it did.
+    pub fn unload(&self, key: &NodeKey, uid: &str) -> bool {
         let mut entries = self.lock();
         let Some(entry) = entries.get_mut(key) else {
             return false;
         };
-        if entry
-            .current
-            .as_ref()
-            .is_none_or(|l| l.revision != revision)
-        {
+        if entry.current.as_ref().is_none_or(|l| l.uid != uid) {
             return false;
         }
         entry.current = None;
@@ -103,11 +110,11 @@ impl Publisher {
         self.lock().get(key).and_then(|e| e.current.clone())
     }
 
-    /// Every key served, with its revision.
+    /// Every key served, with the uid of its revision.
     pub fn served(&self) -> Vec<(NodeKey, String)> {
         self.lock()
             .iter()
-            .filter_map(|(k, e)| Some((k.clone(), e.current.as_ref()?.revision.clone())))
+            .filter_map(|(k, e)| Some((k.clone(), e.current.as_ref()?.uid.clone())))
             .collect()
     }
 
@@ -172,11 +179,14 @@ mod tests {
     fn only_the_serving_revision_clears_its_key() {
         let p = Publisher::new(Cache::new());
         let key = NodeKey::new("ns", "node");
-        assert!(p.load(&key, "node-a", "a", runtime("a")));
-        assert!(p.load(&key, "node-b", "b", runtime("b")));
-        assert!(!p.unload(&key, "node-a"));
+        assert!(p.load(&key, "node-a", "uid-a", "a", runtime("a")));
+        assert!(p.load(&key, "node-b", "uid-b", "b", runtime("b")));
+        assert!(!p.unload(&key, "uid-a"));
         assert!(p.cache().snapshot("ns", "node").is_some());
-        assert!(p.unload(&key, "node-b"));
+        // The same name re-created (another uid) is not cleared by the old one's deletion.
+        assert!(!p.load(&key, "node-b", "uid-b2", "b", runtime("b")));
+        assert!(!p.unload(&key, "uid-b"));
+        assert!(p.unload(&key, "uid-b2"));
         assert!(p.cache().snapshot("ns", "node").is_none());
         assert!(p.current(&key).is_none());
     }
@@ -187,8 +197,8 @@ mod tests {
         let key = NodeKey::new("ns", "node");
         let (a, b) = (runtime("a"), runtime("b"));
         let (nack_a, nack_b) = (nack(&a), nack(&b));
-        p.load(&key, "node-a", "a", a);
-        p.load(&key, "node-b", "b", b);
+        p.load(&key, "node-a", "uid-a", "a", a);
+        p.load(&key, "node-b", "uid-b", "b", b);
         assert_eq!(p.revision_of(&nack_b).unwrap().revision, "node-b");
         // A late NACK of the older snapshot still names its revision.
         assert_eq!(p.revision_of(&nack_a).unwrap().revision, "node-a");

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -42,6 +42,24 @@ pub(crate) async fn run(
     let store = controller.store();
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
     tokio::spawn(super::mark_ready(store.clone(), ready));
+    let controller = if ctx.config.discovery_service.is_some() {
+        let store = store.clone();
+        controller.watches(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+            move |ns: Namespace| {
+                let name = ns.name_any();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|r| r.namespace().as_deref() == Some(name.as_str()))
+                    .map(|r| ObjectRef::from_obj(&*r))
+                    .collect::<Vec<_>>()
+            },
+        )
+    } else {
+        controller
+    };
     controller
         .watches(
             Api::<Secret>::all(client),
@@ -61,11 +79,14 @@ pub(crate) async fn run(
             },
         )
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => debug!(revision = %obj, "reconciled"),
-                Err(err) => debug!(error = %err, "reconcile failed"),
+        .run(reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(|result| {
+            ctx.metrics.reconciled("revision", result.is_ok());
+            async move {
+                match result {
+                    Ok((obj, _)) => debug!(revision = %obj, "reconciled"),
+                    Err(err) => debug!(error = %err, "reconcile failed"),
+                }
             }
         })
         .await;
@@ -77,11 +98,8 @@ fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)
     let own = r.namespace().unwrap_or_default();
     r.spec.envoy_resources.secrets.iter().map(move |s| {
         (
-            s.secret_ref
-                .namespace
-                .clone()
-                .unwrap_or_else(|| own.clone()),
-            s.secret_ref.name.clone(),
+            s.secret_namespace().unwrap_or(&own).to_owned(),
+            s.secret_name().to_owned(),
         )
     })
 }
@@ -91,28 +109,37 @@ fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
 }
 
 fn error_policy(r: Arc<EnvoyConfigRevision>, err: &Error, _: Arc<Context>) -> Action {
-    warn!(revision = %r.name_any(), namespace = ?r.namespace(), error = %err, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    if err.is_conflict() {
+        debug!(revision = %r.name_any(), error = %err, "write conflict; retrying");
+    } else {
+        warn!(revision = %r.name_any(), namespace = ?r.namespace(), error = %err, "reconcile failed; retrying");
+    }
+    Action::requeue(super::retry_after(err))
 }
 
 async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = key_of(&r);
     let name = r.name_any();
+    let uid = r.uid().unwrap_or_default();
     if !r.is_published() || r.metadata.deletion_timestamp.is_some() {
-        if ctx.publisher.unload(&key, &name) {
+        if ctx.publisher.unload(&key, &uid) {
             info!(revision = %name, node = %key, "unpublished; no longer served");
         }
         return Ok(Action::await_change());
     }
     if !ctx.serves(&key.namespace).await? {
-        ctx.publisher.unload(&key, &name);
+        ctx.publisher.unload(&key, &uid);
         return Ok(Action::await_change());
     }
     let mut status = r.status.clone().unwrap_or_default();
     let generation = r.metadata.generation;
+    let mut failure = None;
     let action = match load(&r, &ctx).await? {
         Ok((snapshot, secrets_version)) => {
-            if ctx.publisher.load(&key, &name, &r.spec.version, snapshot) {
+            if ctx
+                .publisher
+                .load(&key, &name, &uid, &r.spec.version, snapshot)
+            {
                 info!(revision = %name, node = %key, secrets = %secrets_version, "loaded into the xDS cache");
             }
             set_condition(
@@ -139,8 +166,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
                 &message,
                 generation,
             ) {
-                ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)
-                    .await;
+                failure = Some(message.clone());
             }
             warn!(revision = %name, %message, "cannot load revision");
             Action::requeue(LOAD_RETRY)
@@ -148,13 +174,18 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     };
     if r.status.as_ref() != Some(&status) {
         let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
-        let patch = status_patch(&status, &[])?;
+        let patch = status_patch(&status, &[], r.metadata.resource_version.as_deref())?;
         api.patch_status(
             &name,
             &PatchParams::apply(super::FIELD_MANAGER),
             &Patch::Merge(patch),
         )
         .await?;
+    }
+    // After the write, which fails on a stale read: one event per new problem.
+    if let Some(message) = failure {
+        ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)
+            .await;
     }
     Ok(action)
 }
@@ -175,29 +206,26 @@ async fn load(
     let own = r.namespace().unwrap_or_default();
     let mut hasher = Sha256::new();
     for (i, s) in r.spec.envoy_resources.secrets.iter().enumerate() {
-        let ns = s
-            .secret_ref
-            .namespace
-            .clone()
-            .unwrap_or_else(|| own.clone());
+        let ns = s.secret_namespace().unwrap_or(&own).to_owned();
+        let secret_name = s.secret_name();
         let path = format!("spec.envoyResources.secrets[{i}]");
         if ns != own && !ctx.config.allow_cross_namespace_secrets {
             return Ok(Err(format!(
                 "{path}.ref: Secret {ns}/{} is in another namespace; only Secrets of namespace {own} may be referenced",
-                s.secret_ref.name
+                secret_name
             )));
         }
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-        let Some(secret) = api.get_opt(&s.secret_ref.name).await? else {
+        let Some(secret) = api.get_opt(secret_name).await? else {
             return Ok(Err(format!(
                 "{path}.ref: Secret {ns}/{} not found",
-                s.secret_ref.name
+                secret_name
             )));
         };
         if secret.type_.as_deref() != Some("kubernetes.io/tls") {
             return Ok(Err(format!(
                 "{path}.ref: Secret {ns}/{} is of type {:?}, not kubernetes.io/tls",
-                s.secret_ref.name,
+                secret_name,
                 secret.type_.as_deref().unwrap_or("Opaque")
             )));
         }
@@ -210,10 +238,7 @@ async fn load(
                 resources.push(resource);
             }
             Err(e) => {
-                return Ok(Err(format!(
-                    "{path}.ref: Secret {ns}/{}: {e}",
-                    s.secret_ref.name
-                )));
+                return Ok(Err(format!("{path}.ref: Secret {ns}/{}: {e}", secret_name)));
             }
         }
     }
@@ -241,19 +266,22 @@ async fn watch_deletions(ctx: Arc<Context>) {
         match event {
             Ok(Event::Delete(r)) => {
                 let key = key_of(&r);
-                if ctx.publisher.unload(&key, &r.name_any()) {
+                if ctx.publisher.unload(&key, &r.uid().unwrap_or_default()) {
                     info!(revision = %r.name_any(), node = %key, "deleted; no longer served");
                 }
             }
             Ok(Event::Init) => listed.clear(),
             Ok(Event::InitApply(r)) => {
-                listed.insert((r.namespace().unwrap_or_default(), r.name_any()));
+                listed.insert((
+                    r.namespace().unwrap_or_default(),
+                    r.uid().unwrap_or_default(),
+                ));
             }
             Ok(Event::InitDone) => {
-                for (key, revision) in ctx.publisher.served() {
-                    if !listed.contains(&(key.namespace.clone(), revision.clone())) {
-                        ctx.publisher.unload(&key, &revision);
-                        info!(%revision, node = %key, "gone; no longer served");
+                for (key, uid) in ctx.publisher.served() {
+                    if !listed.contains(&(key.namespace.clone(), uid.clone())) {
+                        ctx.publisher.unload(&key, &uid);
+                        info!(%uid, node = %key, "revision gone; no longer served");
                     }
                 }
             }

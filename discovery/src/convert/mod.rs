@@ -177,7 +177,7 @@ fn check_secrets(resources: &EnvoyResources, errors: &mut Vec<ConversionError>) 
         } else {
             seen.insert(&secret.name, i);
         }
-        if secret.secret_ref.name.trim().is_empty() {
+        if secret.secret_ref.is_some() && secret.secret_name().trim().is_empty() {
             errors.push(ConversionError::new(
                 format!("{at}.ref.name"),
                 "must name a kubernetes.io/tls Secret",

@@ -383,14 +383,14 @@ fn every_error_of_a_spec_is_collected() {
         secrets: vec![
             EnvoySecretResource {
                 name: "cert".into(),
-                secret_ref: SecretReference {
+                secret_ref: Some(SecretReference {
                     name: "cert-secret".into(),
                     namespace: None,
-                },
+                }),
             },
             EnvoySecretResource {
                 name: "cert".into(),
-                secret_ref: SecretReference::default(),
+                secret_ref: Some(SecretReference::default()),
             },
         ],
         ..Default::default()
@@ -447,10 +447,7 @@ envoyResources:
         "`runtime` is an alias"
     );
     assert_eq!(
-        spec.envoy_resources.secrets[0]
-            .secret_ref
-            .namespace
-            .as_deref(),
+        spec.envoy_resources.secrets[0].secret_namespace(),
         Some("default")
     );
     let out = validate_config(&spec).unwrap();

@@ -7,6 +7,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use envoy_types::pb::envoy::service::runtime::v3::Runtime;
+use envoy_types::pb::google::protobuf::Struct;
+use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
@@ -90,9 +93,8 @@ pub enum SnapshotError {
 impl Snapshot {
     /// Builds a snapshot from resources of any types; types without resources are empty.
     ///
-    /// The sidecar bootstrap subscribes to a runtime layer named `runtime` by RTDS: a snapshot
-    /// without a `Runtime` of that name is served (empty) and ACKed, but Envoy waits for the
-    /// layer until its 15 s initial-fetch timeout before it starts serving.
+    /// A runtime layer a proxy subscribes to (the sidecar bootstrap's `runtime`) that the
+    /// snapshot does not hold is served as an empty layer (see [`Snapshot::requested`]).
     pub fn new(resources: impl IntoIterator<Item = Resource>) -> Result<Self, SnapshotError> {
         let mut by_type: BTreeMap<ResourceType, BTreeMap<String, VersionedResource>> =
             ResourceType::ALL
@@ -142,9 +144,35 @@ impl Snapshot {
         self.of_type(kind).version()
     }
 
+    /// The resource a proxy asked for by name. A runtime layer the snapshot lacks is served
+    /// empty: Envoy waits for every RTDS layer of its bootstrap before it starts (15 s by
+    /// default), and a configuration without runtime values means exactly an empty layer.
+    pub fn requested(&self, kind: ResourceType, name: &str) -> Option<VersionedResource> {
+        if let Some(r) = self.of_type(kind).resources().get(name) {
+            return Some(r.clone());
+        }
+        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(name))
+    }
+
     /// The versions of every type, for logs and status.
     pub fn versions(&self) -> BTreeMap<ResourceType, &str> {
         self.types.iter().map(|(t, s)| (*t, s.version())).collect()
+    }
+}
+
+fn empty_runtime_layer(name: &str) -> VersionedResource {
+    let body = Runtime {
+        name: name.to_owned(),
+        layer: Some(Struct::default()),
+    }
+    .encode_to_vec();
+    VersionedResource {
+        version: short_hex(&Sha256::digest(&body)),
+        resource: Resource {
+            kind: ResourceType::Runtime,
+            name: name.to_owned(),
+            body: body.into(),
+        },
     }
 }
 
@@ -357,6 +385,34 @@ mod tests {
         assert_eq!(
             Snapshot::empty().version(ResourceType::Secret),
             a.version(ResourceType::Secret)
+        );
+    }
+
+    #[test]
+    fn a_missing_runtime_layer_is_served_empty() {
+        let s = snap("x");
+        let layer = s.requested(ResourceType::Runtime, "runtime").unwrap();
+        let decoded = Runtime::decode(layer.resource.body.as_ref()).unwrap();
+        assert_eq!(decoded.name, "runtime");
+        assert_eq!(decoded.layer, Some(Struct::default()));
+        assert_eq!(layer.version.len(), 16);
+        assert_eq!(s.requested(ResourceType::Listener, "nope"), None);
+        assert_eq!(
+            s.requested(ResourceType::Listener, "l")
+                .unwrap()
+                .resource
+                .name,
+            "l"
+        );
+        // The user's own layer wins.
+        let with_layer = Snapshot::new([res(ResourceType::Runtime, "runtime", "mine")]).unwrap();
+        assert_eq!(
+            with_layer
+                .requested(ResourceType::Runtime, "runtime")
+                .unwrap()
+                .resource
+                .body,
+            Bytes::from_static(b"mine")
         );
     }
 

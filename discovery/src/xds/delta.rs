@@ -203,22 +203,33 @@ fn respond(
     if st.rejected.contains(typed.version()) {
         return None;
     }
-    let resources: Vec<VersionedResource> = typed
+    let differs = |st: &TypeState, r: &VersionedResource| {
+        st.known.get(&r.resource.name) != Some(&r.version) || st.resend.contains(&r.resource.name)
+    };
+    let mut resources: Vec<VersionedResource> = typed
         .resources()
         .iter()
-        .filter(|(name, r)| {
-            st.subscribed(name)
-                && (st.known.get(*name) != Some(&r.version) || st.resend.contains(*name))
-        })
+        .filter(|(name, r)| st.subscribed(name) && differs(st, r))
         .map(|(_, r)| r.clone())
         .collect();
+    // Names asked for that the snapshot lacks but still serves (an empty runtime layer).
+    let stand_ins: Vec<VersionedResource> = st
+        .names
+        .iter()
+        .filter(|n| !typed.resources().contains_key(*n))
+        .filter_map(|n| snapshot.requested(kind, n))
+        .collect();
+    resources.extend(stand_ins.iter().filter(|r| differs(st, r)).cloned());
     for r in &resources {
         st.resend.remove(&r.resource.name);
     }
     let removed: Vec<String> = st
         .known
         .keys()
-        .filter(|name| !typed.resources().contains_key(*name))
+        .filter(|name| {
+            !typed.resources().contains_key(*name)
+                && !stand_ins.iter().any(|r| &r.resource.name == *name)
+        })
         .cloned()
         .collect();
     if resources.is_empty() && removed.is_empty() && !st.owed {
@@ -476,6 +487,29 @@ mod tests {
         st.on_request(&ack(&pushed[0]), Some(&s2));
         st.on_request(&ack(&pushed[1]), Some(&s2));
         assert!(st.on_snapshot(&s2).is_empty());
+    }
+
+    #[test]
+    fn a_missing_runtime_layer_is_sent_empty_once_and_replaced_by_the_real_one() {
+        let rtds = ResourceType::Runtime;
+        let mut st = DeltaState::default();
+        let empty = Snapshot::empty();
+        let r1 = st
+            .on_request(&mk_req(rtds, &["runtime"], ""), Some(&empty))
+            .response
+            .unwrap();
+        assert_eq!(names(&r1), ["runtime"]);
+        st.on_request(&ack(&r1), Some(&empty));
+        // Nothing changes, nothing is sent; not listed as removed either.
+        assert!(st.on_snapshot(&empty).is_empty());
+        let real = mk_snapshot(rtds, &[("runtime", "real layer")]);
+        let r2 = st.on_snapshot(&real).remove(0);
+        assert_eq!(names(&r2), ["runtime"]);
+        assert_eq!(
+            r2.resources[0].resource.body,
+            Bytes::from_static(b"real layer")
+        );
+        assert!(r2.removed.is_empty());
     }
 
     #[test]

@@ -53,7 +53,7 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
     if !state.ready.load(Ordering::SeqCst) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -78,4 +78,31 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
 
 async fn sync_status(State(state): State<HttpState>) -> Json<SyncStatus> {
     Json(state.status.snapshot())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn readyz_waits_for_the_server_and_every_gate() {
+        let gate = Arc::new(AtomicBool::new(false));
+        let state = HttpState {
+            registry: Arc::new(Registry::default()),
+            status: StatusRegistry::default(),
+            ready: Arc::new(AtomicBool::new(false)),
+            gates: Arc::new(vec![("EnvoyConfig controller", gate.clone())]),
+        };
+        let status = |state: &HttpState| {
+            let state = state.clone();
+            async move { readyz(State(state)).await.into_response().status() }
+        };
+        assert_eq!(status(&state).await, StatusCode::SERVICE_UNAVAILABLE);
+        state.ready.store(true, Ordering::SeqCst);
+        let (code, body) = readyz(State(state.clone())).await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "not ready: EnvoyConfig controller\n");
+        gate.store(true, Ordering::SeqCst);
+        assert_eq!(status(&state).await, StatusCode::OK);
+    }
 }

@@ -192,8 +192,8 @@ fn respond(
         st.subscription
             .names
             .iter()
-            .filter_map(|n| typed.resources().get(n))
-            .map(|r| r.resource.clone())
+            .filter_map(|n| snapshot.requested(kind, n))
+            .map(|r| r.resource)
             .collect()
     };
     let nonce = nonces.next();

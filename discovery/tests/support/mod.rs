@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test file uses a part
 
+pub mod plane;
+
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -280,7 +282,27 @@ impl Proxy {
         pod: &str,
         mode: AdsMode,
     ) -> Self {
-        Self::start_on(server.addr.port(), client, node_id, pod, mode)
+        Self::start_with(server, client, node_id, pod, mode, None)
+    }
+
+    /// `initial_fetch_timeout` (e.g. `"1s"`) shortens how long Envoy waits for its first
+    /// configuration before it starts anyway (15 s by default): for proxies that get none.
+    pub fn start_with(
+        server: &XdsServer,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+        initial_fetch_timeout: Option<&str>,
+    ) -> Self {
+        Self::start_on_with(
+            server.addr.port(),
+            client,
+            node_id,
+            pod,
+            mode,
+            initial_fetch_timeout,
+        )
     }
 
     /// Pointed at an xDS server on 127.0.0.1:`xds_port`.
@@ -290,6 +312,17 @@ impl Proxy {
         node_id: &str,
         pod: &str,
         mode: AdsMode,
+    ) -> Self {
+        Self::start_on_with(xds_port, client, node_id, pod, mode, None)
+    }
+
+    pub fn start_on_with(
+        xds_port: u16,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+        initial_fetch_timeout: Option<&str>,
     ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("marin3r-proxy-")
@@ -315,6 +348,12 @@ impl Proxy {
         let mut config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
         config["node"]["metadata"] = serde_json::json!({ "pod_name": pod, "pod_namespace": "x" });
+        if let Some(timeout) = initial_fetch_timeout {
+            config["dynamic_resources"]["cds_config"]["initial_fetch_timeout"] = timeout.into();
+            config["dynamic_resources"]["lds_config"]["initial_fetch_timeout"] = timeout.into();
+            config["layered_runtime"]["layers"][0]["rtds_layer"]["rtds_config"]["initial_fetch_timeout"] =
+                timeout.into();
+        }
         std::fs::write(&config_path, config.to_string()).unwrap();
         let log_dir = tempfile::Builder::new()
             .prefix("marin3r-envoy-")

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use super::pod::{PodShared, Which, lock};
 use super::probe;
 use super::runtime::{State, Terminated};
+use crate::tasks::AbortOnDrop;
 
 pub(super) fn signal_group(pid: u32, signal: rustix::process::Signal) {
     if let Some(pid) = i32::try_from(pid)
@@ -94,14 +94,6 @@ async fn run_probes(shared: Arc<PodShared>, index: usize, pid: u32) {
     if let Some(mut task) = readiness_task {
         // Keep probing readiness until this run ends (the caller aborts us).
         let _ = (&mut task.0).await;
-    }
-}
-
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

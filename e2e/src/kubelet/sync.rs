@@ -6,15 +6,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
+
+use crate::tasks::{AbortOnDrop, watch_into_store};
 use tokio::task::JoinHandle;
 
 use super::{Node, Objects, PodHandle};
@@ -156,14 +156,6 @@ struct Running {
     _status_writer: AbortOnDrop,
 }
 
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The pods this kubelet runs, by uid, and the stops under way. Once `closed`, nothing new
 /// is started (shutdown may race a reconcile pass on another thread).
 #[derive(Default)]
@@ -186,41 +178,36 @@ pub struct Kubelet {
     tasks: Vec<AbortOnDrop>,
 }
 
-fn watch<K>(api: Api<K>, trigger: Arc<Notify>, tasks: &mut Vec<AbortOnDrop>) -> Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
-        .default_backoff();
-    tasks.push(AbortOnDrop(tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => trigger.notify_one(),
-                Err(e) => tracing::warn!("kubelet watch: {e}"),
-            }
-        }
-    })));
-    reader
-}
-
 impl Kubelet {
     /// Starts watching and returns once the caches are filled; pods start right after.
     pub async fn start(node: Arc<Node>, client: Client) -> anyhow::Result<Self> {
         let trigger = Arc::new(Notify::new());
         let mut tasks = Vec::new();
         let cached = Arc::new(Cached {
-            pods: watch(Api::all(client.clone()), trigger.clone(), &mut tasks),
-            secrets: watch(Api::all(client.clone()), trigger.clone(), &mut tasks),
-            config_maps: watch(Api::all(client.clone()), trigger.clone(), &mut tasks),
-            services: watch(Api::all(client.clone()), trigger.clone(), &mut tasks),
+            pods: watch_into_store(
+                Api::all(client.clone()),
+                trigger.clone(),
+                &mut tasks,
+                "kubelet",
+            ),
+            secrets: watch_into_store(
+                Api::all(client.clone()),
+                trigger.clone(),
+                &mut tasks,
+                "kubelet",
+            ),
+            config_maps: watch_into_store(
+                Api::all(client.clone()),
+                trigger.clone(),
+                &mut tasks,
+                "kubelet",
+            ),
+            services: watch_into_store(
+                Api::all(client.clone()),
+                trigger.clone(),
+                &mut tasks,
+                "kubelet",
+            ),
         });
         let ready = async {
             cached.pods.wait_until_ready().await?;

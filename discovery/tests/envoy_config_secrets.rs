@@ -1,0 +1,178 @@
+//! Secrets served to Envoy by SDS from `spec.envoyResources.secrets`: Envoy presents the
+//! Secret's certificate, a changed Secret reaches Envoy with no EnvoyConfig change, a
+//! cross-namespace reference is refused, and a missing or non-TLS Secret is reported on the
+//! revision until it is fixed (that one without `ref`: the Secret named like the entry).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use marin3r_certs::{CertificateRequest, Usage};
+use marin3r_discovery::bootstrap::AdsMode;
+use serde_json::json;
+use support::free_port;
+use support::plane::*;
+
+#[test]
+fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
+    let plane = Plane::start(&[NS, "elsewhere"]);
+    let port = free_port();
+    let issue = |cn: &str| {
+        plane
+            .pki
+            .ca
+            .issue(
+                &CertificateRequest::new(cn, Usage::Server, Duration::from_secs(86_400))
+                    .with_hosts(["localhost"]),
+            )
+            .unwrap()
+    };
+    let (first, second) = (issue("first"), issue("second"));
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    plane
+        .rt
+        .block_on(secrets.create(&PostParams::default(), &tls_secret("web-cert", &first)))
+        .unwrap();
+
+    plane.apply(
+        NS,
+        "tls",
+        https_spec("tls", port, json!({"name": "web-cert", "namespace": NS})),
+    );
+    let ec = plane.wait_in_sync(NS, "tls");
+    let version = ec.spec.envoy_resources.version();
+    let _proxy = plane.proxy(NS, "tls", AdsMode::StateOfTheWorld);
+    let want = pem_der(&first.cert_pem);
+    wait(
+        "Envoy to serve the first certificate",
+        Duration::from_secs(20),
+        || {
+            (served_certificate(&plane.rt, port, plane.pki.ca_pem()).as_ref() == Some(&want))
+                .then_some(())
+        },
+    );
+
+    // The Secret changes, the EnvoyConfig does not: Envoy serves the new certificate.
+    plane
+        .rt
+        .block_on(secrets.replace("web-cert", &PostParams::default(), &{
+            let mut s = tls_secret("web-cert", &second);
+            s.metadata.resource_version = plane
+                .rt
+                .block_on(secrets.get("web-cert"))
+                .unwrap()
+                .metadata
+                .resource_version;
+            s
+        }))
+        .unwrap();
+    let want = pem_der(&second.cert_pem);
+    wait(
+        "Envoy to serve the second certificate",
+        Duration::from_secs(20),
+        || {
+            (served_certificate(&plane.rt, port, plane.pki.ca_pem()).as_ref() == Some(&want))
+                .then_some(())
+        },
+    );
+    let ec = plane.get(NS, "tls");
+    assert_eq!(ec.status.as_ref().unwrap().published_version, Some(version));
+    assert_eq!(plane.list_revisions(NS).len(), 1);
+
+    // A reference to another namespace's Secret is refused, naming the field.
+    plane.apply(
+        NS,
+        "tls",
+        https_spec(
+            "tls",
+            port,
+            json!({"name": "web-cert", "namespace": "elsewhere"}),
+        ),
+    );
+    let ec = plane.wait_status(NS, "tls", "the cross-namespace refusal", |ec| {
+        condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
+    });
+    let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
+    assert!(
+        message.contains("spec.envoyResources.secrets[0].ref.namespace"),
+        "{message}"
+    );
+    assert_eq!(plane.list_revisions(NS).len(), 1);
+}
+
+#[test]
+fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(
+        NS,
+        "late",
+        https_spec("late", port, serde_json::Value::Null),
+    );
+    let ec = plane.wait_in_sync(NS, "late");
+    let version = ec.spec.envoy_resources.version();
+    let name = format!("late-{version}");
+    let out_of_sync = |reason: &str| {
+        let reason = reason.to_owned();
+        wait(
+            &format!("ResourcesOutOfSync {reason}"),
+            Duration::from_secs(20),
+            || {
+                let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+                r.status?
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "ResourcesOutOfSync" && c.reason == reason)
+            },
+        )
+    };
+    let c = out_of_sync("LoadFailed");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message.contains("Secret team-a/my-certificate not found"),
+        "{}",
+        c.message
+    );
+    assert!(plane.cache.snapshot(NS, "late").is_none());
+
+    // An Opaque Secret is not a certificate.
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let mut opaque = tls_secret("my-certificate", &plane.pki.server);
+    opaque.type_ = Some("Opaque".into());
+    plane
+        .rt
+        .block_on(secrets.create(&PostParams::default(), &opaque))
+        .unwrap();
+    wait("the type to be refused", Duration::from_secs(20), || {
+        let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+        r.status?.conditions.into_iter().find(|c| {
+            c.type_ == "ResourcesOutOfSync" && c.message.contains("not kubernetes.io/tls")
+        })
+    });
+
+    // With a TLS Secret it loads, with no change to the config.
+    plane
+        .rt
+        .block_on(secrets.delete("my-certificate", &DeleteParams::default()))
+        .unwrap();
+    plane
+        .rt
+        .block_on(secrets.create(
+            &PostParams::default(),
+            &tls_secret("my-certificate", &plane.pki.server),
+        ))
+        .unwrap();
+    let c = out_of_sync("ResourcesLoaded");
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains(&format!("secrets version {version}-")),
+        "{}",
+        c.message
+    );
+    assert!(plane.cache.snapshot(NS, "late").is_some());
+}
