@@ -171,9 +171,8 @@ pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
     let xds_cluster = json!({
         "name": XDS_CLUSTER,
         "type": if host_ip.is_some() { "STATIC" } else { "STRICT_DNS" },
-        // IPv4 first: with Envoy's default (AUTO) a name that /etc/hosts maps to an IPv4
-        // address only is still looked up as AAAA in DNS first, and with no DNS server
-        // reachable Envoy never connects. IPv6-only clusters still resolve (AAAA fallback).
+        // A Service name resolves to IPv4 in most clusters: asking for that first avoids an
+        // AAAA query that may wait for DNS timeouts before the IPv4 answer is tried.
         "dns_lookup_family": "V4_PREFERRED",
         "connect_timeout": "2s",
         "load_assignment": {

@@ -278,6 +278,22 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     .await;
     let status = ds.status.unwrap();
     assert_eq!(status.enabled_namespaces, ["team-a", "team-b"]);
+    // What happened is told in Events on the DiscoveryService.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), OPS);
+    let reasons = wait_for("the Events", || async {
+        let reasons: BTreeSet<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("instance"))
+            .filter_map(|e| e.reason)
+            .collect();
+        (reasons.contains("Ready") && reasons.contains("NamespaceEnabled")).then_some(reasons)
+    })
+    .await;
+    assert!(reasons.contains("DeploymentNotReady"), "{reasons:?}");
     assert_eq!(status.deployment.as_deref(), Some("1/1"));
 
     // A renewed server certificate rolls the pod template.
@@ -520,4 +536,39 @@ async fn two_replicas_never_lead_at_once() {
     for t in tasks {
         t.await.unwrap().unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standalone_certificate_example_is_issued() {
+    let op = start().await;
+    let client = op.client.clone();
+    create_namespace(&client, "demo").await;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/examples/certificate.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), "demo");
+    for doc in text.split("\n---\n") {
+        let dsc: DiscoveryServiceCertificate = serde_yaml::from_str(doc).unwrap();
+        dscs.create(&PostParams::default(), &dsc).await.unwrap();
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "demo");
+    let server = wait_for("the example server certificate", || async {
+        let dsc = dscs.get("example-server").await.unwrap();
+        dsc.status.as_ref()?.ready.filter(|r| *r)?;
+        secrets.get_opt("example-server").await.unwrap()
+    })
+    .await;
+    let ca = secrets.get("example-ca").await.unwrap();
+    let text =
+        |s: &Secret, k: &str| String::from_utf8(s.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    assert_eq!(
+        text(&server, "ca.crt"),
+        text(&ca, "tls.crt"),
+        "signed by the example CA"
+    );
+    let info = marin3r_certs::CertificateInfo::from_pem(&text(&server, "tls.crt")).unwrap();
+    assert!(info.server_auth);
+    assert!(format!("{:?}", info.sans).contains("example.demo.svc"));
 }

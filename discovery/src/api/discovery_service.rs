@@ -36,6 +36,7 @@ pub const SERVER_CERT_HASH_LABEL: &str = "marin3r.3scale.net/server-certificate-
     derive = "PartialEq",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Deployment","type":"string","jsonPath":".status.deployment"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

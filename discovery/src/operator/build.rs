@@ -290,7 +290,7 @@ impl<'a> Children<'a> {
     }
 
     /// What the discovery pod may do. Cluster-wide because it watches every namespace that
-    /// carries its label: namespaces (to find them), EnvoyConfigs and their revisions (it
+    /// carries its label: namespaces (to find them), EnvoyConfigs (read) and their revisions (it
     /// owns the revisions and writes both statuses), Secrets read-only (SDS secrets and their
     /// changes), and Events.
     pub fn cluster_role(&self) -> ClusterRole {
@@ -306,11 +306,7 @@ impl<'a> Children<'a> {
             rules: Some(vec![
                 rule(&[""], &["namespaces"], &read),
                 rule(&[""], &["secrets"], &read),
-                rule(
-                    &["marin3r.3scale.net"],
-                    &["envoyconfigs"],
-                    &["get", "list", "watch", "update", "patch"],
-                ),
+                rule(&["marin3r.3scale.net"], &["envoyconfigs"], &read),
                 rule(
                     &["marin3r.3scale.net"],
                     &["envoyconfigrevisions"],

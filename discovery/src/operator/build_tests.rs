@@ -121,6 +121,10 @@ fn the_bootstrap_dials_the_service_name_in_the_server_certificate() {
         [0]["endpoint"]["address"]["socket_address"];
     assert_eq!(addr["address"], "marin3r-instance.ops.svc");
     assert_eq!(addr["port_value"], 18555);
+    assert_eq!(
+        config["static_resources"]["clusters"][0]["dns_lookup_family"], "V4_PREFERRED",
+        "an AAAA query first could wait for DNS timeouts in a pod"
+    );
     assert!(hosts.contains(&"marin3r-instance.ops.svc".to_owned()));
 }
 

@@ -1,0 +1,515 @@
+//! marin3r end to end on the local cluster, driven only through the Kubernetes API and
+//! kubectl as a user would: install `manifests/` (the operator runs as a pod from the built
+//! binary), create the example DiscoveryService, and follow SPEC §2.2/§5 through real Envoy
+//! sidecars: injection, mTLS xDS, namespaces joining and leaving, client and server
+//! certificate renewal, a NACKed config rolled back, and deletion. Needs root (pod runner)
+//! and the built `marin3r` binary (`cargo build -p marin3r-discovery`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_discovery::api::EnvoyConfig;
+use marin3r_discovery::api::discovery_service::{
+    DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL,
+};
+use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_e2e::kubectl::Kubectl;
+use marin3r_e2e::kubelet::ImageMap;
+use serde_json::json;
+
+const OPS: &str = "marin3r-system";
+const DS: &str = "instance";
+const WEBHOOK: &str = "marin3r-marin3r-system-instance";
+const BODY: &str = "hello from marin3r";
+
+fn repo() -> PathBuf {
+    marin3r_e2e::tools::repo_root()
+}
+
+/// Polls `f` until it returns `Some`, failing with `what` after `secs`.
+async fn until<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn get(url: &str) -> String {
+    marin3r_e2e::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
+}
+
+fn is_ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_ip(p: &Pod) -> String {
+    p.status.as_ref().unwrap().pod_ip.clone().unwrap()
+}
+
+async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(is_ready)
+        .collect()
+}
+
+async fn create_namespace(client: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+/// The example manifest with its namespace replaced.
+fn example_in(file: &str, ns: &str) -> String {
+    let text = std::fs::read_to_string(repo().join("manifests/examples").join(file)).unwrap();
+    text.replace("namespace: demo", &format!("namespace: {ns}"))
+}
+
+fn ds_ready(ds: &DiscoveryService) -> Option<(String, String, String)> {
+    let c = ds
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn renew(client: &Client, name: &str, value: &str) {
+    let patch = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": value}}});
+    Api::<DiscoveryServiceCertificate>::namespaced(client.clone(), OPS)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+async fn secret_cert(client: &Client, ns: &str, name: &str) -> Option<String> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()?;
+    String::from_utf8(s.data?.get("tls.crt")?.0.clone()).ok()
+}
+
+fn serial_hex(pem: &str) -> String {
+    marin3r_certs::CertificateInfo::from_pem(pem)
+        .unwrap()
+        .serial
+        .replace(':', "")
+        .to_lowercase()
+}
+
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+        .unwrap_or(0)
+}
+
+/// The demo workload's ready pod in `ns`: injected, with its Envoy serving the body. On a
+/// timeout, the sidecar's xDS stats say why.
+async fn serving_pod(client: &Client, ns: &str) -> Pod {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let pods = Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels("app=demo"))
+            .await
+            .unwrap()
+            .items;
+        if let Some(pod) = pods.iter().find(|p| is_ready(p))
+            && get(&format!("http://{}:8080/", pod_ip(pod))) == BODY
+        {
+            return pod.clone();
+        }
+        if tokio::time::Instant::now() > deadline {
+            let ip = pods
+                .first()
+                .and_then(|p| p.status.as_ref()?.pod_ip.clone())
+                .unwrap_or_default();
+            let stats = get(&format!(
+                "http://{ip}:9901/stats?filter=xds_cluster|control_plane|ssl"
+            ));
+            panic!("no injected pod serving the EnvoyConfig in {ns}; sidecar stats:\n{stats}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marin3r_end_to_end() {
+    let images = ImageMap::discover();
+    images
+        .resolve("quay.io/3scale/marin3r:v0.1.0")
+        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
+    let cluster = LocalCluster::start(LocalClusterConfig {
+        images,
+        // Keep the pods' logs to look at after a failure.
+        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubectl = Kubectl::new(&kubeconfig).unwrap();
+
+    // 1. Install, create the example DiscoveryService: everything appears, Ready.
+    let manifests = repo().join("manifests");
+    kubectl
+        .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
+        .await
+        .unwrap();
+    until("the operator pod", 60, || async {
+        ready_pods(&client, OPS, "app.kubernetes.io/component=operator")
+            .await
+            .pop()
+    })
+    .await;
+    create_namespace(&client, "demo").await;
+    create_namespace(&client, "plain").await;
+    let examples = manifests.join("examples");
+    kubectl
+        .ok(&[
+            "apply",
+            "--server-side",
+            "-f",
+            examples.join("discoveryservice.yaml").to_str().unwrap(),
+        ])
+        .await
+        .unwrap();
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
+    until("the DiscoveryService to be Ready", 120, || async {
+        let ds = dss.get(DS).await.ok()?;
+        (ds_ready(&ds)?.0 == "True").then_some(())
+    })
+    .await;
+    let ds = dss.get(DS).await.unwrap();
+    assert_eq!(ds.status.as_ref().unwrap().enabled_namespaces, ["demo"]);
+    let discovery_pods = ready_pods(
+        &client,
+        OPS,
+        "app.kubernetes.io/component=discovery-service",
+    )
+    .await;
+    assert_eq!(discovery_pods.len(), 1);
+    for (ns, name) in [
+        (OPS, "marin3r-ca-cert-instance"),
+        (OPS, "marin3r-server-cert-instance"),
+        ("demo", "envoy-sidecar-client-cert"),
+    ] {
+        assert!(
+            secret_cert(&client, ns, name).await.is_some(),
+            "Secret {ns}/{name}"
+        );
+    }
+    Api::<ConfigMap>::namespaced(client.clone(), "demo")
+        .get("envoy-sidecar-bootstrap")
+        .await
+        .unwrap();
+    Api::<Service>::namespaced(client.clone(), OPS)
+        .get("marin3r-instance")
+        .await
+        .unwrap();
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    webhooks.get(WEBHOOK).await.unwrap();
+    let out = kubectl
+        .ok(&["get", "discoveryservices", "-n", OPS])
+        .await
+        .unwrap();
+    assert!(out.contains(DS) && out.contains("True"), "{out}");
+
+    // 2. An annotated pod is injected, its Envoy connects over mTLS and serves the config;
+    //    the same workload in a namespace that is not enabled is not injected.
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("envoyconfig.yaml", "demo"),
+        )
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("deployment.yaml", "demo"),
+        )
+        .await
+        .unwrap();
+    let pod = serving_pod(&client, "demo").await;
+    let containers: Vec<&str> = pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(containers, ["app", "envoy-sidecar"]);
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("deployment.yaml", "plain"),
+        )
+        .await
+        .unwrap();
+    let plain = until("the pod in the plain namespace", 60, || async {
+        ready_pods(&client, "plain", "app=demo").await.pop()
+    })
+    .await;
+    assert_eq!(
+        plain.spec.unwrap().containers.len(),
+        1,
+        "not injected outside enabled namespaces"
+    );
+
+    // 3. A user labels a second namespace: it is served; unlabelled, it is not.
+    create_namespace(&client, "team-b").await;
+    let patch = |v: Option<&str>| json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: v}}});
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.patch(
+        "team-b",
+        &PatchParams::default(),
+        &Patch::Merge(&patch(Some(DS))),
+    )
+    .await
+    .unwrap();
+    until("team-b's client certificate", 60, || async {
+        secret_cert(&client, "team-b", "envoy-sidecar-client-cert").await
+    })
+    .await;
+    Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+        .get("envoy-sidecar-bootstrap")
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("envoyconfig.yaml", "team-b"),
+        )
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("deployment.yaml", "team-b"),
+        )
+        .await
+        .unwrap();
+    serving_pod(&client, "team-b").await;
+    Api::<Deployment>::namespaced(client.clone(), "team-b")
+        .delete("demo", &DeleteParams::default())
+        .await
+        .unwrap();
+    nss.patch(
+        "team-b",
+        &PatchParams::default(),
+        &Patch::Merge(&patch(None)),
+    )
+    .await
+    .unwrap();
+    until("team-b's certificate and bootstrap to go", 60, || async {
+        let gone = secret_cert(&client, "team-b", "envoy-sidecar-client-cert")
+            .await
+            .is_none()
+            && Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+                .get_opt("envoy-sidecar-bootstrap")
+                .await
+                .unwrap()
+                .is_none();
+        gone.then_some(())
+    })
+    .await;
+
+    // 4. Client certificate renewal: new files, Envoy presents the new certificate, no
+    //    restart, traffic keeps flowing.
+    let ip = pod_ip(&pod);
+    let old_cert = secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+        .await
+        .unwrap();
+    renew(&client, "marin3r-client-instance-demo", "client-1").await;
+    let new_cert = until("the client certificate Secret to change", 60, || async {
+        secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+            .await
+            .filter(|c| *c != old_cert)
+    })
+    .await;
+    let serial = serial_hex(&new_cert);
+    until(
+        "Envoy to present the new client certificate",
+        60,
+        || async {
+            get(&format!("http://{ip}:9901/certs"))
+                .replace(':', "")
+                .to_lowercase()
+                .contains(&serial)
+                .then_some(())
+        },
+    )
+    .await;
+    let same = Api::<Pod>::namespaced(client.clone(), "demo")
+        .get(&pod.name_any())
+        .await
+        .unwrap();
+    assert_eq!(restarts(&same), 0, "no container restarted");
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+
+    // 5. Server certificate renewal: the Deployment rolls, Envoys reconnect, injection works.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), OPS);
+    let hash = |d: &Deployment| {
+        d.spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap()[SERVER_CERT_HASH_LABEL]
+            .clone()
+    };
+    let old_hash = hash(&deployments.get("marin3r-instance").await.unwrap());
+    let old_pod = discovery_pods[0].name_any();
+    renew(&client, "marin3r-server-cert-instance", "server-1").await;
+    until("the discovery pod to roll", 120, || async {
+        let d = deployments.get("marin3r-instance").await.unwrap();
+        let pods = ready_pods(
+            &client,
+            OPS,
+            "app.kubernetes.io/component=discovery-service",
+        )
+        .await;
+        // Until the old pod stops, at least one discovery pod is ready.
+        assert!(
+            !pods.is_empty(),
+            "no ready discovery pod during the rollout"
+        );
+        let rolled = hash(&d) != old_hash && pods.len() == 1 && pods[0].name_any() != old_pod;
+        rolled.then_some(())
+    })
+    .await;
+    until(
+        "Envoy to reconnect to the new discovery pod",
+        60,
+        || async {
+            let stats = get(&format!(
+                "http://{ip}:9901/stats?filter=control_plane.connected_state"
+            ));
+            stats
+                .contains("control_plane.connected_state: 1")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+    // A new pod is still injected (the webhook serves the new certificate).
+    Api::<Pod>::namespaced(client.clone(), "demo")
+        .delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let pod = until("a replacement pod, injected and serving", 90, || async {
+        let pods = ready_pods(&client, "demo", "app=demo").await;
+        let p = pods.into_iter().find(|p| p.name_any() != pod.name_any())?;
+        (get(&format!("http://{}:8080/", pod_ip(&p))) == BODY).then_some(p)
+    })
+    .await;
+    let ip = pod_ip(&pod);
+
+    // 6. A config Envoy refuses is rolled back and reported; the pod keeps serving.
+    let bad = example_in("envoyconfig.yaml", "demo").replace(
+        "    listeners:\n",
+        "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
+    );
+    kubectl
+        .ok_with(&["apply", "--server-side", "-f", "-"], &bad)
+        .await
+        .unwrap();
+    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "demo");
+    until("the bad config to be rolled back", 60, || async {
+        let ec = ecs.get("demo-proxy").await.ok()?;
+        (ec.status?.cache_state.as_deref() == Some("Rollback")).then_some(())
+    })
+    .await;
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+
+    // 7. Deleting the DiscoveryService removes everything, cluster-scoped objects included.
+    dss.delete(DS, &DeleteParams::default()).await.unwrap();
+    until(
+        "everything the DiscoveryService created to go",
+        90,
+        || async {
+            let gone = webhooks.get_opt(WEBHOOK).await.unwrap().is_none()
+                && Api::<ClusterRole>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<ClusterRoleBinding>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
+                && deployments
+                    .get_opt("marin3r-instance")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<Service>::namespaced(client.clone(), OPS)
+                    .get_opt("marin3r-instance")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+                    .await
+                    .is_none()
+                && secret_cert(&client, OPS, "marin3r-ca-cert-instance")
+                    .await
+                    .is_none()
+                && Api::<ConfigMap>::namespaced(client.clone(), "demo")
+                    .get_opt("envoy-sidecar-bootstrap")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && !nss
+                    .get("demo")
+                    .await
+                    .unwrap()
+                    .labels()
+                    .contains_key(DISCOVERY_SERVICE_LABEL);
+            gone.then_some(())
+        },
+    )
+    .await;
+    cluster.shutdown(Duration::from_secs(5)).await;
+}
