@@ -49,6 +49,8 @@ pub struct Demo {
     pub marin3r: PathBuf,
     /// How long one step may take.
     pub step_timeout: Duration,
+    /// The discovery pod's metrics URL, once the story found it.
+    pub discovery_url: std::sync::OnceLock<String>,
 }
 
 impl Demo {
@@ -197,7 +199,8 @@ impl Demo {
                         Ok(ready_ip(&pods.get(&pod).await?))
                     })
                     .await?;
-                    let url = self.discovery_url(&ds_ns, &ds.name_any()).await?;
+                    let url = self.find_discovery_url(&ds_ns, &ds.name_any()).await?;
+                    let _ = self.discovery_url.set(url.clone());
                     wait_for("the proxy synced in /sync-status", t, || async {
                         proxy_synced(&url).await
                     })
@@ -347,7 +350,7 @@ impl Demo {
     }
 
     /// The discovery pod's metrics URL: the ready pod of the DiscoveryService's Deployment.
-    async fn discovery_url(&self, ns: &str, name: &str) -> anyhow::Result<String> {
+    async fn find_discovery_url(&self, ns: &str, name: &str) -> anyhow::Result<String> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let prefix = format!("marin3r-{name}-");
         let t = self.step_timeout;
