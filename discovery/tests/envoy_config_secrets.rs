@@ -81,8 +81,45 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
         },
     );
     let ec = plane.get(NS, "tls");
-    assert_eq!(ec.status.as_ref().unwrap().published_version, Some(version));
+    assert_eq!(
+        ec.status.as_ref().unwrap().published_version,
+        Some(version.clone())
+    );
     assert_eq!(plane.list_revisions(NS).len(), 1);
+
+    // The Secret watcher marked the revision out of sync (an Event says why it reloaded)...
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(plane.client.clone(), NS);
+    wait("the SecretChanged event", Duration::from_secs(10), || {
+        let list = plane.rt.block_on(events.list(&Default::default())).unwrap();
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("SecretChanged")
+                    && e.note.as_deref().is_some_and(|n| n.contains("web-cert"))
+            })
+            .then_some(())
+    });
+    // ...and Envoy's SDS version is `<revision version>-<hash of the loaded secrets>`.
+    let dump: serde_json::Value = serde_json::from_str(
+        &_proxy
+            .envoy
+            .admin_get("/config_dump?resource=dynamic_active_secrets")
+            .unwrap(),
+    )
+    .unwrap();
+    // The bootstrap's own file-based secrets are listed too; pick the one from xDS.
+    let sds_version = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "my-certificate")
+        .and_then(|c| c["version_info"].as_str())
+        .unwrap_or_default();
+    assert!(
+        sds_version.starts_with(&format!("{version}-")) && sds_version.len() > version.len() + 1,
+        "SDS version {sds_version:?} is not <revision>-<secrets hash>: {dump}"
+    );
 
     // A reference to another namespace's Secret is refused, naming the field.
     plane.apply(

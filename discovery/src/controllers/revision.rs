@@ -23,6 +23,7 @@ use super::{Context, Error, set_condition, status_patch};
 use crate::api::EnvoyConfigRevision;
 use crate::api::envoy_config_revision::RESOURCES_OUT_OF_SYNC;
 use crate::convert;
+use crate::resource::ResourceType;
 use crate::xds::{NodeKey, Snapshot};
 
 /// How long to wait before loading a revision again whose Secret is missing or unusable (a
@@ -41,6 +42,7 @@ pub(crate) async fn run(
     );
     let store = controller.store();
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
+    let secrets = tokio::spawn(watch_secrets(Arc::clone(&ctx), store.clone()));
     tokio::spawn(super::mark_ready(store.clone(), ready));
     let controller = if ctx.config.discovery_service.is_some() {
         let store = store.clone();
@@ -91,6 +93,76 @@ pub(crate) async fn run(
         })
         .await;
     deletions.abort();
+    secrets.abort();
+}
+
+/// The Secret watcher (SPEC §2.4): a Secret that changes after the initial list marks every
+/// published revision that references it `ResourcesOutOfSync` (reason `SecretChanged`), so
+/// `kubectl describe` shows why it reloads; the reload itself also follows directly from the
+/// controller's own Secret watch, so a lost race here never delays it.
+async fn watch_secrets(
+    ctx: Arc<Context>,
+    store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+) {
+    let mut events = watcher::watcher(
+        Api::<Secret>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .boxed();
+    while let Some(event) = events.next().await {
+        let secret = match event {
+            Ok(Event::Apply(secret) | Event::Delete(secret)) => secret,
+            Ok(_) => continue,
+            Err(e) => {
+                debug!(error = %e, "secret watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+        for r in store.state() {
+            if !r.is_published() || !secret_refs(&r).any(|(rns, rname)| rns == ns && rname == name)
+            {
+                continue;
+            }
+            let message = format!("Secret {ns}/{name} changed; reloading");
+            if let Err(e) = mark_out_of_sync(&ctx, &r, &message).await {
+                debug!(revision = %r.name_any(), error = %e, "could not mark the revision out of sync");
+            }
+            ctx.publish(&*r, EventType::Normal, "SecretChanged", &message)
+                .await;
+        }
+    }
+}
+
+async fn mark_out_of_sync(
+    ctx: &Context,
+    r: &EnvoyConfigRevision,
+    message: &str,
+) -> Result<(), Error> {
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &r.namespace().unwrap_or_default());
+    // A fresh read: the patch replaces the conditions list and carries its resource version.
+    let Some(fresh) = api.get_opt(&r.name_any()).await? else {
+        return Ok(());
+    };
+    let mut status = fresh.status.clone().unwrap_or_default();
+    set_condition(
+        &mut status.conditions,
+        RESOURCES_OUT_OF_SYNC,
+        true,
+        "SecretChanged",
+        message,
+        fresh.metadata.generation,
+    );
+    let patch = status_patch(&status, &[], fresh.metadata.resource_version.as_deref())?;
+    api.patch_status(
+        &fresh.name_any(),
+        &PatchParams::apply(super::FIELD_MANAGER),
+        &Patch::Merge(patch),
+    )
+    .await?;
+    Ok(())
 }
 
 /// The (namespace, name) of every Secret a revision references.
@@ -248,8 +320,14 @@ async fn load(
         .take(5)
         .map(|b| format!("{b:02x}"))
         .collect();
+    let secrets_version = format!("{}-{secrets_hash}", r.spec.version);
     match Snapshot::new(resources) {
-        Ok(snapshot) => Ok(Ok((snapshot, format!("{}-{secrets_hash}", r.spec.version)))),
+        // Envoy sees the SDS version as `<revision>-<hash of the secrets>` (SPEC §2.4): it
+        // changes with the revision and whenever a referenced Secret does.
+        Ok(snapshot) => Ok(Ok((
+            snapshot.with_version(ResourceType::Secret, secrets_version.clone()),
+            secrets_version,
+        ))),
         Err(e) => Ok(Err(e.to_string())),
     }
 }

@@ -122,6 +122,16 @@ impl Snapshot {
         })
     }
 
+    /// Replaces the version of one type, for callers with a version of their own meaning (the
+    /// revision controller versions SDS secrets `<revision>-<hash of the loaded secrets>`).
+    /// The version must still change whenever that type's content does.
+    pub fn with_version(mut self, kind: ResourceType, version: impl Into<String>) -> Self {
+        if let Some(t) = self.types.get_mut(&kind) {
+            t.version = version.into();
+        }
+        self
+    }
+
     /// A snapshot with no resources at all.
     pub fn empty() -> Self {
         Self {
