@@ -224,7 +224,12 @@ pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
             "lds_config": ads,
         },
         "layered_runtime": { "layers": [
-            { "name": "runtime", "rtds_layer": { "name": "runtime", "rtds_config": ads } },
+            // A namespace rarely defines the runtime layer, and Envoy holds its start-up until
+            // the layer arrives or the initial fetch times out (15 s by default; 0 would wait
+            // forever): wait 1 s, a runtime that comes later is still applied.
+            { "name": "runtime", "rtds_layer": { "name": "runtime", "rtds_config": {
+                "ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "1s",
+            }}},
         ]},
         "static_resources": { "clusters": [xds_cluster] },
     });

@@ -7,6 +7,7 @@ pub mod controllers;
 pub mod convert;
 pub mod crds;
 pub mod operator;
+pub mod reference;
 pub mod resource;
 pub mod revisions;
 pub mod xds;

@@ -1,9 +1,11 @@
 //! Test support for marin3r: finding the real tools `hack/install-tools` installs, running
-//! real Envoy processes, the local cluster's API server, and the benchmarks behind `hack/bench`.
+//! real Envoy processes, the local cluster's API server, the benchmarks behind `hack/bench`
+//! and the quick start behind `hack/demo`.
 
 pub mod apiserver;
 pub mod bench;
 pub mod cluster;
+pub mod demo;
 pub mod deployments;
 pub mod envoy;
 pub mod kubectl;

@@ -1,0 +1,141 @@
+//! `demo`, run by `hack/demo`: starts the local cluster, tells marin3r's story on it step by
+//! step, then keeps the cluster up for a look around until interrupted (or, with `--exit`,
+//! exits 0 only if every step succeeded). Needs root for the pod network.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_e2e::demo::{Demo, Narrator, find_repo};
+use marin3r_e2e::kubectl::Kubectl;
+use marin3r_e2e::kubelet::ImageMap;
+
+#[derive(Debug, Parser)]
+#[command(about = "marin3r's quick start on the local cluster")]
+struct Args {
+    /// Run the story once and exit: 0 only if every step succeeded.
+    #[arg(long)]
+    exit: bool,
+    /// The marin3r binary pods and `proxy-status` run (default: MARIN3R_BIN, else the
+    /// workspace's build).
+    #[arg(long)]
+    marin3r: Option<PathBuf>,
+    /// Seconds one step may take.
+    #[arg(long, default_value_t = 90)]
+    step_timeout: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<std::process::ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let repo = find_repo(&std::env::current_dir()?)?;
+    let state = repo.join(".demo");
+    let kubeconfig = state.join("kubeconfig");
+    let logs = state.join("logs");
+
+    let mut images = ImageMap::discover();
+    if let Some(path) = &args.marin3r {
+        // Pods run in their own folders: the path must not be relative.
+        let path =
+            std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?;
+        images = images.with_marin3r(path);
+    }
+    let marin3r = images
+        .resolve("marin3r")
+        .map_err(|e| anyhow::anyhow!("{e} (build it with cargo build -p marin3r-discovery)"))?
+        .path;
+    images
+        .resolve("envoyproxy/envoy")
+        .map_err(|e| anyhow::anyhow!("{e} (run hack/install-tools)"))?;
+
+    let mut n = Narrator::new();
+    let Some(cluster) = n
+        .step("starting the local cluster", async {
+            let cluster = LocalCluster::start(LocalClusterConfig {
+                images: images.clone(),
+                log_dir: Some(logs.clone()),
+                ..Default::default()
+            })
+            .await?;
+            cluster.api().write_kubeconfig(&kubeconfig)?;
+            let url = cluster.api().https_url();
+            Ok((cluster, format!("API at {url}")))
+        })
+        .await
+    else {
+        return Ok(std::process::ExitCode::FAILURE);
+    };
+    let demo = Demo {
+        client: cluster.client(),
+        kubectl: Kubectl::new(&kubeconfig)?,
+        kubeconfig: kubeconfig.clone(),
+        repo: repo.clone(),
+        marin3r: marin3r.clone(),
+        step_timeout: Duration::from_secs(args.step_timeout),
+        discovery_url: Default::default(),
+    };
+    let interrupted = tokio::select! {
+        () = demo.story(&mut n) => false,
+        r = signal() => { r?; true }
+    };
+    println!();
+    if n.failed.is_empty() && !interrupted {
+        println!("every step succeeded ({} steps)", n.passed);
+    } else if interrupted {
+        println!("interrupted");
+    } else {
+        println!(
+            "{} step(s) failed; container logs are in {}",
+            n.failed.len(),
+            logs.display()
+        );
+    }
+    if !args.exit && !interrupted {
+        let url = demo
+            .discovery_url
+            .get()
+            .cloned()
+            .unwrap_or_else(|| "http://<discovery pod IP>:8383".to_owned());
+        println!(
+            "\nThe cluster keeps running. Look around:\n\
+             \x20 export KUBECONFIG={kc}\n\
+             \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
+             \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
+             \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
+             \x20 {m} proxy-status --url {url}\n\
+             \x20 curl http://<pod IP>:8080/   (kubectl get pods -A -o wide shows the IPs)\n\
+             Container logs: {logs}\n\
+             Press Ctrl-C to stop.",
+            kc = kubeconfig.display(),
+            m = marin3r.display(),
+            logs = logs.display(),
+        );
+        signal().await?;
+    }
+    println!("stopping the local cluster");
+    cluster.shutdown(Duration::from_secs(10)).await;
+    let _ = std::fs::remove_file(&kubeconfig);
+    Ok(if n.failed.is_empty() && !interrupted {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+async fn signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! The commands the user guide shows that need a cluster, exactly as written there. The demo
+//! runs each of them (from the repository root, against the local cluster), and
+//! `discovery/tests/docs_commands.rs` fails when the docs show a cluster command not listed
+//! here.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use crate::kubectl::Kubectl;
+
+pub const INSTALL: &str = "kubectl apply -k manifests/";
+pub const APPLY_DISCOVERY_SERVICE: &str =
+    "kubectl apply -f manifests/examples/discoveryservice.yaml";
+pub const LABEL_NAMESPACE: &str =
+    "kubectl label namespace demo marin3r.3scale.net/discovery-service=instance";
+pub const APPLY_ENVOY_CONFIG: &str = "kubectl apply -f manifests/examples/envoyconfig.yaml";
+pub const APPLY_DEPLOYMENT: &str = "kubectl apply -f manifests/examples/deployment.yaml";
+pub const GET_CONFIGS: &str = "kubectl get envoyconfigs,envoyconfigrevisions -n demo";
+pub const DESCRIBE_CONFIG: &str = "kubectl describe envoyconfig demo-proxy -n demo";
+pub const APPLY_CERTIFICATE: &str = "kubectl apply -f manifests/examples/certificate.yaml";
+pub const GET_CERTIFICATES: &str = "kubectl get dsc -A";
+pub const CERTIFICATE_STATUS: &str = "marin3r certs status example-server -n demo";
+pub const RENEW: &str = "marin3r certs renew example-server -n demo";
+pub const RENEW_BY_ANNOTATION: &str =
+    "kubectl annotate dsc example-server -n demo marin3r.3scale.net/renew=now --overwrite";
+
+/// Every command above.
+pub const ALL: &[&str] = &[
+    INSTALL,
+    APPLY_DISCOVERY_SERVICE,
+    LABEL_NAMESPACE,
+    APPLY_ENVOY_CONFIG,
+    APPLY_DEPLOYMENT,
+    GET_CONFIGS,
+    DESCRIBE_CONFIG,
+    APPLY_CERTIFICATE,
+    GET_CERTIFICATES,
+    CERTIFICATE_STATUS,
+    RENEW,
+    RENEW_BY_ANNOTATION,
+];
+
+/// `marin3r proxy-status` needs the discovery pod's address, which differs per cluster: the
+/// demo runs it with the pod's IP, the docs show it after a port-forward.
+pub const PROXY_STATUS_PREFIX: &str = "marin3r proxy-status --url ";
+
+/// Runs one documented command from `repo` (whitespace-separated words, as in the docs),
+/// with `kubectl` and `marin3r` bound to the given tools; returns stdout.
+pub async fn run(
+    command: &str,
+    repo: &Path,
+    kubectl: &Kubectl,
+    kubeconfig: &Path,
+    marin3r: &Path,
+) -> anyhow::Result<String> {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    let (program, args) = words.split_first().context("an empty command")?;
+    let mut cmd = match *program {
+        "kubectl" => kubectl.command(args)?,
+        "marin3r" => {
+            let mut c = tokio::process::Command::new(marin3r);
+            c.args(args)
+                .env("KUBECONFIG", kubeconfig)
+                .kill_on_drop(true);
+            c
+        }
+        other => bail!("{command}: the demo runs only kubectl and marin3r, not {other}"),
+    };
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        cmd.current_dir(repo)
+            .stdin(std::process::Stdio::null())
+            .output(),
+    )
+    .await
+    .with_context(|| format!("`{command}` did not finish within 30 s"))?
+    .with_context(|| format!("running `{command}`"))?;
+    if !out.status.success() {
+        bail!(
+            "`{command}` failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
