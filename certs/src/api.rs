@@ -29,8 +29,10 @@ pub const READY_CONDITION: &str = "Ready";
     status = "DiscoveryServiceCertificateStatus",
     derive = "PartialEq",
     printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
-    printcolumn = r#"{"name":"Not After","type":"date","jsonPath":".status.notAfter"}"#,
-    printcolumn = r#"{"name":"Renewal","type":"date","jsonPath":".status.renewalTime"}"#,
+    // Timestamps, not `date`: kubectl renders `date` columns as an age, which a future
+    // instant has none of (a real API server prints `<invalid>`).
+    printcolumn = r#"{"name":"Not After","type":"string","format":"date-time","jsonPath":".status.notAfter"}"#,
+    printcolumn = r#"{"name":"Renewal","type":"string","format":"date-time","jsonPath":".status.renewalTime"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -111,6 +111,10 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row[..2], ["my-cert", "true"], "{table}");
+    // Not After and Renewal are timestamps (an age column cannot show a future instant).
+    for cell in &row[2..4] {
+        assert!(cell.contains('T') && cell.ends_with('Z'), "{table}");
+    }
 
     // `marin3r certs status` shows readiness, conditions, the Secret and the certificate.
     let (ok, out, err) = marin3r(&kubeconfig, &["certs", "status", "my-cert", "-n", &ns]).await;
