@@ -410,3 +410,18 @@ fn a_published_revision_deleted_by_hand_is_recreated_and_served_again() {
     proxy.wait_for_body(port, "kept");
     assert_eq!(revision_versions(&plane.get(NS, "kept")).len(), 1);
 }
+
+/// The local cluster does not prune unknown fields as a real API server does: an EnvoyConfig
+/// with one must still be read (the unknown field ignored), and must not stop the controller
+/// from serving the others.
+#[test]
+fn an_unknown_spec_field_does_not_stop_the_controllers() {
+    let plane = Plane::start(&[NS]);
+    let mut odd = spec("odd", free_port(), "odd");
+    odd["envoyResource"] = serde_json::json!({"typo": true});
+    odd["envoyResources"]["listener"] = serde_json::json!([]);
+    plane.apply(NS, "odd", odd);
+    plane.apply(NS, "good", spec("good", free_port(), "good"));
+    plane.wait_in_sync(NS, "good");
+    plane.wait_in_sync(NS, "odd");
+}

@@ -27,8 +27,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Published Version","type":"string","jsonPath":".status.publishedVersion"}"#,
     printcolumn = r#"{"name":"Cache State","type":"string","jsonPath":".status.cacheState"}"#
 )]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[schemars(transform = allow_additional_properties)]
+#[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigSpec {
     /// The Envoy `node.id` this configuration is served to.
     #[serde(rename = "nodeID")]
@@ -43,15 +42,6 @@ pub struct EnvoyConfigSpec {
     /// The resources, by type.
     #[serde(default)]
     pub envoy_resources: EnvoyResources,
-}
-
-/// `deny_unknown_fields` makes schemars write `additionalProperties: false` next to
-/// `properties`, which a structural CRD schema forbids; the API server prunes unknown fields
-/// anyway, so the schema leaves it out.
-fn allow_additional_properties(schema: &mut schemars::Schema) {
-    if let Some(object) = schema.as_object_mut() {
-        object.remove("additionalProperties");
-    }
 }
 
 /// The original MARIN3R's name for `runtimes` is `runtime`: both are in the schema, so the
@@ -106,8 +96,8 @@ pub enum EnvoyApi {
 
 /// `spec.envoyResources`: one list per Envoy resource type.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[schemars(transform = allow_additional_properties, transform = runtime_alias)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = runtime_alias)]
 pub struct EnvoyResources {
     /// `ClusterLoadAssignment`s, named by their `cluster_name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -183,8 +173,6 @@ impl EnvoyResources {
 /// carry it, so it is accepted, and when present it must equal the resource's own name:
 /// a mismatch is an error rather than a silent choice between two names.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(transform = allow_additional_properties)]
 pub struct EnvoyResource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -194,8 +182,6 @@ pub struct EnvoyResource {
 
 /// An SDS secret served under `name`, read from a `kubernetes.io/tls` Secret.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(transform = allow_additional_properties)]
 pub struct EnvoySecretResource {
     /// The name Envoy asks for (`tls_certificate_sds_secret_configs[].name`).
     pub name: String,
@@ -219,8 +205,6 @@ impl EnvoySecretResource {
 
 /// A Kubernetes Secret by name; the namespace defaults to the config's own.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(transform = allow_additional_properties)]
 pub struct SecretReference {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -281,13 +281,24 @@ fn validate_document(
         errors.push("spec: missing".into());
         return Document::Invalid { object, errors };
     };
-    let spec: EnvoyConfigSpec = match serde_path_to_error::deserialize(spec) {
+    // The spec types accept unknown fields, as an API server that prunes them does (and so a
+    // typo in one EnvoyConfig never stops the controller from reading the others); offline,
+    // every unknown field is an error, since the API server would silently drop it.
+    let mut unknown = Vec::new();
+    let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let lenient = serde_ignored::Deserializer::new(spec, &mut on_unknown);
+    let spec: EnvoyConfigSpec = match serde_path_to_error::deserialize(lenient) {
         Ok(spec) => spec,
         Err(e) => {
             errors.push(format!("spec.{}: {}", e.path(), e.inner()).into());
             return Document::Invalid { object, errors };
         }
     };
+    errors.extend(unknown.into_iter().map(|path| {
+        Problem::from(format!(
+            "spec.{path}: unknown field (the API server would drop it)"
+        ))
+    }));
     match validate_config(&spec) {
         Ok(resources) if errors.is_empty() => {
             let mut counts: Vec<String> = ResourceType::ALL
@@ -401,6 +412,23 @@ mod tests {
         assert_eq!(
             only_errors("kind: EnvoyConfig\napiVersion: x\n: [").len(),
             1
+        );
+    }
+
+    #[test]
+    fn unknown_spec_fields_are_reported_offline() {
+        let text = mk_manifest("m", &[CLUSTER])
+            .replace(
+                "  nodeID: proxy\n",
+                "  nodeID: proxy\n  envoyResource: {}\n",
+            )
+            .replace("    clusters:\n", "    listener: []\n    clusters:\n");
+        assert_eq!(
+            only_errors(&text),
+            [
+                "spec.envoyResource: unknown field (the API server would drop it)",
+                "spec.envoyResources.listener: unknown field (the API server would drop it)",
+            ]
         );
     }
 
