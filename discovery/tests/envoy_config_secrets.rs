@@ -176,6 +176,13 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         c.message
     );
     assert!(plane.cache.snapshot(NS, "late").is_none());
+    // The EnvoyConfig says so too: its published version is not what the proxies get.
+    let ec = plane.wait_status(NS, "late", "CacheOutOfSync ResourcesOutOfSync", |ec| {
+        condition(ec, "CacheOutOfSync")
+            .is_some_and(|c| c.status == "True" && c.reason == "ResourcesOutOfSync")
+    });
+    let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
+    assert!(message.contains("my-certificate not found"), "{message}");
 
     // An Opaque Secret is not a certificate.
     let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
@@ -212,4 +219,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         c.message
     );
     assert!(plane.cache.snapshot(NS, "late").is_some());
+    plane.wait_status(NS, "late", "CacheOutOfSync InSync", |ec| {
+        condition(ec, "CacheOutOfSync").is_some_and(|c| c.status == "False" && c.reason == "InSync")
+    });
 }

@@ -108,6 +108,15 @@ impl EnvoyConfigRevision {
         })
     }
 
+    /// Why the revision cannot be loaded (the message of `ResourcesOutOfSync=True` with
+    /// reason `LoadFailed`), if it cannot.
+    pub fn load_failure(&self) -> Option<&str> {
+        self.status.as_ref()?.conditions.iter().find_map(|c| {
+            (c.type_ == RESOURCES_OUT_OF_SYNC && c.status == "True" && c.reason == "LoadFailed")
+                .then_some(c.message.as_str())
+        })
+    }
+
     /// The message of the `RevisionTainted` condition, when tainted.
     pub fn taint_message(&self) -> Option<&str> {
         self.status.as_ref()?.conditions.iter().find_map(|c| {

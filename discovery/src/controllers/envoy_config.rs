@@ -202,8 +202,20 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
         .iter()
         .find(|r| r.spec.version == version)
         .and_then(|r| r.taint_message().map(str::to_owned));
-    let (out_of_sync, reason, message) =
+    let (mut out_of_sync, mut reason, mut message) =
         cache_condition(plan.cache_state, &version, &plan.publish, nack.as_deref());
+    // A published revision whose Secrets cannot be loaded is not what proxies get either.
+    if let Some(why) = mine
+        .iter()
+        .find(|r| r.spec.version == plan.publish)
+        .and_then(|r| r.load_failure())
+    {
+        (out_of_sync, reason) = (true, "ResourcesOutOfSync");
+        message = format!(
+            "version {} is published but cannot be served: {why}",
+            plan.publish
+        );
+    }
     set_condition(
         &mut status.conditions,
         CACHE_OUT_OF_SYNC,
