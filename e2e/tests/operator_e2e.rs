@@ -414,6 +414,20 @@ async fn marin3r_end_to_end() {
     };
     let old_hash = hash(&deployments.get("marin3r-instance").await.unwrap());
     let old_pod = discovery_pods[0].name_any();
+    // Connections Envoy has opened to the discovery service so far: a reconnection to the
+    // new pod opens another.
+    let xds_connections = || {
+        let stats = get(&format!(
+            "http://{ip}:9901/stats?filter=^cluster.xds_cluster.upstream_cx_total$"
+        ));
+        stats
+            .rsplit(": ")
+            .next()
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let connections_before = xds_connections();
+    assert!(connections_before >= 1, "no xDS connection counted yet");
     renew(&client, "marin3r-server-cert-instance", "server-1").await;
     until("the discovery pod to roll", 120, || async {
         let d = deployments.get("marin3r-instance").await.unwrap();
@@ -439,8 +453,8 @@ async fn marin3r_end_to_end() {
             let stats = get(&format!(
                 "http://{ip}:9901/stats?filter=control_plane.connected_state"
             ));
-            stats
-                .contains("control_plane.connected_state: 1")
+            (stats.contains("control_plane.connected_state: 1")
+                && xds_connections() > connections_before)
                 .then_some(())
         },
     )
