@@ -6,7 +6,6 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 fn marin3r(args: &[&str], stdin: Option<&str>) -> Output {
@@ -24,9 +23,7 @@ fn marin3r(args: &[&str], stdin: Option<&str>) -> Output {
 }
 
 fn documents(yaml: &[u8]) -> Vec<Value> {
-    serde_yaml::Deserializer::from_slice(yaml)
-        .map(|d| Value::deserialize(d).unwrap())
-        .collect()
+    serde_saphyr::from_multiple(std::str::from_utf8(yaml).unwrap()).unwrap()
 }
 
 const DEPLOYMENT: &str = r#"
@@ -177,7 +174,7 @@ fn unreadable_and_invalid_input_are_errors() {
     assert!(!out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(
-        err.starts_with("error: -: document 1: not valid YAML: "),
+        err.starts_with("error: -: input: not valid YAML: ") && err.contains("line 2"),
         "{err}"
     );
 

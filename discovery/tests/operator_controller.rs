@@ -560,7 +560,7 @@ async fn the_standalone_certificate_example_is_issued() {
     let text = std::fs::read_to_string(path).unwrap();
     let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), "demo");
     for doc in text.split("\n---\n") {
-        let dsc: DiscoveryServiceCertificate = serde_yaml::from_str(doc).unwrap();
+        let dsc: DiscoveryServiceCertificate = serde_saphyr::from_str(doc).unwrap();
         dscs.create(&PostParams::default(), &dsc).await.unwrap();
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "demo");

@@ -104,7 +104,7 @@ async fn kubectl_drives_the_local_cluster() {
     let yaml = k
         .ok(&["get", "widget", "w1", "-n", &ns, "-o", "yaml"])
         .await;
-    let obj: serde_json::Value = serde_yaml::from_str(&yaml).unwrap();
+    let obj: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
     assert_eq!(obj["spec"]["size"], 3);
     assert_eq!(obj["spec"], serde_json::json!({"size": 3}), "{yaml}");
     assert_eq!(obj["metadata"]["generation"], 2);

@@ -1,7 +1,6 @@
 //! Offline injection (`marin3r inject`): every YAML document that is a Pod, or a workload with
 //! a pod template, gets the same mutation the webhook applies; other documents pass through.
 
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::InjectionConfig;
@@ -34,12 +33,12 @@ pub struct Injected {
 pub fn inject_yaml(input: &str, config: &InjectionConfig) -> Result<Injected, InjectError> {
     let mut docs = Vec::new();
     let mut notes = Vec::new();
-    for (i, de) in serde_yaml::Deserializer::from_str(input).enumerate() {
+    let parsed: Vec<Value> = serde_saphyr::from_multiple(input).map_err(|e| InjectError {
+        location: "input".into(),
+        message: format!("not valid YAML: {}", e.without_snippet()),
+    })?;
+    for (i, mut doc) in parsed.into_iter().enumerate() {
         let at = format!("document {}", i + 1);
-        let mut doc = Value::deserialize(de).map_err(|e| InjectError {
-            location: at.clone(),
-            message: format!("not valid YAML: {e}"),
-        })?;
         if doc.is_null() {
             continue;
         }
@@ -51,7 +50,7 @@ pub fn inject_yaml(input: &str, config: &InjectionConfig) -> Result<Injected, In
         if i > 0 {
             yaml.push_str("---\n");
         }
-        yaml.push_str(&serde_yaml::to_string(doc).map_err(|e| InjectError {
+        yaml.push_str(&serde_saphyr::to_string(doc).map_err(|e| InjectError {
             location: format!("document {}", i + 1),
             message: format!("writing YAML: {e}"),
         })?);
@@ -142,7 +141,7 @@ mod tests {
     }
 
     fn sidecar_names(yaml: &str) -> Vec<String> {
-        let v: Value = serde_yaml::from_str(yaml).unwrap();
+        let v: Value = serde_saphyr::from_str(yaml).unwrap();
         let containers = v
             .pointer("/spec/template/spec/containers")
             .or_else(|| v.pointer("/items/0/spec/template/spec/containers"))

@@ -30,8 +30,12 @@ impl PatchKind {
 pub fn parse_json_or_yaml(body: &[u8]) -> Result<Value, String> {
     match serde_json::from_slice(body) {
         Ok(v) => Ok(v),
-        Err(json_err) => serde_yaml::from_slice::<Value>(body)
-            .map_err(|yaml_err| format!("neither JSON ({json_err}) nor YAML ({yaml_err})")),
+        Err(json_err) => serde_saphyr::from_slice::<Value>(body).map_err(|yaml_err| {
+            format!(
+                "neither JSON ({json_err}) nor YAML ({})",
+                yaml_err.without_snippet()
+            )
+        }),
     }
 }
 

@@ -101,9 +101,10 @@ impl Demo {
                 "creating the DiscoveryService; waiting until it is Ready",
                 async {
                     let text = self.file(DISCOVERY_SERVICE)?;
-                    let ds: DiscoveryService = serde_yaml::from_str(&text).with_context(|| {
-                        format!("{DISCOVERY_SERVICE} is not a DiscoveryService")
-                    })?;
+                    let ds: DiscoveryService =
+                        serde_saphyr::from_str(&text).with_context(|| {
+                            format!("{DISCOVERY_SERVICE} is not a DiscoveryService")
+                        })?;
                     let ns = ds.namespace().unwrap_or_default();
                     for namespace in [ns.as_str(), NAMESPACE] {
                         ensure_namespace(&self.client, namespace).await?;
@@ -553,7 +554,7 @@ mod tests {
 
     #[test]
     fn in_sync_needs_the_desired_version_published() {
-        let mut ec: EnvoyConfig = serde_yaml::from_str(
+        let mut ec: EnvoyConfig = serde_saphyr::from_str(
             "apiVersion: marin3r.3scale.net/v1alpha1\nkind: EnvoyConfig\nmetadata: {name: a}\nspec: {nodeID: a}\n",
         )
         .unwrap();
