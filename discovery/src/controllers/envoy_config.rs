@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, info, warn};
@@ -43,25 +42,7 @@ pub(crate) async fn run(
     );
     let store = controller.store();
     tokio::spawn(super::mark_ready(store.clone(), ready));
-    // Labelling a namespace for this discovery service (or removing the label) takes effect
-    // at once.
-    let controller = if ctx.config.discovery_service.is_some() {
-        controller.watches(
-            Api::<Namespace>::all(ctx.client.clone()),
-            watcher::Config::default(),
-            move |ns: Namespace| {
-                let name = ns.name_any();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|ec| ec.namespace().as_deref() == Some(name.as_str()))
-                    .map(|ec| ObjectRef::from_obj(&*ec))
-                    .collect::<Vec<_>>()
-            },
-        )
-    } else {
-        controller
-    };
+    let controller = ctx.watch_namespaces(controller);
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, Arc::clone(&ctx))

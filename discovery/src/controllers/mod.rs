@@ -72,6 +72,40 @@ impl Context {
         }))
     }
 
+    /// With `--discovery-service-name`, labelling a namespace (or removing the label) takes
+    /// effect at once: a namespace change reconciles every object of that namespace again.
+    pub(crate) fn watch_namespaces<K>(
+        &self,
+        controller: kube::runtime::Controller<K>,
+    ) -> kube::runtime::Controller<K>
+    where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + std::fmt::Debug
+            + serde::de::DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        if self.config.discovery_service.is_none() {
+            return controller;
+        }
+        let store = controller.store();
+        controller.watches(
+            Api::<Namespace>::all(self.client.clone()),
+            kube::runtime::watcher::Config::default(),
+            move |ns: Namespace| {
+                let name = ns.metadata.name.unwrap_or_default();
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|o| o.meta().namespace.as_deref() == Some(name.as_str()))
+                    .map(|o| kube::runtime::reflector::ObjectRef::from_obj(&*o))
+                    .collect::<Vec<_>>()
+            },
+        )
+    }
+
     pub async fn publish<K: Resource<DynamicType = ()>>(
         &self,
         obj: &K,

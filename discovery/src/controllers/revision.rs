@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -44,24 +44,7 @@ pub(crate) async fn run(
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
     let secrets = tokio::spawn(watch_secrets(Arc::clone(&ctx), store.clone()));
     tokio::spawn(super::mark_ready(store.clone(), ready));
-    let controller = if ctx.config.discovery_service.is_some() {
-        let store = store.clone();
-        controller.watches(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-            move |ns: Namespace| {
-                let name = ns.name_any();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|r| r.namespace().as_deref() == Some(name.as_str()))
-                    .map(|r| ObjectRef::from_obj(&*r))
-                    .collect::<Vec<_>>()
-            },
-        )
-    } else {
-        controller
-    };
+    let controller = ctx.watch_namespaces(controller);
     controller
         .watches(
             Api::<Secret>::all(client),
