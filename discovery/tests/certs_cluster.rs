@@ -8,10 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::Api;
 use marin3r_certs::CertificateInfo;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use marin3r_e2e::kubectl::Kubectl;
@@ -31,19 +29,6 @@ spec:
   secretRef:
     name: my-cert-tls
 "#;
-
-async fn install_crds(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in marin3r_discovery::crds::all() {
-        let name = crd.name_any();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        let established = await_condition(crds.clone(), &name, conditions::is_crd_established());
-        tokio::time::timeout(Duration::from_secs(10), established)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-}
 
 async fn marin3r(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_marin3r"))
@@ -70,7 +55,10 @@ async fn serial(client: &Client, ns: &str) -> String {
 async fn kubectl_and_marin3r_certs_manage_a_certificate() {
     let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
     let client = server.kube_client().await.unwrap();
-    install_crds(&client).await;
+    server
+        .install_crds(marin3r_discovery::crds::all())
+        .await
+        .unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controller = tokio::spawn(marin3r_certs::controller::run(
         client.clone(),

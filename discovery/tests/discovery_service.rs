@@ -12,9 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, CustomResourceExt};
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_discovery::bootstrap::AdsMode;
@@ -81,17 +79,9 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     let (api, client) = rt.block_on(async {
         let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let client = api.kube_client().await.unwrap();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in [EnvoyConfig::crd(), EnvoyConfigRevision::crd()] {
-            let name = crd.metadata.name.clone().unwrap();
-            crds.create(&PostParams::default(), &crd).await.unwrap();
-            let established =
-                await_condition(crds.clone(), &name, conditions::is_crd_established());
-            tokio::time::timeout(Duration::from_secs(10), established)
-                .await
-                .unwrap()
-                .unwrap();
-        }
+        api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
+            .await
+            .unwrap();
         let nss: Api<Namespace> = Api::all(client.clone());
         for (ns, labels) in [
             (

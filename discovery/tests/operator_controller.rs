@@ -15,9 +15,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_discovery::api::discovery_service::{
@@ -68,18 +66,10 @@ impl Drop for Operator {
 async fn start() -> Operator {
     let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
     let client = server.kube_client().await.unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in marin3r_discovery::crds::all() {
-        let name = crd.name_any();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        tokio::time::timeout(
-            Duration::from_secs(10),
-            await_condition(crds.clone(), &name, conditions::is_crd_established()),
-        )
+    server
+        .install_crds(marin3r_discovery::crds::all())
         .await
-        .unwrap()
         .unwrap();
-    }
     for ns in [OPS, "team-a", "team-b", "team-c"] {
         create_namespace(&client, ns).await;
     }

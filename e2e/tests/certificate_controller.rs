@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_certs::controller::{self, Config};
@@ -32,17 +30,10 @@ impl Env {
     async fn start(trusted: &[&str]) -> Self {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let client = server.kube_client().await.unwrap();
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in marin3r_discovery::crds::all() {
-            let name = crd.name_any();
-            crds.create(&PostParams::default(), &crd).await.unwrap();
-            let established =
-                await_condition(crds.clone(), &name, conditions::is_crd_established());
-            tokio::time::timeout(Duration::from_secs(10), established)
-                .await
-                .unwrap()
-                .unwrap();
-        }
+        server
+            .install_crds(marin3r_discovery::crds::all())
+            .await
+            .unwrap();
         let ns = format!("certs-{}", std::process::id());
         let nss: Api<Namespace> = Api::all(client.clone());
         for name in [ns.clone(), format!("{ns}-other")] {

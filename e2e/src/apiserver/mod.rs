@@ -189,6 +189,27 @@ impl ApiServer {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
     }
 
+    /// Creates `crds` and waits (10 s at most each) until they are established.
+    pub async fn install_crds(
+        &self,
+        crds: impl IntoIterator<
+            Item = k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+        >,
+    ) -> anyhow::Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::runtime::wait::{await_condition, conditions};
+        let api: kube::Api<CustomResourceDefinition> = kube::Api::all(self.kube_client().await?);
+        for crd in crds {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            api.create(&Default::default(), &crd).await?;
+            let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+            tokio::time::timeout(Duration::from_secs(10), established)
+                .await
+                .map_err(|_| anyhow::anyhow!("CRD {name} not established within 10 s"))??;
+        }
+        Ok(())
+    }
+
     /// Serves `kubectl logs` from the log files `logs` finds (the pod runner's).
     pub fn set_pod_logs(&self, logs: Arc<dyn PodLogs>) {
         let mut slot = self
