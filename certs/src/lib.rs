@@ -2,7 +2,9 @@
 //! reading PEM, verifying chains and keys, and the two numbers the controllers live by:
 //! the certificate hash and the renewal instant (80% of the validity).
 
+#[cfg(feature = "kube")]
 pub mod api;
+#[cfg(feature = "kube")]
 pub mod controller;
 mod error;
 mod inspect;

@@ -8,6 +8,9 @@ pub mod convert;
 pub mod crds;
 pub mod operator;
 pub mod reference;
-pub mod resource;
 pub mod revisions;
-pub mod xds;
+
+/// The xDS server lives in its own crate (no Kubernetes in it); these keep the paths the
+/// rest of this crate and its users know.
+pub use marin3r_xds as xds;
+pub use marin3r_xds::resource;

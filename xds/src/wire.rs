@@ -232,8 +232,8 @@ mod tests {
     use prost::Message;
 
     use super::*;
+    use crate::cache::Snapshot;
     use crate::resource::{Resource, ResourceType};
-    use crate::xds::cache::Snapshot;
 
     #[test]
     fn our_responses_decode_as_envoys_messages() {

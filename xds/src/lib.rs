@@ -1,10 +1,11 @@
 //! The xDS server: a snapshot cache keyed by (namespace, node id) that controllers write to,
 //! and an `AggregatedDiscoveryService` (state-of-the-world and delta) over mutual TLS that
-//! serves it. Nothing here knows about Kubernetes.
+//! serves it. Nothing here knows about Kubernetes: this crate has no kube dependency, so the
+//! compiler keeps that boundary.
 //!
 //! ```no_run
 //! # async fn demo(listener: tokio::net::TcpListener) -> anyhow::Result<()> {
-//! use marin3r_discovery::xds::{Cache, Server, Snapshot, TlsFiles};
+//! use marin3r_xds::{Cache, Server, Snapshot, TlsFiles};
 //! let cache = Cache::new();
 //! let (server, mut nacks) = Server::builder(cache.clone()).build();
 //! let router = server.http_router(); // serve on the metrics port
@@ -20,6 +21,7 @@ mod delta;
 mod http;
 mod metrics;
 mod protocol;
+pub mod resource;
 mod server;
 mod sotw;
 mod status;
