@@ -80,7 +80,7 @@ impl ApiError {
         Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {why}", info.kind),
+            format!("{} \"{name}\" is invalid: {why}", info.qualified_kind()),
         )
         .with_details(info, name)
     }
