@@ -132,14 +132,11 @@ fn admit_object(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
         errors = schema::admit(s, obj);
     }
     errors.extend(validation::object_meta(info, obj));
+    errors.extend(validation::data_size(info, obj));
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(
-            info,
-            meta::name(obj),
-            validation::aggregate(&errors),
-        ))
+        Err(ApiError::invalid_fields(info, meta::name(obj), &errors))
     }
 }
 
@@ -364,11 +361,7 @@ impl Store {
                 .iter()
                 .map(|p| format!("metadata.name: Invalid value: {name:?}: {p}"))
                 .collect();
-            return Err(ApiError::invalid(
-                info,
-                &name,
-                validation::aggregate(&errors),
-            ));
+            return Err(ApiError::invalid_fields(info, &name, &errors));
         }
         if info.namespaced {
             if ns.is_empty() {

@@ -206,11 +206,29 @@ pub fn object_meta(info: &ResourceInfo, obj: &Value) -> Vec<String> {
     errors
 }
 
-/// Several field errors as Kubernetes joins them: one alone, more in brackets.
-pub fn aggregate(errors: &[String]) -> String {
-    match errors {
-        [one] => one.clone(),
-        more => format!("[{}]", more.join(", ")),
+/// The 1 MiB limit of ConfigMap and Secret data, checked by their validation.
+pub fn data_size(info: &ResourceInfo, obj: &Value) -> Vec<String> {
+    const MAX: usize = 1024 * 1024;
+    let sum = |key: &str, decode: bool| -> usize {
+        obj.get(key)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| {
+                let v = v.as_str().unwrap_or("");
+                // base64 data counts decoded.
+                k.len() + if decode { v.len() / 4 * 3 } else { v.len() }
+            })
+            .sum()
+    };
+    match (info.group.as_str(), info.plural.as_str()) {
+        ("", "configmaps") if sum("data", false) + sum("binaryData", true) > MAX => {
+            vec![format!("[]: Too long: must have at most {MAX} bytes")]
+        }
+        ("", "secrets") if sum("data", true) > MAX => {
+            vec![format!("data: Too long: must have at most {MAX} bytes")]
+        }
+        _ => Vec::new(),
     }
 }
 
