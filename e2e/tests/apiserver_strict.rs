@@ -627,6 +627,39 @@ async fn kubectl_shows_the_servers_refusals() {
         "{}",
         out.stderr
     );
+    // kubectl asks for strict field validation: a typo is an error, not a silent prune.
+    install_crd(&server).await;
+    let typo = "apiVersion: strict.marin3r.io/v1\nkind: Gadget\nmetadata:\n  name: t\nspec:\n  nodeID: t\n  nodeId: typo\n";
+    for args in [
+        vec!["apply", "-f", "-"],
+        vec!["apply", "--server-side", "-f", "-"],
+        vec!["create", "-f", "-"],
+    ] {
+        let mut args = args;
+        args.extend(["-n", ns.as_str()]);
+        let out = k.run_with(&args, typo).await.unwrap();
+        assert!(!out.success, "{args:?}");
+        assert!(
+            out.stderr.contains("unknown field \"spec.nodeId\""),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    // Without strict validation the field is pruned, as a real server does.
+    let out = k
+        .run_with(&["apply", "--validate=false", "-n", &ns, "-f", "-"], typo)
+        .await
+        .unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let stored = k
+        .ok(&["-n", &ns, "get", "gadget", "t", "-o", "jsonpath={.spec}"])
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        r#"{"mode":"json","nested":{"enabled":true},"nodeID":"t"}"#
+    );
+
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &ns);
     create(&sas, json!({"metadata": {"name": "reader"}})).await;
     let token = server.service_account_token(&ns, "reader");

@@ -481,6 +481,7 @@ impl Request<'_> {
                 meta.remove("namespace");
             }
         }
+        self.check_unknown_fields(&obj)?;
         super::rbac::check_escalation(
             &self.state.store,
             &self.user,
@@ -506,6 +507,28 @@ impl Request<'_> {
             self.dry_run(),
         )?;
         Ok(json_response(StatusCode::CREATED, &created))
+    }
+
+    /// `fieldValidation=Strict` (kubectl's default): fields the server would drop are an
+    /// error instead, as a real server's strict decoding answers.
+    fn check_unknown_fields(&self, obj: &Value) -> Result<(), ApiError> {
+        if self.param("fieldValidation") != Some("Strict") {
+            return Ok(());
+        }
+        let unknown = super::schema::unknown_fields(self.info.schema.as_deref(), obj);
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = unknown
+            .iter()
+            .map(|f| format!("unknown field {f:?}"))
+            .collect();
+        Err(ApiError::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+            list.join(", "),
+            kind = self.info.kind,
+            version = self.info.version,
+        )))
     }
 
     /// The ServiceAccount admission plugin: a pod runs as `default` unless it names one,
@@ -543,6 +566,7 @@ impl Request<'_> {
 
     fn update(&self, name: &str, target: Target) -> Result<Response, ApiError> {
         let body = self.body_object()?;
+        self.check_unknown_fields(&body)?;
         super::rbac::check_escalation(
             &self.state.store,
             &self.user,
@@ -585,6 +609,7 @@ impl Request<'_> {
                 let applied = patch::parse_json_or_yaml(&body)
                     .map_err(|e| ApiError::bad_request(format!("invalid apply patch: {e}")))?;
                 check_applied_kind(&info, &applied)?;
+                self.check_unknown_fields(&applied)?;
                 let manager = self.param("fieldManager").ok_or_else(|| {
                     ApiError::bad_request("PATCH with apply requires the fieldManager parameter")
                 })?;
@@ -592,6 +617,11 @@ impl Request<'_> {
             }
             _ => None,
         };
+        if kind == PatchKind::Merge
+            && let Ok(merge) = patch::parse_json_or_yaml(&body)
+        {
+            self.check_unknown_fields(&merge)?;
+        }
         if self.info.group == "rbac.authorization.k8s.io" && !self.user.is_admin() {
             // Escalation is judged on the object the patch would produce.
             let current = self

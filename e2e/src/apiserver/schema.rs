@@ -77,6 +77,62 @@ fn prune_root(schema: &Value, obj: &mut Value) {
     }
 }
 
+/// The paths (`spec.x`, `metadata.y`) of the fields pruning would drop from a whole object,
+/// as `fieldValidation=Strict` reports them.
+pub fn unknown_fields(schema: Option<&Value>, obj: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(meta) = obj.get("metadata").and_then(Value::as_object) {
+        for k in meta.keys() {
+            if !OBJECT_META_FIELDS.contains(&k.as_str()) {
+                out.push(format!("metadata.{k}"));
+            }
+        }
+    }
+    let (Some(schema), Some(map)) = (schema, obj.as_object()) else {
+        return out;
+    };
+    let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (k, v) in map {
+        if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            continue;
+        }
+        match props.and_then(|p| p.get(k)) {
+            Some(s) => collect_unknown(s, v, k, &mut out),
+            None if !preserve => out.push(k.clone()),
+            None => {}
+        }
+    }
+    out
+}
+
+fn collect_unknown(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
+    let mut pruned = value.clone();
+    prune(schema, &mut pruned);
+    diff(value, &pruned, path, out);
+}
+
+/// What is in `before` and not in `after` (which is `before` pruned).
+fn diff(before: &Value, after: &Value, path: &str, out: &mut Vec<String>) {
+    match (before, after) {
+        (Value::Object(b), Value::Object(a)) => {
+            for (k, v) in b {
+                let p = format!("{path}.{k}");
+                match a.get(k) {
+                    Some(av) => diff(v, av, &p, out),
+                    None => out.push(p),
+                }
+            }
+        }
+        (Value::Array(b), Value::Array(a)) => {
+            for (i, (bv, av)) in b.iter().zip(a).enumerate() {
+                diff(bv, av, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Removes what `schema` does not specify from `value`, recursively.
 pub fn prune(schema: &Value, value: &mut Value) {
     if flag(schema, "x-kubernetes-int-or-string") {
@@ -491,6 +547,15 @@ mod tests {
                 "apiVersion": "x/v1", "kind": "T", "metadata": {"name": "t"},
                 "spec": {"nodeID": "n", "mode": "a", "any": {"free": 1}, "map": {"k": {"x": "y"}}, "ios": "80%"},
             })
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_listed_by_path() {
+        let obj = json!({"metadata": {"name": "t", "bogus": 1}, "extra": 1, "spec": {"nodeID": "n", "x": 1, "any": {"free": 1}, "map": {"k": {"z": 1}}}});
+        assert_eq!(
+            unknown_fields(Some(&schema()), &obj),
+            vec!["metadata.bogus", "extra", "spec.map.k.z", "spec.x"]
         );
     }
 
