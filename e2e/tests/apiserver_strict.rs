@@ -594,6 +594,28 @@ async fn service_account_tokens_are_held_to_rbac() {
         message.contains("attempting to grant RBAC permissions not currently held"),
         "{message}"
     );
+    // So is a binding to a role that does not exist.
+    let dangling = json!({"metadata": {"name": "dangling"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "no-such-role"}, "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": ns}]});
+    let (code, _, message) = api_error(
+        app_bindings
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(dangling).unwrap(),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("clusterroles.rbac.authorization.k8s.io \"no-such-role\" not found"),
+        "{message}"
+    );
+    // A binding to a role whose permissions it holds is fine.
+    create(
+        &app_bindings,
+        json!({"metadata": {"name": "fine"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "narrower"}, "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": ns}]}),
+    )
+    .await;
 
     // A token nobody issued is 401; so is one whose ServiceAccount is gone.
     let stranger = client_with_token(&server, "not-a-token").await;

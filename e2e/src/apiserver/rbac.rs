@@ -224,21 +224,27 @@ fn find(store: &Store, plural: &str) -> Option<ResourceInfo> {
     store.registry().find(RBAC_GROUP, "v1", plural).cloned()
 }
 
-/// The rules of the role a binding refers to (a Role in `ns`, or a ClusterRole).
-fn role_rules(store: &Store, role_ref: Option<&Value>, ns: &str) -> Vec<Value> {
-    let Some(role_ref) = role_ref else {
-        return Vec::new();
-    };
+/// The rules of the role a binding refers to (a Role in `ns`, or a ClusterRole); `None`
+/// when it does not exist.
+fn find_role_rules(store: &Store, role_ref: Option<&Value>, ns: &str) -> Option<Vec<Value>> {
+    let role_ref = role_ref?;
     let name = role_ref.get("name").and_then(Value::as_str).unwrap_or("");
     let (plural, ns) = match role_ref.get("kind").and_then(Value::as_str) {
         Some("ClusterRole") => ("clusterroles", ""),
         Some("Role") => ("roles", ns),
-        _ => return Vec::new(),
+        _ => return None,
     };
-    find(store, plural)
-        .and_then(|info| store.get(&info, ns, name).ok())
-        .and_then(|role| role.get("rules").and_then(Value::as_array).cloned())
-        .unwrap_or_default()
+    let role = find(store, plural).and_then(|info| store.get(&info, ns, name).ok())?;
+    Some(
+        role.get("rules")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+    )
+}
+
+fn role_rules(store: &Store, role_ref: Option<&Value>, ns: &str) -> Vec<Value> {
+    find_role_rules(store, role_ref, ns).unwrap_or_default()
 }
 
 /// Every rule that applies to `user` in namespace `ns` (cluster-wide ones only when `ns`
@@ -381,7 +387,25 @@ pub fn check_escalation(
                 // cluster-wide; a namespaced check also consults ClusterRoleBindings.
                 *namespace = scope.map(str::to_owned);
             }
-            (role_rules(store, role_ref, ns), bind)
+            match find_role_rules(store, role_ref, ns) {
+                Some(rules) => (rules, bind),
+                None => {
+                    if allowed(store, user, &bind) {
+                        return Ok(());
+                    }
+                    let mut err = ApiError::forbidden(format!(
+                        "{} {name:?} is forbidden: attempting to grant RBAC permissions not currently held: {plural}.{RBAC_GROUP} {:?} not found",
+                        info.qualified(),
+                        role_ref
+                            .and_then(|r| r.get("name"))
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                    ));
+                    err.details =
+                        Some(json!({"name": name, "group": info.group, "kind": info.plural}));
+                    return Err(err);
+                }
+            }
         }
         _ => return Ok(()),
     };
