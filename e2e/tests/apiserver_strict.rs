@@ -483,6 +483,7 @@ async fn service_account_tokens_are_held_to_rbac() {
             {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "update", "patch"], "resourceNames": ["mine"]},
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["patch"]},
         ]}),
     )
     .await;
@@ -536,6 +537,30 @@ async fn service_account_tokens_are_held_to_rbac() {
     );
     let (code, _, _) = api_error(cms.list(&Default::default()).await.unwrap_err());
     assert_eq!(code, 403);
+    // Server-side apply that would create an object needs `create` as well as `patch`.
+    let app_svcs: Api<Service> = Api::namespaced(app.clone(), &ns);
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}});
+    let (code, _, message) = api_error(
+        app_svcs
+            .patch("web", &PatchParams::apply("app"), &Patch::Apply(&svc))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 403);
+    assert!(
+        message.contains("cannot create resource \"services\""),
+        "{message}"
+    );
+    let admin_svcs: Api<Service> = Api::namespaced(admin.clone(), &ns);
+    create(
+        &admin_svcs,
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}),
+    )
+    .await;
+    app_svcs
+        .patch("web", &PatchParams::apply("app"), &Patch::Apply(&svc))
+        .await
+        .unwrap();
 
     // Escalation: a Role granting what the subject does not hold is refused; one granting
     // what it holds is fine once it may write Roles.

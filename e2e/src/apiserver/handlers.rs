@@ -617,6 +617,27 @@ impl Request<'_> {
             }
             _ => None,
         };
+        if applied.is_some()
+            && !self.user.is_admin()
+            && self
+                .state
+                .store
+                .get(&self.info, self.namespace(), name)
+                .is_err()
+        {
+            // An apply that creates the object needs `create` too, as on a real server.
+            let attrs = super::rbac::Attributes::Resource {
+                verb: "create".into(),
+                group: self.info.group.clone(),
+                resource: self.info.plural.clone(),
+                subresource: self.route.subresource.clone(),
+                namespace: self.route.namespace.clone(),
+                name: Some(name.to_owned()),
+            };
+            if !super::rbac::allowed(&self.state.store, &self.user, &attrs) {
+                return Err(super::rbac::forbidden(&self.user, &attrs));
+            }
+        }
         if kind == PatchKind::Merge
             && let Ok(merge) = patch::parse_json_or_yaml(&body)
         {
