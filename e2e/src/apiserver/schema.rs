@@ -141,10 +141,8 @@ pub fn prune(schema: &Value, value: &mut Value) {
     match value {
         Value::Object(map) => {
             let embedded = flag(schema, "x-kubernetes-embedded-resource");
-            if embedded {
-                if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
-                    meta.retain(|k, _| OBJECT_META_FIELDS.contains(&k.as_str()));
-                }
+            if embedded && let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.retain(|k, _| OBJECT_META_FIELDS.contains(&k.as_str()));
             }
             let preserve = flag(schema, "x-kubernetes-preserve-unknown-fields");
             let props = schema.get("properties").and_then(Value::as_object);

@@ -119,7 +119,9 @@ pub struct ClusterAccess {
 
 /// What issues service-account tokens: the API server's token authority.
 #[derive(Clone)]
-pub struct TokenSource(std::sync::Arc<dyn Fn(&str, &str) -> String + Send + Sync>);
+pub struct TokenSource(std::sync::Arc<IssueToken>);
+
+type IssueToken = dyn Fn(&str, &str) -> String + Send + Sync;
 
 impl TokenSource {
     pub fn new(issue: impl Fn(&str, &str) -> String + Send + Sync + 'static) -> Self {
