@@ -238,6 +238,9 @@ pub async fn handle(
             else {
                 return not_found_path(path);
             };
+            if let Some(delay) = state.faults.request_delay(&route.resource) {
+                tokio::time::sleep(delay).await;
+            }
             if let Some(code) = state.faults.take(is_watch && method == Method::GET) {
                 let err = ApiError::injected(code);
                 return if is_watch && code == 410 {
