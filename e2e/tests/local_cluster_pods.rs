@@ -399,8 +399,9 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
                 )
             })
     };
+    // ContainerCreating comes first (as on a real node); the pull error follows.
     let (reason, message) = until("a pull error", Duration::from_secs(10), || async {
-        waiting(&pods.get("nginx").await.unwrap())
+        waiting(&pods.get("nginx").await.unwrap()).filter(|(r, _)| r != "ContainerCreating")
     })
     .await;
     assert_eq!(reason, "ErrImagePull");
