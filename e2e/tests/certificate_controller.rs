@@ -47,6 +47,8 @@ impl Env {
                 .iter()
                 .map(|t| t.replace("{ns}", &ns))
                 .collect::<BTreeSet<_>>(),
+            // The renewal tests use validities of seconds.
+            min_renewal_interval: Duration::from_secs(1),
         };
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
             let _ = stopped.await;
