@@ -41,7 +41,7 @@ fn shifted(at: OffsetDateTime, by: std::time::Duration) -> Option<OffsetDateTime
 /// When time-based renewal is due: at 80% of the validity, but never sooner than
 /// `min_renewal_interval` after issuance, so a tiny `validFor` cannot make the operator issue a
 /// key, write a Secret and record an Event several times a second, forever.
-fn renewal_due_at(
+pub fn renewal_due_at(
     info: &CertificateInfo,
     min_renewal_interval: std::time::Duration,
 ) -> OffsetDateTime {

@@ -28,7 +28,7 @@ use crate::api::{
     OWNER_NAMESPACE_LABEL, READY_CONDITION, RENEW_ANNOTATION, ValidSpec,
 };
 use crate::{CertificateAuthority, CertificateInfo, issue_self_signed};
-use decide::{Readiness, TlsFiles, needs_issue, next_wakeup, readiness};
+use decide::{Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at};
 
 const FIELD_MANAGER: &str = "marin3r-certificates";
 const FINALIZER: &str = "operator.marin3r.3scale.net/certificate-secret";
@@ -321,7 +321,9 @@ async fn issue_if_needed(
     let mut status = previous;
     status.not_before = Some(to_time(info.not_before));
     status.not_after = Some(to_time(info.not_after));
-    status.renewal_time = valid.renewal_enabled.then(|| to_time(info.renewal_time()));
+    status.renewal_time = valid
+        .renewal_enabled
+        .then(|| to_time(renewal_due_at(&info, min_renewal)));
     status.certificate_hash = Some(info.hash());
     status.last_renewal_request = renew_request;
     let secret_ref = format!("{secret_ns}/{secret_name}");
