@@ -22,6 +22,8 @@ mod http;
 mod limits;
 mod metrics;
 mod protocol;
+#[cfg(test)]
+mod protocol_fuzz;
 pub mod resource;
 mod server;
 mod sotw;
