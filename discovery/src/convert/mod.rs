@@ -336,4 +336,6 @@ fn hint_other_type(
 }
 
 #[cfg(test)]
+mod fuzz_tests;
+#[cfg(test)]
 mod tests;
