@@ -171,7 +171,7 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
 async fn marin3r_end_to_end() {
     let images = ImageMap::discover();
     images
-        .resolve("quay.io/3scale/marin3r:v0.1.0")
+        .resolve(marin3r_discovery::IMAGE)
         .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
     let cluster = LocalCluster::start(LocalClusterConfig {
         images,
