@@ -16,6 +16,7 @@ mod logs;
 mod meta;
 mod openapi;
 mod patch;
+mod pod_security;
 mod protobuf;
 mod registry;
 mod selectors;
