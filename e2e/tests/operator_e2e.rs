@@ -230,9 +230,15 @@ async fn marin3r_end_to_end() {
     })
     .await;
     // manifests/ label the operator's namespace `restricted`: its pods must pass.
-    let ops_ns = Api::<Namespace>::all(client.clone()).get(OPS).await.unwrap();
+    let ops_ns = Api::<Namespace>::all(client.clone())
+        .get(OPS)
+        .await
+        .unwrap();
     assert_eq!(
-        ops_ns.labels().get("pod-security.kubernetes.io/enforce").map(String::as_str),
+        ops_ns
+            .labels()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
         Some("restricted")
     );
     create_namespace(&client, "demo").await;
@@ -338,7 +344,10 @@ async fn marin3r_end_to_end() {
     ] {
         let url = format!("http://{ip}:9902{path}");
         let (status, body) = marin3r_e2e::envoy::request(method, &url).unwrap();
-        assert_eq!(status, 404, "{method} {path} through the readiness port: {body}");
+        assert_eq!(
+            status, 404,
+            "{method} {path} through the readiness port: {body}"
+        );
     }
     // Inside the pod (its containers, `kubectl exec`) the admin answers, and Envoy is still up.
     assert_eq!(admin(&cluster, &pod, "/ready").trim(), "LIVE");
@@ -512,7 +521,11 @@ async fn marin3r_end_to_end() {
         "Envoy to reconnect to the new discovery pod",
         60,
         || async {
-            let stats = admin(&cluster, &pod, "/stats?filter=control_plane.connected_state");
+            let stats = admin(
+                &cluster,
+                &pod,
+                "/stats?filter=control_plane.connected_state",
+            );
             (stats.contains("control_plane.connected_state: 1")
                 && xds_connections() > connections_before)
                 .then_some(())
