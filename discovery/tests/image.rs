@@ -174,3 +174,14 @@ fn hack_image_with_a_docker_whose_daemon_is_down_says_so_and_exits_2() {
         "{stderr}"
     );
 }
+
+#[test]
+fn the_operator_defaults_discovery_pods_to_its_own_image() {
+    let out = Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["operator", "--help"])
+        .env_remove("MARIN3R_IMAGE")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains(&format!("[default: {IMAGE}]")), "{help}");
+}
