@@ -374,8 +374,9 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
                 )
             })
     };
+    // The first status may still be `ContainerCreating`: wait for the kubelet's verdict.
     let (reason, message) = until("a pull error", Duration::from_secs(10), || async {
-        waiting(&pods.get("nginx").await.unwrap())
+        waiting(&pods.get("nginx").await.unwrap()).filter(|(r, _)| r != "ContainerCreating")
     })
     .await;
     assert_eq!(reason, "ErrImagePull");
