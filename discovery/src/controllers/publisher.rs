@@ -187,6 +187,8 @@ mod tests {
             type_url: ResourceType::Runtime.type_url().into(),
             version: snapshot.version(ResourceType::Runtime).into(),
             message: "bad".into(),
+            rejecting: 1,
+            connected: 1,
         }
     }
 

@@ -202,6 +202,7 @@ impl<'a> Children<'a> {
             },
             certificate_renewal: None,
             key_algorithm: None,
+            certificate_renewal_notification: None,
         };
         let mut dsc = DiscoveryServiceCertificate::new(self.ca_name(), spec);
         dsc.metadata = self.owned_meta(self.ca_name());
@@ -236,6 +237,7 @@ impl<'a> Children<'a> {
             },
             certificate_renewal: None,
             key_algorithm: None,
+            certificate_renewal_notification: None,
         };
         let mut dsc = DiscoveryServiceCertificate::new(self.server_name(), spec);
         dsc.metadata = self.owned_meta(self.server_name());
@@ -259,6 +261,7 @@ impl<'a> Children<'a> {
             },
             certificate_renewal: None,
             key_algorithm: None,
+            certificate_renewal_notification: None,
         };
         let name = self.client_certificate_name(namespace);
         let mut dsc = DiscoveryServiceCertificate::new(&name, spec);
