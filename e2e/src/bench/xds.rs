@@ -19,7 +19,7 @@ use marin3r_certs::{
     CertificateAuthority, CertificateRequest, Usage, issue_self_signed, spiffe_id,
 };
 use marin3r_discovery::resource::ResourceType;
-use marin3r_discovery::xds::{Cache, Server, Snapshot, TlsFiles, server_config};
+use marin3r_discovery::xds::{Cache, Limits, Server, Snapshot, TlsFiles, server_config};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -54,7 +54,13 @@ pub fn run_server(dir: &Path) -> anyhow::Result<()> {
         let tls = server_config(&TlsFiles::in_dir(dir))?;
         let cache = Cache::new();
         cache.set_snapshot(NAMESPACE, NODE, snapshot(0)?);
-        let (server, _nacks) = Server::builder(cache.clone()).build();
+        // Every simulated Envoy is in one namespace: lift the per-namespace cap (a safety
+        // default of the product) so the run measures the server, not the cap.
+        let limits = Limits {
+            max_streams_per_namespace: usize::MAX,
+            ..Limits::default()
+        };
+        let (server, _nacks) = Server::builder(cache.clone()).limits(limits).build();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
