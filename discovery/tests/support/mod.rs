@@ -126,7 +126,8 @@ impl XdsServer {
         let (server, nacks) = Server::builder(cache.clone())
             .control_plane_id("marin3r-test")
             .build();
-        let router = server.http_router();
+        // One loopback port for both routers here; the process serves the admin one apart.
+        let router = server.http_router().merge(server.admin_router());
         let (listener, http) = rt.block_on(async {
             (
                 tokio::net::TcpListener::bind(xds_addr).await.unwrap(),

@@ -127,6 +127,12 @@ pub async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state
+        .requests
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(format!("{method} {uri}"));
+    state.faults.wait_if_held(uri.path()).await;
     let query: HashMap<String, String> = Query::try_from_uri(&uri).map(|q| q.0).unwrap_or_default();
     let registry = state.store.registry();
     let path = uri.path();

@@ -84,6 +84,8 @@ pub(crate) struct ServerState {
     faults: Arc<Faults>,
     bookmark_interval: Duration,
     pod_logs: std::sync::RwLock<Option<Arc<dyn PodLogs>>>,
+    /// `METHOD path?query` of every request, in order (what tests assert access patterns on).
+    requests: std::sync::Mutex<Vec<String>>,
 }
 
 /// A running API server; stops (listeners, connections, watches) when dropped.
@@ -106,6 +108,7 @@ impl ApiServer {
             faults,
             bookmark_interval: config.bookmark_interval,
             pod_logs: std::sync::RwLock::new(None),
+            requests: std::sync::Mutex::new(Vec::new()),
         });
         // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
@@ -182,6 +185,15 @@ impl ApiServer {
 
     pub fn faults(&self) -> &Faults {
         &self.state.faults
+    }
+
+    /// Every request served so far, as `METHOD path?query`, in arrival order.
+    pub fn requests(&self) -> Vec<String> {
+        self.state
+            .requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// A kubeconfig for this cluster over HTTPS (any token is accepted).
