@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
@@ -170,9 +170,10 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marin3r_end_to_end() {
     let images = ImageMap::discover();
-    images
+    let marin3r = images
         .resolve("quay.io/3scale/marin3r:v0.1.0")
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
+        .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
+        .path;
     let cluster = LocalCluster::start(LocalClusterConfig {
         images,
         // Keep the pods' logs to look at after a failure.
@@ -264,6 +265,50 @@ async fn marin3r_end_to_end() {
         .await
         .unwrap();
     assert!(out.contains(DS) && out.contains("True"), "{out}");
+    // The discovery pod reads Secrets only where it serves: a Role in each enabled namespace,
+    // none elsewhere, and no Secret rule cluster-wide.
+    let secret_role = "marin3r-marin3r-system-instance";
+    let has_secret_access = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            let role = Api::<Role>::namespaced(client.clone(), ns)
+                .get_opt(secret_role)
+                .await
+                .unwrap();
+            let binding = Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get_opt(secret_role)
+                .await
+                .unwrap();
+            match (role, binding) {
+                (Some(role), Some(binding)) => {
+                    let rule = &role.rules.unwrap()[0];
+                    assert_eq!(rule.resources.as_deref(), Some(&["secrets".to_owned()][..]));
+                    let subject = &binding.subjects.unwrap()[0];
+                    assert_eq!(
+                        (subject.name.as_str(), subject.namespace.as_deref()),
+                        ("marin3r-instance", Some(OPS))
+                    );
+                    true
+                }
+                (None, None) => false,
+                other => panic!("a Role without its RoleBinding or the reverse in {ns}: {other:?}"),
+            }
+        }
+    };
+    assert!(has_secret_access("demo").await);
+    assert!(!has_secret_access("plain").await);
+    let cluster_rules = Api::<ClusterRole>::all(client.clone())
+        .get(secret_role)
+        .await
+        .unwrap()
+        .rules
+        .unwrap();
+    assert!(
+        cluster_rules
+            .iter()
+            .all(|r| !r.resources.iter().flatten().any(|x| x == "secrets")),
+        "{cluster_rules:?}"
+    );
 
     // 2. An annotated pod is injected, its Envoy connects over mTLS and serves the config;
     //    the same workload in a namespace that is not enabled is not injected.
@@ -308,6 +353,45 @@ async fn marin3r_end_to_end() {
         "not injected outside enabled namespaces"
     );
 
+    // `marin3r proxy-status` reaches the sync status through the API server (a pod
+    // port-forward to the discovery pod's loopback admin port) and shows the sidecar...
+    let proxy_status = || {
+        let (marin3r, kubeconfig) = (marin3r.clone(), kubeconfig.clone());
+        async move {
+            let out = tokio::process::Command::new(&marin3r)
+                .args(["proxy-status", "--kubeconfig"])
+                .arg(&kubeconfig)
+                .args(["-n", "demo"])
+                .output()
+                .await
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            stdout
+        }
+    };
+    let table = until("proxy-status to show the synced sidecar", 30, || async {
+        let table = proxy_status().await;
+        (table.contains(&pod.name_any()) && table.contains("SYNCED")).then_some(table)
+    })
+    .await;
+    assert!(table.starts_with("NAMESPACE"), "{table}");
+    // ...which the network cannot: not on the admin port, not on the metrics port.
+    let discovery_ip = pod_ip(&discovery_pods[0]);
+    let admin = get(&format!("http://{discovery_ip}:8384/sync-status"));
+    assert!(admin.starts_with("GET failed"), "{admin}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let on_metrics = agent
+        .get(&format!("http://{discovery_ip}:8383/sync-status"))
+        .call()
+        .unwrap()
+        .status();
+    assert_eq!(on_metrics, 404);
+
     // 3. A user labels a second namespace: it is served; unlabelled, it is not.
     create_namespace(&client, "team-b").await;
     let patch = |v: Option<&str>| json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: v}}});
@@ -342,6 +426,7 @@ async fn marin3r_end_to_end() {
         .await
         .unwrap();
     serving_pod(&client, "team-b").await;
+    assert!(has_secret_access("team-b").await);
     Api::<Deployment>::namespaced(client.clone(), "team-b")
         .delete("demo", &DeleteParams::default())
         .await
@@ -363,6 +448,10 @@ async fn marin3r_end_to_end() {
                 .unwrap()
                 .is_none();
         gone.then_some(())
+    })
+    .await;
+    until("team-b's Secret access to go", 30, || async {
+        (!has_secret_access("team-b").await).then_some(())
     })
     .await;
 

@@ -16,6 +16,7 @@ mod logs;
 mod meta;
 mod openapi;
 mod patch;
+mod portforward;
 mod protobuf;
 mod registry;
 mod selectors;
@@ -36,6 +37,7 @@ pub use delete::{DeleteOptions, Propagation};
 pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
 pub use logs::PodLogs;
+pub use portforward::PodPorts;
 pub use registry::ResourceInfo;
 pub use store::Store;
 
@@ -84,6 +86,7 @@ pub(crate) struct ServerState {
     faults: Arc<Faults>,
     bookmark_interval: Duration,
     pod_logs: std::sync::RwLock<Option<Arc<dyn PodLogs>>>,
+    pod_ports: std::sync::RwLock<Option<Arc<dyn PodPorts>>>,
     /// `METHOD path?query` of every request, in order (what tests assert access patterns on).
     requests: std::sync::Mutex<Vec<String>>,
 }
@@ -108,10 +111,15 @@ impl ApiServer {
             faults,
             bookmark_interval: config.bookmark_interval,
             pod_logs: std::sync::RwLock::new(None),
+            pod_ports: std::sync::RwLock::new(None),
             requests: std::sync::Mutex::new(Vec::new()),
         });
         // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
+            .route(
+                "/api/v1/namespaces/{namespace}/pods/{name}/portforward",
+                axum::routing::any(portforward::handle),
+            )
             .fallback(handlers::handle)
             .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
             .with_state(state.clone());
@@ -230,6 +238,16 @@ impl ApiServer {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *slot = Some(logs);
+    }
+
+    /// Serves `pods/portforward` by connecting through `ports` (the pod runner's).
+    pub fn set_pod_ports(&self, ports: Arc<dyn PodPorts>) {
+        let mut slot = self
+            .state
+            .pod_ports
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(ports);
     }
 
     /// A kube-rs client for this cluster, over HTTPS through [`Self::kubeconfig`], as a user

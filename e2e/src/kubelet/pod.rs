@@ -131,6 +131,11 @@ impl PodHandle {
         })
     }
 
+    /// The path of the pod's network namespace, while it has one.
+    pub fn netns_path(&self) -> Option<String> {
+        lock(&self.shared.net).as_ref().map(PodNetwork::netns_path)
+    }
+
     pub fn ip(&self) -> &str {
         &self.shared.ip
     }
