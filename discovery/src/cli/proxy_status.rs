@@ -159,7 +159,10 @@ async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<(String, S
 
 /// The discovery pod to ask: `--pod`, or a running pod of `--discovery-service`, or the only
 /// discovery pod there is.
-async fn find_pod(client: &kube::Client, args: &ProxyStatusArgs) -> anyhow::Result<(String, String)> {
+async fn find_pod(
+    client: &kube::Client,
+    args: &ProxyStatusArgs,
+) -> anyhow::Result<(String, String)> {
     if let Some(pod) = &args.pod {
         let (ns, name) = pod
             .split_once('/')

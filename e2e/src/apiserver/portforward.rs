@@ -29,7 +29,12 @@ const PROTOCOL: &str = "v4.channel.k8s.io";
 /// Connects to a port of a running pod from inside its network namespace.
 pub trait PodPorts: Send + Sync {
     /// A connection to `127.0.0.1:port` in the pod's network namespace (blocking).
-    fn connect(&self, namespace: &str, pod: &str, port: u16) -> std::io::Result<std::net::TcpStream>;
+    fn connect(
+        &self,
+        namespace: &str,
+        pod: &str,
+        port: u16,
+    ) -> std::io::Result<std::net::TcpStream>;
 }
 
 pub(crate) async fn handle(
@@ -133,7 +138,10 @@ fn upgrade(
     let h = response.headers_mut();
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(PROTOCOL));
+    h.insert(
+        header::SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_static(PROTOCOL),
+    );
     if let Ok(v) = HeaderValue::from_str(&accept) {
         h.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
@@ -172,7 +180,9 @@ async fn forward<S>(
     for (i, &port) in ports.iter().enumerate() {
         let (data, error) = (2 * i as u8, 2 * i as u8 + 1);
         let connected = match &dialer {
-            None => Err(std::io::Error::other("no pod runner serves port-forward in this cluster")),
+            None => Err(std::io::Error::other(
+                "no pod runner serves port-forward in this cluster",
+            )),
             Some(d) => {
                 let (d, ns, pod) = (d.clone(), namespace.to_owned(), name.to_owned());
                 tokio::task::spawn_blocking(move || d.connect(&ns, &pod, port))
@@ -207,7 +217,11 @@ async fn forward<S>(
                 match read.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => {
-                        if tx.send(FromPod::Data(data, buf[..n].to_vec())).await.is_err() {
+                        if tx
+                            .send(FromPod::Data(data, buf[..n].to_vec()))
+                            .await
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -245,10 +259,10 @@ async fn forward<S>(
             from_client = stream.next() => match from_client {
                 Some(Ok(Message::Binary(bytes))) => {
                     let Some((&ch, payload)) = bytes.split_first() else { continue };
-                    if let Some(w) = writers.get_mut(&ch) {
-                        if w.write_all(payload).await.is_err() {
-                            writers.remove(&ch);
-                        }
+                    if let Some(w) = writers.get_mut(&ch)
+                        && w.write_all(payload).await.is_err()
+                    {
+                        writers.remove(&ch);
                     }
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,

@@ -376,7 +376,9 @@ pub fn connect_in_netns(netns: &str, port: u16) -> std::io::Result<std::net::Tcp
         )
     })
     .join()
-    .map_err(|_| std::io::Error::other("the thread entering the pod's network namespace panicked"))?
+    .map_err(|_| {
+        std::io::Error::other("the thread entering the pod's network namespace panicked")
+    })?
 }
 
 #[cfg(test)]
