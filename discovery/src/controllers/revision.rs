@@ -284,9 +284,15 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     let key = key_of(&r);
     let name = r.name_any();
     let uid = r.uid().unwrap_or_default();
-    if !r.is_published() || r.metadata.deletion_timestamp.is_some() {
+    if r.metadata.deletion_timestamp.is_some() {
         if ctx.publisher.unload(&key, &uid) {
-            info!(revision = %name, node = %key, "unpublished; no longer served");
+            info!(revision = %name, node = %key, "being deleted; no longer served");
+        }
+        return Ok(Action::await_change());
+    }
+    if !r.is_published() {
+        if ctx.publisher.retire(&key, &uid) {
+            info!(revision = %name, node = %key, "unpublished; served until its successor loads");
         }
         return Ok(Action::await_change());
     }
@@ -300,6 +306,17 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     let mut failure = None;
     let action = match load(&r, &ctx).await? {
         Ok((snapshot, secrets_version)) => {
+            // The cached object may be stale: a rollback unpublishes this revision and
+            // publishes another in two writes, and reconciles of the two run concurrently.
+            // Loading a revision that is no longer published would replace its successor.
+            let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
+            let fresh = api.get_opt(&name).await?;
+            if fresh.as_ref().is_none_or(|f| {
+                f.uid() != r.uid() || !f.is_published() || f.metadata.deletion_timestamp.is_some()
+            }) {
+                debug!(revision = %name, "no longer published; not loaded");
+                return Ok(Action::await_change());
+            }
             if ctx
                 .publisher
                 .load(&key, &name, &uid, &r.spec.version, snapshot)
