@@ -508,15 +508,17 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     wait_for("/readyz to turn 503", Duration::from_secs(5), || {
         (get_status(&format!("http://127.0.0.1:{}/readyz", ports.metrics)) == 503).then_some(())
     });
-    wait_for(
-        "new xDS connections to be refused",
-        Duration::from_secs(5),
-        || {
-            std::net::TcpStream::connect(("127.0.0.1", ports.xds))
-                .is_err()
-                .then_some(())
-        },
-    );
+    for (what, port) in [("xDS", ports.xds), ("webhook", ports.webhook)] {
+        wait_for(
+            &format!("new {what} connections to be refused"),
+            Duration::from_secs(5),
+            || {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .is_err()
+                    .then_some(())
+            },
+        );
+    }
     // ...while the connected Envoy still gets a new config.
     apply("cfg", spec(port, "two"));
     proxy.wait_for_body(port, "two");

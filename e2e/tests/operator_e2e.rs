@@ -18,10 +18,10 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL,
 };
+use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_e2e::kubectl::Kubectl;
 use marin3r_e2e::kubelet::ImageMap;
@@ -391,6 +391,46 @@ async fn marin3r_end_to_end() {
         .unwrap()
         .status();
     assert_eq!(on_metrics, 404);
+
+    // The discovery pod loads a TLS Secret of a served namespace for SDS (read through its
+    // per-namespace Role and watch): here the namespace's client certificate Secret.
+    let sds = json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "sds-check", "namespace": "demo"},
+        "spec": {
+            "nodeID": "sds-check",
+            "serialization": "yaml",
+            "envoyResources": {
+                "secrets": [{"name": "client", "ref": {"name": "envoy-sidecar-client-cert"}}],
+            },
+        },
+    });
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .patch("sds-check", &PatchParams::apply("e2e"), &Patch::Apply(&sds))
+        .await
+        .unwrap();
+    let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client.clone(), "demo");
+    until("the SDS Secret loaded by the discovery pod", 60, || async {
+        revisions
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| r.spec.node_id == "sds-check")
+            .flat_map(|r| r.status.map(|s| s.conditions).unwrap_or_default())
+            .find(|c| {
+                c.type_ == "ResourcesOutOfSync"
+                    && c.status == "False"
+                    && c.reason == "ResourcesLoaded"
+            })
+    })
+    .await;
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .delete("sds-check", &DeleteParams::default())
+        .await
+        .unwrap();
 
     // 3. A user labels a second namespace: it is served; unlabelled, it is not.
     create_namespace(&client, "team-b").await;
