@@ -79,6 +79,7 @@ async fn start() -> Operator {
         client.clone(),
         marin3r_certs::controller::Config {
             trusted_namespaces: trusted.clone(),
+            ..Default::default()
         },
         stop.clone().cancelled_owned(),
     ));

@@ -128,6 +128,27 @@ async fn bytes_go_both_ways_and_failures_are_named() {
         "{message:?}"
     );
 
+    // RBAC: a ServiceAccount needs `create` on `pods/portforward`.
+    let token = api.service_account_token("ns", "default");
+    let kubeconfig = api
+        .kubeconfig()
+        .replace("token: local-cluster", &format!("token: {token}"));
+    let unprivileged = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let denied = Api::<Pod>::namespaced(unprivileged, "ns")
+        .portforward("running", &[8384])
+        .await
+        .err()
+        .unwrap();
+    assert!(denied.to_string().contains("403"), "{denied}");
+
     // Bad requests: a Status naming the problem.
     let missing = pods.portforward("missing", &[80]).await.err().unwrap();
     assert!(missing.to_string().contains("404"), "{missing}");

@@ -161,7 +161,14 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
             let stats = get(&format!(
                 "http://{ip}:9901/stats?filter=xds_cluster|control_plane|ssl"
             ));
-            panic!("no injected pod serving the EnvoyConfig in {ns}; sidecar stats:\n{stats}");
+            let statuses: Vec<String> = pods
+                .iter()
+                .map(|p| serde_json::to_string(&p.status).unwrap_or_default())
+                .collect();
+            panic!(
+                "no injected pod serving the EnvoyConfig in {ns}; sidecar stats:\n{stats}\npod statuses:\n{}",
+                statuses.join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -297,6 +304,68 @@ async fn marin3r_end_to_end() {
     };
     assert!(has_secret_access("demo").await);
     assert!(!has_secret_access("plain").await);
+    // And the RBAC-enforcing API server holds the discovery pod's ServiceAccount to it: a
+    // Secret of the enabled namespace is readable, one of another namespace (its own CA's
+    // too) is not, and Secrets cannot be listed cluster-wide.
+    let token = cluster.api().service_account_token(OPS, "marin3r-instance");
+    let kubeconfig_as_discovery = cluster
+        .api()
+        .kubeconfig()
+        .replace("token: local-cluster", &format!("token: {token}"));
+    let as_discovery = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&kubeconfig_as_discovery).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+        .get("envoy-sidecar-client-cert")
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), "plain")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "private"}, "stringData": {"k": "v"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let refused = |r: Result<Secret, kube::Error>| match r {
+        Err(kube::Error::Api(e)) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refused(
+            Api::<Secret>::namespaced(as_discovery.clone(), "plain")
+                .get("private")
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        refused(
+            Api::<Secret>::namespaced(as_discovery.clone(), OPS)
+                .get("marin3r-ca-cert-instance")
+                .await
+        ),
+        403
+    );
+    match Api::<Secret>::all(as_discovery.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403),
+        other => panic!("a cluster-wide Secret list was not refused: {other:?}"),
+    }
     let cluster_rules = Api::<ClusterRole>::all(client.clone())
         .get(secret_role)
         .await

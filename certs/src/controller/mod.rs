@@ -28,7 +28,7 @@ use crate::api::{
     OWNER_NAMESPACE_LABEL, READY_CONDITION, RENEW_ANNOTATION, ValidSpec,
 };
 use crate::{CertificateAuthority, CertificateInfo, issue_self_signed};
-use decide::{Readiness, TlsFiles, needs_issue, next_wakeup, readiness};
+use decide::{Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at};
 
 const FIELD_MANAGER: &str = "marin3r-certificates";
 const FINALIZER: &str = "operator.marin3r.3scale.net/certificate-secret";
@@ -44,13 +44,28 @@ pub enum Error {
 }
 
 /// What the controller may do.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Certificates in these namespaces may write their Secret to, and read their CA from, any
     /// namespace (the operator's own certificates). Everywhere else both must be the
     /// certificate's own namespace, so a user cannot have the operator's CA sign for them.
     pub trusted_namespaces: BTreeSet<String>,
+    /// Time-based renewal waits at least this long after issuance, however short `validFor`
+    /// is (see [`decide::needs_issue`]).
+    pub min_renewal_interval: Duration,
 }
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            trusted_namespaces: BTreeSet::new(),
+            min_renewal_interval: DEFAULT_MIN_RENEWAL_INTERVAL,
+        }
+    }
+}
+
+/// A `validFor: 1` certificate is reissued once a minute, not five times a second.
+pub const DEFAULT_MIN_RENEWAL_INTERVAL: Duration = Duration::from_secs(60);
 
 struct Context {
     client: Client,
@@ -272,13 +287,23 @@ async fn issue_if_needed(
     let manual = renew_request.is_some() && renew_request != handled;
     let issuer_pem = ca.as_ref().map(|ca| ca.cert_pem());
 
-    let (cert_pem, issued_because) = match needs_issue(&valid, &files, issuer_pem, manual, now) {
+    let min_renewal = ctx.config.min_renewal_interval;
+    let decision = needs_issue(&valid, &files, issuer_pem, manual, now, min_renewal);
+    let (cert_pem, issued_because) = match decision {
         None => (files.cert.unwrap_or_default(), None),
         Some(reason) => {
-            let issued = match &ca {
-                Some(ca) => ca.issue(&valid.request),
-                None => issue_self_signed(&valid.request),
-            };
+            // Key generation (RSA-4096 takes seconds) must not block an async worker.
+            let request = valid.request.clone();
+            let issued = tokio::task::spawn_blocking(move || match &ca {
+                Some(ca) => ca.issue(&request),
+                None => issue_self_signed(&request),
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::CertError::Generation(format!(
+                    "the issuing task failed: {e}"
+                )))
+            });
             let issued = match issued {
                 Ok(issued) => issued,
                 Err(e) => return Ok(Err(NotReady::new("IssuanceFailed", e.to_string()))),
@@ -296,7 +321,9 @@ async fn issue_if_needed(
     let mut status = previous;
     status.not_before = Some(to_time(info.not_before));
     status.not_after = Some(to_time(info.not_after));
-    status.renewal_time = valid.renewal_enabled.then(|| to_time(info.renewal_time()));
+    status.renewal_time = valid
+        .renewal_enabled
+        .then(|| to_time(renewal_due_at(&info, min_renewal)));
     status.certificate_hash = Some(info.hash());
     status.last_renewal_request = renew_request;
     let secret_ref = format!("{secret_ns}/{secret_name}");
@@ -330,10 +357,12 @@ async fn issue_if_needed(
     }
     write_status(ctx, dsc, status).await?;
 
-    Ok(Ok(match next_wakeup(&info, valid.renewal_enabled, now) {
-        Some(wait) => Action::requeue(wait.max(Duration::from_millis(200))),
-        None => Action::await_change(),
-    }))
+    Ok(Ok(
+        match next_wakeup(&info, valid.renewal_enabled, now, min_renewal) {
+            Some(wait) => Action::requeue(wait.max(Duration::from_millis(200))),
+            None => Action::await_change(),
+        },
+    ))
 }
 
 fn forbidden_reference(ns: &str, valid: &ValidSpec, config: &Config) -> Option<String> {

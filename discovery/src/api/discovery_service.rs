@@ -288,21 +288,8 @@ impl DiscoveryService {
     }
 }
 
-/// RFC 1123 label: what namespace and Service names must be.
-pub fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
-/// RFC 1123 subdomain: what Secret and ConfigMap names must be.
-pub fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(is_dns_label)
-}
+/// Object-name rules, shared with the certificate API.
+pub use marin3r_certs::api::{is_dns_label, is_dns_subdomain};
 
 #[cfg(test)]
 mod tests {

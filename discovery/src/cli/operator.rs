@@ -50,6 +50,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 client.clone(),
                 certificates::Config {
                     trusted_namespaces: trusted.clone(),
+                    ..Default::default()
                 },
                 stop.clone().cancelled_owned(),
             );

@@ -1,6 +1,8 @@
 //! The local cluster's API server: the Kubernetes REST API for the kinds marin3r uses and
 //! every CRD, served over HTTPS with its own CA (and optionally plain HTTP on loopback), with
-//! admission webhooks and fault injection. Any bearer token (or none) is accepted.
+//! admission webhooks and fault injection. The admin token (`local-cluster`) may do
+//! anything; service-account tokens the kubelet mounts into pods are held to RBAC (see
+//! `rbac`); requests without a token are `system:anonymous`.
 
 mod admission;
 mod crds;
@@ -18,12 +20,15 @@ mod openapi;
 mod patch;
 mod portforward;
 mod protobuf;
+mod rbac;
 mod registry;
+mod schema;
 mod selectors;
 mod ssa;
 mod store;
 mod table;
 mod tls;
+mod validation;
 mod watch;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -38,6 +43,7 @@ pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
 pub use logs::PodLogs;
 pub use portforward::PodPorts;
+pub use rbac::ADMIN_TOKEN;
 pub use registry::ResourceInfo;
 pub use store::Store;
 
@@ -89,6 +95,7 @@ pub(crate) struct ServerState {
     pod_ports: std::sync::RwLock<Option<Arc<dyn PodPorts>>>,
     /// `METHOD path?query` of every request, in order (what tests assert access patterns on).
     requests: std::sync::Mutex<Vec<String>>,
+    tokens: Arc<rbac::Tokens>,
 }
 
 /// A running API server; stops (listeners, connections, watches) when dropped.
@@ -113,6 +120,7 @@ impl ApiServer {
             pod_logs: std::sync::RwLock::new(None),
             pod_ports: std::sync::RwLock::new(None),
             requests: std::sync::Mutex::new(Vec::new()),
+            tokens: Arc::new(rbac::Tokens::default()),
         });
         // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
@@ -121,7 +129,9 @@ impl ApiServer {
                 axum::routing::any(portforward::handle),
             )
             .fallback(handlers::handle)
-            .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
+            .layer(axum::extract::DefaultBodyLimit::max(
+                validation::MAX_REQUEST_BYTES,
+            ))
             .with_state(state.clone());
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr)
@@ -147,6 +157,8 @@ impl ApiServer {
                 addr: loopback,
                 source,
             })?);
+            // Plain HTTP on loopback is the administrator's, like the old insecure port.
+            let router = router.layer(axum::Extension(handlers::PlainHttp));
             tasks.push(tokio::spawn(tls::serve(http, None, router)));
         }
         Ok(Self {
@@ -191,6 +203,19 @@ impl ApiServer {
         &self.state.store
     }
 
+    /// Issues a token for the service account `namespace/name`, as the kubelet mounts into
+    /// pods: requests with it are `system:serviceaccount:<namespace>:<name>`, held to RBAC,
+    /// and answered 401 once the ServiceAccount is gone.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        self.state.tokens.issue(namespace, name)
+    }
+
+    /// What the kubelet calls to issue pods' tokens (keeps only the token table alive).
+    pub fn token_issuer(&self) -> impl Fn(&str, &str) -> String + Send + Sync + 'static {
+        let tokens = self.state.tokens.clone();
+        move |ns: &str, name: &str| tokens.issue(ns, name)
+    }
+
     pub fn faults(&self) -> &Faults {
         &self.state.faults
     }
@@ -204,7 +229,7 @@ impl ApiServer {
             .clone()
     }
 
-    /// A kubeconfig for this cluster over HTTPS (any token is accepted).
+    /// A kubeconfig for this cluster over HTTPS, as its administrator.
     pub fn kubeconfig(&self) -> String {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
     }

@@ -39,14 +39,46 @@ pub trait PodPorts: Send + Sync {
 
 pub(crate) async fn handle(
     State(state): State<Arc<ServerState>>,
+    plain_http: Option<axum::Extension<super::handlers::PlainHttp>>,
     Path((namespace, name)): Path<(String, String)>,
     Query(query): Query<Vec<(String, String)>>,
     headers: HeaderMap,
     request: Request,
 ) -> Response {
+    if plain_http.is_none()
+        && let Err(e) = authorize(&state, &headers, &namespace, &name)
+    {
+        return e.into_response();
+    }
     match prepare(&state, &namespace, &name, &query, &headers) {
         Ok((ports, accept)) => upgrade(state, namespace, name, ports, accept, request),
         Err(e) => e.into_response(),
+    }
+}
+
+/// `create` on `pods/portforward`, as a real API server asks of a WebSocket port-forward.
+fn authorize(
+    state: &ServerState,
+    headers: &HeaderMap,
+    namespace: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = state.tokens.authenticate(&state.store, authorization)?;
+    let attrs = super::rbac::Attributes::Resource {
+        verb: "create".into(),
+        group: String::new(),
+        resource: "pods".into(),
+        subresource: Some("portforward".into()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+    };
+    if super::rbac::allowed(&state.store, &user, &attrs) {
+        Ok(())
+    } else {
+        Err(super::rbac::forbidden(&user, &attrs))
     }
 }
 
