@@ -10,6 +10,14 @@ pub mod operator;
 pub mod reference;
 pub mod revisions;
 
+/// The container image this `marin3r` binary ships in: the operator's default for discovery
+/// pods, the name `manifests/` deploy (kustomize `images:` overrides it) and `hack/image`
+/// builds. Its tag follows the binary's own version, so an operator never starts discovery
+/// pods of another release. Not the original Go project's `quay.io/3scale/marin3r`.
+pub const IMAGE: &str = concat!("marin3r:v", env!("CARGO_PKG_VERSION"));
+/// The user the image runs as (the `Dockerfile`'s `USER`, distroless' `nonroot`).
+pub const IMAGE_USER: i64 = 65532;
+
 /// The xDS server lives in its own crate (no Kubernetes in it); these keep the paths the
 /// rest of this crate and its users know.
 pub use marin3r_xds as xds;

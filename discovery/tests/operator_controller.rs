@@ -226,6 +226,12 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         .await
         .unwrap();
     assert_eq!(svc.owner_references()[0].name, "instance");
+    let pdb =
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), OPS)
+            .get("marin3r-instance")
+            .await
+            .unwrap();
+    assert_eq!(pdb.owner_references()[0].name, "instance");
     let cluster_name = "marin3r-marin3r-system-instance";
     Api::<ClusterRole>::all(client.clone())
         .get(cluster_name)

@@ -157,6 +157,30 @@ impl LocalCluster {
             .kill_container(namespace, pod, container)
     }
 
+    /// `GET url` from inside a pod's network namespace, as `kubectl exec POD -- curl URL`
+    /// would: the pod's loopback (a sidecar's admin) is reachable, as from its containers.
+    /// Blocking; runs on a thread of its own, which alone enters the namespace.
+    pub fn get_in_pod(&self, namespace: &str, pod: &str, url: &str) -> anyhow::Result<String> {
+        let netns = self
+            .kubelet
+            .as_ref()
+            .context("this cluster runs no pods")?
+            .netns_path(namespace, pod)
+            .with_context(|| format!("pod {namespace}/{pod} is not running on this node"))?;
+        let (url, shown) = (url.to_owned(), url.to_owned());
+        std::thread::spawn(move || -> anyhow::Result<String> {
+            let file = std::fs::File::open(&netns).with_context(|| format!("open {netns}"))?;
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&file),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .with_context(|| format!("setns {netns}"))?;
+            crate::envoy::get_body(&url)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("GET {shown} in pod {namespace}/{pod}: the thread panicked"))?
+    }
+
     /// A running container's log file.
     pub fn log_path(
         &self,

@@ -116,6 +116,23 @@ impl Drop for Envoy {
 }
 
 /// GETs a plain-HTTP URL and returns the body whatever the status code.
+/// `GET` or `POST` (empty body) `url`: the status code and the body, whatever the status.
+pub fn request(method: &str, url: &str) -> anyhow::Result<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    let mut response = match method {
+        "GET" => agent.get(url).call(),
+        "POST" => agent.post(url).send_empty(),
+        other => anyhow::bail!("request: unsupported method {other}"),
+    }
+    .with_context(|| format!("{method} {url}"))?;
+    let status = response.status().as_u16();
+    Ok((status, response.body_mut().read_to_string()?))
+}
+
 pub fn get_body(url: &str) -> anyhow::Result<String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)

@@ -596,3 +596,83 @@ async fn envoy_picks_up_a_rotated_secret_through_the_data_symlink_swap() {
     // Reloaded in place: the same process.
     assert_eq!(pid_of(&envoy), pid, "{}", envoy.logs());
 }
+
+/// The waiting reason and message of a pod's first container, once it has one.
+async fn waiting(node: &Arc<Node>, pod: &str) -> (String, String) {
+    let pod: Pod = from_yaml(pod);
+    let handle = PodHandle::start(node, &pod, Arc::new(StaticObjects::default())).unwrap();
+    let mut rx = handle.watch_status();
+    let status = tokio::time::timeout(
+        Duration::from_secs(10),
+        rx.wait_for(|s| {
+            s.container_statuses.iter().flatten().any(|c| {
+                c.state
+                    .as_ref()
+                    .and_then(|s| s.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    .is_some_and(|r| r != "ContainerCreating")
+            })
+        }),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .clone();
+    let w = status.container_statuses.unwrap()[0]
+        .state
+        .clone()
+        .unwrap()
+        .waiting
+        .unwrap();
+    (w.reason.unwrap(), w.message.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_marin3r_image_and_a_root_image_under_run_as_non_root_do_not_start() {
+    let images = ImageMap::new()
+        .with_envoy(marin3r_e2e::tools::envoy().unwrap())
+        .with_marin3r(python());
+    let node = Node::start(NodeConfig {
+        images,
+        ..Default::default()
+    })
+    .unwrap();
+    // The original project's image (what the manifests used to name): not this build's.
+    let (reason, message) = waiting(
+        &node,
+        r#"{"metadata": {"name": "stale", "namespace": "ns1", "uid": "u1"},
+            "spec": {"containers": [{"name": "c", "image": "quay.io/3scale/marin3r:v0.1.0"}]}}"#,
+    )
+    .await;
+    assert_eq!(reason, "ErrImagePull");
+    assert!(
+        message.contains("quay.io/3scale/marin3r:v0.1.0")
+            && message.contains(marin3r_discovery::IMAGE),
+        "{message}"
+    );
+    // envoyproxy/envoy's user is root: runAsNonRoot without runAsUser cannot start it.
+    let (reason, message) = waiting(
+        &node,
+        r#"{"metadata": {"name": "root", "namespace": "ns1", "uid": "u2"},
+            "spec": {"containers": [{"name": "envoy", "image": "envoyproxy/envoy:v1.40.0",
+              "securityContext": {"runAsNonRoot": true}}]}}"#,
+    )
+    .await;
+    assert_eq!(reason, "CreateContainerConfigError");
+    assert_eq!(
+        message,
+        r#"container has runAsNonRoot and image will run as root (pod: "root_ns1(u2)", container: envoy)"#
+    );
+    let (reason, message) = waiting(
+        &node,
+        r#"{"metadata": {"name": "zero", "namespace": "ns1", "uid": "u3"},
+            "spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 0},
+              "containers": [{"name": "envoy", "image": "envoyproxy/envoy:v1.40.0"}]}}"#,
+    )
+    .await;
+    assert_eq!(reason, "CreateContainerConfigError");
+    assert!(
+        message.starts_with("container's runAsUser breaks non-root policy"),
+        "{message}"
+    );
+}

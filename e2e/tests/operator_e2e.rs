@@ -2,7 +2,10 @@
 //! kubectl as a user would: install `manifests/` (the operator runs as a pod from the built
 //! binary), create the example DiscoveryService, and follow SPEC §2.2/§5 through real Envoy
 //! sidecars: injection, mTLS xDS, namespaces joining and leaving, client and server
-//! certificate renewal, a NACKed config rolled back, and deletion. Needs root (pod runner)
+//! certificate renewal, a NACKed config rolled back, and deletion. Every namespace enforces
+//! Pod Security `restricted`, so the operator, discovery and injected pods must meet it. The
+//! sidecar's admin API is reachable only inside its pod; through the pod network only its
+//! readiness listener answers, and only `GET /ready`. Needs root (pod runner)
 //! and the built `marin3r` binary (`cargo build -p marin3r-discovery`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -14,6 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -59,6 +63,17 @@ fn get(url: &str) -> String {
     marin3r_e2e::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
 }
 
+/// `GET` a sidecar's admin `path` from inside its pod (the admin listens on loopback).
+fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
+    cluster
+        .get_in_pod(
+            &pod.namespace().unwrap(),
+            &pod.name_any(),
+            &format!("http://127.0.0.1:9901{path}"),
+        )
+        .unwrap_or_else(|e| format!("GET failed: {e:#}"))
+}
+
 fn is_ready(p: &Pod) -> bool {
     p.metadata.deletion_timestamp.is_none()
         && p.status
@@ -82,8 +97,13 @@ async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
         .collect()
 }
 
+/// A namespace enforcing Pod Security `restricted`.
 async fn create_namespace(client: &Client, name: &str) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {
+        "name": name,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+    }}))
+    .unwrap();
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
@@ -140,7 +160,7 @@ fn restarts(p: &Pod) -> i32 {
 
 /// The demo workload's ready pod in `ns`: injected, with its Envoy serving the body. On a
 /// timeout, the sidecar's xDS stats say why.
-async fn serving_pod(client: &Client, ns: &str) -> Pod {
+async fn serving_pod(cluster: &LocalCluster, client: &Client, ns: &str) -> Pod {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
         let pods = Api::<Pod>::namespaced(client.clone(), ns)
@@ -154,13 +174,10 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
             return pod.clone();
         }
         if tokio::time::Instant::now() > deadline {
-            let ip = pods
-                .first()
-                .and_then(|p| p.status.as_ref()?.pod_ip.clone())
-                .unwrap_or_default();
-            let stats = get(&format!(
-                "http://{ip}:9901/stats?filter=xds_cluster|control_plane|ssl"
-            ));
+            let stats = match pods.first() {
+                Some(p) => admin(cluster, p, "/stats?filter=xds_cluster|control_plane|ssl"),
+                None => "no pod".into(),
+            };
             let statuses: Vec<String> = pods
                 .iter()
                 .map(|p| serde_json::to_string(&p.status).unwrap_or_default())
@@ -178,7 +195,7 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
 async fn marin3r_end_to_end() {
     let images = ImageMap::discover();
     let marin3r = images
-        .resolve("quay.io/3scale/marin3r:v0.1.0")
+        .resolve(marin3r_discovery::IMAGE)
         .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
         .path;
     let cluster = LocalCluster::start(LocalClusterConfig {
@@ -220,6 +237,18 @@ async fn marin3r_end_to_end() {
         (holder == operator.name_any()).then_some(())
     })
     .await;
+    // manifests/ label the operator's namespace `restricted`: its pods must pass.
+    let ops_ns = Api::<Namespace>::all(client.clone())
+        .get(OPS)
+        .await
+        .unwrap();
+    assert_eq!(
+        ops_ns
+            .labels()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("restricted")
+    );
     create_namespace(&client, "demo").await;
     create_namespace(&client, "plain").await;
     let examples = manifests.join("examples");
@@ -395,7 +424,7 @@ async fn marin3r_end_to_end() {
         )
         .await
         .unwrap();
-    let pod = serving_pod(&client, "demo").await;
+    let pod = serving_pod(&cluster, &client, "demo").await;
     let containers: Vec<&str> = pod
         .spec
         .as_ref()
@@ -405,6 +434,46 @@ async fn marin3r_end_to_end() {
         .map(|c| c.name.as_str())
         .collect();
     assert_eq!(containers, ["app", "envoy-sidecar"]);
+
+    // The sidecar's admin API stays inside the pod. Through the pod network (the host
+    // reaches the pod IP as any other pod does) the admin port refuses connections, and the
+    // readiness listener kubelet probes answers `GET /ready` and nothing else.
+    let ip = pod_ip(&pod);
+    let admin_addr: std::net::SocketAddr = format!("{ip}:9901").parse().unwrap();
+    let refused = std::net::TcpStream::connect_timeout(&admin_addr, Duration::from_secs(3));
+    assert_eq!(
+        refused.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "the admin port must not accept connections on the pod IP"
+    );
+    let (status, body) =
+        marin3r_e2e::envoy::request("GET", &format!("http://{ip}:9902/ready")).unwrap();
+    assert_eq!((status, body.trim()), (200, "LIVE"));
+    for (method, path) in [
+        ("POST", "/quitquitquit"),
+        ("GET", "/config_dump"),
+        ("GET", "/certs"),
+        ("POST", "/runtime_modify?x=1"),
+        ("POST", "/ready"),
+    ] {
+        let url = format!("http://{ip}:9902{path}");
+        let (status, body) = marin3r_e2e::envoy::request(method, &url).unwrap();
+        assert_eq!(
+            status, 404,
+            "{method} {path} through the readiness port: {body}"
+        );
+    }
+    // Inside the pod (its containers, `kubectl exec`) the admin answers, and Envoy is still up.
+    assert_eq!(admin(&cluster, &pod, "/ready").trim(), "LIVE");
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+    // The discovery pods have a disruption budget, which kubectl lists.
+    let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), OPS)
+        .get("marin3r-instance")
+        .await
+        .unwrap();
+    assert!(pdb.spec.unwrap().max_unavailable.is_some());
+    let out = kubectl.ok(&["get", "pdb", "-n", OPS]).await.unwrap();
+    assert!(out.contains("marin3r-instance"), "{out}");
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
@@ -448,8 +517,8 @@ async fn marin3r_end_to_end() {
     assert!(table.starts_with("NAMESPACE"), "{table}");
     // ...which the network cannot: not on the admin port, not on the metrics port.
     let discovery_ip = pod_ip(&discovery_pods[0]);
-    let admin = get(&format!("http://{discovery_ip}:8384/sync-status"));
-    assert!(admin.starts_with("GET failed"), "{admin}");
+    let admin_port = get(&format!("http://{discovery_ip}:8384/sync-status"));
+    assert!(admin_port.starts_with("GET failed"), "{admin_port}");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
@@ -534,7 +603,7 @@ async fn marin3r_end_to_end() {
         )
         .await
         .unwrap();
-    serving_pod(&client, "team-b").await;
+    serving_pod(&cluster, &client, "team-b").await;
     assert!(has_secret_access("team-b").await);
     Api::<Deployment>::namespaced(client.clone(), "team-b")
         .delete("demo", &DeleteParams::default())
@@ -582,7 +651,7 @@ async fn marin3r_end_to_end() {
         "Envoy to present the new client certificate",
         60,
         || async {
-            get(&format!("http://{ip}:9901/certs"))
+            admin(&cluster, &pod, "/certs")
                 .replace(':', "")
                 .to_lowercase()
                 .contains(&serial)
@@ -615,9 +684,11 @@ async fn marin3r_end_to_end() {
     // Connections Envoy has opened to the discovery service so far: a reconnection to the
     // new pod opens another.
     let xds_connections = || {
-        let stats = get(&format!(
-            "http://{ip}:9901/stats?filter=^cluster.xds_cluster.upstream_cx_total$"
-        ));
+        let stats = admin(
+            &cluster,
+            &pod,
+            "/stats?filter=^cluster.xds_cluster.upstream_cx_total$",
+        );
         stats
             .rsplit(": ")
             .next()
@@ -648,9 +719,11 @@ async fn marin3r_end_to_end() {
         "Envoy to reconnect to the new discovery pod",
         60,
         || async {
-            let stats = get(&format!(
-                "http://{ip}:9901/stats?filter=control_plane.connected_state"
-            ));
+            let stats = admin(
+                &cluster,
+                &pod,
+                "/stats?filter=control_plane.connected_state",
+            );
             (stats.contains("control_plane.connected_state: 1")
                 && xds_connections() > connections_before)
                 .then_some(())
@@ -711,6 +784,11 @@ async fn marin3r_end_to_end() {
                     .unwrap()
                     .is_none()
                 && Api::<Service>::namespaced(client.clone(), OPS)
+                    .get_opt("marin3r-instance")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<PodDisruptionBudget>::namespaced(client.clone(), OPS)
                     .get_opt("marin3r-instance")
                     .await
                     .unwrap()

@@ -2,7 +2,9 @@
 //! `--service-cluster`, and the `--config-yaml` overlay (node metadata from the downward API,
 //! admin address and admin access log) all reach Envoy as the webhook intends, over a bootstrap
 //! with and without an `admin` of its own (the rendered one has one; the overlay wins). And the
-//! command line with the real rendered bootstrap passes `envoy --mode validate`.
+//! command line with the real rendered bootstrap passes `envoy --mode validate`. The
+//! readiness listener answers `GET /ready` from the admin and nothing else. (That the admin is
+//! unreachable from another pod is proven through the pod network in operator_e2e.rs.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -31,10 +33,11 @@ fn the_sidecar_command_line_configures_a_real_envoy() {
 fn run_sidecar(bootstrap: &str) {
     let dir = tempfile::tempdir().unwrap();
     let access_log = dir.path().join("admin-access.log");
-    let admin_port = {
+    let free_port = || {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
+    let (admin_port, readiness_port) = (free_port(), free_port());
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {
             "generateName": "kuard-",
@@ -43,6 +46,7 @@ fn run_sidecar(bootstrap: &str) {
                 "marin3r.3scale.net/node-id": "kuard",
                 "marin3r.3scale.net/cluster-id": "edge",
                 "marin3r.3scale.net/admin.port": admin_port.to_string(),
+                "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
                 "marin3r.3scale.net/admin.access-log-path": access_log.to_str().unwrap(),
                 "marin3r.3scale.net/envoy-extra-args": "--log-level info --file-flush-interval-msec 100",
             },
@@ -50,12 +54,8 @@ fn run_sidecar(bootstrap: &str) {
         "spec": {"containers": [{"name": "app", "image": "kuard"}]},
     }))
     .unwrap();
-    // Tests only talk to loopback: the cluster default (not an annotation, which refuses
-    // loopback because kubelet probes from outside the pod) binds the admin there.
-    let config = InjectionConfig {
-        admin_bind_address: "127.0.0.1".parse().unwrap(),
-        ..InjectionConfig::default()
-    };
+    // The default binds the admin to loopback.
+    let config = InjectionConfig::default();
     let args = sidecar_command_line(&pod, &config, "kuard-7d4b9", "shop").unwrap();
     assert_eq!(args[..2], ["-c", "/etc/envoy/bootstrap/config.json"]);
 
@@ -76,6 +76,30 @@ fn run_sidecar(bootstrap: &str) {
     assert_eq!(info["command_line_options"]["log_level"], "info");
     assert_eq!(envoy.admin_get("/ready").unwrap().trim(), "LIVE");
 
+    // The readiness listener (every address) proxies `GET /ready` to the admin, and only it.
+    let host = local_address();
+    let ready = format!("http://{host}:{readiness_port}/ready");
+    let (status, body) = marin3r_e2e::envoy::request("GET", &ready).unwrap();
+    assert_eq!((status, body.trim()), (200, "LIVE"));
+    for (method, path) in [
+        ("POST", "/quitquitquit"),
+        ("GET", "/config_dump"),
+        ("GET", "/certs"),
+        ("POST", "/healthcheck/fail"),
+        ("POST", "/ready"),
+        ("GET", "/ready/../quitquitquit"),
+        ("GET", "/"),
+    ] {
+        let url = format!("http://{host}:{readiness_port}{path}");
+        let (status, body) = marin3r_e2e::envoy::request(method, &url).unwrap();
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    assert_eq!(
+        envoy.admin_get("/ready").unwrap().trim(),
+        "LIVE",
+        "Envoy still up"
+    );
+
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let log = std::fs::read_to_string(&access_log).unwrap_or_default();
@@ -88,6 +112,16 @@ fn run_sidecar(bootstrap: &str) {
             access_log.display()
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A non-loopback address of this machine (the readiness listener binds every address),
+/// else loopback.
+fn local_address() -> String {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    match socket.connect("192.0.2.1:9") {
+        Ok(()) => socket.local_addr().unwrap().ip().to_string(),
+        Err(_) => "127.0.0.1".into(),
     }
 }
 

@@ -27,6 +27,8 @@ pub const LIMITS_MEMORY: &str = "marin3r.3scale.net/resources.limits.memory";
 pub const ADMIN_PORT: &str = "marin3r.3scale.net/admin.port";
 pub const ADMIN_BIND_ADDRESS: &str = "marin3r.3scale.net/admin.bind-address";
 pub const ADMIN_ACCESS_LOG_PATH: &str = "marin3r.3scale.net/admin.access-log-path";
+/// The port of the sidecar's readiness listener, the only one kubelet probes.
+pub const READINESS_PORT: &str = "marin3r.3scale.net/readiness.port";
 /// Accepted from original MARIN3R manifests: only `v3` exists in today's Envoy.
 pub const ENVOY_API_VERSION: &str = "marin3r.3scale.net/envoy-api-version";
 /// Written by the webhook on every pod it injects; a pod carrying it is left alone.
@@ -120,6 +122,9 @@ pub struct SidecarSpec {
     pub extra_args: Vec<String>,
     pub resources: Resources,
     pub admin: Admin,
+    /// The static listener serving only `GET /ready` (proxied to the admin) on every pod
+    /// address: what kubelet probes, so the admin can stay on loopback.
+    pub readiness_port: u16,
 }
 
 /// Reads the sidecar spec from a pod's annotations, with `config` supplying the defaults.
@@ -275,6 +280,35 @@ pub fn parse(
             )),
         );
     }
+    let mut readiness_port = config.readiness_port;
+    if let Some(v) = get(READINESS_PORT) {
+        match parse_port_number(v) {
+            Ok(p) => readiness_port = p,
+            Err(e) => check(READINESS_PORT, v, Err(e)),
+        }
+    }
+    let readiness_value = get(READINESS_PORT)
+        .map(str::to_owned)
+        .unwrap_or_else(|| readiness_port.to_string());
+    if readiness_port == admin.port {
+        check(
+            READINESS_PORT,
+            &readiness_value,
+            Err("the readiness listener's port is Envoy's admin port".into()),
+        );
+    } else if let Some(clash) = ports
+        .iter()
+        .find(|p| p.port == readiness_port && p.protocol == Protocol::Tcp)
+    {
+        check(
+            READINESS_PORT,
+            &readiness_value,
+            Err(format!(
+                "the readiness listener's port clashes with the port {:?} declared in {PORTS}",
+                clash.name
+            )),
+        );
+    }
     if let Some(v) = get(ADMIN_BIND_ADDRESS) {
         match parse_bind_address(v) {
             Ok(ip) => admin.bind_address = ip,
@@ -313,6 +347,7 @@ pub fn parse(
         extra_args,
         resources,
         admin,
+        readiness_port,
     })
 }
 
@@ -421,17 +456,12 @@ fn parse_extra_args(value: &str) -> Result<Vec<String>, String> {
     Ok(args)
 }
 
+/// Any address: loopback (the default) keeps the admin API inside the pod; 0.0.0.0, :: or a
+/// pod address opens it to whoever reaches the pod. Probes never need it open.
 fn parse_bind_address(value: &str) -> Result<IpAddr, String> {
-    let ip: IpAddr = value
+    value
         .parse()
-        .map_err(|_| "not an IPv4 or IPv6 address".to_string())?;
-    if ip.is_loopback() {
-        return Err(
-            "the readiness and liveness probes reach the admin port from outside the pod's loopback; use 0.0.0.0, :: or a pod address"
-                .into(),
-        );
-    }
-    Ok(ip)
+        .map_err(|_| "not an IPv4 or IPv6 address".to_string())
 }
 
 fn absolute_path(value: &str) -> Result<(), String> {

@@ -62,9 +62,10 @@ fn defaults_fill_in_everything_but_the_node_id() {
             resources: Resources::default(),
             admin: Admin {
                 port: 9901,
-                bind_address: "0.0.0.0".parse().unwrap(),
+                bind_address: "127.0.0.1".parse().unwrap(),
                 access_log_path: None,
             },
+            readiness_port: 9902,
         }
     );
 }
@@ -231,6 +232,24 @@ fn good_values_are_read() {
             }),
         ),
         (
+            // Loopback is the default; an address may open the admin, or keep it closed.
+            vec![(ADMIN_BIND_ADDRESS, "127.0.0.1")],
+            Box::new(|s| assert!(s.admin.bind_address.is_loopback())),
+        ),
+        (
+            vec![(ADMIN_BIND_ADDRESS, "0.0.0.0")],
+            Box::new(|s| assert!(s.admin.bind_address.is_unspecified())),
+        ),
+        (
+            vec![(READINESS_PORT, "15021")],
+            Box::new(|s| assert_eq!(s.readiness_port, 15021)),
+        ),
+        (
+            // The admin may move onto the default readiness port only if readiness moves too.
+            vec![(ADMIN_PORT, "9902"), (READINESS_PORT, "9901")],
+            Box::new(|s| assert_eq!((s.admin.port, s.readiness_port), (9902, 9901))),
+        ),
+        (
             vec![(ENVOY_API_VERSION, "v3")],
             Box::new(|s| assert_eq!(s.node_id, "kuard")),
         ),
@@ -298,7 +317,10 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(ADMIN_PORT, " 9901")], r#"marin3r.3scale.net/admin.port: " 9901": port " 9901" is not a number"#.into()),
         (vec![(PORTS, "admin:15000"), (ADMIN_PORT, "15000")], r#"marin3r.3scale.net/admin.port: "15000": Envoy's admin port clashes with the port "admin" declared in marin3r.3scale.net/ports"#.into()),
         (vec![(ADMIN_BIND_ADDRESS, "localhost")], r#"marin3r.3scale.net/admin.bind-address: "localhost": not an IPv4 or IPv6 address"#.into()),
-        (vec![(ADMIN_BIND_ADDRESS, "127.0.0.1")], r#"marin3r.3scale.net/admin.bind-address: "127.0.0.1": the readiness and liveness probes reach the admin port from outside the pod's loopback; use 0.0.0.0, :: or a pod address"#.into()),
+        (vec![(READINESS_PORT, "0")], r#"marin3r.3scale.net/readiness.port: "0": port must be between 1 and 65535"#.into()),
+        (vec![(READINESS_PORT, "9901")], r#"marin3r.3scale.net/readiness.port: "9901": the readiness listener's port is Envoy's admin port"#.into()),
+        (vec![(ADMIN_PORT, "9902")], r#"marin3r.3scale.net/readiness.port: "9902": the readiness listener's port is Envoy's admin port"#.into()),
+        (vec![(PORTS, "http:9902")], r#"marin3r.3scale.net/readiness.port: "9902": the readiness listener's port clashes with the port "http" declared in marin3r.3scale.net/ports"#.into()),
         (vec![(ADMIN_ACCESS_LOG_PATH, "admin.log")], r#"marin3r.3scale.net/admin.access-log-path: "admin.log": must be an absolute path"#.into()),
         (vec![(ADMIN_ACCESS_LOG_PATH, "/tmp/a\nb")], r#"marin3r.3scale.net/admin.access-log-path: "/tmp/a\nb": must not contain control characters"#.into()),
         (vec![(ENVOY_API_VERSION, "v2")], r#"marin3r.3scale.net/envoy-api-version: "v2": Envoy's v2 API is gone from Envoy; only v3 is supported"#.into()),
@@ -340,7 +362,7 @@ proptest! {
             NODE_ID, CLUSTER_ID, CONTAINER_NAME, PORTS, HOST_PORT_MAPPINGS, ENVOY_IMAGE,
             CONFIG_VOLUME, TLS_VOLUME, CLIENT_CERTIFICATE, ENVOY_EXTRA_ARGS, REQUESTS_CPU,
             REQUESTS_MEMORY, LIMITS_CPU, LIMITS_MEMORY, ADMIN_PORT, ADMIN_BIND_ADDRESS,
-            ADMIN_ACCESS_LOG_PATH, ENVOY_API_VERSION,
+            ADMIN_ACCESS_LOG_PATH, READINESS_PORT, ENVOY_API_VERSION,
         ]),
         value in prop_oneof![
             any::<String>(),

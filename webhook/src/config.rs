@@ -17,6 +17,13 @@ pub const DEFAULT_TLS_VOLUME: &str = "envoy-sidecar-tls";
 pub const DEFAULT_CLIENT_CERTIFICATE: &str = "envoy-sidecar-client-cert";
 /// Envoy's admin port unless `admin.port` says otherwise.
 pub const DEFAULT_ADMIN_PORT: u16 = 9901;
+/// The sidecar's readiness listener (kubelet's probes) unless `readiness.port` says
+/// otherwise: the port after the admin's, on every pod address, proxying only `/ready`.
+pub const DEFAULT_READINESS_PORT: u16 = 9902;
+/// The user the sidecar runs as: the `envoy` user (101) of the `envoyproxy/envoy` images,
+/// whose default user is root (their entrypoint drops privileges, the sidecar's `command`
+/// bypasses it), so `runAsNonRoot` needs an explicit user.
+pub const ENVOY_UID: i64 = 101;
 
 /// Where the bootstrap ConfigMap is mounted; it holds [`BOOTSTRAP_FILE`] and [`SDS_FILE`].
 pub const BOOTSTRAP_MOUNT_PATH: &str = "/etc/envoy/bootstrap";
@@ -39,6 +46,7 @@ pub struct InjectionConfig {
     pub client_certificate: String,
     pub admin_port: u16,
     pub admin_bind_address: IpAddr,
+    pub readiness_port: u16,
     /// `None`: Envoy's admin interface writes no access log.
     pub admin_access_log_path: Option<String>,
 }
@@ -53,8 +61,10 @@ impl Default for InjectionConfig {
             tls_volume: DEFAULT_TLS_VOLUME.into(),
             client_certificate: DEFAULT_CLIENT_CERTIFICATE.into(),
             admin_port: DEFAULT_ADMIN_PORT,
-            // Kubelet probes the admin `/ready` from outside the pod's loopback.
-            admin_bind_address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            // Envoy's admin API has no authentication and can stop Envoy: only the pod's own
+            // containers reach it. Kubelet probes the readiness listener instead.
+            admin_bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            readiness_port: DEFAULT_READINESS_PORT,
             admin_access_log_path: None,
         }
     }

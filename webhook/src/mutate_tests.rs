@@ -57,7 +57,7 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
     assert_eq!(out["metadata"]["annotations"][INJECTED], "true");
     assert_eq!(out["spec"]["containers"][0], pod["spec"]["containers"][0]);
     let probe = json!({
-        "httpGet": {"path": "/ready", "port": 9901, "scheme": "HTTP"},
+        "httpGet": {"path": "/ready", "port": 9902, "scheme": "HTTP"},
         "successThreshold": 1,
         "timeoutSeconds": 1,
     });
@@ -70,13 +70,32 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
     };
     // Compared parsed: key order inside the overlay is serde_json's business.
     let mut sidecar = out["spec"]["containers"][1].clone();
-    let overlay: Value = serde_json::from_str(sidecar["args"][7].as_str().unwrap()).unwrap();
+    let mut overlay: Value = serde_json::from_str(sidecar["args"][7].as_str().unwrap()).unwrap();
+    // The readiness listener on every address, proxying to the admin on loopback (what it
+    // serves is proven with a real Envoy in e2e/tests/webhook_sidecar_envoy.rs).
+    let statics = overlay
+        .as_object_mut()
+        .unwrap()
+        .remove("static_resources")
+        .unwrap();
+    let listener = &statics["listeners"][0];
+    assert_eq!(listener["name"], "marin3r_sidecar_readiness");
+    assert_eq!(
+        listener["address"],
+        json!({"socket_address": {"address": "0.0.0.0", "port_value": 9902}})
+    );
+    let cluster = &statics["clusters"][0];
+    assert_eq!(cluster["name"], "marin3r_sidecar_admin");
+    assert_eq!(
+        cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"],
+        json!({"socket_address": {"address": "127.0.0.1", "port_value": 9901}})
+    );
     assert_eq!(
         overlay,
         json!({
             "node": {"metadata": {"pod_name": "$(POD_NAME)", "pod_namespace": "$(POD_NAMESPACE)"}},
             "admin": {
-                "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9901}},
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}},
                 "access_log": [{
                     "name": "envoy.access_loggers.file",
                     "typed_config": {
@@ -113,6 +132,15 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
             "resources": {"requests": {"cpu": "50m"}, "limits": {"memory": "128Mi"}},
             "readinessProbe": with(&probe, json!({"initialDelaySeconds": 0, "periodSeconds": 5, "failureThreshold": 3})),
             "livenessProbe": with(&probe, json!({"initialDelaySeconds": 30, "periodSeconds": 10, "failureThreshold": 10})),
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": 101,
+                "runAsGroup": 101,
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
             "volumeMounts": [
                 {"name": "envoy-sidecar-bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true},
                 {"name": "envoy-sidecar-tls", "mountPath": "/etc/envoy/tls/client", "readOnly": true},

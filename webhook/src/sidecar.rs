@@ -7,12 +7,21 @@
 //! from the downward API through Kubernetes' `$(VAR)` expansion) and `admin` (address from
 //! `admin.bind-address`/`admin.port`, plus a file access log when `admin.access-log-path` is
 //! set). The bootstrap renderer should therefore leave `admin` out (or expect it overridden).
+//!
+//! Readiness: the admin binds loopback by default (its API can stop Envoy and dump its
+//! config), so kubelet cannot probe it. The overlay also adds, per pod, a static listener on
+//! the readiness port (every pod address) whose only route is `GET /ready`, proxied to the
+//! admin through a static cluster; anything else gets 404. Envoy merges the overlay's
+//! `static_resources` lists after the bootstrap's, so the shared bootstrap keeps its own.
 
 use std::collections::BTreeMap;
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, Probe, ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, Probe, ResourceRequirements, SeccompProfile,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -20,7 +29,7 @@ use serde_json::json;
 
 use crate::annotations::SidecarSpec;
 use crate::config::{
-    BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, InjectionConfig,
+    BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID, InjectionConfig,
 };
 
 /// The downward-API variables the sidecar gets, named in its `--config-yaml` node metadata.
@@ -29,8 +38,11 @@ pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
 /// The node-metadata keys the xDS server reads to name the pod behind a proxy.
 pub const METADATA_POD_NAME: &str = "pod_name";
 pub const METADATA_POD_NAMESPACE: &str = "pod_namespace";
-/// The admin path both probes use.
+/// The admin path both probes use, the only one the readiness listener serves.
 pub const READY_PATH: &str = "/ready";
+/// The static listener and cluster the overlay adds (names an EnvoyConfig must not reuse).
+pub const READINESS_LISTENER: &str = "marin3r_sidecar_readiness";
+pub const ADMIN_CLUSTER: &str = "marin3r_sidecar_admin";
 
 /// The sidecar's args exactly as they go into the container spec: `$(POD_NAME)` and
 /// `$(POD_NAMESPACE)` are still unexpanded (kubelet expands them; see [`expand_env`]).
@@ -77,8 +89,78 @@ fn config_yaml(spec: &SidecarSpec) -> String {
             }
         },
         "admin": admin,
+        "static_resources": {
+            "listeners": [readiness_listener(spec)],
+            "clusters": [admin_cluster(spec)],
+        },
     })
     .to_string()
+}
+
+/// Where the readiness listener reaches the admin: its own address, or loopback of the same
+/// family when it binds every address.
+fn admin_target(bind: IpAddr) -> IpAddr {
+    match bind {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    }
+}
+
+/// Every pod address on the readiness port; only `GET /ready` goes on, to the admin.
+fn readiness_listener(spec: &SidecarSpec) -> serde_json::Value {
+    let any = match spec.admin.bind_address {
+        IpAddr::V4(_) => "0.0.0.0",
+        IpAddr::V6(_) => "::",
+    };
+    json!({
+        "name": READINESS_LISTENER,
+        "address": {"socket_address": {"address": any, "port_value": spec.readiness_port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": READINESS_LISTENER,
+                "route_config": {
+                    "name": READINESS_LISTENER,
+                    "virtual_hosts": [{
+                        "name": READINESS_LISTENER,
+                        "domains": ["*"],
+                        "routes": [
+                            {
+                                "match": {
+                                    "path": READY_PATH,
+                                    "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
+                                },
+                                "route": {"cluster": ADMIN_CLUSTER, "timeout": "1s"},
+                            },
+                            {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
+                        ],
+                    }],
+                },
+                "http_filters": [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                }],
+            },
+        }]}],
+    })
+}
+
+/// The admin interface as an upstream of the readiness listener.
+fn admin_cluster(spec: &SidecarSpec) -> serde_json::Value {
+    json!({
+        "name": ADMIN_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": ADMIN_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                "address": admin_target(spec.admin.bind_address).to_string(),
+                "port_value": spec.admin.port,
+            }}}}]}],
+        },
+    })
 }
 
 /// Expands `$(VAR)` references in args the way kubelet does (`$$` is a literal `$`, unknown
@@ -134,7 +216,7 @@ pub fn container(spec: &SidecarSpec) -> Container {
     let probe = |initial_delay: i32, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(READY_PATH.into()),
-            port: IntOrString::Int(i32::from(spec.admin.port)),
+            port: IntOrString::Int(i32::from(spec.readiness_port)),
             scheme: Some("HTTP".into()),
             ..Default::default()
         }),
@@ -171,6 +253,7 @@ pub fn container(spec: &SidecarSpec) -> Container {
         // minutes (not merely waiting for xDS) is restarted.
         readiness_probe: Some(probe(0, 5, 3)),
         liveness_probe: Some(probe(30, 10, 10)),
+        security_context: Some(security_context()),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: spec.config_volume.clone(),
@@ -185,6 +268,29 @@ pub fn container(spec: &SidecarSpec) -> Container {
                 ..Default::default()
             },
         ]),
+        ..Default::default()
+    }
+}
+
+/// Pod Security `restricted`: Envoy needs no privilege, no capability (its ports are above
+/// 1024) and writes nothing to its root filesystem (hot-restart shared memory lives in
+/// `/dev/shm`, a separate tmpfs; an `admin.access-log-path` must point at a volume or
+/// `/dev/stdout`).
+pub fn security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(ENVOY_UID),
+        run_as_group: Some(ENVOY_UID),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

@@ -27,7 +27,7 @@ fn expected_pod() -> Value {
     pod["metadata"]["annotations"]["marin3r.3scale.net/injected"] = json!("true");
     let probe = |delay: u32, period: u32, failures: u32| {
         json!({
-            "httpGet": {"path": "/ready", "port": 9901, "scheme": "HTTP"},
+            "httpGet": {"path": "/ready", "port": 9902, "scheme": "HTTP"},
             "initialDelaySeconds": delay, "periodSeconds": period, "failureThreshold": failures,
             "successThreshold": 1, "timeoutSeconds": 1,
         })
@@ -52,6 +52,11 @@ fn expected_pod() -> Value {
         ],
         "readinessProbe": probe(0, 5, 3),
         "livenessProbe": probe(30, 10, 10),
+        "securityContext": {
+            "runAsNonRoot": true, "runAsUser": 101, "runAsGroup": 101,
+            "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "volumeMounts": [
             {"name": "envoy-sidecar-bootstrap", "mountPath": "/etc/envoy/bootstrap", "readOnly": true},
             {"name": "envoy-sidecar-tls", "mountPath": "/etc/envoy/tls/client", "readOnly": true},
@@ -84,12 +89,21 @@ async fn a_real_looking_pod_round_trips_over_https() {
 
         // The overlay arg is checked parsed (key order is not part of the contract).
         let overlay = &mut injected["spec"]["containers"][1]["args"][7];
-        let parsed: Value = serde_json::from_str(overlay.as_str().unwrap()).unwrap();
+        let mut parsed: Value = serde_json::from_str(overlay.as_str().unwrap()).unwrap();
+        let statics = parsed
+            .as_object_mut()
+            .unwrap()
+            .remove("static_resources")
+            .unwrap();
+        assert_eq!(
+            statics["listeners"][0]["address"]["socket_address"]["port_value"],
+            9902
+        );
         assert_eq!(
             parsed,
             json!({
                 "node": {"metadata": {"pod_name": "$(POD_NAME)", "pod_namespace": "$(POD_NAMESPACE)"}},
-                "admin": {"address": {"socket_address": {"address": "0.0.0.0", "port_value": 9901}}},
+                "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}}},
             })
         );
         *overlay = json!("<overlay>");

@@ -51,6 +51,11 @@ pub struct DiscoveryServiceSpec {
     /// The marin3r image of the discovery pod (default: this operator's version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// How many discovery pods (default 1). Only 1 is accepted today: every discovery pod
+    /// runs the EnvoyConfig controllers, which write status and revisions from what their own
+    /// proxies report, so two would contend (see docs/install.md, "Availability").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
     /// Debug logging in the discovery pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debug: Option<bool>,
@@ -146,6 +151,7 @@ pub struct DiscoveryServiceStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
     pub image: String,
+    pub replicas: i32,
     pub debug: bool,
     pub resources: Option<ResourceRequirements>,
     pub ca_secret: String,
@@ -213,7 +219,17 @@ impl DiscoveryService {
         }
         enabled.sort();
         enabled.dedup();
+        let replicas = match spec.replicas {
+            None | Some(1) => 1,
+            Some(n) => {
+                return Err(format!(
+                    "spec.replicas: {n} is not supported: one discovery pod only for now (every \
+                     replica would run the EnvoyConfig controllers, and they would contend)"
+                ));
+            }
+        };
         let resolved = Resolved {
+            replicas,
             image: spec
                 .image
                 .clone()

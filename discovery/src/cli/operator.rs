@@ -17,8 +17,9 @@ pub struct OperatorArgs {
     /// DiscoveryService must live in one of them.
     #[arg(long = "trusted-namespace", value_name = "NAMESPACE")]
     trusted_namespaces: Vec<String>,
-    /// The discovery pods' image when a DiscoveryService sets none.
-    #[arg(long, env = "MARIN3R_IMAGE", default_value = concat!("quay.io/3scale/marin3r:v", env!("CARGO_PKG_VERSION")))]
+    /// The discovery pods' image when a DiscoveryService sets none (default: this binary's
+    /// own image and version).
+    #[arg(long, env = "MARIN3R_IMAGE", default_value = crate::IMAGE)]
     discovery_service_image: String,
     /// The namespace of the leader election Lease (default: POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE")]

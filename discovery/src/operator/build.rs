@@ -1,5 +1,6 @@
 //! Pure builders of every object a `DiscoveryService` owns: its certificates, the discovery
-//! pod's ServiceAccount, RBAC, Service and Deployment, the injection webhook configuration and
+//! pod's ServiceAccount, RBAC, Service, Deployment and PodDisruptionBudget, the injection
+//! webhook configuration and
 //! the per-namespace client certificate and bootstrap. No I/O: the controller applies them.
 
 use std::collections::BTreeMap;
@@ -13,10 +14,12 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector,
-    PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Service, ServiceAccount, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    Capabilities, ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
+    VolumeMount,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -460,6 +463,18 @@ impl<'a> Children<'a> {
             readiness_probe: Some(probe("/readyz", 0, 2, 3)),
             liveness_probe: Some(probe("/healthz", 30, 10, 6)),
             resources: s.resources.clone(),
+            // Pod Security `restricted`; the image's own non-root user (no runAsUser, so a
+            // `spec.image` that runs as root is refused by kubelet rather than run).
+            security_context: Some(SecurityContext {
+                run_as_non_root: Some(true),
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             volume_mounts: Some(vec![VolumeMount {
                 name: "server-cert".into(),
                 mount_path: SERVER_CERT_DIR.into(),
@@ -471,7 +486,7 @@ impl<'a> Children<'a> {
         Deployment {
             metadata: self.owned_meta(&self.owned_name()),
             spec: DeploymentSpec {
-                replicas: Some(1),
+                replicas: Some(s.replicas),
                 selector: LabelSelector {
                     match_labels: Some(self.selector_labels()),
                     ..Default::default()
@@ -490,6 +505,14 @@ impl<'a> Children<'a> {
                     }),
                     spec: Some(PodSpec {
                         service_account_name: Some(self.owned_name()),
+                        security_context: Some(PodSecurityContext {
+                            run_as_non_root: Some(true),
+                            seccomp_profile: Some(SeccompProfile {
+                                type_: "RuntimeDefault".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }),
                         containers: vec![container],
                         volumes: Some(vec![Volume {
                             name: "server-cert".into(),
@@ -504,6 +527,26 @@ impl<'a> Children<'a> {
                 },
                 ..Default::default()
             },
+            ..Default::default()
+        }
+    }
+
+    /// The discovery pods' disruption budget: a voluntary eviction (a node drain) may take one
+    /// discovery pod at a time. Not `minAvailable: 1`: with one replica that would block every
+    /// drain of its node forever; the pod is back within seconds on another node, the
+    /// proxies keep their config meanwhile, and only pod creation in enabled namespaces
+    /// waits (the webhook's `failurePolicy: Fail`).
+    pub fn pod_disruption_budget(&self) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: self.owned_meta(&self.owned_name()),
+            spec: Some(PodDisruptionBudgetSpec {
+                max_unavailable: Some(IntOrString::Int(1)),
+                selector: Some(LabelSelector {
+                    match_labels: Some(self.selector_labels()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }
     }

@@ -324,3 +324,59 @@ fn secrets_are_readable_only_in_each_served_namespace() {
         "Secrets are read-only"
     );
 }
+
+#[test]
+fn the_discovery_pod_meets_pod_security_restricted_as_the_images_user() {
+    let d = with(serde_json::json!({}), |c| c.deployment("h"));
+    let pod = d.spec.template.spec.unwrap();
+    let psc = pod.security_context.unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    let sc = pod.containers[0].security_context.clone().unwrap();
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.run_as_user, None, "the image's own non-root user");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
+}
+
+#[test]
+fn replicas_feed_the_deployment_and_only_one_is_accepted() {
+    let d = with(serde_json::json!({"replicas": 1}), |c| c.deployment("h"));
+    assert_eq!(d.spec.replicas, Some(1));
+    let d = with(serde_json::json!({}), |c| c.deployment("h"));
+    assert_eq!(d.spec.replicas, Some(1));
+    for n in [0, 2, -1] {
+        let err = ds(serde_json::json!({"replicas": n}))
+            .resolve("marin3r:test")
+            .unwrap_err();
+        assert!(
+            err.starts_with(&format!("spec.replicas: {n} is not supported")),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn the_disruption_budget_lets_a_drain_take_one_discovery_pod() {
+    let (pdb, d) = with(serde_json::json!({}), |c| {
+        (c.pod_disruption_budget(), c.deployment("h"))
+    });
+    assert_eq!(pdb.metadata.name.as_deref(), Some("marin3r-instance"));
+    assert_eq!(pdb.metadata.namespace.as_deref(), Some("ops"));
+    let owner = &pdb.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("DiscoveryService", "u-1")
+    );
+    let spec = pdb.spec.unwrap();
+    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        spec.min_available, None,
+        "minAvailable 1 would block every drain"
+    );
+    assert_eq!(
+        spec.selector.unwrap().match_labels,
+        d.spec.selector.match_labels
+    );
+}

@@ -17,6 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -326,6 +327,11 @@ async fn apply(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
         Some(hash) => Some(apply_object(&deployments, &children.deployment(hash)).await?),
         None => deployments.get_opt(&children.owned_name()).await?,
     };
+    apply_object(
+        &Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns),
+        &children.pod_disruption_budget(),
+    )
+    .await?;
     let (rolled_out, summary) = deployment_state(deployment.as_ref());
     status.deployment = summary;
 

@@ -18,6 +18,7 @@ mod logs;
 mod meta;
 mod openapi;
 mod patch;
+mod pod_security;
 mod portforward;
 mod protobuf;
 mod rbac;

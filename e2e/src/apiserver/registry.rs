@@ -180,6 +180,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         builtin(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            true,
+            &["pdb"],
+        ),
+        builtin(
             "coordination.k8s.io",
             "v1",
             "leases",

@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         images = images.with_marin3r(path);
     }
     let marin3r = images
-        .resolve("marin3r")
+        .resolve(marin3r_discovery::IMAGE)
         .map_err(|e| anyhow::anyhow!("{e} (build it with cargo build -p marin3r-discovery)"))?
         .path;
     images

@@ -34,8 +34,9 @@ struct Args {
     /// written, without its tag, or its last path segment.
     #[arg(long = "image", value_name = "NAME=PATH")]
     images: Vec<String>,
-    /// The binary `marin3r` images run (default: `MARIN3R_BIN`, else the workspace's newest
-    /// build, else `marin3r` beside this binary).
+    /// The binary the marin3r image (`marin3r:v<version>`, the only one the local cluster
+    /// runs) stands for (default: `MARIN3R_BIN`, else the workspace's newest build, else
+    /// `marin3r` beside this binary).
     #[arg(long)]
     marin3r: Option<PathBuf>,
     /// Where container logs go (`<namespace>_<pod>_<container>.log`).
@@ -55,11 +56,11 @@ fn images(args: &Args) -> anyhow::Result<ImageMap> {
     if let Some(path) = &args.marin3r {
         anyhow::ensure!(path.is_file(), "--marin3r {}: not a file", path.display());
         map = map.with_marin3r(path);
-    } else if map.resolve("marin3r").is_err() {
+    } else if map.resolve(marin3r_discovery::IMAGE).is_err() {
         match beside() {
             Some(path) => map = map.with_marin3r(path),
             None => tracing::warn!(
-                "no marin3r binary found: marin3r images will not run \
+                "no marin3r binary found: the marin3r image will not run \
                  (cargo build -p marin3r-discovery, or pass --marin3r PATH)"
             ),
         }

@@ -464,6 +464,7 @@ mod tests {
                 vec![]
             },
             envoy_entrypoint: envoy,
+            user: 0,
         }
     }
 

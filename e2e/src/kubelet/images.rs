@@ -1,6 +1,10 @@
-//! Which local binary stands in for a container image: `marin3r` images run the built
-//! `marin3r`, `envoyproxy/envoy*` images the installed Envoy, and `--image NAME=PATH` adds
-//! more. An image without a mapping cannot be "pulled".
+//! Which local binary stands in for a container image: the one `marin3r` image this build
+//! ships ([`marin3r_discovery::IMAGE`], tag included) runs the built `marin3r`,
+//! `envoyproxy/envoy*` images the installed Envoy, and `--image NAME=PATH` adds more. An
+//! image without a mapping cannot be "pulled"; any other `marin3r` image (another tag, the
+//! original project's `quay.io/3scale/marin3r`) is refused, so a stale name in the manifests
+//! or the operator fails here as it would on a real cluster. Each image also carries the user
+//! it runs as, for kubelet's `runAsNonRoot` check.
 
 use std::path::{Path, PathBuf};
 
@@ -12,13 +16,39 @@ pub struct ImageBinary {
     pub default_args: Vec<String>,
     /// The image is Envoy's: its entrypoint treats args not starting with `-` as a command.
     pub envoy_entrypoint: bool,
+    /// The uid the image runs as when the pod sets no `runAsUser` (0: root).
+    pub user: i64,
 }
+
+/// `envoyproxy/envoy` starts as root (its entrypoint drops to the `envoy` user itself);
+/// the distroless variants run as distroless' `nonroot`.
+const ENVOY_USER: i64 = 0;
+const DISTROLESS_NONROOT: i64 = 65532;
 
 #[derive(Clone, Debug, Default)]
 pub struct ImageMap {
     marin3r: Option<PathBuf>,
     envoy: Option<PathBuf>,
     extra: Vec<(String, PathBuf)>,
+}
+
+/// An image reference in the form a container runtime pulls: registry, `library/` for Docker
+/// Hub's official images, and `:latest` when neither tag nor digest is given, so
+/// `marin3r:v1` and `docker.io/library/marin3r:v1` compare equal.
+fn canonical(image: &str) -> String {
+    let (first, rest) = image.split_once('/').unwrap_or(("", image));
+    let has_registry = first.contains('.') || first.contains(':') || first == "localhost";
+    let mut out = if has_registry {
+        image.to_owned()
+    } else if first.is_empty() {
+        format!("docker.io/library/{image}")
+    } else {
+        format!("docker.io/{first}/{rest}")
+    };
+    if repository(&out) == out {
+        out.push_str(":latest");
+    }
+    out
 }
 
 /// An image reference split into repository (no tag or digest) and its last path segment.
@@ -92,21 +122,31 @@ impl ImageMap {
     pub fn resolve(&self, image: &str) -> Result<ImageBinary, String> {
         let repo = repository(image);
         let last = repo.rsplit('/').next().unwrap_or(repo);
-        let plain = |path: &PathBuf| ImageBinary {
+        // An image of unknown origin is taken to run as root, as most do.
+        let plain = |path: &PathBuf, user: i64| ImageBinary {
             path: path.clone(),
             default_args: Vec::new(),
             envoy_entrypoint: false,
+            user,
         };
         if let Some((_, path)) = self
             .extra
             .iter()
             .find(|(name, _)| name == image || name == repo || name == last)
         {
-            return Ok(plain(path));
+            return Ok(plain(path, 0));
         }
         if last == "marin3r" {
+            let ours = marin3r_discovery::IMAGE;
+            if canonical(image) != canonical(ours) {
+                return Err(format!(
+                    "image {image:?} is not the marin3r image of this build: the local cluster \
+                     runs only {ours:?} (marin3r_discovery::IMAGE, the name manifests/ and the \
+                     operator use), so a stale or foreign marin3r image would not run this code"
+                ));
+            }
             return match &self.marin3r {
-                Some(path) => Ok(plain(path)),
+                Some(path) => Ok(plain(path, marin3r_discovery::IMAGE_USER)),
                 None => Err(format!(
                     "image {image:?}: no marin3r binary configured for the local cluster \
                      (build it with `cargo build -p marin3r-discovery`, or pass --marin3r PATH)"
@@ -121,6 +161,11 @@ impl ImageMap {
                     path: path.clone(),
                     default_args: vec!["-c".into(), "/etc/envoy/envoy.yaml".into()],
                     envoy_entrypoint: true,
+                    user: if name.contains("distroless") {
+                        DISTROLESS_NONROOT
+                    } else {
+                        ENVOY_USER
+                    },
                 }),
                 None => Err(format!(
                     "image {image:?}: Envoy is not installed (run hack/install-tools)"
@@ -146,17 +191,46 @@ mod tests {
     }
 
     #[test]
-    fn marin3r_images_map_to_the_built_binary() {
+    fn only_this_builds_marin3r_image_maps_to_the_built_binary() {
+        let ours = marin3r_discovery::IMAGE;
+        for image in [ours.to_owned(), format!("docker.io/library/{ours}")] {
+            let bin = map().resolve(&image).unwrap();
+            assert_eq!(bin.path, PathBuf::from("/bin/marin3r"));
+            assert_eq!(bin.user, marin3r_discovery::IMAGE_USER);
+        }
+    }
+
+    #[test]
+    fn stale_or_foreign_marin3r_images_are_refused_naming_them() {
         for image in [
             "marin3r",
+            "marin3r:latest",
+            "marin3r:v0.0.9",
+            "quay.io/3scale/marin3r:v0.1.0",
             "quay.io/3scale/marin3r:v0.13.1",
+            "ghcr.io/someone/marin3r:v0.1.0",
             "x/marin3r@sha256:abc",
         ] {
-            assert_eq!(
-                map().resolve(image).unwrap().path,
-                PathBuf::from("/bin/marin3r")
+            let err = map().resolve(image).unwrap_err();
+            assert!(
+                err.contains(image) && err.contains(marin3r_discovery::IMAGE),
+                "{err}"
             );
         }
+    }
+
+    #[test]
+    fn canonical_names_add_registry_library_and_latest() {
+        assert_eq!(canonical("marin3r:v1"), "docker.io/library/marin3r:v1");
+        assert_eq!(
+            canonical("envoyproxy/envoy"),
+            "docker.io/envoyproxy/envoy:latest"
+        );
+        assert_eq!(
+            canonical("localhost:5000/marin3r"),
+            "localhost:5000/marin3r:latest"
+        );
+        assert_eq!(canonical("quay.io/a/b@sha256:0"), "quay.io/a/b@sha256:0");
     }
 
     #[test]
@@ -169,6 +243,12 @@ mod tests {
             let bin = map().resolve(image).unwrap();
             assert_eq!(bin.path, PathBuf::from("/bin/envoy"));
             assert!(bin.envoy_entrypoint);
+            let user = if image.contains("distroless") {
+                65532
+            } else {
+                0
+            };
+            assert_eq!(bin.user, user, "{image}");
             assert_eq!(bin.default_args, ["-c", "/etc/envoy/envoy.yaml"]);
         }
     }

@@ -134,13 +134,13 @@ impl PodHandle {
         })
     }
 
-    /// The path of the pod's network namespace, while it has one.
-    pub fn netns_path(&self) -> Option<String> {
-        lock(&self.shared.net).as_ref().map(PodNetwork::netns_path)
-    }
-
     pub fn ip(&self) -> &str {
         &self.shared.ip
+    }
+
+    /// The pod's network namespace (`/var/run/netns/...`), while the pod has one.
+    pub fn netns_path(&self) -> Option<String> {
+        lock(&self.shared.net).as_ref().map(PodNetwork::netns_path)
     }
 
     pub fn namespace(&self) -> &str {
@@ -373,6 +373,7 @@ impl PodShared {
     }
 
     /// Everything needed to start a container, or the waiting reason and message.
+    /// (The container still runs as this process's user; only the checks are kubelet's.)
     pub(super) fn prepare(
         &self,
         which: Which,
@@ -405,6 +406,7 @@ impl PodShared {
             .resolve(&image_name)
             .map_err(|m| ("ErrImagePull".to_owned(), m))?;
         let config_error = |m: String| ("CreateContainerConfigError".to_owned(), m);
+        verify_run_as_non_root(&pod, &container, image.user).map_err(config_error)?;
         self.sync_volumes()
             .map_err(|m| ("ContainerCreating".to_owned(), m))?;
         self.write_hosts();
@@ -518,5 +520,43 @@ impl PodShared {
             });
         }
         Ok(mounts)
+    }
+}
+
+/// Kubelet's `runAsNonRoot` check: the container's (else the pod's) `runAsNonRoot: true`
+/// refuses a container whose user, `runAsUser` or else the image's, is root.
+pub(super) fn verify_run_as_non_root(
+    pod: &Pod,
+    container: &Container,
+    image_user: i64,
+) -> Result<(), String> {
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let sc = container.security_context.as_ref();
+    let non_root = sc
+        .and_then(|s| s.run_as_non_root)
+        .or(psc.and_then(|s| s.run_as_non_root))
+        .unwrap_or(false);
+    if !non_root {
+        return Ok(());
+    }
+    let who = format!(
+        "(pod: \"{}_{}({})\", container: {})",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.uid.as_deref().unwrap_or_default(),
+        container.name
+    );
+    match sc
+        .and_then(|s| s.run_as_user)
+        .or(psc.and_then(|s| s.run_as_user))
+    {
+        Some(0) => Err(format!(
+            "container's runAsUser breaks non-root policy {who}"
+        )),
+        Some(_) => Ok(()),
+        None if image_user == 0 => Err(format!(
+            "container has runAsNonRoot and image will run as root {who}"
+        )),
+        None => Ok(()),
     }
 }

@@ -275,6 +275,15 @@ impl Kubelet {
         Arc::new(PodPorts(Arc::downgrade(&self.running)))
     }
 
+    /// A running pod's network namespace.
+    pub fn netns_path(&self, namespace: &str, pod: &str) -> Option<String> {
+        lock(&self.running)
+            .pods
+            .values()
+            .find(|r| r.handle.namespace() == namespace && r.handle.name() == pod)
+            .and_then(|r| r.handle.netns_path())
+    }
+
     /// Stops watching, then stops every pod, waiting at most `grace` for each.
     pub async fn shutdown(mut self, grace: Duration) {
         self.tasks.clear();
