@@ -1,8 +1,10 @@
 //! `marin3r discovery-service` as a process against the local cluster's API server (through a
-//! kubeconfig): it starts, `/readyz` turns ready once its servers listen and its controllers
-//! synced, an Envoy gets its namespace's EnvoyConfig through it, EnvoyConfigs of namespaces
-//! not labelled for it are left alone until the label is added, the webhook answers on the same
-//! certificate, and SIGTERM stops it cleanly.
+//! kubeconfig): it starts, `/readyz` turns ready once its servers listen, its controllers
+//! synced and every published revision is loaded, an Envoy gets its namespace's EnvoyConfig
+//! through it, EnvoyConfigs (and Secrets) of namespaces not labelled for it are left alone
+//! until the label is added, `/sync-status` is on the admin address only, the webhook answers
+//! on the same certificate, and SIGTERM drains: not ready and no new connection at once, the
+//! connected Envoy still served until the grace period ends, then a clean exit.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -107,7 +109,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     std::fs::write(certs.join("tls.crt"), &pki.server.cert_pem).unwrap();
     std::fs::write(certs.join("tls.key"), &pki.server.key_pem).unwrap();
     std::fs::write(certs.join("ca.crt"), pki.ca_pem()).unwrap();
-    let (xds, metrics, webhook) = (free_port(), free_port(), free_port());
+    let (xds, metrics, webhook, admin) = (free_port(), free_port(), free_port(), free_port());
     let log = std::fs::File::create(dir.path().join("log")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
         .args(["discovery-service", "--server-cert-dir"])
@@ -120,7 +122,10 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
             "ds",
             "--bind-address",
             "127.0.0.1",
+            "--shutdown-grace-period",
+            "1",
         ])
+        .args(["--admin-address", &format!("127.0.0.1:{admin}")])
         .env("KUBECONFIG", &kubeconfig)
         .stdout(Stdio::null())
         .stderr(log)
@@ -174,6 +179,22 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     let ec = rt.block_on(ignored.get("cfg")).unwrap();
     assert!(ec.status.is_none(), "{:?}", ec.status);
 
+    // Secrets are watched only in the namespace served.
+    let secret_requests = |ns: &str| {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.contains(&format!("/namespaces/{ns}/secrets")))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        secret_requests("served")
+            .iter()
+            .any(|r| r.contains("watch=true")),
+        "{:#?}",
+        api.requests()
+    );
+    assert_eq!(secret_requests("ignored"), Vec::<String>::new());
+
     // Labelling the namespace for this discovery service takes effect without touching the
     // config.
     let nss: Api<Namespace> = Api::all(client.clone());
@@ -187,6 +208,34 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
             let ec = rt.block_on(ignored.get("cfg")).unwrap();
             (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
         },
+    );
+
+    // ...and its Secrets are watched from then on; never any cluster-wide.
+    wait_for(
+        "a Secret watch in the newly labelled namespace",
+        Duration::from_secs(10),
+        || {
+            secret_requests("ignored")
+                .iter()
+                .any(|r| r.contains("watch=true"))
+                .then_some(())
+        },
+    );
+    let cluster_wide: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains(" /api/v1/secrets"))
+        .collect();
+    assert!(cluster_wide.is_empty(), "{cluster_wide:#?}");
+
+    // /sync-status is on the admin address, not on the metrics port.
+    let status: serde_json::Value =
+        serde_json::from_str(&get_body(&format!("http://127.0.0.1:{admin}/sync-status")).unwrap())
+            .unwrap();
+    assert_eq!(status["proxies"][0]["pod"], "sidecar-pod", "{status}");
+    assert_eq!(
+        get_status(&format!("http://127.0.0.1:{metrics}/sync-status")),
+        404
     );
 
     // The controllers' metrics are on the metrics port with the xDS server's.
@@ -293,4 +342,230 @@ fn a_missing_server_certificate_is_a_clear_error() {
         stderr.contains("--server-cert-dir") && stderr.contains("no-such-dir"),
         "{stderr}"
     );
+}
+
+/// The HTTP status of a GET of `url`.
+fn get_status(url: &str) -> u16 {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    agent.get(url).call().unwrap().status().as_u16()
+}
+
+/// The ports of one discovery service process.
+struct Ports {
+    xds: u16,
+    metrics: u16,
+    webhook: u16,
+    admin: u16,
+}
+
+/// Starts `marin3r discovery-service` for `ds` with its log in `dir/<log>`.
+fn start_process(
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    certs: &std::path::Path,
+    log: &str,
+    grace_seconds: u64,
+) -> (Process, Ports) {
+    let ports = Ports {
+        xds: free_port(),
+        metrics: free_port(),
+        webhook: free_port(),
+        admin: free_port(),
+    };
+    let log = std::fs::File::create(dir.join(log)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["discovery-service", "--server-cert-dir"])
+        .arg(certs)
+        .args(["--xds-port", &ports.xds.to_string()])
+        .args(["--metrics-port", &ports.metrics.to_string()])
+        .args(["--webhook-port", &ports.webhook.to_string()])
+        .args(["--admin-address", &format!("127.0.0.1:{}", ports.admin)])
+        .args(["--shutdown-grace-period", &grace_seconds.to_string()])
+        .args([
+            "--discovery-service-name",
+            "ds",
+            "--bind-address",
+            "127.0.0.1",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    (Process(Some(child)), ports)
+}
+
+fn readyz(ports: &Ports) -> String {
+    get_body(&format!("http://127.0.0.1:{}/readyz", ports.metrics)).unwrap_or_default()
+}
+
+#[test]
+fn readiness_waits_for_published_revisions_and_sigterm_drains() {
+    use k8s_openapi::api::core::v1::Secret;
+    use marin3r_certs::{CertificateRequest, Usage};
+    use support::plane::{https_spec, tls_secret};
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pki = Pki::new();
+    let (api, client) = rt.block_on(async {
+        let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+        let client = api.kube_client().await.unwrap();
+        api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
+            .await
+            .unwrap();
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "served",
+            "labels": {"marin3r.3scale.net/discovery-service": "ds"}}}))
+        .unwrap();
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        let cert = pki
+            .ca
+            .issue(
+                &CertificateRequest::new("web", Usage::Server, Duration::from_secs(86_400))
+                    .with_hosts(["localhost"]),
+            )
+            .unwrap();
+        Api::<Secret>::namespaced(client.clone(), "served")
+            .create(&PostParams::default(), &tls_secret("web-cert", &cert))
+            .await
+            .unwrap();
+        (api, client)
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let certs = dir.path().join("server-cert");
+    std::fs::create_dir(&certs).unwrap();
+    std::fs::write(certs.join("tls.crt"), &pki.server.cert_pem).unwrap();
+    std::fs::write(certs.join("tls.key"), &pki.server.key_pem).unwrap();
+    std::fs::write(certs.join("ca.crt"), pki.ca_pem()).unwrap();
+    let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+
+    // The first process publishes two configs, one of them with an SDS Secret.
+    const GRACE: u64 = 8;
+    let (mut first, ports) = start_process(dir.path(), &kubeconfig, &certs, "first", GRACE);
+    wait_for("the first process ready", Duration::from_secs(20), || {
+        (readyz(&ports) == "ready\n").then_some(())
+    });
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "served");
+    let apply = |name: &str, spec: serde_json::Value| {
+        let body = json!({
+            "apiVersion": "marin3r.3scale.net/v1alpha1",
+            "kind": "EnvoyConfig",
+            "metadata": {"name": name, "namespace": "served"},
+            "spec": spec,
+        });
+        rt.block_on(configs.patch(name, &PatchParams::apply("test"), &Patch::Apply(body)))
+            .unwrap();
+    };
+    let in_sync = |name: &str, version: Option<&str>| {
+        wait_for(&format!("{name} InSync"), Duration::from_secs(20), || {
+            let ec = rt.block_on(configs.get(name)).unwrap();
+            let status = ec.status?;
+            (status.cache_state.as_deref() == Some("InSync")
+                && version.is_none_or(|v| status.published_version.as_deref() == Some(v)))
+            .then_some(())
+        })
+    };
+    let (port, tls_port) = (free_port(), free_port());
+    apply("cfg", spec(port, "one"));
+    apply(
+        "tls",
+        https_spec("tls", tls_port, json!({"name": "web-cert"})),
+    );
+    in_sync("cfg", None);
+    in_sync("tls", None);
+    let proxy = Proxy::start_on(
+        ports.xds,
+        &pki.client(Some("served")),
+        "sidecar",
+        "sidecar-pod",
+        AdsMode::Delta,
+    );
+    proxy.wait_for_body(port, "one");
+
+    // SIGTERM: not ready and no new connection at once...
+    let child = first.0.as_mut().unwrap();
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let term = Instant::now();
+    wait_for("/readyz to turn 503", Duration::from_secs(5), || {
+        (get_status(&format!("http://127.0.0.1:{}/readyz", ports.metrics)) == 503).then_some(())
+    });
+    for (what, port) in [("xDS", ports.xds), ("webhook", ports.webhook)] {
+        wait_for(
+            &format!("new {what} connections to be refused"),
+            Duration::from_secs(5),
+            || {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .is_err()
+                    .then_some(())
+            },
+        );
+    }
+    // ...while the connected Envoy still gets a new config.
+    apply("cfg", spec(port, "two"));
+    proxy.wait_for_body(port, "two");
+    assert!(
+        child.try_wait().unwrap().is_none() && term.elapsed() < Duration::from_secs(GRACE),
+        "the push came after the grace period ({:?})\n{}",
+        term.elapsed(),
+        log("first")
+    );
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            term.elapsed() < Duration::from_secs(GRACE + 15),
+            "no exit after the grace period\n{}",
+            log("first")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}\n{}", log("first"));
+    assert!(
+        term.elapsed() >= Duration::from_secs(GRACE),
+        "exited {:?} after SIGTERM, before the grace period\n{}",
+        term.elapsed(),
+        log("first")
+    );
+    drop(proxy);
+
+    // A new process with the revision's Secret slow to read: not ready until it is loaded.
+    let held = "/api/v1/namespaces/served/secrets/web-cert";
+    api.faults().hold(held);
+    let (_second, ports) = start_process(dir.path(), &kubeconfig, &certs, "second", 1);
+    wait_for(
+        "/readyz to wait for the revision controller only",
+        Duration::from_secs(20),
+        || (readyz(&ports) == "not ready: EnvoyConfigRevision controller\n").then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        readyz(&ports),
+        "not ready: EnvoyConfigRevision controller\n",
+        "{}",
+        log("second")
+    );
+    api.faults().release(held);
+    wait_for("/readyz ready once loaded", Duration::from_secs(20), || {
+        (readyz(&ports) == "ready\n").then_some(())
+    });
 }

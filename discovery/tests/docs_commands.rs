@@ -28,7 +28,7 @@ const SCRIPTS: &[&str] = &["hack/demo", "hack/test"];
 /// Whether the demo runs this cluster command as the docs show it
 /// (`marin3r_e2e::demo::commands`).
 fn run_by_the_demo(command: &str) -> bool {
-    commands::ALL.contains(&command) || command.starts_with(commands::PROXY_STATUS_PREFIX)
+    commands::ALL.contains(&command)
 }
 
 fn root() -> PathBuf {

@@ -141,6 +141,24 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
         "{message}"
     );
     assert_eq!(plane.list_revisions(NS).len(), 1);
+
+    // All of that through Secret watches of the served namespaces only: the API server never
+    // saw a cluster-wide Secret request (what the per-namespace Roles allow).
+    let requests = plane.api.requests();
+    let secrets: Vec<&String> = requests.iter().filter(|r| r.contains("secrets")).collect();
+    assert!(
+        secrets.iter().all(|r| r.contains("/namespaces/")),
+        "a cluster-wide Secret request: {secrets:#?}"
+    );
+    for ns in [NS, "elsewhere"] {
+        let watch = format!("GET /api/v1/namespaces/{ns}/secrets?");
+        assert!(
+            secrets
+                .iter()
+                .any(|r| r.starts_with(&watch) && r.contains("watch=true")),
+            "no Secret watch in {ns}: {secrets:#?}"
+        );
+    }
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
@@ -354,6 +354,27 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         (namespace_labels(&client, "team-a").await == (None, None)).then_some(())
     })
     .await;
+    // ...and the discovery pod's Secret access there.
+    let secret_access = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            let role = Api::<Role>::namespaced(client.clone(), ns)
+                .get_opt(cluster_name)
+                .await
+                .unwrap()
+                .is_some();
+            let binding = Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get_opt(cluster_name)
+                .await
+                .unwrap()
+                .is_some();
+            (role, binding)
+        }
+    };
+    wait_for("team-a's Role and RoleBinding to go", || async {
+        (secret_access("team-a").await == (false, false)).then_some(())
+    })
+    .await;
     // And back, to have something to clean up.
     dss.patch(
         "instance",
@@ -368,6 +389,10 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
             .get_opt("envoy-sidecar-client-cert")
             .await
             .unwrap()
+    })
+    .await;
+    wait_for("team-a's Role and RoleBinding again", || async {
+        (secret_access("team-a").await == (true, true)).then_some(())
     })
     .await;
 
@@ -416,7 +441,8 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
                 .unwrap()
                 .items
                 .is_empty()
-            && namespace_labels(&client, "team-a").await == (None, None);
+            && namespace_labels(&client, "team-a").await == (None, None)
+            && secret_access("team-a").await == (false, false);
         gone.then_some(())
     })
     .await;

@@ -112,11 +112,11 @@ impl LocalCluster {
                 let path = crate::kubelet::container_log_path(&log_dir, ns, pod, container);
                 path.is_file().then_some(path)
             }));
-            kubelet = Some(
-                Kubelet::start(node.clone(), client.clone())
-                    .await
-                    .context("starting the pod runner")?,
-            );
+            let started = Kubelet::start(node.clone(), client.clone())
+                .await
+                .context("starting the pod runner")?;
+            api.set_pod_ports(started.pod_ports());
+            kubelet = Some(started);
         }
         let deployments = DeploymentController::start(client.clone())
             .await

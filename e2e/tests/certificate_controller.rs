@@ -143,6 +143,26 @@ impl Env {
         }
     }
 
+    /// Waits for `status.renewalTime` (in Unix seconds) to become `expected`.
+    async fn wait_renewal_time(&self, name: &str, expected: Option<i64>) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let dsc = self.dscs().get(name).await.unwrap();
+            let seen = dsc
+                .status
+                .and_then(|s| s.renewal_time)
+                .map(|t| t.0.as_second());
+            if seen == expected {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "status.renewalTime did not move to {expected:?}: still {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Asserts the serial stays `serial` for `period` (no second issuance).
     async fn assert_stable(&self, name: &str, serial: &str, period: Duration) {
         let deadline = Instant::now() + period;
@@ -328,17 +348,15 @@ async fn renews_at_eighty_percent_of_the_validity_and_not_when_disabled() {
         (3_000..=6_000).contains(&after),
         "renewed {after} ms after issuance"
     );
-    // The status is written after the Secret: wait for it.
-    let first_renewal = first.status.unwrap().renewal_time;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let second = env.dscs().get("short").await.unwrap();
-        if second.status.unwrap().renewal_time != first_renewal {
-            break;
-        }
-        assert!(Instant::now() < deadline, "status.renewalTime did not move");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The Secret is written before the status, so wait for the status of the renewed
+    // certificate rather than reading it once (a read between the two writes saw the old one).
+    let first_renewal = first.status.unwrap().renewal_time.map(|t| t.0.as_second());
+    let expected = Some(renewed.renewal_time().unix_timestamp());
+    assert_ne!(
+        first_renewal, expected,
+        "the renewed certificate is due when the first was"
+    );
+    env.wait_renewal_time("short", expected).await;
 
     env.apply(
         "pinned",

@@ -18,14 +18,14 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL,
 };
+use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_e2e::kubectl::Kubectl;
 use marin3r_e2e::kubelet::ImageMap;
@@ -194,9 +194,10 @@ async fn serving_pod(cluster: &LocalCluster, client: &Client, ns: &str) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marin3r_end_to_end() {
     let images = ImageMap::discover();
-    images
+    let marin3r = images
         .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
+        .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
+        .path;
     let cluster = LocalCluster::start(LocalClusterConfig {
         images,
         // Keep the pods' logs to look at after a failure.
@@ -300,6 +301,112 @@ async fn marin3r_end_to_end() {
         .await
         .unwrap();
     assert!(out.contains(DS) && out.contains("True"), "{out}");
+    // The discovery pod reads Secrets only where it serves: a Role in each enabled namespace,
+    // none elsewhere, and no Secret rule cluster-wide.
+    let secret_role = "marin3r-marin3r-system-instance";
+    let has_secret_access = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            let role = Api::<Role>::namespaced(client.clone(), ns)
+                .get_opt(secret_role)
+                .await
+                .unwrap();
+            let binding = Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get_opt(secret_role)
+                .await
+                .unwrap();
+            match (role, binding) {
+                (Some(role), Some(binding)) => {
+                    let rule = &role.rules.unwrap()[0];
+                    assert_eq!(rule.resources.as_deref(), Some(&["secrets".to_owned()][..]));
+                    let subject = &binding.subjects.unwrap()[0];
+                    assert_eq!(
+                        (subject.name.as_str(), subject.namespace.as_deref()),
+                        ("marin3r-instance", Some(OPS))
+                    );
+                    true
+                }
+                (None, None) => false,
+                other => panic!("a Role without its RoleBinding or the reverse in {ns}: {other:?}"),
+            }
+        }
+    };
+    assert!(has_secret_access("demo").await);
+    assert!(!has_secret_access("plain").await);
+    // And the RBAC-enforcing API server holds the discovery pod's ServiceAccount to it: a
+    // Secret of the enabled namespace is readable, one of another namespace (its own CA's
+    // too) is not, and Secrets cannot be listed cluster-wide.
+    let token = cluster.api().service_account_token(OPS, "marin3r-instance");
+    let kubeconfig_as_discovery = cluster
+        .api()
+        .kubeconfig()
+        .replace("token: local-cluster", &format!("token: {token}"));
+    let as_discovery = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&kubeconfig_as_discovery).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+        .get("envoy-sidecar-client-cert")
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), "plain")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "private"}, "stringData": {"k": "v"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let refused = |r: Result<Secret, kube::Error>| match r {
+        Err(kube::Error::Api(e)) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refused(
+            Api::<Secret>::namespaced(as_discovery.clone(), "plain")
+                .get("private")
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        refused(
+            Api::<Secret>::namespaced(as_discovery.clone(), OPS)
+                .get("marin3r-ca-cert-instance")
+                .await
+        ),
+        403
+    );
+    match Api::<Secret>::all(as_discovery.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403),
+        other => panic!("a cluster-wide Secret list was not refused: {other:?}"),
+    }
+    let cluster_rules = Api::<ClusterRole>::all(client.clone())
+        .get(secret_role)
+        .await
+        .unwrap()
+        .rules
+        .unwrap();
+    assert!(
+        cluster_rules
+            .iter()
+            .all(|r| !r.resources.iter().flatten().any(|x| x == "secrets")),
+        "{cluster_rules:?}"
+    );
 
     // 2. An annotated pod is injected, its Envoy connects over mTLS and serves the config;
     //    the same workload in a namespace that is not enabled is not injected.
@@ -384,6 +491,85 @@ async fn marin3r_end_to_end() {
         "not injected outside enabled namespaces"
     );
 
+    // `marin3r proxy-status` reaches the sync status through the API server (a pod
+    // port-forward to the discovery pod's loopback admin port) and shows the sidecar...
+    let proxy_status = || {
+        let (marin3r, kubeconfig) = (marin3r.clone(), kubeconfig.clone());
+        async move {
+            let out = tokio::process::Command::new(&marin3r)
+                .args(["proxy-status", "--kubeconfig"])
+                .arg(&kubeconfig)
+                .args(["-n", "demo"])
+                .output()
+                .await
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            stdout
+        }
+    };
+    let table = until("proxy-status to show the synced sidecar", 30, || async {
+        let table = proxy_status().await;
+        (table.contains(&pod.name_any()) && table.contains("SYNCED")).then_some(table)
+    })
+    .await;
+    assert!(table.starts_with("NAMESPACE"), "{table}");
+    // ...which the network cannot: not on the admin port, not on the metrics port.
+    let discovery_ip = pod_ip(&discovery_pods[0]);
+    let admin_port = get(&format!("http://{discovery_ip}:8384/sync-status"));
+    assert!(admin_port.starts_with("GET failed"), "{admin_port}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let on_metrics = agent
+        .get(&format!("http://{discovery_ip}:8383/sync-status"))
+        .call()
+        .unwrap()
+        .status();
+    assert_eq!(on_metrics, 404);
+
+    // The discovery pod loads a TLS Secret of a served namespace for SDS (read through its
+    // per-namespace Role and watch): here the namespace's client certificate Secret.
+    let sds = json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "sds-check", "namespace": "demo"},
+        "spec": {
+            "nodeID": "sds-check",
+            "serialization": "yaml",
+            "envoyResources": {
+                "secrets": [{"name": "client", "ref": {"name": "envoy-sidecar-client-cert"}}],
+            },
+        },
+    });
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .patch("sds-check", &PatchParams::apply("e2e"), &Patch::Apply(&sds))
+        .await
+        .unwrap();
+    let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client.clone(), "demo");
+    until("the SDS Secret loaded by the discovery pod", 60, || async {
+        revisions
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| r.spec.node_id == "sds-check")
+            .flat_map(|r| r.status.map(|s| s.conditions).unwrap_or_default())
+            .find(|c| {
+                c.type_ == "ResourcesOutOfSync"
+                    && c.status == "False"
+                    && c.reason == "ResourcesLoaded"
+            })
+    })
+    .await;
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .delete("sds-check", &DeleteParams::default())
+        .await
+        .unwrap();
+
     // 3. A user labels a second namespace: it is served; unlabelled, it is not.
     create_namespace(&client, "team-b").await;
     let patch = |v: Option<&str>| json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: v}}});
@@ -418,6 +604,7 @@ async fn marin3r_end_to_end() {
         .await
         .unwrap();
     serving_pod(&cluster, &client, "team-b").await;
+    assert!(has_secret_access("team-b").await);
     Api::<Deployment>::namespaced(client.clone(), "team-b")
         .delete("demo", &DeleteParams::default())
         .await
@@ -439,6 +626,10 @@ async fn marin3r_end_to_end() {
                 .unwrap()
                 .is_none();
         gone.then_some(())
+    })
+    .await;
+    until("team-b's Secret access to go", 30, || async {
+        (!has_secret_access("team-b").await).then_some(())
     })
     .await;
 

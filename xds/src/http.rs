@@ -1,6 +1,8 @@
-//! The discovery service's plain-HTTP side: Prometheus `/metrics`, `/healthz`, `/readyz`
-//! (ready while the xDS server accepts connections and every readiness gate is open) and `/sync-status` (JSON, every
-//! connected proxy; what `marin3r proxy-status` prints).
+//! The discovery service's plain-HTTP side. On the metrics port: Prometheus `/metrics`,
+//! `/healthz`, `/readyz` (ready while the xDS server accepts connections and every readiness
+//! gate is open). On the admin port, which the process binds to loopback only:
+//! `/sync-status` (JSON, every connected proxy of every namespace, with their NACK texts;
+//! what `marin3r proxy-status` prints, reached through the API server's pod port-forward).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +22,6 @@ pub const SYNC_STATUS_PATH: &str = "/sync-status";
 #[derive(Clone)]
 pub(crate) struct HttpState {
     pub registry: Arc<Registry>,
-    pub status: StatusRegistry,
     pub ready: Arc<AtomicBool>,
     pub gates: Arc<Vec<super::server::ReadinessGate>>,
 }
@@ -30,8 +31,13 @@ pub(crate) fn router(state: HttpState) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route(SYNC_STATUS_PATH, get(sync_status))
         .with_state(state)
+}
+
+pub(crate) fn admin_router(status: StatusRegistry) -> axum::Router {
+    axum::Router::new()
+        .route(SYNC_STATUS_PATH, get(sync_status))
+        .with_state(status)
 }
 
 async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
@@ -76,8 +82,8 @@ async fn readyz(State(state): State<HttpState>) -> (StatusCode, String) {
     }
 }
 
-async fn sync_status(State(state): State<HttpState>) -> Json<SyncStatus> {
-    Json(state.status.snapshot())
+async fn sync_status(State(status): State<StatusRegistry>) -> Json<SyncStatus> {
+    Json(status.snapshot())
 }
 
 #[cfg(test)]
@@ -89,7 +95,6 @@ mod tests {
         let gate = Arc::new(AtomicBool::new(false));
         let state = HttpState {
             registry: Arc::new(Registry::default()),
-            status: StatusRegistry::default(),
             ready: Arc::new(AtomicBool::new(false)),
             gates: Arc::new(vec![("EnvoyConfig controller", gate.clone())]),
         };

@@ -1,6 +1,7 @@
 //! The xDS server: builds the shared state, runs the mTLS accept loop and tonic with the ADS
-//! service, and shuts down gracefully (stop accepting, end every stream, let connections
-//! drain, then give up after a grace period).
+//! service, and shuts down gracefully (report not ready and stop accepting, keep serving the
+//! open streams for the drain period, end every stream, let connections close, then give up
+//! after a grace period).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,6 +43,7 @@ pub struct ServerBuilder {
     nack_capacity: usize,
     registry: Registry,
     gates: Vec<ReadinessGate>,
+    drain: Duration,
     limits: Limits,
 }
 
@@ -75,6 +77,13 @@ impl ServerBuilder {
         self
     }
 
+    /// How long, after shutdown begins, the open streams keep being served (and pushed new
+    /// configs) while no new connection is accepted; zero by default.
+    pub fn drain_period(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
     /// A registry with other metrics of the process; the server adds its own and serves it.
     pub fn registry(mut self, registry: Registry) -> Self {
         self.registry = registry;
@@ -102,6 +111,7 @@ impl ServerBuilder {
             registry: Arc::new(self.registry),
             ready: Arc::new(AtomicBool::new(false)),
             gates: Arc::new(self.gates),
+            drain: self.drain,
         };
         (server, nack_rx)
     }
@@ -113,6 +123,7 @@ pub struct Server {
     registry: Arc<Registry>,
     ready: Arc<AtomicBool>,
     gates: Arc<Vec<ReadinessGate>>,
+    drain: Duration,
 }
 
 impl Server {
@@ -123,6 +134,7 @@ impl Server {
             nack_capacity: 1024,
             registry: Registry::default(),
             gates: Vec::new(),
+            drain: Duration::ZERO,
             limits: Limits::default(),
         }
     }
@@ -136,14 +148,19 @@ impl Server {
         self.shared.status.snapshot()
     }
 
-    /// `/metrics`, `/healthz`, `/readyz` and `/sync-status`, for the metrics port.
+    /// `/metrics`, `/healthz` and `/readyz`, for the metrics port.
     pub fn http_router(&self) -> axum::Router {
         http::router(HttpState {
             registry: Arc::clone(&self.registry),
-            status: self.shared.status.clone(),
             ready: Arc::clone(&self.ready),
             gates: Arc::clone(&self.gates),
         })
+    }
+
+    /// `/sync-status`, for the admin port: it names every tenant's proxies and shows their
+    /// NACK texts, so it is served on loopback only, never on the network.
+    pub fn admin_router(&self) -> axum::Router {
+        http::admin_router(self.shared.status.clone())
     }
 
     /// Serves ADS on `listener` until `shutdown` completes, then ends every stream and waits
@@ -186,13 +203,22 @@ impl Server {
             );
         tokio::pin!(server);
         self.ready.store(true, Ordering::SeqCst);
-        let early = tokio::select! {
+        let mut early = tokio::select! {
             r = &mut server => Some(r),
             () = shutdown => None,
         };
+        // Not ready, and new connections are refused (the listener closes with the accept
+        // loop); the proxies already connected keep their streams for the drain period.
         self.ready.store(false, Ordering::SeqCst);
-        stop.cancel();
         accept.abort();
+        if early.is_none() && !self.drain.is_zero() {
+            info!(drain = ?self.drain, "xDS server draining: no new connections, open streams still served");
+            early = tokio::select! {
+                r = &mut server => Some(r),
+                () = tokio::time::sleep(self.drain) => None,
+            };
+        }
+        stop.cancel();
         let result = match early {
             Some(r) => r,
             None => {

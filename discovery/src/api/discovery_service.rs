@@ -14,6 +14,9 @@ use super::duration::parse_go_duration;
 
 pub const DEFAULT_XDS_PORT: u16 = 18000;
 pub const DEFAULT_METRICS_PORT: u16 = 8383;
+/// The discovery pod's admin port (`/sync-status`), on the pod's loopback only: reached with
+/// a pod port-forward (`marin3r proxy-status`), never through the Service.
+pub const DEFAULT_ADMIN_PORT: u16 = 8384;
 pub const DEFAULT_WEBHOOK_PORT: u16 = 8443;
 pub const DEFAULT_CA_DURATION: &str = "26280h";
 pub const DEFAULT_SERVER_CERT_DURATION: &str = "2160h";

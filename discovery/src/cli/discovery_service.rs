@@ -1,11 +1,17 @@
 //! `marin3r discovery-service`: the discovery pod's one process. The xDS server (mTLS), the
-//! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics, health and
-//! sync-status HTTP server, and the sidecar injection webhook, on one server certificate.
+//! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics and
+//! health HTTP server, the sync-status server on loopback, and the sidecar injection webhook,
+//! on one server certificate.
+//!
+//! Shutdown (SIGTERM): `/readyz` turns 503 and the xDS and webhook listeners close at once;
+//! the open xDS streams keep being served, new configs included, for the grace period; then
+//! the streams end and the process exits.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -14,7 +20,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::api::discovery_service::{DEFAULT_METRICS_PORT, DEFAULT_WEBHOOK_PORT, DEFAULT_XDS_PORT};
+use crate::api::discovery_service::{
+    DEFAULT_ADMIN_PORT, DEFAULT_METRICS_PORT, DEFAULT_WEBHOOK_PORT, DEFAULT_XDS_PORT,
+};
 use crate::controllers::{self, Readiness};
 use crate::xds::{Cache, Limits, Server, TlsFiles};
 
@@ -23,9 +31,19 @@ pub struct DiscoveryServiceArgs {
     /// Port of the xDS server (gRPC ADS over mutual TLS).
     #[arg(long, default_value_t = DEFAULT_XDS_PORT)]
     xds_port: u16,
-    /// Port of the plain-HTTP server: /metrics, /healthz, /readyz, /sync-status.
+    /// Port of the plain-HTTP server: /metrics, /healthz, /readyz.
     #[arg(long, default_value_t = DEFAULT_METRICS_PORT)]
     metrics_port: u16,
+    /// Address of the admin HTTP server (/sync-status: every proxy of every namespace).
+    /// Loopback by default, so only the pod itself reaches it (`marin3r proxy-status` does,
+    /// through the API server's pod port-forward).
+    #[arg(long, default_value_t = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_ADMIN_PORT))]
+    admin_address: SocketAddr,
+    /// Seconds the open xDS streams keep being served after SIGTERM, while /readyz reports
+    /// 503 and no new connection is accepted; keep it under the pod's
+    /// terminationGracePeriodSeconds (30 by default).
+    #[arg(long, default_value_t = 20, value_name = "SECONDS")]
+    shutdown_grace_period: u64,
     /// Port of the sidecar injection webhook (HTTPS).
     #[arg(long, default_value_t = DEFAULT_WEBHOOK_PORT)]
     webhook_port: u16,
@@ -41,7 +59,7 @@ pub struct DiscoveryServiceArgs {
     /// has rejected it (NACK); 100: every one of them.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
     taint_threshold_percent: u8,
-    /// Address to listen on.
+    /// Address to listen on (xDS, metrics and webhook ports).
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
     /// Debug logging.
@@ -107,6 +125,9 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let webhook_listener = TcpListener::bind(bind(args.webhook_port))
         .await
         .with_context(|| format!("listening on the webhook port {}", args.webhook_port))?;
+    let admin_listener = TcpListener::bind(args.admin_address)
+        .await
+        .with_context(|| format!("listening on the admin address {}", args.admin_address))?;
 
     let tls = TlsFiles::in_dir(&args.server_cert_dir);
     // Refuse to start, naming the folder, rather than fail later inside a server task.
@@ -135,9 +156,21 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
             readiness.revisions.clone(),
         )
         .ready_when("webhook", webhook_ready.clone())
+        .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
     let router = server.http_router();
+    let admin_router = server.admin_router();
 
+    // Two phases: `draining` (SIGTERM) closes the xDS and webhook listeners; `stopped` (once
+    // the xDS server has drained) stops the controllers and the HTTP servers, which keep
+    // feeding and probing the open streams until then.
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    let draining = move || {
+        let mut rx = drain_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -156,6 +189,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         xds = args.xds_port,
         metrics = args.metrics_port,
         webhook = args.webhook_port,
+        admin = %args.admin_address,
         discovery_service = ?args.discovery_service_name,
         "starting the discovery service"
     );
@@ -167,7 +201,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         readiness,
         stopped(),
     ));
-    let http = tokio::spawn({
+    let mut http = tokio::spawn({
         let stop = stopped();
         async move {
             axum::serve(http_listener, router)
@@ -175,31 +209,50 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
                 .await
         }
     });
-    let mut webhook_task =
-        tokio::spawn(marin3r_webhook::serve(webhook, webhook_listener, stopped()));
+    let mut admin = tokio::spawn({
+        let stop = stopped();
+        async move {
+            axum::serve(admin_listener, admin_router)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    });
+    let mut webhook_task = tokio::spawn(marin3r_webhook::serve(
+        webhook,
+        webhook_listener,
+        draining(),
+    ));
     webhook_ready.store(true, Ordering::SeqCst);
-    let mut xds = tokio::spawn(server.serve(xds_listener, tls, stopped()));
-    let mut http = http;
+    let mut xds = tokio::spawn(server.serve(xds_listener, tls, draining()));
 
     // A server that stops on its own is fatal: the pod must restart rather than limp along.
     let early = tokio::select! {
         () = super::shutdown_signal() => None,
         r = &mut xds => Some(("xDS server", r.map(|r| r.map_err(anyhow::Error::from)))),
         r = &mut http => Some(("HTTP server", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut admin => Some(("admin server", r.map(|r| r.map_err(anyhow::Error::from)))),
         r = &mut webhook_task => Some(("webhook", r.map(|r| r.map_err(anyhow::Error::from)))),
     };
-    let _ = stop_tx.send(true);
+    let _ = drain_tx.send(true);
     if let Some((what, result)) = early {
+        let _ = stop_tx.send(true);
         controllers.abort();
         result
             .with_context(|| format!("{what} task"))?
             .with_context(|| what.to_owned())?;
         anyhow::bail!("{what} stopped unexpectedly");
     }
-    let (x, h, w, _) = tokio::join!(xds, http, webhook_task, controllers);
+    info!(
+        grace_period_seconds = args.shutdown_grace_period,
+        "shutting down: not ready, no new connections; open xDS streams served until the grace period ends"
+    );
+    let (x, w) = tokio::join!(xds, webhook_task);
+    let _ = stop_tx.send(true);
+    let (h, a, _) = tokio::join!(http, admin, controllers);
     x.context("xDS server task")?.context("xDS server")?;
-    h.context("HTTP server task")?.context("HTTP server")?;
     w.context("webhook task")?.context("webhook")?;
+    h.context("HTTP server task")?.context("HTTP server")?;
+    a.context("admin server task")?.context("admin server")?;
     info!("discovery service stopped");
     Ok(())
 }

@@ -66,7 +66,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             init_logging();
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
-        Command::ProxyStatus(args) => proxy_status::run(args).map(|()| ExitCode::SUCCESS),
+        Command::ProxyStatus(args) => proxy_status::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Validate(args) => validate::run(args),
     };
     match result {

@@ -1,34 +1,88 @@
 //! `marin3r proxy-status`: every proxy connected to a discovery service, with how far each
-//! resource type got (synced, stale, NACKed), read from its sync-status endpoint.
+//! resource type got (synced, stale, NACKed), read from its sync-status endpoint. That
+//! endpoint listens on the discovery pod's loopback only, so by default it is reached through
+//! the API server: a pod port-forward to the discovery pod (what `kubectl port-forward` does,
+//! and what the caller's RBAC must allow: `create` on `pods/portforward`). `--url` reads a
+//! URL directly instead (e.g. after a `kubectl port-forward`).
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, ResourceExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
 use crate::xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
+
+/// The labels every discovery pod carries (the operator's Deployment template).
+const DISCOVERY_POD_SELECTOR: &str =
+    "app.kubernetes.io/name=marin3r,app.kubernetes.io/component=discovery-service";
 
 #[derive(Debug, Args)]
 pub struct ProxyStatusArgs {
-    /// The discovery service's metrics address (e.g. http://127.0.0.1:8383); the
+    /// Read this sync-status URL directly (e.g. http://127.0.0.1:8384 after
+    /// `kubectl port-forward`) instead of port-forwarding through the API server; the
     /// sync-status path is added when the URL has no path.
-    #[arg(long)]
-    url: String,
+    #[arg(long, conflicts_with_all = ["kubeconfig", "context", "discovery_service", "pod"])]
+    url: Option<String>,
+    /// The kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: the current one).
+    #[arg(long, value_name = "NAME")]
+    context: Option<String>,
+    /// The DiscoveryService whose pod to ask, as NAMESPACE/NAME or NAME (default: the only
+    /// discovery pod in the cluster).
+    #[arg(long, value_name = "[NAMESPACE/]NAME", conflicts_with = "pod")]
+    discovery_service: Option<String>,
+    /// The discovery pod to ask, as NAMESPACE/NAME.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pod: Option<String>,
+    /// The discovery pod's admin port (its --admin-address).
+    #[arg(long, default_value_t = DEFAULT_ADMIN_PORT)]
+    admin_port: u16,
     /// Only proxies of this namespace.
     #[arg(long, short = 'n')]
     namespace: Option<String>,
 }
 
-pub fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
-    let url = status_url(&args.url)?;
+pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
+    let (source, body) = match &args.url {
+        Some(url) => {
+            let url = status_url(url)?;
+            let body = tokio::task::spawn_blocking({
+                let url = url.clone();
+                move || get_url(&url)
+            })
+            .await
+            .context("the HTTP request task")??;
+            (url, body)
+        }
+        None => through_api_server(&args).await?,
+    };
+    let mut status: SyncStatus = serde_json::from_str(&body)
+        .with_context(|| format!("{source} did not answer a sync-status document"))?;
+    if let Some(ns) = &args.namespace {
+        status.proxies.retain(|p| &p.namespace == ns);
+    }
+    print!("{}", render(&status));
+    Ok(())
+}
+
+fn get_url(url: &str) -> anyhow::Result<String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(10)))
         .http_status_as_error(false)
         .build()
         .into();
     let mut response = agent
-        .get(&url)
+        .get(url)
         .call()
         .with_context(|| format!("GET {url}"))?;
     let body = response
@@ -38,13 +92,131 @@ pub fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
     if response.status() != 200 {
         bail!("GET {url}: HTTP {}: {}", response.status(), body.trim());
     }
-    let mut status: SyncStatus = serde_json::from_str(&body)
-        .with_context(|| format!("{url} did not answer a sync-status document"))?;
-    if let Some(ns) = &args.namespace {
-        status.proxies.retain(|p| &p.namespace == ns);
+    Ok(body)
+}
+
+/// GETs the sync status through a port-forward to the discovery pod; returns what was
+/// asked (for messages) and the body.
+async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<(String, String)> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await
+        }
+        None => kube::Config::from_kubeconfig(&options).await,
     }
-    print!("{}", render(&status));
-    Ok(())
+    .context("loading the kubeconfig")?;
+    let client = kube::Client::try_from(config).context("connecting to the cluster")?;
+    let (ns, pod) = find_pod(&client, args).await?;
+    let port = args.admin_port;
+    let source = format!("pod {ns}/{pod} port {port}{SYNC_STATUS_PATH}");
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let mut forwarder = pods
+        .portforward(&pod, &[port])
+        .await
+        .with_context(|| format!("port-forwarding to pod {ns}/{pod} port {port}"))?;
+    let mut stream = forwarder
+        .take_stream(port)
+        .with_context(|| format!("no stream for port {port}"))?;
+    let error = forwarder.take_error(port);
+    // HTTP/1.0: the server closes the connection after its answer, which ends the stream.
+    let request = format!(
+        "GET {SYNC_STATUS_PATH} HTTP/1.0\r\nHost: localhost:{port}\r\nAccept: application/json\r\n\r\n"
+    );
+    let exchange = async {
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .with_context(|| format!("{source}: no answer within 10 s"))?
+        .with_context(|| format!("reading {source}"))?;
+    forwarder.abort();
+    if answer.is_empty() {
+        let reason = match error {
+            Some(e) => e.await.unwrap_or_default(),
+            None => String::new(),
+        };
+        bail!("{source}: the connection closed without an answer {reason}");
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("{source}: not an HTTP answer"))?;
+    let status_line = head.lines().next().unwrap_or_default();
+    if status_line.split_whitespace().nth(1) != Some("200") {
+        bail!("{source}: {status_line}: {}", body.trim());
+    }
+    Ok((source, body.to_owned()))
+}
+
+/// The discovery pod to ask: `--pod`, or a running pod of `--discovery-service`, or the only
+/// discovery pod there is.
+async fn find_pod(
+    client: &kube::Client,
+    args: &ProxyStatusArgs,
+) -> anyhow::Result<(String, String)> {
+    if let Some(pod) = &args.pod {
+        let (ns, name) = pod
+            .split_once('/')
+            .with_context(|| format!("--pod {pod:?} must be NAMESPACE/NAME"))?;
+        return Ok((ns.to_owned(), name.to_owned()));
+    }
+    let mut selector = DISCOVERY_POD_SELECTOR.to_owned();
+    let api: Api<Pod> = match args.discovery_service.as_deref().map(|d| d.split_once('/')) {
+        Some(Some((ns, name))) => {
+            selector.push_str(&format!(",app.kubernetes.io/instance={name}"));
+            Api::namespaced(client.clone(), ns)
+        }
+        Some(None) => {
+            let name = args.discovery_service.as_deref().unwrap_or_default();
+            selector.push_str(&format!(",app.kubernetes.io/instance={name}"));
+            Api::all(client.clone())
+        }
+        None => Api::all(client.clone()),
+    };
+    let pods = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .context("listing the discovery pods")?;
+    let running: Vec<&Pod> = pods
+        .items
+        .iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .collect();
+    let instances: BTreeSet<String> = running
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.namespace().unwrap_or_default(),
+                p.labels()
+                    .get("app.kubernetes.io/instance")
+                    .cloned()
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    match (running.first(), instances.len()) {
+        (None, _) => bail!(
+            "no running discovery pod found (labels {selector}); name one with --discovery-service or --pod"
+        ),
+        (Some(pod), 1) => Ok((pod.namespace().unwrap_or_default(), pod.name_any())),
+        (Some(_), _) => bail!(
+            "several discovery services run ({}); choose one with --discovery-service NAMESPACE/NAME",
+            instances.into_iter().collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
 fn status_url(url: &str) -> anyhow::Result<String> {

@@ -56,9 +56,18 @@ pub(crate) struct Context {
     pub config: Config,
     pub publisher: Publisher,
     pub metrics: ControllerMetrics,
+    /// Uids of the revisions the revision controller has tried to load since start (what
+    /// readiness waits for).
+    pub attempted: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Context {
+    pub fn mark_attempted(&self, uid: &str) {
+        if let Ok(mut set) = self.attempted.lock() {
+            set.insert(uid.to_owned());
+        }
+    }
+
     /// Whether this discovery service serves `namespace`. Read on every reconcile: a label
     /// added later takes effect on the next change of the config.
     pub async fn serves(&self, namespace: &str) -> Result<bool, Error> {
@@ -129,7 +138,8 @@ impl Context {
     }
 }
 
-/// Readiness of the controllers: true once every watch has listed its objects.
+/// Readiness of the controllers: true once every watch has listed its objects and every
+/// revision published at start has been loaded (or has failed to load, with a status).
 #[derive(Debug, Clone, Default)]
 pub struct Readiness {
     pub envoy_configs: Arc<AtomicBool>,
@@ -186,6 +196,7 @@ pub async fn run(
         metrics: config.metrics.clone(),
         config,
         publisher: Publisher::new(cache),
+        attempted: Default::default(),
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {

@@ -3,13 +3,13 @@
 //! serving it when it is unpublished or deleted. A change to a referenced Secret reloads the
 //! revisions that use it, so Envoy gets the new certificate with no config change.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
@@ -17,10 +17,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
 use super::{Context, Error, set_condition, status_patch};
 use crate::api::EnvoyConfigRevision;
+use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::api::envoy_config_revision::RESOURCES_OUT_OF_SYNC;
 use crate::convert;
 use crate::resource::ResourceType;
@@ -42,27 +45,12 @@ pub(crate) async fn run(
     );
     let store = controller.store();
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
-    let secrets = tokio::spawn(watch_secrets(Arc::clone(&ctx), store.clone()));
-    tokio::spawn(super::mark_ready(store.clone(), ready));
+    let (triggers_tx, triggers) = mpsc::channel(256);
+    let secrets = tokio::spawn(watch_secrets(Arc::clone(&ctx), store.clone(), triggers_tx));
+    tokio::spawn(mark_loaded(Arc::clone(&ctx), store.clone(), ready));
     let controller = ctx.watch_namespaces(controller);
     controller
-        .watches(
-            Api::<Secret>::all(client),
-            watcher::Config::default(),
-            move |secret: Secret| {
-                let ns = secret.namespace().unwrap_or_default();
-                let name = secret.name_any();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|r| {
-                        r.is_published()
-                            && secret_refs(r).any(|(rns, rname)| rns == ns && rname == name)
-                    })
-                    .map(|r| ObjectRef::from_obj(&*r))
-                    .collect::<Vec<_>>()
-            },
-        )
+        .reconcile_on(ReceiverStream::new(triggers))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(|result| {
@@ -79,23 +67,138 @@ pub(crate) async fn run(
     secrets.abort();
 }
 
-/// The Secret watcher (SPEC §2.4): a Secret that changes after the initial list marks every
-/// published revision that references it `ResourcesOutOfSync` (reason `SecretChanged`), so
-/// `kubectl describe` shows why it reloads; the reload itself also follows directly from the
-/// controller's own Secret watch, so a lost race here never delays it.
+/// Sets `ready` once every revision published when the store was first listed has been
+/// loaded, or has failed to load and says why in its status: a new discovery pod gets
+/// traffic only once it serves what the old one did. A revision that fails stays failed on
+/// the next try too, so waiting for a success would keep the pod out of service forever.
+async fn mark_loaded(
+    ctx: Arc<Context>,
+    store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+    ready: Arc<AtomicBool>,
+) {
+    let flag = Arc::new(AtomicBool::new(false));
+    super::mark_ready(store.clone(), flag.clone()).await;
+    if !flag.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    for r in store.state() {
+        let ns = r.namespace().unwrap_or_default();
+        // A failed lookup counts as served: waiting for it is the safe side.
+        if r.is_published() && ctx.serves(&ns).await.unwrap_or(true) {
+            pending.insert(r.uid().unwrap_or_default());
+        }
+    }
+    loop {
+        let current: BTreeSet<String> = store
+            .state()
+            .iter()
+            .filter(|r| r.is_published())
+            .filter_map(|r| r.uid())
+            .collect();
+        let attempted = ctx.attempted.lock().map(|a| a.clone()).unwrap_or_default();
+        // Gone or unpublished since: nothing left to wait for.
+        pending.retain(|uid| current.contains(uid) && !attempted.contains(uid));
+        if pending.is_empty() {
+            ready.store(true, Ordering::SeqCst);
+            info!("every published revision loaded");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Watches the Secrets of the namespaces served, and only those: one namespaced watch per
+/// served namespace, started when it joins and stopped when it leaves, so the discovery pod
+/// needs no cluster-wide Secret access (the operator grants it per namespace). Without
+/// `--discovery-service-name` every namespace is served, and one cluster-wide watch is used.
 async fn watch_secrets(
     ctx: Arc<Context>,
     store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+    triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
 ) {
-    let mut events = watcher::watcher(
-        Api::<Secret>::all(ctx.client.clone()),
-        watcher::Config::default(),
+    let Some(name) = ctx.config.discovery_service.clone() else {
+        let api = Api::<Secret>::all(ctx.client.clone());
+        watch_secrets_in(ctx, store, triggers, api).await;
+        return;
+    };
+    let selector = format!("{DISCOVERY_SERVICE_LABEL}={name}");
+    let mut namespaces = watcher::watcher(
+        Api::<Namespace>::all(ctx.client.clone()),
+        watcher::Config::default().labels(&selector),
     )
     .boxed();
+    let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut listed: BTreeSet<String> = BTreeSet::new();
+    let start = |ns: &str| {
+        debug!(namespace = %ns, "watching its Secrets");
+        let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+        tokio::spawn(watch_secrets_in(
+            Arc::clone(&ctx),
+            store.clone(),
+            triggers.clone(),
+            api,
+        ))
+    };
+    while let Some(event) = namespaces.next().await {
+        match event {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(ns)) => {
+                listed.insert(ns.name_any());
+            }
+            Ok(Event::InitDone) => {
+                watches.retain(|ns, task| {
+                    let keep = listed.contains(ns);
+                    if !keep {
+                        task.abort();
+                    }
+                    keep
+                });
+                for ns in &listed {
+                    if !watches.contains_key(ns) {
+                        watches.insert(ns.clone(), start(ns));
+                    }
+                }
+            }
+            Ok(Event::Apply(ns)) => {
+                let ns = ns.name_any();
+                if !watches.contains_key(&ns) {
+                    watches.insert(ns.clone(), start(&ns));
+                }
+            }
+            Ok(Event::Delete(ns)) => {
+                if let Some(task) = watches.remove(&ns.name_any()) {
+                    debug!(namespace = %ns.name_any(), "no longer served; its Secrets are not watched");
+                    task.abort();
+                }
+            }
+            Err(e) => {
+                debug!(error = %e, "namespace watch failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+    for task in watches.into_values() {
+        task.abort();
+    }
+}
+
+/// One Secret watch. A Secret change reloads every published revision that references it,
+/// and one that changes after the initial list first marks them `ResourcesOutOfSync`
+/// (reason `SecretChanged`, SPEC §2.4) so `kubectl describe` shows why they reload; the mark
+/// comes before the reload, so the reload's own status write is the last word.
+async fn watch_secrets_in(
+    ctx: Arc<Context>,
+    store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+    triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
+    api: Api<Secret>,
+) {
+    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
     while let Some(event) = events.next().await {
-        let secret = match event {
-            Ok(Event::Apply(secret) | Event::Delete(secret)) => secret,
-            Ok(_) => continue,
+        let (secret, changed) = match event {
+            Ok(Event::Apply(secret) | Event::Delete(secret)) => (secret, true),
+            Ok(Event::InitApply(secret)) => (secret, false),
+            Ok(Event::Init | Event::InitDone) => continue,
             Err(e) => {
                 debug!(error = %e, "secret watch failed; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -108,12 +211,17 @@ async fn watch_secrets(
             {
                 continue;
             }
-            let message = format!("Secret {ns}/{name} changed; reloading");
-            if let Err(e) = mark_out_of_sync(&ctx, &r, &message).await {
-                debug!(revision = %r.name_any(), error = %e, "could not mark the revision out of sync");
+            if changed {
+                let message = format!("Secret {ns}/{name} changed; reloading");
+                if let Err(e) = mark_out_of_sync(&ctx, &r, &message).await {
+                    debug!(revision = %r.name_any(), error = %e, "could not mark the revision out of sync");
+                }
+                ctx.publish(&*r, EventType::Normal, "SecretChanged", &message)
+                    .await;
             }
-            ctx.publish(&*r, EventType::Normal, "SecretChanged", &message)
-                .await;
+            if triggers.send(ObjectRef::from_obj(&*r)).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -190,6 +298,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     }
     if !ctx.serves(&key.namespace).await? {
         ctx.publisher.unload(&key, &uid);
+        ctx.mark_attempted(&uid);
         return Ok(Action::await_change());
     }
     let mut status = r.status.clone().unwrap_or_default();
@@ -254,6 +363,8 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         )
         .await?;
     }
+    // Loaded, or its status says why not (the write above succeeded).
+    ctx.mark_attempted(&uid);
     // After the write, which fails on a stale read: one event per new problem.
     if let Some(message) = failure {
         ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)

@@ -20,7 +20,9 @@ use k8s_openapi::api::core::v1::{
     VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
@@ -295,23 +297,16 @@ impl<'a> Children<'a> {
         }
     }
 
-    /// What the discovery pod may do. Cluster-wide because it watches every namespace that
-    /// carries its label: namespaces (to find them), EnvoyConfigs (read) and their revisions (it
-    /// owns the revisions and writes both statuses), Secrets read-only (SDS secrets and their
-    /// changes), and Events.
+    /// What the discovery pod may do everywhere. Cluster-wide because it watches every
+    /// namespace that carries its label: namespaces (to find them), EnvoyConfigs (read) and
+    /// their revisions (it owns the revisions and writes both statuses), and Events. Secrets
+    /// are not here: each served namespace grants them with [`Self::secret_reader_role`].
     pub fn cluster_role(&self) -> ClusterRole {
-        let rule = |groups: &[&str], resources: &[&str], verbs: &[&str]| PolicyRule {
-            api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
-            resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
-            verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
-            ..Default::default()
-        };
         let read = ["get", "list", "watch"];
         ClusterRole {
             metadata: self.unowned_meta(&self.cluster_name(), None),
             rules: Some(vec![
                 rule(&[""], &["namespaces"], &read),
-                rule(&[""], &["secrets"], &read),
                 rule(&["marin3r.3scale.net"], &["envoyconfigs"], &read),
                 rule(
                     &["marin3r.3scale.net"],
@@ -331,6 +326,38 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// Read access to the Secrets of one served namespace (the TLS Secrets its revisions
+    /// serve over SDS, watched for changes), so the discovery pod never reads the Secrets of
+    /// a namespace it does not serve, such as its own CA's.
+    pub fn secret_reader_role(&self, namespace: &str) -> Role {
+        Role {
+            metadata: self.unowned_meta(&self.cluster_name(), Some(namespace)),
+            rules: Some(vec![rule(&[""], &["secrets"], &["get", "list", "watch"])]),
+        }
+    }
+
+    /// Binds [`Self::secret_reader_role`] to the discovery pod's ServiceAccount.
+    pub fn secret_reader_binding(&self, namespace: &str) -> RoleBinding {
+        RoleBinding {
+            metadata: self.unowned_meta(&self.cluster_name(), Some(namespace)),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: self.cluster_name(),
+            },
+            subjects: Some(vec![self.service_account_subject()]),
+        }
+    }
+
+    fn service_account_subject(&self) -> Subject {
+        Subject {
+            kind: "ServiceAccount".into(),
+            name: self.owned_name(),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        }
+    }
+
     pub fn cluster_role_binding(&self) -> ClusterRoleBinding {
         ClusterRoleBinding {
             metadata: self.unowned_meta(&self.cluster_name(), None),
@@ -339,12 +366,7 @@ impl<'a> Children<'a> {
                 kind: "ClusterRole".into(),
                 name: self.cluster_name(),
             },
-            subjects: Some(vec![Subject {
-                kind: "ServiceAccount".into(),
-                name: self.owned_name(),
-                namespace: Some(self.namespace.clone()),
-                ..Default::default()
-            }]),
+            subjects: Some(vec![self.service_account_subject()]),
         }
     }
 
@@ -577,3 +599,13 @@ impl<'a> Children<'a> {
 #[cfg(test)]
 #[path = "build_tests.rs"]
 mod tests;
+
+/// One RBAC rule.
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}

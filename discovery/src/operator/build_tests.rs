@@ -270,21 +270,59 @@ fn cluster_rbac_is_bound_to_the_service_account_only() {
         ("ServiceAccount", "marin3r-instance", Some("ops"))
     );
     let rules = role.rules.unwrap();
-    let secrets = rules
-        .iter()
-        .find(|r| {
-            r.resources
-                .as_ref()
-                .unwrap()
-                .contains(&"secrets".to_owned())
-        })
-        .unwrap();
+    assert!(
+        rules.iter().all(|r| !r
+            .resources
+            .as_ref()
+            .unwrap()
+            .contains(&"secrets".to_owned())),
+        "no cluster-wide Secret access: {rules:?}"
+    );
+    assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_owned())));
+}
+
+#[test]
+fn secrets_are_readable_only_in_each_served_namespace() {
+    let (role, binding) = with(serde_json::json!({}), |c| {
+        (
+            c.secret_reader_role("team-a"),
+            c.secret_reader_binding("team-a"),
+        )
+    });
+    assert_eq!(role.metadata.namespace.as_deref(), Some("team-a"));
+    assert_eq!(binding.metadata.namespace.as_deref(), Some("team-a"));
+    assert_eq!(role.metadata.name.as_deref(), Some("marin3r-ops-instance"));
+    // Labelled like the other cross-namespace children, so leaving and cleanup find them.
+    let labels = role.metadata.labels.unwrap();
+    assert_eq!(labels[OWNER_NAME_LABEL], "instance");
+    assert_eq!(labels[OWNER_NAMESPACE_LABEL], "ops");
     assert_eq!(
-        secrets.verbs,
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("Role", "marin3r-ops-instance")
+    );
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "marin3r-instance", Some("ops"))
+    );
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["secrets".to_owned()][..])
+    );
+    assert_eq!(
+        rules[0].verbs,
         ["get", "list", "watch"],
         "Secrets are read-only"
     );
-    assert!(rules.iter().all(|r| !r.verbs.contains(&"*".to_owned())));
 }
 
 #[test]

@@ -18,7 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -271,13 +271,25 @@ async fn apply(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
             }
         };
         apply_object(&Api::namespaced(client.clone(), target), &config_map).await?;
+        apply_object(
+            &Api::namespaced(client.clone(), target),
+            &children.secret_reader_role(target),
+        )
+        .await?;
+        apply_object(
+            &Api::namespaced(client.clone(), target),
+            &children.secret_reader_binding(target),
+        )
+        .await?;
         if !served.contains(target) {
             publish(
                 ctx,
                 ds,
                 EventType::Normal,
                 "NamespaceEnabled",
-                &format!("serving namespace {target}: client certificate and bootstrap created"),
+                &format!(
+                    "serving namespace {target}: client certificate, bootstrap and Secret access created"
+                ),
             )
             .await;
         }
@@ -290,7 +302,7 @@ async fn apply(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
             EventType::Normal,
             "NamespaceDisabled",
             &format!(
-                "no longer serving namespace {target}: client certificate and bootstrap removed"
+                "no longer serving namespace {target}: client certificate, bootstrap and Secret access removed"
             ),
         )
         .await;
@@ -368,8 +380,9 @@ async fn apply(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
     finish(ctx, ds, status, outcome, &plan.missing).await
 }
 
-/// Removes the client certificate (its controller removes the Secret) and the bootstrap of
-/// a namespace that is no longer served; the Namespace's labels were already patched.
+/// Removes the client certificate (its controller removes the Secret), the bootstrap and the
+/// discovery pod's Secret access of a namespace that is no longer served; the Namespace's
+/// labels were already patched.
 async fn leave_namespace(
     ctx: &Context,
     children: &Children<'_>,
@@ -386,6 +399,18 @@ async fn leave_namespace(
         && is_ours(&cm, children)
     {
         delete_ignoring_missing(&config_maps, &cm.name_any()).await?;
+    }
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), target);
+    if let Some(b) = bindings.get_opt(&children.cluster_name()).await?
+        && is_ours(&b, children)
+    {
+        delete_ignoring_missing(&bindings, &b.name_any()).await?;
+    }
+    let roles: Api<Role> = Api::namespaced(client.clone(), target);
+    if let Some(r) = roles.get_opt(&children.cluster_name()).await?
+        && is_ours(&r, children)
+    {
+        delete_ignoring_missing(&roles, &r.name_any()).await?;
     }
     Ok(())
 }
@@ -505,7 +530,8 @@ async fn finish(
 }
 
 /// Removes everything ownerReferences do not: the webhook configuration and cluster RBAC,
-/// the client certificates with their Secrets, the bootstraps and the namespace labels.
+/// the client certificates with their Secrets, the bootstraps, the per-namespace Secret
+/// access and the namespace labels.
 async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
     let client = &ctx.client;
     let ns = ds.namespace().unwrap_or_default();
@@ -537,6 +563,18 @@ async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> 
         let api: Api<ConfigMap> =
             Api::namespaced(client.clone(), &cm.namespace().unwrap_or_default());
         delete_ignoring_missing(&api, &cm.name_any()).await?;
+    }
+    for b in Api::<RoleBinding>::all(client.clone())
+        .list(&params)
+        .await?
+    {
+        let api: Api<RoleBinding> =
+            Api::namespaced(client.clone(), &b.namespace().unwrap_or_default());
+        delete_ignoring_missing(&api, &b.name_any()).await?;
+    }
+    for r in Api::<Role>::all(client.clone()).list(&params).await? {
+        let api: Api<Role> = Api::namespaced(client.clone(), &r.namespace().unwrap_or_default());
+        delete_ignoring_missing(&api, &r.name_any()).await?;
     }
     let owner = format!("{ns}/{name}");
     let ns_api: Api<Namespace> = Api::all(client.clone());

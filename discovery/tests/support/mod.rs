@@ -142,7 +142,8 @@ impl XdsServer {
             .control_plane_id("marin3r-test")
             .limits(limits)
             .build();
-        let router = server.http_router();
+        // One loopback port for both routers here; the process serves the admin one apart.
+        let router = server.http_router().merge(server.admin_router());
         let (listener, http) = rt.block_on(async {
             (
                 tokio::net::TcpListener::bind(xds_addr).await.unwrap(),

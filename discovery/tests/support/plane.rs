@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use marin3r_certs::IssuedCertificate;
+use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_discovery::controllers::{self, Readiness};
@@ -18,6 +19,10 @@ use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use serde_json::json;
 
 use super::{Pki, Proxy};
+
+/// The discovery service name the plane's controllers serve (every namespace it creates is
+/// labelled for it).
+pub const DISCOVERY_SERVICE: &str = "plane";
 
 /// The local cluster, the xDS server and the controllers, on their own runtime.
 pub struct Plane {
@@ -52,9 +57,14 @@ impl Plane {
                 .await
                 .unwrap();
             let nss: Api<Namespace> = Api::all(client.clone());
+            // Every namespace is served the way the operator sets it up: labelled for this
+            // discovery service (so Secrets are watched per namespace, never cluster-wide).
             for ns in namespaces {
-                let ns: Namespace =
-                    serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+                let ns: Namespace = serde_json::from_value(json!({"metadata": {
+                    "name": ns,
+                    "labels": {DISCOVERY_SERVICE_LABEL: DISCOVERY_SERVICE},
+                }}))
+                .unwrap();
                 nss.create(&PostParams::default(), &ns).await.unwrap();
             }
             (api, client)
@@ -78,7 +88,10 @@ impl Plane {
         });
         let readiness = Readiness::default();
         let mut registry = prometheus_client::registry::Registry::default();
-        let config = controllers::Config::default();
+        let config = controllers::Config {
+            discovery_service: Some(DISCOVERY_SERVICE.into()),
+            ..Default::default()
+        };
         config.metrics.register(&mut registry);
         let tasks = vec![
             rt.spawn({

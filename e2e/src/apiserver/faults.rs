@@ -1,6 +1,6 @@
 //! Fault injection, switched on through a handle on a running server: end every open watch,
-//! answer the next requests with an error code, hang the requests for one resource, delay or
-//! fail webhook calls.
+//! answer the next requests with an error code, hang the requests for one resource, hold
+//! requests to a path until released, delay or fail webhook calls.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
@@ -31,6 +31,8 @@ struct State {
 pub struct Faults {
     state: Mutex<State>,
     drop_watches: watch::Sender<u64>,
+    /// Paths whose requests wait (unanswered) until released.
+    held: watch::Sender<Vec<String>>,
 }
 
 impl Default for Faults {
@@ -38,6 +40,7 @@ impl Default for Faults {
         Self {
             state: Mutex::default(),
             drop_watches: watch::Sender::new(0),
+            held: watch::Sender::new(Vec::new()),
         }
     }
 }
@@ -72,6 +75,24 @@ impl Faults {
             .iter()
             .position(|(scope, _)| *scope == FaultScope::Any || is_watch)?;
         state.errors.remove(pos).map(|(_, code)| code)
+    }
+
+    /// Holds every request whose path is exactly `path` (e.g.
+    /// `/api/v1/namespaces/a/secrets/web`) until [`Self::release`]: the client sees a slow
+    /// API server, and the request is then served normally.
+    pub fn hold(&self, path: &str) {
+        self.held.send_modify(|h| h.push(path.to_owned()));
+    }
+
+    /// Lets the requests held for `path` through, and the ones after them.
+    pub fn release(&self, path: &str) {
+        self.held.send_modify(|h| h.retain(|p| p != path));
+    }
+
+    /// Waits while `path` is held.
+    pub(super) async fn wait_if_held(&self, path: &str) {
+        let mut rx = self.held.subscribe();
+        let _ = rx.wait_for(|held| !held.iter().any(|p| p == path)).await;
     }
 
     /// Holds every request for `resource` (a plural name such as `leases`) for `delay` before

@@ -185,6 +185,12 @@ pub async fn handle(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    state
+        .requests
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(format!("{method} {uri}"));
+    state.faults.wait_if_held(uri.path()).await;
     let body = match body {
         Ok(body) => body,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {

@@ -19,6 +19,7 @@ mod meta;
 mod openapi;
 mod patch;
 mod pod_security;
+mod portforward;
 mod protobuf;
 mod rbac;
 mod registry;
@@ -42,6 +43,7 @@ pub use delete::{DeleteOptions, Propagation};
 pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
 pub use logs::PodLogs;
+pub use portforward::PodPorts;
 pub use rbac::ADMIN_TOKEN;
 pub use registry::ResourceInfo;
 pub use store::Store;
@@ -91,6 +93,9 @@ pub(crate) struct ServerState {
     faults: Arc<Faults>,
     bookmark_interval: Duration,
     pod_logs: std::sync::RwLock<Option<Arc<dyn PodLogs>>>,
+    pod_ports: std::sync::RwLock<Option<Arc<dyn PodPorts>>>,
+    /// `METHOD path?query` of every request, in order (what tests assert access patterns on).
+    requests: std::sync::Mutex<Vec<String>>,
     tokens: Arc<rbac::Tokens>,
 }
 
@@ -114,10 +119,16 @@ impl ApiServer {
             faults,
             bookmark_interval: config.bookmark_interval,
             pod_logs: std::sync::RwLock::new(None),
+            pod_ports: std::sync::RwLock::new(None),
+            requests: std::sync::Mutex::new(Vec::new()),
             tokens: Arc::new(rbac::Tokens::default()),
         });
         // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
+            .route(
+                "/api/v1/namespaces/{namespace}/pods/{name}/portforward",
+                axum::routing::any(portforward::handle),
+            )
             .fallback(handlers::handle)
             .layer(axum::extract::DefaultBodyLimit::max(
                 validation::MAX_REQUEST_BYTES,
@@ -210,6 +221,15 @@ impl ApiServer {
         &self.state.faults
     }
 
+    /// Every request served so far, as `METHOD path?query`, in arrival order.
+    pub fn requests(&self) -> Vec<String> {
+        self.state
+            .requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// A kubeconfig for this cluster over HTTPS, as its administrator.
     pub fn kubeconfig(&self) -> String {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
@@ -244,6 +264,16 @@ impl ApiServer {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         *slot = Some(logs);
+    }
+
+    /// Serves `pods/portforward` by connecting through `ports` (the pod runner's).
+    pub fn set_pod_ports(&self, ports: Arc<dyn PodPorts>) {
+        let mut slot = self
+            .state
+            .pod_ports
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *slot = Some(ports);
     }
 
     /// A kube-rs client for this cluster, over HTTPS through [`Self::kubeconfig`], as a user

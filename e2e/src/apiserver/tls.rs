@@ -99,13 +99,21 @@ pub async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: axum
             let http = hyper::server::conn::http1::Builder::new();
             let result = match tls {
                 Some(acceptor) => match acceptor.accept(tcp).await {
-                    Ok(stream) => http.serve_connection(TokioIo::new(stream), service).await,
+                    Ok(stream) => {
+                        http.serve_connection(TokioIo::new(stream), service)
+                            .with_upgrades()
+                            .await
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "TLS handshake failed");
                         return;
                     }
                 },
-                None => http.serve_connection(TokioIo::new(tcp), service).await,
+                None => {
+                    http.serve_connection(TokioIo::new(tcp), service)
+                        .with_upgrades()
+                        .await
+                }
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "connection ended with an error");

@@ -80,7 +80,6 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         repo: repo.clone(),
         marin3r: marin3r.clone(),
         step_timeout: Duration::from_secs(args.step_timeout),
-        discovery_url: Default::default(),
     };
     let interrupted = tokio::select! {
         () = demo.story(&mut n) => false,
@@ -99,18 +98,13 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         );
     }
     if !args.exit && !interrupted {
-        let url = demo
-            .discovery_url
-            .get()
-            .cloned()
-            .unwrap_or_else(|| "http://<discovery pod IP>:8383".to_owned());
         println!(
             "\nThe cluster keeps running. Look around:\n\
              \x20 export KUBECONFIG={kc}\n\
              \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
              \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
              \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
-             \x20 {m} proxy-status --url {url}\n\
+             \x20 {m} proxy-status -n demo\n\
              \x20 curl http://<pod IP>:8080/   (kubectl get pods -A -o wide shows the IPs)\n\
              Container logs: {logs}\n\
              Press Ctrl-C to stop.",

@@ -24,6 +24,9 @@ pub const CERTIFICATE_STATUS: &str = "marin3r certs status example-server -n dem
 pub const RENEW: &str = "marin3r certs renew example-server -n demo";
 pub const RENEW_BY_ANNOTATION: &str =
     "kubectl annotate dsc example-server -n demo marin3r.3scale.net/renew=now --overwrite";
+/// Through the API server (a pod port-forward to the discovery pod), with the current
+/// kubeconfig.
+pub const PROXY_STATUS: &str = "marin3r proxy-status -n demo";
 
 /// Every command above.
 pub const ALL: &[&str] = &[
@@ -39,11 +42,8 @@ pub const ALL: &[&str] = &[
     CERTIFICATE_STATUS,
     RENEW,
     RENEW_BY_ANNOTATION,
+    PROXY_STATUS,
 ];
-
-/// `marin3r proxy-status` needs the discovery pod's address, which differs per cluster: the
-/// demo runs it with the pod's IP, the docs show it after a port-forward.
-pub const PROXY_STATUS_PREFIX: &str = "marin3r proxy-status --url ";
 
 /// Runs one documented command from `repo` (whitespace-separated words, as in the docs),
 /// with `kubectl` and `marin3r` bound to the given tools; returns stdout.

@@ -16,7 +16,6 @@ use kube::{Api, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::discovery_service::DiscoveryService;
-use marin3r_discovery::xds::SyncStatus;
 
 use crate::kubectl::Kubectl;
 pub use narrate::{Narrator, wait_for};
@@ -36,7 +35,6 @@ const NODE_ID: &str = "demo-proxy";
 const APP_LABEL: &str = "app=demo";
 const SIDECAR: &str = "envoy-sidecar";
 const LISTENER_PORT: u16 = 8080;
-const METRICS_PORT: u16 = 8383;
 
 /// What the story needs from its surroundings.
 pub struct Demo {
@@ -49,8 +47,6 @@ pub struct Demo {
     pub marin3r: PathBuf,
     /// How long one step may take.
     pub step_timeout: Duration,
-    /// The discovery pod's metrics URL, once the story found it.
-    pub discovery_url: std::sync::OnceLock<String>,
 }
 
 impl Demo {
@@ -96,7 +92,7 @@ impl Demo {
             return;
         }
 
-        let Some(ds) = n
+        let Some(()) = n
             .step(
                 "creating the DiscoveryService; waiting until it is Ready",
                 async {
@@ -122,14 +118,13 @@ impl Demo {
                         Ok(ready.map(|c| c.message.clone()))
                     })
                     .await?;
-                    Ok((ds, format!("{ns}/{name}: {message}")))
+                    Ok(((), format!("{ns}/{name}: {message}")))
                 },
             )
             .await
         else {
             return;
         };
-        let ds_ns = ds.namespace().unwrap_or_default();
 
         let enabled = n
             .step(
@@ -200,14 +195,14 @@ impl Demo {
                         Ok(ready_ip(&pods.get(&pod).await?))
                     })
                     .await?;
-                    let url = self.find_discovery_url(&ds_ns, &ds.name_any()).await?;
-                    let _ = self.discovery_url.set(url.clone());
-                    wait_for("the proxy synced in /sync-status", t, || async {
-                        proxy_synced(&url).await
+                    // Through the API server: a port-forward to the discovery pod's
+                    // loopback admin port, as a user runs it.
+                    let table = wait_for("the proxy synced in marin3r proxy-status", t, || async {
+                        let table = self.doc(commands::PROXY_STATUS).await?;
+                        Ok(proxy_synced(&table).then_some(table))
                     })
                     .await?;
-                    let table = self.proxy_status(&url).await?;
-                    Narrator::show(&format!("$ {}{url} -n demo", commands::PROXY_STATUS_PREFIX));
+                    Narrator::show(&format!("$ {}", commands::PROXY_STATUS));
                     Narrator::show(&table);
                     let detail = format!("pod IP {ip}");
                     Ok((ip, detail))
@@ -349,38 +344,6 @@ impl Demo {
         })
         .await;
     }
-
-    /// The discovery pod's metrics URL: the ready pod of the DiscoveryService's Deployment.
-    async fn find_discovery_url(&self, ns: &str, name: &str) -> anyhow::Result<String> {
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        let prefix = format!("marin3r-{name}-");
-        let t = self.step_timeout;
-        let ip = wait_for("a ready discovery pod", t, || async {
-            let list = pods.list(&ListParams::default()).await?;
-            Ok(list
-                .items
-                .iter()
-                .filter(|p| p.name_any().starts_with(&prefix))
-                .find_map(ready_ip))
-        })
-        .await?;
-        Ok(format!("http://{ip}:{METRICS_PORT}"))
-    }
-
-    async fn proxy_status(&self, url: &str) -> anyhow::Result<String> {
-        let out = tokio::process::Command::new(&self.marin3r)
-            .args(["proxy-status", "--url", url, "-n", NAMESPACE])
-            .output()
-            .await
-            .with_context(|| format!("running {}", self.marin3r.display()))?;
-        if !out.status.success() {
-            bail!(
-                "marin3r proxy-status failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
 }
 
 async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
@@ -488,21 +451,16 @@ fn ready_ip(pod: &Pod) -> Option<String> {
     ready.then(|| status.pod_ip.clone()).flatten()
 }
 
-/// Whether `/sync-status` shows the demo proxy with its listeners acknowledged.
-async fn proxy_synced(base: &str) -> anyhow::Result<Option<()>> {
-    let url = format!("{base}{}", marin3r_discovery::xds::SYNC_STATUS_PATH);
-    let body = get(&url)
-        .await?
-        .with_context(|| format!("GET {url}: not 200"))?;
-    let status: SyncStatus = serde_json::from_str(&body)?;
-    let synced = status.proxies.iter().any(|p| {
-        p.namespace == NAMESPACE
-            && p.node_id == NODE_ID
-            && p.types
-                .get("listeners")
-                .is_some_and(|t| t.acked_version.is_some() && t.acked_version == t.sent_version)
-    });
-    Ok(synced.then_some(()))
+/// Whether `marin3r proxy-status` shows the demo proxy with every type acknowledged.
+fn proxy_synced(table: &str) -> bool {
+    table.lines().any(|line| {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        cells.first() == Some(&NAMESPACE)
+            && cells.get(1) == Some(&NODE_ID)
+            && line.contains("SYNCED")
+            && !line.contains("STALE")
+            && !line.contains("NACKED")
+    })
 }
 
 /// GET `url` (5 s at most): `Some(body)` on 200, `None` on another status.

@@ -358,6 +358,29 @@ impl Drop for PodNetwork {
     }
 }
 
+/// A TCP connection to `127.0.0.1:port` inside the network namespace at `netns` (the pod's
+/// loopback, as the kubelet's port-forward reaches it). The socket is made on a thread that
+/// enters the namespace and ends with it; the socket stays in that namespace.
+pub fn connect_in_netns(netns: &str, port: u16) -> std::io::Result<std::net::TcpStream> {
+    let netns = netns.to_owned();
+    std::thread::spawn(move || {
+        use std::os::fd::AsFd;
+        let file = std::fs::File::open(&netns)?;
+        rustix::thread::move_into_link_name_space(
+            file.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )?;
+        std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            std::time::Duration::from_secs(5),
+        )
+    })
+    .join()
+    .map_err(|_| {
+        std::io::Error::other("the thread entering the pod's network namespace panicked")
+    })?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

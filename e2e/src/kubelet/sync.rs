@@ -269,6 +269,12 @@ impl Kubelet {
             .map(|r| r.handle.log_path(container))
     }
 
+    /// What the API server's `pods/portforward` connects through: the pods running here,
+    /// without keeping them alive (the kubelet still owns them).
+    pub fn pod_ports(&self) -> Arc<dyn crate::apiserver::PodPorts> {
+        Arc::new(PodPorts(Arc::downgrade(&self.running)))
+    }
+
     /// A running pod's network namespace.
     pub fn netns_path(&self, namespace: &str, pod: &str) -> Option<String> {
         lock(&self.running)
@@ -296,6 +302,35 @@ impl Kubelet {
         for task in stopping {
             let _ = task.await;
         }
+    }
+}
+
+struct PodPorts(std::sync::Weak<Mutex<RunState>>);
+
+impl crate::apiserver::PodPorts for PodPorts {
+    fn connect(
+        &self,
+        namespace: &str,
+        pod: &str,
+        port: u16,
+    ) -> std::io::Result<std::net::TcpStream> {
+        let netns = self
+            .0
+            .upgrade()
+            .and_then(|running| {
+                lock(&running)
+                    .pods
+                    .values()
+                    .find(|r| r.handle.namespace() == namespace && r.handle.name() == pod)
+                    .and_then(|r| r.handle.netns_path())
+            })
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("pod {namespace}/{pod} is not running on this node"),
+                )
+            })?;
+        super::net::connect_in_netns(&netns, port)
     }
 }
 
