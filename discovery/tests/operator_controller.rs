@@ -79,6 +79,7 @@ async fn start() -> Operator {
         client.clone(),
         marin3r_certs::controller::Config {
             trusted_namespaces: trusted.clone(),
+            ..Default::default()
         },
         stop.clone().cancelled_owned(),
     ));
@@ -87,6 +88,7 @@ async fn start() -> Operator {
         operator::Config {
             default_image: "marin3r:test".into(),
             trusted_namespaces: trusted,
+            ..Default::default()
         },
         stop.clone().cancelled_owned(),
     ));

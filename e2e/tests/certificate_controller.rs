@@ -47,6 +47,7 @@ impl Env {
                 .iter()
                 .map(|t| t.replace("{ns}", &ns))
                 .collect::<BTreeSet<_>>(),
+            ..Default::default()
         };
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
             let _ = stopped.await;

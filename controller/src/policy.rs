@@ -1,0 +1,60 @@
+//! What a controller does when a reconcile fails, and the logging of its results.
+
+use std::fmt::Display;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use tracing::{debug, warn};
+
+/// A write lost a race with another writer: retry soon with a fresh read.
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(e) if e.code == 409)
+}
+
+/// Errors that can say whether they are a lost write race.
+pub trait Conflict {
+    fn is_conflict(&self) -> bool;
+}
+
+/// How long a failed reconcile waits: a conflict is retried at once, anything else later.
+pub fn retry_after(err: &impl Conflict) -> Duration {
+    if err.is_conflict() {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_secs(5)
+    }
+}
+
+/// The error policy of every controller: log (a conflict quietly) and requeue.
+pub fn error_policy<K, E>(kind: &str, obj: &K, err: &E) -> Action
+where
+    K: Resource,
+    E: Conflict + Display,
+{
+    if err.is_conflict() {
+        debug!(kind, name = %obj.name_any(), error = %err, "write conflict; retrying");
+    } else {
+        warn!(kind, name = %obj.name_any(), namespace = ?obj.namespace(), error = %err, "reconcile failed; retrying");
+    }
+    Action::requeue(retry_after(err))
+}
+
+/// Runs a controller's result stream to its end, logging each result.
+pub async fn drain<K, E, S>(results: S, kind: &'static str)
+where
+    K: Resource<DynamicType = ()>,
+    E: Display,
+    S: Stream<Item = Result<(ObjectRef<K>, Action), E>>,
+{
+    results
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => debug!(kind, object = %obj, "reconciled"),
+                Err(err) => debug!(kind, error = %err, "reconcile failed"),
+            }
+        })
+        .await;
+}
