@@ -35,6 +35,25 @@ impl Note {
     }
 }
 
+/// What the certificate and `DiscoveryService` reconcilers share: the client, their Events
+/// and their configuration.
+pub struct Context<C> {
+    pub client: Client,
+    pub events: Events,
+    pub config: C,
+}
+
+impl<C> Context<C> {
+    /// `controller` names the Events' reporter.
+    pub fn new(client: Client, controller: &str, config: C) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            events: Events::new(client.clone(), controller),
+            client,
+            config,
+        })
+    }
+}
+
 /// Publishes Events as one controller (the reporting instance is the pod, from `POD_NAME`).
 #[derive(Clone)]
 pub struct Events {

@@ -12,9 +12,9 @@ mod policy;
 
 pub use act::{apply, delete_ignoring_missing, patch_status, status_patch};
 pub use condition::{Reason, set_condition};
-pub use event::{Events, Note};
+pub use event::{Context, Events, Note};
 pub use metrics::ReconcileMetrics;
-pub use policy::{Conflict, drain, error_policy, is_conflict, retry_after};
+pub use policy::{Conflict, drain, error_policy, is_conflict, retry_after, run};
 
 /// Declares an enum of condition or Event reasons, each published as its variant's name.
 ///

@@ -1,13 +1,18 @@
 //! What a controller does when a reconcile fails, and the logging of its results.
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
+use serde::de::DeserializeOwned;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
+
+use crate::ReconcileMetrics;
 
 /// A write lost a race with another writer: retry soon with a fresh read.
 pub fn is_conflict(err: &kube::Error) -> bool {
@@ -40,6 +45,33 @@ where
         warn!(kind, name = %obj.name_any(), namespace = ?obj.namespace(), error = %err, "reconcile failed; retrying");
     }
     Action::requeue(retry_after(err))
+}
+
+/// Runs `controller` until `shutdown` resolves: each reconcile is measured into `metrics`,
+/// every failure goes through [`error_policy`], every result is logged.
+pub async fn run<K, Ctx, E, Fut>(
+    controller: Controller<K>,
+    name: &'static str,
+    metrics: ReconcileMetrics,
+    reconcile: impl Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
+    ctx: Arc<Ctx>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
+    E: std::error::Error + Conflict + Send + 'static,
+    Fut: Future<Output = Result<Action, E>> + Send + 'static,
+{
+    let results = controller.graceful_shutdown_on(shutdown).run(
+        move |obj, ctx| {
+            let metrics = metrics.clone();
+            let reconcile = reconcile(obj, ctx);
+            async move { metrics.measure(name, reconcile).await }
+        },
+        move |obj, err, _| error_policy(name, &*obj, err),
+        ctx,
+    );
+    drain(results, name).await;
 }
 
 /// Runs a controller's result stream to its end, logging each result.

@@ -219,20 +219,7 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
         .iter()
         .find(|r| r.spec.version == version)
         .and_then(|r| r.taint_message().map(str::to_owned));
-    let (mut out_of_sync, mut reason, mut message) =
-        cache_condition(plan.cache_state, &version, &plan.publish, nack.as_deref());
-    // A published revision whose Secrets cannot be loaded is not what proxies get either.
-    if let Some(why) = mine
-        .iter()
-        .find(|r| r.spec.version == plan.publish)
-        .and_then(|r| r.load_failure())
-    {
-        (out_of_sync, reason) = (true, Reason::ResourcesOutOfSync);
-        message = format!(
-            "version {} is published but cannot be served: {why}",
-            plan.publish
-        );
-    }
+    let (out_of_sync, reason, message) = served_condition(plan, mine, &version, nack.as_deref());
     let set = |status: &mut EnvoyConfigStatus, type_, value, reason, message: &str| {
         set_condition(
             &mut status.conditions,
@@ -277,6 +264,28 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
         status,
         events,
         state_change: changed.then_some(plan.cache_state),
+    }
+}
+
+/// The `CacheOutOfSync` condition: the cache state's, unless the published revision cannot
+/// be loaded (then it is not what proxies get either).
+fn served_condition(
+    plan: &revisions::Plan,
+    mine: &[EnvoyConfigRevision],
+    desired: &str,
+    nack: Option<&str>,
+) -> (bool, Reason, String) {
+    let published = mine.iter().find(|r| r.spec.version == plan.publish);
+    match published.and_then(|r| r.load_failure()) {
+        Some(why) => (
+            true,
+            Reason::ResourcesOutOfSync,
+            format!(
+                "version {} is published but cannot be served: {why}",
+                plan.publish
+            ),
+        ),
+        None => cache_condition(plan.cache_state, desired, &plan.publish, nack),
     }
 }
 
