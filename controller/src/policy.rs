@@ -7,9 +7,9 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use serde::de::DeserializeOwned;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
 
 use crate::ReconcileMetrics;

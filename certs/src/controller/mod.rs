@@ -15,10 +15,7 @@ use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use marin3r_controller::{
-    Conflict, Events, ReconcileMetrics, drain, error_policy, is_conflict, patch_status,
-    status_patch,
-};
+use marin3r_controller::{Conflict, ReconcileMetrics, is_conflict, patch_status, status_patch};
 use thiserror::Error;
 use time::OffsetDateTime;
 use tracing::info;
@@ -72,11 +69,7 @@ pub struct Config {
     pub metrics: ReconcileMetrics,
 }
 
-struct Context {
-    client: Client,
-    events: Events,
-    config: Config,
-}
+type Context = marin3r_controller::Context<Config>;
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
@@ -84,11 +77,8 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let ctx = Arc::new(Context {
-        events: Events::new(client.clone(), FIELD_MANAGER),
-        client: client.clone(),
-        config,
-    });
+    let metrics = config.metrics.clone();
+    let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = Controller::new(
         Api::<DiscoveryServiceCertificate>::all(client.clone()),
         watcher::Config::default(),
@@ -97,30 +87,20 @@ pub async fn run(
     // A change to a Secret this controller manages wakes the certificate that writes it and
     // every certificate it is the CA of.
     let secrets = watcher::Config::default().labels(OWNER_NAME_LABEL);
-    let results = controller
-        .watches(
-            Api::<Secret>::all(client),
-            secrets,
-            move |secret: Secret| {
-                let key = (secret.namespace().unwrap_or_default(), secret.name_any());
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|dsc| references(dsc, &key))
-                    .map(|dsc| ObjectRef::from_obj(&*dsc))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |dsc, ctx: Arc<Context>| async move {
-                let metrics = ctx.config.metrics.clone();
-                metrics.measure(CONTROLLER, reconcile(dsc, ctx)).await
-            },
-            |dsc, err, _| error_policy(CONTROLLER, &*dsc, err),
-            ctx,
-        );
-    drain(results, CONTROLLER).await;
+    let controller = controller.watches(
+        Api::<Secret>::all(client),
+        secrets,
+        move |secret: Secret| {
+            let key = (secret.namespace().unwrap_or_default(), secret.name_any());
+            store
+                .state()
+                .into_iter()
+                .filter(|dsc| references(dsc, &key))
+                .map(|dsc| ObjectRef::from_obj(&*dsc))
+                .collect::<Vec<_>>()
+        },
+    );
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
 }
 
 fn references(dsc: &DiscoveryServiceCertificate, key: &(String, String)) -> bool {

@@ -15,7 +15,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
-use marin3r_controller::{Note, drain, error_policy, patch_status, set_condition, status_patch};
+use marin3r_controller::{Note, patch_status, set_condition, status_patch};
 use sha2::{Digest, Sha256};
 use tracing::{debug, info, warn};
 
@@ -49,34 +49,25 @@ pub(crate) async fn run(
     let secrets = tokio::spawn(watch_secrets(Arc::clone(&ctx), store.clone()));
     tokio::spawn(super::mark_ready(store.clone(), ready));
     let controller = ctx.watch_namespaces(controller);
-    let results = controller
-        .watches(
-            Api::<Secret>::all(client),
-            watcher::Config::default(),
-            move |secret: Secret| {
-                let ns = secret.namespace().unwrap_or_default();
-                let name = secret.name_any();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|r| {
-                        r.is_published()
-                            && secret_refs(r).any(|(rns, rname)| rns == ns && rname == name)
-                    })
-                    .map(|r| ObjectRef::from_obj(&*r))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |r, ctx: Arc<Context>| async move {
-                let metrics = ctx.metrics.reconciles.clone();
-                metrics.measure(CONTROLLER, reconcile(r, ctx)).await
-            },
-            |r, err, _| error_policy(CONTROLLER, &*r, err),
-            Arc::clone(&ctx),
-        );
-    drain(results, CONTROLLER).await;
+    let controller = controller.watches(
+        Api::<Secret>::all(client),
+        watcher::Config::default(),
+        move |secret: Secret| {
+            let ns = secret.namespace().unwrap_or_default();
+            let name = secret.name_any();
+            store
+                .state()
+                .into_iter()
+                .filter(|r| {
+                    r.is_published()
+                        && secret_refs(r).any(|(rns, rname)| rns == ns && rname == name)
+                })
+                .map(|r| ObjectRef::from_obj(&*r))
+                .collect::<Vec<_>>()
+        },
+    );
+    let metrics = ctx.metrics.reconciles.clone();
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
     deletions.abort();
     secrets.abort();
 }

@@ -25,8 +25,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_controller::{
-    Conflict, Events, ReconcileMetrics, delete_ignoring_missing, drain, error_policy, is_conflict,
-    patch_status, status_patch,
+    Conflict, ReconcileMetrics, delete_ignoring_missing, is_conflict, patch_status, status_patch,
 };
 use thiserror::Error;
 use tracing::info;
@@ -78,11 +77,7 @@ pub struct Config {
     pub metrics: ReconcileMetrics,
 }
 
-struct Context {
-    client: Client,
-    events: Events,
-    config: Config,
-}
+type Context = marin3r_controller::Context<Config>;
 
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(
@@ -90,18 +85,15 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let ctx = Arc::new(Context {
-        events: Events::new(client.clone(), FIELD_MANAGER),
-        client: client.clone(),
-        config,
-    });
+    let metrics = config.metrics.clone();
+    let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = Controller::new(
         Api::<DiscoveryService>::all(client.clone()),
         watcher::Config::default(),
     );
     let store = controller.store();
     let owned = || watcher::Config::default().labels(OWNER_NAME_LABEL);
-    let results = controller
+    let controller = controller
         .owns(Api::<Deployment>::all(client.clone()), owned())
         .owns(
             Api::<DiscoveryServiceCertificate>::all(client.clone()),
@@ -119,17 +111,8 @@ pub async fn run(
                     .map(|ds| ObjectRef::from_obj(&**ds))
                     .collect::<Vec<_>>()
             },
-        )
-        .graceful_shutdown_on(shutdown)
-        .run(
-            |ds, ctx: Arc<Context>| async move {
-                let metrics = ctx.config.metrics.clone();
-                metrics.measure(CONTROLLER, reconcile(ds, ctx)).await
-            },
-            |ds, err, _| error_policy(CONTROLLER, &*ds, err),
-            ctx,
         );
-    drain(results, CONTROLLER).await;
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
 }
 
 async fn reconcile(ds: Arc<DiscoveryService>, ctx: Arc<Context>) -> Result<Action, Error> {

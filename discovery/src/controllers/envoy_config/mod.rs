@@ -11,9 +11,7 @@ use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use marin3r_controller::{
-    delete_ignoring_missing, drain, error_policy, patch_status, status_patch,
-};
+use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
 use tracing::info;
 
 use super::{Context, Error};
@@ -43,15 +41,8 @@ pub(crate) async fn run(
     let store = controller.store();
     tokio::spawn(super::mark_ready(store.clone(), ready));
     let controller = ctx.watch_namespaces(controller);
-    let results = controller.graceful_shutdown_on(shutdown).run(
-        |ec, ctx: Arc<Context>| async move {
-            let metrics = ctx.metrics.reconciles.clone();
-            metrics.measure(CONTROLLER, reconcile(ec, ctx)).await
-        },
-        |ec, err, _| error_policy(CONTROLLER, &*ec, err),
-        Arc::clone(&ctx),
-    );
-    drain(results, CONTROLLER).await;
+    let metrics = ctx.metrics.reconciles.clone();
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
 }
 
 /// Why a spec cannot be published: every problem, each naming its field path.
