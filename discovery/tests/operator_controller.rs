@@ -483,6 +483,7 @@ async fn two_replicas_never_lead_at_once() {
     for id in ["one", "two"] {
         let mut config = leader::LeaseConfig::new(OPS, "marin3r-operator", id);
         config.retry_period = Duration::from_millis(100);
+        config.renew_deadline = Duration::from_secs(1);
         config.lease_duration = Duration::from_secs(2);
         let stop = CancellationToken::new();
         let work = {

@@ -1,5 +1,6 @@
 //! Fault injection, switched on through a handle on a running server: end every open watch,
-//! answer the next requests with an error code, delay or fail webhook calls.
+//! answer the next requests with an error code, hang the requests for one resource, delay or
+//! fail webhook calls.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
@@ -21,6 +22,8 @@ struct State {
     errors: VecDeque<(FaultScope, u16)>,
     webhook_delay: Option<Duration>,
     webhook_fail: bool,
+    /// Requests for these resources (plural names, e.g. `leases`) answer only after a delay.
+    request_delays: Vec<(String, Duration)>,
 }
 
 /// The fault switches of one API server.
@@ -69,6 +72,25 @@ impl Faults {
             .iter()
             .position(|(scope, _)| *scope == FaultScope::Any || is_watch)?;
         state.errors.remove(pos).map(|(_, code)| code)
+    }
+
+    /// Holds every request for `resource` (a plural name such as `leases`) for `delay` before
+    /// answering it, as a hung or overloaded API server would (`None` to stop). Requests
+    /// already held keep their delay.
+    pub fn delay_requests(&self, resource: &str, delay: Option<Duration>) {
+        let mut state = self.state();
+        state.request_delays.retain(|(r, _)| r != resource);
+        if let Some(delay) = delay {
+            state.request_delays.push((resource.to_owned(), delay));
+        }
+    }
+
+    pub(super) fn request_delay(&self, resource: &str) -> Option<Duration> {
+        let state = self.state();
+        state
+            .request_delays
+            .iter()
+            .find_map(|(r, d)| (r == resource).then_some(*d))
     }
 
     /// Delays every webhook call by `delay` (`None` to stop).

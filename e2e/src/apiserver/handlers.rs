@@ -152,6 +152,9 @@ pub async fn handle(
                 return not_found_path(path);
             };
             let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+            if let Some(delay) = state.faults.request_delay(&route.resource) {
+                tokio::time::sleep(delay).await;
+            }
             if let Some(code) = state.faults.take(is_watch && method == Method::GET) {
                 let err = ApiError::injected(code);
                 return if is_watch && code == 410 {
