@@ -8,6 +8,7 @@
 
 mod support;
 
+use marin3r_discovery::revisions::CacheState;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -159,7 +160,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         Duration::from_secs(20),
         || {
             let ec = rt.block_on(served.get("cfg")).unwrap();
-            (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
+            (ec.status.and_then(|s| s.cache_state) == Some(CacheState::InSync)).then_some(())
         },
     );
     let proxy = Proxy::start_on(
@@ -185,7 +186,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         Duration::from_secs(20),
         || {
             let ec = rt.block_on(ignored.get("cfg")).unwrap();
-            (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
+            (ec.status.and_then(|s| s.cache_state) == Some(CacheState::InSync)).then_some(())
         },
     );
 

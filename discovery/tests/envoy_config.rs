@@ -9,6 +9,7 @@
 
 mod support;
 
+use marin3r_discovery::revisions::CacheState;
 use std::time::Duration;
 
 use kube::api::DeleteParams;
@@ -84,7 +85,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     // A config Envoy rejects: tainted with Envoy's message, rolled back, Envoy keeps v1.
     plane.apply(NS, "gw", nacked_spec(node, port, "bad"));
     let ec = plane.wait_status(NS, "gw", "the rollback", |ec| {
-        ec.status.as_ref().and_then(|s| s.cache_state.as_deref()) == Some("Rollback")
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let bad = ec.spec.envoy_resources.version();
     let status = ec.status.as_ref().unwrap();
@@ -154,7 +155,7 @@ fn with_no_good_revision_the_rollback_fails_until_the_spec_is_fixed() {
     });
     let proxy = plane.proxy(NS, "edge", AdsMode::Delta);
     let ec = plane.wait_status(NS, "edge", "RollbackFailed", |ec| {
-        ec.status.as_ref().and_then(|s| s.cache_state.as_deref()) == Some("RollbackFailed")
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::RollbackFailed)
     });
     let bad = ec.spec.envoy_resources.version();
     let status = ec.status.as_ref().unwrap();

@@ -203,7 +203,7 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
     let generation = ec.metadata.generation;
     let version = ec.spec.envoy_resources.version();
     let mut status = ec.status.clone().unwrap_or_default();
-    let previous_state = status.cache_state.clone();
+    let previous_state = status.cache_state;
     status.desired_version = Some(version.clone());
     status.revisions = plan
         .revisions
@@ -214,7 +214,7 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
         })
         .collect();
     status.published_version = Some(plan.publish.clone());
-    status.cache_state = Some(plan.cache_state.as_str().to_owned());
+    status.cache_state = Some(plan.cache_state);
     let nack = mine
         .iter()
         .find(|r| r.spec.version == version)
@@ -252,7 +252,7 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
     };
     set(&mut status, ROLLBACK_FAILED, failed, reason, &why);
     status.last_nack_message = nack;
-    let changed = previous_state.as_deref() != Some(plan.cache_state.as_str());
+    let changed = previous_state != Some(plan.cache_state);
     let events = if !changed {
         Vec::new()
     } else if plan.cache_state == CacheState::InSync {
