@@ -14,7 +14,7 @@ pub use act::{apply, delete_ignoring_missing, patch_status, status_patch};
 pub use condition::{Reason, set_condition};
 pub use event::{Context, Events, Note};
 pub use metrics::ReconcileMetrics;
-pub use policy::{Conflict, drain, error_policy, is_conflict, retry_after, run};
+pub use policy::{Conflict, Error, drain, error_policy, is_conflict, retry_after, run};
 
 /// Declares an enum of condition or Event reasons, each published as its variant's name.
 ///

@@ -14,6 +14,32 @@ use tracing::{debug, warn};
 
 use crate::ReconcileMetrics;
 
+/// What a reconcile fails with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("encoding an object: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+impl Conflict for Error {
+    fn is_conflict(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Self::Kube(e) => is_conflict(e),
+            Self::Finalizer(e) => match &**e {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.is_conflict(),
+                F::AddFinalizer(e) | F::RemoveFinalizer(e) => is_conflict(e),
+                F::UnnamedObject | F::InvalidFinalizer => false,
+            },
+            Self::Encode(_) => false,
+        }
+    }
+}
+
 /// A write lost a race with another writer: retry soon with a fresh read.
 pub fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(e) if e.code == 409)

@@ -30,7 +30,7 @@ mod tls;
 mod wire;
 
 pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource};
-pub use http::SYNC_STATUS_PATH;
+pub use http::{SYNC_STATUS_PATH, metrics_response};
 pub use server::{ReadinessGate, ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, SyncStatus, TypeStatus};
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};

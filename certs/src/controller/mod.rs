@@ -15,8 +15,7 @@ use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use marin3r_controller::{Conflict, ReconcileMetrics, is_conflict, patch_status, status_patch};
-use thiserror::Error;
+use marin3r_controller::{ReconcileMetrics, patch_status, status_patch};
 use time::OffsetDateTime;
 use tracing::info;
 
@@ -32,31 +31,7 @@ const FINALIZER: &str = "operator.marin3r.3scale.net/certificate-secret";
 /// The controller's name in metrics and logs.
 const CONTROLLER: &str = "certificate";
 
-#[derive(Debug, Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("encoding an object: {0}")]
-    Encode(#[from] serde_json::Error),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
-
-impl Conflict for Error {
-    fn is_conflict(&self) -> bool {
-        match self {
-            Self::Kube(e) => is_conflict(e),
-            Self::Finalizer(e) => match &**e {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.is_conflict(),
-                kube::runtime::finalizer::Error::AddFinalizer(e)
-                | kube::runtime::finalizer::Error::RemoveFinalizer(e) => is_conflict(e),
-                _ => false,
-            },
-            Self::Encode(_) => false,
-        }
-    }
-}
+pub use marin3r_controller::Error;
 
 /// What the controller may do.
 #[derive(Debug, Clone, Default)]

@@ -5,8 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -19,23 +17,8 @@ pub fn router(registry: Registry) -> axum::Router {
         .with_state(Arc::new(registry))
 }
 
-async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        ),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            format!("encoding metrics: {e}\n"),
-        ),
-    }
+async fn metrics(State(registry): State<Arc<Registry>>) -> axum::response::Response {
+    marin3r_xds::metrics_response(&registry)
 }
 
 /// Binds `addr` (an error names it) and returns the task that serves until `stop`.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Api, Client, Resource};
-use marin3r_controller::{Conflict, Events, is_conflict};
+use marin3r_controller::Events;
 use tokio::sync::mpsc;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
@@ -24,13 +24,7 @@ pub use publisher::Publisher;
 
 const FIELD_MANAGER: &str = "marin3r-discovery-service";
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("serializing status: {0}")]
-    Json(#[from] serde_json::Error),
-}
+pub use marin3r_controller::Error;
 
 /// What the controllers serve.
 #[derive(Debug, Clone, Default)]
@@ -185,11 +179,4 @@ pub async fn run(
 
 pub(crate) fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-impl Conflict for Error {
-    /// A write lost a race with another writer; retry soon with a fresh read.
-    fn is_conflict(&self) -> bool {
-        matches!(self, Self::Kube(e) if is_conflict(e))
-    }
 }

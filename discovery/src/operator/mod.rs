@@ -24,10 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_controller::{
-    Conflict, ReconcileMetrics, delete_ignoring_missing, is_conflict, patch_status, status_patch,
-};
-use thiserror::Error;
+use marin3r_controller::{ReconcileMetrics, delete_ignoring_missing, patch_status, status_patch};
 use tracing::info;
 
 use crate::api::discovery_service::DiscoveryService;
@@ -39,30 +36,7 @@ const FINALIZER: &str = "operator.marin3r.3scale.net/discoveryservice";
 /// The controller's name in metrics and logs.
 const CONTROLLER: &str = "discoveryservice";
 
-#[derive(Debug, Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("encoding an object: {0}")]
-    Encode(#[from] serde_json::Error),
-    #[error("finalizer: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
-
-impl Conflict for Error {
-    fn is_conflict(&self) -> bool {
-        use kube::runtime::finalizer::Error as F;
-        match self {
-            Self::Kube(e) => is_conflict(e),
-            Self::Finalizer(e) => match &**e {
-                F::ApplyFailed(e) | F::CleanupFailed(e) => e.is_conflict(),
-                F::AddFinalizer(e) | F::RemoveFinalizer(e) => is_conflict(e),
-                _ => false,
-            },
-            Self::Encode(_) => false,
-        }
-    }
-}
+pub use marin3r_controller::Error;
 
 /// What the controller needs to know about the operator it runs in.
 #[derive(Debug, Clone, Default)]
