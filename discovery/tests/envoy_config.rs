@@ -9,13 +9,17 @@
 
 mod support;
 
-use marin3r_discovery::revisions::CacheState;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::api::DeleteParams;
 use marin3r_discovery::api::envoy_config_revision::REVISION_TAINTED;
 use marin3r_discovery::bootstrap::AdsMode;
+use marin3r_discovery::resource::ResourceType;
+use marin3r_discovery::revisions::CacheState;
 use marin3r_e2e::apiserver::FaultScope;
+use marin3r_e2e::xds::client::{ClientTls, SotwStream, connect};
 use support::free_port;
 use support::plane::*;
 
@@ -425,4 +429,83 @@ fn an_unknown_spec_field_does_not_stop_the_controllers() {
     plane.apply(NS, "good", spec("good", free_port(), "good"));
     plane.wait_in_sync(NS, "good");
     plane.wait_in_sync(NS, "odd");
+}
+
+/// A proxy of `node` that accepts whatever it is sent (an Envoy of another build that finds
+/// nothing wrong with the config): a simulated ADS client that ACKs every listener response.
+fn accepting_proxy(plane: &Plane, node: &str) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
+    let acks = Arc::new(AtomicUsize::new(0));
+    let cert = plane.client_cert(NS);
+    let tls = ClientTls {
+        ca_pem: plane.pki.ca_pem().to_owned(),
+        identity: Some((cert.cert_pem.clone(), cert.key_pem.clone())),
+        server_name: "127.0.0.1".into(),
+    };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], plane.xds_port));
+    let node = node.to_owned();
+    let counted = acks.clone();
+    let task = plane.rt.spawn(async move {
+        let channel = connect(addr, &tls).await.unwrap();
+        let mut stream = SotwStream::open(channel, &node, Some("accepting-pod"))
+            .await
+            .unwrap();
+        let listeners = ResourceType::Listener.type_url();
+        stream.subscribe(listeners, &[]).await.unwrap();
+        while let Ok(resp) = stream.recv().await {
+            stream.ack(&resp, &[]).await.unwrap();
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (task, acks)
+}
+
+#[test]
+fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_it() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    let node = "fleet";
+    plane.apply(NS, "fleet", spec(node, port, "good"));
+    plane.wait_in_sync(NS, "fleet");
+    let envoy = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    envoy.wait_for_body(port, "good");
+    let (accepting, acks) = accepting_proxy(&plane, node);
+    wait("the second proxy to ACK", Duration::from_secs(10), || {
+        (acks.load(Ordering::SeqCst) >= 1).then_some(())
+    });
+
+    // Envoy rejects the new version, the other proxy accepts it: 1 of 2 is below the
+    // default threshold (every connected proxy), so nothing is tainted or rolled back.
+    plane.apply(NS, "fleet", nacked_spec(node, port, "bad"));
+    let bad = plane.get(NS, "fleet").spec.envoy_resources.version();
+    wait(
+        "the NACK below the threshold",
+        Duration::from_secs(20),
+        || (plane.metric("marin3r_nacks_below_threshold_total") >= 1.0).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let ec = plane.get(NS, "fleet");
+    let status = ec.status.as_ref().unwrap();
+    assert_eq!(status.published_version.as_deref(), Some(bad.as_str()));
+    assert_eq!(status.cache_state, Some(CacheState::InSync));
+    assert_eq!(plane.metric("marin3r_revision_taints_total"), 0.0);
+    envoy.wait_for_body(port, "good");
+
+    // The accepting proxy leaves and a second real Envoy joins: it rejects the version too,
+    // now 2 of 2 have, and the revision is tainted and rolled back.
+    accepting.abort();
+    let second = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    let ec = plane.wait_status(NS, "fleet", "the rollback", |ec| {
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
+    });
+    let message = ec
+        .status
+        .as_ref()
+        .unwrap()
+        .last_nack_message
+        .clone()
+        .unwrap();
+    assert!(message.contains("2 of 2 connected proxies"), "{message}");
+    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    envoy.wait_for_body(port, "good");
+    drop(second);
 }

@@ -1,7 +1,8 @@
 //! Secrets served to Envoy by SDS from `spec.envoyResources.secrets`: Envoy presents the
 //! Secret's certificate, a changed Secret reaches Envoy with no EnvoyConfig change, a
 //! cross-namespace reference is refused, and a missing or non-TLS Secret is reported on the
-//! revision until it is fixed (that one without `ref`: the Secret named like the entry).
+//! revision until it is fixed (that one without `ref`: the Secret named like the entry), and
+//! an update naming a missing Secret never takes the last good config from the node.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -222,4 +223,35 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     plane.wait_status(NS, "late", "CacheOutOfSync InSync", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.status == "False" && c.reason == "InSync")
     });
+}
+
+#[test]
+fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
+    let plane = Plane::start(&[NS]);
+    let (port, tls_port) = (free_port(), free_port());
+    plane.apply(NS, "keep", spec("keep", port, "good"));
+    plane.wait_in_sync(NS, "keep");
+    let good = wait("the good config loaded", Duration::from_secs(20), || {
+        plane.cache.snapshot(NS, "keep")
+    });
+
+    // The update is valid but names a Secret that does not exist: it is published (nothing
+    // rejected it) and cannot load.
+    plane.apply(
+        NS,
+        "keep",
+        https_spec("keep", tls_port, json!({"name": "no-such-cert"})),
+    );
+    let ec = plane.wait_status(NS, "keep", "CacheOutOfSync ResourcesOutOfSync", |ec| {
+        condition(ec, "CacheOutOfSync")
+            .is_some_and(|c| c.status == "True" && c.reason == "ResourcesOutOfSync")
+    });
+    assert_eq!(plane.list_revisions(NS).len(), 2, "{:?}", ec.status);
+    // Give the unpublished revision's reconcile every chance to clear the node.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(plane.cache.snapshot(NS, "keep"), Some(good));
+
+    // A proxy that starts now (a new pod of the node) gets the last good config.
+    let proxy = plane.proxy(NS, "keep", AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(port, "good");
 }

@@ -25,6 +25,12 @@ pub struct NackEvent {
     pub version: String,
     /// Envoy's error message.
     pub message: String,
+    /// When the NACK came: how many proxies of this (namespace, node id) connected to this
+    /// server have rejected this version of this type as their latest NACK (this one
+    /// included), out of how many are connected. The revision controller taints on a share
+    /// of the node's proxies, not on one outlier.
+    pub rejecting: usize,
+    pub connected: usize,
 }
 
 /// The last NACK of one type, as the status endpoint shows it.
@@ -141,6 +147,31 @@ impl ProxyHandle {
     }
 }
 
+impl ProxyHandle {
+    /// How many proxies of this proxy's (namespace, node id) have `version` of `kind` as
+    /// their latest NACK, and how many are connected.
+    pub fn tally(&self, kind: ResourceType, version: &str) -> (usize, usize) {
+        let proxies = self.registry.lock();
+        let Some(me) = proxies.get(&self.id) else {
+            return (0, 0);
+        };
+        let peers = proxies
+            .values()
+            .filter(|p| p.namespace == me.namespace && p.node_id == me.node_id);
+        let (mut rejecting, mut connected) = (0, 0);
+        for p in peers {
+            connected += 1;
+            let nacked = p
+                .types
+                .get(kind.spec_field())
+                .and_then(|t| t.last_nack.as_ref())
+                .is_some_and(|n| n.version == version);
+            rejecting += usize::from(nacked);
+        }
+        (rejecting, connected)
+    }
+}
+
 impl Drop for ProxyHandle {
     fn drop(&mut self) {
         self.registry.lock().remove(&self.id);
@@ -184,5 +215,27 @@ mod tests {
         drop(a);
         drop(b);
         assert!(reg.snapshot().proxies.is_empty());
+    }
+
+    #[test]
+    fn a_nack_is_tallied_over_the_connected_proxies_of_its_node() {
+        let reg = StatusRegistry::default();
+        let one = reg.register(mk_proxy("ns", "node"));
+        let two = reg.register(mk_proxy("ns", "node"));
+        let elsewhere = reg.register(mk_proxy("other", "node"));
+        let other_node = reg.register(mk_proxy("ns", "gateway"));
+        for p in [&elsewhere, &other_node] {
+            p.nacked(ResourceType::Listener, "v2", "bad");
+        }
+        one.nacked(ResourceType::Listener, "v2", "bad");
+        assert_eq!(one.tally(ResourceType::Listener, "v2"), (1, 2));
+        // Another type or version is another question.
+        assert_eq!(one.tally(ResourceType::Cluster, "v2"), (0, 2));
+        two.nacked(ResourceType::Listener, "v1", "older");
+        assert_eq!(two.tally(ResourceType::Listener, "v2"), (1, 2));
+        two.nacked(ResourceType::Listener, "v2", "bad");
+        assert_eq!(two.tally(ResourceType::Listener, "v2"), (2, 2));
+        drop(one);
+        assert_eq!(two.tally(ResourceType::Listener, "v2"), (1, 1));
     }
 }

@@ -322,6 +322,7 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
         if let Some(nack) = out.nack {
             metrics.nacks.get_or_create(&Metrics::kind(nack.kind)).inc();
             self.handle.nacked(nack.kind, &nack.version, &nack.message);
+            let (rejecting, connected) = self.handle.tally(nack.kind, &nack.version);
             warn!(
                 resource_type = %nack.kind,
                 version = %nack.version,
@@ -336,6 +337,8 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
                 type_url: nack.kind.type_url().to_owned(),
                 version: nack.version,
                 message: nack.message,
+                rejecting,
+                connected,
             };
             match self.shared.nacks.try_send(event) {
                 Ok(()) => {}

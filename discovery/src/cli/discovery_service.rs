@@ -37,6 +37,10 @@ pub struct DiscoveryServiceArgs {
     /// marin3r.3scale.net/discovery-service=NAME (default: every namespace).
     #[arg(long, value_name = "NAME")]
     discovery_service_name: Option<String>,
+    /// Taint a revision when at least this percentage of its node's connected proxies
+    /// has rejected it (NACK); 100: every one of them.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
+    taint_threshold_percent: u8,
     /// Address to listen on.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
@@ -106,6 +110,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         metrics: controller_metrics,
         discovery_service: args.discovery_service_name.clone(),
         allow_cross_namespace_secrets: false,
+        taint_threshold: controllers::nacks::TaintThreshold::percent(args.taint_threshold_percent)
+            .map_err(anyhow::Error::msg)?,
     };
     info!(
         xds = args.xds_port,

@@ -18,13 +18,18 @@ pub struct ControllerMetrics {
     pub(crate) reconciles: ReconcileMetrics,
     pub(crate) cache_state_changes: Family<StateLabels, Counter>,
     pub(crate) taints: Counter,
+    /// NACKs that did not (yet) reach the taint threshold of their node.
+    pub(crate) nacks_below_threshold: Counter,
+    /// NACK events dropped because their namespace's queue was full.
+    pub(crate) nacks_dropped: Counter,
 }
 
 impl ControllerMetrics {
     /// Adds `marin3r_controller_reconciles_total{controller,result}`,
     /// `marin3r_controller_reconcile_duration_seconds{controller}`,
     /// `marin3r_envoyconfig_cache_state_changes_total{state}` and
-    /// `marin3r_revision_taints_total` to `registry`.
+    /// `marin3r_revision_taints_total`, `marin3r_nacks_below_threshold_total` and
+    /// `marin3r_nack_events_dropped_total` to `registry`.
     pub fn register(&self, registry: &mut Registry) {
         self.reconciles.register(registry);
         registry.register(
@@ -36,6 +41,16 @@ impl ControllerMetrics {
             "marin3r_revision_taints",
             "EnvoyConfigRevisions tainted because Envoy rejected them",
             self.taints.clone(),
+        );
+        registry.register(
+            "marin3r_nacks_below_threshold",
+            "NACKs that did not taint: too few of the node's connected proxies rejected the version",
+            self.nacks_below_threshold.clone(),
+        );
+        registry.register(
+            "marin3r_nack_events_dropped",
+            "NACK events dropped because their namespace's queue was full",
+            self.nacks_dropped.clone(),
         );
     }
 }

@@ -37,6 +37,9 @@ pub struct Config {
     /// Let revisions reference Secrets in other namespaces (off: a cross-namespace reference
     /// is an error in status, so a namespace cannot have another's certificates served).
     pub allow_cross_namespace_secrets: bool,
+    /// The share of a node's connected proxies that must have rejected a version before
+    /// its revision is tainted.
+    pub taint_threshold: nacks::TaintThreshold,
 }
 
 /// Shared by every controller.

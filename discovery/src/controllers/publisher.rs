@@ -1,6 +1,9 @@
 //! What each proxy key is being served: the xDS cache plus, per (namespace, node id), which
-//! revision loaded it. Only the revision that loaded a key may clear it, and a NACK's
-//! per-type version is mapped back to the revision whose snapshot carried it.
+//! revision loaded it. Only the revision that loaded a key may clear it, and only by being
+//! deleted (or its namespace leaving): an unpublished revision keeps being served until
+//! another revision of its key has loaded, so a new revision that cannot load (a missing
+//! Secret) never leaves a proxy with nothing. A NACK's per-type version is mapped back to
+//! the revision whose snapshot carried it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,9 +92,21 @@ impl Publisher {
             .set_snapshot(key.namespace.clone(), key.node_id.clone(), snapshot)
     }
 
-    /// Stops serving `key` if the revision with `uid` is what it serves (an unpublished or
-    /// deleted revision never clears what another revision of the same node published, nor
-    /// what a revision re-created under its name loaded). Returns whether it did.
+    /// The revision with `uid` is no longer published. What it loaded stays served until
+    /// another revision of `key` loads: unpublishing happens as soon as a newer revision is
+    /// published, before that one has loaded, and it may never load (a missing Secret).
+    /// Returns whether `key` is still being served by it.
+    pub fn retire(&self, key: &NodeKey, uid: &str) -> bool {
+        self.lock()
+            .get(key)
+            .and_then(|e| e.current.as_ref())
+            .is_some_and(|l| l.uid == uid)
+    }
+
+    /// Stops serving `key` if the revision with `uid` is what it serves: the revision was
+    /// deleted, or its namespace is no longer served (a deleted revision never clears what
+    /// another revision of the same node published, nor what a revision re-created under its
+    /// name loaded). Returns whether it did.
     pub fn unload(&self, key: &NodeKey, uid: &str) -> bool {
         let mut entries = self.lock();
         let Some(entry) = entries.get_mut(key) else {
@@ -172,6 +187,8 @@ mod tests {
             type_url: ResourceType::Runtime.type_url().into(),
             version: snapshot.version(ResourceType::Runtime).into(),
             message: "bad".into(),
+            rejecting: 1,
+            connected: 1,
         }
     }
 
@@ -189,6 +206,30 @@ mod tests {
         assert!(p.unload(&key, "uid-b2"));
         assert!(p.cache().snapshot("ns", "node").is_none());
         assert!(p.current(&key).is_none());
+    }
+
+    #[test]
+    fn an_unpublished_revision_is_served_until_its_successor_loads() {
+        let p = Publisher::new(Cache::new());
+        let key = NodeKey::new("ns", "node");
+        p.load(&key, "node-a", "uid-a", "a", runtime("a"));
+        // a is unpublished in favour of b, which has not loaded (or never will).
+        assert!(p.retire(&key, "uid-a"));
+        assert_eq!(
+            p.cache().snapshot("ns", "node").as_deref(),
+            Some(&runtime("a"))
+        );
+        assert_eq!(p.current(&key).unwrap().uid, "uid-a");
+        // b loads: it replaces a, and a's retirement no longer concerns the key.
+        p.load(&key, "node-b", "uid-b", "b", runtime("b"));
+        assert!(!p.retire(&key, "uid-a"));
+        assert_eq!(
+            p.cache().snapshot("ns", "node").as_deref(),
+            Some(&runtime("b"))
+        );
+        // Only a deletion clears.
+        assert!(p.unload(&key, "uid-b"));
+        assert!(p.cache().snapshot("ns", "node").is_none());
     }
 
     #[test]

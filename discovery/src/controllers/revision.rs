@@ -156,9 +156,15 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     let key = key_of(&r);
     let name = r.name_any();
     let uid = r.uid().unwrap_or_default();
-    if !r.is_published() || r.metadata.deletion_timestamp.is_some() {
+    if r.metadata.deletion_timestamp.is_some() {
         if ctx.publisher.unload(&key, &uid) {
-            info!(revision = %name, node = %key, "unpublished; no longer served");
+            info!(revision = %name, node = %key, "being deleted; no longer served");
+        }
+        return Ok(Action::await_change());
+    }
+    if !r.is_published() {
+        if ctx.publisher.retire(&key, &uid) {
+            info!(revision = %name, node = %key, "unpublished; served until its successor loads");
         }
         return Ok(Action::await_change());
     }
@@ -170,6 +176,10 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     let loaded = snapshot_for(&r, &secrets, ctx.config.allow_cross_namespace_secrets);
     let action = match &loaded {
         Ok((snapshot, secrets_version)) => {
+            if !still_published(&r, &ctx).await? {
+                debug!(revision = %name, "no longer published; not loaded");
+                return Ok(Action::await_change());
+            }
             if ctx
                 .publisher
                 .load(&key, &name, &uid, &r.spec.version, snapshot.clone())
@@ -196,6 +206,19 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         ctx.events.publish(&*r, &note).await;
     }
     Ok(action)
+}
+
+/// Whether the revision is still published, read fresh. The cached object may be stale: a
+/// rollback unpublishes this revision and publishes another in two writes, and reconciles of
+/// the two run concurrently. Loading a revision that is no longer published would replace
+/// its successor.
+async fn still_published(r: &EnvoyConfigRevision, ctx: &Context) -> Result<bool, Error> {
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &r.namespace().unwrap_or_default());
+    let fresh = api.get_opt(&r.name_any()).await?;
+    Ok(fresh.is_some_and(|f| {
+        f.uid() == r.uid() && f.is_published() && f.metadata.deletion_timestamp.is_none()
+    }))
 }
 
 /// The `ResourcesOutOfSync` condition after a load, and a Warning when the problem is new.

@@ -82,6 +82,8 @@ pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<Conv
     }
     if spec.node_id.trim().is_empty() {
         errors.push(ConversionError::new("spec.nodeID", "must not be empty"));
+    } else if let Some(why) = node_id_problem(&spec.node_id) {
+        errors.push(ConversionError::new("spec.nodeID", why));
     }
     match envoy_resources(&spec.envoy_resources, spec.serialization) {
         Ok(resources) if errors.is_empty() => Ok(resources),
@@ -91,6 +93,27 @@ pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<Conv
             Err(errors)
         }
     }
+}
+
+/// Why `node_id` cannot be a node id, if it cannot. It becomes the label value
+/// `marin3r.3scale.net/node-id` (at most 63 characters) and the start of revision names
+/// `<nodeID>-<version>` (a DNS-1123 subdomain: lowercase), so it must be both.
+pub fn node_id_problem(node_id: &str) -> Option<String> {
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let chars_ok = node_id
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    let ok = node_id.len() <= 63
+        && chars_ok
+        && edge_ok(node_id.chars().next())
+        && edge_ok(node_id.chars().next_back());
+    (!ok).then(|| {
+        format!(
+            "{node_id:?} is not a valid node id: use at most 63 lowercase letters, digits, '-' \
+             and '.', starting and ending with a letter or digit (it becomes the label \
+             marin3r.3scale.net/node-id and the revision name <nodeID>-<version>)"
+        )
+    })
 }
 
 /// Converts every serialized resource of `spec.envoyResources` (secrets excepted, see

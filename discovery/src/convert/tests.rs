@@ -684,3 +684,29 @@ fn validation_rules_are_checked_inside_any_too() {
         assert_eq!(got, expected, "{kind}");
     }
 }
+
+#[test]
+fn node_ids_that_cannot_name_revisions_or_labels_are_refused() {
+    for good in ["proxy", "my-proxy.v1", "0", &"a".repeat(63)] {
+        assert_eq!(super::node_id_problem(good), None, "{good}");
+    }
+    for bad in [
+        "Gateway",
+        "my_node",
+        "-edge",
+        "edge.",
+        "a b",
+        &"a".repeat(64),
+    ] {
+        let spec = EnvoyConfigSpec {
+            node_id: bad.to_owned(),
+            ..serde_json::from_str(r#"{"nodeID": "p"}"#).unwrap()
+        };
+        let errors = messages(&validate_config(&spec).unwrap_err());
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with("spec.nodeID: ") && errors[0].contains("is not a valid node id"),
+            "{errors:?}"
+        );
+    }
+}
