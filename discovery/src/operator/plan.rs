@@ -378,3 +378,76 @@ fn deployment_state(deployment: Option<&Deployment>) -> (bool, Option<String>) {
     let rolled_out = observed && updated && available && ready >= desired;
     (rolled_out, Some(format!("{ready}/{desired}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::events::EventType;
+
+    fn ds() -> DiscoveryService {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+            "kind": "DiscoveryService",
+            "metadata": {"name": "instance", "namespace": "elsewhere", "generation": 2},
+            "spec": {},
+        }))
+        .unwrap()
+    }
+
+    fn observe<'a>(ds: &'a DiscoveryService, config: &Config) -> Observed<'a> {
+        Observed {
+            ds,
+            spec: check(ds, config),
+            namespaces: Vec::new(),
+            clients: Vec::new(),
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn a_problem_only_a_user_can_fix_warns_once_and_waits_for_a_change() {
+        let ds = ds();
+        let config = Config {
+            trusted_namespaces: ["ops".to_owned()].into(),
+            ..Default::default()
+        };
+        let obs = observe(&ds, &config);
+        let Plan::NotReady(why) = decide(&obs) else {
+            panic!("an untrusted namespace must not be applied")
+        };
+        assert_eq!(why.reason, Reason::UntrustedNamespace);
+        let outcome = not_ready(&obs, why.clone());
+        assert_eq!(outcome.requeue, None);
+        assert_eq!(outcome.events.len(), 1);
+        assert_eq!(outcome.events[0].type_, EventType::Warning);
+        assert_eq!(outcome.status.conditions[0].reason, "UntrustedNamespace");
+        let mut seen = ds.clone();
+        seen.status = Some(outcome.status);
+        assert!(not_ready(&observe(&seen, &config), why).events.is_empty());
+    }
+
+    #[test]
+    fn progress_is_normal_and_looked_at_again_soon() {
+        let ds = ds();
+        let config = Config {
+            trusted_namespaces: ["elsewhere".to_owned()].into(),
+            ..Default::default()
+        };
+        let obs = observe(&ds, &config);
+        let waiting = NotReady {
+            reason: Reason::CertificatesNotReady,
+            message: "waiting".into(),
+        };
+        let outcome = finish(&obs, Default::default(), Err(waiting), &["gone".to_owned()]);
+        assert_eq!(outcome.requeue, Some(NOT_READY_RETRY));
+        assert_eq!(outcome.events[0].type_, EventType::Normal);
+        assert_eq!(
+            outcome.events[0].message,
+            "waiting; listed namespaces not found: gone"
+        );
+        let ready = finish(&obs, Default::default(), Ok(()), &[]);
+        assert_eq!(ready.requeue, Some(READY_RESYNC));
+        assert_eq!(ready.status.conditions[0].status, "True");
+        assert_eq!(ready.status.observed_generation, Some(2));
+    }
+}
