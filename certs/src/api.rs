@@ -26,9 +26,12 @@ pub const READY_CONDITION: &str = "Ready";
     kind = "DiscoveryServiceCertificate",
     namespaced,
     shortname = "dsc",
+    category = "marin3r",
+    doc = "A certificate that marin3r issues into a kubernetes.io/tls Secret (tls.crt, tls.key and the issuer's ca.crt) and renews at 80% of its lifetime.",
     status = "DiscoveryServiceCertificateStatus",
     derive = "PartialEq",
     printcolumn = r#"{"name":"Ready","type":"boolean","jsonPath":".status.ready"}"#,
+    printcolumn = r#"{"name":"Not Before","type":"string","format":"date-time","jsonPath":".status.notBefore"}"#,
     // Timestamps, not `date`: kubectl renders `date` columns as an age, which a future
     // instant has none of (a real API server prints `<invalid>`).
     printcolumn = r#"{"name":"Not After","type":"string","format":"date-time","jsonPath":".status.notAfter"}"#,
@@ -58,6 +61,12 @@ pub struct DiscoveryServiceCertificateSpec {
     /// Renewal at 80% of the validity; enabled unless set to false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_renewal: Option<CertificateRenewal>,
+    /// Accepted from the original MARIN3R v0.6 manifests, where it asked the operator to roll
+    /// the pods using the certificate after a renewal. marin3r always does what that asked
+    /// for its own certificates (a renewed server certificate rolls the discovery pod, a
+    /// renewed client certificate is reloaded by Envoy), so the value changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_renewal_notification: Option<CertificateRenewal>,
     /// `ecdsa-p256` (default), `rsa-2048` or `rsa-4096`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = ["ecdsa-p256", "rsa-2048", "rsa-4096"]))]
@@ -68,12 +77,15 @@ pub struct DiscoveryServiceCertificateSpec {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
 pub struct Signer {
+    /// The certificate signs itself (`{}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_signed: Option<SelfSigned>,
+    /// A CA whose certificate and key are in a Secret signs the certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_signed: Option<CaSigned>,
 }
 
+/// Self-signed: the certificate is its own issuer (a CA, typically).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct SelfSigned {}
 
@@ -87,24 +99,30 @@ pub struct CaSigned {
 /// A Secret by name; the namespace defaults to the certificate's own.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct SecretReference {
+    /// The Secret's name.
     pub name: String,
+    /// The Secret's namespace; only the operator's trusted namespaces may name another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct CertificateRenewal {
+    /// Whether the option is on.
     pub enabled: bool,
 }
 
+/// What was issued, and whether it is valid and matches the spec.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiscoveryServiceCertificateStatus {
     /// The certificate in the Secret is valid now and matches the spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
+    /// The issued certificate's Not Before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Time>,
+    /// The issued certificate's Not After.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_after: Option<Time>,
     /// When the certificate will be renewed (80% of its validity).
@@ -116,8 +134,10 @@ pub struct DiscoveryServiceCertificateStatus {
     /// The last value of the renew annotation that was acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_renewal_request: Option<String>,
+    /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// `Ready`, with the reason when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -194,8 +214,52 @@ fn resolve(r: &SecretReference, namespace: &str, field: &str) -> Result<(String,
     if r.name.trim().is_empty() {
         return Err(format!("spec.{field}.name must not be empty"));
     }
+    if let Some(why) = object_name_problem(&r.name) {
+        return Err(format!("spec.{field}.name: {why}"));
+    }
     let ns = r.namespace.clone().filter(|n| !n.is_empty());
+    if let Some(why) = ns.as_deref().and_then(namespace_name_problem) {
+        return Err(format!("spec.{field}.namespace: {why}"));
+    }
     Ok((ns.unwrap_or_else(|| namespace.to_owned()), r.name.clone()))
+}
+
+/// RFC 1123 label: what namespace and Service names must be (at most 63 lowercase letters,
+/// digits and '-', alphanumeric at both ends).
+pub fn is_dns_label(s: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars().all(|c| alnum(c) || c == '-')
+        && s.starts_with(alnum)
+        && s.ends_with(alnum)
+}
+
+/// RFC 1123 subdomain: what Secret and ConfigMap names must be.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
+/// Why `name` cannot name a Secret (or most other objects), if it cannot: a DNS-1123
+/// subdomain, as the API server requires. Names reach API paths as they are (kube does not
+/// escape them), so `../` or `/` in one must never get that far.
+pub fn object_name_problem(name: &str) -> Option<String> {
+    (!is_dns_subdomain(name)).then(|| {
+        format!(
+            "{name:?} is not a valid object name: at most 253 lowercase letters, digits, '-' \
+             and '.', each dot-separated part starting and ending with a letter or digit"
+        )
+    })
+}
+
+/// Why `name` cannot name a namespace, if it cannot: a DNS-1123 label.
+pub fn namespace_name_problem(name: &str) -> Option<String> {
+    (!is_dns_label(name)).then(|| {
+        format!(
+            "{name:?} is not a valid namespace name: at most 63 lowercase letters, digits \
+             and '-', starting and ending with a letter or digit"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -254,6 +318,28 @@ mod tests {
             ),
             (|s| s.signer = Signer::default(), "exactly one of"),
             (|s| s.signer.self_signed = Some(SelfSigned {}), "not both"),
+            (
+                |s| s.secret_ref.name = "../../kube-system/secrets/x".into(),
+                "spec.secretRef.name: \"../../kube-system/secrets/x\" is not a valid object name",
+            ),
+            (
+                |s| s.secret_ref.namespace = Some("kube-system/secrets".into()),
+                "spec.secretRef.namespace: \"kube-system/secrets\" is not a valid namespace name",
+            ),
+            (
+                |s| {
+                    s.signer = Signer {
+                        ca_signed: Some(CaSigned {
+                            ca_secret_ref: SecretReference {
+                                name: "CA".into(),
+                                namespace: None,
+                            },
+                        }),
+                        ..Default::default()
+                    }
+                },
+                "spec.caSecretRef.name: \"CA\" is not a valid object name",
+            ),
             (
                 |s| s.key_algorithm = Some("dsa".into()),
                 "spec.keyAlgorithm",

@@ -159,14 +159,24 @@ fn key_algorithm(cert: &X509Certificate<'_>) -> String {
 
 /// The renewal instant for a validity window: not-before + 80% of (not-after - not-before).
 pub fn renewal_instant(not_before: OffsetDateTime, not_after: OffsetDateTime) -> OffsetDateTime {
-    let lifetime_ns = (not_after - not_before).whole_nanoseconds().max(0);
-    let offset_ns = lifetime_ns * RENEWAL_FRACTION_PERCENT / 100;
+    // Nanoseconds between two representable instants fit an i128 many times over; checked
+    // anyway, because certificates are input.
+    let lifetime_ns = not_after
+        .unix_timestamp_nanos()
+        .checked_sub(not_before.unix_timestamp_nanos())
+        .unwrap_or(0)
+        .max(0);
+    let offset_ns = lifetime_ns
+        .checked_mul(RENEWAL_FRACTION_PERCENT)
+        .map_or(lifetime_ns, |n| n.div_euclid(100));
     // A lifetime that fits an OffsetDateTime fits an i64 of nanoseconds (~292 years) only
     // up to a point; fall back to whole seconds past that.
     match i64::try_from(offset_ns) {
-        Ok(ns) => not_before + time::Duration::nanoseconds(ns),
+        Ok(ns) => not_before
+            .checked_add(time::Duration::nanoseconds(ns))
+            .unwrap_or(not_after),
         Err(_) => {
-            let secs = i64::try_from(offset_ns / 1_000_000_000).unwrap_or(i64::MAX);
+            let secs = i64::try_from(offset_ns.div_euclid(1_000_000_000)).unwrap_or(i64::MAX);
             not_before.saturating_add(time::Duration::seconds(secs))
         }
     }

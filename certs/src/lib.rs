@@ -1,6 +1,10 @@
 //! marin3r's PKI: issuing self-signed CAs and CA-signed server and client certificates,
 //! reading PEM, verifying chains and keys, and the two numbers the controllers live by:
 //! the certificate hash and the renewal instant (80% of the validity).
+//!
+//! Certificates are input (anyone who can write a Secret picks their validity, up to the year
+//! 9999), and a panic in the operator stops every renewal: no arithmetic here may overflow.
+#![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
 #[cfg(feature = "kube")]
 pub mod api;

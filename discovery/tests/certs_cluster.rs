@@ -94,13 +94,16 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
     let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "READY", "NOT", "AFTER", "RENEWAL", "AGE"],
+        [
+            "NAME", "READY", "NOT", "BEFORE", "NOT", "AFTER", "RENEWAL", "AGE"
+        ],
         "{table}"
     );
     let row: Vec<&str> = table.lines().nth(1).unwrap().split_whitespace().collect();
     assert_eq!(row[..2], ["my-cert", "true"], "{table}");
-    // Not After and Renewal are timestamps (an age column cannot show a future instant).
-    for cell in &row[2..4] {
+    // Not Before, Not After and Renewal are timestamps (an age column cannot show a future
+    // instant).
+    for cell in &row[2..5] {
         assert!(cell.contains('T') && cell.ends_with('Z'), "{table}");
     }
 

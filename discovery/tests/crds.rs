@@ -51,7 +51,10 @@ fn the_certificate_crd_has_the_original_names_and_columns() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Ready", "Not After", "Renewal", "Age"]);
+    assert_eq!(
+        columns,
+        ["Ready", "Not Before", "Not After", "Renewal", "Age"]
+    );
     let spec = serde_json::to_value(&version.schema).unwrap();
     let props = &spec["openAPIV3Schema"]["properties"]["spec"]["properties"];
     for field in [
@@ -63,6 +66,8 @@ fn the_certificate_crd_has_the_original_names_and_columns() {
         "signer",
         "secretRef",
         "certificateRenewal",
+        // v0.6 manifests carry it; a pruning server must keep it and a strict one accept it.
+        "certificateRenewalNotification",
         "keyAlgorithm",
     ] {
         assert!(
@@ -175,5 +180,69 @@ fn the_envoy_config_crds_have_the_original_names_columns_and_fields() {
             status.get(field).is_some(),
             "EnvoyConfig status lacks {field}"
         );
+    }
+}
+
+/// Every field path of `schema` below `path` that has no description. Items of arrays of
+/// plain values (strings, numbers) have nothing of their own to describe; `metadata` is
+/// Kubernetes' own.
+fn undescribed(path: &str, schema: &serde_json::Value, out: &mut Vec<String>) {
+    let is_object = schema.get("properties").is_some();
+    if schema.get("description").is_none() && !path.ends_with("[]")
+        || is_object && schema.get("description").is_none()
+    {
+        out.push(path.to_owned());
+    }
+    if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+        for (name, child) in props {
+            if path.is_empty() && name == "metadata" {
+                continue;
+            }
+            undescribed(&format!("{path}.{name}"), child, out);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        undescribed(&format!("{path}[]"), items, out);
+    }
+}
+
+#[test]
+fn every_crd_is_in_the_marin3r_category_with_a_short_name_and_every_field_is_described() {
+    for crd in crds::all() {
+        let name = crd.metadata.name.clone().unwrap();
+        let names = &crd.spec.names;
+        assert_eq!(
+            names.categories.as_deref(),
+            Some(&["marin3r".to_owned()][..]),
+            "{name}"
+        );
+        assert!(
+            names.short_names.as_ref().is_some_and(|s| !s.is_empty()),
+            "{name}"
+        );
+        for version in &crd.spec.versions {
+            let schema = serde_json::to_value(
+                version
+                    .schema
+                    .as_ref()
+                    .unwrap()
+                    .open_api_v3_schema
+                    .as_ref()
+                    .unwrap(),
+            )
+            .unwrap();
+            let root = schema["description"].as_str().unwrap_or_default();
+            assert!(
+                !root.is_empty() && !root.contains("Auto-generated"),
+                "{name}: `kubectl explain` would print {root:?}"
+            );
+            let mut missing = Vec::new();
+            undescribed("", &schema, &mut missing);
+            missing.retain(|p| !p.is_empty() && !p.contains(".conditions[]."));
+            assert!(
+                missing.is_empty(),
+                "{name}: fields without a description: {missing:?}"
+            );
+        }
     }
 }

@@ -103,7 +103,7 @@ impl LocalCluster {
                 host: node.host_ip().to_string(),
                 port: api.https_addr().port(),
                 ca_pem: api.ca_pem().to_owned(),
-                token: "local-cluster".into(),
+                tokens: crate::kubelet::TokenSource::new(api.token_issuer()),
             })?;
             // `kubectl logs` reads the files the kubelet writes (only the folder is shared, so
             // the API server never keeps the node alive).

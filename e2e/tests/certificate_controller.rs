@@ -47,6 +47,8 @@ impl Env {
                 .iter()
                 .map(|t| t.replace("{ns}", &ns))
                 .collect::<BTreeSet<_>>(),
+            // The renewal tests use validities of seconds.
+            min_renewal_interval: Duration::from_secs(1),
             ..Default::default()
         };
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
@@ -327,12 +329,17 @@ async fn renews_at_eighty_percent_of_the_validity_and_not_when_disabled() {
         (3_000..=6_000).contains(&after),
         "renewed {after} ms after issuance"
     );
-    let second = env.dscs().get("short").await.unwrap();
-    assert_ne!(
-        first.status.unwrap().renewal_time,
-        second.status.unwrap().renewal_time,
-        "status.renewalTime did not move"
-    );
+    // The status is written after the Secret: wait for it.
+    let first_renewal = first.status.unwrap().renewal_time;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let second = env.dscs().get("short").await.unwrap();
+        if second.status.unwrap().renewal_time != first_renewal {
+            break;
+        }
+        assert!(Instant::now() < deadline, "status.renewalTime did not move");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     env.apply(
         "pinned",
@@ -543,15 +550,32 @@ async fn bad_specs_are_reported_and_never_cost_an_issued_secret() {
             .is_none()
     );
 
-    // Zero validity and a host that is no DNS name, IP or URI.
-    env.apply(
-        "zero",
-        json!({"commonName": "z", "validFor": 0,
-        "signer": {"selfSigned": {}}, "secretRef": {"name": "zero"}}),
-    )
-    .await;
-    let dsc = env.wait_reason("zero", "InvalidSpec").await;
-    assert!(ready_message(&dsc).contains("spec.validFor must be positive"));
+    // Zero validity never reaches the controller: the CRD's schema (minimum 1) refuses it,
+    // as a real API server does.
+    let zero = json!({
+        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+        "kind": "DiscoveryServiceCertificate",
+        "metadata": {"name": "zero"},
+        "spec": {"commonName": "z", "validFor": 0,
+            "signer": {"selfSigned": {}}, "secretRef": {"name": "zero"}},
+    });
+    match env
+        .dscs()
+        .patch("zero", &PatchParams::apply("test"), &Patch::Apply(&zero))
+        .await
+    {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422, "{}", s.message);
+            assert!(
+                s.message
+                    .contains("spec.validFor in body should be greater than or equal to 1"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("validFor 0 was not refused: {other:?}"),
+    }
+    // A host that is no DNS name, IP or URI passes the schema; the controller flags it.
     env.apply(
         "badhost",
         json!({"commonName": "b", "validFor": 60, "hosts": ["not a host"],
@@ -574,15 +598,43 @@ async fn bad_specs_are_reported_and_never_cost_an_issued_secret() {
     .await;
     env.wait_reason("good", "Issued").await;
     let (before, _) = env.secret_cert(&env.ns, "good").await.unwrap();
+    // (Two signers at once never get here: the schema's maxProperties refuses them.)
+    let both = json!({
+        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+        "kind": "DiscoveryServiceCertificate",
+        "metadata": {"name": "good"},
+        "spec": {"commonName": "g", "validFor": 600,
+            "signer": {"selfSigned": {}, "caSigned": {"caSecretRef": {"name": "ca"}}},
+            "secretRef": {"name": "good"}},
+    });
+    match env
+        .dscs()
+        .patch(
+            "good",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&both),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 422 && s.message.contains("spec.signer: Too many: 2"),
+            "{}",
+            s.message
+        ),
+        other => panic!("two signers were not refused: {other:?}"),
+    }
     env.apply(
         "good",
-        json!({"commonName": "g", "validFor": 600,
-        "signer": {"selfSigned": {}, "caSigned": {"caSecretRef": {"name": "ca"}}},
-        "secretRef": {"name": "good"}}),
+        json!({"commonName": "g", "validFor": 600, "hosts": ["not a host"],
+        "signer": {"selfSigned": {}}, "secretRef": {"name": "good"}}),
     )
     .await;
     let dsc = env.wait_reason("good", "InvalidSpec").await;
-    assert!(ready_message(&dsc).contains("not both"));
+    assert!(
+        ready_message(&dsc).contains("spec.hosts[0]"),
+        "{}",
+        ready_message(&dsc)
+    );
     let (after, _) = env.secret_cert(&env.ns, "good").await.unwrap();
     assert_eq!(before.data, after.data);
 }

@@ -43,8 +43,9 @@ async fn http_https_tcp_and_exec_probes_pass_and_fail_for_the_right_reasons() {
         )
     };
     run(https("/version")).await.unwrap();
+    // Probes carry no token: the API server answers system:anonymous 403, as a real one does.
     let err = run(https("/api/v1/namespaces/nope")).await.unwrap_err();
-    assert!(err.contains("404"), "{err}");
+    assert!(err.contains("403"), "{err}");
     let http = probe_of(serde_json::json!({"httpGet": {"port": http_port, "path": "/version"}}));
     run(http).await.unwrap();
     // HTTP against the HTTPS port is answered with a TLS alert or garbage: a failure.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
@@ -116,6 +117,26 @@ async fn a_deployment_rolls_its_pod_new_ready_before_old_gone() {
         )
         .await
         .unwrap();
+    // The pods run as the namespace's `default` ServiceAccount, which RBAC lets read pods
+    // only (below, its token is refused Secrets).
+    let roles: Api<Role> = Api::namespaced(client.clone(), "demo");
+    roles
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "pod-reader"}, "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), "demo");
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "pod-reader"}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader"}, "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "demo"}]}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), "demo");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "demo");
     let services: Api<Service> = Api::namespaced(client.clone(), "demo");
@@ -164,6 +185,10 @@ async fn a_deployment_rolls_its_pod_new_ready_before_old_gone() {
         answer.starts_with("200 ") && answer.contains(&name),
         "{answer}"
     );
+    let denied = get(&format!(
+        "http://{ip}:8080/api/api/v1/namespaces/demo/secrets"
+    ));
+    assert!(denied.contains("403"), "{denied}");
     assert_eq!(
         get(&format!(
             "http://{ip}:8080/file/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -374,8 +399,9 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
                 )
             })
     };
+    // ContainerCreating comes first (as on a real node); the pull error follows.
     let (reason, message) = until("a pull error", Duration::from_secs(10), || async {
-        waiting(&pods.get("nginx").await.unwrap())
+        waiting(&pods.get("nginx").await.unwrap()).filter(|(r, _)| r != "ContainerCreating")
     })
     .await;
     assert_eq!(reason, "ErrImagePull");

@@ -162,7 +162,14 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
             let stats = get(&format!(
                 "http://{ip}:9901/stats?filter=xds_cluster|control_plane|ssl"
             ));
-            panic!("no injected pod serving the EnvoyConfig in {ns}; sidecar stats:\n{stats}");
+            let statuses: Vec<String> = pods
+                .iter()
+                .map(|p| serde_json::to_string(&p.status).unwrap_or_default())
+                .collect();
+            panic!(
+                "no injected pod serving the EnvoyConfig in {ns}; sidecar stats:\n{stats}\npod statuses:\n{}",
+                statuses.join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

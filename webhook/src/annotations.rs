@@ -148,7 +148,7 @@ pub fn parse(
             Err("the annotation is required to inject the Envoy sidecar".into()),
         );
     } else {
-        check(NODE_ID, &node_id, label_value(&node_id));
+        check(NODE_ID, &node_id, node_id_value(&node_id));
     }
     let cluster_id = get(CLUSTER_ID).unwrap_or(&node_id).to_owned();
     if let Some(v) = get(CLUSTER_ID) {
@@ -470,6 +470,28 @@ fn label_value(value: &str) -> Result<(), String> {
     {
         return Err(
             "must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// A node id names the config's revisions (`<node-id>-<version>`, a DNS-1123 subdomain) and
+/// labels them (a label value): a node id fit for only one of the two could never publish.
+fn node_id_value(value: &str) -> Result<(), String> {
+    label_value(value)?;
+    let dns_part = |part: &str| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !part.starts_with('-')
+            && !part.ends_with('-')
+    };
+    if !value.split('.').all(dns_part) {
+        return Err(
+            "must be lowercase letters, digits, '-' or '.', each dot-separated part starting and \
+             ending with a letter or digit: it names the EnvoyConfigRevision <node-id>-<version>"
                 .into(),
         );
     }

@@ -27,6 +27,14 @@ fn parse_err(pairs: &[(&str, &str)]) -> String {
     errors[0].to_string()
 }
 
+fn node_id_err(value: &str) -> String {
+    format!(
+        "marin3r.3scale.net/node-id: {value:?}: must be lowercase letters, digits, '-' or '.', each \
+         dot-separated part starting and ending with a letter or digit: it names the \
+         EnvoyConfigRevision <node-id>-<version>"
+    )
+}
+
 fn port(name: &str, port: u16, protocol: Protocol, host_port: Option<u16>) -> PortSpec {
     PortSpec {
         name: name.into(),
@@ -97,11 +105,11 @@ fn good_values_are_read() {
     use Protocol::*;
     let cases: Vec<(Vec<(&str, &str)>, Check)> = vec![
         (
-            vec![(NODE_ID, "gw_1.eu-west")],
+            vec![(NODE_ID, "gw-1.eu-west")],
             Box::new(|s| {
                 assert_eq!(
                     (s.node_id.as_str(), s.cluster_id.as_str()),
-                    ("gw_1.eu-west", "gw_1.eu-west")
+                    ("gw-1.eu-west", "gw-1.eu-west")
                 )
             }),
         ),
@@ -242,6 +250,10 @@ fn bad_values_are_denied_naming_annotation_and_value() {
     let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
         (vec![(NODE_ID, "")], r#"marin3r.3scale.net/node-id: "": must not be empty"#.into()),
         (vec![(NODE_ID, "my node")], r#"marin3r.3scale.net/node-id: "my node": must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"#.into()),
+        (vec![(NODE_ID, "Gateway")], node_id_err("Gateway")),
+        (vec![(NODE_ID, "my_node")], node_id_err("my_node")),
+        (vec![(NODE_ID, "a..b")], node_id_err("a..b")),
+        (vec![(NODE_ID, "a.-b")], node_id_err("a.-b")),
         (vec![(NODE_ID, &long)], format!("marin3r.3scale.net/node-id: {long:?}: must be at most 63 characters")),
         (vec![(CLUSTER_ID, "-edge")], r#"marin3r.3scale.net/cluster-id: "-edge": must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"#.into()),
         (vec![(CONTAINER_NAME, "Envoy")], r#"marin3r.3scale.net/container-name: "Envoy": must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
@@ -345,6 +357,50 @@ proptest! {
                 prop_assert!(!errors.is_empty());
                 for e in errors {
                     prop_assert!(e.to_string().starts_with(PREFIX));
+                }
+            }
+        }
+    }
+
+    /// Every annotation at once, each with a value shaped like what it expects (or not):
+    /// either a spec whose node id can name a revision and label it, or one error per bad
+    /// annotation, each naming it.
+    #[test]
+    fn many_annotations_at_once_never_panic(
+        pairs in prop::collection::btree_map(
+            prop::sample::select(vec![
+                NODE_ID, CLUSTER_ID, CONTAINER_NAME, PORTS, HOST_PORT_MAPPINGS, ENVOY_IMAGE,
+                CONFIG_VOLUME, TLS_VOLUME, CLIENT_CERTIFICATE, ENVOY_EXTRA_ARGS, REQUESTS_CPU,
+                REQUESTS_MEMORY, LIMITS_CPU, LIMITS_MEMORY, ADMIN_PORT, ADMIN_BIND_ADDRESS,
+                ADMIN_ACCESS_LOG_PATH, ENVOY_API_VERSION,
+            ]),
+            prop_oneof![
+                "[a-z0-9][a-z0-9.-]{0,20}[a-z0-9]",
+                "[A-Za-z0-9_.-]{0,70}",
+                "([a-z]{1,5}:[0-9]{1,6}(:(TCP|UDP))?,?){0,4}",
+                "([a-z]{1,5}:[0-9]{1,6},?){0,3}",
+                "[0-9]{1,4}(m|Mi|Gi)?",
+                "(--[a-z-]{1,10}( [a-z0-9\"']{0,6})?){0,3}",
+                "(127.0.0.1|0.0.0.0|::1|[0-9.]{0,15})",
+                any::<String>(),
+            ],
+            0..12,
+        )
+    ) {
+        let a: BTreeMap<String, String> =
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        match parse(&a, &InjectionConfig::default()) {
+            Ok(spec) => {
+                prop_assert!(node_id_value(&spec.node_id).is_ok(), "{:?}", spec.node_id);
+                prop_assert_eq!(Some(&spec.node_id), a.get(NODE_ID));
+            }
+            Err(errors) => {
+                prop_assert!(!errors.is_empty());
+                let mut named = std::collections::BTreeSet::new();
+                for e in &errors {
+                    prop_assert!(e.to_string().starts_with(PREFIX));
+                    prop_assert!(named.insert(e.annotation), "{} reported twice", e.annotation);
+                    prop_assert!(e.annotation == NODE_ID || a.contains_key(e.annotation));
                 }
             }
         }

@@ -30,14 +30,14 @@ pub enum Outcome {
 pub fn review(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
     // Fast path: a well-formed review decodes straight into typed structs. Anything else
     // goes the slow way through a JSON tree, which says exactly what is wrong.
-    if let Ok(typed) = serde_json::from_slice::<TypedReview>(body)
+    if let Ok(MapOnly(typed)) = serde_json::from_slice::<MapOnly<TypedReview>>(body)
         && typed.api_version == API_VERSION
         && typed.kind == KIND
-        && !typed.request.uid.is_empty()
+        && !typed.request.0.uid.is_empty()
     {
-        let request = typed.request;
+        let MapOnly(request) = typed.request;
         let decision = decide(
-            request.kind.as_ref().map(|k| k.kind.as_str()),
+            request.kind.as_ref().map(|k| k.0.kind.as_str()),
             request.operation.as_deref(),
             || Ok(request.object),
             config,
@@ -101,14 +101,14 @@ fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome)
 struct TypedReview {
     api_version: String,
     kind: String,
-    request: TypedRequest,
+    request: MapOnly<TypedRequest>,
 }
 
 #[derive(serde::Deserialize)]
 struct TypedRequest {
     uid: String,
     #[serde(default)]
-    kind: Option<TypedKind>,
+    kind: Option<MapOnly<TypedKind>>,
     #[serde(default)]
     operation: Option<String>,
     #[serde(default)]
@@ -118,6 +118,28 @@ struct TypedRequest {
 #[derive(serde::Deserialize)]
 struct TypedKind {
     kind: String,
+}
+
+/// A struct decoded from a JSON object only. Derived `Deserialize` also takes an array of the
+/// fields in order (`"kind": ["", "v1", "Pod"]`), which the JSON-tree path rightly does not
+/// read as an object: without this the two paths decided such reviews differently.
+struct MapOnly<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Objects<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Objects<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Objects(std::marker::PhantomData))
+            .map(MapOnly)
+    }
 }
 
 enum Decision {

@@ -1,7 +1,13 @@
 //! The HTTPS server: `/pod-v1-mutate` (AdmissionReview v1) and `/healthz`, TLS 1.2+ with a
 //! certificate reloaded from disk, bounded bodies, bounded connections, graceful shutdown.
+//!
+//! Slow or idle clients must never stall admissions (`failurePolicy: Fail` would then block pod
+//! creation): bodies and headers have deadlines, a review permit is taken only once its body is
+//! read, and idle connections give their slot up after a timeout or as soon as a new connection
+//! waits for one.
 
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,10 +19,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::InjectionConfig;
@@ -43,7 +48,16 @@ pub struct WebhookServerConfig {
     /// memory request bodies can take.
     pub max_in_flight: usize,
     /// A client that has not finished the TLS handshake or sent its headers by then is dropped.
+    /// A new connection that finds every slot taken waits this long for one.
     pub handshake_timeout: Duration,
+    /// A request whose body has not fully arrived by then gets 408. Keep it well under the
+    /// webhook's `timeoutSeconds` (10 s).
+    pub body_timeout: Duration,
+    /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
+    /// HTTP/2 alike). Idle connections are also closed at once while a new one waits for a slot.
+    pub idle_timeout: Duration,
+    /// HTTP/2 streams (requests) at once on one connection.
+    pub max_concurrent_streams: u32,
     /// Where admissions are counted; register it with the process's Prometheus registry.
     pub metrics: Arc<WebhookMetrics>,
 }
@@ -59,6 +73,9 @@ impl WebhookServerConfig {
             max_connections: 256,
             max_in_flight: 64,
             handshake_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            max_concurrent_streams: 32,
             metrics: Arc::default(),
         }
     }
@@ -74,6 +91,7 @@ struct AppState {
     injection: InjectionConfig,
     metrics: Arc<WebhookMetrics>,
     max_body_bytes: usize,
+    body_timeout: Duration,
     in_flight: Semaphore,
 }
 
@@ -86,18 +104,30 @@ pub fn router(config: &WebhookServerConfig) -> Router {
             injection: config.injection.clone(),
             metrics: config.metrics.clone(),
             max_body_bytes: config.max_body_bytes,
+            body_timeout: config.body_timeout,
             in_flight: Semaphore::new(config.max_in_flight.max(1)),
         }))
 }
 
 async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    // The permit is taken before the body is read, so waiting requests hold no body memory.
-    let Ok(_permit) = state.in_flight.acquire().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
-    };
-    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
-        Ok(body) => body,
-        Err(e) => {
+    // The body is read under a deadline before a permit is taken: a client trickling its body
+    // holds only its own stream, never a permit that real reviews wait for.
+    let read = tokio::time::timeout(
+        state.body_timeout,
+        axum::body::to_bytes(body, state.max_body_bytes),
+    )
+    .await;
+    let body = match read {
+        Err(_) => {
+            let timeout = state.body_timeout;
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the body did not arrive within {timeout:?}\n"),
+            )
+                .into_response();
+        }
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => {
             let too_large = e
                 .into_inner()
                 .downcast_ref::<http_body_util::LengthLimitError>()
@@ -113,6 +143,10 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Respo
                 (StatusCode::BAD_REQUEST, "reading the body failed\n").into_response()
             };
         }
+    };
+    // Bounds the CPU spent deciding at once; a decision is quick, so waiters do not wait long.
+    let Ok(_permit) = state.in_flight.acquire().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     };
     let started = Instant::now();
     let result = review(&body, &state.injection);
@@ -163,8 +197,13 @@ pub async fn serve(
 
     let app = router(&config);
     let slots = Arc::new(Semaphore::new(config.max_connections));
-    let graceful = GracefulShutdown::new();
-    let handshake_timeout = config.handshake_timeout;
+    // New connections waiting for a slot; beyond this many they are closed at once.
+    let waiting = Arc::new(Semaphore::new(config.max_connections));
+    // Bumped by a connection that waits for a slot: idle connections then close.
+    let (pressure, _) = tokio::sync::watch::channel(0u64);
+    let pressure = Arc::new(pressure);
+    let limits = ConnLimits::from(&config);
+    let (closing, _) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -179,41 +218,32 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::warn!(%peer, "too many connections; closing this one");
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
-        let watch = graceful.watcher();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Slot::Taken(slot),
+            Err(_) => match waiting.clone().try_acquire_owned() {
+                Ok(wait) => Slot::Wait(wait),
                 Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
+                    tracing::warn!(%peer, "too many connections; closing this one");
+                    continue;
                 }
-            };
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(handshake_timeout);
-            builder.http2().max_concurrent_streams(32);
-            let conn = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watch.watch(conn).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
+            },
+        };
+        let conn = Conn {
+            slots: slots.clone(),
+            pressure: pressure.clone(),
+            closing: closing.subscribe(),
+            acceptor: acceptor.clone(),
+            app: app.clone(),
+            limits: limits.clone(),
+        };
+        tokio::spawn(conn.run(tcp, peer, slot));
     }
     drop(listener);
     let _ = stop_tx.send(());
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+    let _ = closing.send(true);
+    // Every connection holds a slot until it ends: all slots back means all connections done.
+    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(Duration::from_secs(10), slots.acquire_many(all))
         .await
         .is_err()
     {
@@ -221,4 +251,219 @@ pub async fn serve(
     }
     let _ = watcher.await;
     Ok(())
+}
+
+/// How long a closing connection is given to acknowledge its GOAWAY.
+const CLOSE_ACK_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(Clone)]
+struct ConnLimits {
+    handshake_timeout: Duration,
+    body_timeout: Duration,
+    idle_timeout: Duration,
+    max_concurrent_streams: u32,
+}
+
+impl From<&WebhookServerConfig> for ConnLimits {
+    fn from(c: &WebhookServerConfig) -> Self {
+        Self {
+            handshake_timeout: c.handshake_timeout,
+            body_timeout: c.body_timeout,
+            idle_timeout: c.idle_timeout,
+            max_concurrent_streams: c.max_concurrent_streams.max(1),
+        }
+    }
+}
+
+enum Slot {
+    Taken(OwnedSemaphorePermit),
+    /// Every slot was taken: this connection waits (holding a waiting permit) for one.
+    Wait(OwnedSemaphorePermit),
+}
+
+/// One accepted connection and what it shares with the server.
+struct Conn {
+    slots: Arc<Semaphore>,
+    pressure: Arc<watch::Sender<u64>>,
+    closing: watch::Receiver<bool>,
+    acceptor: TlsAcceptor,
+    app: Router,
+    limits: ConnLimits,
+}
+
+impl Conn {
+    async fn run(self, tcp: TcpStream, peer: std::net::SocketAddr, slot: Slot) {
+        let Conn {
+            slots,
+            pressure,
+            mut closing,
+            acceptor,
+            app,
+            limits,
+        } = self;
+        let _slot = match slot {
+            Slot::Taken(slot) => slot,
+            Slot::Wait(_waiting) => {
+                pressure.send_modify(|n| *n = n.wrapping_add(1));
+                match tokio::time::timeout(limits.handshake_timeout, slots.acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        tracing::warn!(%peer, "too many connections; closing this one");
+                        return;
+                    }
+                }
+            }
+        };
+        let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let (active, mut active_rx) = watch::channel(0usize);
+        let service = Tracked {
+            inner: TowerToHyperService::new(app),
+            active: Arc::new(active),
+        };
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.handshake_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            // Pings find peers that vanished without closing.
+            .keep_alive_interval(Some(limits.idle_timeout))
+            .keep_alive_timeout(limits.handshake_timeout);
+        let conn = builder.serve_connection(TokioIo::new(tls), service);
+        tokio::pin!(conn);
+        let mut pressure_rx = pressure.subscribe();
+        pressure_rx.mark_unchanged();
+        // Once closing, open requests get this long (their body deadline and some) to finish.
+        let grace = limits.body_timeout.saturating_add(limits.handshake_timeout);
+        let mut closed_at: Option<tokio::time::Instant> = None;
+        loop {
+            // A closing connection ends by itself once its client acknowledges the GOAWAY;
+            // one that does not is dropped when it has no request in flight (after a second
+            // for the acknowledgement), or after `grace` in any case.
+            let mut in_flight = active_rx.clone();
+            let hard_stop = async move {
+                let Some(at) = closed_at else {
+                    return std::future::pending().await;
+                };
+                tokio::time::sleep_until(at + CLOSE_ACK_WAIT).await;
+                let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
+            };
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                () = hard_stop => {
+                    tracing::debug!(%peer, "connection still busy after closing; dropping it");
+                    return;
+                }
+                () = until_idle_or_pressed(
+                    &mut active_rx,
+                    &mut pressure_rx,
+                    &mut closing,
+                    limits.idle_timeout,
+                ), if closed_at.is_none() => {
+                    tracing::debug!(%peer, "closing an idle connection");
+                    conn.as_mut().graceful_shutdown();
+                    closed_at = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
+}
+
+/// Resolves when the server shuts down, or when the connection has had no request in flight
+/// for `idle`, or is idle while another connection waits for a slot.
+async fn until_idle_or_pressed(
+    active: &mut watch::Receiver<usize>,
+    pressure: &mut watch::Receiver<u64>,
+    closing: &mut watch::Receiver<bool>,
+    idle: Duration,
+) {
+    let in_flight = active.clone();
+    let idle_for_long = async {
+        loop {
+            if active.wait_for(|n| *n == 0).await.is_err() {
+                return std::future::pending().await;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(idle) => return,
+                changed = active.changed() => if changed.is_err() {
+                    return std::future::pending().await;
+                },
+            }
+        }
+    };
+    let pressed_while_idle = async {
+        loop {
+            if pressure.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if *in_flight.borrow() == 0 {
+                return;
+            }
+        }
+    };
+    let shutting_down = async {
+        if closing.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = idle_for_long => {}
+        () = pressed_while_idle => {}
+        () = shutting_down => {}
+    }
+}
+
+/// Counts the connection's requests in flight, so that idleness can be told apart from a slow
+/// request.
+#[derive(Clone)]
+struct Tracked<S> {
+    inner: S,
+    active: Arc<watch::Sender<usize>>,
+}
+
+struct InFlight(Arc<watch::Sender<usize>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+impl<S, R> hyper::service::Service<R> for Tracked<S>
+where
+    S: hyper::service::Service<R>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn call(&self, req: R) -> Self::Future {
+        self.active.send_modify(|n| *n = n.saturating_add(1));
+        let guard = InFlight(self.active.clone());
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let response = fut.await;
+            drop(guard);
+            response
+        })
+    }
 }

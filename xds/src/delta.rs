@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::resource::ResourceType;
 
 use super::cache::{Snapshot, VersionedResource};
+use super::limits::Limit;
 use super::protocol::{Ack, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, Rejection};
 
 /// The parts of a `DeltaDiscoveryRequest` the protocol looks at.
@@ -61,13 +62,29 @@ impl TypeState {
 }
 
 /// One delta stream's protocol state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DeltaState {
     types: HashMap<ResourceType, TypeState>,
     nonces: Nonces,
+    /// Names a request may carry, and the subscription may hold, per type.
+    max_names: usize,
+}
+
+impl Default for DeltaState {
+    fn default() -> Self {
+        Self::with_max_names(crate::limits::Limits::default().max_names_per_type)
+    }
 }
 
 impl DeltaState {
+    pub fn with_max_names(max_names: usize) -> Self {
+        Self {
+            types: HashMap::new(),
+            nonces: Nonces::default(),
+            max_names,
+        }
+    }
+
     pub fn on_request(
         &mut self,
         req: &DeltaRequest,
@@ -78,6 +95,13 @@ impl DeltaState {
             out.ignored = Some(Ignored::UnknownType(req.type_url.clone()));
             return out;
         };
+        // Checked before any work: a request may carry hundreds of thousands of names.
+        if req.subscribe.len() > self.max_names
+            || req.initial_resource_versions.len() > self.max_names
+        {
+            out.exceeded = Some(Limit::NamesPerType);
+            return out;
+        }
         let first = !self.types.contains_key(&kind);
         let st = self.types.entry(kind).or_default();
         if first {
@@ -133,6 +157,11 @@ impl DeltaState {
             } else {
                 st.names.remove(name);
             }
+        }
+        // The subscription grows across requests; it is bounded as a whole.
+        if st.names.len() > self.max_names {
+            out.exceeded = Some(Limit::NamesPerType);
+            return out;
         }
         // The proxy drops what it unsubscribed from; forget it so a later subscribe resends.
         let TypeState {
@@ -213,23 +242,22 @@ fn respond(
         .map(|(_, r)| r.clone())
         .collect();
     // Names asked for that the snapshot lacks but still serves (an empty runtime layer).
-    let stand_ins: Vec<VersionedResource> = st
+    // Keyed by name: `removed` below looks every known name up in it.
+    let stand_ins: BTreeMap<String, VersionedResource> = st
         .names
         .iter()
         .filter(|n| !typed.resources().contains_key(*n))
         .filter_map(|n| snapshot.requested(kind, n))
+        .map(|r| (r.resource.name.clone(), r))
         .collect();
-    resources.extend(stand_ins.iter().filter(|r| differs(st, r)).cloned());
+    resources.extend(stand_ins.values().filter(|r| differs(st, r)).cloned());
     for r in &resources {
         st.resend.remove(&r.resource.name);
     }
     let removed: Vec<String> = st
         .known
         .keys()
-        .filter(|name| {
-            !typed.resources().contains_key(*name)
-                && !stand_ins.iter().any(|r| &r.resource.name == *name)
-        })
+        .filter(|name| !typed.resources().contains_key(*name) && !stand_ins.contains_key(*name))
         .cloned()
         .collect();
     if resources.is_empty() && removed.is_empty() && !st.owed {
@@ -527,5 +555,69 @@ mod tests {
             .response
             .unwrap();
         assert_eq!(names(&r2), ["b"]);
+    }
+
+    #[test]
+    fn subscriptions_are_bounded_per_type_across_requests() {
+        let rtds = ResourceType::Runtime;
+        let empty = mk_snapshot(CDS, &[]);
+        let many = |from: usize, n: usize| -> Vec<String> {
+            (from..from + n).map(|i| format!("layer-{i}")).collect()
+        };
+        let mut st = DeltaState::with_max_names(100);
+        // One request over the limit is refused before any work, whatever it carries.
+        let huge = DeltaRequest {
+            type_url: rtds.type_url().into(),
+            subscribe: many(0, 50_000),
+            initial_resource_versions: many(0, 50_000)
+                .into_iter()
+                .map(|n| (n, "v".to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let out = st.on_request(&huge, Some(&empty));
+        assert_eq!(out.exceeded, Some(Limit::NamesPerType));
+        assert_eq!(out.response, None);
+        let versions_only = subscribe_versions_only(&huge);
+        let out = st.on_request(&versions_only, Some(&empty));
+        assert_eq!(out.exceeded, Some(Limit::NamesPerType));
+
+        // Requests under the limit that add up to more than it are refused too.
+        let mut st = DeltaState::with_max_names(100);
+        let r = st
+            .on_request(&mk_req(rtds, &[], ""), Some(&empty))
+            .response
+            .unwrap();
+        let mut last = r;
+        for batch in 0..2 {
+            let req = DeltaRequest {
+                subscribe: many(batch * 50, 50),
+                ..ack(&last)
+            };
+            let out = st.on_request(&req, Some(&empty));
+            assert_eq!(out.exceeded, None, "batch {batch}");
+            last = out.response.unwrap();
+            assert_eq!(
+                last.resources.len(),
+                50,
+                "empty layers stand in for the names"
+            );
+        }
+        let req = DeltaRequest {
+            subscribe: many(100, 1),
+            ..ack(&last)
+        };
+        assert_eq!(
+            st.on_request(&req, Some(&empty)).exceeded,
+            Some(Limit::NamesPerType)
+        );
+    }
+
+    fn subscribe_versions_only(req: &DeltaRequest) -> DeltaRequest {
+        DeltaRequest {
+            subscribe: vec!["layer-0".into()],
+            initial_resource_versions: req.initial_resource_versions.clone(),
+            ..req.clone()
+        }
     }
 }

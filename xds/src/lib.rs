@@ -19,8 +19,11 @@
 mod cache;
 mod delta;
 mod http;
+mod limits;
 mod metrics;
 mod protocol;
+#[cfg(test)]
+mod protocol_fuzz;
 pub mod resource;
 mod server;
 mod sotw;
@@ -31,6 +34,7 @@ mod wire;
 
 pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource};
 pub use http::{SYNC_STATUS_PATH, metrics_response};
+pub use limits::{Limit, Limits};
 pub use server::{ReadinessGate, ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, SyncStatus, TypeStatus};
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};

@@ -51,6 +51,12 @@ pub enum RefusalReason {
     Handshake,
 }
 
+/// Which limit closed a stream (see [`crate::Limits`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct LimitLabels {
+    pub limit: crate::limits::Limit,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct RefusalLabels {
     pub reason: RefusalReason,
@@ -74,6 +80,7 @@ pub struct Metrics {
     pub push_latency: HistogramFamily<TypeLabels>,
     pub convergence_latency: HistogramFamily<TypeLabels>,
     pub refused_connections: Family<RefusalLabels, Counter>,
+    pub refused_streams: Family<LimitLabels, Counter>,
     pub dropped_nack_events: Counter,
 }
 
@@ -89,6 +96,7 @@ impl Metrics {
             push_latency: Family::new_with_constructor(latency_histogram),
             convergence_latency: Family::new_with_constructor(latency_histogram),
             refused_connections: Family::default(),
+            refused_streams: Family::default(),
             dropped_nack_events: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("marin3r_xds");
@@ -123,6 +131,11 @@ impl Metrics {
             "refused_connections",
             "Connections refused before any request, by reason",
             m.refused_connections.clone(),
+        );
+        r.register(
+            "refused_streams",
+            "ADS streams closed for going over a limit, by limit",
+            m.refused_streams.clone(),
         );
         r.register(
             "dropped_nack_events",

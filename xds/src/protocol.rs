@@ -31,6 +31,8 @@ pub struct Outcome<R> {
     pub also: Vec<R>,
     /// The request was for a type URL marin3r does not serve, or named a stale nonce.
     pub ignored: Option<Ignored>,
+    /// The request went over a limit and was not applied: the stream is to be closed.
+    pub exceeded: Option<crate::limits::Limit>,
 }
 
 impl<R> Default for Outcome<R> {
@@ -41,6 +43,7 @@ impl<R> Default for Outcome<R> {
             response: None,
             also: Vec::new(),
             ignored: None,
+            exceeded: None,
         }
     }
 }

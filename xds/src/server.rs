@@ -17,6 +17,7 @@ use tracing::{info, warn};
 
 use super::cache::Cache;
 use super::http::{self, HttpState};
+use super::limits::{Limits, NamespaceStreams};
 use super::metrics::Metrics;
 use super::status::{NackEvent, StatusRegistry, SyncStatus};
 use super::stream::Shared;
@@ -41,6 +42,7 @@ pub struct ServerBuilder {
     nack_capacity: usize,
     registry: Registry,
     gates: Vec<ReadinessGate>,
+    limits: Limits,
 }
 
 /// Something else the process needs before `/readyz` says ready (e.g. a controller whose
@@ -58,6 +60,12 @@ impl ServerBuilder {
     /// counted in `marin3r_xds_dropped_nack_events_total`).
     pub fn nack_capacity(mut self, capacity: usize) -> Self {
         self.nack_capacity = capacity.max(1);
+        self
+    }
+
+    /// What one client or namespace may take of the server (see [`Limits`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -86,6 +94,8 @@ impl ServerBuilder {
                 identifier: self.control_plane_id,
             },
             stop: CancellationToken::new(),
+            limits: self.limits,
+            streams: Arc::new(NamespaceStreams::default()),
         });
         let server = Server {
             shared,
@@ -113,6 +123,7 @@ impl Server {
             nack_capacity: 1024,
             registry: Registry::default(),
             gates: Vec::new(),
+            limits: Limits::default(),
         }
     }
 
@@ -157,7 +168,15 @@ impl Server {
             conns,
             stop.clone(),
         ));
+        // One stream more than the limit, so that a client over it gets a status naming the
+        // limit; HTTP/2 refuses any stream beyond that.
+        let h2_streams = self
+            .shared
+            .limits
+            .max_streams_per_connection
+            .saturating_add(1);
         let server = tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(h2_streams))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .add_service(AdsService::new(Arc::clone(&self.shared)))

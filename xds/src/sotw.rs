@@ -8,6 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::resource::{Resource, ResourceType};
 
 use super::cache::Snapshot;
+use super::limits::Limit;
 use super::protocol::{Ack, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, Rejection};
 
 /// The parts of a `DiscoveryRequest` the protocol looks at.
@@ -54,13 +55,29 @@ struct TypeState {
 }
 
 /// One SotW stream's protocol state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SotwState {
     types: HashMap<ResourceType, TypeState>,
     nonces: Nonces,
+    /// Names a request may carry, and the subscription may hold, per type.
+    max_names: usize,
+}
+
+impl Default for SotwState {
+    fn default() -> Self {
+        Self::with_max_names(crate::limits::Limits::default().max_names_per_type)
+    }
 }
 
 impl SotwState {
+    pub fn with_max_names(max_names: usize) -> Self {
+        Self {
+            types: HashMap::new(),
+            nonces: Nonces::default(),
+            max_names,
+        }
+    }
+
     /// Handles one request against the current snapshot (if any).
     pub fn on_request(
         &mut self,
@@ -72,6 +89,10 @@ impl SotwState {
             out.ignored = Some(Ignored::UnknownType(req.type_url.clone()));
             return out;
         };
+        if req.resource_names.len() > self.max_names {
+            out.exceeded = Some(Limit::NamesPerType);
+            return out;
+        }
         let first = !self.types.contains_key(&kind);
         let st = self.types.entry(kind).or_default();
         // A nonce from an earlier response (or from before a reconnect, when the type is new
@@ -567,5 +588,18 @@ mod tests {
         let out = st.on_request(&req, Some(&Snapshot::empty()));
         assert!(matches!(out.ignored, Some(Ignored::UnknownType(_))));
         assert!(out.response.is_none());
+    }
+
+    #[test]
+    fn a_request_naming_too_many_resources_is_refused() {
+        let s = mk_snapshot("listener", &["a"]);
+        let mut st = SotwState::with_max_names(3);
+        let asked = ["a", "b", "c", "d"];
+        let out = st.on_request(&mk_req(RDS, &asked, ""), Some(&s));
+        assert_eq!(out.exceeded, Some(Limit::NamesPerType));
+        assert_eq!(out.response, None);
+        let out = st.on_request(&mk_req(RDS, &asked[..3], ""), Some(&s));
+        assert_eq!(out.exceeded, None);
+        assert_eq!(names(&out.response.unwrap()), ["a"]);
     }
 }

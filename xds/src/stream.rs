@@ -19,7 +19,8 @@ use crate::resource::ResourceType;
 
 use super::cache::{Cache, NodeKey, Published, Snapshot};
 use super::delta::{DeltaResponse, DeltaState};
-use super::metrics::{Metrics, Protocol, ProtocolLabels};
+use super::limits::{Limit, Limits, NamespaceStreams, StreamSlot};
+use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
 use super::protocol::{Ignored, Outcome};
 use super::sotw::{SotwResponse, SotwState};
 use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
@@ -35,15 +36,39 @@ pub(crate) struct Shared {
     pub control_plane: ControlPlane,
     /// Cancelled at shutdown: every stream ends.
     pub stop: CancellationToken,
+    pub limits: Limits,
+    pub streams: Arc<NamespaceStreams>,
+}
+
+impl Shared {
+    /// Counts and logs a stream going over `limit`; the status to close it with.
+    fn refuse(&self, limit: Limit, namespace: &str) -> Status {
+        self.metrics
+            .refused_streams
+            .get_or_create(&LimitLabels { limit })
+            .inc();
+        let status = self.limits.exceeded(limit);
+        warn!(%namespace, message = status.message(), "closing an ADS stream over a limit");
+        status
+    }
+
+    /// The status to close a stream with when reading a request failed for a limit.
+    fn read_error(&self, status: &Status, namespace: &str) -> Option<Status> {
+        // tonic's decoder refuses a message over the size limit from its length prefix, before
+        // buffering it, with OUT_OF_RANGE; nothing else there uses that code.
+        (status.code() == tonic::Code::OutOfRange)
+            .then(|| self.refuse(Limit::RequestSize, namespace))
+    }
 }
 
 /// One of the two ADS flavours, as the generic stream loop sees it.
-trait Flavour: Default + Send + 'static {
+trait Flavour: Send + 'static {
     type Req: Send + 'static;
     type Resp: Send;
     type Wire: Send + 'static;
     const PROTOCOL: Protocol;
 
+    fn new(limits: &Limits) -> Self;
     fn node(req: &Self::Req) -> Option<&Node>;
     fn type_url(req: &Self::Req) -> &str;
     fn on_request(&mut self, req: &Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
@@ -58,6 +83,9 @@ impl Flavour for SotwState {
     type Wire = WireResponse;
     const PROTOCOL: Protocol = Protocol::Sotw;
 
+    fn new(limits: &Limits) -> Self {
+        SotwState::with_max_names(limits.max_names_per_type)
+    }
     fn node(req: &DiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
     }
@@ -88,6 +116,9 @@ impl Flavour for DeltaState {
     type Wire = WireDeltaResponse;
     const PROTOCOL: Protocol = Protocol::Delta;
 
+    fn new(limits: &Limits) -> Self {
+        DeltaState::with_max_names(limits.max_names_per_type)
+    }
     fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
     }
@@ -137,6 +168,10 @@ where
         .get::<PeerIdentity>()
         .cloned()
         .ok_or_else(|| Status::unauthenticated("no verified client certificate"))?;
+    let slot = shared
+        .streams
+        .open(&peer.namespace, &peer.streams, &shared.limits)
+        .map_err(|limit| shared.refuse(limit, &peer.namespace))?;
     // A small buffer: a proxy that does not read its responses stalls only its own task.
     let (tx, rx) = mpsc::channel(4);
     let span = info_span!(
@@ -146,7 +181,7 @@ where
         peer = %peer.remote_addr,
         node = tracing::field::Empty,
     );
-    tokio::spawn(run::<F>(shared, peer, request.into_inner(), tx).instrument(span));
+    tokio::spawn(run::<F>(shared, peer, slot, request.into_inner(), tx).instrument(span));
     Ok(Response::new(ReceiverStream::new(rx)))
 }
 
@@ -173,6 +208,7 @@ fn pod_name(node: &Node) -> Option<String> {
 async fn run<F: Flavour>(
     shared: Arc<Shared>,
     peer: PeerIdentity,
+    _slot: StreamSlot,
     mut requests: Streaming<F::Req>,
     tx: mpsc::Sender<Result<F::Wire, Status>>,
 ) where
@@ -181,13 +217,21 @@ async fn run<F: Flavour>(
     let stop = shared.stop.clone();
     let first = tokio::select! {
         () = stop.cancelled() => return,
-        m = requests.message() => m,
+        m = tokio::time::timeout(shared.limits.first_request_timeout, requests.message()) => m,
     };
     let first = match first {
-        Ok(Some(r)) => r,
-        Ok(None) => return,
-        Err(status) => {
+        Err(_) => {
+            let status = shared.refuse(Limit::FirstRequestTimeout, &peer.namespace);
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
+        Ok(Ok(Some(r))) => r,
+        Ok(Ok(None)) => return,
+        Ok(Err(status)) => {
             debug!(%status, "stream ended before its first request");
+            if let Some(status) = shared.read_error(&status, &peer.namespace) {
+                let _ = tx.send(Err(status)).await;
+            }
             return;
         }
     };
@@ -239,7 +283,7 @@ async fn run<F: Flavour>(
         tx: &tx,
         stop: &stop,
     };
-    let mut state = F::default();
+    let mut state = F::new(&shared.limits);
 
     let mut next = Some(first);
     loop {
@@ -260,6 +304,9 @@ async fn run<F: Flavour>(
                 Ok(None) => break,
                 Err(status) => {
                     debug!(%status, "stream error");
+                    if let Some(status) = shared.read_error(&status, &peer.namespace) {
+                        let _ = tx.send(Err(status)).await;
+                    }
                     break;
                 }
             },
@@ -308,6 +355,14 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
         current: Option<&Published>,
     ) -> bool {
         let metrics = &self.shared.metrics;
+        if let Some(limit) = out.exceeded {
+            let status = self.shared.refuse(limit, &self.key.namespace);
+            tokio::select! {
+                _ = self.tx.send(Err(status)) => {}
+                () = self.stop.cancelled() => {}
+            }
+            return false;
+        }
         if let Some(ack) = out.ack {
             metrics.acks.get_or_create(&Metrics::kind(ack.kind)).inc();
             self.handle.acked(ack.kind, &ack.version);

@@ -180,10 +180,12 @@ fn read_all(files: &TlsFiles) -> [Option<Vec<u8>>; 3] {
 }
 
 /// Who is on the other end of a connection, as proven by its client certificate.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct PeerIdentity {
     pub namespace: Arc<str>,
     pub remote_addr: SocketAddr,
+    /// The ADS streams open on this connection.
+    pub(crate) streams: crate::limits::ConnectionStreams,
 }
 
 /// The namespace a verified client certificate speaks for, from its SPIFFE URI SAN.
@@ -335,6 +337,7 @@ fn authenticate(
         peer: PeerIdentity {
             namespace: namespace.into(),
             remote_addr,
+            streams: Default::default(),
         },
     })
 }

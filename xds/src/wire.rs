@@ -203,10 +203,12 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
+        let max_request = shared.limits.max_request_bytes;
         match req.uri().path() {
             SOTW_PATH => Box::pin(async move {
                 let codec = tonic_prost::ProstCodec::<WireResponse, DiscoveryRequest>::default();
                 Ok(tonic::server::Grpc::new(codec)
+                    .max_decoding_message_size(max_request)
                     .streaming(SotwMethod(shared), req)
                     .await)
             }),
@@ -214,6 +216,7 @@ where
                 let codec =
                     tonic_prost::ProstCodec::<WireDeltaResponse, DeltaDiscoveryRequest>::default();
                 Ok(tonic::server::Grpc::new(codec)
+                    .max_decoding_message_size(max_request)
                     .streaming(DeltaMethod(shared), req)
                     .await)
             }),

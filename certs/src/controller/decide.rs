@@ -1,5 +1,9 @@
 //! The pure half of the certificate controller: given the spec, what is in the Secret, the
 //! issuer and the clock, decide whether to issue and what status to report.
+//!
+//! Times here come from certificates anyone may write into a Secret (up to 9999-12-31) and
+//! from the clock, and a panic would take the operator down: no arithmetic may overflow.
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -11,11 +15,52 @@ use crate::api::ValidSpec;
 use crate::{CertificateInfo, KeyAlgorithm, SubjectAltName, Usage};
 
 /// The three files of a `kubernetes.io/tls` Secret, as text.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
     pub cert: Option<String>,
     pub key: Option<String>,
     pub ca: Option<String>,
+}
+
+impl fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print private keys, not even in debug logs.
+        f.debug_struct("TlsFiles")
+            .field("cert", &self.cert)
+            .field("key", &self.key.as_ref().map(|_| "<redacted>"))
+            .field("ca", &self.ca)
+            .finish()
+    }
+}
+
+/// `at` moved by `by`, or `None` past the representable range.
+fn shifted(at: OffsetDateTime, by: std::time::Duration) -> Option<OffsetDateTime> {
+    at.checked_add(time::Duration::try_from(by).ok()?)
+}
+
+/// When time-based renewal is due: at 80% of the validity, but never sooner than
+/// `min_renewal_interval` after issuance, so a tiny `validFor` cannot make the operator issue a
+/// key, write a Secret and record an Event several times a second, forever.
+pub fn renewal_due_at(
+    info: &CertificateInfo,
+    min_renewal_interval: std::time::Duration,
+) -> OffsetDateTime {
+    let at_80 = info.renewal_time();
+    // Past the end of time nothing is due; `not_after` stands in for "never".
+    let floor = shifted(info.not_before, min_renewal_interval).unwrap_or(info.not_after.max(at_80));
+    at_80.max(floor)
+}
+
+/// `later - earlier` as a `std` duration, zero when `later` is not later.
+fn until(earlier: OffsetDateTime, later: OffsetDateTime) -> std::time::Duration {
+    let nanos = later
+        .unix_timestamp_nanos()
+        .checked_sub(earlier.unix_timestamp_nanos())
+        .unwrap_or(0)
+        .max(0);
+    let secs = u64::try_from(nanos.div_euclid(1_000_000_000)).unwrap_or(u64::MAX);
+    let sub = u32::try_from(nanos.rem_euclid(1_000_000_000)).unwrap_or(0);
+    std::time::Duration::new(secs, sub)
 }
 
 /// Why a certificate is (re)issued; also the Event's message.
@@ -45,14 +90,16 @@ impl fmt::Display for IssueReason {
 }
 
 /// Decides whether the Secret must be (re)issued. `issuer_pem` is the CA's certificate for a
-/// CA-signed spec (None when self-signed). Time-based renewal is skipped when disabled; every
-/// other trigger still applies (a missing or wrong certificate is never left in place).
+/// CA-signed spec (None when self-signed). Time-based renewal is skipped when disabled, and
+/// waits at least `min_renewal_interval` after issuance; every other trigger still applies (a
+/// missing or wrong certificate is never left in place).
 pub fn needs_issue(
     spec: &ValidSpec,
     secret: &TlsFiles,
     issuer_pem: Option<&str>,
     manual_renewal: bool,
     now: OffsetDateTime,
+    min_renewal_interval: std::time::Duration,
 ) -> Option<IssueReason> {
     let (Some(cert), Some(key)) = (&secret.cert, &secret.key) else {
         return Some(IssueReason::SecretMissing);
@@ -84,7 +131,7 @@ pub fn needs_issue(
     if manual_renewal {
         return Some(IssueReason::ManualRenewal);
     }
-    if spec.renewal_enabled && now >= info.renewal_time() {
+    if spec.renewal_enabled && now >= renewal_due_at(&info, min_renewal_interval) {
         return Some(IssueReason::RenewalDue);
     }
     None
@@ -124,7 +171,11 @@ fn spec_mismatch(spec: &ValidSpec, info: &CertificateInfo) -> Option<String> {
             return Some("server".into());
         }
     }
-    let lifetime = (info.not_after - info.not_before).whole_seconds();
+    let lifetime = info
+        .not_after
+        .unix_timestamp()
+        .checked_sub(info.not_before.unix_timestamp())
+        .unwrap_or(-1);
     if u64::try_from(lifetime).ok() != Some(req.valid_for.as_secs()) {
         return Some(format!(
             "validFor ({lifetime}s -> {}s)",
@@ -174,25 +225,30 @@ pub fn readiness(info: &CertificateInfo, now: OffsetDateTime) -> Readiness {
     }
 }
 
-/// When to look at the certificate next: the renewal instant when renewal is enabled, else
-/// just after expiry (to report it not ready); None once nothing more will happen.
+/// When to look at the certificate next: the renewal instant when renewal is enabled (see
+/// [`needs_issue`]), else just after expiry (to report it not ready); None once nothing more
+/// will happen.
 pub fn next_wakeup(
     info: &CertificateInfo,
     renewal_enabled: bool,
     now: OffsetDateTime,
+    min_renewal_interval: std::time::Duration,
 ) -> Option<std::time::Duration> {
     let at = if renewal_enabled {
-        info.renewal_time()
+        renewal_due_at(info, min_renewal_interval)
     } else if !info.is_expired_at(now) {
-        info.not_after + time::Duration::seconds(1)
+        // A certificate expiring in the last second of year 9999 never expires for us.
+        info.not_after
+            .checked_add(time::Duration::seconds(1))
+            .unwrap_or(info.not_after)
     } else {
         return None;
     };
-    let wait = (at - now).max(time::Duration::ZERO);
-    Some(std::time::Duration::try_from(wait).unwrap_or_default())
+    Some(until(now, at))
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // test code
 mod tests {
     use super::*;
     use crate::api::ValidSpec;
@@ -244,14 +300,28 @@ mod tests {
         let spec = mk_spec(leaf_request(), true);
         let files = mk_files(&ca.issue(&spec.request).unwrap());
         assert_eq!(
-            needs_issue(&spec, &files, Some(&ca_files.cert_pem), false, now()),
+            needs_issue(
+                &spec,
+                &files,
+                Some(&ca_files.cert_pem),
+                false,
+                now(),
+                Duration::ZERO
+            ),
             None
         );
         // Hosts in another order are the same certificate.
         let mut reordered = spec.clone();
         reordered.request.hosts.reverse();
         assert_eq!(
-            needs_issue(&reordered, &files, Some(&ca_files.cert_pem), false, now()),
+            needs_issue(
+                &reordered,
+                &files,
+                Some(&ca_files.cert_pem),
+                false,
+                now(),
+                Duration::ZERO
+            ),
             None
         );
     }
@@ -264,7 +334,7 @@ mod tests {
         let files = mk_files(&issued);
         let ca_pem = Some(ca_files.cert_pem.as_str());
         let check = |spec: &ValidSpec, files: &TlsFiles, ca: Option<&str>, manual, at| {
-            needs_issue(spec, files, ca, manual, at)
+            needs_issue(spec, files, ca, manual, at, Duration::ZERO)
         };
 
         assert_eq!(
@@ -378,7 +448,7 @@ mod tests {
             let spec = mk_spec(req.clone(), false);
             let files = mk_files(&issue_self_signed(&req).unwrap());
             assert_eq!(
-                needs_issue(&spec, &files, None, false, now()),
+                needs_issue(&spec, &files, None, false, now(), Duration::ZERO),
                 None,
                 "{req:?}"
             );
@@ -408,21 +478,270 @@ mod tests {
 
         // Renewal enabled: wake at 80% (t + 80s).
         assert_eq!(
-            next_wakeup(&info, true, t + time::Duration::seconds(30)),
+            next_wakeup(&info, true, t + time::Duration::seconds(30), Duration::ZERO),
             Some(Duration::from_secs(50))
         );
         assert_eq!(
-            next_wakeup(&info, true, t + time::Duration::seconds(90)),
+            next_wakeup(&info, true, t + time::Duration::seconds(90), Duration::ZERO),
             Some(Duration::ZERO)
         );
         // Disabled: wake just after expiry, then never.
         assert_eq!(
-            next_wakeup(&info, false, t + time::Duration::seconds(30)),
+            next_wakeup(
+                &info,
+                false,
+                t + time::Duration::seconds(30),
+                Duration::ZERO
+            ),
             Some(Duration::from_secs(71))
         );
         assert_eq!(
-            next_wakeup(&info, false, t + time::Duration::seconds(200)),
+            next_wakeup(
+                &info,
+                false,
+                t + time::Duration::seconds(200),
+                Duration::ZERO
+            ),
             None
         );
+    }
+
+    fn end_of_time() -> OffsetDateTime {
+        time::macros::datetime!(9999-12-31 23:59:59 UTC)
+    }
+
+    /// RFC 5280's "no well-defined expiration", with renewal disabled: F5 crashed the operator
+    /// on `not_after + 1s`.
+    #[test]
+    fn a_certificate_expiring_at_the_end_of_time_does_not_panic() {
+        let valid_for = Duration::from_secs(86_400);
+        let req = CertificateRequest::ca("forever", valid_for);
+        let start = end_of_time() - time::Duration::seconds(86_400);
+        let issued = issue_self_signed_at(&req, start).unwrap();
+        let info = CertificateInfo::from_pem(&issued.cert_pem).unwrap();
+        assert_eq!(info.not_after, end_of_time());
+        for now in [
+            start,
+            end_of_time() - time::Duration::seconds(1),
+            end_of_time(),
+        ] {
+            let wait = next_wakeup(&info, false, now, Duration::ZERO).unwrap();
+            assert!(wait <= valid_for, "{wait:?}");
+            assert!(next_wakeup(&info, true, now, Duration::from_secs(u64::MAX)).is_some());
+        }
+        let mut spec = mk_spec(req, false);
+        spec.renewal_enabled = false;
+        let files = mk_files(&issued);
+        assert_eq!(
+            needs_issue(&spec, &files, None, false, end_of_time(), Duration::ZERO),
+            None
+        );
+        spec.renewal_enabled = true;
+        assert_eq!(
+            needs_issue(
+                &spec,
+                &files,
+                None,
+                false,
+                end_of_time(),
+                Duration::from_secs(u64::MAX)
+            ),
+            Some(IssueReason::RenewalDue),
+            "at the end of time an unrepresentable floor means no later than expiry"
+        );
+    }
+
+    /// F17: `validFor: 1` made the controller reissue every ~200 ms, forever.
+    #[test]
+    fn renewal_waits_for_the_minimum_interval_after_issuance() {
+        let req = CertificateRequest::new("tiny", Usage::Server, Duration::from_secs(1));
+        let issued = issue_self_signed(&req).unwrap();
+        let info = CertificateInfo::from_pem(&issued.cert_pem).unwrap();
+        let spec = mk_spec(req, false);
+        let files = mk_files(&issued);
+        let minute = Duration::from_secs(60);
+        let t = info.not_before;
+        for after in [1, 2, 59] {
+            let at = t + time::Duration::seconds(after);
+            assert_eq!(needs_issue(&spec, &files, None, false, at, minute), None);
+            assert_eq!(
+                next_wakeup(&info, true, at, minute),
+                Some(Duration::from_secs(60 - after.unsigned_abs()))
+            );
+        }
+        let at = t + time::Duration::seconds(60);
+        assert_eq!(
+            needs_issue(&spec, &files, None, false, at, minute),
+            Some(IssueReason::RenewalDue)
+        );
+        assert_eq!(next_wakeup(&info, true, at, minute), Some(Duration::ZERO));
+        // Other triggers are not held back by the floor.
+        assert_eq!(
+            needs_issue(&spec, &files, None, true, t, minute),
+            Some(IssueReason::ManualRenewal)
+        );
+    }
+
+    #[test]
+    fn tls_files_never_print_the_private_key() {
+        let issued = issue_self_signed(&leaf_request()).unwrap();
+        let shown = format!("{:?}", mk_files(&issued));
+        assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        assert!(shown.contains("BEGIN CERTIFICATE"), "{shown}");
+    }
+
+    mod never_panics {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// Any instant `time` can hold (years -9999..=9999), biased towards the extremes and
+        /// the present.
+        fn instant() -> impl Strategy<Value = OffsetDateTime> {
+            let min = OffsetDateTime::new_utc(time::Date::MIN, time::Time::MIDNIGHT);
+            let max = end_of_time();
+            let (lo, hi) = (min.unix_timestamp(), max.unix_timestamp());
+            let now = OffsetDateTime::now_utc().unix_timestamp();
+            prop_oneof![
+                Just(lo),
+                Just(hi),
+                (hi - 1_000)..=hi,
+                lo..=(lo + 1_000),
+                (now - 1_000_000)..(now + 1_000_000),
+                lo..=hi,
+            ]
+            .prop_flat_map(|secs| (Just(secs), 0u32..1_000_000_000))
+            .prop_map(move |(secs, nanos)| {
+                let t = OffsetDateTime::from_unix_timestamp(secs).unwrap_or(max);
+                t.replace_nanosecond(nanos).unwrap_or(t)
+            })
+        }
+
+        fn interval() -> impl Strategy<Value = Duration> {
+            prop_oneof![
+                Just(Duration::ZERO),
+                Just(Duration::MAX),
+                Just(Duration::from_secs(u64::MAX)),
+                any::<u64>().prop_map(Duration::from_secs),
+                (0u64..1_000_000).prop_map(Duration::from_secs),
+            ]
+        }
+
+        fn info(not_before: OffsetDateTime, not_after: OffsetDateTime) -> CertificateInfo {
+            CertificateInfo {
+                subject: "CN=x".into(),
+                issuer: "CN=x".into(),
+                sans: vec![],
+                serial: "01".into(),
+                key_algorithm: "ECDSA P-256".into(),
+                not_before,
+                not_after,
+                is_ca: false,
+                server_auth: true,
+                client_auth: false,
+                der: vec![],
+            }
+        }
+
+        fn at(now: OffsetDateTime, wait: Duration) -> Option<OffsetDateTime> {
+            now.checked_add(time::Duration::try_from(wait).ok()?)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+            #[test]
+            fn wakeups_readiness_and_renewal_are_total_and_consistent(
+                not_before in instant(),
+                not_after in instant(),
+                now in instant(),
+                floor in interval(),
+            ) {
+                let info = info(not_before, not_after);
+                let ready = readiness(&info, now);
+                prop_assert_eq!(
+                    ready == Readiness::Ready,
+                    not_before <= now && now <= not_after
+                );
+                let due = renewal_due_at(&info, floor);
+                // Never before 80% of the validity, never before the floor when it is
+                // representable.
+                prop_assert!(due >= info.renewal_time());
+                if let Some(floor_at) = at(not_before, floor) {
+                    prop_assert!(due >= floor_at);
+                }
+
+                let renewing = next_wakeup(&info, true, now, floor);
+                let wait = renewing.unwrap_or(Duration::MAX);
+                prop_assert!(renewing.is_some());
+                // Waking after the wait, renewal is due (or the instant is past the end of time).
+                if let Some(wake) = at(now, wait) {
+                    prop_assert!(wake >= due, "woke at {wake} before {due}");
+                }
+                if now >= due {
+                    prop_assert_eq!(wait, Duration::ZERO);
+                }
+
+                match next_wakeup(&info, false, now, floor) {
+                    None => prop_assert!(info.is_expired_at(now)),
+                    Some(wait) => {
+                        prop_assert!(!info.is_expired_at(now));
+                        if let Some(wake) = at(now, wait) {
+                            prop_assert!(wake >= not_after);
+                        }
+                    }
+                }
+                prop_assert_eq!(until(now, now), Duration::ZERO);
+                prop_assert_eq!(until(not_after.max(now), not_after.min(now)), Duration::ZERO);
+            }
+        }
+
+        /// `needs_issue` on real certificates issued at the edges of time, at any instant.
+        #[test]
+        fn needs_issue_is_total_at_the_edges_of_time() {
+            let req = CertificateRequest::new("edge", Usage::Client, Duration::from_secs(3_600));
+            let min = OffsetDateTime::new_utc(time::Date::MIN, time::Time::MIDNIGHT);
+            let starts = [
+                end_of_time() - time::Duration::seconds(3_600),
+                OffsetDateTime::UNIX_EPOCH,
+                now(),
+            ];
+            let issued: Vec<IssuedCertificate> = starts
+                .iter()
+                .map(|s| issue_self_signed_at(&req, *s).unwrap())
+                .collect();
+            let mut runner =
+                proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(300));
+            runner
+                .run(
+                    &(
+                        0..issued.len(),
+                        instant(),
+                        interval(),
+                        any::<bool>(),
+                        any::<bool>(),
+                    ),
+                    |(i, now, floor, renew, manual)| {
+                        let mut spec = mk_spec(req.clone(), false);
+                        spec.renewal_enabled = renew;
+                        let files = mk_files(&issued[i]);
+                        let reason = needs_issue(&spec, &files, None, manual, now, floor);
+                        let info = CertificateInfo::from_pem(&issued[i].cert_pem).unwrap();
+                        match reason {
+                            None => prop_assert!(!manual),
+                            Some(IssueReason::ManualRenewal) => prop_assert!(manual),
+                            Some(IssueReason::RenewalDue) => {
+                                prop_assert!(renew && !manual);
+                                prop_assert!(now >= renewal_due_at(&info, floor));
+                            }
+                            Some(other) => prop_assert!(false, "unexpected {other:?}"),
+                        }
+                        Ok(())
+                    },
+                )
+                .unwrap();
+            let _ = min;
+        }
     }
 }

@@ -7,6 +7,7 @@ pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -34,15 +35,31 @@ const CONTROLLER: &str = "certificate";
 pub use marin3r_controller::Error;
 
 /// What the controller may do.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// Certificates in these namespaces may write their Secret to, and read their CA from, any
     /// namespace (the operator's own certificates). Everywhere else both must be the
     /// certificate's own namespace, so a user cannot have the operator's CA sign for them.
     pub trusted_namespaces: BTreeSet<String>,
+    /// Time-based renewal waits at least this long after issuance, however short `validFor`
+    /// is (see [`decide::needs_issue`]).
+    pub min_renewal_interval: Duration,
     /// Where reconciles are counted.
     pub metrics: ReconcileMetrics,
 }
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            trusted_namespaces: BTreeSet::new(),
+            min_renewal_interval: DEFAULT_MIN_RENEWAL_INTERVAL,
+            metrics: ReconcileMetrics::default(),
+        }
+    }
+}
+
+/// A `validFor: 1` certificate is reissued once a minute, not five times a second.
+pub const DEFAULT_MIN_RENEWAL_INTERVAL: Duration = Duration::from_secs(60);
 
 type Context = marin3r_controller::Context<Config>;
 
@@ -158,6 +175,7 @@ async fn observe<'a>(
         ca_secret,
         secret,
         now: OffsetDateTime::now_utc(),
+        min_renewal_interval: ctx.config.min_renewal_interval,
     })
 }
 
@@ -175,10 +193,18 @@ async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<A
             },
             Ok(valid),
         ) => {
-            let issued = match &ca {
-                Some(ca) => ca.issue(&valid.request),
-                None => issue_self_signed(&valid.request),
-            };
+            // Key generation (RSA-4096 takes seconds) must not block an async worker.
+            let request = valid.request.clone();
+            let issued = tokio::task::spawn_blocking(move || match &ca {
+                Some(ca) => ca.issue(&request),
+                None => issue_self_signed(&request),
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(crate::CertError::Generation(format!(
+                    "the issuing task failed: {e}"
+                )))
+            });
             match issued {
                 Ok(issued) => {
                     write_secret(ctx, &dsc, valid, &issued, renew_request.as_deref()).await?;

@@ -10,7 +10,9 @@ use kube::ResourceExt;
 use marin3r_controller::{Note, set_condition};
 use time::OffsetDateTime;
 
-use super::decide::{IssueReason, Readiness, TlsFiles, needs_issue, next_wakeup, readiness};
+use super::decide::{
+    IssueReason, Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at,
+};
 use crate::api::{
     DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, READY_CONDITION,
     RENEW_ANNOTATION, ValidSpec,
@@ -70,6 +72,8 @@ pub struct Observed<'a> {
     /// The certificate's Secret (read only for a valid spec).
     pub secret: Option<Secret>,
     pub now: OffsetDateTime,
+    /// Time-based renewal waits at least this long after issuance.
+    pub min_renewal_interval: Duration,
 }
 
 /// What to do about one certificate.
@@ -161,7 +165,8 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .and_then(|s| s.annotations().get(RENEW_ANNOTATION).cloned());
     let manual = renew_request.is_some() && renew_request != handled;
     let issuer_pem = ca.as_ref().map(|ca| ca.cert_pem());
-    match needs_issue(valid, &files, issuer_pem, manual, obs.now) {
+    let min_renewal = obs.min_renewal_interval;
+    match needs_issue(valid, &files, issuer_pem, manual, obs.now, min_renewal) {
         None => Plan::Keep {
             cert_pem: files.cert.unwrap_or_default(),
         },
@@ -214,7 +219,9 @@ pub fn report(
     let mut status = dsc.status.clone().unwrap_or_default();
     status.not_before = Some(to_time(info.not_before));
     status.not_after = Some(to_time(info.not_after));
-    status.renewal_time = valid.renewal_enabled.then(|| to_time(info.renewal_time()));
+    status.renewal_time = valid
+        .renewal_enabled
+        .then(|| to_time(renewal_due_at(&info, obs.min_renewal_interval)));
     status.certificate_hash = Some(info.hash());
     status.last_renewal_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
     let (secret_ns, secret_name) = &valid.secret;
@@ -249,8 +256,13 @@ pub fn report(
         }
         None => Vec::new(),
     };
-    let requeue =
-        next_wakeup(&info, valid.renewal_enabled, obs.now).map(|wait| wait.max(MIN_WAKEUP));
+    let requeue = next_wakeup(
+        &info,
+        valid.renewal_enabled,
+        obs.now,
+        obs.min_renewal_interval,
+    )
+    .map(|wait| wait.max(MIN_WAKEUP));
     Outcome {
         status,
         events,
@@ -332,6 +344,7 @@ mod tests {
             ca_secret: None,
             secret,
             now: OffsetDateTime::now_utc(),
+            min_renewal_interval: Duration::from_secs(60),
         }
     }
 

@@ -32,6 +32,10 @@ pub const SERVER_CERT_HASH_LABEL: &str = "marin3r.3scale.net/server-certificate-
     version = "v1alpha1",
     kind = "DiscoveryService",
     namespaced,
+    // `ds` is the DaemonSet's short name; `mds` (marin3r discovery service) is free.
+    shortname = "mds",
+    category = "marin3r",
+    doc = "A marin3r discovery service: the operator runs its pod (xDS server over mutual TLS and the sidecar injection webhook), issues its CA, server and client certificates, and enables the namespaces it serves.",
     status = "DiscoveryServiceStatus",
     derive = "PartialEq",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
@@ -56,16 +60,20 @@ pub struct DiscoveryServiceSpec {
     /// The original MARIN3R's spelling of `pkiConfig`; `pkiConfig` wins when both are set.
     #[serde(default, rename = "pkiConfg", skip_serializing_if = "Option::is_none")]
     pub pki_confg: Option<PkiConfig>,
+    /// Port of the xDS server (gRPC over mutual TLS); default 18000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xds_server_port: Option<u16>,
+    /// Port of the metrics and health endpoints; default 8383.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_port: Option<u16>,
+    /// Port of the sidecar injection webhook (HTTPS); default 8443.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_port: Option<u16>,
     /// Namespaces enabled for injection besides those labelled
     /// `marin3r.3scale.net/discovery-service=<name>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled_namespaces: Option<Vec<String>>,
+    /// The Service in front of the discovery pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_config: Option<ServiceConfig>,
 }
@@ -73,8 +81,10 @@ pub struct DiscoveryServiceSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PkiConfig {
+    /// The CA that signs the server and client certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_certificate_authority: Option<CertificateOptions>,
+    /// The discovery pod's certificate (xDS and webhook).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_certificate: Option<CertificateOptions>,
     /// Lifetime of the sidecars' client certificates.
@@ -85,6 +95,7 @@ pub struct PkiConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CertificateOptions {
+    /// The Secret the certificate is written to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_name: Option<String>,
     /// A Go duration such as `2160h`.
@@ -101,6 +112,7 @@ pub struct ClientCertificateOptions {
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct ServiceConfig {
+    /// The Service's name (default `marin3r-<name>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// `ClusterIP` (default), `LoadBalancer` or `Headless`.
@@ -109,9 +121,11 @@ pub struct ServiceConfig {
     pub type_: Option<String>,
 }
 
+/// The discovery service's readiness, Deployment and enabled namespaces.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiscoveryServiceStatus {
+    /// `Ready`, with the reason when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Namespaces currently enabled (listed or labelled).
@@ -120,6 +134,7 @@ pub struct DiscoveryServiceStatus {
     /// The discovery Deployment's ready and desired replicas, e.g. `1/1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
+    /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
@@ -270,21 +285,8 @@ impl DiscoveryService {
     }
 }
 
-/// RFC 1123 label: what namespace and Service names must be.
-pub fn is_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
-/// RFC 1123 subdomain: what Secret and ConfigMap names must be.
-pub fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(is_dns_label)
-}
+/// Object-name rules, shared with the certificate API.
+pub use marin3r_certs::api::{is_dns_label, is_dns_subdomain};
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
     kind = "EnvoyConfig",
     namespaced,
     shortname = "ec",
+    category = "marin3r",
+    doc = "Envoy configuration for the proxies of one node id in this namespace: listeners, clusters, routes and the other xDS resources, validated, versioned into EnvoyConfigRevisions and served by the discovery service, with automatic rollback when Envoy rejects a version.",
     status = "EnvoyConfigStatus",
     derive = "PartialEq",
     derive = "Default",
@@ -102,6 +104,7 @@ pub struct EnvoyResources {
     /// `ClusterLoadAssignment`s, named by their `cluster_name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<EnvoyResource>,
+    /// `Cluster`s (CDS).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<EnvoyResource>,
     /// `RouteConfiguration`s.
@@ -110,6 +113,7 @@ pub struct EnvoyResources {
     /// `ScopedRouteConfiguration`s.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scoped_routes: Vec<EnvoyResource>,
+    /// `Listener`s (LDS).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<EnvoyResource>,
     /// Runtime layers (`envoy.service.runtime.v3.Runtime`); `runtime` is accepted as well.
@@ -174,6 +178,8 @@ impl EnvoyResources {
 /// a mismatch is an error rather than a silent choice between two names.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct EnvoyResource {
+    /// Optional; when given it must equal the resource's own name (`cluster_name` for
+    /// endpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// One resource, written in the config's `serialization`.
@@ -206,7 +212,10 @@ impl EnvoySecretResource {
 /// A Kubernetes Secret by name; the namespace defaults to the config's own.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct SecretReference {
+    /// The Secret's name.
     pub name: String,
+    /// The Secret's namespace; only the config's own is allowed unless the discovery service
+    /// permits other namespaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
 }
@@ -237,6 +246,7 @@ pub struct EnvoyConfigStatus {
 /// One entry of `status.revisions`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct ConfigRevisionRef {
+    /// The revision's version (`spec.version`).
     pub version: String,
     #[serde(rename = "ref")]
     pub revision_ref: ObjectReference,

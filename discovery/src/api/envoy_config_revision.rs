@@ -45,6 +45,8 @@ marin3r_controller::reasons! {
     kind = "EnvoyConfigRevision",
     namespaced,
     shortname = "ecr",
+    category = "marin3r",
+    doc = "One version of an EnvoyConfig's resources, owned by it and named <nodeID>-<version>. The EnvoyConfig controller decides which revision is published; the published one is served to the proxies of its node.",
     status = "EnvoyConfigRevisionStatus",
     derive = "PartialEq",
     derive = "Default",
@@ -58,6 +60,7 @@ marin3r_controller::reasons! {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigRevisionSpec {
+    /// The node id of the proxies this revision is for (their `node.id`).
     #[serde(rename = "nodeID")]
     pub node_id: String,
     /// The hash of the owning `EnvoyConfig`'s `spec.envoyResources`.
@@ -97,10 +100,14 @@ impl EnvoyConfigRevisionSpec {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigRevisionStatus {
+    /// This revision is the one served to its node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published: Option<bool>,
+    /// When it was last published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_published_at: Option<Time>,
+    /// Envoy rejected it (NACK): it is not published again while an untainted revision
+    /// exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tainted: Option<bool>,
     /// `RevisionPublished`, `RevisionTainted`, `ResourcesOutOfSync`.

@@ -16,7 +16,7 @@ use tracing::info;
 
 use crate::api::discovery_service::{DEFAULT_METRICS_PORT, DEFAULT_WEBHOOK_PORT, DEFAULT_XDS_PORT};
 use crate::controllers::{self, Readiness};
-use crate::xds::{Cache, Server, TlsFiles};
+use crate::xds::{Cache, Limits, Server, TlsFiles};
 
 #[derive(Debug, Args)]
 pub struct DiscoveryServiceArgs {
@@ -47,6 +47,44 @@ pub struct DiscoveryServiceArgs {
     /// Debug logging.
     #[arg(long)]
     debug: bool,
+    #[command(flatten)]
+    xds_limits: XdsLimitArgs,
+}
+
+/// What one proxy, or one namespace, may take of the xDS server. A stream over a limit is
+/// closed with a gRPC status naming the flag and counted in marin3r_xds_refused_streams_total.
+#[derive(Debug, Args)]
+struct XdsLimitArgs {
+    /// ADS streams open at once on one connection (Envoy opens one).
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_streams_per_connection)]
+    xds_max_streams_per_connection: u32,
+    /// ADS streams open at once for one namespace, across its connections (about one per
+    /// proxy).
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_streams_per_namespace)]
+    xds_max_streams_per_namespace: usize,
+    /// Seconds a new ADS stream may take to send its first request.
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().first_request_timeout.as_secs())]
+    xds_first_request_timeout: u64,
+    /// The largest discovery request accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_request_bytes)]
+    xds_max_request_bytes: usize,
+    /// Resource names one stream may subscribe to per resource type.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_names_per_type)]
+    xds_max_names_per_type: usize,
+}
+
+impl XdsLimitArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            max_streams_per_connection: self.xds_max_streams_per_connection.max(1),
+            max_streams_per_namespace: self.xds_max_streams_per_namespace.max(1),
+            first_request_timeout: std::time::Duration::from_secs(
+                self.xds_first_request_timeout.max(1),
+            ),
+            max_request_bytes: self.xds_max_request_bytes.max(1024),
+            max_names_per_type: self.xds_max_names_per_type.max(1),
+        }
+    }
 }
 
 impl DiscoveryServiceArgs {
@@ -90,6 +128,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let (server, nacks) = Server::builder(cache.clone())
         .control_plane_id(std::env::var("POD_NAME").unwrap_or_else(|_| "marin3r".into()))
         .registry(registry)
+        .limits(args.xds_limits.limits())
         .ready_when("EnvoyConfig controller", readiness.envoy_configs.clone())
         .ready_when(
             "EnvoyConfigRevision controller",

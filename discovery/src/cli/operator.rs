@@ -63,6 +63,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 certificates::Config {
                     trusted_namespaces: trusted.clone(),
                     metrics: metrics.clone(),
+                    ..Default::default()
                 },
                 stop.clone().cancelled_owned(),
             );

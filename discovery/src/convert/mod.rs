@@ -99,14 +99,7 @@ pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<Conv
 /// `marin3r.3scale.net/node-id` (at most 63 characters) and the start of revision names
 /// `<nodeID>-<version>` (a DNS-1123 subdomain: lowercase), so it must be both.
 pub fn node_id_problem(node_id: &str) -> Option<String> {
-    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    let chars_ok = node_id
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
-    let ok = node_id.len() <= 63
-        && chars_ok
-        && edge_ok(node_id.chars().next())
-        && edge_ok(node_id.chars().next_back());
+    let ok = node_id.len() <= 63 && marin3r_certs::api::is_dns_subdomain(node_id);
     (!ok).then(|| {
         format!(
             "{node_id:?} is not a valid node id: use at most 63 lowercase letters, digits, '-' \
@@ -200,11 +193,29 @@ fn check_secrets(resources: &EnvoyResources, errors: &mut Vec<ConversionError>) 
         } else {
             seen.insert(&secret.name, i);
         }
+        // The Secret's name and namespace go into API paths: they must be object names.
+        let name_at = if secret.secret_ref.is_some() {
+            format!("{at}.ref.name")
+        } else {
+            format!("{at}.name")
+        };
         if secret.secret_ref.is_some() && secret.secret_name().trim().is_empty() {
             errors.push(ConversionError::new(
-                format!("{at}.ref.name"),
+                name_at,
                 "must name a kubernetes.io/tls Secret",
             ));
+        } else if let Some(why) = (!secret.secret_name().trim().is_empty())
+            .then(|| marin3r_certs::api::object_name_problem(secret.secret_name()))
+            .flatten()
+        {
+            errors.push(ConversionError::new(name_at, why));
+        }
+        if let Some(why) = secret
+            .secret_namespace()
+            .filter(|ns| !ns.is_empty())
+            .and_then(marin3r_certs::api::namespace_name_problem)
+        {
+            errors.push(ConversionError::new(format!("{at}.ref.namespace"), why));
         }
     }
 }
@@ -324,5 +335,7 @@ fn hint_other_type(
     }
 }
 
+#[cfg(test)]
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;

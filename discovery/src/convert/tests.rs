@@ -710,3 +710,31 @@ fn node_ids_that_cannot_name_revisions_or_labels_are_refused() {
         );
     }
 }
+
+#[test]
+fn secret_names_that_would_escape_their_api_path_are_refused() {
+    let spec: EnvoyConfigSpec = serde_json::from_value(serde_json::json!({
+        "nodeID": "p",
+        "envoyResources": {"secrets": [
+            {"name": "../../other/secrets/token"},
+            {"name": "ok", "ref": {"name": "a/b"}},
+            {"name": "fine", "ref": {"name": "cert", "namespace": "Other_NS"}},
+            {"name": "any_sds-name", "ref": {"name": "cert"}},
+        ]}
+    }))
+    .unwrap();
+    let errors = messages(&validate_config(&spec).unwrap_err());
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    assert!(
+        errors[0].starts_with("spec.envoyResources.secrets[0].name: \"../../other"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].starts_with("spec.envoyResources.secrets[1].ref.name: \"a/b\""),
+        "{errors:?}"
+    );
+    assert!(
+        errors[2].starts_with("spec.envoyResources.secrets[2].ref.namespace: \"Other_NS\" is not a valid namespace name"),
+        "{errors:?}"
+    );
+}

@@ -199,6 +199,7 @@ impl<'a> Children<'a> {
             },
             certificate_renewal: None,
             key_algorithm: None,
+            certificate_renewal_notification: None,
         };
         let mut dsc = DiscoveryServiceCertificate::new(self.ca_name(), spec);
         dsc.metadata = self.owned_meta(self.ca_name());
@@ -233,6 +234,7 @@ impl<'a> Children<'a> {
             },
             certificate_renewal: None,
             key_algorithm: None,
+            certificate_renewal_notification: None,
         };
         let mut dsc = DiscoveryServiceCertificate::new(self.server_name(), spec);
         dsc.metadata = self.owned_meta(self.server_name());
@@ -256,6 +258,7 @@ impl<'a> Children<'a> {
             },
             certificate_renewal: None,
             key_algorithm: None,
+            certificate_renewal_notification: None,
         };
         let name = self.client_certificate_name(namespace);
         let mut dsc = DiscoveryServiceCertificate::new(&name, spec);

@@ -108,6 +108,21 @@ impl XdsServer {
 
     /// With `reload`, the server re-reads its TLS files (see [`Self::tls_dir`]) that often.
     pub fn start_with(pki: &Pki, xds_addr: SocketAddr, reload: Option<Duration>) -> Self {
+        Self::start_limited(
+            pki,
+            xds_addr,
+            reload,
+            marin3r_discovery::xds::Limits::default(),
+        )
+    }
+
+    /// With the given limits on streams and requests.
+    pub fn start_limited(
+        pki: &Pki,
+        xds_addr: SocketAddr,
+        reload: Option<Duration>,
+        limits: marin3r_discovery::xds::Limits,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &pki.server.cert_pem).unwrap();
         std::fs::write(dir.path().join("tls.key"), &pki.server.key_pem).unwrap();
@@ -125,6 +140,7 @@ impl XdsServer {
         let cache = Cache::new();
         let (server, nacks) = Server::builder(cache.clone())
             .control_plane_id("marin3r-test")
+            .limits(limits)
             .build();
         let router = server.http_router();
         let (listener, http) = rt.block_on(async {

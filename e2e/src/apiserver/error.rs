@@ -77,12 +77,42 @@ impl ApiError {
     }
 
     pub fn invalid(info: &ResourceInfo, name: &str, why: impl std::fmt::Display) -> Self {
-        Self::new(
+        Self::invalid_fields(info, name, &[why.to_string()])
+    }
+
+    /// 422 Invalid for field errors (`spec.x: Required value`), with the `causes` kubectl
+    /// prints (`The Kind "name" is invalid: field: message`).
+    pub fn invalid_fields(info: &ResourceInfo, name: &str, errors: &[String]) -> Self {
+        let why = match errors {
+            [one] => one.clone(),
+            more => format!("[{}]", more.join(", ")),
+        };
+        let causes: Vec<Value> = errors
+            .iter()
+            .map(|e| {
+                let (field, message) = e.split_once(": ").unwrap_or(("", e.as_str()));
+                let reason = [
+                    ("Required value", "FieldValueRequired"),
+                    ("Unsupported value", "FieldValueNotSupported"),
+                    ("Too long", "FieldValueTooLong"),
+                    ("Too many", "FieldValueTooMany"),
+                    ("Duplicate value", "FieldValueDuplicate"),
+                    ("Forbidden", "FieldValueForbidden"),
+                ]
+                .iter()
+                .find(|(prefix, _)| message.starts_with(prefix))
+                .map_or("FieldValueInvalid", |(_, r)| r);
+                json!({"reason": reason, "message": message, "field": field})
+            })
+            .collect();
+        let mut err = Self::new(
             422,
             "Invalid",
-            format!("{} \"{name}\" is invalid: {why}", info.kind),
-        )
-        .with_details(info, name)
+            format!("{} \"{name}\" is invalid: {why}", info.qualified_kind()),
+        );
+        err.details =
+            Some(json!({"name": name, "group": info.group, "kind": info.kind, "causes": causes}));
+        err
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {

@@ -119,18 +119,105 @@ fn not_found_path(path: &str) -> Response {
     .into_response()
 }
 
+/// Marks requests that came over the loopback plain-HTTP listener (the administrator's).
+#[derive(Debug, Clone, Copy)]
+pub struct PlainHttp;
+
+/// The verb RBAC checks for a request.
+fn verb(method: &Method, route: &Route, is_watch: bool) -> &'static str {
+    match (method.as_str(), route.name.is_some()) {
+        ("GET", _) if is_watch => "watch",
+        ("GET" | "HEAD", true) => "get",
+        ("GET" | "HEAD", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "unknown",
+    }
+}
+
+/// Who is asking, and whether they may: 401 for a bad token, 403 when RBAC denies.
+fn authorize(
+    state: &ServerState,
+    plain_http: bool,
+    headers: &HeaderMap,
+    method: &Method,
+    path: &str,
+    parsed: &Path,
+    is_watch: bool,
+) -> Result<super::rbac::User, ApiError> {
+    if plain_http {
+        return Ok(super::rbac::User::admin());
+    }
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = state.tokens.authenticate(&state.store, authorization)?;
+    let attrs = match parsed {
+        Path::Resource(route) => super::rbac::Attributes::Resource {
+            verb: verb(method, route, is_watch).into(),
+            group: route.group.clone(),
+            resource: route.resource.clone(),
+            subresource: route.subresource.clone(),
+            namespace: route.namespace.clone(),
+            name: route.name.clone(),
+        },
+        _ => super::rbac::Attributes::NonResource {
+            verb: method.as_str().to_lowercase(),
+            path: path.to_owned(),
+        },
+    };
+    if super::rbac::allowed(&state.store, &user, &attrs) {
+        Ok(user)
+    } else {
+        Err(super::rbac::forbidden(&user, &attrs))
+    }
+}
+
 /// The single entry point of the router.
 pub async fn handle(
     State(state): State<Arc<ServerState>>,
+    plain_http: Option<axum::Extension<PlainHttp>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return ApiError::new(
+                413,
+                "RequestEntityTooLarge",
+                format!(
+                    "Request entity too large: limit is {}",
+                    super::validation::MAX_REQUEST_BYTES
+                ),
+            )
+            .into_response();
+        }
+        Err(e) => return ApiError::bad_request(e.body_text()).into_response(),
+    };
     let query: HashMap<String, String> = Query::try_from_uri(&uri).map(|q| q.0).unwrap_or_default();
     let registry = state.store.registry();
     let path = uri.path();
-    match parse_path(path) {
+    let parsed = parse_path(path);
+    let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let user = match authorize(
+        &state,
+        plain_http.is_some(),
+        &headers,
+        &method,
+        path,
+        &parsed,
+        is_watch,
+    ) {
+        Ok(user) => user,
+        Err(e) => return e.into_response(),
+    };
+    match parsed {
         Path::Version => ok(&discovery::version()),
         Path::Health => (StatusCode::OK, "ok").into_response(),
         Path::CoreVersions => ok(&discovery::core_versions()),
@@ -151,7 +238,6 @@ pub async fn handle(
             else {
                 return not_found_path(path);
             };
-            let is_watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
             if let Some(delay) = state.faults.request_delay(&route.resource) {
                 tokio::time::sleep(delay).await;
             }
@@ -165,6 +251,7 @@ pub async fn handle(
             }
             let req = Request {
                 state: &state,
+                user,
                 info,
                 route,
                 query,
@@ -181,6 +268,7 @@ pub async fn handle(
 
 struct Request<'a> {
     state: &'a Arc<ServerState>,
+    user: super::rbac::User,
     info: ResourceInfo,
     route: Route,
     query: HashMap<String, String>,
@@ -396,7 +484,16 @@ impl Request<'_> {
                 meta.remove("namespace");
             }
         }
+        self.check_unknown_fields(&obj)?;
+        super::rbac::check_escalation(
+            &self.state.store,
+            &self.user,
+            &self.info,
+            self.namespace(),
+            &obj,
+        )?;
         if self.info.group.is_empty() && self.info.plural == "pods" {
+            self.admit_service_account(&mut obj)?;
             obj = super::admission::admit(
                 self.state,
                 &self.info,
@@ -415,8 +512,71 @@ impl Request<'_> {
         Ok(json_response(StatusCode::CREATED, &created))
     }
 
+    /// `fieldValidation=Strict` (kubectl's default): fields the server would drop are an
+    /// error instead, as a real server's strict decoding answers.
+    fn check_unknown_fields(&self, obj: &Value) -> Result<(), ApiError> {
+        if self.param("fieldValidation") != Some("Strict") {
+            return Ok(());
+        }
+        let unknown = super::schema::unknown_fields(self.info.schema.as_deref(), obj);
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<String> = unknown
+            .iter()
+            .map(|f| format!("unknown field {f:?}"))
+            .collect();
+        Err(ApiError::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+            list.join(", "),
+            kind = self.info.kind,
+            version = self.info.version,
+        )))
+    }
+
+    /// The ServiceAccount admission plugin: a pod runs as `default` unless it names one,
+    /// and the ServiceAccount must exist.
+    fn admit_service_account(&self, pod: &mut Value) -> Result<(), ApiError> {
+        let account = pod
+            .pointer("/spec/serviceAccountName")
+            .or_else(|| pod.pointer("/spec/serviceAccount"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .unwrap_or("default")
+            .to_owned();
+        if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.insert("serviceAccountName".into(), json!(account));
+            spec.insert("serviceAccount".into(), json!(account));
+        }
+        let registry = self.state.store.registry();
+        let exists = registry
+            .find("", "v1", "serviceaccounts")
+            .is_some_and(|sa| self.state.store.get(sa, self.namespace(), &account).is_ok());
+        if exists {
+            return Ok(());
+        }
+        let name = super::meta::name(pod);
+        let what = if name.is_empty() {
+            "pods".to_owned()
+        } else {
+            format!("pods {name:?}")
+        };
+        Err(ApiError::forbidden(format!(
+            "{what} is forbidden: error looking up service account {}/{account}: serviceaccount {account:?} not found",
+            self.namespace()
+        )))
+    }
+
     fn update(&self, name: &str, target: Target) -> Result<Response, ApiError> {
         let body = self.body_object()?;
+        self.check_unknown_fields(&body)?;
+        super::rbac::check_escalation(
+            &self.state.store,
+            &self.user,
+            &self.info,
+            self.namespace(),
+            &body,
+        )?;
         let updated = self.state.store.modify(
             &self.info,
             self.namespace(),
@@ -452,6 +612,7 @@ impl Request<'_> {
                 let applied = patch::parse_json_or_yaml(&body)
                     .map_err(|e| ApiError::bad_request(format!("invalid apply patch: {e}")))?;
                 check_applied_kind(&info, &applied)?;
+                self.check_unknown_fields(&applied)?;
                 let manager = self.param("fieldManager").ok_or_else(|| {
                     ApiError::bad_request("PATCH with apply requires the fieldManager parameter")
                 })?;
@@ -459,6 +620,55 @@ impl Request<'_> {
             }
             _ => None,
         };
+        if applied.is_some()
+            && !self.user.is_admin()
+            && self
+                .state
+                .store
+                .get(&self.info, self.namespace(), name)
+                .is_err()
+        {
+            // An apply that creates the object needs `create` too, as on a real server.
+            let attrs = super::rbac::Attributes::Resource {
+                verb: "create".into(),
+                group: self.info.group.clone(),
+                resource: self.info.plural.clone(),
+                subresource: self.route.subresource.clone(),
+                namespace: self.route.namespace.clone(),
+                name: Some(name.to_owned()),
+            };
+            if !super::rbac::allowed(&self.state.store, &self.user, &attrs) {
+                return Err(super::rbac::forbidden(&self.user, &attrs));
+            }
+        }
+        if kind == PatchKind::Merge
+            && let Ok(merge) = patch::parse_json_or_yaml(&body)
+        {
+            self.check_unknown_fields(&merge)?;
+        }
+        if self.info.group == "rbac.authorization.k8s.io" && !self.user.is_admin() {
+            // Escalation is judged on the object the patch would produce.
+            let current = self
+                .state
+                .store
+                .get(&self.info, self.namespace(), name)
+                .ok();
+            let base = current.unwrap_or_else(|| json!({}));
+            let result = match &applied {
+                Some((applied, manager)) => {
+                    super::ssa::apply(&base, applied, manager, target, &info.api_version())
+                }
+                None => patch::apply(kind, &base, &body)
+                    .map_err(|e| ApiError::invalid(&info, name, e))?,
+            };
+            super::rbac::check_escalation(
+                &self.state.store,
+                &self.user,
+                &self.info,
+                self.namespace(),
+                &result,
+            )?;
+        }
         let patched = self.state.store.modify(
             &self.info,
             self.namespace(),

@@ -107,31 +107,6 @@ pub fn now() -> String {
     )
 }
 
-/// Whether `name` is a DNS-1123 subdomain (most kinds) or label (namespaces); `None` when valid.
-pub fn name_problem(name: &str, label_only: bool) -> Option<String> {
-    let max = if label_only { 63 } else { 253 };
-    let ok_chars = name.chars().all(|c| {
-        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (!label_only && c == '.')
-    });
-    let ok_ends = name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if name.len() > max {
-        Some(format!("must be no more than {max} characters"))
-    } else if !ok_chars || !ok_ends {
-        Some(format!(
-            "a lowercase RFC 1123 {} must consist of lower case alphanumeric characters{}, and must start and end with an alphanumeric character",
-            if label_only { "label" } else { "subdomain" },
-            if label_only {
-                " or '-'"
-            } else {
-                ", '-' or '.'"
-            }
-        ))
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,14 +120,5 @@ mod tests {
             o,
             json!({"metadata": {"name": "a", "annotations": {"x": "y"}}})
         );
-    }
-
-    #[test]
-    fn names_are_checked() {
-        assert!(name_problem("web-1.example", false).is_none());
-        assert!(name_problem("web-1.example", true).is_some());
-        assert!(name_problem("Web", false).is_some());
-        assert!(name_problem("-a", false).is_some());
-        assert!(name_problem("", false).is_some());
     }
 }

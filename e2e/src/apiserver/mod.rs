@@ -1,6 +1,8 @@
 //! The local cluster's API server: the Kubernetes REST API for the kinds marin3r uses and
 //! every CRD, served over HTTPS with its own CA (and optionally plain HTTP on loopback), with
-//! admission webhooks and fault injection. Any bearer token (or none) is accepted.
+//! admission webhooks and fault injection. The admin token (`local-cluster`) may do
+//! anything; service-account tokens the kubelet mounts into pods are held to RBAC (see
+//! `rbac`); requests without a token are `system:anonymous`.
 
 mod admission;
 mod crds;
@@ -17,12 +19,15 @@ mod meta;
 mod openapi;
 mod patch;
 mod protobuf;
+mod rbac;
 mod registry;
+mod schema;
 mod selectors;
 mod ssa;
 mod store;
 mod table;
 mod tls;
+mod validation;
 mod watch;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -36,6 +41,7 @@ pub use delete::{DeleteOptions, Propagation};
 pub use error::ApiError;
 pub use faults::{FaultScope, Faults};
 pub use logs::PodLogs;
+pub use rbac::ADMIN_TOKEN;
 pub use registry::ResourceInfo;
 pub use store::Store;
 
@@ -84,6 +90,7 @@ pub(crate) struct ServerState {
     faults: Arc<Faults>,
     bookmark_interval: Duration,
     pod_logs: std::sync::RwLock<Option<Arc<dyn PodLogs>>>,
+    tokens: Arc<rbac::Tokens>,
 }
 
 /// A running API server; stops (listeners, connections, watches) when dropped.
@@ -106,11 +113,14 @@ impl ApiServer {
             faults,
             bookmark_interval: config.bookmark_interval,
             pod_logs: std::sync::RwLock::new(None),
+            tokens: Arc::new(rbac::Tokens::default()),
         });
         // Bodies up to 3 MiB, the limit of a real API server (axum's default is 2 MiB).
         let router = axum::Router::new()
             .fallback(handlers::handle)
-            .layer(axum::extract::DefaultBodyLimit::max(3 * 1024 * 1024))
+            .layer(axum::extract::DefaultBodyLimit::max(
+                validation::MAX_REQUEST_BYTES,
+            ))
             .with_state(state.clone());
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr)
@@ -136,6 +146,8 @@ impl ApiServer {
                 addr: loopback,
                 source,
             })?);
+            // Plain HTTP on loopback is the administrator's, like the old insecure port.
+            let router = router.layer(axum::Extension(handlers::PlainHttp));
             tasks.push(tokio::spawn(tls::serve(http, None, router)));
         }
         Ok(Self {
@@ -180,11 +192,24 @@ impl ApiServer {
         &self.state.store
     }
 
+    /// Issues a token for the service account `namespace/name`, as the kubelet mounts into
+    /// pods: requests with it are `system:serviceaccount:<namespace>:<name>`, held to RBAC,
+    /// and answered 401 once the ServiceAccount is gone.
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        self.state.tokens.issue(namespace, name)
+    }
+
+    /// What the kubelet calls to issue pods' tokens (keeps only the token table alive).
+    pub fn token_issuer(&self) -> impl Fn(&str, &str) -> String + Send + Sync + 'static {
+        let tokens = self.state.tokens.clone();
+        move |ns: &str, name: &str| tokens.issue(ns, name)
+    }
+
     pub fn faults(&self) -> &Faults {
         &self.state.faults
     }
 
-    /// A kubeconfig for this cluster over HTTPS (any token is accepted).
+    /// A kubeconfig for this cluster over HTTPS, as its administrator.
     pub fn kubeconfig(&self) -> String {
         tls::kubeconfig(&self.https_url(), &self.ca.cert_pem)
     }

@@ -30,6 +30,9 @@ pub struct ResourceInfo {
     /// Whether `/status` is a separate subresource (writes to one ignore the other).
     pub status: bool,
     pub columns: Vec<PrinterColumn>,
+    /// The version's `openAPIV3Schema` (custom resources only): what the server prunes,
+    /// defaults and validates objects with.
+    pub schema: Option<std::sync::Arc<Value>>,
 }
 
 impl ResourceInfo {
@@ -47,6 +50,15 @@ impl ResourceInfo {
             self.plural.clone()
         } else {
             format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `Kind.group` as Invalid errors name a kind (`Pod` for the core group).
+    pub fn qualified_kind(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
         }
     }
 
@@ -80,6 +92,7 @@ fn builtin(
         categories: Vec::new(),
         status,
         columns: Vec::new(),
+        schema: None,
     }
 }
 
@@ -294,6 +307,10 @@ pub fn from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
             categories: strings(names.get("categories")),
             status: v.pointer("/subresources/status").is_some(),
             columns,
+            schema: v
+                .pointer("/schema/openAPIV3Schema")
+                .cloned()
+                .map(std::sync::Arc::new),
         });
     }
     Ok(out)

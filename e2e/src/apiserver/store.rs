@@ -15,7 +15,9 @@ use super::events;
 use super::hooks;
 use super::meta;
 use super::registry::{Registry, ResourceInfo};
+use super::schema;
 use super::selectors::Selectors;
+use super::validation;
 
 /// How many events the history keeps before older watch versions expire.
 const HISTORY: usize = 20_000;
@@ -102,6 +104,10 @@ pub fn present(info: &ResourceInfo, obj: &Value) -> Value {
     };
     out["apiVersion"] = json!(info.api_version());
     out["kind"] = json!(info.kind);
+    // Defaults apply on read from storage too (a default added to the schema later shows).
+    if let Some(s) = &info.schema {
+        schema::default(s, &mut out);
+    }
     out
 }
 
@@ -114,6 +120,37 @@ fn generate_suffix() -> String {
         .take(5)
         .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
         .collect()
+}
+
+/// What every write goes through before it is stored: `metadata` pruned to `ObjectMeta`;
+/// custom resources pruned, defaulted and validated against their version's schema; names,
+/// labels and annotations validated. Errors are 422 Invalid naming every bad field.
+fn admit_object(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+    schema::prune_metadata(obj);
+    let mut errors = Vec::new();
+    if let Some(s) = &info.schema {
+        errors = schema::admit(s, obj);
+    }
+    errors.extend(validation::object_meta(info, obj));
+    errors.extend(validation::data_size(info, obj));
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid_fields(info, meta::name(obj), &errors))
+    }
+}
+
+/// etcd refuses objects over its request limit; the API server answers 413.
+fn check_stored_size(obj: &Value) -> Result<(), ApiError> {
+    let size = serde_json::to_vec(obj).map(|v| v.len()).unwrap_or(0);
+    if size > validation::MAX_OBJECT_BYTES {
+        return Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            "etcdserver: request is too large",
+        ));
+    }
+    Ok(())
 }
 
 /// The apiVersion objects are stored with (clients always see the one they asked for).
@@ -318,12 +355,13 @@ impl Store {
             }
             name = format!("{prefix}{}", generate_suffix());
         }
-        if let Some(problem) = meta::name_problem(&name, hooks::is_namespace(info)) {
-            return Err(ApiError::invalid(
-                info,
-                &name,
-                format!("metadata.name: Invalid value: {name:?}: {problem}"),
-            ));
+        let name_errors = validation::name(info, &name);
+        if !name_errors.is_empty() {
+            let errors: Vec<String> = name_errors
+                .iter()
+                .map(|p| format!("metadata.name: Invalid value: {name:?}: {p}"))
+                .collect();
+            return Err(ApiError::invalid_fields(info, &name, &errors));
         }
         if info.namespaced {
             if ns.is_empty() {
@@ -388,7 +426,9 @@ impl Store {
         }
         obj["apiVersion"] = json!(stored_api_version(info));
         obj["kind"] = json!(info.kind);
+        admit_object(info, &mut obj)?;
         meta::normalise(&mut obj);
+        check_stored_size(&obj)?;
         if dry_run {
             meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
             return Ok(obj);
@@ -404,6 +444,13 @@ impl Store {
             super::crds::register(inner, &obj);
         }
         self.emit(inner, info, EventType::Added, obj.clone(), None);
+        if hooks::is_namespace(info)
+            && let Some(sa) = inner.registry.find("", "v1", "serviceaccounts").cloned()
+        {
+            // The ServiceAccount controller's `default` account in every new namespace.
+            let default = json!({"metadata": {"name": "default"}});
+            self.create_locked(inner, &sa, Some(&name), default, false, false)?;
+        }
         Ok(present(info, &obj))
     }
 
@@ -537,6 +584,7 @@ impl Store {
                 meta::remove(&mut new, "managedFields");
             }
         }
+        admit_object(info, &mut new)?;
         let old_generation = old
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
@@ -555,6 +603,7 @@ impl Store {
         new["apiVersion"] = json!(stored_api_version(info));
         new["kind"] = json!(info.kind);
         meta::normalise(&mut new);
+        check_stored_size(&new)?;
         if without_apply_times(&new) == without_apply_times(old) || dry_run {
             return Ok(present(info, &new));
         }

@@ -114,8 +114,8 @@ pub async fn serve(listener: TcpListener, tls: Option<TlsAcceptor>, router: axum
     }
 }
 
-/// A kubeconfig naming one cluster, user and context `local-cluster`; the token is only
-/// there because clients want one (the server accepts any).
+/// A kubeconfig naming one cluster, user and context `local-cluster`, with the admin token
+/// (`rbac::ADMIN_TOKEN`), which RBAC never limits.
 pub fn kubeconfig(server: &str, ca_pem: &str) -> String {
     let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
     format!(

@@ -1,5 +1,5 @@
 //! xDS convergence under load: N simulated Envoys, each its own mTLS connection and ADS
-//! stream, subscribed like Envoy (CDS and LDS wildcard, EDS and RDS by name, the RTDS layer)
+//! stream (state of the world or delta, one table row per protocol), subscribed like Envoy (CDS and LDS wildcard, EDS and RDS by name, the RTDS layer)
 //! and ACKing every response; one realistic configuration (~100 KB) shared by all of them,
 //! as the replicas of one Deployment share a node id. Measures, per snapshot change, the time
 //! until each stream ACKed it (p50/p99/max over streams, and until all did), the server's CPU
@@ -24,7 +24,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::{Row, Stats, human};
-use crate::xds::client::{ClientTls, SotwStream, connect};
+use crate::xds::client::{ClientTls, DeltaStream, SotwStream, connect};
 use crate::xds::resources::realistic_config;
 
 const NAMESPACE: &str = "bench";
@@ -174,8 +174,80 @@ struct Acked {
     at: Instant,
 }
 
+/// Which ADS flavour the simulated Envoys speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Sotw,
+    Delta,
+}
+
+impl Protocol {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Sotw => "SotW",
+            Self::Delta => "delta",
+        }
+    }
+}
+
 /// Runs one simulated Envoy until its stream ends.
 async fn simulated_envoy(
+    protocol: Protocol,
+    index: usize,
+    addr: SocketAddr,
+    tls: ClientTls,
+    acks: mpsc::UnboundedSender<Acked>,
+    connecting: Arc<Semaphore>,
+) -> anyhow::Result<()> {
+    match protocol {
+        Protocol::Sotw => simulated_sotw_envoy(index, addr, tls, acks, connecting).await,
+        Protocol::Delta => simulated_delta_envoy(index, addr, tls, acks, connecting).await,
+    }
+}
+
+/// A delta client as Envoy runs one: one request per type naming what it subscribes to (an
+/// empty list is the wildcard), then an ACK (the nonce) for every response. The version it
+/// reports is the response's `system_version_info`, the type's version.
+async fn simulated_delta_envoy(
+    index: usize,
+    addr: SocketAddr,
+    tls: ClientTls,
+    acks: mpsc::UnboundedSender<Acked>,
+    connecting: Arc<Semaphore>,
+) -> anyhow::Result<()> {
+    let permit = connecting.acquire_owned().await?;
+    let channel = connect(addr, &tls).await?;
+    let mut stream = DeltaStream::open(channel, NODE, Some(&format!("pod-{index}"))).await?;
+    for (kind, names) in subscriptions() {
+        stream
+            .send(
+                envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
+                    type_url: kind.type_url().to_owned(),
+                    resource_names_subscribe: names,
+                    ..Default::default()
+                },
+            )
+            .await?;
+    }
+    drop(permit);
+    loop {
+        let Ok(resp) = stream.recv().await else {
+            return Ok(());
+        };
+        stream.ack(&resp).await?;
+        if let Some(kind) = ResourceType::from_type_url(&resp.type_url) {
+            let _ = acks.send(Acked {
+                stream: index,
+                kind,
+                version: resp.system_version_info,
+                at: Instant::now(),
+            });
+        }
+    }
+}
+
+/// A state-of-the-world client as Envoy runs one.
+async fn simulated_sotw_envoy(
     index: usize,
     addr: SocketAddr,
     tls: ClientTls,
@@ -287,7 +359,13 @@ struct RunResult {
     connect_time: Duration,
 }
 
-fn run_at(n: usize, pushes: u64, dir: &Path, tls: &ClientTls) -> anyhow::Result<RunResult> {
+fn run_at(
+    protocol: Protocol,
+    n: usize,
+    pushes: u64,
+    dir: &Path,
+    tls: &ClientTls,
+) -> anyhow::Result<RunResult> {
     let mut server = ServerProcess::start(dir)?;
     let baseline_rss = server.memory("VmRSS")?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -297,6 +375,7 @@ fn run_at(n: usize, pushes: u64, dir: &Path, tls: &ClientTls) -> anyhow::Result<
     let mut tasks = Vec::with_capacity(n);
     for i in 0..n {
         tasks.push(rt.spawn(simulated_envoy(
+            protocol,
             i,
             server.addr,
             tls.clone(),
@@ -360,7 +439,7 @@ fn fd_limit() -> usize {
 }
 
 /// Runs the benchmark at N = 100, 1,000 and 10,000 (up to `max_streams`, and when the fd
-/// limit allows); `scale` multiplies the number of pushes per N.
+/// limit allows) for each protocol; `scale` multiplies the number of pushes per N.
 pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
     let dir = tempfile::Builder::new()
         .prefix("marin3r-xds-bench-")
@@ -397,13 +476,18 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
 
     let limit = fd_limit();
     let mut rows = Vec::new();
-    for (n, base_pushes) in [(100usize, 20u64), (1_000, 10), (10_000, 3)] {
+    let runs = [Protocol::Sotw, Protocol::Delta].into_iter().flat_map(|p| {
+        [(100usize, 20u64), (1_000, 10), (10_000, 3)]
+            .into_iter()
+            .map(move |(n, pushes)| (p, n, pushes))
+    });
+    for (protocol, n, base_pushes) in runs {
         if n > max_streams {
             continue;
         }
         if n + 512 > limit {
             rows.push(Row {
-                benchmark: "xDS convergence".into(),
+                benchmark: format!("xDS convergence ({})", protocol.label()),
                 case: format!("N={n}"),
                 samples: 0,
                 result: format!("skipped: the open-file limit is {limit}"),
@@ -411,12 +495,16 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
             continue;
         }
         let pushes = ((base_pushes as f64 * scale).round() as u64).max(1);
-        let r = run_at(n, pushes, dir.path(), &tls).with_context(|| format!("N={n}"))?;
+        let r = run_at(protocol, n, pushes, dir.path(), &tls)
+            .with_context(|| format!("{} N={n}", protocol.label()))?;
         let s = Stats::of(&r.per_stream).context("no samples")?;
         let all = Stats::of(&r.all_acked).context("no samples")?;
         let cpu = r.cpu_per_push.iter().sum::<f64>() / r.cpu_per_push.len().max(1) as f64;
         rows.push(Row {
-            benchmark: "xDS convergence (SotW, mTLS, one push = routes + runtime changed)".into(),
+            benchmark: format!(
+                "xDS convergence ({}, mTLS, one push = routes + runtime changed)",
+                protocol.label()
+            ),
             case: format!(
                 "N={n}, config {} KB, {} KB pushed per stream",
                 size / 1000,

@@ -113,7 +113,31 @@ pub struct ClusterAccess {
     pub host: String,
     pub port: u16,
     pub ca_pem: String,
-    pub token: String,
+    /// Issues the token of a service account (namespace, name), mounted into each pod.
+    pub tokens: TokenSource,
+}
+
+/// What issues service-account tokens: the API server's token authority.
+#[derive(Clone)]
+pub struct TokenSource(std::sync::Arc<IssueToken>);
+
+type IssueToken = dyn Fn(&str, &str) -> String + Send + Sync;
+
+impl TokenSource {
+    pub fn new(issue: impl Fn(&str, &str) -> String + Send + Sync + 'static) -> Self {
+        Self(std::sync::Arc::new(issue))
+    }
+
+    /// A token for the service account `namespace/name`.
+    pub fn issue(&self, namespace: &str, name: &str) -> String {
+        (self.0)(namespace, name)
+    }
+}
+
+impl std::fmt::Debug for TokenSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenSource")
+    }
 }
 
 /// How a `Node` is set up.

@@ -45,6 +45,8 @@ pub(super) struct PodShared {
     pub(super) status_tx: watch::Sender<PodStatus>,
     /// Serialises volume and hosts writes between the supervisors and refreshes.
     pub(super) files: Mutex<()>,
+    /// The pod's service-account token, issued on first mount.
+    pub(super) token: std::sync::OnceLock<String>,
 }
 
 /// A Pod running on this node. Dropping it kills its processes at once and removes its
@@ -114,6 +116,7 @@ impl PodHandle {
             containers: Mutex::new(containers),
             status_tx,
             files: Mutex::new(()),
+            token: std::sync::OnceLock::new(),
         });
         shared.publish();
         let (stop_tx, _) = watch::channel(None);
@@ -326,7 +329,16 @@ impl PodShared {
             }
         }
         if let (true, Some(access)) = (self.service_account(&pod), self.node.cluster_access()) {
-            let files = volumes::service_account_files(access, &self.namespace);
+            let account = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "default".to_owned());
+            let token = self
+                .token
+                .get_or_init(|| access.tokens.issue(&self.namespace, &account));
+            let files = volumes::service_account_files(access, &self.namespace, token);
             volumes::write_atomic(&root.join(SERVICE_ACCOUNT_VOLUME), &files)
                 .map_err(|e| format!("service account volume: {e}"))?;
         }

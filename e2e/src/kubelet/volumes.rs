@@ -199,9 +199,9 @@ pub fn volume_files(
 }
 
 /// The service account folder in-cluster clients read.
-pub fn service_account_files(access: &ClusterAccess, namespace: &str) -> Files {
+pub fn service_account_files(access: &ClusterAccess, namespace: &str, token: &str) -> Files {
     [
-        ("token", access.token.as_bytes().to_vec()),
+        ("token", token.as_bytes().to_vec()),
         ("ca.crt", access.ca_pem.as_bytes().to_vec()),
         ("namespace", namespace.as_bytes().to_vec()),
     ]

@@ -311,3 +311,29 @@ pub fn apply(pod: &Value, response: &Value) -> Value {
     }
     out
 }
+
+/// A TLS stream to the server trusting only `ca_pem`, offering `alpn`: for clients that
+/// misbehave below HTTP.
+pub async fn tls_stream(
+    addr: SocketAddr,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from(HOST).unwrap(), tcp)
+        .await
+        .unwrap()
+}

@@ -1,0 +1,192 @@
+//! What one client, or one namespace, may take of the shared xDS server: streams per
+//! connection and per namespace, time to the first request, request size and subscription
+//! size. A stream over a limit is closed with a gRPC status naming the limit and counted in
+//! `marin3r_xds_refused_streams_total{limit}`; other streams, and other namespaces, go on.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelValue;
+
+/// The limits; [`Limits::default`] suits a pod serving a few thousand proxies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// ADS streams open at once on one HTTP/2 connection. Envoy opens one.
+    pub max_streams_per_connection: u32,
+    /// ADS streams open at once for one namespace, across its connections: about one per
+    /// proxy of the namespace.
+    pub max_streams_per_namespace: usize,
+    /// A stream that sends no request within this is closed.
+    pub first_request_timeout: Duration,
+    /// The largest discovery request accepted, in bytes (encoded).
+    pub max_request_bytes: usize,
+    /// Resource names one stream may subscribe to (or declare it holds) per type.
+    pub max_names_per_type: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_streams_per_connection: 16,
+            max_streams_per_namespace: 4096,
+            first_request_timeout: Duration::from_secs(10),
+            max_request_bytes: 1 << 20,
+            max_names_per_type: 10_000,
+        }
+    }
+}
+
+/// Which limit a stream went over: the `limit` label of `marin3r_xds_refused_streams_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+pub enum Limit {
+    StreamsPerConnection,
+    StreamsPerNamespace,
+    FirstRequestTimeout,
+    RequestSize,
+    NamesPerType,
+}
+
+impl Limits {
+    /// The message of the status a stream over `limit` is closed with.
+    pub(crate) fn exceeded(&self, limit: Limit) -> tonic::Status {
+        match limit {
+            Limit::StreamsPerConnection => tonic::Status::resource_exhausted(format!(
+                "more than {} ADS streams on one connection (--xds-max-streams-per-connection)",
+                self.max_streams_per_connection
+            )),
+            Limit::StreamsPerNamespace => tonic::Status::resource_exhausted(format!(
+                "more than {} ADS streams for this namespace (--xds-max-streams-per-namespace)",
+                self.max_streams_per_namespace
+            )),
+            Limit::FirstRequestTimeout => tonic::Status::deadline_exceeded(format!(
+                "no discovery request within {:?} of opening the stream (--xds-first-request-timeout)",
+                self.first_request_timeout
+            )),
+            Limit::RequestSize => tonic::Status::resource_exhausted(format!(
+                "a discovery request larger than {} bytes (--xds-max-request-bytes)",
+                self.max_request_bytes
+            )),
+            Limit::NamesPerType => tonic::Status::resource_exhausted(format!(
+                "more than {} resource names of one type on one stream (--xds-max-names-per-type)",
+                self.max_names_per_type
+            )),
+        }
+    }
+}
+
+/// Streams open on one connection; shared by the connection's requests.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionStreams(Arc<AtomicUsize>);
+
+/// Streams open per namespace.
+#[derive(Debug, Default)]
+pub(crate) struct NamespaceStreams(Mutex<HashMap<Arc<str>, usize>>);
+
+/// A stream's place in both counts, given back when it is dropped.
+#[derive(Debug)]
+pub(crate) struct StreamSlot {
+    connection: ConnectionStreams,
+    namespace: Arc<str>,
+    namespaces: Arc<NamespaceStreams>,
+}
+
+impl NamespaceStreams {
+    /// Takes a place for a new stream of `namespace` on `connection`, or names the limit.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        namespace: &Arc<str>,
+        connection: &ConnectionStreams,
+        limits: &Limits,
+    ) -> Result<StreamSlot, Limit> {
+        let per_connection =
+            usize::try_from(limits.max_streams_per_connection).unwrap_or(usize::MAX);
+        let taken = connection.0.fetch_add(1, Ordering::SeqCst);
+        if taken >= per_connection {
+            connection.0.fetch_sub(1, Ordering::SeqCst);
+            return Err(Limit::StreamsPerConnection);
+        }
+        {
+            let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let count = counts.entry(Arc::clone(namespace)).or_insert(0);
+            if *count >= limits.max_streams_per_namespace {
+                if *count == 0 {
+                    counts.remove(namespace);
+                }
+                drop(counts);
+                connection.0.fetch_sub(1, Ordering::SeqCst);
+                return Err(Limit::StreamsPerNamespace);
+            }
+            *count = count.saturating_add(1);
+        }
+        Ok(StreamSlot {
+            connection: connection.clone(),
+            namespace: Arc::clone(namespace),
+            namespaces: Arc::clone(self),
+        })
+    }
+
+    #[cfg(test)]
+    fn count(&self, namespace: &str) -> usize {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(namespace).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.connection.0.fetch_sub(1, Ordering::SeqCst);
+        let mut counts = self.namespaces.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.namespace) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.namespace);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_counted_per_connection_and_per_namespace_and_given_back() {
+        let limits = Limits {
+            max_streams_per_connection: 2,
+            max_streams_per_namespace: 3,
+            ..Limits::default()
+        };
+        let counts = Arc::new(NamespaceStreams::default());
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let (c1, c2, c3) = (
+            ConnectionStreams::default(),
+            ConnectionStreams::default(),
+            ConnectionStreams::default(),
+        );
+        let s1 = counts.open(&a, &c1, &limits).unwrap();
+        let s2 = counts.open(&a, &c1, &limits).unwrap();
+        assert_eq!(
+            counts.open(&a, &c1, &limits).unwrap_err(),
+            Limit::StreamsPerConnection
+        );
+        let s3 = counts.open(&a, &c2, &limits).unwrap();
+        assert_eq!(
+            counts.open(&a, &c2, &limits).unwrap_err(),
+            Limit::StreamsPerNamespace
+        );
+        // The refusal took nothing: c2 still has room for another namespace.
+        let other = counts.open(&b, &c2, &limits).unwrap();
+        assert_eq!((counts.count("a"), counts.count("b")), (3, 1));
+        drop(s1);
+        let s4 = counts.open(&a, &c3, &limits).unwrap();
+        drop((s2, s3, s4, other));
+        assert_eq!((counts.count("a"), counts.count("b")), (0, 0));
+        assert!(
+            counts.0.lock().unwrap().is_empty(),
+            "no entry is left behind"
+        );
+        assert_eq!(c1.0.load(Ordering::SeqCst), 0);
+    }
+}
