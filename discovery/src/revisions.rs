@@ -4,11 +4,15 @@
 
 use std::collections::BTreeSet;
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
 /// At most this many revisions are kept per `EnvoyConfig`.
 pub const MAX_REVISIONS: usize = 10;
 
-/// `status.cacheState` of an `EnvoyConfig`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether proxies get the desired version: `InSync` (they do), `Rollback` (Envoy rejected it
+/// and an older revision is served) or `RollbackFailed` (every revision was rejected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum CacheState {
     /// The desired version is published.
     InSync,

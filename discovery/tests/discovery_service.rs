@@ -10,6 +10,7 @@
 
 mod support;
 
+use marin3r_discovery::revisions::CacheState;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -164,7 +165,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         Duration::from_secs(20),
         || {
             let ec = rt.block_on(served.get("cfg")).unwrap();
-            (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
+            (ec.status.and_then(|s| s.cache_state) == Some(CacheState::InSync)).then_some(())
         },
     );
     let proxy = Proxy::start_on(
@@ -206,7 +207,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         Duration::from_secs(20),
         || {
             let ec = rt.block_on(ignored.get("cfg")).unwrap();
-            (ec.status.and_then(|s| s.cache_state).as_deref() == Some("InSync")).then_some(())
+            (ec.status.and_then(|s| s.cache_state) == Some(CacheState::InSync)).then_some(())
         },
     );
 
@@ -472,7 +473,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
         wait_for(&format!("{name} InSync"), Duration::from_secs(20), || {
             let ec = rt.block_on(configs.get(name)).unwrap();
             let status = ec.status?;
-            (status.cache_state.as_deref() == Some("InSync")
+            (status.cache_state == Some(marin3r_discovery::revisions::CacheState::InSync)
                 && version.is_none_or(|v| status.published_version.as_deref() == Some(v)))
             .then_some(())
         })

@@ -17,6 +17,7 @@ use kube::api::DeleteParams;
 use marin3r_discovery::api::envoy_config_revision::REVISION_TAINTED;
 use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_discovery::resource::ResourceType;
+use marin3r_discovery::revisions::CacheState;
 use marin3r_e2e::apiserver::FaultScope;
 use marin3r_e2e::xds::client::{ClientTls, SotwStream, connect};
 use support::free_port;
@@ -88,7 +89,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     // A config Envoy rejects: tainted with Envoy's message, rolled back, Envoy keeps v1.
     plane.apply(NS, "gw", nacked_spec(node, port, "bad"));
     let ec = plane.wait_status(NS, "gw", "the rollback", |ec| {
-        ec.status.as_ref().and_then(|s| s.cache_state.as_deref()) == Some("Rollback")
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let bad = ec.spec.envoy_resources.version();
     let status = ec.status.as_ref().unwrap();
@@ -158,7 +159,7 @@ fn with_no_good_revision_the_rollback_fails_until_the_spec_is_fixed() {
     });
     let proxy = plane.proxy(NS, "edge", AdsMode::Delta);
     let ec = plane.wait_status(NS, "edge", "RollbackFailed", |ec| {
-        ec.status.as_ref().and_then(|s| s.cache_state.as_deref()) == Some("RollbackFailed")
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::RollbackFailed)
     });
     let bad = ec.spec.envoy_resources.version();
     let status = ec.status.as_ref().unwrap();
@@ -485,7 +486,7 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
     let ec = plane.get(NS, "fleet");
     let status = ec.status.as_ref().unwrap();
     assert_eq!(status.published_version.as_deref(), Some(bad.as_str()));
-    assert_eq!(status.cache_state.as_deref(), Some("InSync"));
+    assert_eq!(status.cache_state, Some(CacheState::InSync));
     assert_eq!(plane.metric("marin3r_revision_taints_total"), 0.0);
     envoy.wait_for_body(port, "good");
 
@@ -494,7 +495,7 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
     accepting.abort();
     let second = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
     let ec = plane.wait_status(NS, "fleet", "the rollback", |ec| {
-        ec.status.as_ref().and_then(|s| s.cache_state.as_deref()) == Some("Rollback")
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let message = ec
         .status

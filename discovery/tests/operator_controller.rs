@@ -88,6 +88,7 @@ async fn start() -> Operator {
         operator::Config {
             default_image: "marin3r:test".into(),
             trusted_namespaces: trusted,
+            ..Default::default()
         },
         stop.clone().cancelled_owned(),
     ));

@@ -49,6 +49,7 @@ impl Env {
                 .collect::<BTreeSet<_>>(),
             // The renewal tests use validities of seconds.
             min_renewal_interval: Duration::from_secs(1),
+            ..Default::default()
         };
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
             let _ = stopped.await;

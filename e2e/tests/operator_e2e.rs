@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+use marin3r_discovery::revisions::CacheState;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -224,6 +225,14 @@ async fn marin3r_end_to_end() {
             .pop()
     })
     .await;
+    // Ready means its readiness probe on /healthz passed; liveness probes the same path.
+    let container = &operator.spec.as_ref().unwrap().containers[0];
+    for probe in [&container.readiness_probe, &container.liveness_probe] {
+        let path = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref()?.path.clone());
+        assert_eq!(path.as_deref(), Some("/healthz"), "{container:?}");
+    }
     // It runs the controllers because it holds the leader Lease.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), OPS);
@@ -269,6 +278,22 @@ async fn marin3r_end_to_end() {
     .await;
     let ds = dss.get(DS).await.unwrap();
     assert_eq!(ds.status.as_ref().unwrap().enabled_namespaces, ["demo"]);
+    // The operator counts and times the reconciles that got there.
+    let metrics = get(&format!("http://{}:8383/metrics", pod_ip(&operator)));
+    for controller in ["discoveryservice", "certificate"] {
+        let ok = format!(
+            r#"marin3r_controller_reconciles_total{{controller="{controller}",result="ok"}} "#
+        );
+        let count: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&ok)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {ok} in {metrics}"));
+        assert!(count > 0, "{metrics}");
+        let timed = format!(
+            r#"marin3r_controller_reconcile_duration_seconds_count{{controller="{controller}"}}"#
+        );
+        assert!(metrics.contains(&timed), "{metrics}");
+    }
     let discovery_pods = ready_pods(
         &client,
         OPS,
@@ -756,7 +781,7 @@ async fn marin3r_end_to_end() {
     let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "demo");
     until("the bad config to be rolled back", 60, || async {
         let ec = ecs.get("demo-proxy").await.ok()?;
-        (ec.status?.cache_state.as_deref() == Some("Rollback")).then_some(())
+        (ec.status?.cache_state == Some(CacheState::Rollback)).then_some(())
     })
     .await;
     assert_eq!(get(&format!("http://{ip}:8080/")), BODY);

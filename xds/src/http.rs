@@ -40,9 +40,15 @@ pub(crate) fn admin_router(status: StatusRegistry) -> axum::Router {
         .with_state(status)
 }
 
-async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+async fn metrics(State(state): State<HttpState>) -> axum::response::Response {
+    metrics_response(&state.registry)
+}
+
+/// `registry` as a `/metrics` answer (OpenMetrics text); a 500 naming the problem when it
+/// cannot be encoded.
+pub fn metrics_response(registry: &Registry) -> axum::response::Response {
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+    match prometheus_client::encoding::text::encode(&mut body, registry) {
         Ok(()) => (
             StatusCode::OK,
             [(
@@ -50,12 +56,14 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
             body,
-        ),
+        )
+            .into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             format!("encoding metrics: {e}\n"),
-        ),
+        )
+            .into_response(),
     }
 }
 

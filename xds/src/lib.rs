@@ -33,7 +33,7 @@ mod tls;
 mod wire;
 
 pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource};
-pub use http::SYNC_STATUS_PATH;
+pub use http::{SYNC_STATUS_PATH, metrics_response};
 pub use limits::{Limit, Limits};
 pub use server::{ReadinessGate, ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, SyncStatus, TypeStatus};

@@ -224,9 +224,8 @@ pub struct SecretReference {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigStatus {
-    /// `InSync`, `Rollback` or `RollbackFailed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_state: Option<String>,
+    pub cache_state: Option<crate::revisions::CacheState>,
     /// The version served to the proxies of `nodeID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_version: Option<String>,

@@ -21,6 +21,20 @@ pub const REVISION_TAINTED: &str = "RevisionTainted";
 /// Condition: the revision's resources could not be (re)loaded into the xDS cache.
 pub const RESOURCES_OUT_OF_SYNC: &str = "ResourcesOutOfSync";
 
+marin3r_controller::reasons! {
+    /// The reasons of a revision's conditions and Events. Three writers share them: the
+    /// `EnvoyConfig` controller (published or not), the revision loader and the NACK consumer.
+    pub enum RevisionReason {
+        Published,
+        Unpublished,
+        ResourcesLoaded,
+        LoadFailed,
+        SecretChanged,
+        RejectedByEnvoy,
+        RevisionTainted,
+    }
+}
+
 /// One version of an `EnvoyConfig`'s resources.
 #[derive(
     CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
@@ -119,8 +133,10 @@ impl EnvoyConfigRevision {
     /// reason `LoadFailed`), if it cannot.
     pub fn load_failure(&self) -> Option<&str> {
         self.status.as_ref()?.conditions.iter().find_map(|c| {
-            (c.type_ == RESOURCES_OUT_OF_SYNC && c.status == "True" && c.reason == "LoadFailed")
-                .then_some(c.message.as_str())
+            (c.type_ == RESOURCES_OUT_OF_SYNC
+                && c.status == "True"
+                && c.reason == RevisionReason::LoadFailed.to_string())
+            .then_some(c.message.as_str())
         })
     }
 

@@ -1,6 +1,7 @@
 //! The `marin3r` command line: argument parsing and dispatch. Every subcommand is one call
 //! into library code; this module only turns results into output and exit codes.
 
+mod admin;
 mod bootstrap;
 mod certs;
 mod crds;

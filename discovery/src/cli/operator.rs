@@ -1,11 +1,15 @@
 //! `marin3r operator`: the certificate and DiscoveryService controllers, run by the replica
-//! that holds the leader Lease, until SIGINT or SIGTERM.
+//! that holds the leader Lease, until SIGINT or SIGTERM; every replica serves `/metrics` and
+//! `/healthz`.
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 
 use anyhow::Context;
 use clap::Args;
 use marin3r_certs::controller as certificates;
+use marin3r_controller::ReconcileMetrics;
+use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::operator::{self, leader};
@@ -27,6 +31,9 @@ pub struct OperatorArgs {
     /// Run the controllers without leader election (one replica only).
     #[arg(long)]
     no_leader_election: bool,
+    /// Where to serve /metrics (the reconcile metrics) and /healthz.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8383")]
+    metrics_addr: SocketAddr,
 }
 
 const LEASE_NAME: &str = "marin3r-operator";
@@ -40,8 +47,13 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         trusted.insert(ns);
     }
     let stop = CancellationToken::new();
+    let metrics = ReconcileMetrics::default();
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let admin = super::admin::serve(args.metrics_addr, registry, stop.clone()).await?;
     let work = {
         let (client, stop, trusted) = (client.clone(), stop.clone(), trusted.clone());
+        let metrics = metrics.clone();
         async move {
             tracing::info!(
                 ?trusted,
@@ -51,6 +63,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 client.clone(),
                 certificates::Config {
                     trusted_namespaces: trusted.clone(),
+                    metrics: metrics.clone(),
                     ..Default::default()
                 },
                 stop.clone().cancelled_owned(),
@@ -60,6 +73,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 operator::Config {
                     default_image: args.discovery_service_image,
                     trusted_namespaces: trusted,
+                    metrics,
                 },
                 stop.cancelled_owned(),
             );
@@ -73,12 +87,25 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             stop.cancel();
         }
     });
-    if args.no_leader_election {
+    let result = if args.no_leader_election {
         work.await;
-        return Ok(());
-    }
-    let namespace = args
-        .leader_election_namespace
+        Ok(())
+    } else {
+        lead(client, args.leader_election_namespace, stop.clone(), work).await
+    };
+    stop.cancel();
+    admin.await??;
+    result
+}
+
+/// Runs `work` while this replica holds the leader Lease.
+async fn lead(
+    client: kube::Client,
+    namespace: Option<String>,
+    stop: CancellationToken,
+    work: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let namespace = namespace
         .context("leader election needs a namespace: set POD_NAMESPACE or --leader-election-namespace, or pass --no-leader-election")?;
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("marin3r-operator-{}", std::process::id()));

@@ -1,16 +1,11 @@
 //! Prometheus metrics of the discovery service's controllers. Labels are fixed sets (the
 //! controller, the result, the cache state), never an object name or an error text.
 
+use marin3r_controller::ReconcileMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ReconcileLabels {
-    pub controller: &'static str,
-    pub result: &'static str,
-}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StateLabels {
@@ -20,7 +15,7 @@ pub(crate) struct StateLabels {
 /// Shared by every controller; register it once with the process registry.
 #[derive(Debug, Clone, Default)]
 pub struct ControllerMetrics {
-    pub(crate) reconciles: Family<ReconcileLabels, Counter>,
+    pub(crate) reconciles: ReconcileMetrics,
     pub(crate) cache_state_changes: Family<StateLabels, Counter>,
     pub(crate) taints: Counter,
     /// NACKs that did not (yet) reach the taint threshold of their node.
@@ -31,15 +26,12 @@ pub struct ControllerMetrics {
 
 impl ControllerMetrics {
     /// Adds `marin3r_controller_reconciles_total{controller,result}`,
+    /// `marin3r_controller_reconcile_duration_seconds{controller}`,
     /// `marin3r_envoyconfig_cache_state_changes_total{state}` and
     /// `marin3r_revision_taints_total`, `marin3r_nacks_below_threshold_total` and
     /// `marin3r_nack_events_dropped_total` to `registry`.
     pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "marin3r_controller_reconciles",
-            "Reconciles by controller (envoyconfig, revision) and result (ok, error)",
-            self.reconciles.clone(),
-        );
+        self.reconciles.register(registry);
         registry.register(
             "marin3r_envoyconfig_cache_state_changes",
             "EnvoyConfigs entering a cache state (InSync, Rollback, RollbackFailed)",
@@ -60,12 +52,5 @@ impl ControllerMetrics {
             "NACK events dropped because their namespace's queue was full",
             self.nacks_dropped.clone(),
         );
-    }
-
-    pub(crate) fn reconciled(&self, controller: &'static str, ok: bool) {
-        let result = if ok { "ok" } else { "error" };
-        self.reconciles
-            .get_or_create(&ReconcileLabels { controller, result })
-            .inc();
     }
 }

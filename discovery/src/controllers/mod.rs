@@ -12,11 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Api, Client, Resource};
+use marin3r_controller::Events;
 use tokio::sync::mpsc;
-use tracing::warn;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::xds::{Cache, NackEvent};
@@ -25,13 +24,7 @@ pub use publisher::Publisher;
 
 const FIELD_MANAGER: &str = "marin3r-discovery-service";
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("serializing status: {0}")]
-    Json(#[from] serde_json::Error),
-}
+pub use marin3r_controller::Error;
 
 /// What the controllers serve.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +45,7 @@ pub struct Config {
 /// Shared by every controller.
 pub(crate) struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub events: Events,
     pub config: Config,
     pub publisher: Publisher,
     pub metrics: ControllerMetrics,
@@ -117,25 +110,6 @@ impl Context {
             },
         )
     }
-
-    pub async fn publish<K: Resource<DynamicType = ()>>(
-        &self,
-        obj: &K,
-        type_: EventType,
-        reason: &str,
-        note: &str,
-    ) {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(err) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            warn!(error = %err, "could not publish an event");
-        }
-    }
 }
 
 /// Readiness of the controllers: true once every watch has listed its objects and every
@@ -186,12 +160,8 @@ pub async fn run(
     readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: Events::new(client.clone(), FIELD_MANAGER),
         client,
         metrics: config.metrics.clone(),
         config,
@@ -221,79 +191,6 @@ pub async fn run(
     let _ = tokio::join!(ec, ecr, nack);
 }
 
-/// Sets condition `type_`, keeping its transition time unless its status flips. Returns
-/// whether its status or reason changed.
-pub(crate) fn set_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-) -> bool {
-    let value = if status { "True" } else { "False" };
-    let previous = conditions.iter().find(|c| c.type_ == type_).cloned();
-    let transition = match &previous {
-        Some(c) if c.status == value => c.last_transition_time.clone(),
-        _ => now(),
-    };
-    let changed = previous
-        .as_ref()
-        .is_none_or(|c| c.status != value || c.reason != reason);
-    let condition = Condition {
-        type_: type_.into(),
-        status: value.into(),
-        reason: reason.into(),
-        message: message.chars().take(32_000).collect(),
-        last_transition_time: transition,
-        observed_generation: generation,
-    };
-    match conditions.iter_mut().find(|c| c.type_ == type_) {
-        Some(slot) => *slot = condition,
-        None => conditions.push(condition),
-    }
-    changed
-}
-
 pub(crate) fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-/// A status as a merge patch that also removes the optional fields it leaves unset (a plain
-/// merge patch of a struct with skipped `None`s would keep their old values). The patch
-/// carries the resource version it was computed from: several writers share a revision's
-/// conditions (publisher, loader, NACK consumer), and a list in a merge patch replaces the
-/// whole list, so a write based on a stale read must fail with a conflict and be redone.
-pub(crate) fn status_patch<S: serde::Serialize>(
-    status: &S,
-    optional: &[&str],
-    resource_version: Option<&str>,
-) -> Result<serde_json::Value, Error> {
-    let mut value = serde_json::to_value(status)?;
-    if let Some(map) = value.as_object_mut() {
-        for key in optional {
-            map.entry(*key).or_insert(serde_json::Value::Null);
-        }
-    }
-    let mut patch = serde_json::json!({ "status": value });
-    if let Some(rv) = resource_version {
-        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
-    }
-    Ok(patch)
-}
-
-impl Error {
-    /// A write lost a race with another writer; retry soon with a fresh read.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Self::Kube(kube::Error::Api(e)) if e.code == 409)
-    }
-}
-
-/// How long a failed reconcile waits: a conflict is retried at once, anything else later.
-pub(crate) fn retry_after(err: &Error) -> std::time::Duration {
-    if err.is_conflict() {
-        std::time::Duration::from_millis(100)
-    } else {
-        std::time::Duration::from_secs(5)
-    }
 }

@@ -12,16 +12,15 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
+use marin3r_controller::{Note, patch_status, set_condition, status_patch};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::{Context, Error, set_condition, status_patch};
+use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
-use crate::api::envoy_config_revision::REVISION_TAINTED;
+use crate::api::envoy_config_revision::{REVISION_TAINTED, RevisionReason};
 use crate::xds::NackEvent;
 
 /// How many NACK events wait per namespace; more are dropped (and counted), which only
@@ -176,24 +175,17 @@ async fn taint(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
         &mut status.conditions,
         REVISION_TAINTED,
         true,
-        "RejectedByEnvoy",
+        RevisionReason::RejectedByEnvoy,
         &message,
         revision.metadata.generation,
+        &super::now(),
     );
-    api.patch_status(
-        &revision.name_any(),
-        &PatchParams::apply(super::FIELD_MANAGER),
-        &Patch::Merge(status_patch(
-            &status,
-            &[],
-            revision.metadata.resource_version.as_deref(),
-        )?),
-    )
-    .await?;
+    let patch = status_patch(&status, &[], revision.metadata.resource_version.as_deref())?;
+    patch_status(&api, &revision.name_any(), patch, super::FIELD_MANAGER).await?;
     info!(revision = %revision.name_any(), namespace = %nack.namespace, %message, "tainted");
     ctx.metrics.taints.inc();
-    ctx.publish(&revision, EventType::Warning, "RevisionTainted", &message)
-        .await;
+    let note = Note::warning(RevisionReason::RevisionTainted, message);
+    ctx.events.publish(&revision, &note).await;
     Ok(())
 }
 

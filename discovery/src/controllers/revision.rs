@@ -10,21 +10,23 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
+use marin3r_controller::{Note, patch_status, set_condition, status_patch};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
-use super::{Context, Error, set_condition, status_patch};
+use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use crate::api::envoy_config_revision::RESOURCES_OUT_OF_SYNC;
+use crate::api::envoy_config_revision::{
+    EnvoyConfigRevisionStatus, RESOURCES_OUT_OF_SYNC, RevisionReason,
+};
 use crate::convert;
 use crate::resource::ResourceType;
 use crate::xds::{NodeKey, Snapshot};
@@ -32,6 +34,8 @@ use crate::xds::{NodeKey, Snapshot};
 /// How long to wait before loading a revision again whose Secret is missing or unusable (a
 /// Secret created later also triggers it at once, through the Secret watch).
 const LOAD_RETRY: Duration = Duration::from_secs(15);
+/// The controller's name in metrics and logs.
+const CONTROLLER: &str = "revision";
 
 pub(crate) async fn run(
     ctx: Arc<Context>,
@@ -49,20 +53,10 @@ pub(crate) async fn run(
     let secrets = tokio::spawn(watch_secrets(Arc::clone(&ctx), store.clone(), triggers_tx));
     tokio::spawn(mark_loaded(Arc::clone(&ctx), store.clone(), ready));
     let controller = ctx.watch_namespaces(controller);
-    controller
-        .reconcile_on(ReceiverStream::new(triggers))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, Arc::clone(&ctx))
-        .for_each(|result| {
-            ctx.metrics.reconciled("revision", result.is_ok());
-            async move {
-                match result {
-                    Ok((obj, _)) => debug!(revision = %obj, "reconciled"),
-                    Err(err) => debug!(error = %err, "reconcile failed"),
-                }
-            }
-        })
-        .await;
+    // Secret changes reach the controller through `triggers` (see `watch_secrets`).
+    let controller = controller.reconcile_on(ReceiverStream::new(triggers));
+    let metrics = ctx.metrics.reconciles.clone();
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
     deletions.abort();
     secrets.abort();
 }
@@ -127,6 +121,7 @@ async fn watch_secrets(
         Api::<Namespace>::all(ctx.client.clone()),
         watcher::Config::default().labels(&selector),
     )
+    .default_backoff()
     .boxed();
     let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let mut listed: BTreeSet<String> = BTreeSet::new();
@@ -173,8 +168,8 @@ async fn watch_secrets(
                 }
             }
             Err(e) => {
+                // The watcher backs off by itself (`default_backoff`).
                 debug!(error = %e, "namespace watch failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }
     }
@@ -201,7 +196,6 @@ async fn watch_secrets_in(
             Ok(Event::Init | Event::InitDone) => continue,
             Err(e) => {
                 debug!(error = %e, "secret watch failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
@@ -216,8 +210,8 @@ async fn watch_secrets_in(
                 if let Err(e) = mark_out_of_sync(&ctx, &r, &message).await {
                     debug!(revision = %r.name_any(), error = %e, "could not mark the revision out of sync");
                 }
-                ctx.publish(&*r, EventType::Normal, "SecretChanged", &message)
-                    .await;
+                let note = Note::normal(RevisionReason::SecretChanged, message);
+                ctx.events.publish(&*r, &note).await;
             }
             if triggers.send(ObjectRef::from_obj(&*r)).await.is_err() {
                 return;
@@ -242,17 +236,13 @@ async fn mark_out_of_sync(
         &mut status.conditions,
         RESOURCES_OUT_OF_SYNC,
         true,
-        "SecretChanged",
+        RevisionReason::SecretChanged,
         message,
         fresh.metadata.generation,
+        &super::now(),
     );
     let patch = status_patch(&status, &[], fresh.metadata.resource_version.as_deref())?;
-    api.patch_status(
-        &fresh.name_any(),
-        &PatchParams::apply(super::FIELD_MANAGER),
-        &Patch::Merge(patch),
-    )
-    .await?;
+    patch_status(&api, &fresh.name_any(), patch, super::FIELD_MANAGER).await?;
     Ok(())
 }
 
@@ -269,15 +259,6 @@ fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)
 
 fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
     NodeKey::new(r.namespace().unwrap_or_default(), r.spec.node_id.clone())
-}
-
-fn error_policy(r: Arc<EnvoyConfigRevision>, err: &Error, _: Arc<Context>) -> Action {
-    if err.is_conflict() {
-        debug!(revision = %r.name_any(), error = %err, "write conflict; retrying");
-    } else {
-        warn!(revision = %r.name_any(), namespace = ?r.namespace(), error = %err, "reconcile failed; retrying");
-    }
-    Action::requeue(super::retry_after(err))
 }
 
 async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -301,129 +282,151 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         ctx.mark_attempted(&uid);
         return Ok(Action::await_change());
     }
-    let mut status = r.status.clone().unwrap_or_default();
-    let generation = r.metadata.generation;
-    let mut failure = None;
-    let action = match load(&r, &ctx).await? {
+    let secrets = observe_secrets(&r, &ctx).await?;
+    let loaded = snapshot_for(&r, &secrets, ctx.config.allow_cross_namespace_secrets);
+    let action = match &loaded {
         Ok((snapshot, secrets_version)) => {
-            // The cached object may be stale: a rollback unpublishes this revision and
-            // publishes another in two writes, and reconciles of the two run concurrently.
-            // Loading a revision that is no longer published would replace its successor.
-            let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
-            let fresh = api.get_opt(&name).await?;
-            if fresh.as_ref().is_none_or(|f| {
-                f.uid() != r.uid() || !f.is_published() || f.metadata.deletion_timestamp.is_some()
-            }) {
+            if !still_published(&r, &ctx).await? {
                 debug!(revision = %name, "no longer published; not loaded");
                 return Ok(Action::await_change());
             }
             if ctx
                 .publisher
-                .load(&key, &name, &uid, &r.spec.version, snapshot)
+                .load(&key, &name, &uid, &r.spec.version, snapshot.clone())
             {
                 info!(revision = %name, node = %key, secrets = %secrets_version, "loaded into the xDS cache");
             }
-            set_condition(
-                &mut status.conditions,
-                RESOURCES_OUT_OF_SYNC,
-                false,
-                "ResourcesLoaded",
-                &format!(
-                    "served to node {} (secrets version {secrets_version})",
-                    r.spec.node_id
-                ),
-                generation,
-            );
             Action::await_change()
         }
         Err(message) => {
             // What was served stays served: a missing Secret must not take a proxy's
             // configuration away.
-            if set_condition(
-                &mut status.conditions,
-                RESOURCES_OUT_OF_SYNC,
-                true,
-                "LoadFailed",
-                &message,
-                generation,
-            ) {
-                failure = Some(message.clone());
-            }
             warn!(revision = %name, %message, "cannot load revision");
             Action::requeue(LOAD_RETRY)
         }
     };
+    let (status, failure) = load_status(&r, &loaded);
     if r.status.as_ref() != Some(&status) {
         let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
         let patch = status_patch(&status, &[], r.metadata.resource_version.as_deref())?;
-        api.patch_status(
-            &name,
-            &PatchParams::apply(super::FIELD_MANAGER),
-            &Patch::Merge(patch),
-        )
-        .await?;
+        patch_status(&api, &name, patch, super::FIELD_MANAGER).await?;
     }
     // Loaded, or its status says why not (the write above succeeded).
     ctx.mark_attempted(&uid);
     // After the write, which fails on a stale read: one event per new problem.
-    if let Some(message) = failure {
-        ctx.publish(&*r, EventType::Warning, "LoadFailed", &message)
-            .await;
+    if let Some(note) = failure {
+        ctx.events.publish(&*r, &note).await;
     }
     Ok(action)
 }
 
-/// The revision's snapshot and its secrets version (`<version>-<hash of the loaded
-/// secrets>`), or why it cannot be served.
-async fn load(
+/// Whether the revision is still published, read fresh. The cached object may be stale: a
+/// rollback unpublishes this revision and publishes another in two writes, and reconciles of
+/// the two run concurrently. Loading a revision that is no longer published would replace
+/// its successor.
+async fn still_published(r: &EnvoyConfigRevision, ctx: &Context) -> Result<bool, Error> {
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &r.namespace().unwrap_or_default());
+    let fresh = api.get_opt(&r.name_any()).await?;
+    Ok(fresh.is_some_and(|f| {
+        f.uid() == r.uid() && f.is_published() && f.metadata.deletion_timestamp.is_none()
+    }))
+}
+
+/// The `ResourcesOutOfSync` condition after a load, and a Warning when the problem is new.
+fn load_status(
+    r: &EnvoyConfigRevision,
+    loaded: &Result<(Snapshot, String), String>,
+) -> (EnvoyConfigRevisionStatus, Option<Note>) {
+    let mut status = r.status.clone().unwrap_or_default();
+    let (out_of_sync, reason, message) = match loaded {
+        Ok((_, secrets_version)) => (
+            false,
+            RevisionReason::ResourcesLoaded,
+            format!(
+                "served to node {} (secrets version {secrets_version})",
+                r.spec.node_id
+            ),
+        ),
+        Err(message) => (true, RevisionReason::LoadFailed, message.clone()),
+    };
+    let changed = set_condition(
+        &mut status.conditions,
+        RESOURCES_OUT_OF_SYNC,
+        out_of_sync,
+        reason,
+        &message,
+        r.metadata.generation,
+        &super::now(),
+    );
+    let failure = (changed && out_of_sync).then(|| Note::warning(reason, message));
+    (status, failure)
+}
+
+/// Reads every Secret the revision references and may reference (None: not found).
+async fn observe_secrets(
     r: &EnvoyConfigRevision,
     ctx: &Context,
-) -> Result<Result<(Snapshot, String), String>, Error> {
-    let mut resources = match convert::validate_config(&r.spec.config()) {
-        Ok(resources) => resources,
-        Err(errors) => {
-            let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            return Ok(Err(format!("invalid resources: {}", all.join("; "))));
-        }
-    };
+) -> Result<Vec<Option<Secret>>, Error> {
+    let own = r.namespace().unwrap_or_default();
+    let mut secrets = Vec::new();
+    for (ns, name) in secret_refs(r) {
+        let allowed = ns == own || ctx.config.allow_cross_namespace_secrets;
+        let secret = match allowed {
+            true => {
+                Api::<Secret>::namespaced(ctx.client.clone(), &ns)
+                    .get_opt(&name)
+                    .await?
+            }
+            false => None,
+        };
+        secrets.push(secret);
+    }
+    Ok(secrets)
+}
+
+/// The revision's snapshot and its secrets version (`<version>-<hash of the loaded
+/// secrets>`), or why it cannot be served. `secrets` are the referenced Secrets, in order.
+fn snapshot_for(
+    r: &EnvoyConfigRevision,
+    secrets: &[Option<Secret>],
+    allow_cross_namespace_secrets: bool,
+) -> Result<(Snapshot, String), String> {
+    let mut resources = convert::validate_config(&r.spec.config()).map_err(|errors| {
+        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        format!("invalid resources: {}", all.join("; "))
+    })?;
     let own = r.namespace().unwrap_or_default();
     let mut hasher = Sha256::new();
-    for (i, s) in r.spec.envoy_resources.secrets.iter().enumerate() {
-        let ns = s.secret_namespace().unwrap_or(&own).to_owned();
-        let secret_name = s.secret_name();
+    let refs = r.spec.envoy_resources.secrets.iter().zip(secret_refs(r));
+    for (i, ((s, (ns, secret_name)), secret)) in refs.zip(secrets).enumerate() {
         let path = format!("spec.envoyResources.secrets[{i}]");
-        if ns != own && !ctx.config.allow_cross_namespace_secrets {
-            return Ok(Err(format!(
-                "{path}.ref: Secret {ns}/{} is in another namespace; only Secrets of namespace {own} may be referenced",
-                secret_name
-            )));
+        if ns != own && !allow_cross_namespace_secrets {
+            return Err(format!(
+                "{path}.ref: Secret {ns}/{secret_name} is in another namespace; only Secrets of namespace {own} may be referenced"
+            ));
         }
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-        let Some(secret) = api.get_opt(secret_name).await? else {
-            return Ok(Err(format!(
-                "{path}.ref: Secret {ns}/{} not found",
-                secret_name
-            )));
+        let Some(secret) = secret else {
+            return Err(format!("{path}.ref: Secret {ns}/{secret_name} not found"));
         };
         if secret.type_.as_deref() != Some("kubernetes.io/tls") {
-            return Ok(Err(format!(
-                "{path}.ref: Secret {ns}/{} is of type {:?}, not kubernetes.io/tls",
-                secret_name,
+            return Err(format!(
+                "{path}.ref: Secret {ns}/{secret_name} is of type {:?}, not kubernetes.io/tls",
                 secret.type_.as_deref().unwrap_or("Opaque")
-            )));
+            ));
         }
-        let data = secret.data.unwrap_or_default();
-        let field = |k: &str| data.get(k).map(|b| b.0.clone()).unwrap_or_default();
-        let (cert, key) = (field("tls.crt"), field("tls.key"));
-        match convert::tls_secret(&s.name, &cert, &key) {
-            Ok(resource) => {
-                hasher.update(&resource.body);
-                resources.push(resource);
-            }
-            Err(e) => {
-                return Ok(Err(format!("{path}.ref: Secret {ns}/{}: {e}", secret_name)));
-            }
-        }
+        let field = |k: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(k))
+                .map(|b| b.0.clone())
+                .unwrap_or_default()
+        };
+        let resource = convert::tls_secret(&s.name, &field("tls.crt"), &field("tls.key"))
+            .map_err(|e| format!("{path}.ref: Secret {ns}/{secret_name}: {e}"))?;
+        hasher.update(&resource.body);
+        resources.push(resource);
     }
     let secrets_hash: String = hasher
         .finalize()
@@ -432,15 +435,13 @@ async fn load(
         .map(|b| format!("{b:02x}"))
         .collect();
     let secrets_version = format!("{}-{secrets_hash}", r.spec.version);
-    match Snapshot::new(resources) {
-        // Envoy sees the SDS version as `<revision>-<hash of the secrets>` (SPEC §2.4): it
-        // changes with the revision and whenever a referenced Secret does.
-        Ok(snapshot) => Ok(Ok((
-            snapshot.with_version(ResourceType::Secret, secrets_version.clone()),
-            secrets_version,
-        ))),
-        Err(e) => Ok(Err(e.to_string())),
-    }
+    // Envoy sees the SDS version as `<revision>-<hash of the secrets>` (SPEC §2.4): it
+    // changes with the revision and whenever a referenced Secret does.
+    let snapshot = Snapshot::new(resources).map_err(|e| e.to_string())?;
+    Ok((
+        snapshot.with_version(ResourceType::Secret, secrets_version.clone()),
+        secrets_version,
+    ))
 }
 
 /// Deleted revisions are not reconciled by the controller (it only sees objects that exist),
@@ -449,7 +450,9 @@ async fn load(
 /// missed while the watch was down is not served forever.
 async fn watch_deletions(ctx: Arc<Context>) {
     let api = Api::<EnvoyConfigRevision>::all(ctx.client.clone());
-    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     let mut listed: BTreeSet<(String, String)> = BTreeSet::new();
     while let Some(event) = events.next().await {
         match event {
@@ -475,10 +478,7 @@ async fn watch_deletions(ctx: Arc<Context>) {
                 }
             }
             Ok(Event::Apply(_)) => {}
-            Err(e) => {
-                debug!(error = %e, "revision watch failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
+            Err(e) => debug!(error = %e, "revision watch failed; retrying"),
         }
     }
 }

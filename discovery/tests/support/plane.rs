@@ -2,6 +2,7 @@
 //! one runtime, for the EnvoyConfig tests, with helpers to write specs and check what Envoy
 //! serves.
 
+use marin3r_discovery::revisions::CacheState;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -203,7 +204,7 @@ impl Plane {
         self.wait_status(ns, name, "InSync", |ec| {
             let version = ec.spec.envoy_resources.version();
             ec.status.as_ref().is_some_and(|s| {
-                s.cache_state.as_deref() == Some("InSync")
+                s.cache_state == Some(CacheState::InSync)
                     && s.published_version.as_deref() == Some(version.as_str())
             })
         })

@@ -5,6 +5,7 @@
 pub mod commands;
 pub mod narrate;
 
+use marin3r_discovery::revisions::CacheState;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -266,7 +267,7 @@ impl Demo {
                 let nack = wait_for("cacheState Rollback", t, || async {
                     let ec = configs.get(NODE_ID).await?;
                     let status = ec.status.unwrap_or_default();
-                    Ok((status.cache_state.as_deref() == Some("Rollback"))
+                    Ok((status.cache_state == Some(CacheState::Rollback))
                         .then(|| status.last_nack_message.unwrap_or_default()))
                 })
                 .await?;
@@ -423,11 +424,11 @@ async fn namespace_enabled(client: &kube::Client, name: &str) -> anyhow::Result<
 fn in_sync_version(ec: &EnvoyConfig) -> anyhow::Result<Option<String>> {
     let status = ec.status.clone().unwrap_or_default();
     match (
-        status.cache_state.as_deref(),
+        status.cache_state,
         &status.published_version,
         &status.desired_version,
     ) {
-        (Some("InSync"), Some(p), Some(d)) if p == d => Ok(Some(p.clone())),
+        (Some(CacheState::InSync), Some(p), Some(d)) if p == d => Ok(Some(p.clone())),
         (state, p, d) => {
             bail!("cacheState {state:?}, published {p:?}, desired {d:?}")
         }
@@ -519,7 +520,7 @@ mod tests {
         assert!(in_sync_version(&ec).is_err());
         ec.status = Some(Default::default());
         let status = ec.status.as_mut().unwrap();
-        status.cache_state = Some("InSync".into());
+        status.cache_state = Some(CacheState::InSync);
         status.published_version = Some("v1".into());
         status.desired_version = Some("v1".into());
         assert_eq!(in_sync_version(&ec).unwrap().as_deref(), Some("v1"));

@@ -1,0 +1,49 @@
+//! The shape every marin3r controller shares: observe what it needs, decide with a pure
+//! function what the world should look like (children, status, Events, when to look again),
+//! act on that plan. This crate holds the acting half that would otherwise be written once per
+//! controller: typed condition reasons, conditions that keep their transition time, Events,
+//! server-side apply, status patches, the error policy and the reconcile metrics.
+
+mod act;
+mod condition;
+mod event;
+mod metrics;
+mod policy;
+
+pub use act::{apply, delete_ignoring_missing, patch_status, status_patch};
+pub use condition::{Reason, set_condition};
+pub use event::{Context, Events, Note};
+pub use metrics::ReconcileMetrics;
+pub use policy::{Conflict, Error, drain, error_policy, is_conflict, retry_after, run};
+
+/// Declares an enum of condition or Event reasons, each published as its variant's name.
+///
+/// ```
+/// marin3r_controller::reasons! {
+///     /// Why a thing is (not) ready.
+///     pub enum Why { Ready, NotFound }
+/// }
+/// use marin3r_controller::Reason;
+/// assert_eq!(Why::NotFound.as_str(), "NotFound");
+/// assert_eq!(Why::Ready.to_string(), "Ready");
+/// ```
+#[macro_export]
+macro_rules! reasons {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$vmeta:meta])* $variant:ident),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        $vis enum $name { $($(#[$vmeta])* $variant),* }
+
+        impl $crate::Reason for $name {
+            fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => stringify!($variant)),* }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str($crate::Reason::as_str(*self))
+            }
+        }
+    };
+}

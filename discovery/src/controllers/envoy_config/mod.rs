@@ -1,0 +1,270 @@
+//! The `EnvoyConfig` controller: validates the spec, keeps one owned `EnvoyConfigRevision`
+//! per version (at most ten), runs the revision algorithm (`crate::revisions::plan`) with the
+//! revisions Envoy tainted, marks the chosen one published and writes the status.
+
+pub mod plan;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use kube::api::{ListParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
+use tracing::info;
+
+use super::{Context, Error};
+use crate::api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigSpec};
+use crate::revisions::CacheState;
+use plan::{Observed, Outcome, Plan, Publish};
+
+pub const CACHE_OUT_OF_SYNC: &str = "CacheOutOfSync";
+pub const ROLLBACK_FAILED: &str = "RollbackFailed";
+/// The controller's name in metrics and logs.
+const CONTROLLER: &str = "envoyconfig";
+
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    ready: Arc<AtomicBool>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let controller = Controller::new(
+        Api::<EnvoyConfig>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<EnvoyConfigRevision>::all(client),
+        watcher::Config::default(),
+    );
+    let store = controller.store();
+    tokio::spawn(super::mark_ready(store.clone(), ready));
+    let controller = ctx.watch_namespaces(controller);
+    let metrics = ctx.metrics.reconciles.clone();
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+}
+
+/// Why a spec cannot be published: every problem, each naming its field path.
+pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) -> Vec<String> {
+    let mut out: Vec<String> = match crate::convert::validate_config(spec) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    };
+    for (i, secret) in spec.envoy_resources.secrets.iter().enumerate() {
+        if let Some(ns) = secret.secret_namespace()
+            && ns != namespace
+            && !cross_namespace
+        {
+            out.push(format!(
+                "spec.envoyResources.secrets[{i}].ref.namespace: Secret {ns}/{} is in another \
+                 namespace; only Secrets of namespace {namespace} may be referenced",
+                secret.secret_name()
+            ));
+        }
+    }
+    out
+}
+
+/// The name of the revision of `node_id` at `version`.
+pub fn revision_name(node_id: &str, version: &str) -> String {
+    format!("{node_id}-{version}")
+}
+
+async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = ec.namespace().unwrap_or_default();
+    if ec.meta().deletion_timestamp.is_some() || !ctx.serves(&ns).await? {
+        return Ok(Action::await_change());
+    }
+    let obs = observe(&ec, &ctx).await?;
+    let outcome = match plan::decide(&obs) {
+        Plan::Invalid(outcome) => outcome,
+        Plan::Publish(plan) => publish(&ctx, &obs, *plan).await?,
+    };
+    // The status write fails on a stale read, so Events follow only a real change.
+    write_status(&ctx, &ec, &outcome.status).await?;
+    if let Some(state) = outcome.state_change {
+        report_state(&ctx, &ec, &outcome, state);
+    }
+    ctx.events.publish_all(&*ec, &outcome.events).await;
+    Ok(Action::await_change())
+}
+
+/// Reads the revisions the config owns.
+async fn observe<'a>(ec: &'a EnvoyConfig, ctx: &Context) -> Result<Observed<'a>, Error> {
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    let uid = ec.uid().unwrap_or_default();
+    let revisions = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+        .collect();
+    Ok(Observed {
+        ec,
+        allow_cross_namespace_secrets: ctx.config.allow_cross_namespace_secrets,
+        revisions,
+        now: super::now(),
+    })
+}
+
+/// Deletes stale revisions, creates the desired one, publishes the chosen one before
+/// unpublishing the others (so the node is never left without a revision), deletes the ones
+/// over the limit, and reports.
+async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Outcome, Error> {
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &obs.ec.namespace().unwrap_or_default());
+    for name in &plan.stale {
+        delete(&api, name).await?;
+    }
+    let mut mine = plan.mine;
+    if let Some(revision) = &plan.create {
+        mine.push(create_revision(&api, revision).await?);
+    }
+    let algorithm = &plan.algorithm;
+    let published = mine.iter().filter(|r| r.spec.version == algorithm.publish);
+    let unpublished = mine.iter().filter(|r| {
+        r.spec.version != algorithm.publish && !algorithm.delete.contains(&r.spec.version)
+    });
+    for (revision, value) in published
+        .map(|r| (r, true))
+        .chain(unpublished.map(|r| (r, false)))
+    {
+        if let Some(status) = plan::publication(revision, value, &obs.now) {
+            let patch = status_patch(&status, &[], revision.metadata.resource_version.as_deref())?;
+            patch_status(&api, &revision.name_any(), patch, super::FIELD_MANAGER).await?;
+        }
+    }
+    for version in &algorithm.delete {
+        delete(&api, &revision_name(&obs.ec.spec.node_id, version)).await?;
+    }
+    Ok(plan::report(obs, algorithm, &mine))
+}
+
+fn report_state(ctx: &Context, ec: &EnvoyConfig, outcome: &Outcome, state: CacheState) {
+    let state = state.as_str();
+    let published = outcome
+        .status
+        .published_version
+        .as_deref()
+        .unwrap_or_default();
+    info!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), %published, %state, "cache state changed");
+    ctx.metrics
+        .cache_state_changes
+        .get_or_create(&super::metrics::StateLabels { state })
+        .inc();
+}
+
+async fn create_revision(
+    api: &Api<EnvoyConfigRevision>,
+    revision: &EnvoyConfigRevision,
+) -> Result<EnvoyConfigRevision, Error> {
+    let name = revision.name_any();
+    match api.create(&PostParams::default(), revision).await {
+        Ok(created) => {
+            info!(revision = %name, "created revision");
+            Ok(created)
+        }
+        // Left over by a config of the same name deleted a moment ago, or made by hand.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(api.get(&name).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn delete(api: &Api<EnvoyConfigRevision>, name: &str) -> Result<(), Error> {
+    if delete_ignoring_missing(api, name).await? {
+        info!(revision = %name, "deleted revision");
+    }
+    Ok(())
+}
+
+async fn write_status(
+    ctx: &Context,
+    ec: &EnvoyConfig,
+    status: &crate::api::EnvoyConfigStatus,
+) -> Result<(), Error> {
+    if ec.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let api: Api<EnvoyConfig> =
+        Api::namespaced(ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    let patch = status_patch(
+        status,
+        &["cacheState", "publishedVersion", "lastNackMessage"],
+        ec.metadata.resource_version.as_deref(),
+    )?;
+    patch_status(&api, &ec.name_any(), patch, super::FIELD_MANAGER).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EnvoySecretResource, SecretReference};
+
+    #[test]
+    fn cross_namespace_secrets_are_refused_unless_allowed() {
+        let mut spec = EnvoyConfigSpec {
+            node_id: "n".into(),
+            ..Default::default()
+        };
+        spec.envoy_resources.secrets.push(EnvoySecretResource {
+            name: "cert".into(),
+            secret_ref: Some(SecretReference {
+                name: "s".into(),
+                namespace: Some("other".into()),
+            }),
+        });
+        let p = problems(&spec, "mine", false);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("spec.envoyResources.secrets[0].ref.namespace:"),
+            "{p:?}"
+        );
+        assert!(problems(&spec, "mine", true).is_empty());
+        spec.envoy_resources.secrets[0]
+            .secret_ref
+            .as_mut()
+            .unwrap()
+            .namespace = Some("mine".into());
+        assert!(problems(&spec, "mine", false).is_empty());
+    }
+
+    #[test]
+    fn the_cache_condition_says_what_is_served_and_why() {
+        use plan::cache_condition;
+        let (out, reason, msg) = cache_condition(CacheState::InSync, "b", "b", None);
+        assert_eq!(
+            (out, reason.to_string().as_str(), msg.as_str()),
+            (false, "InSync", "version b is published")
+        );
+        let (out, reason, msg) =
+            cache_condition(CacheState::Rollback, "b", "a", Some("router must be last"));
+        assert_eq!((out, reason.to_string().as_str()), (true, "Rollback"));
+        assert_eq!(
+            msg,
+            "Envoy rejected version b; rolled back to version a: router must be last"
+        );
+        let (out, reason, msg) = cache_condition(CacheState::RollbackFailed, "b", "b", Some("x"));
+        assert_eq!((out, reason.to_string().as_str()), (true, "RollbackFailed"));
+        assert!(msg.ends_with("until the spec is fixed: x"), "{msg}");
+    }
+
+    #[test]
+    fn versions_follow_the_resources_only() {
+        let mut a = EnvoyConfigSpec::default();
+        let b = EnvoyConfigSpec {
+            node_id: "other".into(),
+            ..Default::default()
+        };
+        assert_eq!(a.envoy_resources.version(), b.envoy_resources.version());
+        a.envoy_resources.listeners.push(crate::api::EnvoyResource {
+            name: None,
+            value: "{}".into(),
+        });
+        assert_ne!(a.envoy_resources.version(), b.envoy_resources.version());
+        assert_eq!(a.envoy_resources.version().len(), 10);
+    }
+}

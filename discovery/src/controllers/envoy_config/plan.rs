@@ -1,0 +1,328 @@
+//! The `EnvoyConfig` controller's decisions, pure: from the config and its revisions to the
+//! revisions to create, (un)publish and delete (the revision algorithm,
+//! `crate::revisions::plan`), and from the revisions then to the status and Events.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Resource, ResourceExt};
+use marin3r_controller::{Note, set_condition};
+
+use super::{CACHE_OUT_OF_SYNC, ROLLBACK_FAILED, problems, revision_name};
+use crate::api::envoy_config_revision::{
+    NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
+};
+use crate::api::{
+    ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
+    EnvoyConfigRevisionStatus, EnvoyConfigStatus,
+};
+use crate::revisions::{self, CacheState, MAX_REVISIONS};
+
+marin3r_controller::reasons! {
+    /// The reasons of an `EnvoyConfig`'s conditions and Events.
+    pub enum Reason {
+        InvalidSpec,
+        InSync,
+        Rollback,
+        RollbackFailed,
+        ResourcesOutOfSync,
+        AllRevisionsTainted,
+        UntaintedRevisionPublished,
+    }
+}
+
+impl From<CacheState> for Reason {
+    fn from(state: CacheState) -> Self {
+        match state {
+            CacheState::InSync => Self::InSync,
+            CacheState::Rollback => Self::Rollback,
+            CacheState::RollbackFailed => Self::RollbackFailed,
+        }
+    }
+}
+
+/// What the controller read for one config.
+pub struct Observed<'a> {
+    pub ec: &'a EnvoyConfig,
+    pub allow_cross_namespace_secrets: bool,
+    /// The revisions it owns.
+    pub revisions: Vec<EnvoyConfigRevision>,
+    pub now: Time,
+}
+
+/// What to do about one config.
+pub enum Plan {
+    /// The spec cannot be published: report why.
+    Invalid(Outcome),
+    Publish(Box<Publish>),
+}
+
+pub struct Publish {
+    /// Revisions of a node id the config no longer has: not served to anyone.
+    pub stale: Vec<String>,
+    /// The revisions of its node id.
+    pub mine: Vec<EnvoyConfigRevision>,
+    /// The revision of the desired version, when it has none yet.
+    pub create: Option<EnvoyConfigRevision>,
+    pub algorithm: revisions::Plan,
+}
+
+/// What to write after acting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: EnvoyConfigStatus,
+    pub events: Vec<Note>,
+    /// The cache state, when it changed.
+    pub state_change: Option<CacheState>,
+}
+
+pub fn decide(obs: &Observed<'_>) -> Plan {
+    let ec = obs.ec;
+    let ns = ec.namespace().unwrap_or_default();
+    let version = ec.spec.envoy_resources.version();
+    let problems = problems(&ec.spec, &ns, obs.allow_cross_namespace_secrets);
+    if !problems.is_empty() {
+        return Plan::Invalid(invalid(obs, &version, &problems));
+    }
+    let (mine, stale): (Vec<_>, Vec<_>) = obs
+        .revisions
+        .iter()
+        .cloned()
+        .partition(|r| r.spec.node_id == ec.spec.node_id);
+    let existing: BTreeSet<String> = mine.iter().map(|r| r.spec.version.clone()).collect();
+    let tainted: BTreeSet<String> = mine
+        .iter()
+        .filter(|r| r.is_tainted())
+        .map(|r| r.spec.version.clone())
+        .collect();
+    let current: Vec<String> = ec
+        .status
+        .iter()
+        .flat_map(|s| &s.revisions)
+        .map(|r| r.version.clone())
+        .collect();
+    let algorithm = revisions::plan(&current, &existing, &version, &tainted, MAX_REVISIONS);
+    Plan::Publish(Box::new(Publish {
+        stale: stale.iter().map(ResourceExt::name_any).collect(),
+        create: algorithm.create.then(|| new_revision(ec, &version)),
+        mine,
+        algorithm,
+    }))
+}
+
+fn invalid(obs: &Observed<'_>, version: &str, problems: &[String]) -> Outcome {
+    let ec = obs.ec;
+    let mut status = ec.status.clone().unwrap_or_default();
+    status.desired_version = Some(version.to_owned());
+    let message = format!(
+        "version {version} is invalid and was not published: {}",
+        problems.join("; ")
+    );
+    let changed = set_condition(
+        &mut status.conditions,
+        CACHE_OUT_OF_SYNC,
+        true,
+        Reason::InvalidSpec,
+        &message,
+        ec.metadata.generation,
+        &obs.now,
+    );
+    Outcome {
+        status,
+        events: changed
+            .then(|| Note::warning(Reason::InvalidSpec, message))
+            .into_iter()
+            .collect(),
+        state_change: None,
+    }
+}
+
+/// The revision of `version`, owned by the config.
+fn new_revision(ec: &EnvoyConfig, version: &str) -> EnvoyConfigRevision {
+    let name = revision_name(&ec.spec.node_id, version);
+    let mut revision =
+        EnvoyConfigRevision::new(&name, EnvoyConfigRevisionSpec::of(&ec.spec, version));
+    revision.metadata.namespace = ec.namespace();
+    revision.metadata.labels = Some(
+        [
+            (NODE_ID_LABEL.to_owned(), ec.spec.node_id.clone()),
+            (VERSION_LABEL.to_owned(), version.to_owned()),
+        ]
+        .into(),
+    );
+    revision.metadata.owner_references = ec.controller_owner_ref(&()).map(|o| vec![o]);
+    revision
+}
+
+/// A revision's status once (un)published; None when it already says so.
+pub fn publication(
+    revision: &EnvoyConfigRevision,
+    published: bool,
+    now: &Time,
+) -> Option<EnvoyConfigRevisionStatus> {
+    let mut status = revision.status.clone().unwrap_or_default();
+    let has_condition = status.conditions.iter().any(|c| {
+        c.type_ == REVISION_PUBLISHED && c.status == if published { "True" } else { "False" }
+    });
+    if status.published == Some(published) && has_condition {
+        return None;
+    }
+    status.published = Some(published);
+    if published {
+        status.last_published_at = Some(now.clone());
+    }
+    let (reason, message) = if published {
+        (
+            RevisionReason::Published,
+            "this revision is served to its node",
+        )
+    } else {
+        (
+            RevisionReason::Unpublished,
+            "another revision is served to its node",
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        REVISION_PUBLISHED,
+        published,
+        reason,
+        message,
+        revision.metadata.generation,
+        now,
+    );
+    Some(status)
+}
+
+/// The status after publishing: the revisions in order, the cache state and why, and an
+/// Event when the cache state changed. `mine` are the revisions of its node id, created
+/// ones included.
+pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRevision]) -> Outcome {
+    let ec = obs.ec;
+    let generation = ec.metadata.generation;
+    let version = ec.spec.envoy_resources.version();
+    let mut status = ec.status.clone().unwrap_or_default();
+    let previous_state = status.cache_state;
+    status.desired_version = Some(version.clone());
+    status.revisions = plan
+        .revisions
+        .iter()
+        .map(|v| ConfigRevisionRef {
+            version: v.clone(),
+            revision_ref: revision_ref(ec, mine, v),
+        })
+        .collect();
+    status.published_version = Some(plan.publish.clone());
+    status.cache_state = Some(plan.cache_state);
+    let nack = mine
+        .iter()
+        .find(|r| r.spec.version == version)
+        .and_then(|r| r.taint_message().map(str::to_owned));
+    let (out_of_sync, reason, message) = served_condition(plan, mine, &version, nack.as_deref());
+    let set = |status: &mut EnvoyConfigStatus, type_, value, reason, message: &str| {
+        set_condition(
+            &mut status.conditions,
+            type_,
+            value,
+            reason,
+            message,
+            generation,
+            &obs.now,
+        )
+    };
+    set(
+        &mut status,
+        CACHE_OUT_OF_SYNC,
+        out_of_sync,
+        reason,
+        &message,
+    );
+    let failed = plan.cache_state == CacheState::RollbackFailed;
+    let (reason, why) = if failed {
+        (
+            Reason::AllRevisionsTainted,
+            "every revision was rejected by Envoy".to_owned(),
+        )
+    } else {
+        (
+            Reason::UntaintedRevisionPublished,
+            format!("version {} is untainted", plan.publish),
+        )
+    };
+    set(&mut status, ROLLBACK_FAILED, failed, reason, &why);
+    status.last_nack_message = nack;
+    let changed = previous_state != Some(plan.cache_state);
+    let events = if !changed {
+        Vec::new()
+    } else if plan.cache_state == CacheState::InSync {
+        vec![Note::normal(Reason::from(plan.cache_state), message)]
+    } else {
+        vec![Note::warning(Reason::from(plan.cache_state), message)]
+    };
+    Outcome {
+        status,
+        events,
+        state_change: changed.then_some(plan.cache_state),
+    }
+}
+
+/// The `CacheOutOfSync` condition: the cache state's, unless the published revision cannot
+/// be loaded (then it is not what proxies get either).
+fn served_condition(
+    plan: &revisions::Plan,
+    mine: &[EnvoyConfigRevision],
+    desired: &str,
+    nack: Option<&str>,
+) -> (bool, Reason, String) {
+    let published = mine.iter().find(|r| r.spec.version == plan.publish);
+    match published.and_then(|r| r.load_failure()) {
+        Some(why) => (
+            true,
+            Reason::ResourcesOutOfSync,
+            format!(
+                "version {} is published but cannot be served: {why}",
+                plan.publish
+            ),
+        ),
+        None => cache_condition(plan.cache_state, desired, &plan.publish, nack),
+    }
+}
+
+/// The `CacheOutOfSync` condition (status, reason, message) for a cache state: why the
+/// desired version is not what proxies get, with Envoy's words when it rejected it.
+pub fn cache_condition(
+    state: CacheState,
+    desired: &str,
+    published: &str,
+    nack: Option<&str>,
+) -> (bool, Reason, String) {
+    let why = nack.map(|m| format!(": {m}")).unwrap_or_default();
+    let message = match state {
+        CacheState::InSync => format!("version {desired} is published"),
+        CacheState::Rollback => {
+            format!("Envoy rejected version {desired}; rolled back to version {published}{why}")
+        }
+        CacheState::RollbackFailed => format!(
+            "Envoy rejected version {desired} and no earlier revision is untainted; it stays \
+             published until the spec is fixed{why}"
+        ),
+    };
+    (state != CacheState::InSync, Reason::from(state), message)
+}
+
+fn revision_ref(
+    ec: &EnvoyConfig,
+    revisions: &[EnvoyConfigRevision],
+    version: &str,
+) -> ObjectReference {
+    let found = revisions.iter().find(|r| r.spec.version == version);
+    ObjectReference {
+        api_version: Some(EnvoyConfigRevision::api_version(&()).into_owned()),
+        kind: Some(EnvoyConfigRevision::kind(&()).into_owned()),
+        name: Some(revision_name(&ec.spec.node_id, version)),
+        namespace: ec.namespace(),
+        uid: found.and_then(|r| r.uid()),
+        ..Default::default()
+    }
+}

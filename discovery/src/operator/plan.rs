@@ -1,0 +1,455 @@
+//! The `DiscoveryService` controller's decisions, pure: from the discovery service, the
+//! Namespaces and its client certificates to the children to apply, and from what applying
+//! them returned to the status, the Events and when to look again. Two children depend on
+//! what others became (the webhook trusts the issued CA; the Deployment rolls with the
+//! server certificate's hash), so acting happens in two steps with [`dependents`] between.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_controller::{Note, set_condition};
+use serde_json::Value;
+
+use super::Config;
+use super::build::{CLIENT_NAMESPACE_LABEL, Children};
+use super::namespaces;
+use crate::api::discovery_service::{DiscoveryService, DiscoveryServiceStatus, Resolved};
+
+const READY: &str = "Ready";
+/// How soon to look again while something is not ready yet (changes to owned objects
+/// usually wake the controller sooner).
+const NOT_READY_RETRY: Duration = Duration::from_secs(10);
+/// How often a ready discovery service is looked at anyway.
+const READY_RESYNC: Duration = Duration::from_secs(300);
+
+marin3r_controller::reasons! {
+    /// The reasons of the Ready condition and of the discovery service's Events.
+    pub enum Reason {
+        Ready,
+        InvalidSpec,
+        UntrustedNamespace,
+        CertificatesNotReady,
+        DeploymentNotReady,
+        NamespaceEnabled,
+        NamespaceDisabled,
+    }
+}
+
+impl Reason {
+    /// Progress towards ready is Normal; a problem only a user can fix is a Warning.
+    fn is_progress(self) -> bool {
+        matches!(
+            self,
+            Self::Ready | Self::CertificatesNotReady | Self::DeploymentNotReady
+        )
+    }
+}
+
+/// Why the discovery service is not ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotReady {
+    pub reason: Reason,
+    pub message: String,
+}
+
+/// What the controller read for one discovery service.
+pub struct Observed<'a> {
+    pub ds: &'a DiscoveryService,
+    /// The resolved spec, or why it cannot be served ([`check`]).
+    pub spec: Result<Resolved, NotReady>,
+    /// Every Namespace (read only for a spec that passes).
+    pub namespaces: Vec<Namespace>,
+    /// The client certificates this discovery service has now (idem).
+    pub clients: Vec<DiscoveryServiceCertificate>,
+    pub now: Time,
+}
+
+/// What to do about one discovery service.
+pub enum Plan<'a> {
+    NotReady(NotReady),
+    Apply(Box<Apply<'a>>),
+}
+
+/// The children that depend only on the spec and the Namespaces.
+pub struct Apply<'a> {
+    pub children: Children<'a>,
+    pub ca: DiscoveryServiceCertificate,
+    pub server: DiscoveryServiceCertificate,
+    pub service_account: ServiceAccount,
+    pub cluster_role: ClusterRole,
+    pub cluster_role_binding: ClusterRoleBinding,
+    pub service: Service,
+    /// Merge patches to Namespaces, by name.
+    pub namespace_patches: BTreeMap<String, Value>,
+    /// Per served namespace: its client certificate and sidecar bootstrap.
+    pub clients: Vec<(String, DiscoveryServiceCertificate, ConfigMap)>,
+    /// Namespaces no longer served, whose client certificate and bootstrap go.
+    pub leaving: Vec<String>,
+    pub enabled: Vec<String>,
+    /// Listed in the spec but not in the cluster.
+    pub missing: Vec<String>,
+    pub events: Vec<Note>,
+}
+
+/// What applying the first children returned.
+pub struct Applied {
+    pub ca: DiscoveryServiceCertificate,
+    pub server: DiscoveryServiceCertificate,
+    /// Per served namespace, whether its client certificate is ready.
+    pub clients_ready: BTreeMap<String, bool>,
+    /// The issued CA certificate (PEM), from its Secret.
+    pub ca_pem: Option<String>,
+}
+
+/// What to write after acting.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: DiscoveryServiceStatus,
+    pub events: Vec<Note>,
+    pub requeue: Option<Duration>,
+}
+
+/// Checks the name and the spec, and that the discovery service lives where it may issue
+/// client certificates into other namespaces.
+pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotReady> {
+    let ns = ds.namespace().unwrap_or_default();
+    // The name is a label value on every child and in the webhook's namespace selector.
+    let name = ds.name_any();
+    let invalid = |message| NotReady {
+        reason: Reason::InvalidSpec,
+        message,
+    };
+    if name.len() > 63 {
+        return Err(invalid(format!(
+            "metadata.name {name:?} is longer than 63 characters; it is used as a label value"
+        )));
+    }
+    let resolved = ds.resolve(&config.default_image).map_err(invalid)?;
+    if !config.trusted_namespaces.contains(&ns) {
+        let trusted: Vec<&str> = config
+            .trusted_namespaces
+            .iter()
+            .map(String::as_str)
+            .collect();
+        return Err(NotReady {
+            reason: Reason::UntrustedNamespace,
+            message: format!(
+                "namespace {ns} is not one of the operator's trusted namespaces ({}), so it may not issue client certificates into other namespaces; create the DiscoveryService in one of them or add --trusted-namespace={ns} to the operator",
+                trusted.join(", ")
+            ),
+        });
+    }
+    Ok(resolved)
+}
+
+/// The children to apply, the Namespaces to patch and the namespaces to leave.
+pub fn decide<'a>(obs: &'a Observed<'a>) -> Plan<'a> {
+    let resolved = match &obs.spec {
+        Ok(resolved) => resolved,
+        Err(not_ready) => return Plan::NotReady(not_ready.clone()),
+    };
+    let ds = obs.ds;
+    let children = Children::new(ds, resolved);
+    let owner = format!("{}/{}", children.namespace(), ds.name_any());
+    let served: BTreeSet<String> = obs
+        .clients
+        .iter()
+        .filter_map(|c| c.labels().get(CLIENT_NAMESPACE_LABEL).cloned())
+        .collect();
+    let ns_plan = namespaces::plan(
+        &ds.name_any(),
+        &owner,
+        &resolved.enabled_namespaces,
+        &obs.namespaces,
+        &served,
+    );
+    let mut clients = Vec::new();
+    let mut events = Vec::new();
+    for target in &ns_plan.enabled {
+        let config_map = match children.bootstrap_config_map(target) {
+            Ok(cm) => cm,
+            Err(e) => {
+                return Plan::NotReady(NotReady {
+                    reason: Reason::InvalidSpec,
+                    message: format!("cannot render the sidecar bootstrap: {e}"),
+                });
+            }
+        };
+        clients.push((
+            target.clone(),
+            children.client_certificate(target),
+            config_map,
+        ));
+        if !served.contains(target) {
+            events.push(Note::normal(
+                Reason::NamespaceEnabled,
+                format!(
+                    "serving namespace {target}: client certificate, bootstrap and Secret access created"
+                ),
+            ));
+        }
+    }
+    for target in &ns_plan.leaving {
+        events.push(Note::normal(
+            Reason::NamespaceDisabled,
+            format!(
+                "no longer serving namespace {target}: client certificate, bootstrap and Secret access removed"
+            ),
+        ));
+    }
+    Plan::Apply(Box::new(Apply {
+        ca: children.ca_certificate(),
+        server: children.server_certificate(),
+        service_account: children.service_account(),
+        cluster_role: children.cluster_role(),
+        cluster_role_binding: children.cluster_role_binding(),
+        service: children.service(),
+        children,
+        namespace_patches: ns_plan.patches,
+        clients,
+        leaving: ns_plan.leaving,
+        enabled: ns_plan.enabled,
+        missing: ns_plan.missing,
+        events,
+    }))
+}
+
+/// The webhook configuration, once the CA is issued, and the Deployment, once the server
+/// certificate is (it rolls whenever that certificate changes).
+pub fn dependents(
+    plan: &Apply<'_>,
+    applied: &Applied,
+) -> (Option<MutatingWebhookConfiguration>, Option<Deployment>) {
+    let webhook = applied
+        .ca_pem
+        .as_deref()
+        .map(|pem| plan.children.webhook_configuration(pem));
+    let deployment = server_hash(applied).map(|hash| plan.children.deployment(hash));
+    (webhook, deployment)
+}
+
+fn server_hash(applied: &Applied) -> Option<&str> {
+    applied
+        .server
+        .status
+        .as_ref()
+        .and_then(|s| s.certificate_hash.as_deref())
+}
+
+pub fn certificate_ready(dsc: &DiscoveryServiceCertificate) -> bool {
+    dsc.status.as_ref().and_then(|s| s.ready) == Some(true)
+}
+
+/// Readiness once everything is applied: certificates first, then the rollout.
+pub fn report(
+    obs: &Observed<'_>,
+    plan: &Apply<'_>,
+    applied: &Applied,
+    deployment: Option<&Deployment>,
+) -> Outcome {
+    let mut status = obs.ds.status.clone().unwrap_or_default();
+    status.enabled_namespaces = plan.enabled.clone();
+    let (rolled_out, summary) = deployment_state(deployment);
+    status.deployment = summary;
+    let children = &plan.children;
+    let pending: Vec<&str> = applied
+        .clients_ready
+        .iter()
+        .filter(|(_, ready)| !**ready)
+        .map(|(ns, _)| ns.as_str())
+        .collect();
+    let waiting = |message: String| {
+        Err(NotReady {
+            reason: Reason::CertificatesNotReady,
+            message,
+        })
+    };
+    let result = if !certificate_ready(&applied.ca) || applied.ca_pem.is_none() {
+        waiting(format!(
+            "waiting for the CA certificate {}",
+            children.ca_name()
+        ))
+    } else if !certificate_ready(&applied.server) || server_hash(applied).is_none() {
+        waiting(format!(
+            "waiting for the server certificate {}",
+            children.server_name()
+        ))
+    } else if !pending.is_empty() {
+        waiting(format!(
+            "waiting for the client certificates of namespaces {}",
+            pending.join(", ")
+        ))
+    } else if !rolled_out {
+        Err(NotReady {
+            reason: Reason::DeploymentNotReady,
+            message: format!(
+                "Deployment {} is rolling out or has no ready pod ({})",
+                children.owned_name(),
+                status.deployment.as_deref().unwrap_or("0/1")
+            ),
+        })
+    } else {
+        Ok(())
+    };
+    let mut outcome = finish(obs, status, result, &plan.missing);
+    let mut events = plan.events.clone();
+    events.append(&mut outcome.events);
+    outcome.events = events;
+    outcome
+}
+
+/// The status of a discovery service that cannot be applied.
+pub fn not_ready(obs: &Observed<'_>, not_ready: NotReady) -> Outcome {
+    let status = obs.ds.status.clone().unwrap_or_default();
+    finish(obs, status, Err(not_ready), &[])
+}
+
+/// Sets the Ready condition; an Event when readiness or its reason changes.
+fn finish(
+    obs: &Observed<'_>,
+    mut status: DiscoveryServiceStatus,
+    result: Result<(), NotReady>,
+    missing: &[String],
+) -> Outcome {
+    let (reason, mut message) = match &result {
+        Ok(()) => (
+            Reason::Ready,
+            "the discovery service is deployed and every certificate is ready".to_owned(),
+        ),
+        Err(n) => (n.reason, n.message.clone()),
+    };
+    if !missing.is_empty() {
+        message.push_str(&format!(
+            "; listed namespaces not found: {}",
+            missing.join(", ")
+        ));
+    }
+    let generation = obs.ds.metadata.generation;
+    let ready = result.is_ok();
+    let changed = set_condition(
+        &mut status.conditions,
+        READY,
+        ready,
+        reason,
+        &message,
+        generation,
+        &obs.now,
+    );
+    status.observed_generation = generation;
+    let events = if !changed {
+        Vec::new()
+    } else if reason.is_progress() {
+        vec![Note::normal(reason, message)]
+    } else {
+        vec![Note::warning(reason, message)]
+    };
+    let requeue = match result {
+        Ok(()) => Some(READY_RESYNC),
+        // Only a change by a user fixes these.
+        Err(n) if !n.reason.is_progress() => None,
+        Err(_) => Some(NOT_READY_RETRY),
+    };
+    Outcome {
+        status,
+        events,
+        requeue,
+    }
+}
+
+/// Whether the Deployment has rolled out its current template with every replica ready,
+/// and `ready/desired` for status.
+fn deployment_state(deployment: Option<&Deployment>) -> (bool, Option<String>) {
+    let Some(d) = deployment else {
+        return (false, None);
+    };
+    let desired = d.spec.replicas.unwrap_or(1);
+    let Some(status) = &d.status else {
+        return (false, Some(format!("0/{desired}")));
+    };
+    let ready = status.ready_replicas.unwrap_or(0);
+    let observed = status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0);
+    let updated = status.updated_replicas.unwrap_or(0) >= desired;
+    let available = status.available_replicas.unwrap_or(0) >= desired;
+    let rolled_out = observed && updated && available && ready >= desired;
+    (rolled_out, Some(format!("{ready}/{desired}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::events::EventType;
+
+    fn ds() -> DiscoveryService {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+            "kind": "DiscoveryService",
+            "metadata": {"name": "instance", "namespace": "elsewhere", "generation": 2},
+            "spec": {},
+        }))
+        .unwrap()
+    }
+
+    fn observe<'a>(ds: &'a DiscoveryService, config: &Config) -> Observed<'a> {
+        Observed {
+            ds,
+            spec: check(ds, config),
+            namespaces: Vec::new(),
+            clients: Vec::new(),
+            now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn a_problem_only_a_user_can_fix_warns_once_and_waits_for_a_change() {
+        let ds = ds();
+        let config = Config {
+            trusted_namespaces: ["ops".to_owned()].into(),
+            ..Default::default()
+        };
+        let obs = observe(&ds, &config);
+        let Plan::NotReady(why) = decide(&obs) else {
+            panic!("an untrusted namespace must not be applied")
+        };
+        assert_eq!(why.reason, Reason::UntrustedNamespace);
+        let outcome = not_ready(&obs, why.clone());
+        assert_eq!(outcome.requeue, None);
+        assert_eq!(outcome.events.len(), 1);
+        assert_eq!(outcome.events[0].type_, EventType::Warning);
+        assert_eq!(outcome.status.conditions[0].reason, "UntrustedNamespace");
+        let mut seen = ds.clone();
+        seen.status = Some(outcome.status);
+        assert!(not_ready(&observe(&seen, &config), why).events.is_empty());
+    }
+
+    #[test]
+    fn progress_is_normal_and_looked_at_again_soon() {
+        let ds = ds();
+        let config = Config {
+            trusted_namespaces: ["elsewhere".to_owned()].into(),
+            ..Default::default()
+        };
+        let obs = observe(&ds, &config);
+        let waiting = NotReady {
+            reason: Reason::CertificatesNotReady,
+            message: "waiting".into(),
+        };
+        let outcome = finish(&obs, Default::default(), Err(waiting), &["gone".to_owned()]);
+        assert_eq!(outcome.requeue, Some(NOT_READY_RETRY));
+        assert_eq!(outcome.events[0].type_, EventType::Normal);
+        assert_eq!(
+            outcome.events[0].message,
+            "waiting; listed namespaces not found: gone"
+        );
+        let ready = finish(&obs, Default::default(), Ok(()), &[]);
+        assert_eq!(ready.requeue, Some(READY_RESYNC));
+        assert_eq!(ready.status.conditions[0].status, "True");
+        assert_eq!(ready.status.observed_generation, Some(2));
+    }
+}
