@@ -224,43 +224,9 @@ fn resolve(r: &SecretReference, namespace: &str, field: &str) -> Result<(String,
     Ok((ns.unwrap_or_else(|| namespace.to_owned()), r.name.clone()))
 }
 
-/// RFC 1123 label: what namespace and Service names must be (at most 63 lowercase letters,
-/// digits and '-', alphanumeric at both ends).
-pub fn is_dns_label(s: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars().all(|c| alnum(c) || c == '-')
-        && s.starts_with(alnum)
-        && s.ends_with(alnum)
-}
-
-/// RFC 1123 subdomain: what Secret and ConfigMap names must be.
-pub fn is_dns_subdomain(name: &str) -> bool {
-    name.len() <= 253 && name.split('.').all(is_dns_label)
-}
-
-/// Why `name` cannot name a Secret (or most other objects), if it cannot: a DNS-1123
-/// subdomain, as the API server requires. Names reach API paths as they are (kube does not
-/// escape them), so `../` or `/` in one must never get that far.
-pub fn object_name_problem(name: &str) -> Option<String> {
-    (!is_dns_subdomain(name)).then(|| {
-        format!(
-            "{name:?} is not a valid object name: at most 253 lowercase letters, digits, '-' \
-             and '.', each dot-separated part starting and ending with a letter or digit"
-        )
-    })
-}
-
-/// Why `name` cannot name a namespace, if it cannot: a DNS-1123 label.
-pub fn namespace_name_problem(name: &str) -> Option<String> {
-    (!is_dns_label(name)).then(|| {
-        format!(
-            "{name:?} is not a valid namespace name: at most 63 lowercase letters, digits \
-             and '-', starting and ending with a letter or digit"
-        )
-    })
-}
+pub use crate::names::{
+    is_dns_label, is_dns_subdomain, namespace_name_problem, object_name_problem,
+};
 
 #[cfg(test)]
 mod tests {

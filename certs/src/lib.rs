@@ -13,6 +13,7 @@ pub mod controller;
 mod error;
 mod inspect;
 mod issue;
+pub mod names;
 mod pem;
 mod verify;
 
@@ -24,6 +25,7 @@ pub use issue::{
     CertificateAuthority, CertificateRequest, IssuedCertificate, KeyAlgorithm, Usage,
     issue_self_signed, subject_alt_name,
 };
+pub use names::{is_dns_label, is_dns_subdomain};
 pub use pem::{blocks_labelled, private_key_der};
 pub use verify::{check_validity, key_matches, verify_self_signed, verify_signed_by};
 

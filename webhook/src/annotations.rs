@@ -510,15 +510,7 @@ fn label_value(value: &str) -> Result<(), String> {
 /// labels them (a label value): a node id fit for only one of the two could never publish.
 fn node_id_value(value: &str) -> Result<(), String> {
     label_value(value)?;
-    let dns_part = |part: &str| {
-        !part.is_empty()
-            && part
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-            && !part.starts_with('-')
-            && !part.ends_with('-')
-    };
-    if !value.split('.').all(dns_part) {
+    if !marin3r_certs::is_dns_subdomain(value) {
         return Err(
             "must be lowercase letters, digits, '-' or '.', each dot-separated part starting and \
              ending with a letter or digit: it names the EnvoyConfigRevision <node-id>-<version>"
@@ -536,12 +528,7 @@ fn dns_label(value: &str) -> Result<(), String> {
     if value.len() > 63 {
         return Err("must be at most 63 characters".into());
     }
-    if !value
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        || value.starts_with('-')
-        || value.ends_with('-')
-    {
+    if !marin3r_certs::is_dns_label(value) {
         return Err(
             "must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"
                 .into(),
@@ -555,9 +542,12 @@ fn dns_subdomain(value: &str) -> Result<(), String> {
     if value.len() > 253 {
         return Err("must be at most 253 characters".into());
     }
-    value.split('.').try_for_each(dns_label).map_err(|_| {
-        "must be an RFC 1123 subdomain (lower-case letters, digits, '-' and '.')".into()
-    })
+    if !marin3r_certs::is_dns_subdomain(value) {
+        return Err(
+            "must be an RFC 1123 subdomain (lower-case letters, digits, '-' and '.')".into(),
+        );
+    }
+    Ok(())
 }
 
 /// An IANA service name, as Kubernetes port names must be.
