@@ -61,11 +61,30 @@ impl Pki {
 }
 
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::hash::{BuildHasher, Hasher};
+    // Below the kernel's ephemeral range: a port from `bind(:0)` is free only until someone
+    // else binds :0 (Envoy's admin, any client socket) and may be given it. Never the same
+    // port twice in this process either.
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first_ephemeral: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768);
+    let low = 10_000u32;
+    let span = first_ephemeral.saturating_sub(low).max(1);
+    let start = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish() as u32;
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for i in 0..span {
+        let port = u16::try_from(low + start.wrapping_add(i) % span).unwrap();
+        if !handed_out.contains(&port) && StdListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port between {low} and {first_ephemeral}");
 }
 
 /// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
