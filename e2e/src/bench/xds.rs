@@ -196,7 +196,8 @@ impl Protocol {
     }
 }
 
-/// Runs one simulated Envoy until its stream ends.
+/// Runs one simulated Envoy until its stream ends. At most `connecting` of them connect and
+/// subscribe at once; then each ACKs every response and reports it on `acks`.
 async fn simulated_envoy(
     protocol: Protocol,
     index: usize,
@@ -205,87 +206,60 @@ async fn simulated_envoy(
     acks: mpsc::UnboundedSender<Acked>,
     connecting: Arc<Semaphore>,
 ) -> anyhow::Result<()> {
+    let permit = connecting.acquire_owned().await?;
+    let channel = connect(addr, &tls).await?;
+    let pod = format!("pod-{index}");
+    let report = move |type_url: &str, version: String| {
+        if let Some(kind) = ResourceType::from_type_url(type_url) {
+            let _ = acks.send(Acked {
+                stream: index,
+                kind,
+                version,
+                at: Instant::now(),
+            });
+        }
+    };
     match protocol {
-        Protocol::Sotw => simulated_sotw_envoy(index, addr, tls, acks, connecting).await,
-        Protocol::Delta => simulated_delta_envoy(index, addr, tls, acks, connecting).await,
-    }
-}
-
-/// A delta client as Envoy runs one: one request per type naming what it subscribes to (an
-/// empty list is the wildcard), then an ACK (the nonce) for every response. The version it
-/// reports is the response's `system_version_info`, the type's version.
-async fn simulated_delta_envoy(
-    index: usize,
-    addr: SocketAddr,
-    tls: ClientTls,
-    acks: mpsc::UnboundedSender<Acked>,
-    connecting: Arc<Semaphore>,
-) -> anyhow::Result<()> {
-    let permit = connecting.acquire_owned().await?;
-    let channel = connect(addr, &tls).await?;
-    let mut stream = DeltaStream::open(channel, NODE, Some(&format!("pod-{index}"))).await?;
-    for (kind, names) in subscriptions() {
-        stream
-            .send(
-                envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
-                    type_url: kind.type_url().to_owned(),
-                    resource_names_subscribe: names,
-                    ..Default::default()
-                },
-            )
-            .await?;
-    }
-    drop(permit);
-    loop {
-        let Ok(resp) = stream.recv().await else {
-            return Ok(());
-        };
-        stream.ack(&resp).await?;
-        if let Some(kind) = ResourceType::from_type_url(&resp.type_url) {
-            let _ = acks.send(Acked {
-                stream: index,
-                kind,
-                version: resp.system_version_info,
-                at: Instant::now(),
-            });
+        Protocol::Sotw => {
+            let mut stream = SotwStream::open(channel, NODE, Some(&pod)).await?;
+            let subs: HashMap<String, Vec<String>> = subscriptions()
+                .into_iter()
+                .map(|(k, names)| (k.type_url().to_owned(), names))
+                .collect();
+            for (kind, names) in subscriptions() {
+                stream.subscribe(kind.type_url(), &names).await?;
+            }
+            drop(permit);
+            while let Ok(resp) = stream.recv().await {
+                let names = subs.get(&resp.type_url).cloned().unwrap_or_default();
+                stream.ack(&resp, &names).await?;
+                report(&resp.type_url, resp.version_info);
+            }
+        }
+        // As Envoy runs delta: one request per type naming what it subscribes to (an empty
+        // list is the wildcard), then an ACK (the nonce) for every response; the version is
+        // the response's `system_version_info`, the type's version.
+        Protocol::Delta => {
+            let mut stream = DeltaStream::open(channel, NODE, Some(&pod)).await?;
+            for (kind, names) in subscriptions() {
+                stream
+                    .send(
+                        envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {
+                            type_url: kind.type_url().to_owned(),
+                            resource_names_subscribe: names,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+            }
+            drop(permit);
+            while let Ok(resp) = stream.recv().await {
+                stream.ack(&resp).await?;
+                report(&resp.type_url, resp.system_version_info);
+            }
         }
     }
-}
-
-/// A state-of-the-world client as Envoy runs one.
-async fn simulated_sotw_envoy(
-    index: usize,
-    addr: SocketAddr,
-    tls: ClientTls,
-    acks: mpsc::UnboundedSender<Acked>,
-    connecting: Arc<Semaphore>,
-) -> anyhow::Result<()> {
-    let permit = connecting.acquire_owned().await?;
-    let channel = connect(addr, &tls).await?;
-    let mut stream = SotwStream::open(channel, NODE, Some(&format!("pod-{index}"))).await?;
-    let subs: HashMap<String, Vec<String>> = subscriptions()
-        .into_iter()
-        .map(|(k, names)| (k.type_url().to_owned(), names))
-        .collect();
-    for (kind, names) in subscriptions() {
-        stream.subscribe(kind.type_url(), &names).await?;
-    }
-    drop(permit);
-    loop {
-        let Ok(resp) = stream.recv().await else {
-            return Ok(());
-        };
-        let names = subs.get(&resp.type_url).cloned().unwrap_or_default();
-        stream.ack(&resp, &names).await?;
-        if let Some(kind) = ResourceType::from_type_url(&resp.type_url) {
-            let _ = acks.send(Acked {
-                stream: index,
-                kind,
-                version: resp.version_info,
-                at: Instant::now(),
-            });
-        }
-    }
+    Ok(())
 }
 
 /// Tracks which streams have ACKed a target set of versions.
