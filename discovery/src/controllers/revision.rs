@@ -25,7 +25,7 @@ use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::api::envoy_config_revision::{
-    EnvoyConfigRevisionStatus, RESOURCES_OUT_OF_SYNC, RevisionReason,
+    EnvoyConfigRevisionStatus, RESOURCES_OUT_OF_SYNC, RevisionReason, VersionTracker,
 };
 use crate::convert;
 use crate::resource::ResourceType;
@@ -249,12 +249,9 @@ async fn mark_out_of_sync(
 /// The (namespace, name) of every Secret a revision references.
 fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
     let own = r.namespace().unwrap_or_default();
-    r.spec.envoy_resources.secrets.iter().map(move |s| {
-        (
-            s.secret_namespace().unwrap_or(&own).to_owned(),
-            s.secret_name().to_owned(),
-        )
-    })
+    convert::secret_sources(&r.spec.config())
+        .into_iter()
+        .map(move |s| (s.namespace.unwrap_or_else(|| own.clone()), s.secret_name))
 }
 
 fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
@@ -339,6 +336,9 @@ fn load_status(
     loaded: &Result<(Snapshot, String), String>,
 ) -> (EnvoyConfigRevisionStatus, Option<Note>) {
     let mut status = r.status.clone().unwrap_or_default();
+    if let Ok((snapshot, _)) = loaded {
+        status.provides_versions = Some(provided_versions(snapshot));
+    }
     let (out_of_sync, reason, message) = match loaded {
         Ok((_, secrets_version)) => (
             false,
@@ -361,6 +361,24 @@ fn load_status(
     );
     let failure = (changed && out_of_sync).then(|| Note::warning(reason, message));
     (status, failure)
+}
+
+/// The version Envoy is sent of each resource type the snapshot holds.
+fn provided_versions(snapshot: &Snapshot) -> VersionTracker {
+    let version = |kind: ResourceType| {
+        let of_type = snapshot.of_type(kind);
+        (!of_type.resources().is_empty()).then(|| of_type.version().to_owned())
+    };
+    VersionTracker {
+        endpoints: version(ResourceType::Endpoint),
+        clusters: version(ResourceType::Cluster),
+        routes: version(ResourceType::Route),
+        scoped_routes: version(ResourceType::ScopedRoute),
+        listeners: version(ResourceType::Listener),
+        secrets: version(ResourceType::Secret),
+        runtimes: version(ResourceType::Runtime),
+        extension_configs: version(ResourceType::ExtensionConfig),
+    }
 }
 
 /// Reads every Secret the revision references and may reference (None: not found).
@@ -397,34 +415,34 @@ fn snapshot_for(
         format!("invalid resources: {}", all.join("; "))
     })?;
     let own = r.namespace().unwrap_or_default();
+    if let Some(source) = convert::endpoint_sources(&r.spec.config()).first() {
+        return Err(format!(
+            "{}: endpoints from EndpointSlices are not served by this version",
+            source.path
+        ));
+    }
     let mut hasher = Sha256::new();
-    let refs = r.spec.envoy_resources.secrets.iter().zip(secret_refs(r));
-    for (i, ((s, (ns, secret_name)), secret)) in refs.zip(secrets).enumerate() {
-        let path = format!("spec.envoyResources.secrets[{i}]");
+    let sources = convert::secret_sources(&r.spec.config());
+    for (source, secret) in sources.iter().zip(secrets) {
+        let path = &source.path;
+        let ns = source.namespace.as_deref().unwrap_or(&own);
+        let secret_name = &source.secret_name;
         if ns != own && !allow_cross_namespace_secrets {
             return Err(format!(
-                "{path}.ref: Secret {ns}/{secret_name} is in another namespace; only Secrets of namespace {own} may be referenced"
+                "{path}: Secret {ns}/{secret_name} is in another namespace; only Secrets of namespace {own} may be referenced"
             ));
         }
         let Some(secret) = secret else {
-            return Err(format!("{path}.ref: Secret {ns}/{secret_name} not found"));
+            return Err(format!("{path}: Secret {ns}/{secret_name} not found"));
         };
-        if secret.type_.as_deref() != Some("kubernetes.io/tls") {
-            return Err(format!(
-                "{path}.ref: Secret {ns}/{secret_name} is of type {:?}, not kubernetes.io/tls",
-                secret.type_.as_deref().unwrap_or("Opaque")
-            ));
-        }
-        let field = |k: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(k))
-                .map(|b| b.0.clone())
-                .unwrap_or_default()
-        };
-        let resource = convert::tls_secret(&s.name, &field("tls.crt"), &field("tls.key"))
-            .map_err(|e| format!("{path}.ref: Secret {ns}/{secret_name}: {e}"))?;
+        let data: BTreeMap<String, Vec<u8>> = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect();
+        let resource = convert::secret_resource(source, secret.type_.as_deref(), &data)
+            .map_err(|e| format!("{path}: Secret {ns}/{secret_name} {e}"))?;
         hasher.update(&resource.body);
         resources.push(resource);
     }

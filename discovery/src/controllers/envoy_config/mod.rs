@@ -138,7 +138,15 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
         }
     }
     for version in &algorithm.delete {
-        delete(&api, &revision_name(&obs.ec.spec.node_id, version)).await?;
+        // By the name it has: the original MARIN3R names revisions `<nodeID>-v3-<version>`.
+        let name = mine
+            .iter()
+            .find(|r| &r.spec.version == version)
+            .map_or_else(
+                || revision_name(&obs.ec.spec.node_id, version),
+                ResourceExt::name_any,
+            );
+        delete(&api, &name).await?;
     }
     Ok(plan::report(obs, algorithm, &mine))
 }
@@ -266,5 +274,21 @@ mod tests {
         });
         assert_ne!(a.envoy_resources.version(), b.envoy_resources.version());
         assert_eq!(a.envoy_resources.version().len(), 10);
+        // The spec's version is that of `envoyResources` until `resources` is used.
+        assert_eq!(a.version(), a.envoy_resources.version());
+        let mut c = b.clone();
+        c.resources.push(crate::api::Resource {
+            kind: crate::api::ResourceKind::Listener,
+            value: Some(serde_json::json!({"name": "l"})),
+            generate_from_tls_secret: None,
+            generate_from_opaque_secret: None,
+            generate_from_endpoint_slices: None,
+            blueprint: None,
+        });
+        assert_ne!(c.version(), b.version());
+        assert_eq!(c.version().len(), 10);
+        let mut d = c.clone();
+        d.node_id = "elsewhere".into();
+        assert_eq!(c.version(), d.version());
     }
 }
