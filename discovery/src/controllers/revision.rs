@@ -1,7 +1,9 @@
-//! The `EnvoyConfigRevision` controller: loads a published revision, with the TLS Secrets it
-//! references served by SDS, into the xDS cache under (its namespace, its node id), and stops
-//! serving it when it is unpublished or deleted. A change to a referenced Secret reloads the
-//! revisions that use it, so Envoy gets the new certificate with no config change.
+//! The `EnvoyConfigRevision` controller: loads a published revision, with the Secrets it
+//! references served by SDS and the endpoints it generates from EndpointSlices, into the xDS
+//! cache under (its namespace, its node id), and stops serving it when it is unpublished or
+//! deleted. A change to a referenced Secret or a selected EndpointSlice reloads the
+//! revisions that use it, so Envoy gets the new certificate or endpoints with no config
+//! change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -21,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
-use super::{Context, Error};
+use super::{Context, Error, endpoint_slices};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::api::envoy_config_revision::{
@@ -102,18 +105,23 @@ async fn mark_loaded(
     }
 }
 
-/// Watches the Secrets of the namespaces served, and only those: one namespaced watch per
-/// served namespace, started when it joins and stopped when it leaves, so the discovery pod
-/// needs no cluster-wide Secret access (the operator grants it per namespace). Without
-/// `--discovery-service-name` every namespace is served, and one cluster-wide watch is used.
+/// Watches the Secrets and EndpointSlices of the namespaces served, and only those: one
+/// namespaced watch of each per served namespace, started when it joins and stopped when it
+/// leaves, so the discovery pod needs no cluster-wide access to them (the operator grants it
+/// per namespace). Without `--discovery-service-name` every namespace is served, and
+/// cluster-wide watches are used.
 async fn watch_secrets(
     ctx: Arc<Context>,
     store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
     triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
 ) {
     let Some(name) = ctx.config.discovery_service.clone() else {
-        let api = Api::<Secret>::all(ctx.client.clone());
-        watch_secrets_in(ctx, store, triggers, api).await;
+        let secrets = Api::<Secret>::all(ctx.client.clone());
+        let slices = Api::<EndpointSlice>::all(ctx.client.clone());
+        tokio::join!(
+            watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
+            endpoint_slices::watch(store, triggers, slices),
+        );
         return;
     };
     let selector = format!("{DISCOVERY_SERVICE_LABEL}={name}");
@@ -126,14 +134,16 @@ async fn watch_secrets(
     let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let mut listed: BTreeSet<String> = BTreeSet::new();
     let start = |ns: &str| {
-        debug!(namespace = %ns, "watching its Secrets");
-        let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
-        tokio::spawn(watch_secrets_in(
-            Arc::clone(&ctx),
-            store.clone(),
-            triggers.clone(),
-            api,
-        ))
+        debug!(namespace = %ns, "watching its Secrets and EndpointSlices");
+        let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+        let slices = Api::<EndpointSlice>::namespaced(ctx.client.clone(), ns);
+        let (ctx, store, triggers) = (Arc::clone(&ctx), store.clone(), triggers.clone());
+        tokio::spawn(async move {
+            tokio::join!(
+                watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
+                endpoint_slices::watch(store, triggers, slices),
+            );
+        })
     };
     while let Some(event) = namespaces.next().await {
         match event {
@@ -280,7 +290,13 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         return Ok(Action::await_change());
     }
     let secrets = observe_secrets(&r, &ctx).await?;
-    let loaded = snapshot_for(&r, &secrets, ctx.config.allow_cross_namespace_secrets);
+    let slices = endpoint_slices::observe(&r, &ctx).await?;
+    let loaded = snapshot_for(
+        &r,
+        &secrets,
+        &slices,
+        ctx.config.allow_cross_namespace_secrets,
+    );
     let action = match &loaded {
         Ok((snapshot, secrets_version)) => {
             if !still_published(&r, &ctx).await? {
@@ -408,6 +424,7 @@ async fn observe_secrets(
 fn snapshot_for(
     r: &EnvoyConfigRevision,
     secrets: &[Option<Secret>],
+    slices: &[Vec<EndpointSlice>],
     allow_cross_namespace_secrets: bool,
 ) -> Result<(Snapshot, String), String> {
     let mut resources = convert::validate_config(&r.spec.config()).map_err(|errors| {
@@ -415,12 +432,6 @@ fn snapshot_for(
         format!("invalid resources: {}", all.join("; "))
     })?;
     let own = r.namespace().unwrap_or_default();
-    if let Some(source) = convert::endpoint_sources(&r.spec.config()).first() {
-        return Err(format!(
-            "{}: endpoints from EndpointSlices are not served by this version",
-            source.path
-        ));
-    }
     let mut hasher = Sha256::new();
     let sources = convert::secret_sources(&r.spec.config());
     for (source, secret) in sources.iter().zip(secrets) {
@@ -444,6 +455,14 @@ fn snapshot_for(
         let resource = convert::secret_resource(source, secret.type_.as_deref(), &data)
             .map_err(|e| format!("{path}: Secret {ns}/{secret_name} {e}"))?;
         hasher.update(&resource.body);
+        resources.push(resource);
+    }
+    for (source, slices) in convert::endpoint_sources(&r.spec.config())
+        .iter()
+        .zip(slices)
+    {
+        let resource = convert::endpoints_from_slices(source, slices)
+            .map_err(|e| format!("{}: {e}", source.path))?;
         resources.push(resource);
     }
     let secrets_hash: String = hasher

@@ -4,6 +4,7 @@
 //! field path from `spec`.
 
 mod canonical;
+mod endpoints;
 mod parse;
 mod pgv;
 mod pool;
@@ -21,6 +22,7 @@ use prost_reflect::{DynamicMessage, Value};
 use crate::api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
 use crate::resource::{Resource, ResourceType};
 
+pub use endpoints::endpoints_from_slices;
 pub use parse::{ValueError, is_v2_name};
 pub use pool::{PoolError, descriptor_pool};
 pub use secret::{SecretError, generic_secret, tls_secret, validation_context_secret};
