@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use kube::api::{ListParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
@@ -30,11 +30,7 @@ pub(crate) async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let controller = Controller::new(
-        Api::<EnvoyConfig>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
+    let controller = marin3r_controller::watch_all::<EnvoyConfig>(&client).owns(
         Api::<EnvoyConfigRevision>::all(client),
         watcher::Config::default(),
     );
