@@ -10,7 +10,7 @@ use marin3r_certs::{
 };
 
 /// The trust domain of the client certificates' SPIFFE URIs.
-pub const TRUST_DOMAIN: &str = "cluster.local";
+pub use marin3r_certs::TRUST_DOMAIN;
 
 pub struct TestPki {
     pub ca: CertificateAuthority,

@@ -57,7 +57,7 @@ pub const WEBHOOK_TIMEOUT_SECONDS: i32 = 10;
 /// service is down. Pods without the label never reach the webhook.
 pub const WEBHOOK_FAILURE_POLICY: &str = "Fail";
 /// The SPIFFE trust domain of client certificate identities.
-pub const TRUST_DOMAIN: &str = "cluster.local";
+pub use marin3r_certs::TRUST_DOMAIN;
 const CONTAINER_NAME: &str = "marin3r";
 
 /// The label selector of every object a `DiscoveryService` labelled as its own.
@@ -516,6 +516,7 @@ impl<'a> Children<'a> {
                     }),
                     spec: Some(PodSpec {
                         service_account_name: Some(self.owned_name()),
+                        priority_class_name: s.pod_priority_class.clone(),
                         security_context: Some(PodSecurityContext {
                             run_as_non_root: Some(true),
                             seccomp_profile: Some(SeccompProfile {

@@ -198,6 +198,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         builtin(
+            "scheduling.k8s.io",
+            "v1",
+            "priorityclasses",
+            "PriorityClass",
+            false,
+            false,
+            &["pc"],
+        ),
+        builtin(
             "coordination.k8s.io",
             "v1",
             "leases",
