@@ -247,7 +247,15 @@ pub async fn handle(
             if let Some(delay) = state.faults.request_delay(&route.resource) {
                 tokio::time::sleep(delay).await;
             }
-            if let Some(code) = state.faults.take(is_watch && method == Method::GET) {
+            let faulted = super::faults::FaultedRequest {
+                is_watch: is_watch && method == Method::GET,
+                is_write: matches!(
+                    method,
+                    Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+                ),
+                user: &user.name,
+            };
+            if let Some(code) = state.faults.take(&faulted) {
                 let err = ApiError::injected(code);
                 return if is_watch && code == 410 {
                     watch::error_stream(&ApiError::expired(0, state.store.resource_version()))
