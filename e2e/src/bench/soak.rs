@@ -96,8 +96,22 @@ impl SoakConfig {
 #[derive(Debug)]
 pub struct SoakOutcome {
     pub rows: Vec<Row>,
+    pub counts: SoakCounts,
     /// Empty when nothing was lost; otherwise each names what.
     pub failures: Vec<String>,
+}
+
+/// The main counts of [`SoakOutcome::rows`], for tests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SoakCounts {
+    pub pods_admitted: u64,
+    pub pods_injected: u64,
+    pub good_updates: u64,
+    pub rollbacks: usize,
+    pub faults_served: u64,
+    pub discovery_kills: u64,
+    pub convergence_samples: usize,
+    pub envoys_at_end: usize,
 }
 
 /// Runs the soak on a fresh local cluster (needs root, Envoy and a built `marin3r`).
@@ -538,7 +552,21 @@ async fn drive(
             },
         ),
     ];
-    Ok(SoakOutcome { rows, failures })
+    let counts = SoakCounts {
+        pods_admitted: counters.admitted,
+        pods_injected: counters.injected,
+        good_updates: counters.good_updates,
+        rollbacks: counters.rollbacks.len(),
+        faults_served: served.values().sum(),
+        discovery_kills: counters.discovery_kills,
+        convergence_samples: per_envoy.len(),
+        envoys_at_end,
+    };
+    Ok(SoakOutcome {
+        rows,
+        counts,
+        failures,
+    })
 }
 
 /// Applies a new good revision every `update_every`, and a bad one every `bad_every`-th
@@ -696,8 +724,8 @@ fn record(shared: &Shared, answers: Vec<(String, Option<(u16, String)>, Instant)
     }
 }
 
-/// Queues one fault for the product's clients every `fault_every`: 500, 409 and 410 in turn
-/// (only when the last one was served, so they do not pile up).
+/// Queues one fault for the product's clients every `fault_every`: 500, 409 and 410 (with
+/// every watch ended) in turn, only when the last one was served, so they do not pile up.
 async fn faulter(
     config: &SoakConfig,
     cluster: &LocalCluster,
@@ -722,6 +750,11 @@ async fn faulter(
         let (code, scope) = kinds[next % kinds.len()];
         next += 1;
         faults.fail_next_for(1, code, scope, PRODUCT_USERS);
+        if scope == FaultScope::Watch {
+            // Watches are long: end them all (as an API server restart would) so that the
+            // product's next watch request, at once, is the one answered 410 Gone.
+            faults.drop_watches();
+        }
         shared.count(|c| *c.faults_queued.entry(code).or_default() += 1);
     }
 }
@@ -919,6 +952,68 @@ async fn pod_life(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_probe_that_goes_back_or_shows_another_body_is_config_loss() {
+        let shared = Shared::default();
+        let t0 = Instant::now();
+        lock(&shared.probed).insert(
+            "a".into(),
+            Probed {
+                ip: "10.0.0.1".into(),
+                served: None,
+                first_timed: 2,
+                misses: 0,
+            },
+        );
+        for n in [2, 3] {
+            lock(&shared.updates).push(Update {
+                n,
+                applied: t0,
+                pending: vec!["a".into()],
+                reached: HashMap::new(),
+            });
+        }
+        let answer = |n: u64| Some((200, body(n)));
+        let later = t0 + Duration::from_millis(300);
+        // Revision 3 at once: both timed updates reached.
+        record(&shared, vec![("a".into(), answer(3), later)]);
+        assert_eq!(*lock(&shared.per_envoy), [Duration::from_millis(300); 2]);
+        assert!(
+            lock(&shared.updates)
+                .iter()
+                .all(|u| u.reached.contains_key("a"))
+        );
+        // No answer (Envoy restarting) is a miss, not a loss; the same revision is nothing new.
+        record(
+            &shared,
+            vec![("a".into(), None, later), ("a".into(), answer(3), later)],
+        );
+        assert!(lock(&shared.failures).is_empty());
+        assert_eq!(lock(&shared.probed)["a"].misses, 1);
+        // Back to 2, a 404 and another body are each config loss, by name.
+        record(
+            &shared,
+            vec![
+                ("a".into(), answer(2), later),
+                ("a".into(), Some((404, String::new())), later),
+                (
+                    "a".into(),
+                    Some((200, "this body never reaches a client".into())),
+                    later,
+                ),
+                ("gone".into(), answer(1), later),
+            ],
+        );
+        let failures = lock(&shared.failures).clone();
+        assert_eq!(failures.len(), 3, "{failures:?}");
+        assert!(
+            failures[0].contains("a went back from revision 3 to 2"),
+            "{failures:?}"
+        );
+        assert!(failures[1].contains("a answered 404"), "{failures:?}");
+        assert!(failures[2].contains("never reaches"), "{failures:?}");
+    }
 
     #[test]
     fn bodies_name_their_revision() {
