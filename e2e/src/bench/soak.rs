@@ -14,8 +14,10 @@
 //! - **API faults** for the product's own clients (the service accounts of `marin3r-system`:
 //!   the operator and the discovery pod): 500 on any request, 409 on writes, 410 Gone inside
 //!   watch streams;
-//! - **discovery pod kills**: its process is killed while Envoys are connected; the kubelet
-//!   restarts it and the Envoys reconnect.
+//! - **discovery pod kills** while Envoys are connected: its process (the kubelet restarts it
+//!   in place), then the whole pod with no grace period (the Deployment brings a new one at
+//!   a new IP), in turn, each followed by two 500s for the new process's first requests; the
+//!   Envoys reconnect.
 //!
 //! Every Ready sidecar is probed through its listener (from the host, at the pod's IP) ten
 //! times a second: that is how convergence is timed, and any answer that is not a good
@@ -210,8 +212,10 @@ struct Probed {
     served: Option<u64>,
     /// Updates from this one on are timed for it (the ones applied after it became Ready).
     first_timed: u64,
-    /// Probes that got no answer (connection refused while Envoy starts, a timeout).
+    /// Probes that got no answer (connection refused before Envoy has its listener, a
+    /// timeout).
     misses: u64,
+    last_miss: Option<String>,
 }
 
 /// One EnvoyConfig update that Envoy should take.
@@ -240,6 +244,7 @@ struct Counters {
     discovery_kills: u64,
     discovery_back: Vec<Duration>,
     probes: u64,
+    misses: u64,
     max_envoys: usize,
     pod_ready: Vec<Duration>,
 }
@@ -471,11 +476,13 @@ async fn drive(
             "run",
             1,
             format!(
-                "setup {}, soak {}; up to {} Envoys probed at once, {} probes",
+                "setup {}, soak {}; up to {} Envoys probed at once, {} probes ({} unanswered: \
+                 Envoy starting, or slow)",
                 human(setup),
                 human(soaked),
                 counters.max_envoys,
-                counters.probes
+                counters.probes,
+                counters.misses
             ),
         ),
         row(
@@ -520,7 +527,7 @@ async fn drive(
             ),
         ),
         row(
-            "discovery pod process killed",
+            "discovery pod killed (process, then whole pod, in turn)",
             counters.discovery_kills as usize,
             format!("back Ready after {}", stats(&counters.discovery_back)),
         ),
@@ -657,13 +664,22 @@ async fn prober(shared: &Shared, mut stop: watch::Receiver<bool>) {
             async move {
                 let url = format!("http://{ip}:{LISTENER_PORT}/");
                 let answer = tokio::task::spawn_blocking(move || {
-                    let mut response = agent.get(&url).header("connection", "close").call().ok()?;
-                    let body = response.body_mut().read_to_string().ok()?;
-                    Some((response.status().as_u16(), body))
+                    let call = agent.get(&url).header("connection", "close").call();
+                    match call {
+                        Ok(mut response) => match response.body_mut().read_to_string() {
+                            Ok(body) => Answer::Body(response.status().as_u16(), body),
+                            Err(e) => Answer::Nothing(e.to_string()),
+                        },
+                        Err(ureq::Error::Io(e))
+                            if e.kind() == std::io::ErrorKind::ConnectionRefused =>
+                        {
+                            Answer::Refused
+                        }
+                        Err(e) => Answer::Nothing(e.to_string()),
+                    }
                 })
                 .await
-                .ok()
-                .flatten();
+                .unwrap_or_else(|e| Answer::Nothing(e.to_string()));
                 (name, answer, Instant::now())
             }
         });
@@ -676,13 +692,28 @@ async fn prober(shared: &Shared, mut stop: watch::Receiver<bool>) {
     }
 }
 
-fn record(shared: &Shared, answers: Vec<(String, Option<(u16, String)>, Instant)>) {
+/// What one probe of a sidecar's listener got.
+#[derive(Debug, Clone)]
+enum Answer {
+    Body(u16, String),
+    /// Nothing listens on the port: before the first revision, Envoy is still starting;
+    /// after it, the listener (or Envoy) is gone.
+    Refused,
+    /// A timeout or a broken connection (a busy machine), with the error.
+    Nothing(String),
+}
+
+fn record(shared: &Shared, answers: Vec<(String, Answer, Instant)>) {
     let mut probed = lock(&shared.probed);
     let mut updates = lock(&shared.updates);
     let mut per_envoy = lock(&shared.per_envoy);
     let mut lost = Vec::new();
     shared.count(|c| {
         c.probes += answers.len() as u64;
+        c.misses += answers
+            .iter()
+            .filter(|(_, a, _)| !matches!(a, Answer::Body(..)))
+            .count() as u64;
         c.max_envoys = c.max_envoys.max(probed.len());
     });
     for (name, answer, at) in answers {
@@ -690,9 +721,26 @@ fn record(shared: &Shared, answers: Vec<(String, Option<(u16, String)>, Instant)
         let Some(p) = probed.get_mut(&name) else {
             continue;
         };
-        let Some((status, body)) = answer else {
-            p.misses += 1;
-            continue;
+        let (status, body) = match answer {
+            Answer::Body(status, body) => (status, body),
+            Answer::Refused if p.served.is_some() => {
+                lost.push(format!(
+                    "{name} stopped listening on {LISTENER_PORT} (connection refused) after \
+                     serving revision {}",
+                    p.served.unwrap_or_default()
+                ));
+                continue;
+            }
+            Answer::Refused => {
+                p.misses += 1;
+                p.last_miss = Some("connection refused".into());
+                continue;
+            }
+            Answer::Nothing(why) => {
+                p.misses += 1;
+                p.last_miss = Some(why);
+                continue;
+            }
         };
         let Some(n) = revision_of(&body).filter(|_| status == 200) else {
             lost.push(format!(
@@ -778,8 +826,8 @@ fn restarts(pod: &Pod) -> i32 {
         .sum()
 }
 
-/// Kills the discovery pod's process `discovery_kills` times, evenly spread over the soak,
-/// and waits each time for it to be Ready again.
+/// Kills the discovery pod `discovery_kills` times, evenly spread over the soak, its process
+/// and the whole pod in turn, and waits each time for a discovery pod to be Ready again.
 async fn killer(
     config: &SoakConfig,
     cluster: &LocalCluster,
@@ -788,7 +836,7 @@ async fn killer(
 ) -> anyhow::Result<()> {
     let client = cluster.client();
     let every = config.duration / u32::try_from(config.discovery_kills + 1).unwrap_or(u32::MAX);
-    for _ in 0..config.discovery_kills {
+    for kill in 0..config.discovery_kills {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return Ok(()),
             () = tokio::time::sleep(every) => {}
@@ -804,11 +852,27 @@ async fn killer(
             .map(|c| c.name.clone())
             .context("the discovery pod has no container")?;
         let before = restarts(&pod);
-        cluster.kill_container(OPS, &name, &container)?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), OPS);
+        if kill % 2 == 0 {
+            // The process dies; the kubelet restarts it in the same pod (same IP).
+            cluster.kill_container(OPS, &name, &container)?;
+            tracing::info!("soak: killed {OPS}/{name} {container}");
+        } else {
+            // The pod is gone at once (`kubectl delete --grace-period=0 --force`); the
+            // Deployment brings a new one, at a new IP.
+            pods.delete(&name, &DeleteParams::default().grace_period(0))
+                .await
+                .with_context(|| format!("deleting {OPS}/{name}"))?;
+            tracing::info!("soak: deleted {OPS}/{name} with no grace period");
+        }
         let killed = Instant::now();
         shared.count(|c| c.discovery_kills += 1);
-        tracing::info!("soak: killed {OPS}/{name} {container}");
-        let pods: Api<Pod> = Api::namespaced(client.clone(), OPS);
+        // The new process starts against a flaky API: its first requests fail.
+        cluster
+            .api()
+            .faults()
+            .fail_next_for(2, 500, FaultScope::Any, PRODUCT_USERS);
+        shared.count(|c| *c.faults_queued.entry(500).or_default() += 2);
         wait_for(
             "the killed discovery pod restarted and Ready",
             Duration::from_secs(120),
@@ -821,8 +885,6 @@ async fn killer(
             },
         )
         .await?;
-        // The pod object survived (a restart in place), or the Deployment replaced it.
-        let _ = pods.get_opt(&name).await?;
         shared.count(|c| c.discovery_back.push(killed.elapsed()));
     }
     Ok(())
@@ -919,6 +981,7 @@ async fn pod_life(
                 served: None,
                 first_timed,
                 misses: 0,
+                last_miss: None,
             },
         );
     }
@@ -937,9 +1000,10 @@ async fn pod_life(
     {
         bail!(
             "pod {name} was Ready for {} and its sidecar never served a revision ({} probes \
-             unanswered)",
+             unanswered, the last: {})",
             human(lifetime),
-            p.misses
+            p.misses,
+            p.last_miss.unwrap_or_default()
         );
     }
     pods.delete(&name, &DeleteParams::default())
@@ -964,6 +1028,7 @@ mod tests {
                 served: None,
                 first_timed: 2,
                 misses: 0,
+                last_miss: None,
             },
         );
         for n in [2, 3] {
@@ -974,7 +1039,7 @@ mod tests {
                 reached: HashMap::new(),
             });
         }
-        let answer = |n: u64| Some((200, body(n)));
+        let answer = |n: u64| Answer::Body(200, body(n));
         let later = t0 + Duration::from_millis(300);
         // Revision 3 at once: both timed updates reached.
         record(&shared, vec![("a".into(), answer(3), later)]);
@@ -984,10 +1049,13 @@ mod tests {
                 .iter()
                 .all(|u| u.reached.contains_key("a"))
         );
-        // No answer (Envoy restarting) is a miss, not a loss; the same revision is nothing new.
+        // A timeout is a miss, not a loss; the same revision is nothing new.
         record(
             &shared,
-            vec![("a".into(), None, later), ("a".into(), answer(3), later)],
+            vec![
+                ("a".into(), Answer::Nothing("timeout".into()), later),
+                ("a".into(), answer(3), later),
+            ],
         );
         assert!(lock(&shared.failures).is_empty());
         assert_eq!(lock(&shared.probed)["a"].misses, 1);
@@ -996,23 +1064,25 @@ mod tests {
             &shared,
             vec![
                 ("a".into(), answer(2), later),
-                ("a".into(), Some((404, String::new())), later),
+                ("a".into(), Answer::Body(404, String::new()), later),
                 (
                     "a".into(),
-                    Some((200, "this body never reaches a client".into())),
+                    Answer::Body(200, "this body never reaches a client".into()),
                     later,
                 ),
+                ("a".into(), Answer::Refused, later),
                 ("gone".into(), answer(1), later),
             ],
         );
         let failures = lock(&shared.failures).clone();
-        assert_eq!(failures.len(), 3, "{failures:?}");
+        assert_eq!(failures.len(), 4, "{failures:?}");
         assert!(
             failures[0].contains("a went back from revision 3 to 2"),
             "{failures:?}"
         );
         assert!(failures[1].contains("a answered 404"), "{failures:?}");
         assert!(failures[2].contains("never reaches"), "{failures:?}");
+        assert!(failures[3].contains("a stopped listening"), "{failures:?}");
     }
 
     #[test]
