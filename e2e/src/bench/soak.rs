@@ -293,10 +293,9 @@ async fn run(config: &SoakConfig) -> anyhow::Result<SoakOutcome> {
     .context("starting the local cluster")?;
     cluster.api().write_kubeconfig(&kubeconfig)?;
     let result = drive(config, &cluster, &repo, &kubeconfig, &marin3r).await;
-    if result.is_err() || result.as_ref().is_ok_and(|o| !o.failures.is_empty()) {
-        if let Some(dir) = &config.log_dir {
-            eprintln!("soak: container logs are in {}", dir.display());
-        }
+    let failed = result.as_ref().map_or(true, |o| !o.failures.is_empty());
+    if let Some(dir) = config.log_dir.as_ref().filter(|_| failed) {
+        eprintln!("soak: container logs are in {}", dir.display());
     }
     cluster.shutdown(Duration::from_secs(5)).await;
     result
@@ -596,7 +595,7 @@ async fn updater(
             return Ok(());
         }
         n += 1;
-        let bad = config.bad_every > 0 && n % config.bad_every == 0 && !*stop.borrow();
+        let bad = config.bad_every > 0 && n.is_multiple_of(config.bad_every) && !*stop.borrow();
         let patch = Patch::Merge(json!({"spec": {"envoyResources": {
             "listeners": [{"name": "http", "value": listener(n, bad)?}]}}}));
         let ready: Vec<String> = lock(&shared.probed).keys().cloned().collect();
