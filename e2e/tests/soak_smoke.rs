@@ -31,7 +31,7 @@ fn a_short_soak_loses_nothing() {
     let c = outcome.counts;
     assert!(c.pods_admitted >= 3, "{table}");
     assert_eq!(c.pods_injected, c.pods_admitted, "{table}");
-    assert!(c.good_updates >= 5 && c.rollbacks >= 1, "{table}");
+    assert!(c.good_updates >= 2 && c.rollbacks >= 1, "{table}");
     assert!(c.faults_served > 0, "{table}");
     assert_eq!(c.discovery_kills, 1, "{table}");
     assert!(c.convergence_samples > 0 && c.envoys_at_end > 0, "{table}");
