@@ -68,8 +68,9 @@ struct State {
 pub struct Faults {
     state: Mutex<State>,
     drop_watches: watch::Sender<u64>,
-    /// Paths whose requests wait (unanswered) until released.
-    held: watch::Sender<Vec<String>>,
+    /// Paths whose requests wait (unanswered) until released, each for every user or only
+    /// for users whose name starts with a prefix.
+    held: watch::Sender<Vec<(String, Option<String>)>>,
 }
 
 impl Default for Faults {
@@ -143,18 +144,32 @@ impl Faults {
     /// `/api/v1/namespaces/a/secrets/web`) until [`Self::release`]: the client sees a slow
     /// API server, and the request is then served normally.
     pub fn hold(&self, path: &str) {
-        self.held.send_modify(|h| h.push(path.to_owned()));
+        self.held.send_modify(|h| h.push((path.to_owned(), None)));
+    }
+
+    /// As [`Self::hold`], for the requests of users whose name starts with `user_prefix`
+    /// only: e.g. one client's watch of a resource stalls (its cache goes stale) while every
+    /// other client is served.
+    pub fn hold_for(&self, path: &str, user_prefix: &str) {
+        self.held
+            .send_modify(|h| h.push((path.to_owned(), Some(user_prefix.to_owned()))));
     }
 
     /// Lets the requests held for `path` through, and the ones after them.
     pub fn release(&self, path: &str) {
-        self.held.send_modify(|h| h.retain(|p| p != path));
+        self.held.send_modify(|h| h.retain(|(p, _)| p != path));
     }
 
-    /// Waits while `path` is held.
-    pub(super) async fn wait_if_held(&self, path: &str) {
+    /// Waits while `path` is held for `user`.
+    pub(super) async fn wait_if_held(&self, path: &str, user: &str) {
         let mut rx = self.held.subscribe();
-        let _ = rx.wait_for(|held| !held.iter().any(|p| p == path)).await;
+        let _ = rx
+            .wait_for(|held| {
+                !held.iter().any(|(p, prefix)| {
+                    p == path && prefix.as_deref().is_none_or(|pre| user.starts_with(pre))
+                })
+            })
+            .await;
     }
 
     /// Holds every request for `resource` (a plural name such as `leases`) for `delay` before
@@ -220,6 +235,33 @@ mod tests {
             faults.served(),
             BTreeMap::from([(409, 1), (410, 1), (500, 1)])
         );
+    }
+
+    #[tokio::test]
+    async fn a_path_held_for_one_user_holds_only_that_users_requests() {
+        let faults = std::sync::Arc::new(Faults::default());
+        let path = "/apis/g/v1/things";
+        faults.hold_for(path, "system:serviceaccount:a:");
+        let quick = std::time::Duration::from_millis(200);
+        // Another user, and another path, pass at once.
+        tokio::time::timeout(quick, faults.wait_if_held(path, "admin"))
+            .await
+            .unwrap();
+        tokio::time::timeout(
+            quick,
+            faults.wait_if_held("/other", "system:serviceaccount:a:x"),
+        )
+        .await
+        .unwrap();
+        // That user waits until the path is released.
+        let held = tokio::spawn({
+            let faults = faults.clone();
+            async move { faults.wait_if_held(path, "system:serviceaccount:a:x").await }
+        });
+        tokio::time::sleep(quick).await;
+        assert!(!held.is_finished());
+        faults.release(path);
+        tokio::time::timeout(quick, held).await.unwrap().unwrap();
     }
 
     #[test]

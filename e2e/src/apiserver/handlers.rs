@@ -190,7 +190,6 @@ pub async fn handle(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push(format!("{method} {uri}"));
-    state.faults.wait_if_held(uri.path()).await;
     let body = match body {
         Ok(body) => body,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
@@ -223,6 +222,7 @@ pub async fn handle(
         Ok(user) => user,
         Err(e) => return e.into_response(),
     };
+    state.faults.wait_if_held(path, &user.name).await;
     match parsed {
         Path::Version => ok(&discovery::version()),
         Path::Health => (StatusCode::OK, "ok").into_response(),
