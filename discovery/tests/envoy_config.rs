@@ -621,7 +621,7 @@ fn a_stale_cached_envoyconfig_never_republishes_an_old_revision() {
             .collect();
         assert_eq!(
             published,
-            [newest.clone()],
+            std::slice::from_ref(&newest),
             "the old revision was republished"
         );
         std::thread::sleep(Duration::from_millis(50));
