@@ -516,6 +516,7 @@ impl Request<'_> {
                 self.dry_run(),
             )
             .await?;
+            super::priority::admit(self.state, &mut obj)?;
             super::pod_security::check(self.state, self.namespace(), &obj)?;
         }
         let created = self.state.store.create(
