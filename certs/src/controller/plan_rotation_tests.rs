@@ -289,9 +289,9 @@ fn a_ca_renewal_overlaps_old_and_new_and_never_reissues_before_everyone_trusts()
     assert_eq!(step, "update");
     assert_eq!(outcome.events[0].reason, Reason::PreviousCADropped.as_str());
     assert_eq!(outcome.status.rotation, None);
-    assert_eq!(certs_in(&text(&w.ca_secret, "ca.crt")), [next_ca.clone()]);
+    assert_eq!(certs_in(&text(&w.ca_secret, "ca.crt")), vec![next_ca.clone()]);
     assert_eq!(w.leaf_step(), "trust");
-    assert_eq!(certs_in(&text(&w.leaf_secret, "ca.crt")), [next_ca.clone()]);
+    assert_eq!(certs_in(&text(&w.leaf_secret, "ca.crt")), vec![next_ca.clone()]);
     assert_eq!(w.leaf_step(), "keep");
     let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(11));
     assert_eq!(step, "keep");
