@@ -132,9 +132,15 @@ pub fn leaf(name: String, files: &TlsFiles, ca: &CaState<Cert>) -> Leaf<Cert> {
             }
         }
     }
-    let not_before = cert
-        .and_then(|c| CertificateInfo::from_pem(c).ok())
-        .map_or(OffsetDateTime::UNIX_EPOCH, |i| i.not_before);
+    // Issued up to a second after its notBefore, which X.509 truncates to the second.
+    let not_before = cert.and_then(|c| CertificateInfo::from_pem(c).ok()).map_or(
+        OffsetDateTime::UNIX_EPOCH,
+        |i| {
+            i.not_before
+                .checked_add(time::Duration::seconds(1))
+                .unwrap_or(i.not_before)
+        },
+    );
     Leaf {
         name,
         issuer,

@@ -415,7 +415,8 @@ async fn write_status(
     }
     let api: Api<DiscoveryServiceCertificate> =
         Api::namespaced(ctx.client.clone(), &dsc.namespace().unwrap_or_default());
-    let patch = status_patch(status, &[], None)?;
+    // `rotation` goes when a rotation ends.
+    let patch = status_patch(status, &["rotation"], None)?;
     patch_status(&api, &dsc.name_any(), patch, FIELD_MANAGER).await?;
     Ok(())
 }

@@ -276,7 +276,8 @@ fn a_ca_renewal_overlaps_old_and_new_and_never_reissues_before_everyone_trusts()
     let issued_at = crate::CertificateInfo::from_pem(&text(&w.leaf_secret, "tls.crt"))
         .unwrap()
         .not_before;
-    let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(5));
+    // (notBefore is truncated to the second: the wait counts from a second after it.)
+    let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(10));
     assert_eq!(step, "keep");
     assert!(
         outcome
@@ -285,15 +286,21 @@ fn a_ca_renewal_overlaps_old_and_new_and_never_reissues_before_everyone_trusts()
             .unwrap()
             .contains("reach every reader")
     );
-    let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(10));
+    let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(11));
     assert_eq!(step, "update");
     assert_eq!(outcome.events[0].reason, Reason::PreviousCADropped.as_str());
     assert_eq!(outcome.status.rotation, None);
-    assert_eq!(certs_in(&text(&w.ca_secret, "ca.crt")), vec![next_ca.clone()]);
+    assert_eq!(
+        certs_in(&text(&w.ca_secret, "ca.crt")),
+        vec![next_ca.clone()]
+    );
     assert_eq!(w.leaf_step(), "trust");
-    assert_eq!(certs_in(&text(&w.leaf_secret, "ca.crt")), vec![next_ca.clone()]);
+    assert_eq!(
+        certs_in(&text(&w.leaf_secret, "ca.crt")),
+        vec![next_ca.clone()]
+    );
     assert_eq!(w.leaf_step(), "keep");
-    let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(11));
+    let (step, outcome) = w.ca_step(issued_at + time::Duration::seconds(12));
     assert_eq!(step, "keep");
     assert_eq!(outcome.status.rotation, None);
     assert_eq!(
