@@ -15,6 +15,8 @@ mod inspect;
 mod issue;
 pub mod names;
 mod pem;
+#[cfg(feature = "reload")]
+pub mod reload;
 mod verify;
 
 pub use error::CertError;

@@ -27,7 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::InjectionConfig;
 use crate::metrics::WebhookMetrics;
 use crate::review::{Outcome, review};
-use crate::tls::{ReloadingCert, TlsError, server_config};
+use crate::tls::{TlsError, load_cert, server_config};
 
 pub const MUTATE_PATH: &str = "/pod-v1-mutate";
 pub const HEALTHZ_PATH: &str = "/healthz";
@@ -184,12 +184,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cert = Arc::new(ReloadingCert::load(
+    let cert = Arc::new(load_cert(
         &config.cert_path,
         &config.key_path,
-        provider,
+        provider.clone(),
     )?);
-    let acceptor = TlsAcceptor::from(Arc::new(server_config(cert.clone())?));
+    let acceptor = TlsAcceptor::from(Arc::new(server_config(cert.clone(), provider)?));
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(());
     let watcher = tokio::spawn(cert.watch(config.reload_interval, async move {
         let _ = stop_rx.changed().await;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use marin3r_certs::reload::{Build, ReadError, Reloading};
 use marin3r_certs::{CertificateInfo, SubjectAltName, namespace_from_spiffe_id};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -18,11 +19,11 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::metrics::{Metrics, RefusalReason};
 
@@ -36,6 +37,10 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    fn paths(&self) -> [PathBuf; 3] {
+        [self.cert.clone(), self.key.clone(), self.ca.clone()]
+    }
+
     /// The files of a TLS Secret mounted at `dir`.
     pub fn in_dir(dir: &Path) -> Self {
         Self {
@@ -48,24 +53,16 @@ impl TlsFiles {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Read(#[from] ReadError),
     #[error("{path}: {message}")]
     Pem { path: PathBuf, message: String },
     #[error("TLS configuration: {0}")]
     Config(String),
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read(path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+fn certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::Pem {
             path: path.to_owned(),
@@ -83,15 +80,29 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 /// Builds the server side of mutual TLS: TLS 1.2 or 1.3, ring, HTTP/2 by ALPN, and a client
 /// certificate signed by the CA required on every connection.
 pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    Ok(ReloadingConfig::load(files.paths(), build(files))?.current())
+}
+
+/// The server configuration built from the content of the three files.
+fn build(files: &TlsFiles) -> Build<ServerConfig, TlsError, 3> {
+    let files = files.clone();
+    Box::new(move |[cert, key, ca]| config_from_pem(&files, cert, key, ca))
+}
+
+fn config_from_pem(
+    files: &TlsFiles,
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    ca_pem: &[u8],
+) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = certs(&files.cert)?;
-    let key_pem = read(&files.key)?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::Pem {
+    let chain = certs(&files.cert, cert_pem)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::Pem {
         path: files.key.clone(),
         message: format!("no usable private key: {e}"),
     })?;
     let mut roots = RootCertStore::empty();
-    for ca in certs(&files.ca)? {
+    for ca in certs(&files.ca, ca_pem)? {
         roots.add(ca).map_err(|e| TlsError::Pem {
             path: files.ca.clone(),
             message: format!("not a usable CA certificate: {e}"),
@@ -107,8 +118,11 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Config(format!("server certificate and key: {e}")))?;
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    Ok(config)
 }
+
+/// The server configuration, re-read from its three files while the server runs.
+type ReloadingConfig = Reloading<ServerConfig, TlsError, 3>;
 
 /// Where the server's TLS configuration comes from.
 #[derive(Debug, Clone)]
@@ -135,48 +149,37 @@ impl From<TlsFiles> for TlsSource {
     }
 }
 
-impl TlsSource {
-    /// The current configuration, kept up to date by a task (for files) until `stop`.
-    pub(crate) fn watch(
-        self,
-        stop: CancellationToken,
-    ) -> Result<watch::Receiver<Arc<ServerConfig>>, TlsError> {
-        let (files, interval) = match self {
-            Self::Static(config) => return Ok(watch::channel(config).1),
-            Self::Files { files, interval } => (files, interval),
-        };
-        let mut loaded = read_all(&files);
-        let (tx, rx) = watch::channel(server_config(&files)?);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                let now = read_all(&files);
-                if now == loaded {
-                    continue;
-                }
-                match server_config(&files) {
-                    Ok(config) => {
-                        info!(cert = %files.cert.display(), "xDS server TLS files changed: reloaded");
-                        tx.send_replace(config);
-                        loaded = now;
-                    }
-                    // Mid-update (key and certificate not swapped together yet) or broken:
-                    // keep serving with what works and try again on the next tick.
-                    Err(e) => warn!(error = %e, "xDS server TLS files changed but cannot be used"),
-                }
-            }
-        });
-        Ok(rx)
+/// The configuration new connections are accepted with.
+#[derive(Debug, Clone)]
+pub enum ServerTls {
+    Static(Arc<ServerConfig>),
+    Reloading(Arc<ReloadingConfig>),
+}
+
+impl ServerTls {
+    fn current(&self) -> Arc<ServerConfig> {
+        match self {
+            Self::Static(config) => config.clone(),
+            Self::Reloading(files) => files.current(),
+        }
     }
 }
 
-fn read_all(files: &TlsFiles) -> [Option<Vec<u8>>; 3] {
-    [&files.cert, &files.key, &files.ca].map(|p| std::fs::read(p).ok())
+impl TlsSource {
+    /// The current configuration, kept up to date by a task (for files) until `stop`.
+    pub(crate) fn watch(self, stop: CancellationToken) -> Result<ServerTls, TlsError> {
+        let (files, interval) = match self {
+            Self::Static(config) => return Ok(ServerTls::Static(config)),
+            Self::Files { files, interval } => (files, interval),
+        };
+        let reloading = Arc::new(ReloadingConfig::load(files.paths(), build(&files))?);
+        tokio::spawn(
+            reloading
+                .clone()
+                .watch(interval, async move { stop.cancelled().await }),
+        );
+        Ok(ServerTls::Reloading(reloading))
+    }
 }
 
 /// Who is on the other end of a connection, as proven by its client certificate.
@@ -257,7 +260,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// client never holds up the others) and sending the authenticated ones to `out`.
 pub async fn accept_loop(
     listener: TcpListener,
-    config: watch::Receiver<Arc<ServerConfig>>,
+    config: ServerTls,
     metrics: Metrics,
     out: mpsc::Sender<Result<TlsConn, io::Error>>,
     stop: CancellationToken,
@@ -276,7 +279,7 @@ pub async fn accept_loop(
             },
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = TlsAcceptor::from(Arc::clone(&config.borrow()));
+        let acceptor = TlsAcceptor::from(config.current());
         let metrics = metrics.clone();
         let out = out.clone();
         let stop = stop.clone();
@@ -386,6 +389,10 @@ mod tests {
         let err = server_config(&files).unwrap_err().to_string();
         assert!(err.contains("tls.crt"), "{err}");
         std::fs::write(&files.cert, "garbage").unwrap();
+        let err = server_config(&files).unwrap_err().to_string();
+        assert!(err.contains("reading") && err.contains("tls.key"), "{err}");
+        std::fs::write(&files.key, "garbage").unwrap();
+        std::fs::write(&files.ca, "garbage").unwrap();
         let err = server_config(&files).unwrap_err().to_string();
         assert!(
             err.contains("tls.crt") && err.contains("no CERTIFICATE"),
