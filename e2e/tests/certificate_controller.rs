@@ -626,7 +626,7 @@ async fn a_renewed_ca_is_trusted_before_it_signs_and_dropped_after_its_certifica
         verify_signed_by(&text(&secret, "tls.crt").unwrap(), &new_ca_pem).unwrap();
         assert_eq!(
             bundle_of(&secret),
-            [new_ca_pem.clone()],
+            vec![new_ca_pem.clone()],
             "{name} still trusts the old CA"
         );
     }

@@ -698,7 +698,8 @@ async fn a_secret_change_reaches_a_running_pod_after_the_nodes_volume_delay() {
         ))
     };
     objects.put_secret(secret("first"));
-    let mount = r#", "volumeMounts": [{"name": "tls", "mountPath": "/etc/delayed", "readOnly": true}]"#;
+    let mount =
+        r#", "volumeMounts": [{"name": "tls", "mountPath": "/etc/delayed", "readOnly": true}]"#;
     let volume = r#"{"name": "tls", "secret": {"secretName": "tls"}}"#;
     let pod = PodHandle::start(
         &node,
@@ -720,7 +721,11 @@ async fn a_secret_change_reaches_a_running_pod_after_the_nodes_volume_delay() {
         assert!(changed.elapsed() < Duration::from_secs(10), "never applied");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(changed.elapsed() >= delay, "applied after {:?}", changed.elapsed());
+    assert!(
+        changed.elapsed() >= delay,
+        "applied after {:?}",
+        changed.elapsed()
+    );
     // A pod started now mounts the current Secret at once.
     let fresh = PodHandle::start(
         &node,
