@@ -31,6 +31,9 @@ pub use names::{is_dns_label, is_dns_subdomain};
 pub use pem::{blocks_labelled, private_key_der};
 pub use verify::{check_validity, key_matches, verify_self_signed, verify_signed_by};
 
+/// The trust domain of the SPIFFE URIs marin3r issues and accepts.
+pub const TRUST_DOMAIN: &str = "cluster.local";
+
 /// The SPIFFE URI a proxy's client certificate carries: the namespace is its identity.
 pub fn spiffe_id(trust_domain: &str, namespace: &str) -> String {
     format!("spiffe://{trust_domain}/ns/{namespace}")
@@ -38,6 +41,11 @@ pub fn spiffe_id(trust_domain: &str, namespace: &str) -> String {
 
 /// The namespace named by a SPIFFE URI of the form `spiffe://<trust domain>/ns/<namespace>`.
 pub fn namespace_from_spiffe_id(uri: &str) -> Option<&str> {
+    spiffe_parts(uri).map(|(_, namespace)| namespace)
+}
+
+/// The trust domain and namespace of a SPIFFE URI `spiffe://<trust domain>/ns/<namespace>`.
+pub fn spiffe_parts(uri: &str) -> Option<(&str, &str)> {
     let rest = uri.strip_prefix("spiffe://")?;
     let (domain, path) = rest.split_once('/')?;
     let namespace = path.strip_prefix("ns/")?;
@@ -46,7 +54,7 @@ pub fn namespace_from_spiffe_id(uri: &str) -> Option<&str> {
         && namespace
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    valid.then_some(namespace)
+    valid.then_some((domain, namespace))
 }
 
 #[cfg(test)]

@@ -16,6 +16,24 @@ pub use event::{Context, Events, Note};
 pub use metrics::ReconcileMetrics;
 pub use policy::{Conflict, Error, drain, error_policy, is_conflict, retry_after, run};
 
+/// A controller of every `K` the client can see, with the default watcher configuration
+/// (each controller narrows what wakes it with `owns`, `watches` and its namespace filter).
+pub fn watch_all<K>(client: &kube::Client) -> kube::runtime::Controller<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    kube::runtime::Controller::new(
+        kube::Api::all(client.clone()),
+        kube::runtime::watcher::Config::default(),
+    )
+}
+
 /// Declares an enum of condition or Event reasons, each published as its variant's name.
 ///
 /// ```

@@ -204,6 +204,49 @@ fn the_same_node_id_in_two_namespaces_gets_each_namespace_its_own_config() {
     assert!(!listeners.contains(&p2.to_string()), "{listeners}");
 }
 
+/// Reliability review F16: two configs of one node id were both published and the proxy got
+/// whichever reconciled last. The second is refused, naming the first, and takes over when
+/// the first is deleted.
+#[test]
+fn a_second_config_for_the_same_node_is_refused_until_the_first_is_gone() {
+    let plane = Plane::start(&[NS]);
+    let (p1, p2) = (free_port(), free_port());
+    let node = "twice";
+    plane.apply(NS, "first", spec(node, p1, "first"));
+    plane.wait_in_sync(NS, "first");
+    let proxy = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(p1, "first");
+
+    plane.apply(NS, "second", spec(node, p2, "second"));
+    let refused = plane.wait_status(NS, "second", "the InvalidSpec condition", |ec| {
+        condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
+    });
+    let message = &condition(&refused, "CacheOutOfSync").unwrap().message;
+    assert!(
+        message.contains("spec.nodeID") && message.contains("EnvoyConfig first"),
+        "{message}"
+    );
+    let owners: Vec<String> = plane
+        .list_revisions(NS)
+        .iter()
+        .flat_map(|r| r.metadata.owner_references.iter().flatten())
+        .map(|o| o.name.clone())
+        .collect();
+    assert_eq!(owners, ["first"], "no revision of the refused config");
+    // The proxy still has the first config only.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(marin3r_e2e::envoy::get_body(&format!("http://127.0.0.1:{p2}/")).is_err());
+    proxy.wait_for_body(p1, "first");
+
+    // Deleting the first hands the node to the second.
+    plane
+        .rt
+        .block_on(plane.configs(NS).delete("first", &DeleteParams::default()))
+        .unwrap();
+    plane.wait_in_sync(NS, "second");
+    proxy.wait_for_body(p2, "second");
+}
+
 #[test]
 fn eleven_updates_keep_ten_revisions_and_deleting_the_config_clears_the_cache() {
     let plane = Plane::start(&[NS]);

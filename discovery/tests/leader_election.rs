@@ -99,11 +99,7 @@ fn first_write_of(writes: &Writes, who: &str) -> Option<Instant> {
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    marin3r_e2e::wait::until(what, timeout, || std::future::ready(f().then_some(()))).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

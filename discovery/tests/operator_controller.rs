@@ -29,22 +29,8 @@ use tokio_util::sync::CancellationToken;
 const OPS: &str = "marin3r-system";
 
 /// Polls `f` until it returns `Some`, failing with `what` after 30 s.
-async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn wait_for<T, Fut: Future<Output = Option<T>>>(what: &str, f: impl FnMut() -> Fut) -> T {
+    marin3r_e2e::wait::until(what, Duration::from_secs(30), f).await
 }
 
 struct Operator {

@@ -239,6 +239,48 @@ fn rotated_client_certificate_is_presented_without_a_restart() {
     );
 }
 
+/// Reliability review F18: a connection lived until the proxy went away, so a renewed CA or a
+/// disabled namespace was never checked again. Past its age it is closed; Envoy reconnects,
+/// keeps serving meanwhile and follows the next change over the new connection.
+#[test]
+fn an_old_connection_is_closed_and_envoy_reconnects_without_losing_its_config() {
+    let pki = Pki::new();
+    let limits = marin3r_discovery::xds::Limits {
+        max_connection_age: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let server = XdsServer::start_limited(&pki, "127.0.0.1:0".parse().unwrap(), None, limits);
+    let port = free_port();
+    let config = |body: &str| {
+        snapshot(direct_response_config(
+            port.into(),
+            body,
+            ListenerFlaw::None,
+        ))
+    };
+    server.cache.set_snapshot(NS, NODE, config("first"));
+    let proxy = Proxy::start(&server, &pki.client(Some(NS)), NODE, POD, AdsMode::Delta);
+    proxy.wait_for_body(port, "first");
+    let connections = "cluster.xds_cluster.upstream_cx_total";
+    assert_eq!(proxy.stat(connections), 1);
+
+    // Age 1 s, then 5 s of grace: Envoy is on a second connection within ~10 s, and the
+    // listener answered all along.
+    wait_for(
+        "Envoy on a new xDS connection",
+        Duration::from_secs(20),
+        || {
+            assert_eq!(
+                marin3r_e2e::envoy::get_body(&format!("http://127.0.0.1:{port}/")).unwrap(),
+                "first"
+            );
+            (proxy.stat(connections) >= 2).then_some(())
+        },
+    );
+    server.cache.set_snapshot(NS, NODE, config("second"));
+    proxy.wait_for_body(port, "second");
+}
+
 #[test]
 fn namespaces_with_the_same_node_id_never_see_each_others_config() {
     let pki = Pki::new();

@@ -10,6 +10,8 @@ pub mod deployments;
 pub mod envoy;
 pub mod kubectl;
 pub mod kubelet;
+pub mod pki;
 pub mod tasks;
 pub mod tools;
+pub mod wait;
 pub mod xds;

@@ -373,14 +373,8 @@ async fn reconcile(
 }
 
 async fn wait_for<F: Fn() -> bool>(what: &str, f: F) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let holds = || std::future::ready(f().then_some(()));
+    marin3r_e2e::wait::until(what, Duration::from_secs(10), holds).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

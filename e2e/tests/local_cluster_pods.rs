@@ -51,24 +51,7 @@ fn is_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Polls `f` until it returns `Some`, failing with `what` after `timeout`.
-async fn until<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    timeout: Duration,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use marin3r_e2e::wait::until;
 
 fn get(url: &str) -> String {
     marin3r_e2e::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))

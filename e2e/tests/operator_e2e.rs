@@ -42,22 +42,12 @@ fn repo() -> PathBuf {
 }
 
 /// Polls `f` until it returns `Some`, failing with `what` after `secs`.
-async fn until<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+async fn until<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    secs: u64,
+    f: impl FnMut() -> Fut,
+) -> T {
+    marin3r_e2e::wait::until(what, Duration::from_secs(secs), f).await
 }
 
 fn get(url: &str) -> String {

@@ -171,6 +171,27 @@ fn arrays_in_place_of_objects_decide_as_the_tree_path_does() {
     assert!(err.0.contains("not a JSON object"), "{err}");
 }
 
+/// Found by `arbitrary_reviews_never_panic`: serde_json skips the fields the typed path does
+/// not read without checking their UTF-8 or surrogate escapes, so the typed path decided on
+/// bodies the JSON tree refuses as not JSON.
+#[test]
+fn invalid_strings_in_unread_fields_are_bad_requests_on_both_paths() {
+    let config = InjectionConfig::default();
+    let good = request(pod(json!({}))).to_string();
+    let mut bad_utf8 = good.replace("\"shop\"", "\"sh_p\"").into_bytes();
+    let at = bad_utf8.windows(4).position(|w| w == b"sh_p").unwrap() + 2;
+    bad_utf8[at] = 0x80;
+    let lone_surrogate = good.replace("\"shop\"", "\"sh\\uDC00p\"").into_bytes();
+    for body in [bad_utf8, lone_surrogate] {
+        let err = review(&body, &config).unwrap_err();
+        assert!(err.0.contains("not JSON"), "{err}");
+        assert_eq!(review_tree(&body, &config), Err(err));
+    }
+    // A surrogate pair is valid JSON and decided as usual.
+    let pair = good.replace("\"shop\"", "\"sh\\uD83D\\uDE00p\"");
+    assert!(review(pair.as_bytes(), &config).is_ok());
+}
+
 /// Arbitrary JSON values, a few levels deep.
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![

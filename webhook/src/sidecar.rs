@@ -27,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
-use crate::annotations::SidecarSpec;
+use crate::annotations::{Admin, SidecarSpec};
 use crate::config::{
     BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID, InjectionConfig,
 };
@@ -62,7 +62,29 @@ pub fn sidecar_args(spec: &SidecarSpec) -> Vec<String> {
 }
 
 /// The `--config-yaml` overlay: node metadata and the admin interface (JSON is YAML).
+///
+/// It depends only on the admin settings and the readiness port, which nearly every pod takes
+/// from the cluster defaults, and building it is about half the cost of an admission: each
+/// thread keeps the last one it rendered.
 fn config_yaml(spec: &SidecarSpec) -> String {
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<((Admin, u16), String)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with_borrow_mut(|last| {
+        if let Some(((admin, port), yaml)) = last.as_ref()
+            && *admin == spec.admin
+            && *port == spec.readiness_port
+        {
+            return yaml.clone();
+        }
+        let yaml = render_config_yaml(spec);
+        *last = Some(((spec.admin.clone(), spec.readiness_port), yaml.clone()));
+        yaml
+    })
+}
+
+fn render_config_yaml(spec: &SidecarSpec) -> String {
     let mut admin = json!({
         "address": {
             "socket_address": {

@@ -24,7 +24,15 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// Resource names one stream may subscribe to (or declare it holds) per type.
     pub max_names_per_type: usize,
+    /// A connection older than this is asked to go away (HTTP/2 GOAWAY) and closed
+    /// [`CONNECTION_AGE_GRACE`] later; Envoy reconnects, so its certificate and namespace are
+    /// checked again (a renewed CA, a disabled namespace) at least this often.
+    pub max_connection_age: Duration,
 }
+
+/// How long a connection past its age may still finish its streams. ADS streams do not end on
+/// their own, so this is a short delay before the close, not a wait for idleness.
+pub const CONNECTION_AGE_GRACE: Duration = Duration::from_secs(5);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -34,6 +42,7 @@ impl Default for Limits {
             first_request_timeout: Duration::from_secs(10),
             max_request_bytes: 1 << 20,
             max_names_per_type: 10_000,
+            max_connection_age: Duration::from_secs(30 * 60),
         }
     }
 }

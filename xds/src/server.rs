@@ -196,6 +196,8 @@ impl Server {
             .max_concurrent_streams(Some(h2_streams))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .max_connection_age(self.shared.limits.max_connection_age)
+            .max_connection_age_grace(crate::limits::CONNECTION_AGE_GRACE)
             .add_service(AdsService::new(Arc::clone(&self.shared)))
             .serve_with_incoming_shutdown(
                 ReceiverStream::new(incoming),

@@ -339,6 +339,9 @@ struct StreamCtx<'a, W> {
     stop: &'a CancellationToken,
 }
 
+/// How much of a NACK's message goes into the log line.
+const LOGGED_NACK_CHARS: usize = 1_000;
+
 impl<W: Send + 'static> StreamCtx<'_, W> {
     /// Latency is measured only for snapshots set while the proxy was connected: a proxy that
     /// connects hours after a set did not take hours to converge.
@@ -378,10 +381,12 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
             metrics.nacks.get_or_create(&Metrics::kind(nack.kind)).inc();
             self.handle.nacked(nack.kind, &nack.version, &nack.message);
             let (rejecting, connected) = self.handle.tally(nack.kind, &nack.version);
+            // The first line or so: the whole message is in the proxy status and the event.
+            let head: String = nack.message.chars().take(LOGGED_NACK_CHARS).collect();
             warn!(
                 resource_type = %nack.kind,
                 version = %nack.version,
-                error = %nack.message,
+                error = %head,
                 "Envoy rejected a configuration (NACK)"
             );
             let event = NackEvent {

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use marin3r_certs::reload::{Build, ReadError, Reloading};
-use marin3r_certs::{CertificateInfo, SubjectAltName, namespace_from_spiffe_id};
+use marin3r_certs::{CertificateInfo, SubjectAltName, TRUST_DOMAIN, spiffe_parts};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -191,13 +191,17 @@ pub struct PeerIdentity {
     pub(crate) streams: crate::limits::ConnectionStreams,
 }
 
-/// The namespace a verified client certificate speaks for, from its SPIFFE URI SAN.
+/// The namespace a verified client certificate speaks for: its SPIFFE URI SAN in our trust
+/// domain ([`TRUST_DOMAIN`]). A certificate naming two namespaces, or none, speaks for none.
 pub fn namespace_of(cert_der: &[u8]) -> Option<String> {
     let info = CertificateInfo::from_der(cert_der).ok()?;
-    info.sans.iter().find_map(|san| match san {
-        SubjectAltName::Uri(uri) => namespace_from_spiffe_id(uri).map(str::to_owned),
+    let mut namespaces = info.sans.iter().filter_map(|san| match san {
+        SubjectAltName::Uri(uri) => spiffe_parts(uri),
         _ => None,
-    })
+    });
+    let (domain, namespace) = namespaces.next()?;
+    let alone = namespaces.all(|other| other == (domain, namespace));
+    (domain == TRUST_DOMAIN && alone).then(|| namespace.to_owned())
 }
 
 /// An accepted, authenticated connection.
@@ -329,8 +333,10 @@ fn authenticate(
     let Some(namespace) = leaf.and_then(|c| namespace_of(c)) else {
         warn!(
             %remote_addr,
+            trust_domain = TRUST_DOMAIN,
             "xDS connection refused: the client certificate has no URI SAN \
-             spiffe://<trust domain>/ns/<namespace> naming the proxy's namespace"
+             spiffe://<trust domain>/ns/<namespace> in our trust domain naming the proxy's \
+             namespace (exactly one)"
         );
         return Err(RefusalReason::NoNamespaceIdentity);
     };
@@ -380,6 +386,18 @@ mod tests {
             None
         );
         assert_eq!(namespace_of(b"not a certificate"), None);
+        // Reliability review F18: another trust domain, or two namespaces, is no identity.
+        assert_eq!(
+            namespace_of(&der(vec![spiffe_id("evil.example", "team-a")])),
+            None
+        );
+        assert_eq!(
+            namespace_of(&der(vec![
+                spiffe_id("cluster.local", "team-a"),
+                spiffe_id("cluster.local", "team-b"),
+            ])),
+            None
+        );
     }
 
     /// During a CA rotation `ca.crt` holds the previous and the next CA: a client

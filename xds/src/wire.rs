@@ -69,13 +69,30 @@ pub struct WireDeltaResponse {
     pub control_plane: Option<ControlPlane>,
 }
 
+/// The longest NACK message kept (in the proxy status, the NACK event and from there the
+/// revision's condition, which the API server caps at 32,000 characters anyway).
+pub const MAX_NACK_MESSAGE: usize = 32_000;
+
+/// Envoy's error message, cut at [`MAX_NACK_MESSAGE`] bytes (a request may carry megabytes).
+pub fn nack_message(message: &str) -> String {
+    if message.len() <= MAX_NACK_MESSAGE {
+        return message.to_owned();
+    }
+    let mut end = MAX_NACK_MESSAGE;
+    while !message.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    let rest = message.len().saturating_sub(end);
+    format!("{}… ({rest} more bytes)", &message[..end])
+}
+
 pub fn sotw_request(req: &DiscoveryRequest) -> SotwRequest {
     SotwRequest {
         type_url: req.type_url.clone(),
         version_info: req.version_info.clone(),
         resource_names: req.resource_names.clone(),
         response_nonce: req.response_nonce.clone(),
-        error: req.error_detail.as_ref().map(|s| s.message.clone()),
+        error: req.error_detail.as_ref().map(|s| nack_message(&s.message)),
     }
 }
 
@@ -90,7 +107,7 @@ pub fn delta_request(req: &DeltaDiscoveryRequest) -> DeltaRequest {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         response_nonce: req.response_nonce.clone(),
-        error: req.error_detail.as_ref().map(|s| s.message.clone()),
+        error: req.error_detail.as_ref().map(|s| nack_message(&s.message)),
     }
 }
 
@@ -237,6 +254,36 @@ mod tests {
     use super::*;
     use crate::cache::Snapshot;
     use crate::resource::{Resource, ResourceType};
+
+    #[test]
+    fn a_nack_message_of_megabytes_is_kept_to_its_first_32000_bytes() {
+        let huge = format!(
+            "{}é{}",
+            "x".repeat(MAX_NACK_MESSAGE - 1),
+            "y".repeat(4 << 20)
+        );
+        let req = DiscoveryRequest {
+            error_detail: Some(envoy_types::pb::google::rpc::Status {
+                code: 3,
+                message: huge.clone(),
+                details: vec![],
+            }),
+            ..Default::default()
+        };
+        let kept = sotw_request(&req).error.unwrap();
+        // Cut before the two-byte character that straddles the limit.
+        let rest = huge.len() - (MAX_NACK_MESSAGE - 1);
+        assert_eq!(
+            kept,
+            format!("{}… ({rest} more bytes)", "x".repeat(MAX_NACK_MESSAGE - 1))
+        );
+        let delta = DeltaDiscoveryRequest {
+            error_detail: req.error_detail.clone(),
+            ..Default::default()
+        };
+        assert_eq!(delta_request(&delta).error.unwrap(), kept);
+        assert_eq!(nack_message("bad cluster"), "bad cluster");
+    }
 
     #[test]
     fn our_responses_decode_as_envoys_messages() {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -77,10 +77,7 @@ pub async fn run(
 ) {
     let metrics = config.metrics.clone();
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
-    let controller = Controller::new(
-        Api::<DiscoveryServiceCertificate>::all(client.clone()),
-        watcher::Config::default(),
-    );
+    let controller = marin3r_controller::watch_all::<DiscoveryServiceCertificate>(&client);
     let store = controller.store();
     // A change to a Secret this controller manages wakes the certificate that writes it,
     // every certificate it is the CA of, and the CA of the certificate that writes it (a

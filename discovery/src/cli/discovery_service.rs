@@ -89,6 +89,10 @@ struct XdsLimitArgs {
     /// Resource names one stream may subscribe to per resource type.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_names_per_type)]
     xds_max_names_per_type: usize,
+    /// Seconds after which a proxy's connection is closed (it reconnects at once), so its
+    /// certificate and namespace are checked again.
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().max_connection_age.as_secs())]
+    xds_max_connection_age: u64,
 }
 
 impl XdsLimitArgs {
@@ -101,6 +105,7 @@ impl XdsLimitArgs {
             ),
             max_request_bytes: self.xds_max_request_bytes.max(1024),
             max_names_per_type: self.xds_max_names_per_type.max(1),
+            max_connection_age: std::time::Duration::from_secs(self.xds_max_connection_age.max(10)),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::runtime::WatchStreamExt;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
@@ -43,10 +43,7 @@ pub(crate) async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let controller = Controller::new(
-        Api::<EnvoyConfigRevision>::all(client.clone()),
-        watcher::Config::default(),
-    );
+    let controller = marin3r_controller::watch_all::<EnvoyConfigRevision>(&client);
     let store = controller.store();
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
     let (triggers_tx, triggers) = mpsc::channel(256);

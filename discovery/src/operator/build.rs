@@ -57,7 +57,7 @@ pub const WEBHOOK_TIMEOUT_SECONDS: i32 = 10;
 /// service is down. Pods without the label never reach the webhook.
 pub const WEBHOOK_FAILURE_POLICY: &str = "Fail";
 /// The SPIFFE trust domain of client certificate identities.
-pub const TRUST_DOMAIN: &str = "cluster.local";
+pub use marin3r_certs::TRUST_DOMAIN;
 const CONTAINER_NAME: &str = "marin3r";
 
 /// The label selector of every object a `DiscoveryService` labelled as its own.
@@ -399,10 +399,8 @@ impl<'a> Children<'a> {
         }
     }
 
-    /// The discovery pod. `server_cert_hash` is the server certificate's hash: a new
-    /// certificate changes the pod template and so rolls the pod, one ready before the old
-    /// one stops (`maxUnavailable: 0` and the readiness probe).
-    pub fn deployment(&self, server_cert_hash: &str) -> Deployment {
+    /// The discovery server's container: its flags, probes, ports and restricted security.
+    fn container(&self) -> Container {
         let s = self.spec;
         let mut args: Vec<String> = vec![
             "discovery-service".into(),
@@ -445,9 +443,7 @@ impl<'a> Children<'a> {
             timeout_seconds: Some(1),
             ..Default::default()
         };
-        let mut pod_labels = self.selector_labels();
-        pod_labels.insert(SERVER_CERT_HASH_LABEL.into(), server_cert_hash.to_owned());
-        let container = Container {
+        Container {
             name: CONTAINER_NAME.into(),
             image: Some(s.image.clone()),
             args: Some(args),
@@ -482,7 +478,17 @@ impl<'a> Children<'a> {
                 ..Default::default()
             }]),
             ..Default::default()
-        };
+        }
+    }
+
+    /// The discovery pod. `server_cert_hash` is the server certificate's hash: a new
+    /// certificate changes the pod template and so rolls the pod, one ready before the old
+    /// one stops (`maxUnavailable: 0` and the readiness probe).
+    pub fn deployment(&self, server_cert_hash: &str) -> Deployment {
+        let s = self.spec;
+        let mut pod_labels = self.selector_labels();
+        pod_labels.insert(SERVER_CERT_HASH_LABEL.into(), server_cert_hash.to_owned());
+        let container = self.container();
         Deployment {
             metadata: self.owned_meta(&self.owned_name()),
             spec: DeploymentSpec {

@@ -19,7 +19,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -62,10 +62,7 @@ pub async fn run(
 ) {
     let metrics = config.metrics.clone();
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
-    let controller = Controller::new(
-        Api::<DiscoveryService>::all(client.clone()),
-        watcher::Config::default(),
-    );
+    let controller = marin3r_controller::watch_all::<DiscoveryService>(&client);
     let store = controller.store();
     let owned = || watcher::Config::default().labels(OWNER_NAME_LABEL);
     let controller = controller

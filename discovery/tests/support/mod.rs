@@ -11,52 +11,43 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use marin3r_certs::{
-    CertificateAuthority, CertificateInfo, CertificateRequest, IssuedCertificate, Usage,
-    issue_self_signed, spiffe_id,
-};
+use marin3r_certs::{CertificateInfo, IssuedCertificate};
 use marin3r_discovery::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
 use marin3r_discovery::resource::Resource;
 use marin3r_discovery::xds::{
     Cache, NackEvent, Server, Snapshot, SyncStatus, TlsFiles, TlsSource, server_config,
 };
 use marin3r_e2e::envoy::{Envoy, get_body};
+use marin3r_e2e::kubelet::volumes::{secret_files, write_atomic};
+use marin3r_e2e::pki::TestPki;
 use tokio::sync::{mpsc, oneshot};
 
-pub const TRUST_DOMAIN: &str = "cluster.local";
 const DAY: Duration = Duration::from_secs(86_400);
 
+/// The test CA (`pki.ca`) and the xDS server's certificate (for 127.0.0.1 and localhost).
 pub struct Pki {
-    pub ca: CertificateAuthority,
+    pki: TestPki,
     pub server: IssuedCertificate,
 }
 
 impl Pki {
     pub fn new() -> Self {
-        let ca = issue_self_signed(&CertificateRequest::ca("marin3r-ca", DAY)).unwrap();
-        let ca = CertificateAuthority::from_issued(&ca).unwrap();
-        let server = ca
-            .issue(
-                &CertificateRequest::new("marin3r", Usage::Server, DAY)
-                    .with_hosts(["127.0.0.1", "localhost"]),
-            )
-            .unwrap();
-        Self { ca, server }
+        let pki = TestPki::new("marin3r-ca", DAY).unwrap();
+        let server = pki.server(["127.0.0.1", "localhost"]).unwrap();
+        Self { pki, server }
     }
 
     /// A client certificate for a namespace (`None`: no SPIFFE URI at all).
     pub fn client(&self, namespace: Option<&str>) -> IssuedCertificate {
-        let hosts: Vec<String> = match namespace {
-            Some(ns) => vec![spiffe_id(TRUST_DOMAIN, ns)],
-            None => vec!["envoy.example".into()],
-        };
-        self.ca
-            .issue(&CertificateRequest::new("envoy", Usage::Client, DAY).with_hosts(hosts))
-            .unwrap()
+        self.pki.client(namespace).unwrap()
     }
+}
 
-    pub fn ca_pem(&self) -> &str {
-        self.ca.cert_pem()
+impl std::ops::Deref for Pki {
+    type Target = TestPki;
+
+    fn deref(&self) -> &TestPki {
+        &self.pki
     }
 }
 
@@ -87,17 +78,8 @@ pub fn free_port() -> u16 {
     panic!("no free port between {low} and {first_ephemeral}");
 }
 
-/// Polls `f` until it returns `Some`, or panics with `what` after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+/// Polls `f` until it returns `Some`, or fails the test naming `what` after `timeout`.
+pub use marin3r_e2e::wait::until_sync as wait_for;
 
 pub fn snapshot(resources: Vec<Resource>) -> Snapshot {
     Snapshot::new(resources).unwrap()
@@ -269,37 +251,25 @@ pub fn metric_value(text: &str, sample: &str) -> f64 {
 /// `..<timestamp>` folder, `..data` points at it, and `tls.crt` etc. point through `..data`.
 pub struct SecretDir {
     pub path: PathBuf,
-    generation: u32,
 }
 
 impl SecretDir {
     pub fn create(path: &Path, cert: &IssuedCertificate) -> Self {
-        std::fs::create_dir_all(path).unwrap();
         let mut dir = Self {
             path: path.to_owned(),
-            generation: 0,
         };
         dir.swap(cert);
-        for file in ["tls.crt", "tls.key", "ca.crt"] {
-            std::os::unix::fs::symlink(format!("..data/{file}"), path.join(file)).unwrap();
-        }
         dir
     }
 
-    /// Atomically replaces the files, the way the kubelet does.
+    /// Atomically replaces the files, the way the kubelet does (with the kubelet's writer).
     pub fn swap(&mut self, cert: &IssuedCertificate) {
-        self.generation += 1;
-        let old = self.path.join(format!("..gen_{}", self.generation - 1));
-        let new_name = format!("..gen_{}", self.generation);
-        let new = self.path.join(&new_name);
-        std::fs::create_dir(&new).unwrap();
-        std::fs::write(new.join("tls.crt"), &cert.cert_pem).unwrap();
-        std::fs::write(new.join("tls.key"), &cert.key_pem).unwrap();
-        std::fs::write(new.join("ca.crt"), &cert.ca_pem).unwrap();
-        let tmp = self.path.join("..data_tmp");
-        std::os::unix::fs::symlink(&new_name, &tmp).unwrap();
-        std::fs::rename(&tmp, self.path.join("..data")).unwrap();
-        let _ = std::fs::remove_dir_all(old);
+        let files = secret_files([
+            ("tls.crt", cert.cert_pem.as_str()),
+            ("tls.key", &cert.key_pem),
+            ("ca.crt", &cert.ca_pem),
+        ]);
+        write_atomic(&self.path, &files).unwrap();
     }
 }
 

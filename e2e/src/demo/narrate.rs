@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::anyhow;
 
 /// Records every step's outcome so the demo can say at the end whether all succeeded.
 #[derive(Debug, Default)]
@@ -63,28 +63,25 @@ impl Narrator {
 
 /// Polls `check` every 200 ms until it returns `Ok(Some(_))` or `timeout` passes; the
 /// error names what was awaited and the last thing `check` saw.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> anyhow::Result<T>
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Option<T>>>,
 {
-    let deadline = Instant::now() + timeout;
-    let mut last = String::from("nothing yet");
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if Instant::now() >= deadline {
-            bail!("{what}: not within {}s (last: {last})", timeout.as_secs());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    crate::wait::poll(timeout, Duration::from_millis(200), check)
+        .await
+        .map_err(|t| {
+            let last = t
+                .last
+                .map_or_else(|| "nothing yet".into(), |e| format!("{e:#}"));
+            anyhow!("{what}: not within {}s (last: {last})", timeout.as_secs())
+        })
 }
 
 #[cfg(test)]
 mod tests {
+    use anyhow::bail;
+
     use super::*;
 
     #[tokio::test]

@@ -15,6 +15,14 @@ pub type Files = BTreeMap<String, (Vec<u8>, u32)>;
 
 const DATA: &str = "..data";
 
+/// The files of a Secret volume with these keys and texts, as kubelet writes them (mode 0644).
+pub fn secret_files<'a>(entries: impl IntoIterator<Item = (&'a str, &'a str)>) -> Files {
+    entries
+        .into_iter()
+        .map(|(key, text)| (key.to_owned(), (text.as_bytes().to_vec(), 0o644)))
+        .collect()
+}
+
 /// Writes `files` into `dir` with the atomic-writer layout. Returns whether anything changed
 /// (an identical payload leaves the folder untouched, so watchers see no event).
 pub fn write_atomic(dir: &Path, files: &Files) -> std::io::Result<bool> {

@@ -14,10 +14,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use marin3r_certs::{
-    CertificateAuthority, CertificateInfo, CertificateRequest, IssuedCertificate, Usage,
-    issue_self_signed,
-};
+use marin3r_certs::{CertificateInfo, IssuedCertificate};
+use marin3r_e2e::kubelet::volumes::{secret_files, write_atomic};
+use marin3r_e2e::pki::TestPki;
 use marin3r_webhook::WebhookServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -28,67 +27,42 @@ use tokio_rustls::TlsConnector;
 pub const HOST: &str = "marin3r.marin3r-system.svc";
 
 pub struct Pki {
-    pub ca: CertificateAuthority,
+    pki: TestPki,
     pub ca_pem: String,
 }
 
 impl Pki {
     pub fn new() -> Self {
-        let ca = issue_self_signed(&CertificateRequest::ca(
-            "webhook-test-ca",
-            Duration::from_secs(3600),
-        ))
-        .unwrap();
+        let pki = TestPki::new("webhook-test-ca", Duration::from_secs(3600)).unwrap();
         Self {
-            ca_pem: ca.cert_pem.clone(),
-            ca: CertificateAuthority::from_issued(&ca).unwrap(),
+            ca_pem: pki.ca_pem().to_owned(),
+            pki,
         }
     }
 
     pub fn server_cert(&self) -> IssuedCertificate {
-        self.ca
-            .issue(
-                &CertificateRequest::new("marin3r", Usage::Server, Duration::from_secs(3600))
-                    .with_hosts([HOST]),
-            )
-            .unwrap()
+        self.pki.server([HOST]).unwrap()
     }
 }
 
-/// A mounted Secret laid out as kubelet does: `..<ts>/` holds the files, `..data` points at
-/// it, and `tls.crt`/`tls.key` point through `..data`. Updates swap `..data` atomically.
+/// A mounted Secret with `tls.crt` and `tls.key`, written and updated by the local kubelet's
+/// atomic writer (`..<ts>/` holds the files, `..data` points at it and is swapped by rename).
 pub struct SecretDir {
     dir: tempfile::TempDir,
-    generation: u32,
 }
 
 impl SecretDir {
     pub fn new(cert: &IssuedCertificate) -> Self {
         let mut s = Self {
             dir: tempfile::tempdir().unwrap(),
-            generation: 0,
         };
         s.write(&cert.cert_pem, &cert.key_pem);
-        for f in ["tls.crt", "tls.key"] {
-            std::os::unix::fs::symlink(format!("..data/{f}"), s.dir.path().join(f)).unwrap();
-        }
         s
     }
 
     pub fn write(&mut self, cert_pem: &str, key_pem: &str) {
-        self.generation += 1;
-        let ts = format!(
-            "..2026_11_22_00_00_{:02}.{}",
-            self.generation,
-            std::process::id()
-        );
-        let data = self.dir.path().join(&ts);
-        std::fs::create_dir(&data).unwrap();
-        std::fs::write(data.join("tls.crt"), cert_pem).unwrap();
-        std::fs::write(data.join("tls.key"), key_pem).unwrap();
-        let tmp = self.dir.path().join("..data_tmp");
-        std::os::unix::fs::symlink(&ts, &tmp).unwrap();
-        std::fs::rename(&tmp, self.dir.path().join("..data")).unwrap();
+        let files = secret_files([("tls.crt", cert_pem), ("tls.key", key_pem)]);
+        write_atomic(self.dir.path(), &files).unwrap();
     }
 
     pub fn cert(&self) -> PathBuf {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use kube::api::{ListParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
@@ -30,16 +30,31 @@ pub(crate) async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let controller = Controller::new(
-        Api::<EnvoyConfig>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<EnvoyConfigRevision>::all(client),
+    let controller = marin3r_controller::watch_all::<EnvoyConfig>(&client).owns(
+        Api::<EnvoyConfigRevision>::all(client.clone()),
         watcher::Config::default(),
     );
     let store = controller.store();
     tokio::spawn(super::mark_ready(store.clone(), ready));
+    // A config refused because another one serves its node id gets its turn when that one
+    // goes away or changes its node id: any change wakes the others of the same node id.
+    let same_node = store.clone();
+    let controller = controller.watches(
+        Api::<EnvoyConfig>::all(client.clone()),
+        watcher::Config::default(),
+        move |changed: EnvoyConfig| {
+            same_node
+                .state()
+                .into_iter()
+                .filter(|other| {
+                    other.namespace() == changed.namespace()
+                        && other.spec.node_id == changed.spec.node_id
+                        && other.name_any() != changed.name_any()
+                })
+                .map(|other| kube::runtime::reflector::ObjectRef::from_obj(&*other))
+                .collect::<Vec<_>>()
+        },
+    );
     let controller = ctx.watch_namespaces(controller);
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
@@ -90,10 +105,19 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     Ok(Action::await_change())
 }
 
-/// Reads the revisions the config owns.
+/// Reads the revisions the config owns, and the other configs of its node id.
 async fn observe<'a>(ec: &'a EnvoyConfig, ctx: &Context) -> Result<Observed<'a>, Error> {
-    let api: Api<EnvoyConfigRevision> =
-        Api::namespaced(ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    let ns = ec.namespace().unwrap_or_default();
+    let configs: Api<EnvoyConfig> = Api::namespaced(ctx.client.clone(), &ns);
+    let node_served_by = configs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|other| other.spec.node_id == ec.spec.node_id && plan::comes_first(other, ec))
+        .map(|other| other.name_any())
+        .min();
+    let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = ec.uid().unwrap_or_default();
     let revisions = api
         .list(&ListParams::default())
@@ -104,6 +128,7 @@ async fn observe<'a>(ec: &'a EnvoyConfig, ctx: &Context) -> Result<Observed<'a>,
         .collect();
     Ok(Observed {
         ec,
+        node_served_by,
         allow_cross_namespace_secrets: ctx.config.allow_cross_namespace_secrets,
         revisions,
         now: super::now(),

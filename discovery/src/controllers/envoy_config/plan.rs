@@ -45,6 +45,8 @@ impl From<CacheState> for Reason {
 /// What the controller read for one config.
 pub struct Observed<'a> {
     pub ec: &'a EnvoyConfig,
+    /// Another config of the namespace with the same node id that [`comes_first`].
+    pub node_served_by: Option<String>,
     pub allow_cross_namespace_secrets: bool,
     /// The revisions it owns.
     pub revisions: Vec<EnvoyConfigRevision>,
@@ -81,7 +83,15 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
     let ec = obs.ec;
     let ns = ec.namespace().unwrap_or_default();
     let version = ec.spec.envoy_resources.version();
-    let problems = problems(&ec.spec, &ns, obs.allow_cross_namespace_secrets);
+    let mut problems = problems(&ec.spec, &ns, obs.allow_cross_namespace_secrets);
+    if let Some(other) = &obs.node_served_by {
+        problems.push(format!(
+            "spec.nodeID: node {:?} is already served by EnvoyConfig {other} in namespace \
+             {ns}; a node takes its config from one EnvoyConfig (this one is used once that \
+             one is deleted or names another node)",
+            ec.spec.node_id
+        ));
+    }
     if !problems.is_empty() {
         return Plan::Invalid(invalid(obs, &version, &problems));
     }
@@ -109,6 +119,13 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         mine,
         algorithm,
     }))
+}
+
+/// Of two configs of one node id, the one that serves it: the older, or on the same second
+/// the first by name. Whether `a` comes before `b`.
+pub fn comes_first(a: &EnvoyConfig, b: &EnvoyConfig) -> bool {
+    let key = |ec: &EnvoyConfig| (ec.creation_timestamp().map(|t| t.0), ec.name_any());
+    a.uid() != b.uid() && key(a) < key(b)
 }
 
 fn invalid(obs: &Observed<'_>, version: &str, problems: &[String]) -> Outcome {
@@ -324,5 +341,61 @@ fn revision_ref(
         namespace: ec.namespace(),
         uid: found.and_then(|r| r.uid()),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn config(name: &str, uid: &str, created: &str) -> EnvoyConfig {
+        let mut ec = EnvoyConfig::new(name, Default::default());
+        ec.metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            uid: Some(uid.into()),
+            creation_timestamp: Some(Time(created.parse().unwrap())),
+            ..Default::default()
+        };
+        ec
+    }
+
+    #[test]
+    fn the_older_config_of_a_node_serves_it_then_the_first_by_name() {
+        let old = config("zeta", "1", "2026-01-01T00:00:00Z");
+        let new = config("alpha", "2", "2026-01-01T00:00:01Z");
+        assert!(comes_first(&old, &new) && !comes_first(&new, &old));
+        let same_second = config("beta", "3", "2026-01-01T00:00:01Z");
+        assert!(comes_first(&new, &same_second) && !comes_first(&same_second, &new));
+        assert!(
+            !comes_first(&old, &old),
+            "a config never comes before itself"
+        );
+    }
+
+    #[test]
+    fn a_config_whose_node_is_served_by_another_is_invalid_naming_it() {
+        let ec = config("second", "2", "2026-01-01T00:00:01Z");
+        let obs = Observed {
+            ec: &ec,
+            node_served_by: Some("first".into()),
+            allow_cross_namespace_secrets: false,
+            revisions: Vec::new(),
+            now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
+        };
+        let Plan::Invalid(outcome) = decide(&obs) else {
+            panic!("a node served by another config must not be published")
+        };
+        let condition = &outcome.status.conditions[0];
+        assert_eq!(condition.reason, "InvalidSpec");
+        assert!(
+            condition.message.contains("spec.nodeID") && condition.message.contains("first"),
+            "{}",
+            condition.message
+        );
     }
 }
