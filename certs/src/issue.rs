@@ -18,6 +18,8 @@ use time::OffsetDateTime;
 use crate::error::CertError;
 use crate::pem::{first_block, private_key_der};
 
+/// The most a certificate's validity starts before it is issued (see `params`).
+const MAX_BACKDATE_SECONDS: i64 = 60;
 /// The key type of a certificate we issue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum KeyAlgorithm {
@@ -153,8 +155,12 @@ impl CertificateRequest {
             ));
         }
         // X.509 times have whole seconds; start on one so the arithmetic on the issued
-        // certificate gives back exactly the requested validity.
-        let not_before = now.replace_nanosecond(0).unwrap_or(now);
+        // certificate gives back exactly the requested validity. Start a little in the past
+        // (a minute, or a tenth of a short validity) so a peer whose clock is behind ours
+        // does not see a certificate that is not valid yet, as Vault backdates its own.
+        let whole = now.replace_nanosecond(0).unwrap_or(now);
+        let backdate = time::Duration::seconds((seconds / 10).min(MAX_BACKDATE_SECONDS));
+        let not_before = whole.checked_sub(backdate).unwrap_or(whole);
         let not_after = not_before
             .checked_add(time::Duration::seconds(seconds))
             .filter(|t| t.year() <= 9999)
@@ -397,6 +403,28 @@ mod tests {
         assert_eq!(info.issuer, "CN=marin3r-ca");
         assert_eq!(info.key_algorithm, "ECDSA P-256");
         assert_eq!(info.not_after - info.not_before, time::Duration::days(1));
+    }
+
+    /// Reliability review F25: a peer whose clock is a little behind must not see a brand-new
+    /// certificate as not valid yet. The validity still lasts exactly what was asked.
+    #[test]
+    fn validity_starts_a_minute_early_or_a_tenth_of_a_short_one() {
+        for (valid_for, backdate) in [(86_400, 60), (300, 30), (5, 0)] {
+            let now = OffsetDateTime::now_utc();
+            let req = CertificateRequest::ca("ca", Duration::from_secs(valid_for));
+            let info =
+                CertificateInfo::from_pem(&issue_self_signed(&req).unwrap().cert_pem).unwrap();
+            let early = now.replace_nanosecond(0).unwrap() - info.not_before;
+            assert!(
+                early >= time::Duration::seconds(backdate)
+                    && early <= time::Duration::seconds(backdate + 1),
+                "validFor {valid_for}s: starts {early} early"
+            );
+            assert_eq!(
+                info.not_after - info.not_before,
+                time::Duration::seconds(valid_for as i64)
+            );
+        }
     }
 
     #[test]

@@ -16,18 +16,32 @@ pub use event::{Context, Events, Note};
 pub use metrics::ReconcileMetrics;
 pub use policy::{Conflict, Error, drain, error_policy, is_conflict, retry_after, run};
 
-/// A controller of every `K` the client can see, with the default watcher configuration
-/// (each controller narrows what wakes it with `owns`, `watches` and its namespace filter).
-pub fn watch_all<K>(client: &kube::Client) -> kube::runtime::Controller<K>
-where
+/// What a controller can watch: a typed Kubernetes object kube's runtime can reflect.
+pub trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
     K: kube::Resource<DynamicType = ()>
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
+}
+
+/// A controller of every `K` the client can see, with the default watcher configuration
+/// (each controller narrows what wakes it with `owns`, `watches` and its namespace filter).
+pub fn watch_all<K: Watched>(client: &kube::Client) -> kube::runtime::Controller<K> {
     kube::runtime::Controller::new(
         kube::Api::all(client.clone()),
         kube::runtime::watcher::Config::default(),

@@ -552,3 +552,124 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
     envoy.wait_for_body(port, "good");
     drop(second);
 }
+
+/// A second discovery process whose EnvoyConfig watch has stalled (an old pod during a
+/// rollout, or a watch stuck behind API errors) still sees the revisions change. Before the
+/// controller read the EnvoyConfig fresh, it decided from its stale cached spec and
+/// republished the old revision over the newest one (found by the soak: every Envoy went back
+/// one revision); now the published revision stays the newest.
+#[test]
+fn a_stale_cached_envoyconfig_never_republishes_an_old_revision() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::{Api, PostParams};
+    use marin3r_discovery::controllers::{self, Readiness};
+    use marin3r_discovery::xds::{Cache, Server};
+
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(NS, "gw", spec("gw", port, "one"));
+    plane.wait_in_sync(NS, "gw");
+
+    // The second process runs as its own service account (with every permission), so that
+    // only its requests can be held.
+    let sa = "stale-pod";
+    let create = |value: serde_json::Value| -> anyhow::Result<()> {
+        plane.rt.block_on(async {
+            let client = plane.client.clone();
+            match value["kind"].as_str() {
+                Some("ServiceAccount") => {
+                    Api::<ServiceAccount>::namespaced(client, NS)
+                        .create(&PostParams::default(), &serde_json::from_value(value)?)
+                        .await?;
+                }
+                Some("ClusterRole") => {
+                    Api::<ClusterRole>::all(client)
+                        .create(&PostParams::default(), &serde_json::from_value(value)?)
+                        .await?;
+                }
+                _ => {
+                    Api::<ClusterRoleBinding>::all(client)
+                        .create(&PostParams::default(), &serde_json::from_value(value)?)
+                        .await?;
+                }
+            }
+            Ok(())
+        })
+    };
+    create(serde_json::json!({"kind": "ServiceAccount", "metadata": {"name": sa}})).unwrap();
+    create(
+        serde_json::json!({"kind": "ClusterRole", "metadata": {"name": sa},
+        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+    )
+    .unwrap();
+    create(
+        serde_json::json!({"kind": "ClusterRoleBinding", "metadata": {"name": sa},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]}),
+    )
+    .unwrap();
+    let token = plane.api.service_account_token(NS, sa);
+    let kubeconfig = plane
+        .api
+        .kubeconfig()
+        .replace("token: local-cluster", &format!("token: {token}"));
+    let stale_client = plane.rt.block_on(async {
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    });
+    let cache = Cache::new();
+    let (_server, nacks) = Server::builder(cache.clone()).build();
+    let readiness = Readiness::default();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let second = plane.rt.spawn(controllers::run(
+        stale_client,
+        controllers::Config {
+            discovery_service: Some(support::plane::DISCOVERY_SERVICE.into()),
+            ..Default::default()
+        },
+        cache,
+        nacks,
+        readiness.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    wait("the second process synced", Duration::from_secs(20), || {
+        readiness.ready().then_some(())
+    });
+
+    // Its EnvoyConfig watch stalls (held, as its re-watch after the drop); everything else
+    // of it and of the first process goes on.
+    let watch_path = "/apis/marin3r.3scale.net/v1alpha1/envoyconfigs";
+    let faults = plane.api.faults();
+    faults.hold_for(watch_path, &format!("system:serviceaccount:{NS}:{sa}"));
+    faults.drop_watches();
+    std::thread::sleep(Duration::from_millis(500));
+    plane.apply(NS, "gw", spec("gw", port, "two"));
+    let newest = plane.wait_in_sync(NS, "gw").spec.envoy_resources.version();
+
+    // The revisions changed under the second process: it reconciles its stale spec. For
+    // three seconds the newest stays the one published, and only it.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let published: Vec<String> = plane
+            .list_revisions(NS)
+            .into_iter()
+            .filter(|r| r.is_published())
+            .map(|r| r.spec.version)
+            .collect();
+        assert_eq!(
+            published,
+            std::slice::from_ref(&newest),
+            "the old revision was republished"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    faults.release(watch_path);
+    let _ = stop.send(());
+    let _ = plane.rt.block_on(second);
+}

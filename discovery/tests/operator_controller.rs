@@ -146,7 +146,11 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
         "kind": "DiscoveryService",
         "metadata": {"name": "instance", "namespace": OPS},
-        "spec": {"enabledNamespaces": ["team-a"], "debug": true},
+        "spec": {
+            "enabledNamespaces": ["team-a"],
+            "debug": true,
+            "podPriorityClass": "system-cluster-critical",
+        },
     }))
     .unwrap();
     dss.create(&PostParams::default(), &ds).await.unwrap();
@@ -199,6 +203,17 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         deployments.get_opt("marin3r-instance").await.unwrap()
     })
     .await;
+    assert_eq!(
+        deployment
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .priority_class_name
+            .as_deref(),
+        Some("system-cluster-critical")
+    );
     let template_labels = deployment.spec.template.metadata.unwrap().labels.unwrap();
     assert_eq!(template_labels[SERVER_CERT_HASH_LABEL], server_hash);
     assert!(
@@ -262,6 +277,10 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     .await;
     let status = ds.status.unwrap();
     assert_eq!(status.enabled_namespaces, ["team-a", "team-b"]);
+    // The original's status fields: the Deployment's name and its own status.
+    assert_eq!(status.deployment_name.as_deref(), Some("marin3r-instance"));
+    let deployment_status = status.deployment_status.unwrap();
+    assert_eq!(deployment_status.ready_replicas, Some(1));
     // What happened is told in Events on the DiscoveryService.
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), OPS);
     let reasons = wait_for("the Events", || async {

@@ -142,6 +142,34 @@ async fn history_replay_bookmarks_and_timeouts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_errors_can_target_writes_and_one_client() {
+    let (server, api, _) = setup(Duration::from_secs(60)).await;
+    let faults = server.faults();
+    // A conflict for writes only: reads pass, the next write takes it.
+    faults.fail_next(1, 409, FaultScope::Write);
+    api.list(&ListParams::default()).await.unwrap();
+    assert!(
+        matches!(api.create(&PostParams::default(), &cm("a", "red")).await, Err(kube::Error::Api(s)) if s.code == 409)
+    );
+    api.create(&PostParams::default(), &cm("a", "red"))
+        .await
+        .unwrap();
+    // Errors for the pods' service accounts spare this client (the cluster's admin)...
+    faults.fail_next_for(2, 500, FaultScope::Any, "system:serviceaccount:");
+    api.list(&ListParams::default()).await.unwrap();
+    api.get("a").await.unwrap();
+    assert_eq!(faults.pending(), 2);
+    // ...and errors for it hit it.
+    faults.fail_next_for(1, 500, FaultScope::Any, "local-cluster-admin");
+    assert!(matches!(api.get("a").await, Err(kube::Error::Api(s)) if s.code == 500));
+    assert_eq!(faults.pending(), 2);
+    assert_eq!(
+        faults.served(),
+        std::collections::BTreeMap::from([(409, 1), (500, 1)])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_errors_and_dropped_watches() {
     let (server, api, nss) = setup(Duration::from_secs(60)).await;
     server.faults().fail_next(2, 500, FaultScope::Any);

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::DeploymentStatus;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
@@ -84,6 +85,11 @@ pub struct DiscoveryServiceSpec {
     /// The Service in front of the discovery pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_config: Option<ServiceConfig>,
+    /// The PriorityClass of the discovery pod (it must exist: the API server refuses pods
+    /// naming a missing one). A high class keeps the discovery pod scheduled when a node is
+    /// short of resources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_priority_class: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -142,6 +148,12 @@ pub struct DiscoveryServiceStatus {
     /// The discovery Deployment's ready and desired replicas, e.g. `1/1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
+    /// The name of the discovery Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_name: Option<String>,
+    /// The discovery Deployment's own status, as its controller last wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_status: Option<DeploymentStatus>,
     /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -165,6 +177,7 @@ pub struct Resolved {
     pub enabled_namespaces: Vec<String>,
     pub service_name: String,
     pub service_type: String,
+    pub pod_priority_class: Option<String>,
 }
 
 impl DiscoveryService {
@@ -269,7 +282,16 @@ impl DiscoveryService {
             enabled_namespaces: enabled,
             service_name: service.name.unwrap_or(owned),
             service_type,
+            pod_priority_class: spec.pod_priority_class.clone(),
         };
+        if let Some(class) = &resolved.pod_priority_class
+            && !is_dns_subdomain(class)
+        {
+            return Err(format!(
+                "spec.podPriorityClass: {class:?} is not a PriorityClass name (lowercase letters, \
+                 digits, '-' and '.', at most 253)"
+            ));
+        }
         for (field, name) in [
             (
                 "spec.pkiConfig.rootCertificateAuthority.secretName",

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use marin3r_controller::Events;
 use tokio::sync::mpsc;
 
@@ -79,19 +79,10 @@ impl Context {
 
     /// With `--discovery-service-name`, labelling a namespace (or removing the label) takes
     /// effect at once: a namespace change reconciles every object of that namespace again.
-    pub(crate) fn watch_namespaces<K>(
+    pub(crate) fn watch_namespaces<K: marin3r_controller::Watched>(
         &self,
         controller: kube::runtime::Controller<K>,
-    ) -> kube::runtime::Controller<K>
-    where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + std::fmt::Debug
-            + serde::de::DeserializeOwned
-            + Send
-            + Sync
-            + 'static,
-    {
+    ) -> kube::runtime::Controller<K> {
         if self.config.discovery_service.is_none() {
             return controller;
         }

@@ -511,6 +511,7 @@ impl<'a> Children<'a> {
                     }),
                     spec: Some(PodSpec {
                         service_account_name: Some(self.owned_name()),
+                        priority_class_name: s.pod_priority_class.clone(),
                         security_context: Some(PodSecurityContext {
                             run_as_non_root: Some(true),
                             seccomp_profile: Some(SeccompProfile {

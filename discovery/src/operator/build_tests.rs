@@ -358,6 +358,25 @@ fn replicas_feed_the_deployment_and_only_one_is_accepted() {
 }
 
 #[test]
+fn the_pod_priority_class_reaches_the_pod_and_must_be_a_class_name() {
+    let d = with(
+        serde_json::json!({"podPriorityClass": "marin3r-high"}),
+        |c| c.deployment("h"),
+    );
+    let pod = d.spec.template.spec.unwrap();
+    assert_eq!(pod.priority_class_name.as_deref(), Some("marin3r-high"));
+    let d = with(serde_json::json!({}), |c| c.deployment("h"));
+    assert_eq!(d.spec.template.spec.unwrap().priority_class_name, None);
+    let err = ds(serde_json::json!({"podPriorityClass": "High Priority"}))
+        .resolve("marin3r:test")
+        .unwrap_err();
+    assert!(
+        err.starts_with("spec.podPriorityClass: \"High Priority\""),
+        "{err}"
+    );
+}
+
+#[test]
 fn the_disruption_budget_lets_a_drain_take_one_discovery_pod() {
     let (pdb, d) = with(serde_json::json!({}), |c| {
         (c.pod_disruption_budget(), c.deployment("h"))

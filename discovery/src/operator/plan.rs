@@ -258,6 +258,8 @@ pub fn report(
     status.enabled_namespaces = plan.enabled.clone();
     let (rolled_out, summary) = deployment_state(deployment);
     status.deployment = summary;
+    status.deployment_name = deployment.map(ResourceExt::name_any);
+    status.deployment_status = deployment.and_then(|d| d.status.clone());
     let children = &plan.children;
     let pending: Vec<&str> = applied
         .clients_ready

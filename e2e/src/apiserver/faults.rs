@@ -1,8 +1,9 @@
 //! Fault injection, switched on through a handle on a running server: end every open watch,
-//! answer the next requests with an error code, hang the requests for one resource, hold
-//! requests to a path until released, delay or fail webhook calls.
+//! answer the next requests with an error code (optionally only one client's, e.g. a service
+//! account's), hang the requests for one resource, hold requests to a path until released,
+//! delay or fail webhook calls.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -15,11 +16,47 @@ pub enum FaultScope {
     Any,
     /// Only watch requests; a 410 is then sent inside the stream, as a real server does.
     Watch,
+    /// Only writes (create, update, patch, delete), where a real server answers 409 Conflict.
+    Write,
+}
+
+/// What a queued error is matched against: the request being served.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FaultedRequest<'a> {
+    pub is_watch: bool,
+    pub is_write: bool,
+    /// The authenticated user (`system:serviceaccount:<ns>:<name>` for a pod).
+    pub user: &'a str,
+}
+
+#[derive(Debug)]
+struct QueuedError {
+    scope: FaultScope,
+    code: u16,
+    /// Only requests of a user whose name starts with this.
+    user_prefix: Option<String>,
+}
+
+impl QueuedError {
+    fn matches(&self, req: &FaultedRequest<'_>) -> bool {
+        let scoped = match self.scope {
+            FaultScope::Any => true,
+            FaultScope::Watch => req.is_watch,
+            FaultScope::Write => req.is_write,
+        };
+        scoped
+            && self
+                .user_prefix
+                .as_deref()
+                .is_none_or(|prefix| req.user.starts_with(prefix))
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
-    errors: VecDeque<(FaultScope, u16)>,
+    errors: VecDeque<QueuedError>,
+    /// Injected errors served so far, by code.
+    served: BTreeMap<u16, u64>,
     webhook_delay: Option<Duration>,
     webhook_fail: bool,
     /// Requests for these resources (plural names, e.g. `leases`) answer only after a delay.
@@ -31,8 +68,9 @@ struct State {
 pub struct Faults {
     state: Mutex<State>,
     drop_watches: watch::Sender<u64>,
-    /// Paths whose requests wait (unanswered) until released.
-    held: watch::Sender<Vec<String>>,
+    /// Paths whose requests wait (unanswered) until released, each for every user or only
+    /// for users whose name starts with a prefix.
+    held: watch::Sender<Vec<(String, Option<String>)>>,
 }
 
 impl Default for Faults {
@@ -61,38 +99,77 @@ impl Faults {
 
     /// Answers the next `n` resource requests in `scope` with HTTP `code` (409, 410, 500...).
     pub fn fail_next(&self, n: usize, code: u16, scope: FaultScope) {
+        self.queue(n, code, scope, None);
+    }
+
+    /// As [`Self::fail_next`], but only for requests of users whose name starts with
+    /// `user_prefix` (e.g. `system:serviceaccount:marin3r-system:` for every pod of that
+    /// namespace): the other clients of the cluster (the kubelet, a test's own client) are
+    /// served normally.
+    pub fn fail_next_for(&self, n: usize, code: u16, scope: FaultScope, user_prefix: &str) {
+        self.queue(n, code, scope, Some(user_prefix));
+    }
+
+    fn queue(&self, n: usize, code: u16, scope: FaultScope, user_prefix: Option<&str>) {
         let mut state = self.state();
         for _ in 0..n {
-            state.errors.push_back((scope, code));
+            state.errors.push_back(QueuedError {
+                scope,
+                code,
+                user_prefix: user_prefix.map(str::to_owned),
+            });
         }
     }
 
-    /// Takes the error for this request, if one is queued for its kind.
-    pub(super) fn take(&self, is_watch: bool) -> Option<u16> {
+    /// How many queued errors no request has taken yet.
+    pub fn pending(&self) -> usize {
+        self.state().errors.len()
+    }
+
+    /// How many injected errors were served, by HTTP code.
+    pub fn served(&self) -> BTreeMap<u16, u64> {
+        self.state().served.clone()
+    }
+
+    /// Takes the first error queued for this request, if any, and counts it as served.
+    pub(super) fn take(&self, req: &FaultedRequest<'_>) -> Option<u16> {
         let mut state = self.state();
-        let pos = state
-            .errors
-            .iter()
-            .position(|(scope, _)| *scope == FaultScope::Any || is_watch)?;
-        state.errors.remove(pos).map(|(_, code)| code)
+        let pos = state.errors.iter().position(|e| e.matches(req))?;
+        let code = state.errors.remove(pos)?.code;
+        *state.served.entry(code).or_default() += 1;
+        Some(code)
     }
 
     /// Holds every request whose path is exactly `path` (e.g.
     /// `/api/v1/namespaces/a/secrets/web`) until [`Self::release`]: the client sees a slow
     /// API server, and the request is then served normally.
     pub fn hold(&self, path: &str) {
-        self.held.send_modify(|h| h.push(path.to_owned()));
+        self.held.send_modify(|h| h.push((path.to_owned(), None)));
+    }
+
+    /// As [`Self::hold`], for the requests of users whose name starts with `user_prefix`
+    /// only: e.g. one client's watch of a resource stalls (its cache goes stale) while every
+    /// other client is served.
+    pub fn hold_for(&self, path: &str, user_prefix: &str) {
+        self.held
+            .send_modify(|h| h.push((path.to_owned(), Some(user_prefix.to_owned()))));
     }
 
     /// Lets the requests held for `path` through, and the ones after them.
     pub fn release(&self, path: &str) {
-        self.held.send_modify(|h| h.retain(|p| p != path));
+        self.held.send_modify(|h| h.retain(|(p, _)| p != path));
     }
 
-    /// Waits while `path` is held.
-    pub(super) async fn wait_if_held(&self, path: &str) {
+    /// Waits while `path` is held for `user`.
+    pub(super) async fn wait_if_held(&self, path: &str, user: &str) {
         let mut rx = self.held.subscribe();
-        let _ = rx.wait_for(|held| !held.iter().any(|p| p == path)).await;
+        let _ = rx
+            .wait_for(|held| {
+                !held.iter().any(|(p, prefix)| {
+                    p == path && prefix.as_deref().is_none_or(|pre| user.starts_with(pre))
+                })
+            })
+            .await;
     }
 
     /// Holds every request for `resource` (a plural name such as `leases`) for `delay` before
@@ -127,5 +204,81 @@ impl Faults {
     pub(super) fn webhook_faults(&self) -> (Option<Duration>, bool) {
         let state = self.state();
         (state.webhook_delay, state.webhook_fail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(is_watch: bool, is_write: bool, user: &str) -> FaultedRequest<'_> {
+        FaultedRequest {
+            is_watch,
+            is_write,
+            user,
+        }
+    }
+
+    #[test]
+    fn errors_are_taken_in_order_by_the_requests_they_match() {
+        let faults = Faults::default();
+        faults.fail_next(1, 410, FaultScope::Watch);
+        faults.fail_next(1, 409, FaultScope::Write);
+        faults.fail_next(1, 500, FaultScope::Any);
+        // A read skips the watch and write errors and takes the one for any request.
+        assert_eq!(faults.take(&req(false, false, "admin")), Some(500));
+        assert_eq!(faults.take(&req(false, false, "admin")), None);
+        assert_eq!(faults.take(&req(false, true, "admin")), Some(409));
+        assert_eq!(faults.take(&req(true, false, "admin")), Some(410));
+        assert_eq!(faults.pending(), 0);
+        assert_eq!(
+            faults.served(),
+            BTreeMap::from([(409, 1), (410, 1), (500, 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn a_path_held_for_one_user_holds_only_that_users_requests() {
+        let faults = std::sync::Arc::new(Faults::default());
+        let path = "/apis/g/v1/things";
+        faults.hold_for(path, "system:serviceaccount:a:");
+        let quick = std::time::Duration::from_millis(200);
+        // Another user, and another path, pass at once.
+        tokio::time::timeout(quick, faults.wait_if_held(path, "admin"))
+            .await
+            .unwrap();
+        tokio::time::timeout(
+            quick,
+            faults.wait_if_held("/other", "system:serviceaccount:a:x"),
+        )
+        .await
+        .unwrap();
+        // That user waits until the path is released.
+        let held = tokio::spawn({
+            let faults = faults.clone();
+            async move { faults.wait_if_held(path, "system:serviceaccount:a:x").await }
+        });
+        tokio::time::sleep(quick).await;
+        assert!(!held.is_finished());
+        faults.release(path);
+        tokio::time::timeout(quick, held).await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn errors_for_a_user_prefix_spare_every_other_client() {
+        let faults = Faults::default();
+        let ops = "system:serviceaccount:marin3r-system:";
+        faults.fail_next_for(2, 500, FaultScope::Any, ops);
+        assert_eq!(faults.take(&req(false, false, "admin")), None);
+        assert_eq!(
+            faults.take(&req(true, false, "system:serviceaccount:demo:default")),
+            None
+        );
+        assert_eq!(faults.pending(), 2);
+        let operator = "system:serviceaccount:marin3r-system:marin3r-operator";
+        assert_eq!(faults.take(&req(true, false, operator)), Some(500));
+        assert_eq!(faults.take(&req(false, true, operator)), Some(500));
+        assert_eq!(faults.take(&req(false, true, operator)), None);
+        assert_eq!(faults.served(), BTreeMap::from([(500, 2)]));
     }
 }

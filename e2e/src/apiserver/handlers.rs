@@ -190,7 +190,6 @@ pub async fn handle(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push(format!("{method} {uri}"));
-    state.faults.wait_if_held(uri.path()).await;
     let body = match body {
         Ok(body) => body,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
@@ -223,6 +222,7 @@ pub async fn handle(
         Ok(user) => user,
         Err(e) => return e.into_response(),
     };
+    state.faults.wait_if_held(path, &user.name).await;
     match parsed {
         Path::Version => ok(&discovery::version()),
         Path::Health => (StatusCode::OK, "ok").into_response(),
@@ -247,7 +247,15 @@ pub async fn handle(
             if let Some(delay) = state.faults.request_delay(&route.resource) {
                 tokio::time::sleep(delay).await;
             }
-            if let Some(code) = state.faults.take(is_watch && method == Method::GET) {
+            let faulted = super::faults::FaultedRequest {
+                is_watch: is_watch && method == Method::GET,
+                is_write: matches!(
+                    method,
+                    Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+                ),
+                user: &user.name,
+            };
+            if let Some(code) = state.faults.take(&faulted) {
                 let err = ApiError::injected(code);
                 return if is_watch && code == 410 {
                     watch::error_stream(&ApiError::expired(0, state.store.resource_version()))
@@ -508,6 +516,7 @@ impl Request<'_> {
                 self.dry_run(),
             )
             .await?;
+            super::priority::admit(self.state, &mut obj)?;
             super::pod_security::check(self.state, self.namespace(), &obj)?;
         }
         let created = self.state.store.create(

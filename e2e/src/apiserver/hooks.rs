@@ -56,6 +56,10 @@ pub fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
             }
         }
     }
+    if info.group == "scheduling.k8s.io" && info.plural == "priorityclasses" {
+        super::priority::validate_class(obj)
+            .map_err(|e| ApiError::invalid(info, meta::name(obj), e))?;
+    }
     if is_crd(info) {
         let infos =
             registry::from_crd(obj).map_err(|e| ApiError::invalid(info, meta::name(obj), e))?;

@@ -20,6 +20,7 @@ mod openapi;
 mod patch;
 mod pod_security;
 mod portforward;
+mod priority;
 mod protobuf;
 mod rbac;
 mod registry;

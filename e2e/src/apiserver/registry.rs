@@ -189,6 +189,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["pdb"],
         ),
         builtin(
+            "scheduling.k8s.io",
+            "v1",
+            "priorityclasses",
+            "PriorityClass",
+            false,
+            false,
+            &["pc"],
+        ),
+        builtin(
             "coordination.k8s.io",
             "v1",
             "leases",

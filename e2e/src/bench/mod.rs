@@ -3,6 +3,7 @@
 pub mod admission;
 pub mod certs;
 pub mod convert;
+pub mod soak;
 pub mod xds;
 
 use std::time::Duration;

@@ -347,7 +347,7 @@ impl Demo {
     }
 }
 
-async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+pub async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     if api.get_opt(name).await?.is_none() {
         let ns: Namespace = serde_json::from_value(serde_json::json!({
@@ -361,7 +361,7 @@ async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<(
 }
 
 /// `Some("<ready>/<total> deployments")` once every Deployment has all replicas ready.
-async fn all_deployments_ready(client: &kube::Client) -> anyhow::Result<Option<String>> {
+pub async fn all_deployments_ready(client: &kube::Client) -> anyhow::Result<Option<String>> {
     let api: Api<Deployment> = Api::all(client.clone());
     let list = api.list(&ListParams::default()).await?;
     if list.items.is_empty() {
@@ -395,7 +395,7 @@ async fn all_deployments_ready(client: &kube::Client) -> anyhow::Result<Option<S
     }
 }
 
-async fn namespace_enabled(client: &kube::Client, name: &str) -> anyhow::Result<Option<()>> {
+pub async fn namespace_enabled(client: &kube::Client, name: &str) -> anyhow::Result<Option<()>> {
     let ns = Api::<Namespace>::all(client.clone()).get(name).await?;
     let label = ns
         .labels()
@@ -421,7 +421,7 @@ async fn namespace_enabled(client: &kube::Client, name: &str) -> anyhow::Result<
 
 /// The published version once the config is `InSync` with it; an error with the state
 /// otherwise, so a timeout says where it stood.
-fn in_sync_version(ec: &EnvoyConfig) -> anyhow::Result<Option<String>> {
+pub fn in_sync_version(ec: &EnvoyConfig) -> anyhow::Result<Option<String>> {
     let status = ec.status.clone().unwrap_or_default();
     match (
         status.cache_state,
@@ -442,7 +442,7 @@ fn has_sidecar(pod: &Pod) -> bool {
 }
 
 /// The pod's IP once its Ready condition is true.
-fn ready_ip(pod: &Pod) -> Option<String> {
+pub fn ready_ip(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
     let ready = status
         .conditions

@@ -86,9 +86,20 @@ pub fn revision_name(node_id: &str, version: &str) -> String {
     format!("{node_id}-{version}")
 }
 
-async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = ec.namespace().unwrap_or_default();
-    if ec.meta().deletion_timestamp.is_some() || !ctx.serves(&ns).await? {
+async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = cached.namespace().unwrap_or_default();
+    if cached.meta().deletion_timestamp.is_some() || !ctx.serves(&ns).await? {
+        return Ok(Action::await_change());
+    }
+    // Decide from a fresh read, never from the cache: a cached spec can be older than the
+    // revisions (a watch that lags, or stalls under API errors, while the revisions' watch
+    // does not; another discovery pod acting on newer data during a rollout), and deciding
+    // from it would publish an old revision over the newest one, sending every proxy back.
+    let api: Api<EnvoyConfig> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(ec) = api.get_opt(&cached.name_any()).await? else {
+        return Ok(Action::await_change());
+    };
+    if ec.uid() != cached.uid() || ec.meta().deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let obs = observe(&ec, &ctx).await?;
@@ -101,7 +112,7 @@ async fn reconcile(ec: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Er
     if let Some(state) = outcome.state_change {
         report_state(&ctx, &ec, &outcome, state);
     }
-    ctx.events.publish_all(&*ec, &outcome.events).await;
+    ctx.events.publish_all(&ec, &outcome.events).await;
     Ok(Action::await_change())
 }
 
