@@ -132,15 +132,12 @@ pub fn leaf(name: String, files: &TlsFiles, ca: &CaState<Cert>) -> Leaf<Cert> {
             }
         }
     }
-    // Issued up to a second after its notBefore, which X.509 truncates to the second.
-    let not_before = cert.and_then(|c| CertificateInfo::from_pem(c).ok()).map_or(
-        OffsetDateTime::UNIX_EPOCH,
-        |i| {
-            i.not_before
-                .checked_add(time::Duration::seconds(1))
-                .unwrap_or(i.not_before)
-        },
-    );
+    // When it was issued, at the latest: notBefore is backdated and truncated to the second.
+    let not_before = cert
+        .and_then(|c| CertificateInfo::from_pem(c).ok())
+        .map_or(OffsetDateTime::UNIX_EPOCH, |i| {
+            crate::latest_issuance(i.not_before, i.not_after).unwrap_or(i.not_after)
+        });
     Leaf {
         name,
         issuer,
