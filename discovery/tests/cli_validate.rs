@@ -124,3 +124,56 @@ fn standard_input_and_files_without_envoyconfigs() {
     // clap requires at least one file.
     assert_eq!(marin3r(&["validate"]).status.code(), Some(2));
 }
+
+const ORIGINAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/original");
+const RESOURCES_BAD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/testdata/envoyconfig-resources-bad.yaml"
+);
+
+/// `spec.resources`: the original MARIN3R's own examples are valid, with what they generate
+/// from Secrets and EndpointSlices counted; both fields at once, a bad `type` and a bad
+/// `value` are refused as the controller refuses them, each with its field path.
+#[test]
+fn spec_resources_are_validated_as_the_controller_does() {
+    let deployment = format!("{ORIGINAL}/envoydeployment.yaml");
+    let oauth2 = format!("{ORIGINAL}/oauth2.yaml");
+    let out = marin3r(&["validate", "-f", &deployment, &oauth2]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        lines(&out.stdout),
+        [
+            format!(
+                "{deployment}: EnvoyConfig kuard: OK (node kuard, 5 resources: endpoints 1, \
+                 clusters 1, routes 1, listeners 1, secrets 1)"
+            ),
+            format!(
+                "{oauth2}: EnvoyConfig kuard: OK (node kuard, 8 resources: endpoints 1, \
+                 clusters 2, routes 1, listeners 1, secrets 3)"
+            ),
+        ]
+    );
+
+    let out = marin3r(&["validate", "-f", RESOURCES_BAD]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert_eq!(
+        lines(&out.stderr),
+        [
+            format!(
+                "{RESOURCES_BAD}: EnvoyConfig default/both: spec: spec.envoyResources and \
+                 spec.resources are both set; use only one (spec.resources replaces the \
+                 deprecated spec.envoyResources)"
+            ),
+            format!(
+                "{RESOURCES_BAD}: EnvoyConfig default/bad-type: spec.resources[0].type: unknown \
+                 variant `listner`, expected one of `listener`, `route`, `scopedRoute`, \
+                 `cluster`, `endpoint`, `secret`, `runtime`, `extensionConfig`"
+            ),
+            format!(
+                "{RESOURCES_BAD}: EnvoyConfig default/bad-value: spec.resources[2].value: \
+                 unknown field \"adress\""
+            ),
+        ]
+    );
+}

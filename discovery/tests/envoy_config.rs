@@ -32,7 +32,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     // Apply: one revision, published, InSync; Envoy serves it.
     plane.apply(NS, "gw", spec(node, port, "v1"));
     let ec = plane.wait_in_sync(NS, "gw");
-    let v1 = ec.spec.envoy_resources.version();
+    let v1 = ec.spec.version();
     assert_eq!(revision_versions(&ec), std::slice::from_ref(&v1));
     let revisions = plane.list_revisions(NS);
     assert_eq!(revisions.len(), 1);
@@ -52,7 +52,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     // Update: a second revision, published; Envoy follows.
     plane.apply(NS, "gw", spec(node, port, "v2"));
     let ec = plane.wait_in_sync(NS, "gw");
-    let v2 = ec.spec.envoy_resources.version();
+    let v2 = ec.spec.version();
     assert_eq!(revision_versions(&ec), [v1.clone(), v2.clone()]);
     proxy.wait_for_body(port, "v2");
 
@@ -79,10 +79,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     );
     let status = ec.status.as_ref().unwrap();
     assert_eq!(status.published_version.as_deref(), Some(v1.as_str()));
-    assert_eq!(
-        status.desired_version,
-        Some(ec.spec.envoy_resources.version())
-    );
+    assert_eq!(status.desired_version, Some(ec.spec.version()));
     assert_eq!(plane.list_revisions(NS).len(), 2);
     proxy.wait_for_body(port, "v1");
 
@@ -91,7 +88,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     let ec = plane.wait_status(NS, "gw", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
-    let bad = ec.spec.envoy_resources.version();
+    let bad = ec.spec.version();
     let status = ec.status.as_ref().unwrap();
     assert_eq!(status.published_version.as_deref(), Some(v1.as_str()));
     assert_eq!(
@@ -161,7 +158,7 @@ fn with_no_good_revision_the_rollback_fails_until_the_spec_is_fixed() {
     let ec = plane.wait_status(NS, "edge", "RollbackFailed", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::RollbackFailed)
     });
-    let bad = ec.spec.envoy_resources.version();
+    let bad = ec.spec.version();
     let status = ec.status.as_ref().unwrap();
     // The failing revision stays published until the user fixes the spec.
     assert_eq!(status.published_version.as_deref(), Some(bad.as_str()));
@@ -370,7 +367,7 @@ fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
     let port = free_port();
     plane.apply(NS, "good", spec("good", port, "ok"));
     let ec = plane.wait_in_sync(NS, "good");
-    let version = ec.spec.envoy_resources.version();
+    let version = ec.spec.version();
     let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", NS])).unwrap();
     let header = table.lines().next().unwrap();
     for column in [
@@ -429,7 +426,7 @@ fn a_published_revision_deleted_by_hand_is_recreated_and_served_again() {
     let port = free_port();
     plane.apply(NS, "kept", spec("kept", port, "kept"));
     let ec = plane.wait_in_sync(NS, "kept");
-    let name = format!("kept-{}", ec.spec.envoy_resources.version());
+    let name = format!("kept-{}", ec.spec.version());
     let proxy = plane.proxy(NS, "kept", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "kept");
     let old_uid = plane.list_revisions(NS)[0].metadata.uid.clone();
@@ -519,7 +516,7 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
     // Envoy rejects the new version, the other proxy accepts it: 1 of 2 is below the
     // default threshold (every connected proxy), so nothing is tainted or rolled back.
     plane.apply(NS, "fleet", nacked_spec(node, port, "bad"));
-    let bad = plane.get(NS, "fleet").spec.envoy_resources.version();
+    let bad = plane.get(NS, "fleet").spec.version();
     wait(
         "the NACK below the threshold",
         Duration::from_secs(20),

@@ -46,7 +46,7 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
         https_spec("tls", port, json!({"name": "web-cert", "namespace": NS})),
     );
     let ec = plane.wait_in_sync(NS, "tls");
-    let version = ec.spec.envoy_resources.version();
+    let version = ec.spec.version();
     let _proxy = plane.proxy(NS, "tls", AdsMode::StateOfTheWorld);
     let want = pem_der(&first.cert_pem);
     wait(
@@ -171,7 +171,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         https_spec("late", port, serde_json::Value::Null),
     );
     let ec = plane.wait_in_sync(NS, "late");
-    let version = ec.spec.envoy_resources.version();
+    let version = ec.spec.version();
     let name = format!("late-{version}");
     let out_of_sync = |reason: &str| {
         let reason = reason.to_owned();

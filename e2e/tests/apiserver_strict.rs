@@ -721,3 +721,62 @@ async fn kubectl_shows_the_servers_refusals() {
         out.stderr
     );
 }
+
+/// EndpointSlices (for `generateFromEndpointSlices`) are defaulted and validated as a real
+/// API server does: the protocol defaults to TCP; addresses must be of the slice's type;
+/// port names and numbers are checked; the address type cannot change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_slices_are_defaulted_and_validated() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let (_server, client, ns) = setup().await;
+    let slices: Api<EndpointSlice> = Api::namespaced(client, &ns);
+    let slice = |name: &str, address_type: &str, address: &str, port: Value| {
+        json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": address_type,
+            "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": port}],
+        })
+    };
+    let good = create(&slices, slice("web-a", "IPv4", "10.0.0.1", json!(8080))).await;
+    assert_eq!(
+        good.ports.unwrap()[0].protocol.as_deref(),
+        Some("TCP"),
+        "the protocol is defaulted"
+    );
+
+    let err = slices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(slice("web-b", "IPv4", "fd00::1", json!(0))).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    let (code, reason, message) = api_error(err);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert!(
+        message.contains(
+            "endpoints[0].addresses[0]: Invalid value: \"fd00::1\": must be a valid IPv4 address"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.contains("ports[0].port: Invalid value: 0: must be between 1 and 65535"),
+        "{message}"
+    );
+
+    let mut changed: EndpointSlice =
+        serde_json::from_value(slice("web-a", "IPv6", "fd00::1", json!(8080))).unwrap();
+    changed.metadata.resource_version =
+        slices.get("web-a").await.unwrap().metadata.resource_version;
+    let err = slices
+        .replace("web-a", &PostParams::default(), &changed)
+        .await
+        .unwrap_err();
+    let (code, _, message) = api_error(err);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("addressType: Invalid value: \"IPv6\": field is immutable"),
+        "{message}"
+    );
+}

@@ -18,6 +18,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -584,6 +585,80 @@ async fn marin3r_end_to_end() {
     .await;
     Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
         .delete("sds-check", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // It reads and watches the namespace's EndpointSlices for `generateFromEndpointSlices`
+    // (through the same Role, which grants nothing else): the endpoints version it serves
+    // changes when the slice does.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "demo");
+    let slice = |port: u16| {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": "eds-check-1", "labels": {"kubernetes.io/service-name": "eds-check"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": port}],
+        })
+    };
+    slices
+        .patch(
+            "eds-check-1",
+            &PatchParams::apply("e2e"),
+            &Patch::Apply(&slice(8080)),
+        )
+        .await
+        .unwrap();
+    let eds = json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "eds-check", "namespace": "demo"},
+        "spec": {
+            "nodeID": "eds-check",
+            "resources": [{"type": "endpoint", "generateFromEndpointSlices": {
+                "selector": {"matchLabels": {"kubernetes.io/service-name": "eds-check"}},
+                "clusterName": "eds-check",
+                "targetPort": "http",
+            }}],
+        },
+    });
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .patch("eds-check", &PatchParams::apply("e2e"), &Patch::Apply(&eds))
+        .await
+        .unwrap();
+    let endpoints_version = || async {
+        revisions
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| r.spec.node_id == "eds-check")
+            .find_map(|r| r.status?.provides_versions?.endpoints)
+    };
+    let first = until(
+        "the EndpointSlice read by the discovery pod",
+        60,
+        endpoints_version,
+    )
+    .await;
+    slices
+        .patch(
+            "eds-check-1",
+            &PatchParams::apply("e2e"),
+            &Patch::Apply(&slice(8081)),
+        )
+        .await
+        .unwrap();
+    until(
+        "the changed EndpointSlice seen by the discovery pod",
+        60,
+        || async { endpoints_version().await.filter(|v| *v != first) },
+    )
+    .await;
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .delete("eds-check", &DeleteParams::default())
         .await
         .unwrap();
 

@@ -34,16 +34,54 @@ pub struct EnvoyConfigSpec {
     /// The Envoy `node.id` this configuration is served to.
     #[serde(rename = "nodeID")]
     pub node_id: String,
-    /// How every `value` in `envoyResources` is written.
+    /// How every `value` in `envoyResources` is written (`resources` values are inline
+    /// objects and need no serialization).
     #[serde(default)]
     pub serialization: Serialization,
     /// The xDS API version. Only `v3` is served; `v2` parses so that validation can say why it
     /// is refused instead of a bare "unknown variant".
     #[serde(default, rename = "envoyAPI")]
     pub envoy_api: EnvoyApi,
-    /// The resources, by type.
-    #[serde(default)]
+    /// The resources, by type, each `value` a string in `serialization`. Deprecated by the
+    /// original MARIN3R since v0.12 in favour of `resources`, and still served; only one of
+    /// the two may hold entries.
+    #[serde(default, skip_serializing_if = "EnvoyResources::is_empty")]
     pub envoy_resources: EnvoyResources,
+    /// The resources as a list of typed entries, each an inline `value` or generated from a
+    /// Secret or from EndpointSlices (the original MARIN3R's API since v0.12).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<super::resources::Resource>,
+}
+
+impl EnvoyConfigSpec {
+    /// The version of the declared resources: a hash of `envoyResources`, or of `resources`
+    /// when that is used, so the same resources always get the same version (and a
+    /// re-applied spec finds its old revision). `envoyResources` versions are unchanged from
+    /// before `resources` existed.
+    pub fn version(&self) -> String {
+        if self.resources.is_empty() {
+            return self.envoy_resources.version();
+        }
+        // Serializing plain structs and JSON values cannot fail; the fallback keeps this
+        // total. The prefix keeps the two kinds of versions apart.
+        let json = serde_json::to_vec(&self.resources).unwrap_or_default();
+        short_hash(&[b"resources:".as_slice(), &json].concat())
+    }
+
+    /// How many entries the spec declares, in either field.
+    pub fn entries(&self) -> usize {
+        self.envoy_resources.len() + self.resources.len()
+    }
+}
+
+/// The first 5 bytes of the SHA-256 of `bytes`, in hex.
+fn short_hash(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .take(5)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The original MARIN3R's name for `runtimes` is `runtime`: both are in the schema, so the
@@ -96,6 +134,15 @@ pub enum EnvoyApi {
     V3,
 }
 
+impl EnvoyApi {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V2 => "v2",
+            Self::V3 => "v3",
+        }
+    }
+}
+
 /// `spec.envoyResources`: one list per Envoy resource type.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -131,14 +178,8 @@ impl EnvoyResources {
     /// The version of these resources: a hash of their canonical JSON, so the same resources
     /// always get the same version (and a re-applied spec finds its old revision).
     pub fn version(&self) -> String {
-        use sha2::{Digest, Sha256};
         // Serializing plain structs of strings cannot fail; the fallback keeps this total.
-        let json = serde_json::to_vec(self).unwrap_or_default();
-        Sha256::digest(&json)
-            .iter()
-            .take(5)
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        short_hash(&serde_json::to_vec(self).unwrap_or_default())
     }
 
     /// Every list of serialized resources with the type it must hold (secrets are references,
@@ -229,7 +270,7 @@ pub struct EnvoyConfigStatus {
     /// The version served to the proxies of `nodeID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_version: Option<String>,
-    /// The version of `spec.envoyResources`.
+    /// The version of the spec's resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_version: Option<String>,
     /// `CacheOutOfSync` and `RollbackFailed`.

@@ -8,11 +8,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::envoy_config::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
+use super::resources::Resource;
 
 /// The label holding a revision's node id.
 pub const NODE_ID_LABEL: &str = "marin3r.3scale.net/node-id";
 /// The label holding a revision's version.
 pub const VERSION_LABEL: &str = "marin3r.3scale.net/config-version";
+/// The label holding a revision's Envoy API version (`v3`), as the original MARIN3R sets it.
+pub const ENVOY_API_LABEL: &str = "marin3r.3scale.net/envoy-api";
 
 /// Condition: the revision is the one served to its node.
 pub const REVISION_PUBLISHED: &str = "RevisionPublished";
@@ -63,14 +66,17 @@ pub struct EnvoyConfigRevisionSpec {
     /// The node id of the proxies this revision is for (their `node.id`).
     #[serde(rename = "nodeID")]
     pub node_id: String,
-    /// The hash of the owning `EnvoyConfig`'s `spec.envoyResources`.
+    /// The hash of the owning `EnvoyConfig`'s resources.
     pub version: String,
     #[serde(default, rename = "envoyAPI", skip_serializing_if = "Option::is_none")]
     pub envoy_api: Option<EnvoyApi>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serialization: Option<Serialization>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "EnvoyResources::is_empty")]
     pub envoy_resources: EnvoyResources,
+    /// The owning `EnvoyConfig`'s `spec.resources` at this version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<Resource>,
 }
 
 impl EnvoyConfigRevisionSpec {
@@ -82,6 +88,7 @@ impl EnvoyConfigRevisionSpec {
             envoy_api: Some(config.envoy_api),
             serialization: Some(config.serialization),
             envoy_resources: config.envoy_resources.clone(),
+            resources: config.resources.clone(),
         }
     }
 
@@ -92,6 +99,7 @@ impl EnvoyConfigRevisionSpec {
             serialization: self.serialization.unwrap_or_default(),
             envoy_api: self.envoy_api.unwrap_or_default(),
             envoy_resources: self.envoy_resources.clone(),
+            resources: self.resources.clone(),
         }
     }
 }
@@ -110,9 +118,44 @@ pub struct EnvoyConfigRevisionStatus {
     /// exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tainted: Option<bool>,
+    /// The version of each resource type this revision serves, as Envoy sees it in
+    /// `version_info`; set when it is loaded into the xDS cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provides_versions: Option<VersionTracker>,
     /// `RevisionPublished`, `RevisionTainted`, `ResourcesOutOfSync`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// `status.providesVersions`: the version served for each resource type (empty types are
+/// left out).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionTracker {
+    /// The version of the `ClusterLoadAssignment`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<String>,
+    /// The version of the `Cluster`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<String>,
+    /// The version of the `RouteConfiguration`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<String>,
+    /// The version of the `ScopedRouteConfiguration`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scoped_routes: Option<String>,
+    /// The version of the `Listener`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listeners: Option<String>,
+    /// The version of the SDS `Secret`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<String>,
+    /// The version of the runtime layers served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtimes: Option<String>,
+    /// The version of the `TypedExtensionConfig`s served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extension_configs: Option<String>,
 }
 
 impl EnvoyConfigRevision {

@@ -5,6 +5,7 @@ pub mod discovery_service;
 pub mod duration;
 pub mod envoy_config;
 pub mod envoy_config_revision;
+pub mod resources;
 
 pub use envoy_config::{
     ConfigRevisionRef, EnvoyApi, EnvoyConfig, EnvoyConfigSpec, EnvoyConfigStatus, EnvoyResource,
@@ -12,4 +13,7 @@ pub use envoy_config::{
 };
 pub use envoy_config_revision::{
     EnvoyConfigRevision, EnvoyConfigRevisionSpec, EnvoyConfigRevisionStatus,
+};
+pub use resources::{
+    Blueprint, EndpointSlicesSource, LabelSelector, OpaqueSecretSource, Resource, ResourceKind,
 };

@@ -11,7 +11,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::api::EnvoyConfigSpec;
-use crate::convert::{ConversionError, validate_config};
+use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
 use crate::resource::ResourceType;
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
@@ -301,17 +301,25 @@ fn validate_document(
     }));
     match validate_config(&spec) {
         Ok(resources) if errors.is_empty() => {
-            let mut counts: Vec<String> = ResourceType::ALL
+            // Secrets and EndpointSlice endpoints are built when the revision is loaded.
+            let generated = |kind: ResourceType| match kind {
+                ResourceType::Secret => secret_sources(&spec).len(),
+                ResourceType::Endpoint => endpoint_sources(&spec).len(),
+                _ => 0,
+            };
+            let per_type: Vec<(ResourceType, usize)> = ResourceType::ALL
                 .iter()
-                .filter_map(|&kind| {
+                .map(|&kind| {
                     let n = resources.iter().filter(|r| r.kind == kind).count();
-                    (n > 0).then(|| format!("{kind} {n}"))
+                    (kind, n + generated(kind))
                 })
                 .collect();
-            if !spec.envoy_resources.secrets.is_empty() {
-                counts.push(format!("secrets {}", spec.envoy_resources.secrets.len()));
-            }
-            let total = resources.len() + spec.envoy_resources.secrets.len();
+            let total: usize = per_type.iter().map(|(_, n)| n).sum();
+            let counts: Vec<String> = per_type
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(kind, n)| format!("{kind} {n}"))
+                .collect();
             let counts = if counts.is_empty() {
                 String::new()
             } else {

@@ -2,6 +2,7 @@
 //! `EnvoyConfigRevision` (loads the published one, with its Secrets, into the xDS cache) and
 //! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
 
+mod endpoint_slices;
 pub mod envoy_config;
 pub mod metrics;
 pub mod nacks;

@@ -1,7 +1,9 @@
-//! The `EnvoyConfigRevision` controller: loads a published revision, with the TLS Secrets it
-//! references served by SDS, into the xDS cache under (its namespace, its node id), and stops
-//! serving it when it is unpublished or deleted. A change to a referenced Secret reloads the
-//! revisions that use it, so Envoy gets the new certificate with no config change.
+//! The `EnvoyConfigRevision` controller: loads a published revision, with the Secrets it
+//! references served by SDS and the endpoints it generates from EndpointSlices, into the xDS
+//! cache under (its namespace, its node id), and stops serving it when it is unpublished or
+//! deleted. A change to a referenced Secret or a selected EndpointSlice reloads the
+//! revisions that use it, so Envoy gets the new certificate or endpoints with no config
+//! change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -21,11 +24,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, info, warn};
 
-use super::{Context, Error};
+use super::{Context, Error, endpoint_slices};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::api::envoy_config_revision::{
-    EnvoyConfigRevisionStatus, RESOURCES_OUT_OF_SYNC, RevisionReason,
+    EnvoyConfigRevisionStatus, RESOURCES_OUT_OF_SYNC, RevisionReason, VersionTracker,
 };
 use crate::convert;
 use crate::resource::ResourceType;
@@ -99,18 +102,23 @@ async fn mark_loaded(
     }
 }
 
-/// Watches the Secrets of the namespaces served, and only those: one namespaced watch per
-/// served namespace, started when it joins and stopped when it leaves, so the discovery pod
-/// needs no cluster-wide Secret access (the operator grants it per namespace). Without
-/// `--discovery-service-name` every namespace is served, and one cluster-wide watch is used.
+/// Watches the Secrets and EndpointSlices of the namespaces served, and only those: one
+/// namespaced watch of each per served namespace, started when it joins and stopped when it
+/// leaves, so the discovery pod needs no cluster-wide access to them (the operator grants it
+/// per namespace). Without `--discovery-service-name` every namespace is served, and
+/// cluster-wide watches are used.
 async fn watch_secrets(
     ctx: Arc<Context>,
     store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
     triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
 ) {
     let Some(name) = ctx.config.discovery_service.clone() else {
-        let api = Api::<Secret>::all(ctx.client.clone());
-        watch_secrets_in(ctx, store, triggers, api).await;
+        let secrets = Api::<Secret>::all(ctx.client.clone());
+        let slices = Api::<EndpointSlice>::all(ctx.client.clone());
+        tokio::join!(
+            watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
+            endpoint_slices::watch(store, triggers, slices),
+        );
         return;
     };
     let selector = format!("{DISCOVERY_SERVICE_LABEL}={name}");
@@ -123,14 +131,16 @@ async fn watch_secrets(
     let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let mut listed: BTreeSet<String> = BTreeSet::new();
     let start = |ns: &str| {
-        debug!(namespace = %ns, "watching its Secrets");
-        let api = Api::<Secret>::namespaced(ctx.client.clone(), ns);
-        tokio::spawn(watch_secrets_in(
-            Arc::clone(&ctx),
-            store.clone(),
-            triggers.clone(),
-            api,
-        ))
+        debug!(namespace = %ns, "watching its Secrets and EndpointSlices");
+        let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+        let slices = Api::<EndpointSlice>::namespaced(ctx.client.clone(), ns);
+        let (ctx, store, triggers) = (Arc::clone(&ctx), store.clone(), triggers.clone());
+        tokio::spawn(async move {
+            tokio::join!(
+                watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
+                endpoint_slices::watch(store, triggers, slices),
+            );
+        })
     };
     while let Some(event) = namespaces.next().await {
         match event {
@@ -246,12 +256,9 @@ async fn mark_out_of_sync(
 /// The (namespace, name) of every Secret a revision references.
 fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
     let own = r.namespace().unwrap_or_default();
-    r.spec.envoy_resources.secrets.iter().map(move |s| {
-        (
-            s.secret_namespace().unwrap_or(&own).to_owned(),
-            s.secret_name().to_owned(),
-        )
-    })
+    convert::secret_sources(&r.spec.config())
+        .into_iter()
+        .map(move |s| (s.namespace.unwrap_or_else(|| own.clone()), s.secret_name))
 }
 
 fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
@@ -280,7 +287,13 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         return Ok(Action::await_change());
     }
     let secrets = observe_secrets(&r, &ctx).await?;
-    let loaded = snapshot_for(&r, &secrets, ctx.config.allow_cross_namespace_secrets);
+    let slices = endpoint_slices::observe(&r, &ctx).await?;
+    let loaded = snapshot_for(
+        &r,
+        &secrets,
+        &slices,
+        ctx.config.allow_cross_namespace_secrets,
+    );
     let action = match &loaded {
         Ok((snapshot, secrets_version)) => {
             if !still_published(&r, &ctx).await? {
@@ -336,6 +349,9 @@ fn load_status(
     loaded: &Result<(Snapshot, String), String>,
 ) -> (EnvoyConfigRevisionStatus, Option<Note>) {
     let mut status = r.status.clone().unwrap_or_default();
+    if let Ok((snapshot, _)) = loaded {
+        status.provides_versions = Some(provided_versions(snapshot));
+    }
     let (out_of_sync, reason, message) = match loaded {
         Ok((_, secrets_version)) => (
             false,
@@ -358,6 +374,24 @@ fn load_status(
     );
     let failure = (changed && out_of_sync).then(|| Note::warning(reason, message));
     (status, failure)
+}
+
+/// The version Envoy is sent of each resource type the snapshot holds.
+fn provided_versions(snapshot: &Snapshot) -> VersionTracker {
+    let version = |kind: ResourceType| {
+        let of_type = snapshot.of_type(kind);
+        (!of_type.resources().is_empty()).then(|| of_type.version().to_owned())
+    };
+    VersionTracker {
+        endpoints: version(ResourceType::Endpoint),
+        clusters: version(ResourceType::Cluster),
+        routes: version(ResourceType::Route),
+        scoped_routes: version(ResourceType::ScopedRoute),
+        listeners: version(ResourceType::Listener),
+        secrets: version(ResourceType::Secret),
+        runtimes: version(ResourceType::Runtime),
+        extension_configs: version(ResourceType::ExtensionConfig),
+    }
 }
 
 /// Reads every Secret the revision references and may reference (None: not found).
@@ -387,6 +421,7 @@ async fn observe_secrets(
 fn snapshot_for(
     r: &EnvoyConfigRevision,
     secrets: &[Option<Secret>],
+    slices: &[Vec<EndpointSlice>],
     allow_cross_namespace_secrets: bool,
 ) -> Result<(Snapshot, String), String> {
     let mut resources = convert::validate_config(&r.spec.config()).map_err(|errors| {
@@ -395,34 +430,36 @@ fn snapshot_for(
     })?;
     let own = r.namespace().unwrap_or_default();
     let mut hasher = Sha256::new();
-    let refs = r.spec.envoy_resources.secrets.iter().zip(secret_refs(r));
-    for (i, ((s, (ns, secret_name)), secret)) in refs.zip(secrets).enumerate() {
-        let path = format!("spec.envoyResources.secrets[{i}]");
+    let sources = convert::secret_sources(&r.spec.config());
+    for (source, secret) in sources.iter().zip(secrets) {
+        let path = &source.path;
+        let ns = source.namespace.as_deref().unwrap_or(&own);
+        let secret_name = &source.secret_name;
         if ns != own && !allow_cross_namespace_secrets {
             return Err(format!(
-                "{path}.ref: Secret {ns}/{secret_name} is in another namespace; only Secrets of namespace {own} may be referenced"
+                "{path}: Secret {ns}/{secret_name} is in another namespace; only Secrets of namespace {own} may be referenced"
             ));
         }
         let Some(secret) = secret else {
-            return Err(format!("{path}.ref: Secret {ns}/{secret_name} not found"));
+            return Err(format!("{path}: Secret {ns}/{secret_name} not found"));
         };
-        if secret.type_.as_deref() != Some("kubernetes.io/tls") {
-            return Err(format!(
-                "{path}.ref: Secret {ns}/{secret_name} is of type {:?}, not kubernetes.io/tls",
-                secret.type_.as_deref().unwrap_or("Opaque")
-            ));
-        }
-        let field = |k: &str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(k))
-                .map(|b| b.0.clone())
-                .unwrap_or_default()
-        };
-        let resource = convert::tls_secret(&s.name, &field("tls.crt"), &field("tls.key"))
-            .map_err(|e| format!("{path}.ref: Secret {ns}/{secret_name}: {e}"))?;
+        let data: BTreeMap<String, Vec<u8>> = secret
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.0.clone()))
+            .collect();
+        let resource = convert::secret_resource(source, secret.type_.as_deref(), &data)
+            .map_err(|e| format!("{path}: Secret {ns}/{secret_name} {e}"))?;
         hasher.update(&resource.body);
+        resources.push(resource);
+    }
+    for (source, slices) in convert::endpoint_sources(&r.spec.config())
+        .iter()
+        .zip(slices)
+    {
+        let resource = convert::endpoints_from_slices(source, slices)
+            .map_err(|e| format!("{}: {e}", source.path))?;
         resources.push(resource);
     }
     let secrets_hash: String = hasher

@@ -4,10 +4,13 @@
 //! field path from `spec`.
 
 mod canonical;
+mod endpoints;
 mod parse;
 mod pgv;
 mod pool;
 mod secret;
+mod sources;
+mod typed;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,9 +22,14 @@ use prost_reflect::{DynamicMessage, Value};
 use crate::api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
 use crate::resource::{Resource, ResourceType};
 
+pub use endpoints::endpoints_from_slices;
 pub use parse::{ValueError, is_v2_name};
 pub use pool::{PoolError, descriptor_pool};
-pub use secret::{SecretError, tls_secret};
+pub use secret::{SecretError, generic_secret, tls_secret, validation_context_secret};
+pub use sources::{
+    EndpointSource, SecretBuild, SecretSource, endpoint_sources, secret_resource, secret_sources,
+};
+pub use typed::typed_resources;
 
 /// One problem in a spec, at a path such as `spec.envoyResources.listeners[1].value`.
 /// Displayed as `path: message`, plus the line and column inside the value when known.
@@ -70,8 +78,11 @@ impl fmt::Display for ConversionError {
 impl std::error::Error for ConversionError {}
 
 /// Validates a whole spec and converts its resources: the `envoyAPI` and `nodeID`, then
-/// every resource as [`envoy_resources`] does. Secrets are references to Kubernetes
-/// Secrets; they are checked here (names, duplicates) and loaded by the revision controller.
+/// every resource of `envoyResources` as [`envoy_resources`] does and of `resources` as
+/// [`typed_resources`] does (only one of the two may hold entries). Secrets and EndpointSlice
+/// endpoints are built from Kubernetes objects: they are checked here (names, fields,
+/// duplicates) and built by the revision controller ([`secret_sources`],
+/// [`endpoint_sources`]).
 pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<ConversionError>> {
     let mut errors = Vec::new();
     if spec.envoy_api == EnvoyApi::V2 {
@@ -85,13 +96,27 @@ pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<Conv
     } else if let Some(why) = node_id_problem(&spec.node_id) {
         errors.push(ConversionError::new("spec.nodeID", why));
     }
-    match envoy_resources(&spec.envoy_resources, spec.serialization) {
-        Ok(resources) if errors.is_empty() => Ok(resources),
-        Ok(_) => Err(errors),
-        Err(more) => {
-            errors.extend(more);
-            Err(errors)
+    if !spec.envoy_resources.is_empty() && !spec.resources.is_empty() {
+        errors.push(ConversionError::new(
+            "spec",
+            "spec.envoyResources and spec.resources are both set; use only one \
+             (spec.resources replaces the deprecated spec.envoyResources)",
+        ));
+    }
+    let mut out = Vec::new();
+    for converted in [
+        envoy_resources(&spec.envoy_resources, spec.serialization),
+        typed_resources(&spec.resources),
+    ] {
+        match converted {
+            Ok(resources) => out.extend(resources),
+            Err(more) => errors.extend(more),
         }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
     }
 }
 
@@ -127,7 +152,8 @@ pub fn envoy_resources(
         let mut seen: HashMap<String, usize> = HashMap::new();
         for (i, entry) in list.iter().enumerate() {
             let at = format!("spec.envoyResources.{}[{i}]", kind.spec_field());
-            let resource = match resource(pool, kind, &entry.value, serialization) {
+            let resource = match resource(pool, kind, &entry.value, serialization, Listing::ByType)
+            {
                 Ok(resource) => resource,
                 Err(errs) => {
                     let path = format!("{at}.value");
@@ -229,7 +255,16 @@ pub fn convert_value(
     serialization: Serialization,
 ) -> Result<Resource, Vec<ValueError>> {
     let pool = descriptor_pool().map_err(|e| vec![ValueError::whole(e.to_string())])?;
-    resource(pool, kind, value, serialization)
+    resource(pool, kind, value, serialization, Listing::ByType)
+}
+
+/// Where a value sits, for the hint when it holds another type's resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listing {
+    /// In the list of `spec.envoyResources` for its type.
+    ByType,
+    /// In `spec.resources`, with a `type`.
+    Typed,
 }
 
 /// Envoy's protoc-gen-validate rules, compiled lazily per message type.
@@ -241,6 +276,7 @@ fn resource(
     kind: ResourceType,
     value: &str,
     serialization: Serialization,
+    listing: Listing,
 ) -> Result<Resource, Vec<ValueError>> {
     let desc = pool
         .get_message_by_name(kind.message_name())
@@ -252,7 +288,16 @@ fn resource(
         })?;
     let message = match parse::parse(&desc, value, serialization) {
         Ok(message) => message,
-        Err(err) => return Err(vec![hint_other_type(pool, kind, value, serialization, err)]),
+        Err(err) => {
+            return Err(vec![hint_other_type(
+                pool,
+                kind,
+                value,
+                serialization,
+                listing,
+                err,
+            )]);
+        }
     };
     let name = resource_name(kind, &message);
     if name.is_empty() {
@@ -301,6 +346,7 @@ fn hint_other_type(
     kind: ResourceType,
     value: &str,
     serialization: Serialization,
+    listing: Listing,
     err: ValueError,
 ) -> ValueError {
     if serialization == Serialization::Json
@@ -323,6 +369,13 @@ fn hint_other_type(
                 .is_some_and(|desc| parse::parse(&desc, value, serialization).is_ok())
         });
     match fits {
+        Some(other) if listing == Listing::Typed => ValueError::whole(format!(
+            "this is an {} resource, not {} as `type` says; set `type: {}` ({})",
+            other.message_name(),
+            kind.message_name(),
+            crate::api::ResourceKind::of(other).as_str(),
+            err.message
+        )),
         Some(other) => ValueError::whole(format!(
             "this is an {} resource, which belongs in `{}`; `{}` holds {} resources ({})",
             other.message_name(),
@@ -339,3 +392,5 @@ fn hint_other_type(
 mod fuzz_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod typed_tests;

@@ -1,9 +1,9 @@
-//! SDS secrets built from a Kubernetes TLS Secret's data (`spec.envoyResources.secrets` are
-//! references, so their resources are made here rather than parsed from a value).
+//! SDS secrets built from a Kubernetes Secret's data (secrets in a spec are references, so
+//! their resources are made here rather than parsed from a value).
 
 use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source::Specifier};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    Secret, TlsCertificate, secret::Type,
+    CertificateValidationContext, GenericSecret, Secret, TlsCertificate, secret::Type,
 };
 use prost::Message as _;
 
@@ -31,21 +31,58 @@ pub fn tls_secret(
     if private_key_pem.is_empty() {
         return Err(SecretError::NoKey(name.to_owned()));
     }
-    let inline = |bytes: &[u8]| DataSource {
-        specifier: Some(Specifier::InlineBytes(bytes.to_vec())),
-        ..Default::default()
-    };
-    let secret = Secret {
-        name: name.to_owned(),
-        r#type: Some(Type::TlsCertificate(TlsCertificate {
+    Ok(secret(
+        name,
+        Type::TlsCertificate(TlsCertificate {
             certificate_chain: Some(inline(certificate_chain_pem)),
             private_key: Some(inline(private_key_pem)),
             ..Default::default()
-        })),
+        }),
+    ))
+}
+
+/// The SDS `Secret` named `name` holding CA certificates (PEM) to validate peers with, the
+/// shape Envoy expects for `validation_context_sds_secret_config`.
+pub fn validation_context_secret(name: &str, ca_pem: &[u8]) -> Result<Resource, SecretError> {
+    if ca_pem.is_empty() {
+        return Err(SecretError::NoCertificate(name.to_owned()));
+    }
+    Ok(secret(
+        name,
+        Type::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(inline(ca_pem)),
+            ..Default::default()
+        }),
+    ))
+}
+
+/// The SDS `Secret` named `name` holding `value` as a generic secret (for filters such as
+/// OAuth2 and HMAC).
+pub fn generic_secret(name: &str, value: &[u8]) -> Resource {
+    secret(
+        name,
+        Type::GenericSecret(GenericSecret {
+            secret: Some(inline(value)),
+            ..Default::default()
+        }),
+    )
+}
+
+fn inline(bytes: &[u8]) -> DataSource {
+    DataSource {
+        specifier: Some(Specifier::InlineBytes(bytes.to_vec())),
+        ..Default::default()
+    }
+}
+
+fn secret(name: &str, kind: Type) -> Resource {
+    let secret = Secret {
+        name: name.to_owned(),
+        r#type: Some(kind),
     };
-    Ok(Resource {
+    Resource {
         kind: ResourceType::Secret,
         name: name.to_owned(),
         body: secret.encode_to_vec().into(),
-    })
+    }
 }

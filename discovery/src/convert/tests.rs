@@ -361,6 +361,7 @@ fn a_v2_resource_is_refused_with_the_v3_advice() {
         envoy_api: EnvoyApi::V2,
         serialization: Serialization::Yaml,
         envoy_resources: mk_resources(ResourceType::Cluster, &[CLUSTER], Serialization::Yaml),
+        ..Default::default()
     };
     assert_eq!(
         messages(&validate_config(&spec).unwrap_err()),
@@ -400,6 +401,7 @@ fn every_error_of_a_spec_is_collected() {
         serialization: Serialization::Yaml,
         envoy_api: EnvoyApi::V3,
         envoy_resources: resources.clone(),
+        ..Default::default()
     };
     assert_eq!(
         messages(&validate_config(&spec).unwrap_err()),

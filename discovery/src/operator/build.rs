@@ -326,13 +326,18 @@ impl<'a> Children<'a> {
         }
     }
 
-    /// Read access to the Secrets of one served namespace (the TLS Secrets its revisions
-    /// serve over SDS, watched for changes), so the discovery pod never reads the Secrets of
-    /// a namespace it does not serve, such as its own CA's.
+    /// Read access to the Secrets of one served namespace (the TLS and Opaque Secrets its
+    /// revisions serve over SDS, watched for changes) and its EndpointSlices (the endpoints
+    /// of `generateFromEndpointSlices`, watched too), so the discovery pod never reads the
+    /// Secrets of a namespace it does not serve, such as its own CA's.
     pub fn secret_reader_role(&self, namespace: &str) -> Role {
+        let read = ["get", "list", "watch"];
         Role {
             metadata: self.unowned_meta(&self.cluster_name(), Some(namespace)),
-            rules: Some(vec![rule(&[""], &["secrets"], &["get", "list", "watch"])]),
+            rules: Some(vec![
+                rule(&[""], &["secrets"], &read),
+                rule(&["discovery.k8s.io"], &["endpointslices"], &read),
+            ]),
         }
     }
 

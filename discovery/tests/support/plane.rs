@@ -202,7 +202,7 @@ impl Plane {
     /// Waits until the desired version of the current spec is published and in sync.
     pub fn wait_in_sync(&self, ns: &str, name: &str) -> EnvoyConfig {
         self.wait_status(ns, name, "InSync", |ec| {
-            let version = ec.spec.envoy_resources.version();
+            let version = ec.spec.version();
             ec.status.as_ref().is_some_and(|s| {
                 s.cache_state == Some(CacheState::InSync)
                     && s.published_version.as_deref() == Some(version.as_str())

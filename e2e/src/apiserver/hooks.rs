@@ -4,6 +4,7 @@
 use base64::Engine;
 use serde_json::{Value, json};
 
+use super::endpointslices;
 use super::error::ApiError;
 use super::meta;
 use super::registry::{self, ResourceInfo};
@@ -34,6 +35,13 @@ pub fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
         };
         if let Some(status) = initial {
             obj["status"] = status;
+        }
+    }
+    if endpointslices::is_endpoint_slice(info) {
+        endpointslices::default(obj);
+        let errors = endpointslices::validate(obj, None);
+        if !errors.is_empty() {
+            return Err(ApiError::invalid_fields(info, meta::name(obj), &errors));
         }
     }
     if is_secret(info) {
@@ -69,7 +77,14 @@ pub fn on_create(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
 }
 
 /// Kind-specific work on an update of the main resource.
-pub fn on_update(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+pub fn on_update(info: &ResourceInfo, old: &Value, obj: &mut Value) -> Result<(), ApiError> {
+    if endpointslices::is_endpoint_slice(info) {
+        endpointslices::default(obj);
+        let errors = endpointslices::validate(obj, Some(old));
+        if !errors.is_empty() {
+            return Err(ApiError::invalid_fields(info, meta::name(obj), &errors));
+        }
+    }
     if is_secret(info) {
         fold_string_data(obj);
     }

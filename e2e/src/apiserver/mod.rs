@@ -8,6 +8,7 @@ mod admission;
 mod crds;
 mod delete;
 mod discovery;
+mod endpointslices;
 mod error;
 mod events;
 mod faults;

@@ -189,6 +189,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &["pdb"],
         ),
         builtin(
+            "discovery.k8s.io",
+            "v1",
+            "endpointslices",
+            "EndpointSlice",
+            true,
+            false,
+            &[],
+        ),
+        builtin(
             "scheduling.k8s.io",
             "v1",
             "priorityclasses",

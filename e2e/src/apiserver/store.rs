@@ -559,7 +559,7 @@ impl Store {
                         }
                     }
                 }
-                hooks::on_update(info, &mut new)?;
+                hooks::on_update(info, old, &mut new)?;
                 new
             }
         };

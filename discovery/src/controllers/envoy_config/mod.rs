@@ -174,7 +174,15 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
         }
     }
     for version in &algorithm.delete {
-        delete(&api, &revision_name(&obs.ec.spec.node_id, version)).await?;
+        // By the name it has: the original MARIN3R names revisions `<nodeID>-v3-<version>`.
+        let name = mine
+            .iter()
+            .find(|r| &r.spec.version == version)
+            .map_or_else(
+                || revision_name(&obs.ec.spec.node_id, version),
+                ResourceExt::name_any,
+            );
+        delete(&api, &name).await?;
     }
     Ok(plan::report(obs, algorithm, &mine))
 }
@@ -302,5 +310,144 @@ mod tests {
         });
         assert_ne!(a.envoy_resources.version(), b.envoy_resources.version());
         assert_eq!(a.envoy_resources.version().len(), 10);
+        // The spec's version is that of `envoyResources` until `resources` is used.
+        assert_eq!(a.version(), a.envoy_resources.version());
+        let mut c = b.clone();
+        c.resources.push(crate::api::Resource {
+            kind: crate::api::ResourceKind::Listener,
+            value: Some(serde_json::json!({"name": "l"})),
+            generate_from_tls_secret: None,
+            generate_from_opaque_secret: None,
+            generate_from_endpoint_slices: None,
+            blueprint: None,
+        });
+        assert_ne!(c.version(), b.version());
+        assert_eq!(c.version().len(), 10);
+        let mut d = c.clone();
+        d.node_id = "elsewhere".into();
+        assert_eq!(c.version(), d.version());
+    }
+
+    /// A revision the original MARIN3R made (`<nodeID>-v3-<version>`, with its envoy-api
+    /// label) is found by its version and referenced by its own name; ours get that label.
+    #[test]
+    fn revisions_named_as_the_original_names_them_are_taken_as_they_are() {
+        use crate::api::EnvoyConfigRevisionSpec;
+        let mut ec = EnvoyConfig::new(
+            "edge",
+            serde_json::from_value(serde_json::json!({
+                "nodeID": "edge",
+                "resources": [{"type": "cluster", "value": {"name": "c"}}],
+            }))
+            .unwrap(),
+        );
+        ec.metadata.namespace = Some("team-a".into());
+        ec.metadata.uid = Some("uid-ec".into());
+        let version = ec.spec.version();
+        let mut theirs = EnvoyConfigRevision::new(
+            &format!("edge-v3-{version}"),
+            EnvoyConfigRevisionSpec::of(&ec.spec, &version),
+        );
+        theirs.metadata.uid = Some("uid-theirs".into());
+        let obs = plan::Observed {
+            ec: &ec,
+            node_served_by: None,
+            allow_cross_namespace_secrets: false,
+            revisions: vec![theirs],
+            now: super::super::now(),
+        };
+        let Plan::Publish(publish) = plan::decide(&obs) else {
+            panic!("a valid spec is published");
+        };
+        assert!(publish.create.is_none(), "its revision exists already");
+        let outcome = plan::report(&obs, &publish.algorithm, &publish.mine);
+        let refs = &outcome.status.revisions;
+        assert_eq!(refs.len(), 1);
+        assert_eq!(
+            refs[0].revision_ref.name.as_deref(),
+            Some(format!("edge-v3-{version}").as_str())
+        );
+        assert_eq!(refs[0].revision_ref.uid.as_deref(), Some("uid-theirs"));
+
+        // A new version gets a revision of ours, labelled as the original labels them.
+        let revisions = obs.revisions;
+        let mut ec = ec.clone();
+        ec.spec.resources[0].value = Some(serde_json::json!({"name": "d"}));
+        let obs = plan::Observed {
+            ec: &ec,
+            node_served_by: None,
+            allow_cross_namespace_secrets: false,
+            revisions,
+            now: super::super::now(),
+        };
+        let Plan::Publish(publish) = plan::decide(&obs) else {
+            panic!("a valid spec is published");
+        };
+        let created = publish.create.unwrap();
+        let labels = created.metadata.labels.unwrap();
+        assert_eq!(labels["marin3r.3scale.net/envoy-api"], "v3");
+        assert_eq!(labels["marin3r.3scale.net/node-id"], "edge");
+        assert_eq!(
+            labels["marin3r.3scale.net/config-version"],
+            ec.spec.version()
+        );
+    }
+
+    /// An empty spec where the node is served is refused, and nothing is created or
+    /// unpublished; with nothing served, an empty spec is published as any other.
+    #[test]
+    fn an_empty_spec_never_replaces_a_served_one() {
+        use crate::api::EnvoyConfigRevisionSpec;
+        use crate::api::envoy_config_revision::EnvoyConfigRevisionStatus;
+        let served_spec: EnvoyConfigSpec = serde_json::from_value(serde_json::json!({
+            "nodeID": "edge",
+            "resources": [{"type": "cluster", "value": {"name": "c"}}],
+        }))
+        .unwrap();
+        let mut served =
+            EnvoyConfigRevision::new("edge-abc", EnvoyConfigRevisionSpec::of(&served_spec, "abc"));
+        served.status = Some(EnvoyConfigRevisionStatus {
+            published: Some(true),
+            ..Default::default()
+        });
+        let mut ec = EnvoyConfig::new(
+            "edge",
+            serde_json::from_value(serde_json::json!({"nodeID": "edge"})).unwrap(),
+        );
+        ec.metadata.namespace = Some("team-a".into());
+        let obs = plan::Observed {
+            ec: &ec,
+            node_served_by: None,
+            allow_cross_namespace_secrets: false,
+            revisions: vec![served.clone()],
+            now: super::super::now(),
+        };
+        let Plan::Invalid(outcome) = plan::decide(&obs) else {
+            panic!("an empty spec over a served one is refused");
+        };
+        let condition = outcome
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CACHE_OUT_OF_SYNC)
+            .unwrap();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "EmptyConfigRefused")
+        );
+        assert!(
+            condition
+                .message
+                .contains("would remove every resource that version abc serves"),
+            "{}",
+            condition.message
+        );
+        assert_eq!(outcome.events.len(), 1);
+        // Nothing served: an empty spec is a configuration like any other.
+        let obs = plan::Observed {
+            revisions: vec![],
+            ..obs
+        };
+        assert!(matches!(plan::decide(&obs), Plan::Publish(_)));
     }
 }

@@ -11,7 +11,7 @@ use marin3r_controller::{Note, set_condition};
 
 use super::{CACHE_OUT_OF_SYNC, ROLLBACK_FAILED, problems, revision_name};
 use crate::api::envoy_config_revision::{
-    NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
+    ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
 };
 use crate::api::{
     ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
@@ -29,6 +29,7 @@ marin3r_controller::reasons! {
         ResourcesOutOfSync,
         AllRevisionsTainted,
         UntaintedRevisionPublished,
+        EmptyConfigRefused,
     }
 }
 
@@ -82,7 +83,7 @@ pub struct Outcome {
 pub fn decide(obs: &Observed<'_>) -> Plan {
     let ec = obs.ec;
     let ns = ec.namespace().unwrap_or_default();
-    let version = ec.spec.envoy_resources.version();
+    let version = ec.spec.version();
     let mut problems = problems(&ec.spec, &ns, obs.allow_cross_namespace_secrets);
     if let Some(other) = &obs.node_served_by {
         problems.push(format!(
@@ -100,6 +101,16 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .iter()
         .cloned()
         .partition(|r| r.spec.node_id == ec.spec.node_id);
+    // An empty spec where something is served is far more likely a field the API server
+    // dropped (an old CRD, a misspelt field) than a wish to strip every listener from the
+    // node: it is refused, and what is served stays served.
+    if ec.spec.entries() == 0
+        && let Some(served) = mine
+            .iter()
+            .find(|r| r.is_published() && r.spec.config().entries() > 0)
+    {
+        return Plan::Invalid(refused_empty(obs, &version, served));
+    }
     let existing: BTreeSet<String> = mine.iter().map(|r| r.spec.version.clone()).collect();
     let tainted: BTreeSet<String> = mine
         .iter()
@@ -155,6 +166,37 @@ fn invalid(obs: &Observed<'_>, version: &str, problems: &[String]) -> Outcome {
     }
 }
 
+fn refused_empty(obs: &Observed<'_>, version: &str, served: &EnvoyConfigRevision) -> Outcome {
+    let ec = obs.ec;
+    let mut status = ec.status.clone().unwrap_or_default();
+    status.desired_version = Some(version.to_owned());
+    let message = format!(
+        "version {version} declares no resources and was not published: it would remove \
+         every resource that version {} serves to node {}. If the manifest has resources, \
+         the API server dropped them: check the field names (spec.resources or \
+         spec.envoyResources) and that the CRDs are up to date. To stop serving the node, \
+         delete the EnvoyConfig",
+        served.spec.version, ec.spec.node_id
+    );
+    let changed = set_condition(
+        &mut status.conditions,
+        CACHE_OUT_OF_SYNC,
+        true,
+        Reason::EmptyConfigRefused,
+        &message,
+        ec.metadata.generation,
+        &obs.now,
+    );
+    Outcome {
+        status,
+        events: changed
+            .then(|| Note::warning(Reason::EmptyConfigRefused, message))
+            .into_iter()
+            .collect(),
+        state_change: None,
+    }
+}
+
 /// The revision of `version`, owned by the config.
 fn new_revision(ec: &EnvoyConfig, version: &str) -> EnvoyConfigRevision {
     let name = revision_name(&ec.spec.node_id, version);
@@ -165,6 +207,10 @@ fn new_revision(ec: &EnvoyConfig, version: &str) -> EnvoyConfigRevision {
         [
             (NODE_ID_LABEL.to_owned(), ec.spec.node_id.clone()),
             (VERSION_LABEL.to_owned(), version.to_owned()),
+            (
+                ENVOY_API_LABEL.to_owned(),
+                ec.spec.envoy_api.as_str().to_owned(),
+            ),
         ]
         .into(),
     );
@@ -218,7 +264,7 @@ pub fn publication(
 pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRevision]) -> Outcome {
     let ec = obs.ec;
     let generation = ec.metadata.generation;
-    let version = ec.spec.envoy_resources.version();
+    let version = ec.spec.version();
     let mut status = ec.status.clone().unwrap_or_default();
     let previous_state = status.cache_state;
     status.desired_version = Some(version.clone());
@@ -337,7 +383,11 @@ fn revision_ref(
     ObjectReference {
         api_version: Some(EnvoyConfigRevision::api_version(&()).into_owned()),
         kind: Some(EnvoyConfigRevision::kind(&()).into_owned()),
-        name: Some(revision_name(&ec.spec.node_id, version)),
+        // Revisions made by the original MARIN3R are named `<nodeID>-v3-<version>`.
+        name: Some(found.map_or_else(
+            || revision_name(&ec.spec.node_id, version),
+            ResourceExt::name_any,
+        )),
         namespace: ec.namespace(),
         uid: found.and_then(|r| r.uid()),
         ..Default::default()

@@ -1,0 +1,147 @@
+//! What a spec asks to build from Kubernetes objects when its revision is loaded: SDS
+//! secrets from Secrets (`envoyResources.secrets`, `resources[].generateFromTlsSecret`,
+//! `resources[].generateFromOpaqueSecret`) and endpoints from EndpointSlices
+//! (`resources[].generateFromEndpointSlices`). Both spec forms end up here, so the revision
+//! controller has one way to read and build them.
+
+use std::collections::BTreeMap;
+
+use crate::api::{Blueprint, EndpointSlicesSource, EnvoyConfigSpec, LabelSelector};
+use crate::resource::Resource;
+
+/// One SDS secret to build from a Kubernetes Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretSource {
+    /// The spec field that names the Secret, for errors.
+    pub path: String,
+    /// The name Envoy asks SDS for.
+    pub sds_name: String,
+    /// The Kubernetes Secret.
+    pub secret_name: String,
+    /// Its namespace when the spec names one (only `envoyResources.secrets[].ref` can).
+    pub namespace: Option<String>,
+    pub build: SecretBuild,
+}
+
+/// How the SDS secret is made from the Secret's data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretBuild {
+    /// A `kubernetes.io/tls` Secret, by blueprint.
+    Tls(Blueprint),
+    /// One key of the Secret's data, as a generic secret.
+    Key(String),
+}
+
+/// Every Secret the spec builds an SDS secret from, in spec order.
+pub fn secret_sources(spec: &EnvoyConfigSpec) -> Vec<SecretSource> {
+    let legacy = spec
+        .envoy_resources
+        .secrets
+        .iter()
+        .enumerate()
+        .map(|(i, s)| SecretSource {
+            path: format!(
+                "spec.envoyResources.secrets[{i}].{}",
+                if s.secret_ref.is_some() {
+                    "ref"
+                } else {
+                    "name"
+                }
+            ),
+            sds_name: s.name.clone(),
+            secret_name: s.secret_name().to_owned(),
+            namespace: s.secret_namespace().map(str::to_owned),
+            build: SecretBuild::Tls(Blueprint::TlsCertificate),
+        });
+    let typed = spec.resources.iter().enumerate().filter_map(|(i, r)| {
+        if let Some(name) = &r.generate_from_tls_secret {
+            return Some(SecretSource {
+                path: format!("spec.resources[{i}].generateFromTlsSecret"),
+                sds_name: name.clone(),
+                secret_name: name.clone(),
+                namespace: None,
+                build: SecretBuild::Tls(r.blueprint.unwrap_or_default()),
+            });
+        }
+        let opaque = r.generate_from_opaque_secret.as_ref()?;
+        Some(SecretSource {
+            path: format!("spec.resources[{i}].generateFromOpaqueSecret"),
+            sds_name: opaque.alias.clone(),
+            secret_name: opaque.name.clone(),
+            namespace: None,
+            build: SecretBuild::Key(opaque.key.clone()),
+        })
+    });
+    legacy.chain(typed).collect()
+}
+
+/// Builds the SDS secret of `source` from the Secret's type and data, or says why it
+/// cannot (without the path: the caller knows where the source came from).
+pub fn secret_resource(
+    source: &SecretSource,
+    secret_type: Option<&str>,
+    data: &BTreeMap<String, Vec<u8>>,
+) -> Result<Resource, String> {
+    let field = |k: &str| data.get(k).map(Vec::as_slice).unwrap_or_default();
+    match &source.build {
+        SecretBuild::Tls(blueprint) => {
+            if secret_type != Some("kubernetes.io/tls") {
+                return Err(format!(
+                    "is of type {:?}, not kubernetes.io/tls",
+                    secret_type.unwrap_or("Opaque")
+                ));
+            }
+            match blueprint {
+                Blueprint::TlsCertificate => {
+                    super::tls_secret(&source.sds_name, field("tls.crt"), field("tls.key"))
+                }
+                Blueprint::ValidationContext => {
+                    super::validation_context_secret(&source.sds_name, field("tls.crt"))
+                }
+            }
+            .map_err(|e| format!("cannot be served: {e}"))
+        }
+        SecretBuild::Key(key) => match data.get(key) {
+            Some(value) => Ok(super::generic_secret(&source.sds_name, value)),
+            None => Err(format!(
+                "has no key {key:?} (it has: {})",
+                if data.is_empty() {
+                    "none".to_owned()
+                } else {
+                    data.keys().cloned().collect::<Vec<_>>().join(", ")
+                }
+            )),
+        },
+    }
+}
+
+/// One `ClusterLoadAssignment` to build from EndpointSlices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSource {
+    /// `spec.resources[i].generateFromEndpointSlices`, for errors.
+    pub path: String,
+    pub selector: LabelSelector,
+    pub cluster_name: String,
+    pub target_port: String,
+}
+
+/// Every EndpointSlice-generated endpoint of the spec, in spec order.
+pub fn endpoint_sources(spec: &EnvoyConfigSpec) -> Vec<EndpointSource> {
+    spec.resources
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let EndpointSlicesSource {
+                selector,
+                cluster_name,
+                target_port,
+            } = r.generate_from_endpoint_slices.as_ref()?;
+            Some(EndpointSource {
+                path: format!("spec.resources[{i}].generateFromEndpointSlices"),
+                selector: selector.clone(),
+                cluster_name: cluster_name.clone(),
+                target_port: target_port.clone(),
+            })
+        })
+        .collect()
+}
