@@ -131,6 +131,13 @@ pub struct DiscoveryServiceCertificateStatus {
     /// The certificate hash (see `marin3r certs inspect`); changes with every issuance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_hash: Option<String>,
+    /// The hash of the certificates in the Secret's `ca.crt` (what its holder trusts); it
+    /// changes when a CA rotation adds the next CA or drops the previous one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_bundle_hash: Option<String>,
+    /// For a CA being rotated: which step the rotation is at and what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotation: Option<String>,
     /// The last value of the renew annotation that was acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_renewal_request: Option<String>,

@@ -200,6 +200,20 @@ impl CertificateRequest {
     }
 }
 
+/// The latest instant a certificate this crate issued with validity `not_before..not_after`
+/// can have been issued: its start undone of the backdating of `params` and of the truncation
+/// to whole seconds.
+pub fn latest_issuance(
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> Option<OffsetDateTime> {
+    let seconds = not_after
+        .unix_timestamp()
+        .checked_sub(not_before.unix_timestamp())?;
+    let backdate = (seconds / 10).clamp(0, MAX_BACKDATE_SECONDS);
+    not_before.checked_add(time::Duration::seconds(backdate.checked_add(1)?))
+}
+
 /// A certificate with its key, as stored in a `kubernetes.io/tls` Secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct IssuedCertificate {

@@ -25,7 +25,7 @@ pub use inspect::{
 };
 pub use issue::{
     CertificateAuthority, CertificateRequest, IssuedCertificate, KeyAlgorithm, Usage,
-    issue_self_signed, subject_alt_name,
+    issue_self_signed, latest_issuance, subject_alt_name,
 };
 pub use names::{is_dns_label, is_dns_subdomain};
 pub use pem::{blocks_labelled, private_key_der};

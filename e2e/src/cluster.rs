@@ -27,6 +27,9 @@ pub struct LocalClusterConfig {
     pub extra_hosts: Vec<String>,
     /// Run pods (needs root). Without, the API and Deployment controller run alone.
     pub run_pods: bool,
+    /// How late a changed Secret or ConfigMap reaches running pods' volumes, as a real
+    /// kubelet's sync period makes it (see `NodeConfig::volume_update_delay`); zero: at once.
+    pub volume_update_delay: std::time::Duration,
 }
 
 impl Default for LocalClusterConfig {
@@ -38,6 +41,7 @@ impl Default for LocalClusterConfig {
             log_dir: None,
             extra_hosts: Vec::new(),
             run_pods: true,
+            volume_update_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -69,6 +73,7 @@ impl LocalCluster {
             Some(Node::start(NodeConfig {
                 images: config.images,
                 log_dir: config.log_dir,
+                volume_update_delay: config.volume_update_delay,
                 ..NodeConfig::default()
             })?)
         } else {

@@ -18,6 +18,8 @@ use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig, FaultScope};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+const PROPAGATION: Duration = Duration::from_secs(2);
+
 struct Env {
     server: ApiServer,
     client: Client,
@@ -49,6 +51,8 @@ impl Env {
                 .collect::<BTreeSet<_>>(),
             // The renewal tests use validities of seconds.
             min_renewal_interval: Duration::from_secs(1),
+            // Secrets reach no pod here: each CA rotation step waits 2 s for the one before.
+            trust_propagation: PROPAGATION,
             ..Default::default()
         };
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
@@ -483,8 +487,17 @@ async fn each_trigger_reissues_exactly_once() {
     .unwrap();
 }
 
+/// What each Secret holds, polled: its certificate's serial and the CAs of its ca.crt.
+fn bundle_of(secret: &Secret) -> Vec<String> {
+    marin3r_certs::controller::rotation::split_certificates(&text(secret, "ca.crt").unwrap())
+}
+
+/// F9: a renewed CA was a hard cutover (every certificate reissued at once and trusting only
+/// the new CA). Now the new CA is first trusted everywhere, then signs, and the old one is
+/// dropped only after every certificate it signed was reissued, each step a propagation
+/// after the one before; at no poll does a certificate's CA fall outside another's ca.crt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewed_ca_reissues_its_children() {
+async fn a_renewed_ca_is_trusted_before_it_signs_and_dropped_after_its_certificates() {
     let env = Env::start(&[]).await;
     env.apply("ca", ca_spec(3600)).await;
     env.apply("server", leaf_spec(true, &["marin3r"], 3600))
@@ -496,31 +509,154 @@ async fn a_renewed_ca_reissues_its_children() {
     .await;
     env.wait_reason("server", "Issued").await;
     env.wait_reason("client", "Issued").await;
-    let (_, old_ca) = env.secret_cert(&env.ns, "ca").await.unwrap();
+    let (ca_secret, old_ca) = env.secret_cert(&env.ns, "ca").await.unwrap();
+    let old_ca_pem = text(&ca_secret, "tls.crt").unwrap();
     let (_, old_server) = env.secret_cert(&env.ns, "server-cert").await.unwrap();
     let (_, old_client) = env.secret_cert(&env.ns, "client-cert").await.unwrap();
+    let hash_before = env
+        .dscs()
+        .get("ca")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .trust_bundle_hash;
+    assert!(hash_before.is_some());
 
     let renew = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": "rotate"}}});
     env.dscs()
         .patch("ca", &PatchParams::default(), &Patch::Merge(&renew))
         .await
         .unwrap();
-    env.wait_new_serial("ca", &old_ca.serial, Duration::from_secs(10))
-        .await;
-    env.wait_new_serial("server-cert", &old_server.serial, Duration::from_secs(10))
-        .await;
-    env.wait_new_serial("client-cert", &old_client.serial, Duration::from_secs(10))
-        .await;
 
-    let (ca_secret, _) = env.secret_cert(&env.ns, "ca").await.unwrap();
-    let ca_pem = text(&ca_secret, "tls.crt").unwrap();
-    for name in ["server-cert", "client-cert"] {
+    let leaves = ["server-cert", "client-cert"];
+    let start = Instant::now();
+    let (mut bundled_everywhere, mut switched, mut reissued) = (None, None, None);
+    let mut saw_rotation_status = false;
+    let new_ca_pem = loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the rotation did not finish: bundled {bundled_everywhere:?}, switched {switched:?}, reissued {reissued:?}"
+        );
+        let (ca_secret, ca) = env.secret_cert(&env.ns, "ca").await.unwrap();
+        let ca_bundle = bundle_of(&ca_secret);
+        let mut secrets = Vec::new();
+        for name in leaves {
+            secrets.push(env.secret_cert(&env.ns, name).await.unwrap());
+        }
+        // Every certificate's CA is in every ca.crt (the other leaves' and the CA's, which
+        // is the webhook's caBundle).
+        for (secret, _) in &secrets {
+            let cert = text(secret, "tls.crt").unwrap();
+            for trusts in secrets
+                .iter()
+                .map(|(s, _)| bundle_of(s))
+                .chain([ca_bundle.clone()])
+            {
+                assert!(
+                    trusts.iter().any(|ca| verify_signed_by(&cert, ca).is_ok()),
+                    "after {:?} a certificate is signed by a CA outside a ca.crt",
+                    start.elapsed()
+                );
+            }
+        }
+        saw_rotation_status |= env
+            .dscs()
+            .get("ca")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .rotation
+            .is_some();
+        let serials_kept =
+            secrets[0].1.serial == old_server.serial && secrets[1].1.serial == old_client.serial;
+        if bundled_everywhere.is_none()
+            && ca_bundle.len() == 2
+            && secrets.iter().all(|(s, _)| bundle_of(s).len() == 2)
+        {
+            assert!(
+                serials_kept,
+                "a certificate was reissued before all trusted the next CA"
+            );
+            assert_eq!(ca.serial, old_ca.serial, "the next CA signs too early");
+            bundled_everywhere = Some(Instant::now());
+        }
+        if switched.is_none() && ca.serial != old_ca.serial {
+            let since =
+                bundled_everywhere.expect("the CA switched before the bundle was everywhere");
+            assert!(since.elapsed() >= PROPAGATION - Duration::from_millis(300));
+            assert_eq!(
+                ca_bundle.len(),
+                2,
+                "the old CA must stay trusted when the new one signs"
+            );
+            switched = Some(Instant::now());
+        }
+        if !serials_kept {
+            assert!(
+                switched.is_some(),
+                "a certificate was reissued before the CA switched"
+            );
+        }
+        let ca_pem = text(&ca_secret, "tls.crt").unwrap();
+        let all_new = secrets
+            .iter()
+            .all(|(s, _)| verify_signed_by(&text(s, "tls.crt").unwrap(), &ca_pem).is_ok());
+        if switched.is_some() && all_new && reissued.is_none() {
+            reissued = Some(Instant::now());
+        }
+        if ca_bundle.len() == 1 && switched.is_some() {
+            let since =
+                reissued.expect("the old CA was dropped before every certificate was reissued");
+            assert!(since.elapsed() >= PROPAGATION - Duration::from_millis(300));
+            if secrets.iter().all(|(s, _)| bundle_of(s).len() == 1) {
+                break ca_pem;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        saw_rotation_status,
+        "status.rotation never showed the rotation"
+    );
+    assert_ne!(new_ca_pem, old_ca_pem);
+    for name in leaves {
         let (secret, _) = env.secret_cert(&env.ns, name).await.unwrap();
-        verify_signed_by(&text(&secret, "tls.crt").unwrap(), &ca_pem).unwrap();
+        verify_signed_by(&text(&secret, "tls.crt").unwrap(), &new_ca_pem).unwrap();
         assert_eq!(
-            text(&secret, "ca.crt").unwrap(),
-            ca_pem,
-            "{name} carries the old CA"
+            bundle_of(&secret),
+            vec![new_ca_pem.clone()],
+            "{name} still trusts the old CA"
+        );
+    }
+    let ca_secret = env.secrets(&env.ns).get("ca").await.unwrap();
+    assert!(!ca_secret.data.unwrap().contains_key("next.crt"));
+    // The status is written after the Secret.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        let status = env.dscs().get("ca").await.unwrap().status.unwrap();
+        if status.rotation.is_none() || Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.rotation, None);
+    assert_ne!(status.trust_bundle_hash, hash_before);
+    let events: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("ca"))
+        .filter_map(|e| e.reason)
+        .collect();
+    for want in ["NextCAIssued", "NextCASigning", "PreviousCADropped"] {
+        assert!(
+            reasons.iter().any(|r| r == want),
+            "no {want} Event: {reasons:?}"
         );
     }
 }

@@ -676,3 +676,70 @@ async fn a_stale_marin3r_image_and_a_root_image_under_run_as_non_root_do_not_sta
         "{message}"
     );
 }
+
+/// A real kubelet applies a Secret change to running pods only at its next sync; with
+/// `volume_update_delay` the local one does too (a new pod mounts the current Secret at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_change_reaches_a_running_pod_after_the_nodes_volume_delay() {
+    let images = ImageMap::new().with("probe-server", python());
+    let delay = Duration::from_millis(1500);
+    let node = Node::start(NodeConfig {
+        images,
+        volume_update_delay: delay,
+        ..Default::default()
+    })
+    .unwrap();
+    let prefix = node.prefix();
+    let objects = Arc::new(StaticObjects::default());
+    let secret = |v: &str| -> Secret {
+        from_yaml(&format!(
+            r#"{{"metadata": {{"name": "tls", "namespace": "ns1"}}, "data": {{"tls.crt": "{}"}}}}"#,
+            b64(v)
+        ))
+    };
+    objects.put_secret(secret("first"));
+    let mount =
+        r#", "volumeMounts": [{"name": "tls", "mountPath": "/etc/delayed", "readOnly": true}]"#;
+    let volume = r#"{"name": "tls", "secret": {"secretName": "tls"}}"#;
+    let pod = PodHandle::start(
+        &node,
+        &server_pod("delayed", "delayed", mount, volume),
+        objects.clone(),
+    )
+    .unwrap();
+    pod.wait_ready(Duration::from_secs(30)).await.unwrap();
+    let file = pod.volume_dir("tls").join("tls.crt");
+    let read = || std::fs::read_to_string(&file).unwrap();
+    assert_eq!(read(), "first");
+    objects.put_secret(secret("second"));
+    let changed = std::time::Instant::now();
+    pod.refresh(None);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pod.refresh(None);
+    assert_eq!(read(), "first", "applied before the delay");
+    while read() != "second" {
+        assert!(changed.elapsed() < Duration::from_secs(10), "never applied");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        changed.elapsed() >= delay,
+        "applied after {:?}",
+        changed.elapsed()
+    );
+    // A pod started now mounts the current Secret at once.
+    let fresh = PodHandle::start(
+        &node,
+        &server_pod("fresh", "fresh", mount, volume),
+        objects.clone(),
+    )
+    .unwrap();
+    fresh.wait_ready(Duration::from_secs(30)).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(fresh.volume_dir("tls").join("tls.crt")).unwrap(),
+        "second"
+    );
+    pod.stop(Duration::from_secs(5)).await;
+    fresh.stop(Duration::from_secs(5)).await;
+    drop(node);
+    assert_cleaned(&prefix);
+}

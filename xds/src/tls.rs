@@ -400,6 +400,69 @@ mod tests {
         );
     }
 
+    /// During a CA rotation `ca.crt` holds the previous and the next CA: a client
+    /// certificate of either completes the handshake, one of any other CA does not.
+    #[tokio::test]
+    async fn a_ca_bundle_admits_clients_of_every_ca_in_it() {
+        let ca = |name: &str| {
+            let issued =
+                issue_self_signed(&CertificateRequest::ca(name, Duration::from_secs(3600)))
+                    .unwrap();
+            (
+                issued.cert_pem.clone(),
+                CertificateAuthority::from_issued(&issued).unwrap(),
+            )
+        };
+        let ((old_pem, old), (next_pem, next), (_, other)) = (ca("old"), ca("next"), ca("other"));
+        let server = old
+            .issue(
+                &CertificateRequest::new("xds", Usage::Server, Duration::from_secs(60))
+                    .with_hosts(["localhost"]),
+            )
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let files = TlsFiles::in_dir(dir.path());
+        std::fs::write(&files.cert, &server.cert_pem).unwrap();
+        std::fs::write(&files.key, &server.key_pem).unwrap();
+        std::fs::write(&files.ca, format!("{next_pem}{old_pem}")).unwrap();
+        let acceptor = TlsAcceptor::from(server_config(&files).unwrap());
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(old_pem.as_bytes()).unwrap())
+            .unwrap();
+        let roots = Arc::new(roots);
+        for (signer, trusted) in [(&old, true), (&next, true), (&other, false)] {
+            let client = signer
+                .issue(
+                    &CertificateRequest::new("envoy", Usage::Client, Duration::from_secs(60))
+                        .with_hosts([spiffe_id("cluster.local", "a")]),
+                )
+                .unwrap();
+            let chain = vec![CertificateDer::from_pem_slice(client.cert_pem.as_bytes()).unwrap()];
+            let key = PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).unwrap();
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+            let dial = tokio::spawn(async move {
+                let tcp = TcpStream::connect(addr).await.unwrap();
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                connector.connect(name, tcp).await.map(drop)
+            });
+            let (tcp, _) = listener.accept().await.unwrap();
+            let accepted = acceptor.accept(tcp).await;
+            assert_eq!(accepted.is_ok(), trusted, "{:?}", accepted.err());
+            let _ = dial.await.unwrap();
+        }
+    }
+
     #[test]
     fn bad_files_are_named_in_errors() {
         let dir = tempfile::tempdir().unwrap();

@@ -52,7 +52,7 @@ pub fn renewal_due_at(
 }
 
 /// `later - earlier` as a `std` duration, zero when `later` is not later.
-fn until(earlier: OffsetDateTime, later: OffsetDateTime) -> std::time::Duration {
+pub fn until(earlier: OffsetDateTime, later: OffsetDateTime) -> std::time::Duration {
     let nanos = later
         .unix_timestamp_nanos()
         .checked_sub(earlier.unix_timestamp_nanos())
@@ -116,9 +116,9 @@ pub fn needs_issue(
     }
     match issuer_pem {
         Some(ca) => {
-            if crate::verify_signed_by(cert, ca).is_err()
-                || !same_certificates(secret.ca.as_deref(), ca)
-            {
+            // A `ca.crt` that differs is rewritten without a reissue (`plan::decide`): during
+            // a CA rotation it changes twice while the certificate stays.
+            if crate::verify_signed_by(cert, ca).is_err() {
                 return Some(IssueReason::IssuerChanged);
             }
         }
@@ -135,13 +135,6 @@ pub fn needs_issue(
         return Some(IssueReason::RenewalDue);
     }
     None
-}
-
-fn same_certificates(a: Option<&str>, b: &str) -> bool {
-    match (a.map(crate::certificate_hash), crate::certificate_hash(b)) {
-        (Some(Ok(a)), Ok(b)) => a == b,
-        _ => false,
-    }
 }
 
 /// What differs between the spec and the issued certificate, if anything.
@@ -389,15 +382,13 @@ mod tests {
             check(&spec, &files, Some(&new_ca_files.cert_pem), false, now()),
             Some(IssueReason::IssuerChanged)
         );
-        // The Secret's ca.crt is stale even though the signature still verifies.
+        // A stale ca.crt whose certificate still verifies is no reason to reissue: only
+        // ca.crt is rewritten (plan::decide), as during a CA rotation.
         let stale_bundle = TlsFiles {
             ca: Some(new_ca_files.cert_pem.clone()),
             ..files.clone()
         };
-        assert_eq!(
-            check(&spec, &stale_bundle, ca_pem, false, now()),
-            Some(IssueReason::IssuerChanged)
-        );
+        assert_eq!(check(&spec, &stale_bundle, ca_pem, false, now()), None);
         // Switching to self-signed.
         assert!(matches!(
             check(&spec, &files, None, false, now()),

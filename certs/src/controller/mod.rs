@@ -2,8 +2,10 @@
 //! reissues on every trigger of SPEC §2.1, and wakes up exactly at the renewal instant.
 //! The decisions are pure (`decide`); this module only reads and writes the API.
 
+pub mod bundle;
 pub mod decide;
 pub mod plan;
+pub mod rotation;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -44,6 +46,9 @@ pub struct Config {
     /// Time-based renewal waits at least this long after issuance, however short `validFor`
     /// is (see [`decide::needs_issue`]).
     pub min_renewal_interval: Duration,
+    /// How long a changed Secret may take to reach every reader; each step of a CA
+    /// rotation waits this long for the previous one (see [`rotation`]).
+    pub trust_propagation: Duration,
     /// Where reconciles are counted.
     pub metrics: ReconcileMetrics,
 }
@@ -53,6 +58,7 @@ impl Default for Config {
         Self {
             trusted_namespaces: BTreeSet::new(),
             min_renewal_interval: DEFAULT_MIN_RENEWAL_INTERVAL,
+            trust_propagation: rotation::DEFAULT_TRUST_PROPAGATION,
             metrics: ReconcileMetrics::default(),
         }
     }
@@ -73,23 +79,40 @@ pub async fn run(
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = marin3r_controller::watch_all::<DiscoveryServiceCertificate>(&client);
     let store = controller.store();
-    // A change to a Secret this controller manages wakes the certificate that writes it and
-    // every certificate it is the CA of.
+    // A change to a Secret this controller manages wakes the certificate that writes it,
+    // every certificate it is the CA of, and the CA of the certificate that writes it (a
+    // rotation waits for the certificates it signs).
     let secrets = watcher::Config::default().labels(OWNER_NAME_LABEL);
     let controller = controller.watches(
         Api::<Secret>::all(client),
         secrets,
         move |secret: Secret| {
             let key = (secret.namespace().unwrap_or_default(), secret.name_any());
-            store
-                .state()
-                .into_iter()
-                .filter(|dsc| references(dsc, &key))
-                .map(|dsc| ObjectRef::from_obj(&*dsc))
+            let all = store.state();
+            let cas: Vec<(String, String)> = all
+                .iter()
+                .filter_map(|dsc| {
+                    let valid = dsc
+                        .spec
+                        .validate(&dsc.namespace().unwrap_or_default())
+                        .ok()?;
+                    (valid.secret == key).then_some(valid.ca_secret).flatten()
+                })
+                .collect();
+            all.iter()
+                .filter(|dsc| references(dsc, &key) || cas.iter().any(|ca| writes(dsc, ca)))
+                .map(|dsc| ObjectRef::from_obj(&**dsc))
                 .collect::<Vec<_>>()
         },
     );
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+}
+
+fn writes(dsc: &DiscoveryServiceCertificate, key: &(String, String)) -> bool {
+    let ns = dsc.namespace().unwrap_or_default();
+    dsc.spec
+        .validate(&ns)
+        .is_ok_and(|valid| &valid.secret == key)
 }
 
 fn references(dsc: &DiscoveryServiceCertificate, key: &(String, String)) -> bool {
@@ -166,6 +189,13 @@ async fn observe<'a>(
         let api: Api<Secret> = Api::namespaced(ctx.client.clone(), secret_ns);
         secret = api.get_opt(secret_name).await?;
     }
+    let mut dependents = Vec::new();
+    if let Ok(valid) = &spec
+        && valid.request.is_ca
+        && secret.as_ref().is_some_and(bundle::rotating)
+    {
+        dependents = read_dependents(ctx, &valid.secret).await?;
+    }
     Ok(Observed {
         dsc,
         spec,
@@ -173,7 +203,38 @@ async fn observe<'a>(
         secret,
         now: OffsetDateTime::now_utc(),
         min_renewal_interval: ctx.config.min_renewal_interval,
+        dependents,
+        trust_propagation: ctx.config.trust_propagation,
     })
+}
+
+/// The Secrets (those that exist) of every certificate signed from the CA Secret `ca`.
+async fn read_dependents(
+    ctx: &Context,
+    ca: &(String, String),
+) -> Result<Vec<(String, decide::TlsFiles)>, Error> {
+    let all = Api::<DiscoveryServiceCertificate>::all(ctx.client.clone())
+        .list(&Default::default())
+        .await?;
+    let mut out = Vec::new();
+    for dsc in all {
+        let ns = dsc.namespace().unwrap_or_default();
+        let Ok(valid) = dsc.spec.validate(&ns) else {
+            continue;
+        };
+        if valid.ca_secret.as_ref() != Some(ca) {
+            continue;
+        }
+        let (secret_ns, secret_name) = &valid.secret;
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), secret_ns);
+        if let Some(secret) = api.get_opt(secret_name).await? {
+            out.push((
+                format!("{secret_ns}/{secret_name}"),
+                plan::tls_files(&secret),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// Observes, decides, issues when the plan says so, and writes the outcome.
@@ -181,12 +242,52 @@ async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<A
     let obs = observe(&dsc, ctx).await?;
     let outcome = match (plan::decide(&obs), &obs.spec) {
         (Plan::NotReady(not_ready), _) => plan::not_ready(&obs, not_ready),
-        (Plan::Keep { cert_pem }, Ok(valid)) => plan::report(&obs, valid, &cert_pem, None),
+        (Plan::Keep(current), Ok(valid)) => plan::report(&obs, valid, &current, None),
+        (Plan::Update { update, then }, Ok(valid)) => {
+            patch_secret(ctx, valid, &update).await?;
+            plan::report(&obs, valid, &then, None)
+        }
+        (
+            Plan::StartRotation {
+                state,
+                reason,
+                renew_request,
+            },
+            Ok(valid),
+        ) => {
+            let request = valid.request.clone();
+            let issued = tokio::task::spawn_blocking(move || issue_self_signed(&request))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(crate::CertError::Generation(format!(
+                        "the issuing task failed: {e}"
+                    )))
+                });
+            match issued {
+                Ok(next) => {
+                    let update = bundle::start(&state, &next, renew_request.as_deref());
+                    patch_secret(ctx, valid, &update).await?;
+                    let bundle_pem = update
+                        .data
+                        .get("ca.crt")
+                        .cloned()
+                        .flatten()
+                        .unwrap_or_default();
+                    info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued the next CA; rotation started");
+                    let current = plan::started(&reason, bundle_pem, state.signer.id.pem.clone());
+                    plan::report(&obs, valid, &current, None)
+                }
+                Err(e) => {
+                    plan::not_ready(&obs, NotReady::new(Reason::IssuanceFailed, e.to_string()))
+                }
+            }
+        }
         (
             Plan::Issue {
                 ca,
                 reason,
                 renew_request,
+                trust_pem,
             },
             Ok(valid),
         ) => {
@@ -203,10 +304,22 @@ async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<A
                 )))
             });
             match issued {
-                Ok(issued) => {
+                Ok(mut issued) => {
+                    if let Some(trust) = trust_pem {
+                        issued.ca_pem = trust;
+                    }
                     write_secret(ctx, &dsc, valid, &issued, renew_request.as_deref()).await?;
+                    // A CA issued afresh starts no rotation where an earlier one stopped.
+                    if let Some(forget) = obs.secret.as_ref().and_then(bundle::forget_rotation) {
+                        patch_secret(ctx, valid, &forget).await?;
+                    }
                     info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued certificate");
-                    plan::report(&obs, valid, &issued.cert_pem, Some(&reason))
+                    let current = plan::Current {
+                        cert_pem: issued.cert_pem.clone(),
+                        ca_pem: Some(issued.ca_pem.clone()),
+                        rotation: None,
+                    };
+                    plan::report(&obs, valid, &current, Some(&reason))
                 }
                 Err(e) => {
                     plan::not_ready(&obs, NotReady::new(Reason::IssuanceFailed, e.to_string()))
@@ -271,6 +384,24 @@ async fn write_secret(
     Ok(())
 }
 
+/// Changes some keys of the certificate's Secret (a merge patch).
+async fn patch_secret(
+    ctx: &Context,
+    valid: &ValidSpec,
+    update: &bundle::SecretUpdate,
+) -> Result<(), Error> {
+    let (ns, name) = &valid.secret;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    secrets
+        .patch(
+            name,
+            &kube::api::PatchParams::apply(FIELD_MANAGER),
+            &kube::api::Patch::Merge(update.merge_patch()),
+        )
+        .await?;
+    Ok(())
+}
+
 async fn write_status(
     ctx: &Context,
     dsc: &DiscoveryServiceCertificate,
@@ -281,7 +412,8 @@ async fn write_status(
     }
     let api: Api<DiscoveryServiceCertificate> =
         Api::namespaced(ctx.client.clone(), &dsc.namespace().unwrap_or_default());
-    let patch = status_patch(status, &[], None)?;
+    // `rotation` goes when a rotation ends.
+    let patch = status_patch(status, &["rotation"], None)?;
     patch_status(&api, &dsc.name_any(), patch, FIELD_MANAGER).await?;
     Ok(())
 }

@@ -10,9 +10,11 @@ use kube::ResourceExt;
 use marin3r_controller::{Note, set_condition};
 use time::OffsetDateTime;
 
+use super::bundle::{self, Cert, SecretUpdate};
 use super::decide::{
-    IssueReason, Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at,
+    IssueReason, Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at, until,
 };
+use super::rotation::{self, CaState, Step};
 use crate::api::{
     DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, READY_CONDITION,
     RENEW_ANNOTATION, ValidSpec,
@@ -23,6 +25,11 @@ use crate::{CertificateAuthority, CertificateInfo};
 const DEPENDENCY_RETRY: Duration = Duration::from_secs(15);
 /// The shortest wait before a wake-up at the renewal instant.
 const MIN_WAKEUP: Duration = Duration::from_millis(200);
+/// How often a CA rotation waiting on the certificates it signs looks again (a change to
+/// their Secrets wakes it sooner).
+const ROTATION_POLL: Duration = Duration::from_secs(5);
+/// The longest a CA rotation sleeps, whatever it waits for.
+const ROTATION_MAX_WAIT: Duration = Duration::from_secs(30);
 
 marin3r_controller::reasons! {
     /// The reasons of the Ready condition and of the certificate's Events.
@@ -35,6 +42,9 @@ marin3r_controller::reasons! {
         Issued,
         NotYetValid,
         Expired,
+        NextCAIssued,
+        NextCASigning,
+        PreviousCADropped,
     }
 }
 
@@ -74,6 +84,11 @@ pub struct Observed<'a> {
     pub now: OffsetDateTime,
     /// Time-based renewal waits at least this long after issuance.
     pub min_renewal_interval: Duration,
+    /// For a self-signed CA in a rotation: the Secrets of the certificates it signs, by
+    /// `namespace/name` (those that exist).
+    pub dependents: Vec<(String, TlsFiles)>,
+    /// How long a changed Secret may take to reach every reader (see [`rotation`]).
+    pub trust_propagation: Duration,
 }
 
 /// What to do about one certificate.
@@ -81,14 +96,54 @@ pub enum Plan {
     /// Report why it is not ready.
     NotReady(NotReady),
     /// Issue a new certificate (signed by `ca`, or self-signed) into the Secret, recording
-    /// the renewal request it answers.
+    /// the renewal request it answers. `trust_pem` is the `ca.crt` to write with it (the
+    /// CA's trust bundle); None: the issuer's certificate.
     Issue {
         ca: Option<Box<CertificateAuthority>>,
         reason: IssueReason,
         renew_request: Option<String>,
+        trust_pem: Option<String>,
     },
-    /// The Secret's certificate stays; report on it.
-    Keep { cert_pem: String },
+    /// A CA rotation begins: issue the next CA (self-signed, from the spec) and write it
+    /// beside the current one with [`bundle::start`].
+    StartRotation {
+        state: Box<CaState<Cert>>,
+        reason: IssueReason,
+        renew_request: Option<String>,
+    },
+    /// Change the Secret without issuing (the trust bundle, a rotation step), then report.
+    Update { update: SecretUpdate, then: Current },
+    /// The Secret stays; report on it.
+    Keep(Current),
+}
+
+/// The certificate in the Secret, as reported.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Current {
+    pub cert_pem: String,
+    /// Its `ca.crt` (the trust bundle).
+    pub ca_pem: Option<String>,
+    /// Where a CA rotation is, when one is under way or a step was just taken.
+    pub rotation: Option<RotationNote>,
+}
+
+impl Current {
+    fn plain(cert_pem: String, ca_pem: Option<String>) -> Self {
+        Self {
+            cert_pem,
+            ca_pem,
+            rotation: None,
+        }
+    }
+}
+
+/// A CA rotation's step, for the status, the Events and the wake-up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RotationNote {
+    /// `status.rotation`; None once the rotation is over.
+    pub message: Option<String>,
+    pub event: Option<Note>,
+    pub requeue: Duration,
 }
 
 /// What to write after acting: the status, the Events, when to look again.
@@ -166,15 +221,191 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
     let manual = renew_request.is_some() && renew_request != handled;
     let issuer_pem = ca.as_ref().map(|ca| ca.cert_pem());
     let min_renewal = obs.min_renewal_interval;
-    match needs_issue(valid, &files, issuer_pem, manual, obs.now, min_renewal) {
-        None => Plan::Keep {
-            cert_pem: files.cert.unwrap_or_default(),
-        },
+    let reason = needs_issue(valid, &files, issuer_pem, manual, obs.now, min_renewal);
+    // A self-signed CA with a CA in its Secret rotates with an overlap; a missing or
+    // unusable one has nothing anyone could still trust, so it is issued at once.
+    let usable = !matches!(
+        reason,
+        Some(IssueReason::SecretMissing | IssueReason::SecretInvalid(_))
+    );
+    if usable
+        && valid.request.is_ca
+        && valid.ca_secret.is_none()
+        && let Some(secret) = &obs.secret
+        && let Some(state) = bundle::ca_state(secret, &files)
+    {
+        return rotate(obs, secret, state, &files, reason, renew_request);
+    }
+    // What a certificate signed from the CA Secret trusts: the CA's bundle.
+    let trust_pem = obs
+        .ca_secret
+        .as_ref()
+        .map(tls_files)
+        .and_then(|f| bundle::trust_bundle(&f));
+    match reason {
+        None => {
+            let cert_pem = files.cert.unwrap_or_default();
+            match trust_pem {
+                Some(trust)
+                    if !files
+                        .ca
+                        .as_deref()
+                        .is_some_and(|ca| bundle::same_certificates(ca, &trust)) =>
+                {
+                    Plan::Update {
+                        update: bundle::trust(&trust),
+                        then: Current::plain(cert_pem, Some(trust)),
+                    }
+                }
+                _ => Plan::Keep(Current::plain(cert_pem, files.ca)),
+            }
+        }
         Some(reason) => Plan::Issue {
             ca: ca.map(Box::new),
             reason,
             renew_request,
+            trust_pem,
         },
+    }
+}
+
+/// The next step of a self-signed CA's rotation (see [`rotation`]).
+fn rotate(
+    obs: &Observed<'_>,
+    secret: &Secret,
+    state: CaState<Cert>,
+    files: &TlsFiles,
+    reason: Option<IssueReason>,
+    renew_request: Option<String>,
+) -> Plan {
+    let leaves: Vec<_> = obs
+        .dependents
+        .iter()
+        .map(|(name, files)| bundle::leaf(name.clone(), files, &state))
+        .collect();
+    let cert_pem = state.signer.id.pem.clone();
+    let trusted_pem = bundle::to_pem(&state.trusted);
+    let step = rotation::step(
+        &state,
+        &leaves,
+        reason.is_some(),
+        obs.now,
+        obs.trust_propagation,
+    );
+    let note = |message: Option<String>, event: Option<Note>, requeue: Duration| RotationNote {
+        message,
+        event,
+        requeue,
+    };
+    match step {
+        Step::Idle => Plan::Keep(Current::plain(
+            files.cert.clone().unwrap_or_default(),
+            files.ca.clone(),
+        )),
+        Step::Start => match reason {
+            Some(reason) => Plan::StartRotation {
+                state: Box::new(state),
+                reason,
+                renew_request,
+            },
+            None => Plan::Keep(Current::plain(cert_pem, Some(trusted_pem))),
+        },
+        Step::MarkDistributed => {
+            let at = rotation_deadline(obs.now, obs.trust_propagation);
+            Plan::Update {
+                update: bundle::mark_distributed(obs.now),
+                then: Current {
+                    cert_pem,
+                    ca_pem: Some(trusted_pem),
+                    rotation: Some(note(
+                        Some(format!(
+                            "every certificate the CA signs trusts the next CA; it signs from {at}"
+                        )),
+                        None,
+                        obs.trust_propagation.clamp(MIN_WAKEUP, ROTATION_MAX_WAIT),
+                    )),
+                },
+            }
+        }
+        Step::Promote => match bundle::promote(&state, secret) {
+            Some((update, bundle_pem)) => {
+                let cert_pem = state.next.as_ref().map_or(cert_pem, |n| n.id.pem.clone());
+                let message = "the new CA signs; the previous CA stays trusted until every certificate it signed is reissued";
+                Plan::Update {
+                    update,
+                    then: Current {
+                        cert_pem,
+                        ca_pem: Some(bundle_pem),
+                        rotation: Some(note(
+                            Some(message.into()),
+                            Some(Note::normal(Reason::NextCASigning, message)),
+                            ROTATION_POLL,
+                        )),
+                    },
+                }
+            }
+            None => Plan::Keep(Current::plain(cert_pem, Some(trusted_pem))),
+        },
+        Step::Trust(cas) => {
+            let pem = bundle::to_pem(&cas);
+            let over = cas.len() == 1 && state.next.is_none();
+            let dropped = state.trusted.len().saturating_sub(cas.len());
+            let (message, event) = if over {
+                let text = "the previous CA is no longer trusted: the rotation is complete";
+                (None, Some(Note::normal(Reason::PreviousCADropped, text)))
+            } else {
+                let text = format!("the trust bundle now holds {} CAs", cas.len());
+                let event = (dropped > 0).then(|| Note::normal(Reason::PreviousCADropped, &text));
+                (Some(text), event)
+            };
+            Plan::Update {
+                update: bundle::trust(&pem),
+                then: Current {
+                    cert_pem,
+                    ca_pem: Some(pem),
+                    rotation: Some(note(message, event, ROTATION_POLL)),
+                },
+            }
+        }
+        Step::Wait { at, why } => {
+            // Polled at least this often: the instant may be years away (the previous CA's
+            // expiry), and a reissue may happen any time.
+            let requeue = at.map_or(ROTATION_POLL, |at| {
+                until(obs.now, at).clamp(MIN_WAKEUP, ROTATION_MAX_WAIT)
+            });
+            Plan::Keep(Current {
+                cert_pem,
+                ca_pem: Some(trusted_pem),
+                rotation: Some(note(Some(why), None, requeue)),
+            })
+        }
+    }
+}
+
+fn rotation_deadline(now: OffsetDateTime, propagation: Duration) -> String {
+    let at = time::Duration::try_from(propagation)
+        .ok()
+        .and_then(|d| now.checked_add(d));
+    at.and_then(|t| {
+        t.format(&time::format_description::well_known::Rfc3339)
+            .ok()
+    })
+    .unwrap_or_else(|| "never".into())
+}
+
+/// The note of a rotation that was just started.
+pub fn started(reason: &IssueReason, bundle_pem: String, cert_pem: String) -> Current {
+    let message = format!(
+        "issued the next CA ({reason}); it is trusted beside the current CA and signs once every certificate trusts it"
+    );
+    Current {
+        cert_pem,
+        ca_pem: Some(bundle_pem),
+        rotation: Some(RotationNote {
+            message: Some(message.clone()),
+            event: Some(Note::normal(Reason::NextCAIssued, message)),
+            requeue: ROTATION_POLL,
+        }),
     }
 }
 
@@ -208,10 +439,10 @@ fn usable_ca(
 pub fn report(
     obs: &Observed<'_>,
     valid: &ValidSpec,
-    cert_pem: &str,
+    current: &Current,
     issued: Option<&IssueReason>,
 ) -> Outcome {
-    let info = match CertificateInfo::from_pem(cert_pem) {
+    let info = match CertificateInfo::from_pem(&current.cert_pem) {
         Ok(info) => info,
         Err(e) => return not_ready(obs, NotReady::new(Reason::IssuanceFailed, e.to_string())),
     };
@@ -223,6 +454,11 @@ pub fn report(
         .renewal_enabled
         .then(|| to_time(renewal_due_at(&info, obs.min_renewal_interval)));
     status.certificate_hash = Some(info.hash());
+    status.trust_bundle_hash = current
+        .ca_pem
+        .as_deref()
+        .and_then(|pem| crate::certificate_hash(pem).ok());
+    status.rotation = current.rotation.as_ref().and_then(|r| r.message.clone());
     status.last_renewal_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
     let (secret_ns, secret_name) = &valid.secret;
     let secret_ref = format!("{secret_ns}/{secret_name}");
@@ -246,7 +482,7 @@ pub fn report(
     status.ready = Some(ready);
     set_ready_condition(&mut status, obs, ready, reason, &message);
     let was_ready = dsc.status.as_ref().and_then(|s| s.ready) == Some(true);
-    let events = match issued {
+    let mut events = match issued {
         Some(because) => vec![Note::normal(
             Reason::Issued,
             format!("issued into Secret {secret_ref}: {because}"),
@@ -256,13 +492,20 @@ pub fn report(
         }
         None => Vec::new(),
     };
-    let requeue = next_wakeup(
-        &info,
-        valid.renewal_enabled,
-        obs.now,
-        obs.min_renewal_interval,
-    )
-    .map(|wait| wait.max(MIN_WAKEUP));
+    let requeue = match &current.rotation {
+        // Mid-rotation the certificate is past its renewal instant: the rotation says when.
+        Some(rotation) => {
+            events.extend(rotation.event.clone());
+            Some(rotation.requeue)
+        }
+        None => next_wakeup(
+            &info,
+            valid.renewal_enabled,
+            obs.now,
+            obs.min_renewal_interval,
+        )
+        .map(|wait| wait.max(MIN_WAKEUP)),
+    };
     Outcome {
         status,
         events,
@@ -345,6 +588,8 @@ mod tests {
             secret,
             now: OffsetDateTime::now_utc(),
             min_renewal_interval: Duration::from_secs(60),
+            dependents: Vec::new(),
+            trust_propagation: Duration::from_secs(10),
         }
     }
 
@@ -394,10 +639,10 @@ mod tests {
             ..Default::default()
         };
         let obs = observe(&dsc, Some(secret));
-        let Plan::Keep { cert_pem } = decide(&obs) else {
+        let Plan::Keep(current) = decide(&obs) else {
             panic!("a good certificate must be kept")
         };
-        let outcome = report(&obs, valid, &cert_pem, None);
+        let outcome = report(&obs, valid, &current, None);
         assert_eq!(outcome.status.ready, Some(true));
         assert_eq!(outcome.status.conditions[0].reason, "Issued");
         assert!(outcome.events.is_empty());
@@ -406,8 +651,12 @@ mod tests {
             wait > Duration::from_secs(60_000) && wait <= Duration::from_secs(69_120),
             "{wait:?}"
         );
-        let issued_now = report(&obs, valid, &cert_pem, Some(&IssueReason::SecretMissing));
+        let issued_now = report(&obs, valid, &current, Some(&IssueReason::SecretMissing));
         assert_eq!(issued_now.events.len(), 1);
         assert_eq!(issued_now.events[0].reason, "Issued");
     }
 }
+
+#[cfg(test)]
+#[path = "plan_rotation_tests.rs"]
+mod rotation_tests;

@@ -34,6 +34,11 @@ pub struct OperatorArgs {
     /// Where to serve /metrics (the reconcile metrics) and /healthz.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8383")]
     metrics_addr: SocketAddr,
+    /// How long (seconds) a changed Secret may take to reach every pod that mounts it; each
+    /// step of a CA rotation (trust the next CA, sign with it, drop the previous one) waits
+    /// this long after the step before reached every Secret.
+    #[arg(long, value_name = "SECONDS", default_value_t = marin3r_certs::controller::rotation::DEFAULT_TRUST_PROPAGATION.as_secs())]
+    trust_propagation_seconds: u64,
 }
 
 const LEASE_NAME: &str = "marin3r-operator";
@@ -64,6 +69,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 certificates::Config {
                     trusted_namespaces: trusted.clone(),
                     metrics: metrics.clone(),
+                    trust_propagation: std::time::Duration::from_secs(
+                        args.trust_propagation_seconds,
+                    ),
                     ..Default::default()
                 },
                 stop.clone().cancelled_owned(),

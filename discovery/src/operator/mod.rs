@@ -281,7 +281,8 @@ fn is_ours<K: Resource>(obj: &K, children: &Children<'_>) -> bool {
         .all(|k| labels.get(*k) == want.get(*k))
 }
 
-/// The CA certificate (PEM) from its Secret, once issued.
+/// What the webhook's `caBundle` must trust, from the CA's Secret once issued: the CA's
+/// trust bundle, which holds the next or the previous CA too while the CA is rotated.
 async fn ca_certificate_pem(
     client: &Client,
     ns: &str,
@@ -289,10 +290,9 @@ async fn ca_certificate_pem(
 ) -> Result<Option<String>, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     Ok(secrets.get_opt(name).await?.and_then(|s| {
-        s.data
-            .and_then(|d| d.get("tls.crt").cloned())
-            .and_then(|b| String::from_utf8(b.0).ok())
-            .filter(|pem| pem.contains("BEGIN CERTIFICATE"))
+        marin3r_certs::controller::bundle::trust_bundle(
+            &marin3r_certs::controller::plan::tls_files(&s),
+        )
     }))
 }
 

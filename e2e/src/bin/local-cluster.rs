@@ -90,6 +90,7 @@ async fn main() -> anyhow::Result<()> {
         log_dir: (!args.no_pods).then(|| args.logs.clone()),
         extra_hosts: args.tls_sans.clone(),
         run_pods: !args.no_pods,
+        volume_update_delay: std::time::Duration::ZERO,
     };
     let cluster = LocalCluster::start(config)
         .await

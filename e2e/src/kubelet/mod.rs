@@ -155,6 +155,10 @@ pub struct NodeConfig {
     /// Where container logs go (`<namespace>_<pod>_<container>.log`); the run's folder when
     /// unset, which is removed at shutdown.
     pub log_dir: Option<PathBuf>,
+    /// How late a changed Secret or ConfigMap reaches the volumes of a running pod. A real
+    /// kubelet takes up to its sync period plus its cache's age (a minute or more by
+    /// default); zero writes the change at once.
+    pub volume_update_delay: Duration,
 }
 
 impl Default for NodeConfig {
@@ -166,6 +170,7 @@ impl Default for NodeConfig {
             max_restart_backoff: Duration::from_secs(5),
             node_name: "local".into(),
             log_dir: None,
+            volume_update_delay: Duration::ZERO,
         }
     }
 }

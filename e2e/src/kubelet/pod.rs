@@ -47,6 +47,9 @@ pub(super) struct PodShared {
     pub(super) files: Mutex<()>,
     /// The pod's service-account token, issued on first mount.
     pub(super) token: std::sync::OnceLock<String>,
+    /// Per volume: since when its source differs from what is mounted, while a change waits
+    /// for the node's `volume_update_delay`.
+    pub(super) pending: Mutex<std::collections::BTreeMap<String, std::time::Instant>>,
 }
 
 /// A Pod running on this node. Dropping it kills its processes at once and removes its
@@ -117,6 +120,7 @@ impl PodHandle {
             status_tx,
             files: Mutex::new(()),
             token: std::sync::OnceLock::new(),
+            pending: Mutex::new(std::collections::BTreeMap::new()),
         });
         shared.publish();
         let (stop_tx, _) = watch::channel(None);
@@ -217,6 +221,19 @@ impl PodHandle {
         }
         if let Err(e) = self.shared.sync_volumes() {
             tracing::debug!(pod = %self.shared.name, "volumes not ready: {e}");
+        }
+        if self.shared.has_pending_volumes() {
+            // Look again once the delayed change is due.
+            let shared = Arc::downgrade(&self.shared);
+            let delay = self.shared.node.config.volume_update_delay;
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Some(shared) = shared.upgrade()
+                    && let Err(e) = shared.sync_volumes()
+                {
+                    tracing::debug!(pod = %shared.name, "volumes not ready: {e}");
+                }
+            });
         }
         self.shared.write_hosts();
     }
@@ -323,9 +340,12 @@ impl PodShared {
         for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
             let dir = root.join(&volume.name);
             let result = match volumes::volume_files(&pod, volume, self.objects.as_ref()) {
-                Ok(Some(files)) => volumes::write_atomic(&dir, &files)
-                    .map(|_| ())
-                    .map_err(|e| format!("volume {:?}: {e}", volume.name)),
+                Ok(Some(files)) if self.update_is_due(&volume.name, &dir, &files) => {
+                    volumes::write_atomic(&dir, &files)
+                        .map(|_| ())
+                        .map_err(|e| format!("volume {:?}: {e}", volume.name))
+                }
+                Ok(Some(_)) => Ok(()),
                 Ok(None) => std::fs::create_dir_all(&dir).map_err(|e| e.to_string()),
                 Err(e) => Err(e),
             };
@@ -348,6 +368,31 @@ impl PodShared {
                 .map_err(|e| format!("service account volume: {e}"))?;
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Whether `files` may be written to the volume now: at once when first mounted or
+    /// unchanged, else once the change has waited the node's `volume_update_delay`.
+    fn update_is_due(&self, volume: &str, dir: &std::path::Path, files: &volumes::Files) -> bool {
+        let delay = self.node.config.volume_update_delay;
+        let mut pending = lock(&self.pending);
+        let mounted = volumes::current_payload(dir);
+        if delay.is_zero() || mounted.is_none() || mounted.as_ref() == Some(files) {
+            pending.remove(volume);
+            return true;
+        }
+        let since = *pending
+            .entry(volume.to_owned())
+            .or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= delay {
+            pending.remove(volume);
+            return true;
+        }
+        false
+    }
+
+    /// Whether a change waits for the node's `volume_update_delay`.
+    pub(super) fn has_pending_volumes(&self) -> bool {
+        !lock(&self.pending).is_empty()
     }
 
     pub(super) fn write_hosts(&self) {

@@ -75,7 +75,7 @@ pub fn write_atomic(dir: &Path, files: &Files) -> std::io::Result<bool> {
     Ok(true)
 }
 
-fn current_payload(dir: &Path) -> Option<Files> {
+pub(super) fn current_payload(dir: &Path) -> Option<Files> {
     let root = dir.join(DATA);
     std::fs::read_link(&root).ok()?;
     let mut files = Files::new();

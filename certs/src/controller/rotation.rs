@@ -1,0 +1,234 @@
+//! Rotating a self-signed CA without a hard cutover, pure. The CA Secret's `ca.crt` is the
+//! trust bundle every certificate it signs copies into its own `ca.crt` (and the operator
+//! into the webhook's `caBundle`); `tls.crt`/`tls.key` is the CA that signs now.
+//!
+//! A rotation has three steps, each taken only once the previous one has reached every party
+//! (a Secret volume, a file reloader, the API server's `caBundle`; `propagation` bounds how
+//! long that takes):
+//! 1. **Start**: the next CA is issued into `next.crt`/`next.key` and added to the bundle;
+//!    the current CA keeps signing. Every certificate's `ca.crt` is rewritten to the bundle
+//!    (its key and certificate stay). Once all of them hold it, the time is recorded.
+//! 2. **Promote**, `propagation` after that: the next CA signs; the previous one stays in the
+//!    bundle, so certificates not yet reissued (or not yet reloaded) are still trusted.
+//! 3. **Drop**: once every certificate is signed by the new CA and the last one was issued
+//!    `propagation` ago, or once the previous CA expired, the bundle holds the new CA alone.
+//!
+//! At no instant does a party present a certificate another party does not trust: a
+//! certificate signed by the next CA exists only after every party trusts it, and the
+//! previous CA is dropped only after no party presents a certificate it signed.
+#![deny(clippy::arithmetic_side_effects)]
+
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+/// The CA Secret's keys for the next CA while its trust spreads (step 1).
+pub const NEXT_CERT_KEY: &str = "next.crt";
+pub const NEXT_KEY_KEY: &str = "next.key";
+/// On the CA Secret: when every certificate it signs was first seen trusting the next CA.
+pub const DISTRIBUTED_ANNOTATION: &str = "marin3r.3scale.net/trust-distributed-at";
+/// How long a changed Secret may take to reach everyone who reads it: kubelet's sync period
+/// and cache (about a minute each by default) plus the discovery pod's file reload (10 s).
+pub const DEFAULT_TRUST_PROPAGATION: Duration = Duration::from_secs(180);
+
+/// A CA certificate as the rotation sees it; `id` names it exactly (its DER, in the
+/// controller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ca<C> {
+    pub id: C,
+    pub not_after: OffsetDateTime,
+}
+
+/// What the CA Secret holds.
+#[derive(Debug, Clone)]
+pub struct CaState<C> {
+    /// `tls.crt`: the CA that signs.
+    pub signer: Ca<C>,
+    /// `next.crt` (with a usable key): the CA that will sign once everyone trusts it.
+    pub next: Option<Ca<C>>,
+    /// `ca.crt`: the bundle, the signer among them.
+    pub trusted: Vec<Ca<C>>,
+    /// When every certificate it signs was seen trusting the bundle with `next`.
+    pub distributed_at: Option<OffsetDateTime>,
+}
+
+/// A certificate the CA signs, as its Secret holds it.
+#[derive(Debug, Clone)]
+pub struct Leaf<C> {
+    /// Names it in messages (`namespace/name` of its Secret).
+    pub name: String,
+    /// The CA of the bundle whose signature `tls.crt` carries; None for none of them.
+    pub issuer: Option<C>,
+    /// `ca.crt`, each certificate of it.
+    pub trusts: Vec<C>,
+    pub not_before: OffsetDateTime,
+}
+
+/// What the rotation asks of the CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<C> {
+    /// No rotation under way and none asked for: the usual decision applies.
+    Idle,
+    /// Issue the next CA into the Secret and add it to the bundle (step 1).
+    Start,
+    /// Record `now` as the instant every certificate trusted the bundle.
+    MarkDistributed,
+    /// The next CA signs from now on; the bundle keeps the previous one (step 2).
+    Promote,
+    /// The bundle becomes exactly these (step 3, or an expired CA dropped).
+    Trust(Vec<Ca<C>>),
+    /// Nothing to do yet. Look again at `at`, or when a certificate's Secret changes.
+    Wait {
+        at: Option<OffsetDateTime>,
+        why: String,
+    },
+}
+
+/// `at` moved by `by`, or `None` past the representable range.
+fn shifted(at: OffsetDateTime, by: Duration) -> Option<OffsetDateTime> {
+    at.checked_add(time::Duration::try_from(by).ok()?)
+}
+
+fn same_set<C: PartialEq>(a: &[C], b: &[C]) -> bool {
+    a.iter().all(|x| b.contains(x)) && b.iter().all(|x| a.contains(x))
+}
+
+fn names<C>(leaves: &[&Leaf<C>]) -> String {
+    let mut names: Vec<&str> = leaves.iter().map(|l| l.name.as_str()).collect();
+    names.sort_unstable();
+    names.join(", ")
+}
+
+/// The next step of the CA's rotation. `renew` says a renewal is due or asked for (time,
+/// annotation or spec change); it starts a rotation when none is under way and is ignored
+/// while one is (the rotation ends with a new CA anyway). `leaves` are the Secrets of every
+/// certificate the CA signs that exist.
+pub fn step<C: Clone + PartialEq>(
+    ca: &CaState<C>,
+    leaves: &[Leaf<C>],
+    renew: bool,
+    now: OffsetDateTime,
+    propagation: Duration,
+) -> Step<C> {
+    let bundle: Vec<C> = ca.trusted.iter().map(|c| c.id.clone()).collect();
+    if let Some(next) = &ca.next {
+        // Step 1: the next CA must be trusted everywhere before it signs anything.
+        if !bundle.contains(&next.id) || !bundle.contains(&ca.signer.id) {
+            // The bundle lost one of them (edited by hand): publish both again.
+            let mut trusted = vec![ca.signer.clone(), next.clone()];
+            trusted.extend(
+                ca.trusted
+                    .iter()
+                    .filter(|c| c.id != ca.signer.id && c.id != next.id)
+                    .cloned(),
+            );
+            return Step::Trust(trusted);
+        }
+        let pending: Vec<&Leaf<C>> = leaves
+            .iter()
+            .filter(|l| !same_set(&l.trusts, &bundle))
+            .collect();
+        if !pending.is_empty() {
+            return Step::Wait {
+                at: None,
+                why: format!(
+                    "waiting for the certificates of {} to trust the next CA",
+                    names(&pending)
+                ),
+            };
+        }
+        let Some(since) = ca.distributed_at else {
+            return Step::MarkDistributed;
+        };
+        return match shifted(since, propagation) {
+            Some(at) if now >= at => Step::Promote,
+            at => Step::Wait {
+                at,
+                why: "waiting for the bundle with the next CA to reach every reader".into(),
+            },
+        };
+    }
+    let previous: Vec<&Ca<C>> = ca.trusted.iter().filter(|c| c.id != ca.signer.id).collect();
+    if previous.is_empty() {
+        if !bundle.contains(&ca.signer.id) {
+            return Step::Trust(vec![ca.signer.clone()]);
+        }
+        return if renew { Step::Start } else { Step::Idle };
+    }
+    // Step 3. An expired CA vouches for nothing: drop it at once.
+    let live: Vec<&Ca<C>> = previous
+        .iter()
+        .copied()
+        .filter(|c| now <= c.not_after)
+        .collect();
+    let signer_first = |others: &[&Ca<C>]| {
+        std::iter::once(ca.signer.clone())
+            .chain(others.iter().map(|c| (*c).clone()))
+            .collect::<Vec<_>>()
+    };
+    if live.len() < previous.len() || !bundle.contains(&ca.signer.id) {
+        return Step::Trust(signer_first(&live));
+    }
+    let pending: Vec<&Leaf<C>> = leaves
+        .iter()
+        .filter(|l| l.issuer.as_ref() != Some(&ca.signer.id))
+        .collect();
+    // The previous CA's expiry ends the overlap whatever happens.
+    let expiry = live
+        .iter()
+        .map(|c| c.not_after)
+        .min()
+        .and_then(|t| t.checked_add(time::Duration::seconds(1)));
+    if !pending.is_empty() {
+        return Step::Wait {
+            at: expiry,
+            why: format!(
+                "waiting for the certificates of {} to be reissued by the new CA",
+                names(&pending)
+            ),
+        };
+    }
+    let last = leaves.iter().map(|l| l.not_before).max();
+    match last.map(|t| shifted(t, propagation)) {
+        None => Step::Trust(vec![ca.signer.clone()]),
+        Some(Some(at)) if now >= at => Step::Trust(vec![ca.signer.clone()]),
+        Some(at) => Step::Wait {
+            at: at.or(expiry),
+            why: "waiting for the certificates reissued by the new CA to reach every reader".into(),
+        },
+    }
+}
+
+/// The `ca.crt` a certificate signed by this CA must hold, when it holds something else.
+pub fn leaf_trust<C: Clone + PartialEq>(leaf_trusts: &[C], ca: &CaState<C>) -> Option<Vec<C>> {
+    let bundle: Vec<C> = ca.trusted.iter().map(|c| c.id.clone()).collect();
+    (!same_set(leaf_trusts, &bundle)).then_some(bundle)
+}
+
+/// Each `CERTIFICATE` block of a PEM text, as its own PEM text (newline-terminated). Other
+/// blocks and text between blocks are left out.
+pub fn split_certificates(pem: &str) -> Vec<String> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in pem.lines() {
+        let line = line.trim();
+        if line == BEGIN {
+            current = Some(format!("{BEGIN}\n"));
+        } else if let Some(mut block) = current.take() {
+            block.push_str(line);
+            block.push('\n');
+            if line == END {
+                out.push(block);
+            } else {
+                current = Some(block);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "rotation_tests.rs"]
+mod tests;
