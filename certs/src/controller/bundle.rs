@@ -74,6 +74,16 @@ pub fn trust_bundle(files: &TlsFiles) -> Option<String> {
     }
 }
 
+/// A TLS Secret's data from its files (`tls.crt`, `tls.key`, `ca.crt` and the like).
+pub fn secret_data<'a>(
+    files: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> BTreeMap<String, ByteString> {
+    files
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
+        .collect()
+}
+
 fn text(secret: &Secret, key: &str) -> Option<String> {
     let bytes = secret.data.as_ref()?.get(key)?;
     String::from_utf8(bytes.0.clone()).ok()

@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalize, finalizer};
@@ -357,14 +356,11 @@ async fn write_secret(
     let owner = (Some(ns) == dsc.namespace().as_ref())
         .then(|| dsc.controller_owner_ref(&()))
         .flatten();
-    let data = [
-        ("tls.crt", &issued.cert_pem),
+    let data = bundle::secret_data([
+        ("tls.crt", issued.cert_pem.as_str()),
         ("tls.key", &issued.key_pem),
         ("ca.crt", &issued.ca_pem),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
-    .collect();
+    ]);
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.clone()),

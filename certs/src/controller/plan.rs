@@ -566,7 +566,6 @@ pub fn to_time(t: OffsetDateTime) -> Time {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::ByteString;
     use marin3r_controller::Reason as _;
 
     fn dsc(signer: serde_json::Value) -> DiscoveryServiceCertificate {
@@ -626,14 +625,11 @@ mod tests {
         assert_eq!(reason, IssueReason::SecretMissing);
         let Ok(valid) = &obs.spec else { panic!() };
         let issued = crate::issue_self_signed(&valid.request).unwrap();
-        let data = [
-            ("tls.crt", &issued.cert_pem),
+        let data = bundle::secret_data([
+            ("tls.crt", issued.cert_pem.as_str()),
             ("tls.key", &issued.key_pem),
             ("ca.crt", &issued.ca_pem),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
-        .collect();
+        ]);
         let secret = Secret {
             data: Some(data),
             ..Default::default()

@@ -22,12 +22,7 @@ fn dsc(name: &str, signer: serde_json::Value, is_ca: bool) -> DiscoveryServiceCe
 
 fn secret(files: [(&str, &str); 3]) -> Secret {
     Secret {
-        data: Some(
-            files
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
+        data: Some(bundle::secret_data(files)),
         ..Default::default()
     }
 }
