@@ -57,6 +57,28 @@ pub struct LocalCluster {
 }
 
 /// A kube-rs client for a kubeconfig's text.
+/// Whether a pod is Ready and not being deleted.
+pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The Ready pods of namespace `ns` that match the label `selector`.
+pub async fn ready_pods(
+    client: &kube::Client,
+    ns: &str,
+    selector: &str,
+) -> kube::Result<Vec<k8s_openapi::api::core::v1::Pod>> {
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels(selector))
+        .await?;
+    Ok(pods.items.into_iter().filter(pod_ready).collect())
+}
+
 pub async fn client_for(kubeconfig: &str) -> anyhow::Result<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::from_yaml(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(

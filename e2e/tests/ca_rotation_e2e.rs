@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_certs::controller::rotation::split_certificates;
@@ -41,27 +41,14 @@ fn repo() -> PathBuf {
     marin3r_e2e::tools::repo_root()
 }
 
-fn is_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().unwrap().pod_ip.clone().unwrap()
 }
 
 async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(selector))
+    marin3r_e2e::cluster::ready_pods(client, ns, selector)
         .await
         .unwrap()
-        .items
-        .into_iter()
-        .filter(is_ready)
-        .collect()
 }
 
 async fn until<T, F, Fut>(what: &str, secs: u64, mut f: F) -> T

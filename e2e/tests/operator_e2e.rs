@@ -66,27 +66,16 @@ fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
         .unwrap_or_else(|e| format!("GET failed: {e:#}"))
 }
 
-fn is_ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+use marin3r_e2e::cluster::pod_ready as is_ready;
 
 fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().unwrap().pod_ip.clone().unwrap()
 }
 
 async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(selector))
+    marin3r_e2e::cluster::ready_pods(client, ns, selector)
         .await
         .unwrap()
-        .items
-        .into_iter()
-        .filter(is_ready)
-        .collect()
 }
 
 /// A namespace enforcing Pod Security `restricted`.
