@@ -408,20 +408,12 @@ fn readyz(ports: &Ports) -> String {
 fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     use k8s_openapi::api::core::v1::Secret;
     use marin3r_certs::{CertificateRequest, Usage};
-    use support::plane::{https_spec, tls_secret};
+    use support::plane::{api_with_crds, https_spec, runtime, tls_secret};
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let pki = Pki::new();
     let (api, client) = rt.block_on(async {
-        let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-        let client = api.kube_client().await.unwrap();
-        api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
-            .await
-            .unwrap();
+        let (api, client) = api_with_crds().await;
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "served",
             "labels": {"marin3r.3scale.net/discovery-service": "ds"}}}))
         .unwrap();

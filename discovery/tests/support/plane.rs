@@ -39,24 +39,35 @@ pub struct Plane {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
+/// The two-thread runtime the plane's tests drive everything on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A local API server with the EnvoyConfig CRDs installed, and an admin client for it.
+pub async fn api_with_crds() -> (ApiServer, kube::Client) {
+    let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = api.kube_client().await.unwrap();
+    api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
+        .await
+        .unwrap();
+    (api, client)
+}
+
 impl Plane {
     pub fn start(namespaces: &[&str]) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let pki = Pki::new();
         let (api, client) = rt.block_on(async {
-            let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-            let client = api.kube_client().await.unwrap();
-            api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
-                .await
-                .unwrap();
+            let (api, client) = api_with_crds().await;
             let nss: Api<Namespace> = Api::all(client.clone());
             // Every namespace is served the way the operator sets it up: labelled for this
             // discovery service (so Secrets are watched per namespace, never cluster-wide).
