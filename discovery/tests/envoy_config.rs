@@ -330,24 +330,8 @@ fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
     let kubeconfig = dir.path().join("kubeconfig");
     plane.api.write_kubeconfig(&kubeconfig).unwrap();
     let k = marin3r_e2e::kubectl::Kubectl::new(&kubeconfig).unwrap();
-    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
-    for file in [
-        "marin3r.3scale.net_envoyconfigs.yaml",
-        "marin3r.3scale.net_envoyconfigrevisions.yaml",
-    ] {
-        // The checked-in CRDs apply over the ones the plane installed from the types.
-        let path = crds.join(file);
-        plane
-            .rt
-            .block_on(k.ok(&[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "-f",
-                path.to_str().unwrap(),
-            ]))
-            .unwrap();
-    }
+    // The checked-in CRDs apply over the ones the plane installed from the types.
+    plane.apply_checked_in_crds(&k);
 
     // The original manifest applies unchanged; its Envoy v2 resources are refused in status.
     plane

@@ -138,32 +138,12 @@ fn kuard_slice(port: u16) -> EndpointSlice {
     .unwrap()
 }
 
-fn apply_crds(plane: &Plane, k: &Kubectl) {
-    let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
-    for file in [
-        "marin3r.3scale.net_envoyconfigs.yaml",
-        "marin3r.3scale.net_envoyconfigrevisions.yaml",
-    ] {
-        let path = crds.join(file);
-        plane
-            .rt
-            .block_on(k.ok(&[
-                "apply",
-                "--server-side",
-                "--force-conflicts",
-                "-f",
-                path.to_str().unwrap(),
-            ]))
-            .unwrap();
-    }
-}
-
 #[test]
 fn the_originals_example_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
     let plane = Plane::start(&[NS]);
     let dir = tempfile::tempdir().unwrap();
     let k = kubectl(&plane, &dir);
-    apply_crds(&plane, &k);
+    plane.apply_checked_in_crds(&k);
     let cert = server_cert(&plane);
     let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
     plane
@@ -286,7 +266,7 @@ fn the_originals_oauth2_example_gets_its_opaque_secrets_over_sds() {
     let plane = Plane::start(&[NS]);
     let dir = tempfile::tempdir().unwrap();
     let k = kubectl(&plane, &dir);
-    apply_crds(&plane, &k);
+    plane.apply_checked_in_crds(&k);
     let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
     plane
         .rt
@@ -434,7 +414,7 @@ fn a_manifest_the_old_crd_would_empty_is_refused_then_served_once_the_crd_knows_
     assert!(events.contains("EmptyConfigRefused"), "{events}");
 
     // The CRD learns `spec.resources`; the same manifest is now kept and served.
-    apply_crds(&plane, &k);
+    plane.apply_checked_in_crds(&k);
     apply("--validate=strict").unwrap();
     let ec = plane.wait_in_sync(NS, "kuard");
     assert_eq!(ec.spec.resources.len(), 1);

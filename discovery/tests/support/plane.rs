@@ -59,6 +59,27 @@ pub async fn api_with_crds() -> (ApiServer, kube::Client) {
 }
 
 impl Plane {
+    /// Applies the checked-in EnvoyConfig CRDs (manifests/crds) with `kubectl apply
+    /// --server-side` over the ones the plane installed from the Rust types.
+    pub fn apply_checked_in_crds(&self, k: &marin3r_e2e::kubectl::Kubectl) {
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+        for file in [
+            "marin3r.3scale.net_envoyconfigs.yaml",
+            "marin3r.3scale.net_envoyconfigrevisions.yaml",
+        ] {
+            let path = crds.join(file);
+            self.rt
+                .block_on(k.ok(&[
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    path.to_str().unwrap(),
+                ]))
+                .unwrap();
+        }
+    }
+
     pub fn start(namespaces: &[&str]) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
