@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
 use crate::config::InjectionConfig;
-use crate::mutate::mutate;
+use crate::mutate::mutation;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -169,8 +169,8 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
 }
 
 enum Decision {
-    /// The encoded patch (absent: no change), and a warning for the user.
-    Allow(Option<Vec<u8>>, Option<String>),
+    /// The encoded patch (absent: no change), and warnings for the user.
+    Allow(Option<Vec<u8>>, Vec<String>),
     Deny(String),
 }
 
@@ -178,17 +178,20 @@ fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
     let mut response = Map::new();
     response.insert("uid".into(), Value::String(uid));
     let outcome = match decision {
-        Decision::Allow(None, warning) => {
+        Decision::Allow(None, warnings) => {
             response.insert("allowed".into(), Value::Bool(true));
-            if let Some(w) = warning {
-                response.insert("warnings".into(), json!([w]));
+            if !warnings.is_empty() {
+                response.insert("warnings".into(), json!(warnings));
             }
             Outcome::Unchanged
         }
-        Decision::Allow(Some(patch), _) => {
+        Decision::Allow(Some(patch), warnings) => {
             response.insert("allowed".into(), Value::Bool(true));
             response.insert("patchType".into(), Value::String("JSONPatch".into()));
             response.insert("patch".into(), Value::String(BASE64.encode(patch)));
+            if !warnings.is_empty() {
+                response.insert("warnings".into(), json!(warnings));
+            }
             Outcome::Patched
         }
         Decision::Deny(message) => {
@@ -217,24 +220,24 @@ fn decide(
         // Misconfigured rules must not block unrelated objects.
         return Decision::Allow(
             None,
-            Some(format!(
+            vec![format!(
                 "marin3r sidecar injection only handles Pods, not {}",
                 shown(kind)
-            )),
+            )],
         );
     }
     if operation.is_some_and(|op| op != "CREATE") {
-        return Decision::Allow(None, None);
+        return Decision::Allow(None, Vec::new());
     }
     let pod = match object() {
         Ok(Some(pod)) => pod,
         Ok(None) => return Decision::Deny("the AdmissionReview request has no object".into()),
         Err(e) => return Decision::Deny(format!("the object is not a valid Pod: {e}")),
     };
-    match mutate(&pod, config) {
-        Ok(patch) if patch.0.is_empty() => Decision::Allow(None, None),
-        Ok(patch) => match serde_json::to_vec(&patch) {
-            Ok(bytes) => Decision::Allow(Some(bytes), None),
+    match mutation(&pod, config) {
+        Ok(m) if m.patch.0.is_empty() => Decision::Allow(None, m.warnings),
+        Ok(m) => match serde_json::to_vec(&m.patch) {
+            Ok(bytes) => Decision::Allow(Some(bytes), m.warnings),
             Err(e) => Decision::Deny(format!("encoding the patch: {e}")),
         },
         Err(denial) => Decision::Deny(denial.to_string()),
