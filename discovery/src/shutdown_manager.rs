@@ -57,10 +57,9 @@ impl std::fmt::Display for Drain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Drained => write!(f, "drained: no connection left"),
-            Self::DeadlineReached { open } => write!(
-                f,
-                "drain time over with {open} connection(s) still open"
-            ),
+            Self::DeadlineReached { open } => {
+                write!(f, "drain time over with {open} connection(s) still open")
+            }
             Self::Failed(e) => write!(f, "drain failed: {e}"),
         }
     }
@@ -95,7 +94,9 @@ impl Manager {
             });
         }
         match done.wait_for(Option::is_some).await {
-            Ok(outcome) => outcome.clone().unwrap_or(Drain::Failed("no outcome".into())),
+            Ok(outcome) => outcome
+                .clone()
+                .unwrap_or(Drain::Failed("no outcome".into())),
             Err(_) => Drain::Failed("the drain task ended without an outcome".into()),
         }
     }

@@ -613,9 +613,7 @@ fn parse_drain_time(value: &str) -> Result<u32, String> {
     }
     match value.parse::<u32>() {
         Ok(t) if t <= MAX_DRAIN_TIME => Ok(t),
-        _ => Err(format!(
-            "must be at most {MAX_DRAIN_TIME} seconds (7 days)"
-        )),
+        _ => Err(format!("must be at most {MAX_DRAIN_TIME} seconds (7 days)")),
     }
 }
 
@@ -727,15 +725,12 @@ fn parse_port_number(value: &str) -> Result<u16, String> {
 /// sidecar owns (and, with the shutdown manager, the drain flags it sets).
 fn parse_extra_args(value: &str, drain_flags_set: bool) -> Result<Vec<String>, String> {
     let args = split_extra_args(value);
-    let owned = RESERVED_ARGS
-        .iter()
-        .map(|r| (*r, None))
-        .chain(
-            DRAIN_ARGS
-                .iter()
-                .filter(|_| drain_flags_set)
-                .map(|(flag, annotation)| (*flag, Some(*annotation))),
-        );
+    let owned = RESERVED_ARGS.iter().map(|r| (*r, None)).chain(
+        DRAIN_ARGS
+            .iter()
+            .filter(|_| drain_flags_set)
+            .map(|(flag, annotation)| (*flag, Some(*annotation))),
+    );
     for (flag, annotation) in owned {
         let given = args.iter().any(|arg| {
             arg == flag

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
-use marin3r_webhook::config::{DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_TIME, DEFAULT_SHUTDOWN_MANAGER_PORT};
+use marin3r_webhook::config::{
+    DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_TIME, DEFAULT_SHUTDOWN_MANAGER_PORT,
+};
 use tokio::net::TcpListener;
 use tracing::info;
 
