@@ -126,12 +126,12 @@ impl Manager {
         }
     }
 
-    /// Drains, then asks Envoy to exit.
-    pub async fn shutdown(self: &Arc<Self>) -> Result<Drain, String> {
+    /// Drains, then asks Envoy to exit (even when the drain failed: Envoy may still be there).
+    pub async fn shutdown(self: &Arc<Self>) -> (Drain, Result<(), String>) {
         let drain = self.drain().await;
         info!("asking Envoy to exit");
-        self.admin_post("/quitquitquit").await?;
-        Ok(drain)
+        let quit = self.admin_post("/quitquitquit").await.map(|_| ());
+        (drain, quit)
     }
 
     async fn admin_post(&self, path: &str) -> Result<String, String> {
@@ -174,7 +174,7 @@ fn admin_request(method: &str, url: &str) -> Result<String, String> {
 }
 
 /// The connections open on Envoy's listeners, from its `/stats` text: the sum of every
-/// `listener.<name>.downstream_cx_active` gauge, leaving out per-worker copies and the
+/// `listener.<name>.downstream_cx_active` gauge, leaving out per-thread copies and the
 /// listeners in [`IGNORED_LISTENERS`].
 pub fn open_connections(stats: &str) -> u64 {
     stats
@@ -184,10 +184,10 @@ pub fn open_connections(stats: &str) -> u64 {
             let listener = name
                 .strip_prefix("listener.")?
                 .strip_suffix(".downstream_cx_active")?;
-            let per_worker = listener
+            let per_thread = listener
                 .rsplit_once('.')
-                .is_some_and(|(_, last)| last.starts_with("worker_"));
-            if per_worker || IGNORED_LISTENERS.contains(&listener) {
+                .is_some_and(|(_, last)| last.starts_with("worker_") || last == "main_thread");
+            if per_thread || IGNORED_LISTENERS.contains(&listener) {
                 return None;
             }
             value.trim().parse::<u64>().ok()
@@ -215,12 +215,19 @@ async fn drain(State(manager): State<Arc<Manager>>) -> (StatusCode, String) {
 
 async fn shutdown(State(manager): State<Arc<Manager>>) -> (StatusCode, String) {
     match manager.shutdown().await {
-        Ok(outcome) => (StatusCode::OK, format!("{outcome}; Envoy asked to exit\n")),
-        Err(e) => {
+        (Drain::Failed(e), quit) => {
+            let quit = quit.err().map(|e| format!("; asking Envoy to exit: {e}"));
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("drain failed: {e}{}\n", quit.unwrap_or_default()),
+            )
+        }
+        (outcome, Ok(())) => (StatusCode::OK, format!("{outcome}; Envoy asked to exit\n")),
+        (outcome, Err(e)) => {
             warn!(error = %e, "asking Envoy to exit");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("asking Envoy to exit: {e}\n"),
+                format!("{outcome}; asking Envoy to exit: {e}\n"),
             )
         }
     }
@@ -253,6 +260,7 @@ listener.[__]_8443.downstream_cx_active: 3
 listener.[__]_8443.worker_0.downstream_cx_active: 1
 listener.[__]_8443.worker_1.downstream_cx_active: 2
 listener.admin.downstream_cx_active: 1
+listener.admin.main_thread.downstream_cx_active: 1
 listener.marin3r_sidecar_readiness.downstream_cx_active: 4
 listener.marin3r_sidecar_readiness.worker_0.downstream_cx_active: 4
 ";
