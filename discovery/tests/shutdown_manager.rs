@@ -294,3 +294,161 @@ fn an_unreachable_admin_is_an_error_not_a_hang() {
         );
     }
 }
+
+fn free_port() -> u16 {
+    let probe = TcpListener::bind("0.0.0.0:0").unwrap();
+    probe.local_addr().unwrap().port()
+}
+
+/// The whole injected pod, with kubelet's part played by the test: Envoy runs the injected
+/// sidecar's command line (drain flags, the overlay's readiness listener), the manager runs the
+/// injected container's arguments, and every preStop hook of the pod is called at once, as
+/// kubelet calls them on termination. The hooks wait while a downstream connection is open
+/// (a probe connection to the readiness listener does not count); when it closes they all
+/// return and Envoy exits.
+#[test]
+fn the_injected_pods_prestop_hooks_drain_envoy_then_stop_it() {
+    use k8s_openapi::api::core::v1::Pod;
+    use marin3r_webhook::{InjectionConfig, inject_json, sidecar};
+
+    let (admin, readiness, manager_port) = (free_port(), free_port(), free_port());
+    let upstream = echo_upstream();
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "kuard",
+            "namespace": "shop",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "kuard",
+                "marin3r.3scale.net/admin.port": admin.to_string(),
+                "marin3r.3scale.net/readiness.port": readiness.to_string(),
+                "marin3r.3scale.net/shutdown-manager.enabled": "true",
+                "marin3r.3scale.net/shutdown-manager.port": manager_port.to_string(),
+                "marin3r.3scale.net/shutdown-manager.drain-time": "120",
+                "marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks": "app",
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
+    });
+    let mut pod = pod;
+    let (_, warnings) = inject_json(&mut pod, &InjectionConfig::default()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    let containers = &pod.spec.as_ref().unwrap().containers;
+    let container = |name: &str| containers.iter().find(|c| c.name == name).unwrap();
+
+    // Envoy: the sidecar's args, $(POD_NAME) and $(POD_NAMESPACE) expanded as kubelet does,
+    // over a bootstrap with a TCP listener in place of the mounted one.
+    let env = std::collections::BTreeMap::from([
+        ("POD_NAME".to_owned(), "kuard".to_owned()),
+        ("POD_NAMESPACE".to_owned(), "shop".to_owned()),
+    ]);
+    let args = sidecar::expand_env(container("envoy-sidecar").args.as_ref().unwrap(), &env);
+    assert_eq!(args[..2], ["-c", "/etc/envoy/bootstrap/config.json"]);
+    let rest: Vec<&str> = args[2..].iter().map(String::as_str).collect();
+    assert!(
+        rest.windows(2).any(|w| w == ["--drain-time-s", "120"]),
+        "{rest:?}"
+    );
+    let bootstrap = format!(
+        r#"
+static_resources:
+  listeners:{traffic}
+  clusters:
+  - name: echo
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: echo
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}
+"#,
+        traffic = tcp_listener("traffic", "echo"),
+    );
+    let mut envoy = Envoy::start(&bootstrap, &rest).unwrap();
+    assert_eq!(envoy.admin_address(), format!("127.0.0.1:{admin}"));
+    let info: serde_json::Value =
+        serde_json::from_str(&envoy.admin_get("/server_info").unwrap()).unwrap();
+    assert_eq!(info["command_line_options"]["drain_time"], "120s", "{info}");
+    assert_eq!(info["command_line_options"]["drain_strategy"], "Gradual");
+
+    // The manager: the injected container's own arguments.
+    let manager = Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(container("envoy-shtdn-mgr").args.as_ref().unwrap())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let manager = Manager {
+        child: manager,
+        url: format!("http://127.0.0.1:{manager_port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request("GET", &format!("{}/healthz", manager.url))
+        .map(|r| r.0)
+        .ok()
+        != Some(200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the shutdown manager did not answer /healthz"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let traffic = connect(listener_port(&envoy, "traffic"));
+    // An idle connection to the readiness listener, as a slow probe would hold.
+    let _probe = TcpStream::connect(("127.0.0.1", readiness)).unwrap();
+
+    // Kubelet: every container's preStop at once.
+    let hooks: Vec<(String, mpsc::Receiver<(u16, String, Duration)>)> = containers
+        .iter()
+        .filter_map(|c| {
+            let get = c.lifecycle.as_ref()?.pre_stop.as_ref()?.http_get.as_ref()?;
+            let k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port) = get.port
+            else {
+                panic!("{}: a named port", c.name)
+            };
+            assert_eq!(port, i32::from(manager_port));
+            Some((c.name.clone(), hook(&manager, get.path.as_deref().unwrap())))
+        })
+        .collect();
+    let names: Vec<&str> = hooks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["app", "envoy-sidecar", "envoy-shtdn-mgr"]);
+    // The manager counts only after its check delay (5 s); wait past it.
+    std::thread::sleep(Duration::from_secs(7));
+    for (name, rx) in &hooks {
+        assert!(
+            rx.try_recv().is_err(),
+            "{name}'s hook returned with a connection open"
+        );
+    }
+    assert!(envoy.try_wait().unwrap().is_none());
+
+    drop(traffic);
+    for (name, rx) in hooks {
+        let (status, body, _) = rx.recv_timeout(Duration::from_secs(15)).unwrap();
+        let want = if name == "envoy-sidecar" {
+            "drained: no connection left; Envoy asked to exit"
+        } else {
+            "drained: no connection left"
+        };
+        assert_eq!((status, body.trim()), (200, want), "{name}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(status) = envoy.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Envoy still runs: {}",
+            envoy.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(exit.success(), "{exit:?}: {}", envoy.log_tail());
+}
