@@ -166,9 +166,11 @@ fn manager(admin: &str, drain_time: u32) -> Manager {
     manager
 }
 
-/// GETs `path` from the manager on a thread (as kubelet's hook does): the receiver gets the
-/// status, the body and how long it took.
-fn hook(manager: &Manager, path: &str) -> mpsc::Receiver<(u16, String, Duration)> {
+/// A hook's answer: status, body, and how long it took.
+type HookAnswer = mpsc::Receiver<(u16, String, Duration)>;
+
+/// GETs `path` from the manager on a thread (as kubelet's hook does).
+fn hook(manager: &Manager, path: &str) -> HookAnswer {
     let (tx, rx) = mpsc::channel();
     let url = format!("{}{path}", manager.url);
     std::thread::spawn(move || {
@@ -404,7 +406,7 @@ static_resources:
     let _probe = TcpStream::connect(("127.0.0.1", readiness)).unwrap();
 
     // Kubelet: every container's preStop at once.
-    let hooks: Vec<(String, mpsc::Receiver<(u16, String, Duration)>)> = containers
+    let hooks: Vec<(String, HookAnswer)> = containers
         .iter()
         .filter_map(|c| {
             let get = c.lifecycle.as_ref()?.pre_stop.as_ref()?.http_get.as_ref()?;
