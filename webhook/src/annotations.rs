@@ -34,6 +34,9 @@ pub const ENVOY_API_VERSION: &str = "marin3r.3scale.net/envoy-api-version";
 /// The bootstrap ConfigMap the sidecar mounts (default: the one the operator writes into
 /// every enabled namespace).
 pub const ADS_CONFIGMAP: &str = "marin3r.3scale.net/ads-configmap";
+/// The bootstrap ConfigMap the original operator wrote for Envoy v3 (its pods named it in
+/// `ads-configmap`); marin3r writes one bootstrap, v3, under its own name.
+pub const ORIGINAL_V3_BOOTSTRAP_CONFIG_MAP: &str = "envoy-sidecar-bootstrap-v3";
 /// The DiscoveryService that must serve the pod; the webhook of another one denies it.
 pub const DISCOVERY_SERVICE_NAME: &str = "marin3r.3scale.net/discovery-service.name";
 /// The original's init container image. marin3r injects no init container (per-pod settings
@@ -315,11 +318,20 @@ pub fn parse(
     if let Some(v) = get(CLIENT_CERTIFICATE) {
         check(CLIENT_CERTIFICATE, v, dns_subdomain(v));
     }
-    let bootstrap_config_map = get(ADS_CONFIGMAP)
+    let mut warnings = Vec::new();
+    let mut bootstrap_config_map = get(ADS_CONFIGMAP)
         .unwrap_or(&config.bootstrap_config_map)
         .to_owned();
     if let Some(v) = get(ADS_CONFIGMAP) {
         check(ADS_CONFIGMAP, v, dns_subdomain(v));
+        if v == ORIGINAL_V3_BOOTSTRAP_CONFIG_MAP && v != config.bootstrap_config_map {
+            bootstrap_config_map = config.bootstrap_config_map.clone();
+            warnings.push(format!(
+                "{ADS_CONFIGMAP}={v:?} is the original MARIN3R's v3 bootstrap, which marin3r \
+                 does not create: the sidecar mounts {:?}, marin3r's bootstrap (v3)",
+                config.bootstrap_config_map
+            ));
+        }
     }
     if let Some(v) = get(DISCOVERY_SERVICE_NAME)
         && let Some(serving) = &config.discovery_service
@@ -335,7 +347,6 @@ pub fn parse(
             )),
         );
     }
-    let mut warnings = Vec::new();
     if let Some(v) = get(INIT_MANAGER_IMAGE) {
         warnings.push(format!(
             "{INIT_MANAGER_IMAGE}={v:?} has no effect: marin3r injects no init container (the \

@@ -349,7 +349,23 @@ fn good_values_are_read() {
         ),
         (
             vec![(ADS_CONFIGMAP, "my-bootstrap.v3")],
-            Box::new(|s| assert_eq!(s.bootstrap_config_map, "my-bootstrap.v3")),
+            Box::new(|s| {
+                assert_eq!(s.bootstrap_config_map, "my-bootstrap.v3");
+                assert!(s.warnings.is_empty());
+            }),
+        ),
+        (
+            // The original's v3 bootstrap is marin3r's one bootstrap.
+            vec![(ADS_CONFIGMAP, "envoy-sidecar-bootstrap-v3")],
+            Box::new(|s| {
+                assert_eq!(s.bootstrap_config_map, "envoy-sidecar-bootstrap");
+                assert_eq!(
+                    s.warnings,
+                    [
+                        "marin3r.3scale.net/ads-configmap=\"envoy-sidecar-bootstrap-v3\" is the original MARIN3R's v3 bootstrap, which marin3r does not create: the sidecar mounts \"envoy-sidecar-bootstrap\", marin3r's bootstrap (v3)"
+                    ]
+                );
+            }),
         ),
         (
             // Offline (no DiscoveryService known), any name is taken.

@@ -543,14 +543,14 @@ fn ads_configmap_names_the_mounted_bootstrap() {
     let pod = mk_pod(
         json!({
             "marin3r.3scale.net/node-id": "kuard",
-            "marin3r.3scale.net/ads-configmap": "envoy-sidecar-bootstrap-v3",
+            "marin3r.3scale.net/ads-configmap": "edge-bootstrap",
         }),
         json!({}),
     );
     let out = patched(&pod, &InjectionConfig::default());
     assert_eq!(
         out["spec"]["volumes"][0],
-        json!({"name": "envoy-sidecar-bootstrap", "configMap": {"name": "envoy-sidecar-bootstrap-v3"}})
+        json!({"name": "envoy-sidecar-bootstrap", "configMap": {"name": "edge-bootstrap"}})
     );
 }
 
