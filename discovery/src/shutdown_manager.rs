@@ -10,6 +10,7 @@
 //! listeners until there are none or the drain time has passed. Every caller waits for that
 //! drain; `/shutdown` then asks Envoy to exit (`POST /quitquitquit`).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,10 +111,11 @@ impl Manager {
         }
         tokio::time::sleep_until((started + self.config.check_delay).min(deadline)).await;
         loop {
-            let open = match self.admin_get("/stats?filter=downstream_cx_active").await {
+            let listeners = match self.admin_get("/stats?filter=downstream_cx_active").await {
                 Ok(stats) => open_connections(&stats),
                 Err(e) => return Drain::Failed(e),
             };
+            let open: u64 = listeners.values().sum();
             if open == 0 {
                 return Drain::Drained;
             }
@@ -121,7 +123,7 @@ impl Manager {
             if now >= deadline {
                 return Drain::DeadlineReached { open };
             }
-            info!(open, "waiting for Envoy's connections to close");
+            info!(open, ?listeners, "waiting for Envoy's connections to close");
             tokio::time::sleep_until((now + self.config.check_interval).min(deadline)).await;
         }
     }
@@ -173,10 +175,10 @@ fn admin_request(method: &str, url: &str) -> Result<String, String> {
     Ok(body)
 }
 
-/// The connections open on Envoy's listeners, from its `/stats` text: the sum of every
-/// `listener.<name>.downstream_cx_active` gauge, leaving out per-thread copies and the
-/// listeners in [`IGNORED_LISTENERS`].
-pub fn open_connections(stats: &str) -> u64 {
+/// The connections open on Envoy's listeners, by listener, from its `/stats` text: every
+/// non-zero `listener.<name>.downstream_cx_active` gauge, leaving out per-thread copies and
+/// the listeners in [`IGNORED_LISTENERS`].
+pub fn open_connections(stats: &str) -> BTreeMap<String, u64> {
     stats
         .lines()
         .filter_map(|line| line.split_once(": "))
@@ -190,9 +192,10 @@ pub fn open_connections(stats: &str) -> u64 {
             if per_thread || IGNORED_LISTENERS.contains(&listener) {
                 return None;
             }
-            value.trim().parse::<u64>().ok()
+            let open = value.trim().parse::<u64>().ok().filter(|n| *n > 0)?;
+            Some((listener.to_owned(), open))
         })
-        .sum()
+        .collect()
 }
 
 /// `/healthz`, `/drain` and `/shutdown` (GET, as kubelet's hooks call them, or POST).
@@ -264,11 +267,12 @@ listener.admin.main_thread.downstream_cx_active: 1
 listener.marin3r_sidecar_readiness.downstream_cx_active: 4
 listener.marin3r_sidecar_readiness.worker_0.downstream_cx_active: 4
 ";
-        assert_eq!(open_connections(stats), 5);
-        assert_eq!(open_connections(""), 0);
         assert_eq!(
-            open_connections("listener.admin.downstream_cx_active: 1\n"),
-            0
+            open_connections(stats),
+            BTreeMap::from([("0.0.0.0_8080".to_owned(), 2), ("[__]_8443".to_owned(), 3)])
         );
+        assert!(open_connections("").is_empty());
+        assert!(open_connections("listener.admin.downstream_cx_active: 1\n").is_empty());
+        assert!(open_connections("listener.0.0.0.0_80.downstream_cx_active: 0\n").is_empty());
     }
 }
