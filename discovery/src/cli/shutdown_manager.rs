@@ -2,7 +2,7 @@
 //! the pod sets `marin3r.3scale.net/shutdown-manager.enabled`; see
 //! [`crate::shutdown_manager`].
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -38,10 +38,16 @@ pub struct ShutdownManagerArgs {
 }
 
 pub async fn run(args: ShutdownManagerArgs) -> anyhow::Result<()> {
-    let address = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.port);
-    let listener = TcpListener::bind(address)
-        .await
-        .with_context(|| format!("listening on port {} (--port)", args.port))?;
+    // Every address of both families (kubelet calls the pod's address, IPv4 or IPv6); IPv4
+    // alone where the pod has no IPv6.
+    let any_v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), args.port);
+    let any_v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.port);
+    let listener = match TcpListener::bind(any_v6).await {
+        Ok(listener) => listener,
+        Err(_) => TcpListener::bind(any_v4)
+            .await
+            .with_context(|| format!("listening on port {} (--port)", args.port))?,
+    };
     let manager = Manager::new(Config {
         envoy_admin: args.envoy_admin_address,
         drain_time: Duration::from_secs(args.drain_time.into()),
