@@ -9,7 +9,7 @@ mod discovery_service;
 mod inject;
 mod operator;
 mod proxy_status;
-mod validate;
+pub(crate) mod validate;
 
 use std::process::ExitCode;
 
