@@ -444,10 +444,14 @@ async fn marin3r_end_to_end() {
     // `FILE:LINE:COLUMN: EnvoyConfig demo/demo-typo: PATH: MESSAGE`
     let problem = offline
         .lines()
-        .find_map(|l| l.split_once("EnvoyConfig demo/demo-typo: ").map(|(_, p)| p.to_owned()))
+        .find_map(|l| {
+            l.split_once("EnvoyConfig demo/demo-typo: ")
+                .map(|(_, p)| p.to_owned())
+        })
         .unwrap_or_else(|| panic!("{offline}"));
     assert!(
-        problem.starts_with("spec.envoyResources.listeners[0].value: ") && problem.contains("stat_prefx"),
+        problem.starts_with("spec.envoyResources.listeners[0].value: ")
+            && problem.contains("stat_prefx"),
         "{offline}"
     );
     let refused = kubectl
