@@ -22,7 +22,9 @@ const MAX_MESSAGE_BYTES: usize = 8 * 1024;
 /// every reason it cannot be served, each naming its field path (`spec.resources[2].value:
 /// ...`); empty when it is valid.
 #[derive(Clone)]
-pub struct EnvoyConfigValidator(Arc<dyn Fn(&str, &Value) -> Vec<String> + Send + Sync>);
+pub struct EnvoyConfigValidator(Arc<ValidateFn>);
+
+type ValidateFn = dyn Fn(&str, &Value) -> Vec<String> + Send + Sync;
 
 impl EnvoyConfigValidator {
     pub fn new(validate: impl Fn(&str, &Value) -> Vec<String> + Send + Sync + 'static) -> Self {
