@@ -44,7 +44,7 @@ pub struct DiscoveryServiceArgs {
     /// terminationGracePeriodSeconds (30 by default).
     #[arg(long, default_value_t = 20, value_name = "SECONDS")]
     shutdown_grace_period: u64,
-    /// Port of the sidecar injection webhook (HTTPS).
+    /// Port of the webhook (HTTPS): sidecar injection and EnvoyConfig validation.
     #[arg(long, default_value_t = DEFAULT_WEBHOOK_PORT)]
     webhook_port: u16,
     /// Folder with the server certificate (tls.crt, tls.key) and the CA that signs the
