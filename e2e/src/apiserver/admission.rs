@@ -684,3 +684,65 @@ async fn post(endpoint: &Endpoint, ca_pem: &str, review: &Value) -> Result<Value
     }
     serde_json::from_slice(&bytes).map_err(|e| fail("decode AdmissionReview", &e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_match_as_in_kube_apiserver() {
+        let cases = [
+            ("pods", "pods", None, true),
+            ("pods", "pods", Some("status"), false),
+            ("pods/status", "pods", Some("status"), true),
+            ("pods/status", "pods", None, false),
+            ("pods/*", "pods", None, true),
+            ("pods/*", "pods", Some("status"), true),
+            ("*", "configmaps", None, true),
+            ("*", "configmaps", Some("status"), false),
+            ("*/*", "configmaps", Some("status"), true),
+            ("*/status", "envoyconfigs", Some("status"), true),
+            ("*/status", "envoyconfigs", Some("scale"), false),
+            ("envoyconfigs", "pods", None, false),
+        ];
+        for (entry, plural, sub, want) in cases {
+            assert_eq!(
+                resource_matches(entry, plural, sub),
+                want,
+                "{entry} {plural} {sub:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn denials_are_worded_and_coded_as_kube_apiserver_does() {
+        let e = denial("hook.example.com", 0, "", "");
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                400,
+                "",
+                "admission webhook \"hook.example.com\" denied the request without explanation"
+            )
+        );
+        let e = denial("hook.example.com", 403, "Forbidden", "no");
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                403,
+                "Forbidden",
+                "admission webhook \"hook.example.com\" denied the request: no"
+            )
+        );
+        let e = denial("h", 200, "Invalid", "");
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                400,
+                "Invalid",
+                "admission webhook \"h\" denied the request: Invalid"
+            )
+        );
+        assert_eq!(denial("h", 422, "made-up", "m").reason, "");
+    }
+}

@@ -972,6 +972,34 @@ mod tests {
     }
 
     #[test]
+    fn warnings_become_quoted_deduplicated_bounded_headers() {
+        let values = warning_headers(vec![
+            "plain".into(),
+            "with \"quotes\" and \\ backslash".into(),
+            "plain".into(),
+            "line\nbreak".into(),
+            String::new(),
+        ]);
+        let texts: Vec<&str> = values.iter().map(|v| v.to_str().unwrap()).collect();
+        assert_eq!(
+            texts,
+            [
+                "299 - \"plain\"",
+                "299 - \"with \\\"quotes\\\" and \\\\ backslash\"",
+                "299 - \"line break\"",
+            ]
+        );
+        let many = warning_headers(
+            (0..100)
+                .map(|i| format!("{i} {}", "x".repeat(300)))
+                .collect(),
+        );
+        let total: usize = many.iter().map(|v| v.len()).sum();
+        assert!(!many.is_empty() && total < 5000, "{total}");
+        assert!(many.iter().all(|v| v.len() < 300));
+    }
+
+    #[test]
     fn paths() {
         assert_eq!(
             parse_path("/api/v1/namespaces"),
