@@ -956,6 +956,11 @@ async fn marin3r_end_to_end() {
         90,
         || async {
             let gone = webhooks.get_opt(WEBHOOK).await.unwrap().is_none()
+                && Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
                 && Api::<ClusterRole>::all(client.clone())
                     .get_opt(WEBHOOK)
                     .await
