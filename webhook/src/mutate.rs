@@ -80,6 +80,19 @@ pub fn selection(pod: &Pod) -> Selection {
     }
 }
 
+/// Admission warnings for a pod selected for injection: its `marin3r.3scale.net/*`
+/// annotations that the webhook does not know (typos, or annotations of another version).
+pub fn warnings(pod: &Pod) -> Vec<String> {
+    if selection(pod) != Selection::Inject {
+        return Vec::new();
+    }
+    pod.metadata
+        .annotations
+        .as_ref()
+        .map(annotations::unknown_warnings)
+        .unwrap_or_default()
+}
+
 /// The sidecar spec for a pod selected for injection (annotations parsed, defaults applied).
 pub fn sidecar_spec(pod: &Pod, config: &InjectionConfig) -> Result<SidecarSpec, Denial> {
     let empty = BTreeMap::new();
@@ -128,7 +141,10 @@ pub fn mutation(pod: &Pod, config: &InjectionConfig) -> Result<Mutation, Denial>
     }
     let mut spec = sidecar_spec(pod, config)?;
     check_conflicts(pod, &spec)?;
-    let mut warnings = std::mem::take(&mut spec.warnings);
+    // Unknown annotations first, then the known ones accepted without (full) effect.
+    let mut all_warnings = warnings(pod);
+    all_warnings.append(&mut spec.warnings);
+    let mut warnings = all_warnings;
 
     let container = sidecar::container(&spec);
     let volumes = sidecar::volumes(&spec);

@@ -75,33 +75,7 @@ fn skipped_strings_may_be_invalid(body: &[u8]) -> bool {
 
 /// The slow path: the body as a JSON tree, every problem named.
 fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
-    let mut review: Value = serde_json::from_slice(body)
-        .map_err(|e| BadRequest(format!("the body is not JSON: {e}")))?;
-    let Some(obj) = review.as_object_mut() else {
-        return Err(BadRequest(
-            "the body is not a JSON object (expected an AdmissionReview)".into(),
-        ));
-    };
-    let api_version = obj.get("apiVersion").and_then(Value::as_str);
-    let kind = obj.get("kind").and_then(Value::as_str);
-    if api_version != Some(API_VERSION) || kind != Some(KIND) {
-        return Err(BadRequest(format!(
-            "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got {} and {}",
-            shown(api_version),
-            shown(kind)
-        )));
-    }
-    let Some(request) = obj.get_mut("request").and_then(Value::as_object_mut) else {
-        return Err(BadRequest(
-            "the AdmissionReview has no request object".into(),
-        ));
-    };
-    let uid = match request.get("uid").and_then(Value::as_str) {
-        Some(uid) if !uid.is_empty() => uid.to_owned(),
-        _ => {
-            return Err(BadRequest("the AdmissionReview request has no uid".into()));
-        }
-    };
+    let (uid, mut request) = request_tree(body)?;
     let object = request.remove("object");
     let kind = request
         .get("kind")
@@ -120,6 +94,39 @@ fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome)
         config,
     );
     Ok(respond(uid, decision))
+}
+
+/// The uid and the request object of an AdmissionReview v1 body read as a JSON tree, or
+/// what is wrong with it.
+pub(crate) fn request_tree(body: &[u8]) -> Result<(String, Map<String, Value>), BadRequest> {
+    let review: Value = serde_json::from_slice(body)
+        .map_err(|e| BadRequest(format!("the body is not JSON: {e}")))?;
+    let Value::Object(mut obj) = review else {
+        return Err(BadRequest(
+            "the body is not a JSON object (expected an AdmissionReview)".into(),
+        ));
+    };
+    let api_version = obj.get("apiVersion").and_then(Value::as_str);
+    let kind = obj.get("kind").and_then(Value::as_str);
+    if api_version != Some(API_VERSION) || kind != Some(KIND) {
+        return Err(BadRequest(format!(
+            "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got {} and {}",
+            shown(api_version),
+            shown(kind)
+        )));
+    }
+    let Some(Value::Object(request)) = obj.remove("request") else {
+        return Err(BadRequest(
+            "the AdmissionReview has no request object".into(),
+        ));
+    };
+    let uid = match request.get("uid").and_then(Value::as_str) {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => {
+            return Err(BadRequest("the AdmissionReview request has no uid".into()));
+        }
+    };
+    Ok((uid, request))
 }
 
 #[derive(serde::Deserialize)]
@@ -168,31 +175,30 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     }
 }
 
-enum Decision {
-    /// The encoded patch (absent: no change), and warnings for the user.
+pub(crate) enum Decision {
+    /// The encoded patch (absent: no change), and warnings for the user (kubectl prints
+    /// each as `Warning: ...`).
     Allow(Option<Vec<u8>>, Vec<String>),
     Deny(String),
 }
 
-fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
+pub(crate) fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
     let mut response = Map::new();
     response.insert("uid".into(), Value::String(uid));
     let outcome = match decision {
-        Decision::Allow(None, warnings) => {
+        Decision::Allow(patch, warnings) => {
             response.insert("allowed".into(), Value::Bool(true));
             if !warnings.is_empty() {
                 response.insert("warnings".into(), json!(warnings));
             }
-            Outcome::Unchanged
-        }
-        Decision::Allow(Some(patch), warnings) => {
-            response.insert("allowed".into(), Value::Bool(true));
-            response.insert("patchType".into(), Value::String("JSONPatch".into()));
-            response.insert("patch".into(), Value::String(BASE64.encode(patch)));
-            if !warnings.is_empty() {
-                response.insert("warnings".into(), json!(warnings));
+            match patch {
+                None => Outcome::Unchanged,
+                Some(patch) => {
+                    response.insert("patchType".into(), Value::String("JSONPatch".into()));
+                    response.insert("patch".into(), Value::String(BASE64.encode(patch)));
+                    Outcome::Patched
+                }
             }
-            Outcome::Patched
         }
         Decision::Deny(message) => {
             response.insert("allowed".into(), Value::Bool(false));
@@ -245,7 +251,7 @@ fn decide(
 }
 
 /// A field value for an error message, without echoing unbounded input back.
-fn shown(v: Option<&str>) -> String {
+pub(crate) fn shown(v: Option<&str>) -> String {
     match v {
         None => "nothing".into(),
         Some(s) if s.len() > 64 => format!("{:?}…", s.chars().take(64).collect::<String>()),

@@ -1,5 +1,5 @@
 //! The `DiscoveryService` controller: keeps every child of a discovery service in shape (PKI,
-//! RBAC, Service, Deployment, injection webhook, per-namespace client certificate and
+//! RBAC, Service, Deployment, injection and validation webhooks, per-namespace client certificate and
 //! bootstrap) and reports readiness. What to build is decided in `build` and `namespaces`;
 //! this module only reads and writes the API. A finalizer removes what ownerReferences
 //! cannot reach: cluster-scoped objects and objects in the served namespaces.
@@ -12,7 +12,9 @@ pub mod plan;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -201,10 +203,12 @@ async fn apply_dependents(
     plan: &Apply<'_>,
     applied: &Applied,
 ) -> Result<Option<Deployment>, Error> {
-    let (webhook, deployment) = plan::dependents(plan, applied);
-    if let Some(webhook) = &webhook {
+    let (webhooks, deployment) = plan::dependents(plan, applied);
+    if let Some((mutating, validating)) = &webhooks {
         let api = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
-        apply_object(&api, webhook).await?;
+        apply_object(&api, mutating).await?;
+        let api = Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone());
+        apply_object(&api, validating).await?;
     }
     let deployments: Api<Deployment> =
         Api::namespaced(ctx.client.clone(), plan.children.namespace());
@@ -296,7 +300,7 @@ async fn ca_certificate_pem(
     }))
 }
 
-/// Removes everything ownerReferences do not: the webhook configuration and cluster RBAC,
+/// Removes everything ownerReferences do not: the webhook configurations and cluster RBAC,
 /// the client certificates with their Secrets, the bootstraps, the per-namespace Secret
 /// access and the namespace labels.
 async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
@@ -308,6 +312,10 @@ async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> 
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     for obj in webhooks.list(&params).await? {
         delete_ignoring_missing(&webhooks, &obj.name_any()).await?;
+    }
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    for obj in validating.list(&params).await? {
+        delete_ignoring_missing(&validating, &obj.name_any()).await?;
     }
     let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
     for obj in bindings.list(&params).await? {
