@@ -420,6 +420,8 @@ impl<'a> Children<'a> {
             format!("--webhook-port={}", s.webhook_port),
             format!("--server-cert-dir={SERVER_CERT_DIR}"),
             format!("--discovery-service-name={}", self.name),
+            // The sidecars' shutdown managers run the marin3r release that injected them.
+            format!("--shutdown-manager-image={}", s.image),
         ];
         if s.debug {
             args.push("--debug".into());
