@@ -334,6 +334,7 @@ struct RunResult {
     per_stream: Vec<Duration>,
     all_acked: Vec<Duration>,
     cpu_per_push: Vec<f64>,
+    idle_rss_per_stream: f64,
     rss_per_stream: f64,
     steady_rss_per_stream: f64,
     connect_time: Duration,
@@ -369,11 +370,16 @@ fn run_at(
     rt.block_on(conv.wait(&mut acks, Duration::from_secs(600)))
         .context("initial configuration")?;
     let connect_time = started.elapsed();
+    // Idle: every stream connected and synced, nothing in flight (after a moment for the
+    // last ACKs and any freed memory to settle).
+    std::thread::sleep(Duration::from_secs(2));
+    let idle_rss = server.memory("VmRSS")?;
 
     let mut result = RunResult {
         per_stream: Vec::new(),
         all_acked: Vec::new(),
         cpu_per_push: Vec::new(),
+        idle_rss_per_stream: idle_rss.saturating_sub(baseline_rss) as f64 / n as f64,
         rss_per_stream: 0.0,
         steady_rss_per_stream: 0.0,
         connect_time,
@@ -395,6 +401,7 @@ fn run_at(
     }
     let peak = server.memory("VmHWM")?;
     result.rss_per_stream = peak.saturating_sub(baseline_rss) as f64 / n as f64;
+    std::thread::sleep(Duration::from_secs(2));
     let steady = server.memory("VmRSS")?;
     result.steady_rss_per_stream = steady.saturating_sub(baseline_rss) as f64 / n as f64;
     drop(server);
@@ -493,7 +500,8 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
             samples: r.per_stream.len(),
             result: format!(
                 "per stream p50 {}, p99 {}, max {}; all {n} ACKed: median {}, max {}; \
-                 server CPU {:.3} s/push; server RSS per stream: peak {:.1} KiB, after the pushes {:.1} KiB; \
+                 server CPU {:.3} s/push; server RSS per stream: idle {:.1} KiB, peak {:.1} KiB, \
+                 idle after the pushes {:.1} KiB; \
                  {n} streams connected and synced in {}",
                 human(s.p50),
                 human(s.p99),
@@ -501,6 +509,7 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
                 human(all.p50),
                 human(all.max),
                 cpu,
+                r.idle_rss_per_stream / 1024.0,
                 r.rss_per_stream / 1024.0,
                 r.steady_rss_per_stream / 1024.0,
                 human(r.connect_time),
