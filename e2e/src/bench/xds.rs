@@ -94,7 +94,19 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start(dir: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(std::env::current_exe()?)
+        // `MARIN3R_BENCH_SERVER_WRAPPER="heaptrack -o /tmp/xds"` profiles the server.
+        let wrapper = std::env::var("MARIN3R_BENCH_SERVER_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let exe = std::env::current_exe()?;
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = command
             .arg("--xds-bench-server")
             .arg(dir)
             .stdin(Stdio::piped())
@@ -103,8 +115,14 @@ impl ServerProcess {
             .context("starting the xDS bench server")?;
         let stdin = child.stdin.take().context("no stdin")?;
         let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        // A profiler wrapping the server may print lines of its own first.
         let mut line = String::new();
-        stdout.read_line(&mut line)?;
+        for _ in 0..50 {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 || line.starts_with("ready ") {
+                break;
+            }
+        }
         let addr = line
             .strip_prefix("ready ")
             .context("the bench server did not start")?
