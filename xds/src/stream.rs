@@ -71,7 +71,7 @@ trait Flavour: Send + 'static {
     fn new(limits: &Limits) -> Self;
     fn node(req: &Self::Req) -> Option<&Node>;
     fn type_url(req: &Self::Req) -> &str;
-    fn on_request(&mut self, req: &Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
+    fn on_request(&mut self, req: Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
     fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<Self::Resp>;
     fn describe(resp: &Self::Resp) -> (ResourceType, &str);
     fn frame(
@@ -95,11 +95,7 @@ impl Flavour for SotwState {
     fn type_url(req: &DiscoveryRequest) -> &str {
         &req.type_url
     }
-    fn on_request(
-        &mut self,
-        req: &DiscoveryRequest,
-        s: Option<&Snapshot>,
-    ) -> Outcome<SotwResponse> {
+    fn on_request(&mut self, req: DiscoveryRequest, s: Option<&Snapshot>) -> Outcome<SotwResponse> {
         SotwState::on_request(self, &wire::sotw_request(req), s)
     }
     fn on_snapshot(&mut self, s: &Snapshot) -> Vec<SotwResponse> {
@@ -133,7 +129,7 @@ impl Flavour for DeltaState {
     }
     fn on_request(
         &mut self,
-        req: &DeltaDiscoveryRequest,
+        req: DeltaDiscoveryRequest,
         s: Option<&Snapshot>,
     ) -> Outcome<DeltaResponse> {
         DeltaState::on_request(self, &wire::delta_request(req), s)
@@ -309,7 +305,7 @@ async fn run<F: Flavour>(
             if let Some(kind) = ResourceType::from_type_url(F::type_url(&req)) {
                 metrics.requests.get_or_create(&Metrics::kind(kind)).inc();
             }
-            let out = state.on_request(&req, current.as_ref().map(|p| &*p.snapshot));
+            let out = state.on_request(req, current.as_ref().map(|p| &*p.snapshot));
             if !ctx.outcome::<F>(out, current.as_ref()).await {
                 break;
             }

@@ -88,28 +88,26 @@ pub fn nack_message(message: &str) -> String {
     format!("{}… ({rest} more bytes)", &message[..end])
 }
 
-pub fn sotw_request(req: &DiscoveryRequest) -> SotwRequest {
+/// The protocol's view of a request, taking its fields (an ACK carries every subscribed
+/// name; copying them for every request of every stream showed in profiles).
+pub fn sotw_request(req: DiscoveryRequest) -> SotwRequest {
     SotwRequest {
-        type_url: req.type_url.clone(),
-        version_info: req.version_info.clone(),
-        resource_names: req.resource_names.clone(),
-        response_nonce: req.response_nonce.clone(),
         error: req.error_detail.as_ref().map(|s| nack_message(&s.message)),
+        type_url: req.type_url,
+        version_info: req.version_info,
+        resource_names: req.resource_names,
+        response_nonce: req.response_nonce,
     }
 }
 
-pub fn delta_request(req: &DeltaDiscoveryRequest) -> DeltaRequest {
+pub fn delta_request(req: DeltaDiscoveryRequest) -> DeltaRequest {
     DeltaRequest {
-        type_url: req.type_url.clone(),
-        subscribe: req.resource_names_subscribe.clone(),
-        unsubscribe: req.resource_names_unsubscribe.clone(),
-        initial_resource_versions: req
-            .initial_resource_versions
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        response_nonce: req.response_nonce.clone(),
         error: req.error_detail.as_ref().map(|s| nack_message(&s.message)),
+        type_url: req.type_url,
+        subscribe: req.resource_names_subscribe,
+        unsubscribe: req.resource_names_unsubscribe,
+        initial_resource_versions: req.initial_resource_versions.into_iter().collect(),
+        response_nonce: req.response_nonce,
     }
 }
 
@@ -324,7 +322,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let kept = sotw_request(&req).error.unwrap();
+        let kept = sotw_request(req.clone()).error.unwrap();
         // Cut before the two-byte character that straddles the limit.
         let rest = huge.len() - (MAX_NACK_MESSAGE - 1);
         assert_eq!(
@@ -335,7 +333,7 @@ mod tests {
             error_detail: req.error_detail.clone(),
             ..Default::default()
         };
-        assert_eq!(delta_request(&delta).error.unwrap(), kept);
+        assert_eq!(delta_request(delta).error.unwrap(), kept);
         assert_eq!(nack_message("bad cluster"), "bad cluster");
     }
 
