@@ -56,6 +56,9 @@ pub const WEBHOOK_TIMEOUT_SECONDS: i32 = 10;
 /// object selector matches) is refused rather than started without one while the discovery
 /// service is down. Pods without the label never reach the webhook.
 pub const WEBHOOK_FAILURE_POLICY: &str = "Fail";
+/// The label the API server sets on every Namespace to its name; a namespace-scoped
+/// discovery service's webhook selects its namespace with it, which no user can fake.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// The SPIFFE trust domain of client certificate identities.
 pub use marin3r_certs::TRUST_DOMAIN;
 const CONTAINER_NAME: &str = "marin3r";
@@ -65,6 +68,19 @@ pub fn owner_selector(name: &str, namespace: &str) -> String {
     format!("{OWNER_NAME_LABEL}={name},{OWNER_NAMESPACE_LABEL}={namespace}")
 }
 
+/// How far a `DiscoveryService` reaches, decided by the namespace it lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// In one of the operator's trusted namespaces: it serves the namespaces listed in
+    /// `spec.enabledNamespaces` or labelled for it, and its discovery pod reads EnvoyConfigs
+    /// cluster-wide.
+    #[default]
+    Cluster,
+    /// Anywhere else: it serves its own namespace and nothing outside it, as the original
+    /// MARIN3R's namespaced DiscoveryService did.
+    Namespace,
+}
+
 /// Builds the children of one `DiscoveryService` from its resolved spec.
 #[derive(Debug, Clone)]
 pub struct Children<'a> {
@@ -72,6 +88,7 @@ pub struct Children<'a> {
     spec: &'a Resolved,
     name: String,
     namespace: String,
+    scope: Scope,
 }
 
 impl<'a> Children<'a> {
@@ -81,7 +98,32 @@ impl<'a> Children<'a> {
             spec,
             name: ds.name_any(),
             namespace: ds.namespace().unwrap_or_default(),
+            scope: Scope::Cluster,
         }
+    }
+
+    pub fn with_scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The webhook configuration's name in `scope`. A namespace-scoped one is
+    /// `marin3r-ns.<namespace>.<name>`: namespace names have no dots, so it can equal neither
+    /// another namespace's nor a trusted discovery service's `marin3r-<namespace>-<name>`,
+    /// and a namespace admin cannot take over another's webhook by choosing a name.
+    pub fn webhook_configuration_name_in(&self, scope: Scope) -> String {
+        match scope {
+            Scope::Cluster => self.cluster_name(),
+            Scope::Namespace => format!("marin3r-ns.{}.{}", self.namespace, self.name),
+        }
+    }
+
+    pub fn webhook_configuration_name(&self) -> String {
+        self.webhook_configuration_name_in(self.scope)
     }
 
     /// `marin3r-<name>`: the Deployment, ServiceAccount and namespaced objects.
@@ -302,42 +344,55 @@ impl<'a> Children<'a> {
     /// their revisions (it owns the revisions and writes both statuses), and Events. Secrets
     /// are not here: each served namespace grants them with [`Self::secret_reader_role`].
     pub fn cluster_role(&self) -> ClusterRole {
-        let read = ["get", "list", "watch"];
+        let mut rules = vec![rule(&[""], &["namespaces"], &["get", "list", "watch"])];
+        rules.extend(self.config_rules());
         ClusterRole {
             metadata: self.unowned_meta(&self.cluster_name(), None),
-            rules: Some(vec![
-                rule(&[""], &["namespaces"], &read),
-                rule(&["marin3r.3scale.net"], &["envoyconfigs"], &read),
-                rule(
-                    &["marin3r.3scale.net"],
-                    &["envoyconfigrevisions"],
-                    &[
-                        "get", "list", "watch", "create", "update", "patch", "delete",
-                    ],
-                ),
-                rule(
-                    &["marin3r.3scale.net"],
-                    &["envoyconfigs/status", "envoyconfigrevisions/status"],
-                    &["get", "update", "patch"],
-                ),
-                rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
-            ]),
+            rules: Some(rules),
             ..Default::default()
         }
+    }
+
+    /// EnvoyConfigs (read) and their revisions (it owns the revisions and writes both
+    /// statuses), and Events.
+    fn config_rules(&self) -> Vec<PolicyRule> {
+        let read = ["get", "list", "watch"];
+        vec![
+            rule(&["marin3r.3scale.net"], &["envoyconfigs"], &read),
+            rule(
+                &["marin3r.3scale.net"],
+                &["envoyconfigrevisions"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(
+                &["marin3r.3scale.net"],
+                &["envoyconfigs/status", "envoyconfigrevisions/status"],
+                &["get", "update", "patch"],
+            ),
+            rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        ]
     }
 
     /// Read access to the Secrets of one served namespace (the TLS and Opaque Secrets its
     /// revisions serve over SDS, watched for changes) and its EndpointSlices (the endpoints
     /// of `generateFromEndpointSlices`, watched too), so the discovery pod never reads the
-    /// Secrets of a namespace it does not serve, such as its own CA's.
+    /// Secrets of a namespace it does not serve, such as its own CA's. A namespace-scoped
+    /// discovery service has no ClusterRole: this Role also grants, in its one namespace,
+    /// what the ClusterRole grants everywhere (but Namespaces, which it never reads).
     pub fn secret_reader_role(&self, namespace: &str) -> Role {
         let read = ["get", "list", "watch"];
+        let mut rules = vec![
+            rule(&[""], &["secrets"], &read),
+            rule(&["discovery.k8s.io"], &["endpointslices"], &read),
+        ];
+        if self.scope == Scope::Namespace {
+            rules.extend(self.config_rules());
+        }
         Role {
             metadata: self.unowned_meta(&self.cluster_name(), Some(namespace)),
-            rules: Some(vec![
-                rule(&[""], &["secrets"], &read),
-                rule(&["discovery.k8s.io"], &["endpointslices"], &read),
-            ]),
+            rules: Some(rules),
         }
     }
 
@@ -411,9 +466,13 @@ impl<'a> Children<'a> {
             "discovery-service".into(),
             format!("--xds-port={}", s.xds_port),
             format!("--metrics-port={}", s.metrics_port),
+            format!("--probe-port={}", s.probe_port),
             format!("--webhook-port={}", s.webhook_port),
             format!("--server-cert-dir={SERVER_CERT_DIR}"),
-            format!("--discovery-service-name={}", self.name),
+            match self.scope {
+                Scope::Cluster => format!("--discovery-service-name={}", self.name),
+                Scope::Namespace => format!("--watch-namespace={}", self.namespace),
+            },
         ];
         if s.debug {
             args.push("--debug".into());
@@ -438,7 +497,7 @@ impl<'a> Children<'a> {
         let probe = |path: &str, initial: i32, period: i32, failures: i32| Probe {
             http_get: Some(HTTPGetAction {
                 path: Some(path.into()),
-                port: IntOrString::Int(i32::from(s.metrics_port)),
+                port: IntOrString::Int(i32::from(s.probe_port)),
                 scheme: Some("HTTP".into()),
                 ..Default::default()
             }),
@@ -460,6 +519,7 @@ impl<'a> Children<'a> {
                 port("xds", s.xds_port),
                 port("webhook", s.webhook_port),
                 port("metrics", s.metrics_port),
+                port("probes", s.probe_port),
             ]),
             readiness_probe: Some(probe("/readyz", 0, 2, 3)),
             liveness_probe: Some(probe("/healthz", 30, 10, 6)),
@@ -570,8 +630,13 @@ impl<'a> Children<'a> {
             match_labels: Some(BTreeMap::from([(key.to_owned(), value.to_owned())])),
             ..Default::default()
         };
+        // A namespace-scoped discovery service's webhook sees its own namespace's pods only.
+        let namespace_selector = match self.scope {
+            Scope::Cluster => selector(DISCOVERY_SERVICE_LABEL, &self.name),
+            Scope::Namespace => selector(NAMESPACE_NAME_LABEL, &self.namespace),
+        };
         MutatingWebhookConfiguration {
-            metadata: self.unowned_meta(&self.cluster_name(), None),
+            metadata: self.unowned_meta(&self.webhook_configuration_name(), None),
             webhooks: Some(vec![MutatingWebhook {
                 name: format!(
                     "{}.{}.sidecar-injector.marin3r.3scale.net",
@@ -590,7 +655,7 @@ impl<'a> Children<'a> {
                 },
                 failure_policy: Some(WEBHOOK_FAILURE_POLICY.into()),
                 match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(selector(DISCOVERY_SERVICE_LABEL, &self.name)),
+                namespace_selector: Some(namespace_selector),
                 object_selector: Some(selector(STATUS_LABEL, "enabled")),
                 reinvocation_policy: Some("Never".into()),
                 rules: Some(vec![RuleWithOperations {
