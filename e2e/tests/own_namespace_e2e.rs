@@ -161,10 +161,7 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = kubectl.run(&args).await.unwrap();
     assert!(!out.success);
-    assert!(
-        out.stderr.contains("forbidden"),
-        "{out:?}"
-    );
+    assert!(out.stderr.contains("forbidden"), "{out:?}");
 
     let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), APP);
     let ds = until("the DiscoveryService to be Ready", 120, || async {
