@@ -45,8 +45,8 @@ pub struct Config {
     /// The discovery pod's image when a `DiscoveryService` names none.
     pub default_image: String,
     /// Namespaces whose certificates may write Secrets elsewhere (see the certificate
-    /// controller); a `DiscoveryService` must live in one to issue client certificates into
-    /// the namespaces it serves.
+    /// controller); a `DiscoveryService` in one serves other namespaces too, one anywhere
+    /// else serves its own namespace only (`plan::scope`).
     pub trusted_namespaces: BTreeSet<String>,
     /// Where reconciles are counted.
     pub metrics: ReconcileMetrics,
