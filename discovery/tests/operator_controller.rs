@@ -60,7 +60,23 @@ async fn start() -> Operator {
         create_namespace(&client, ns).await;
     }
     let stop = CancellationToken::new();
-    let trusted: BTreeSet<String> = [OPS.to_owned()].into();
+    let tasks = controllers(&client, &[OPS], &stop);
+    Operator {
+        _server: server,
+        client,
+        stop,
+        tasks,
+    }
+}
+
+/// The certificate and DiscoveryService controllers with these trusted namespaces, until
+/// `stop`.
+fn controllers(
+    client: &Client,
+    trusted: &[&str],
+    stop: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let trusted: BTreeSet<String> = trusted.iter().map(|s| (*s).to_owned()).collect();
     let certs = tokio::spawn(marin3r_certs::controller::run(
         client.clone(),
         marin3r_certs::controller::Config {
@@ -78,12 +94,7 @@ async fn start() -> Operator {
         },
         stop.clone().cancelled_owned(),
     ));
-    Operator {
-        _server: server,
-        client,
-        stop,
-        tasks: vec![certs, dss],
-    }
+    vec![certs, dss]
 }
 
 async fn create_namespace(client: &Client, name: &str) {
@@ -677,6 +688,109 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
             .then_some(())
     })
     .await;
+    drop(op);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() {
+    let op = start().await;
+    let client = op.client.clone();
+    // Stop the operator started with marin3r-system only; trust team-c too.
+    op.stop.cancel();
+    for t in &op.tasks {
+        t.abort();
+    }
+    let stop = CancellationToken::new();
+    let mut tasks = controllers(&client, &[OPS, "team-c"], &stop);
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), "team-c");
+    let ds: DiscoveryService = serde_json::from_value(json!({
+        "metadata": {"name": "ds", "namespace": "team-c"},
+        "spec": {"enabledNamespaces": ["team-a"]},
+    }))
+    .unwrap();
+    dss.create(&PostParams::default(), &ds).await.unwrap();
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let bootstrap = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            Api::<ConfigMap>::namespaced(client, ns)
+                .get_opt("envoy-sidecar-bootstrap")
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    wait_for("the trusted discovery service serving team-a", || async {
+        (webhooks
+            .get_opt("marin3r-team-c-ds")
+            .await
+            .unwrap()
+            .is_some()
+            && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_some()
+            && bootstrap("team-a").await
+            && namespace_labels(&client, "team-a").await
+                == (Some("enabled".into()), Some("ds".into())))
+            .then_some(())
+    })
+    .await;
+
+    // The operator restarts without trusting team-c: the listing is refused, and nothing is
+    // left reaching team-a or the cluster.
+    stop.cancel();
+    for t in &tasks {
+        t.abort();
+    }
+    let stop = CancellationToken::new();
+    tasks = controllers(&client, &[OPS], &stop);
+    wait_for("ForbiddenNamespace", || async {
+        let ds = dss.get("ds").await.unwrap();
+        (ready_condition(&ds) == Some(("False".into(), "ForbiddenNamespace".into()))).then_some(())
+    })
+    .await;
+    // Once the user drops the listing, it serves team-c alone.
+    let patch = json!({"spec": {"enabledNamespaces": null}});
+    dss.patch("ds", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(
+        "team-c served alone, the trusted leftovers gone",
+        || async {
+            let ds = dss.get("ds").await.unwrap();
+            let enabled = ds.status.map(|s| s.enabled_namespaces).unwrap_or_default();
+            (enabled == ["team-c"]
+                && webhooks
+                    .get_opt("marin3r-ns.team-c.ds")
+                    .await
+                    .unwrap()
+                    .is_some()
+                && webhooks
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_none()
+                && Api::<ClusterRoleBinding>::all(client.clone())
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && !bootstrap("team-a").await
+                && bootstrap("team-c").await
+                && namespace_labels(&client, "team-a").await == (None, None)
+                && Api::<Role>::namespaced(client.clone(), "team-a")
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none())
+            .then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    for t in &tasks {
+        t.abort();
+    }
     drop(op);
 }
 
