@@ -1,5 +1,6 @@
 //! marin3r's discovery service and the `marin3r` command line.
 
+pub mod admission;
 pub mod api;
 pub mod bootstrap;
 pub mod cli;

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -270,7 +272,22 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
             .as_ref()
             .unwrap()
             .0,
+        ca.data.as_ref().unwrap()["tls.crt"].0
+    );
+    // The EnvoyConfig validation webhook beside it, trusting the same CA.
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let validator = wait_for("the validating webhook configuration", || async {
+        validating.get_opt(cluster_name).await.unwrap()
+    })
+    .await;
+    let hook = &validator.webhooks.unwrap()[0];
+    assert_eq!(
+        hook.client_config.ca_bundle.as_ref().unwrap().0,
         ca.data.unwrap()["tls.crt"].0
+    );
+    assert_eq!(
+        hook.client_config.service.as_ref().unwrap().path.as_deref(),
+        Some("/validate-marin3r-3scale-net-v1alpha1-envoyconfig")
     );
 
     // Not ready until the Deployment has a ready pod; then Ready, with the namespaces.
@@ -427,6 +444,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     .await;
     wait_for("every child to go", || async {
         let gone = webhooks.get_opt(cluster_name).await.unwrap().is_none()
+            && validating.get_opt(cluster_name).await.unwrap().is_none()
             && Api::<ClusterRole>::all(client.clone())
                 .get_opt(cluster_name)
                 .await
@@ -651,6 +669,16 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
         Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
     );
     assert_eq!(w.client_config.service.as_ref().unwrap().namespace, NS);
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let hook = validating.get("marin3r-ns.team-c.local").await.unwrap();
+    assert_eq!(
+        hook.webhooks.unwrap()[0]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels,
+        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+    );
 
     // Listing another namespace later is refused, and nothing reaches it.
     let patch = json!({"spec": {"enabledNamespaces": [NS, "team-b"]}});

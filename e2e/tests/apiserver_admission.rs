@@ -1,7 +1,9 @@
-//! Mutating admission on Pod create: a test webhook over HTTPS (its own CA, trusted only
-//! through `caBundle`) reached by URL and through a Service resolved to a ready pod; its
-//! JSONPatch is applied, its denial blocks the create, and failurePolicy, timeoutSeconds,
-//! objectSelector and namespaceSelector are honoured.
+//! Admission webhooks: a test webhook over HTTPS (its own CA, trusted only through
+//! `caBundle`) reached by URL and through a Service resolved to a ready pod. Mutating on Pod
+//! create: its JSONPatch is applied, its denial blocks the create, and failurePolicy,
+//! timeoutSeconds, objectSelector and namespaceSelector are honoured. Validating on create
+//! and update, after mutation, through real kubectl: denials as kube-apiserver words them,
+//! selectors, failurePolicy with the webhook down, and warnings printed as `Warning:` lines.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -31,7 +33,27 @@ async fn mutate(State(seen): State<Reviews>, Json(review): Json<Value>) -> Json<
     } else {
         let patch = json!([{"op": "add", "path": "/metadata/labels/hooked", "value": "yes"}]);
         let patch = base64::engine::general_purpose::STANDARD.encode(patch.to_string());
-        json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": patch})
+        json!({"uid": uid, "allowed": true, "patchType": "JSONPatch", "patch": patch, "warnings": ["the test webhook added the label \"hooked\""]})
+    };
+    Json(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+    )
+}
+
+/// Denies objects labelled `deny: "true"` (without a code: the API server answers 400),
+/// warns about every object it admits.
+async fn validate(State(seen): State<Reviews>, Json(review): Json<Value>) -> Json<Value> {
+    seen.lock().unwrap().push(review.clone());
+    let request = &review["request"];
+    let uid = request["uid"].clone();
+    let name = request["object"]["metadata"]["name"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned();
+    let response = if request["object"]["metadata"]["labels"]["deny"] == "true" {
+        json!({"uid": uid, "allowed": false, "status": {"message": format!("{name} is labelled deny")}})
+    } else {
+        json!({"uid": uid, "allowed": true, "warnings": [format!("{name} was checked by the test webhook")]})
     };
     Json(
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
@@ -75,6 +97,7 @@ async fn start_webhook(
     let port = listener.local_addr().unwrap().port();
     let router = axum::Router::new()
         .route("/mutate", axum::routing::post(mutate))
+        .route("/validate", axum::routing::post(validate))
         .with_state(seen);
     let task = tokio::spawn(async move {
         loop {
@@ -307,5 +330,255 @@ async fn mutating_webhooks_are_called_and_honoured() {
     );
     assert_eq!(code, 500);
     server.faults().fail_webhooks(false);
+    hook_task.abort();
+}
+
+fn config_map(name: &str, labels: Value, data: &str) -> String {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": labels},
+        "data": {"key": data},
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validating_webhooks_judge_creates_and_updates_and_kubectl_prints_their_warnings() {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = server.kube_client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let kubectl = marin3r_e2e::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let ns = format!("vadm-{}", std::process::id());
+    let other = format!("vadm-other-{}", std::process::id());
+    let nss: Api<Namespace> = Api::all(client.clone());
+    for (name, team) in [(&ns, "a"), (&other, "b")] {
+        nss.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name, "labels": {"team": team}}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let seen: Reviews = Arc::default();
+    let (port, ca, hook_task) = start_webhook(&["127.0.0.1".into()], seen.clone()).await;
+    let dead_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = |p: u16, path: &str| json!({"url": format!("https://127.0.0.1:{p}{path}")});
+    let on = |resources: Value| {
+        json!({"rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": resources, "scope": "Namespaced"}],
+               "namespaceSelector": {"matchLabels": {"team": "a"}}})
+    };
+    let validating = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "test-validators"},
+        "webhooks": [
+            webhook("validate", url(port, "/validate"), &ca, "check", on(json!(["configmaps", "pods"]))),
+            webhook("dead-ignore", url(dead_port, "/validate"), &ca, "dead-ignore", {
+                let mut w = on(json!(["configmaps"]));
+                w["failurePolicy"] = json!("Ignore");
+                w
+            }),
+            webhook("dead-fail", url(dead_port, "/validate"), &ca, "dead-fail", on(json!(["configmaps"]))),
+            // Rules that select only the status subresource never see a main write.
+            webhook("status-only", url(dead_port, "/validate"), &ca, "check", on(json!(["configmaps/status"]))),
+        ],
+    });
+    kubectl
+        .ok_with(&["apply", "-f", "-"], &validating.to_string())
+        .await
+        .unwrap();
+    let reviews = || seen.lock().unwrap().clone();
+
+    // CREATE: judged, admitted, and kubectl prints the webhook's warning.
+    let created = kubectl
+        .run_with(
+            &["apply", "-n", &ns, "-f", "-"],
+            &config_map("settings", json!({"hook": "check"}), "one"),
+        )
+        .await
+        .unwrap();
+    assert!(created.success, "{created:?}");
+    assert!(
+        created
+            .stderr
+            .contains("Warning: settings was checked by the test webhook"),
+        "{created:?}"
+    );
+    let all = reviews();
+    assert_eq!(all.len(), 1, "{all:#?}");
+    let req = &all[0]["request"];
+    assert_eq!(req["operation"], "CREATE");
+    assert_eq!(req["namespace"], ns.as_str());
+    assert_eq!(
+        req["kind"],
+        json!({"group": "", "version": "v1", "kind": "ConfigMap"})
+    );
+    assert_eq!(req["oldObject"], Value::Null);
+    // The object as it will be stored: server-set metadata included.
+    assert!(req["object"]["metadata"]["uid"].is_string(), "{req}");
+    assert_eq!(req["object"]["data"]["key"], "one");
+
+    // UPDATE: the new object and the stored one.
+    let updated = kubectl
+        .run_with(
+            &["apply", "-n", &ns, "-f", "-"],
+            &config_map("settings", json!({"hook": "check"}), "two"),
+        )
+        .await
+        .unwrap();
+    assert!(updated.success, "{updated:?}");
+    assert!(
+        updated.stderr.contains("Warning: settings was checked"),
+        "{updated:?}"
+    );
+    let all = reviews();
+    let req = &all.last().unwrap()["request"];
+    assert_eq!(req["operation"], "UPDATE");
+    assert_eq!(
+        (
+            req["object"]["data"]["key"].as_str(),
+            req["oldObject"]["data"]["key"].as_str()
+        ),
+        (Some("two"), Some("one"))
+    );
+
+    // A denial: kubectl prints kube-apiserver's wording; nothing is written.
+    let denied = kubectl
+        .run_with(
+            &["apply", "-n", &ns, "-f", "-"],
+            &config_map(
+                "settings",
+                json!({"hook": "check", "deny": "true"}),
+                "three",
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(!denied.success, "{denied:?}");
+    assert!(
+        denied.stderr.contains(
+            "admission webhook \"validate.test.marin3r.io\" denied the request: settings is labelled deny"
+        ),
+        "{denied:?}"
+    );
+    let stored = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns)
+        .get("settings")
+        .await
+        .unwrap();
+    assert_eq!(stored.data.unwrap()["key"], "two");
+    // Without a status code in the denial, the API answers 400.
+    let cms = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns);
+    let (code, message) = api_error(
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_str(&config_map(
+                "refused",
+                json!({"hook": "check", "deny": "true"}),
+                "x",
+            ))
+            .unwrap(),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(code, 400, "{message}");
+    assert_eq!(
+        cms.get_opt("refused")
+            .await
+            .unwrap()
+            .map(|c| c.metadata.name),
+        None
+    );
+
+    // Selectors that do not match: another namespace, an unlabelled object. Not called.
+    let before = reviews().len();
+    for (namespace, labels) in [(&other, json!({"hook": "check"})), (&ns, json!({}))] {
+        let out = kubectl
+            .run_with(
+                &["apply", "-n", namespace, "-f", "-"],
+                &config_map("quiet", labels, "x"),
+            )
+            .await
+            .unwrap();
+        assert!(out.success, "{out:?}");
+        assert!(!out.stderr.contains("Warning"), "{out:?}");
+    }
+    assert_eq!(reviews().len(), before);
+
+    // The webhook down: Ignore admits, Fail refuses with the call's error.
+    let ignored = kubectl
+        .run_with(
+            &["apply", "-n", &ns, "-f", "-"],
+            &config_map("ignored", json!({"hook": "dead-ignore"}), "x"),
+        )
+        .await
+        .unwrap();
+    assert!(ignored.success, "{ignored:?}");
+    let failed = kubectl
+        .run_with(
+            &["apply", "-n", &ns, "-f", "-"],
+            &config_map("failed", json!({"hook": "dead-fail"}), "x"),
+        )
+        .await
+        .unwrap();
+    assert!(!failed.success, "{failed:?}");
+    assert!(
+        failed
+            .stderr
+            .contains("failed calling webhook \"dead-fail.test.marin3r.io\""),
+        "{failed:?}"
+    );
+    assert_eq!(
+        cms.get_opt("failed")
+            .await
+            .unwrap()
+            .map(|c| c.metadata.name),
+        None
+    );
+
+    // Validation comes after mutation: the validating webhook sees the mutated pod, and
+    // kubectl prints the warnings of both.
+    let mutating = json!({
+        "metadata": {"name": "test-mutators"},
+        "webhooks": [webhook("mutate", url(port, "/mutate"), &ca, "check", json!({"namespaceSelector": {"matchLabels": {"team": "a"}}}))],
+    });
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(mutating).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pod_json = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "labels": {"hook": "check"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    });
+    let out = kubectl
+        .run_with(&["create", "-n", &ns, "-f", "-"], &pod_json.to_string())
+        .await
+        .unwrap();
+    assert!(out.success, "{out:?}");
+    assert!(
+        out.stderr
+            .contains("Warning: the test webhook added the label \"hooked\""),
+        "{out:?}"
+    );
+    assert!(
+        out.stderr
+            .contains("Warning: p was checked by the test webhook"),
+        "{out:?}"
+    );
+    let all = reviews();
+    let last = &all.last().unwrap()["request"];
+    assert_eq!(last["kind"]["kind"], "Pod");
+    assert_eq!(last["object"]["metadata"]["labels"]["hooked"], "yes");
     hook_task.abort();
 }

@@ -15,7 +15,9 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -416,6 +418,62 @@ async fn marin3r_end_to_end() {
         "{cluster_rules:?}"
     );
 
+    // 1b. EnvoyConfigs are judged at admission by the discovery pod, through the operator's
+    //     ValidatingWebhookConfiguration: `kubectl apply` of a bad one is refused with the
+    //     field path `marin3r validate` reports offline, and nothing is stored. The good one
+    //     (step 2) is admitted and served.
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(WEBHOOK)
+        .await
+        .unwrap();
+    assert_eq!(
+        validating.webhooks.unwrap()[0].rules.as_ref().unwrap()[0].resources,
+        Some(vec!["envoyconfigs".to_owned()])
+    );
+    let typo = example_in("envoyconfig.yaml", "demo")
+        .replace("name: demo-proxy", "name: demo-typo")
+        .replace("nodeID: demo-proxy", "nodeID: demo-typo")
+        .replace("stat_prefix: http", "stat_prefx: http");
+    let typo_file = dir.path().join("typo.yaml");
+    std::fs::write(&typo_file, &typo).unwrap();
+    let offline = std::process::Command::new(&marin3r)
+        .args(["validate", "-f", typo_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!offline.status.success());
+    let offline = String::from_utf8_lossy(&offline.stderr).into_owned();
+    // `FILE:LINE:COLUMN: EnvoyConfig demo/demo-typo: PATH: MESSAGE`
+    let problem = offline
+        .lines()
+        .find_map(|l| {
+            l.split_once("EnvoyConfig demo/demo-typo: ")
+                .map(|(_, p)| p.to_owned())
+        })
+        .unwrap_or_else(|| panic!("{offline}"));
+    assert!(
+        problem.starts_with("spec.envoyResources.listeners[0].value: ")
+            && problem.contains("stat_prefx"),
+        "{offline}"
+    );
+    let refused = kubectl
+        .run_with(&["apply", "--server-side", "-f", "-"], &typo)
+        .await
+        .unwrap();
+    assert!(!refused.success, "{refused:?}");
+    assert!(
+        refused.stderr.contains(
+            "admission webhook \"instance.marin3r-system.envoyconfig-validator.marin3r.3scale.net\" denied the request: "
+        ) && refused.stderr.contains(&problem),
+        "expected {problem:?} in {refused:?}"
+    );
+    assert!(
+        Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+            .get_opt("demo-typo")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
     // 2. An annotated pod is injected, its Envoy connects over mTLS and serves the config;
     //    the same workload in a namespace that is not enabled is not injected.
     kubectl
@@ -442,6 +500,55 @@ async fn marin3r_end_to_end() {
         .map(|c| c.name.as_str())
         .collect();
     assert_eq!(containers, ["app", "envoy-sidecar"]);
+
+    // A misspelt marin3r annotation: kubectl prints the webhook's warning naming it (and the
+    // likely name), and the pod is injected all the same.
+    let mut typo_pod: serde_json::Value = serde_json::to_value(&pod).unwrap();
+    let typo_pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "annotation-typo",
+            "namespace": "demo",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "demo-proxy",
+                "marin3r.3scale.net/envoy-extra-arg": "--log-level debug",
+            },
+        },
+        "spec": {
+            "securityContext": typo_pod["spec"]["securityContext"].take(),
+            "containers": [typo_pod["spec"]["containers"][0].take()],
+        },
+    });
+    let applied = kubectl
+        .run_with(&["apply", "-f", "-"], &typo_pod.to_string())
+        .await
+        .unwrap();
+    assert!(applied.success, "{applied:?}");
+    assert!(
+        applied.stderr.contains(
+            "Warning: annotation marin3r.3scale.net/envoy-extra-arg is not a marin3r annotation \
+             and has no effect; did you mean marin3r.3scale.net/envoy-extra-args?"
+        ),
+        "{applied:?}"
+    );
+    let injected = Api::<Pod>::namespaced(client.clone(), "demo")
+        .get("annotation-typo")
+        .await
+        .unwrap();
+    let names: Vec<String> = injected
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["app", "envoy-sidecar"]);
+    Api::<Pod>::namespaced(client.clone(), "demo")
+        .delete("annotation-typo", &DeleteParams::default())
+        .await
+        .unwrap();
 
     // The sidecar's admin API stays inside the pod. Through the pod network (the host
     // reaches the pod IP as any other pod does) the admin port refuses connections, and the
@@ -868,6 +975,11 @@ async fn marin3r_end_to_end() {
         90,
         || async {
             let gone = webhooks.get_opt(WEBHOOK).await.unwrap().is_none()
+                && Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
                 && Api::<ClusterRole>::all(client.clone())
                     .get_opt(WEBHOOK)
                     .await

@@ -12,7 +12,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -143,19 +145,20 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
         all.into_iter().map(str::to_owned).collect::<Vec<_>>()
     };
 
-    // The namespace admin creates the discovery service, the config and the workload.
-    for file in [
-        "discoveryservice-own-namespace.yaml",
-        "envoyconfig.yaml",
-        "deployment.yaml",
-    ] {
+    // The namespace admin creates the discovery service, then (once its webhooks answer) the
+    // config and the workload.
+    let apply_as_admin = |file: &'static str| {
         let args = as_admin(&["apply", "--server-side", "-f", "-"]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        kubectl
-            .ok_with(&args, &example_in(file, APP))
-            .await
-            .unwrap();
-    }
+        let kubectl = &kubectl;
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            kubectl
+                .ok_with(&args, &example_in(file, APP))
+                .await
+                .unwrap();
+        }
+    };
+    apply_as_admin("discoveryservice-own-namespace.yaml").await;
     // ...who may not reach into the operator's namespace (a check that RBAC is on for them).
     let args = as_admin(&["get", "secrets", "-n", "marin3r-system"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -175,6 +178,30 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
         .await
         .unwrap();
     assert!(out.contains("instance") && out.contains("True"), "{out}");
+    apply_as_admin("envoyconfig.yaml").await;
+    apply_as_admin("deployment.yaml").await;
+
+    // Its validating webhook judges the EnvoyConfigs of its namespace, and only those.
+    let typo = example_in("envoyconfig.yaml", APP)
+        .replace("name: demo-proxy", "name: typo")
+        .replace("stat_prefix: http", "stat_prefx: http");
+    let args = as_admin(&["apply", "--server-side", "-f", "-"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = kubectl.run_with(&args, &typo).await.unwrap();
+    assert!(!refused.success, "{refused:?}");
+    assert!(
+        refused.stderr.contains(
+            "admission webhook \"instance.shop.envoyconfig-validator.marin3r.3scale.net\" denied the request: spec.envoyResources.listeners[0].value: "
+        ) && refused.stderr.contains("stat_prefx"),
+        "{refused:?}"
+    );
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &typo.replace("namespace: shop", "namespace: other"),
+        )
+        .await
+        .unwrap();
 
     // An annotated pod there is injected and its real Envoy serves the EnvoyConfig.
     let pods: Api<Pod> = Api::namespaced(client.clone(), APP);
@@ -284,10 +311,30 @@ spec:
             .is_empty()
     );
 
-    // Deleted: its webhook configuration goes with it.
+    // Deleted: its webhook configurations go with it.
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let gone = || async {
+        webhooks
+            .get_opt("marin3r-ns.shop.instance")
+            .await
+            .unwrap()
+            .is_none()
+            && validating
+                .get_opt("marin3r-ns.shop.instance")
+                .await
+                .unwrap()
+                .is_none()
+    };
     assert!(
         webhooks
+            .get_opt("marin3r-ns.shop.instance")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        validating
             .get_opt("marin3r-ns.shop.instance")
             .await
             .unwrap()
@@ -296,13 +343,8 @@ spec:
     dss.delete("instance", &DeleteParams::default())
         .await
         .unwrap();
-    until("the webhook configuration removed", 60, || async {
-        webhooks
-            .get_opt("marin3r-ns.shop.instance")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
+    until("the webhook configurations removed", 60, || async {
+        gone().await.then_some(())
     })
     .await;
     let names: Vec<String> = webhooks

@@ -36,6 +36,113 @@ pub const INJECTED: &str = "marin3r.3scale.net/injected";
 /// The pod label (value `enabled`) that opts a pod into injection.
 pub const STATUS_LABEL: &str = "marin3r.3scale.net/status";
 
+/// Every pod annotation under [`PREFIX`] the webhook reads or writes. Any other one gets an
+/// admission warning ([`unknown_warnings`]): a misspelt name would otherwise be ignored
+/// without a word. Add every new annotation here.
+pub const KNOWN: &[&str] = &[
+    NODE_ID,
+    CLUSTER_ID,
+    CONTAINER_NAME,
+    PORTS,
+    HOST_PORT_MAPPINGS,
+    ENVOY_IMAGE,
+    CONFIG_VOLUME,
+    TLS_VOLUME,
+    CLIENT_CERTIFICATE,
+    ENVOY_EXTRA_ARGS,
+    REQUESTS_CPU,
+    REQUESTS_MEMORY,
+    LIMITS_CPU,
+    LIMITS_MEMORY,
+    ADMIN_PORT,
+    ADMIN_BIND_ADDRESS,
+    ADMIN_ACCESS_LOG_PATH,
+    READINESS_PORT,
+    ENVOY_API_VERSION,
+    INJECTED,
+];
+
+/// At most this many unknown annotations are named one by one; the rest are counted.
+const MAX_UNKNOWN_WARNINGS: usize = 10;
+
+/// One admission warning per `marin3r.3scale.net/*` annotation not in [`KNOWN`], naming it
+/// and, when one is a few typos away, the known name it was probably meant to be.
+pub fn unknown_warnings(annotations: &BTreeMap<String, String>) -> Vec<String> {
+    let unknown: Vec<&str> = annotations
+        .keys()
+        .map(String::as_str)
+        .filter(|k| k.starts_with(PREFIX) && !KNOWN.contains(k))
+        .collect();
+    let mut out: Vec<String> = unknown
+        .iter()
+        .take(MAX_UNKNOWN_WARNINGS)
+        .map(|name| {
+            let shown: String = name.chars().take(100).collect();
+            let shown = if shown.len() < name.len() {
+                format!("{shown}…")
+            } else {
+                shown
+            };
+            match closest_known(name) {
+                Some(known) => format!(
+                    "annotation {shown} is not a marin3r annotation and has no effect; did you mean {known}?"
+                ),
+                None => format!(
+                    "annotation {shown} is not a marin3r annotation and has no effect"
+                ),
+            }
+        })
+        .collect();
+    if unknown.len() > MAX_UNKNOWN_WARNINGS {
+        out.push(format!(
+            "{} more marin3r.3scale.net/ annotations are not marin3r annotations and have no effect",
+            unknown.len() - MAX_UNKNOWN_WARNINGS
+        ));
+    }
+    out
+}
+
+/// The known annotation `name` is most likely a typo of: the nearest by edit distance, if
+/// it is near enough (two edits, or a quarter of the name for long names).
+fn closest_known(name: &str) -> Option<&'static str> {
+    let suffix = name.strip_prefix(PREFIX)?;
+    // Longer than any known name by more than the allowed edits: no candidate is near.
+    if suffix.len() > 64 {
+        return None;
+    }
+    KNOWN
+        .iter()
+        .filter(|k| **k != INJECTED)
+        .filter_map(|known| {
+            let known_suffix = known.strip_prefix(PREFIX)?;
+            let distance = edit_distance(suffix, known_suffix);
+            let allowed = (known_suffix.len() / 4).max(2);
+            (distance <= allowed).then_some((distance, *known))
+        })
+        .min()
+        .map(|(_, known)| known)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                diagonal
+            } else {
+                1 + diagonal.min(above).min(row[j])
+            };
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 /// Arguments the sidecar's command line already sets; `envoy-extra-args` may not repeat them
 /// (Envoy refuses a flag given twice, and a second bootstrap would silently win).
 const RESERVED_ARGS: [&str; 5] = [

@@ -428,3 +428,47 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn unknown_marin3r_annotations_get_a_warning_with_the_likely_name() {
+    let warnings = unknown_warnings(&annotations(&[
+        (NODE_ID, "kuard"),
+        (PORTS, "http:8080"),
+        ("marin3r.3scale.net/envoy-extra-arg", "--log-level debug"),
+        ("marin3r.3scale.net/admin-port", "9901"),
+        ("marin3r.3scale.net/something-else-entirely", "x"),
+        ("example.com/envoy-extra-arg", "ignored: not ours"),
+        ("marin3r.3scale.netfoo", "not under the prefix"),
+    ]));
+    assert_eq!(
+        warnings,
+        [
+            "annotation marin3r.3scale.net/admin-port is not a marin3r annotation and has no \
+             effect; did you mean marin3r.3scale.net/admin.port?",
+            "annotation marin3r.3scale.net/envoy-extra-arg is not a marin3r annotation and has \
+             no effect; did you mean marin3r.3scale.net/envoy-extra-args?",
+            "annotation marin3r.3scale.net/something-else-entirely is not a marin3r annotation \
+             and has no effect",
+        ]
+    );
+    // Every known annotation is silent, the injection marker included.
+    let known: Vec<(&str, &str)> = KNOWN.iter().map(|k| (*k, "x")).collect();
+    assert_eq!(unknown_warnings(&annotations(&known)), Vec::<String>::new());
+}
+
+#[test]
+fn many_or_long_unknown_annotations_give_bounded_warnings() {
+    let long = format!("marin3r.3scale.net/{}", "x".repeat(300));
+    let mut pairs: Vec<(String, String)> = (0..25)
+        .map(|i| (format!("marin3r.3scale.net/unknown-{i:02}"), String::new()))
+        .collect();
+    pairs.push((long, String::new()));
+    let map: BTreeMap<String, String> = pairs.into_iter().collect();
+    let warnings = unknown_warnings(&map);
+    assert_eq!(warnings.len(), 11, "{warnings:#?}");
+    assert!(warnings.iter().all(|w| w.len() < 300), "{warnings:#?}");
+    assert_eq!(
+        warnings[10],
+        "16 more marin3r.3scale.net/ annotations are not marin3r annotations and have no effect"
+    );
+}

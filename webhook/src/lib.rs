@@ -1,6 +1,7 @@
 //! marin3r's sidecar injection webhook (SPEC §4): pod annotations parsed into a sidecar spec,
 //! the pure `mutate(&Pod, &InjectionConfig) -> Result<Patch, Denial>`, the AdmissionReview v1
-//! codec, the HTTPS server (certificate reloaded from disk) and offline injection of YAML.
+//! codec, the validating admission of EnvoyConfigs (judged by a validator the binary
+//! supplies), the HTTPS server (certificate reloaded from disk) and offline injection of YAML.
 
 pub mod annotations;
 pub mod config;
@@ -12,6 +13,7 @@ pub mod review;
 pub mod server;
 pub mod sidecar;
 pub mod tls;
+pub mod validate;
 
 pub use config::InjectionConfig;
 pub use inject::{InjectError, Injected, inject_yaml};
@@ -20,3 +22,4 @@ pub use mutate::{Denial, Selection, inject_json, mutate, selection, sidecar_comm
 pub use quantity::parse_quantity;
 pub use review::{BadRequest, review};
 pub use server::{WebhookServerConfig, router, serve};
+pub use validate::EnvoyConfigValidator;

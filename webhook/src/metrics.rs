@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
+    webhook: &'static str,
     outcome: &'static str,
 }
 
@@ -37,7 +38,7 @@ impl WebhookMetrics {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "marin3r_webhook_admissions",
-            "AdmissionReviews answered, by outcome (patched, unchanged, denied, bad_request)",
+            "AdmissionReviews answered, by webhook (sidecar-injection, envoyconfig-validation) and outcome (patched, unchanged, allowed, denied, bad_request)",
             self.admissions.clone(),
         );
         registry.register(
@@ -47,9 +48,9 @@ impl WebhookMetrics {
         );
     }
 
-    pub(crate) fn observe(&self, outcome: &'static str, took: Duration) {
+    pub(crate) fn observe(&self, webhook: &'static str, outcome: &'static str, took: Duration) {
         self.admissions
-            .get_or_create(&OutcomeLabels { outcome })
+            .get_or_create(&OutcomeLabels { webhook, outcome })
             .inc();
         self.duration.observe(took.as_secs_f64());
     }

@@ -79,6 +79,19 @@ pub fn selection(pod: &Pod) -> Selection {
     }
 }
 
+/// Admission warnings for a pod selected for injection: its `marin3r.3scale.net/*`
+/// annotations that the webhook does not know (typos, or annotations of another version).
+pub fn warnings(pod: &Pod) -> Vec<String> {
+    if selection(pod) != Selection::Inject {
+        return Vec::new();
+    }
+    pod.metadata
+        .annotations
+        .as_ref()
+        .map(annotations::unknown_warnings)
+        .unwrap_or_default()
+}
+
 /// The sidecar spec for a pod selected for injection (annotations parsed, defaults applied).
 pub fn sidecar_spec(pod: &Pod, config: &InjectionConfig) -> Result<SidecarSpec, Denial> {
     let empty = BTreeMap::new();

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
 use crate::config::InjectionConfig;
-use crate::mutate::mutate;
+use crate::mutate::{mutate, warnings};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -75,33 +75,7 @@ fn skipped_strings_may_be_invalid(body: &[u8]) -> bool {
 
 /// The slow path: the body as a JSON tree, every problem named.
 fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome), BadRequest> {
-    let mut review: Value = serde_json::from_slice(body)
-        .map_err(|e| BadRequest(format!("the body is not JSON: {e}")))?;
-    let Some(obj) = review.as_object_mut() else {
-        return Err(BadRequest(
-            "the body is not a JSON object (expected an AdmissionReview)".into(),
-        ));
-    };
-    let api_version = obj.get("apiVersion").and_then(Value::as_str);
-    let kind = obj.get("kind").and_then(Value::as_str);
-    if api_version != Some(API_VERSION) || kind != Some(KIND) {
-        return Err(BadRequest(format!(
-            "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got {} and {}",
-            shown(api_version),
-            shown(kind)
-        )));
-    }
-    let Some(request) = obj.get_mut("request").and_then(Value::as_object_mut) else {
-        return Err(BadRequest(
-            "the AdmissionReview has no request object".into(),
-        ));
-    };
-    let uid = match request.get("uid").and_then(Value::as_str) {
-        Some(uid) if !uid.is_empty() => uid.to_owned(),
-        _ => {
-            return Err(BadRequest("the AdmissionReview request has no uid".into()));
-        }
-    };
+    let (uid, mut request) = request_tree(body)?;
     let object = request.remove("object");
     let kind = request
         .get("kind")
@@ -120,6 +94,39 @@ fn review_tree(body: &[u8], config: &InjectionConfig) -> Result<(Value, Outcome)
         config,
     );
     Ok(respond(uid, decision))
+}
+
+/// The uid and the request object of an AdmissionReview v1 body read as a JSON tree, or
+/// what is wrong with it.
+pub(crate) fn request_tree(body: &[u8]) -> Result<(String, Map<String, Value>), BadRequest> {
+    let review: Value = serde_json::from_slice(body)
+        .map_err(|e| BadRequest(format!("the body is not JSON: {e}")))?;
+    let Value::Object(mut obj) = review else {
+        return Err(BadRequest(
+            "the body is not a JSON object (expected an AdmissionReview)".into(),
+        ));
+    };
+    let api_version = obj.get("apiVersion").and_then(Value::as_str);
+    let kind = obj.get("kind").and_then(Value::as_str);
+    if api_version != Some(API_VERSION) || kind != Some(KIND) {
+        return Err(BadRequest(format!(
+            "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got {} and {}",
+            shown(api_version),
+            shown(kind)
+        )));
+    }
+    let Some(Value::Object(request)) = obj.remove("request") else {
+        return Err(BadRequest(
+            "the AdmissionReview has no request object".into(),
+        ));
+    };
+    let uid = match request.get("uid").and_then(Value::as_str) {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => {
+            return Err(BadRequest("the AdmissionReview request has no uid".into()));
+        }
+    };
+    Ok((uid, request))
 }
 
 #[derive(serde::Deserialize)]
@@ -168,28 +175,30 @@ impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
     }
 }
 
-enum Decision {
-    /// The encoded patch (absent: no change), and a warning for the user.
-    Allow(Option<Vec<u8>>, Option<String>),
+pub(crate) enum Decision {
+    /// The encoded patch (absent: no change), and warnings for the user (kubectl prints
+    /// each as `Warning: ...`).
+    Allow(Option<Vec<u8>>, Vec<String>),
     Deny(String),
 }
 
-fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
+pub(crate) fn respond(uid: String, decision: Decision) -> (Value, Outcome) {
     let mut response = Map::new();
     response.insert("uid".into(), Value::String(uid));
     let outcome = match decision {
-        Decision::Allow(None, warning) => {
+        Decision::Allow(patch, warnings) => {
             response.insert("allowed".into(), Value::Bool(true));
-            if let Some(w) = warning {
-                response.insert("warnings".into(), json!([w]));
+            if !warnings.is_empty() {
+                response.insert("warnings".into(), json!(warnings));
             }
-            Outcome::Unchanged
-        }
-        Decision::Allow(Some(patch), _) => {
-            response.insert("allowed".into(), Value::Bool(true));
-            response.insert("patchType".into(), Value::String("JSONPatch".into()));
-            response.insert("patch".into(), Value::String(BASE64.encode(patch)));
-            Outcome::Patched
+            match patch {
+                None => Outcome::Unchanged,
+                Some(patch) => {
+                    response.insert("patchType".into(), Value::String("JSONPatch".into()));
+                    response.insert("patch".into(), Value::String(BASE64.encode(patch)));
+                    Outcome::Patched
+                }
+            }
         }
         Decision::Deny(message) => {
             response.insert("allowed".into(), Value::Bool(false));
@@ -217,14 +226,14 @@ fn decide(
         // Misconfigured rules must not block unrelated objects.
         return Decision::Allow(
             None,
-            Some(format!(
+            vec![format!(
                 "marin3r sidecar injection only handles Pods, not {}",
                 shown(kind)
-            )),
+            )],
         );
     }
     if operation.is_some_and(|op| op != "CREATE") {
-        return Decision::Allow(None, None);
+        return Decision::Allow(None, Vec::new());
     }
     let pod = match object() {
         Ok(Some(pod)) => pod,
@@ -232,9 +241,9 @@ fn decide(
         Err(e) => return Decision::Deny(format!("the object is not a valid Pod: {e}")),
     };
     match mutate(&pod, config) {
-        Ok(patch) if patch.0.is_empty() => Decision::Allow(None, None),
+        Ok(patch) if patch.0.is_empty() => Decision::Allow(None, warnings(&pod)),
         Ok(patch) => match serde_json::to_vec(&patch) {
-            Ok(bytes) => Decision::Allow(Some(bytes), None),
+            Ok(bytes) => Decision::Allow(Some(bytes), warnings(&pod)),
             Err(e) => Decision::Deny(format!("encoding the patch: {e}")),
         },
         Err(denial) => Decision::Deny(denial.to_string()),
@@ -242,7 +251,7 @@ fn decide(
 }
 
 /// A field value for an error message, without echoing unbounded input back.
-fn shown(v: Option<&str>) -> String {
+pub(crate) fn shown(v: Option<&str>) -> String {
     match v {
         None => "nothing".into(),
         Some(s) if s.len() > 64 => format!("{:?}…", s.chars().take(64).collect::<String>()),

@@ -449,3 +449,25 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_injected_pod_with_an_unknown_annotation_is_patched_and_warned() {
+    let out = run(&request(pod(json!({
+        "marin3r.3scale.net/node-id": "kuard",
+        "marin3r.3scale.net/envoy-imgae": "v1",
+    }))));
+    let response = &out["response"];
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    assert_eq!(
+        response["warnings"],
+        json!([
+            "annotation marin3r.3scale.net/envoy-imgae is not a marin3r annotation and has no effect; did you mean marin3r.3scale.net/envoy-image?"
+        ])
+    );
+    // A pod without unknown annotations gets no warnings field at all.
+    let clean = run(&request(pod(
+        json!({"marin3r.3scale.net/node-id": "kuard"}),
+    )));
+    assert!(clean["response"].get("warnings").is_none(), "{clean}");
+}

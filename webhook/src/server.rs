@@ -1,4 +1,5 @@
-//! The HTTPS server: `/pod-v1-mutate` (AdmissionReview v1) and `/healthz`, TLS 1.2+ with a
+//! The HTTPS server: `/pod-v1-mutate` (sidecar injection), the EnvoyConfig validation path
+//! (both AdmissionReview v1) and `/healthz`, TLS 1.2+ with a
 //! certificate reloaded from disk, bounded bodies, bounded connections, graceful shutdown.
 //!
 //! Slow or idle clients must never stall admissions (`failurePolicy: Fail` would then block pod
@@ -26,10 +27,13 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::config::InjectionConfig;
 use crate::metrics::WebhookMetrics;
-use crate::review::{Outcome, review};
+use crate::review::{BadRequest, Outcome, review};
 use crate::tls::{TlsError, load_cert, server_config};
+use crate::validate::{EnvoyConfigValidator, review_envoy_config};
 
 pub const MUTATE_PATH: &str = "/pod-v1-mutate";
+/// The path the original MARIN3R (controller-runtime) validates EnvoyConfigs at.
+pub const VALIDATE_ENVOY_CONFIG_PATH: &str = "/validate-marin3r-3scale-net-v1alpha1-envoyconfig";
 pub const HEALTHZ_PATH: &str = "/healthz";
 
 /// How the webhook server runs.
@@ -38,6 +42,9 @@ pub struct WebhookServerConfig {
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
     pub injection: InjectionConfig,
+    /// Judges EnvoyConfigs at [`VALIDATE_ENVOY_CONFIG_PATH`]; without one that path is not
+    /// served (404, which the API server treats as a failed call).
+    pub envoy_config_validator: Option<EnvoyConfigValidator>,
     /// Larger bodies get 413. The API server caps objects at 3 MiB; a review wraps one.
     pub max_body_bytes: usize,
     /// How often the certificate files are checked for a new pair.
@@ -68,6 +75,7 @@ impl WebhookServerConfig {
             cert_path: cert_path.into(),
             key_path: key_path.into(),
             injection: InjectionConfig::default(),
+            envoy_config_validator: None,
             max_body_bytes: 4 * 1024 * 1024,
             reload_interval: Duration::from_secs(2),
             max_connections: 256,
@@ -89,6 +97,7 @@ pub enum ServeError {
 
 struct AppState {
     injection: InjectionConfig,
+    envoy_config_validator: Option<EnvoyConfigValidator>,
     metrics: Arc<WebhookMetrics>,
     max_body_bytes: usize,
     body_timeout: Duration,
@@ -97,19 +106,55 @@ struct AppState {
 
 /// The routes, without TLS: for serving and for in-process tests.
 pub fn router(config: &WebhookServerConfig) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route(MUTATE_PATH, post(mutate_handler))
-        .route(HEALTHZ_PATH, get(|| async { "ok" }))
-        .with_state(Arc::new(AppState {
-            injection: config.injection.clone(),
-            metrics: config.metrics.clone(),
-            max_body_bytes: config.max_body_bytes,
-            body_timeout: config.body_timeout,
-            in_flight: Semaphore::new(config.max_in_flight.max(1)),
-        }))
+        .route(HEALTHZ_PATH, get(|| async { "ok" }));
+    if config.envoy_config_validator.is_some() {
+        router = router.route(VALIDATE_ENVOY_CONFIG_PATH, post(validate_handler));
+    }
+    router.with_state(Arc::new(AppState {
+        injection: config.injection.clone(),
+        envoy_config_validator: config.envoy_config_validator.clone(),
+        metrics: config.metrics.clone(),
+        max_body_bytes: config.max_body_bytes,
+        body_timeout: config.body_timeout,
+        in_flight: Semaphore::new(config.max_in_flight.max(1)),
+    }))
 }
 
 async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    admit(&state, body, SIDECAR_INJECTION, |body, state| {
+        review(body, &state.injection)
+    })
+    .await
+}
+
+async fn validate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    admit(
+        &state,
+        body,
+        ENVOY_CONFIG_VALIDATION,
+        |body, state| match &state.envoy_config_validator {
+            Some(validator) => review_envoy_config(body, validator),
+            None => Err(BadRequest(
+                "EnvoyConfig validation is not configured".into(),
+            )),
+        },
+    )
+    .await
+}
+
+/// The `webhook` label of the admission metrics.
+const SIDECAR_INJECTION: &str = "sidecar-injection";
+const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
+
+/// Reads a review body within the limits, decides under a permit, and answers.
+async fn admit(
+    state: &AppState,
+    body: Body,
+    webhook: &'static str,
+    decide: impl FnOnce(&[u8], &AppState) -> Result<(serde_json::Value, Outcome), BadRequest>,
+) -> Response {
     // The body is read under a deadline before a permit is taken: a client trickling its body
     // holds only its own stream, never a permit that real reviews wait for.
     let read = tokio::time::timeout(
@@ -149,20 +194,21 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Respo
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     };
     let started = Instant::now();
-    let result = review(&body, &state.injection);
+    let result = decide(&body, state);
     let outcome = match &result {
         Ok((_, Outcome::Patched)) => "patched",
+        Ok((_, Outcome::Unchanged)) if webhook == ENVOY_CONFIG_VALIDATION => "allowed",
         Ok((_, Outcome::Unchanged)) => "unchanged",
         Ok((_, Outcome::Denied(_))) => "denied",
         Err(_) => "bad_request",
     };
-    state.metrics.observe(outcome, started.elapsed());
+    state.metrics.observe(webhook, outcome, started.elapsed());
     match result {
         Ok((response, outcome)) => {
             match &outcome {
-                Outcome::Denied(message) => tracing::info!(%message, "admission denied"),
+                Outcome::Denied(message) => tracing::info!(webhook, %message, "admission denied"),
                 Outcome::Patched => tracing::debug!("sidecar injected"),
-                Outcome::Unchanged => tracing::debug!("pod left unchanged"),
+                Outcome::Unchanged => tracing::debug!(webhook, "admitted unchanged"),
             }
             match serde_json::to_vec(&response) {
                 Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
@@ -170,7 +216,7 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Respo
             }
         }
         Err(bad) => {
-            tracing::info!(error = %bad, "not an AdmissionReview");
+            tracing::info!(webhook, error = %bad, "not an AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{bad}\n")).into_response()
         }
     }

@@ -263,3 +263,73 @@ async fn a_silent_client_is_disconnected_after_the_handshake_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(150));
     server.stop().await;
 }
+
+/// The EnvoyConfig validation path over HTTPS: the injected validator decides, bad bodies get
+/// 400 and oversized ones 413 as on the injection path, and without a validator the path is
+/// not served.
+#[tokio::test]
+async fn envoyconfigs_are_judged_by_the_injected_validator() {
+    const PATH: &str = marin3r_webhook::server::VALIDATE_ENVOY_CONFIG_PATH;
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let metrics = std::sync::Arc::new(marin3r_webhook::WebhookMetrics::default());
+    let validator = marin3r_webhook::EnvoyConfigValidator::new(|ns, object| {
+        match object.pointer("/spec/nodeID").and_then(Value::as_str) {
+            Some("ok") => Vec::new(),
+            other => vec![format!("spec.nodeID: {other:?} is not served in {ns}")],
+        }
+    });
+    let server = Server::start(WebhookServerConfig {
+        max_body_bytes: 64 * 1024,
+        metrics: metrics.clone(),
+        envoy_config_validator: Some(validator),
+        ..config(&dir)
+    })
+    .await;
+    let mut client = connect(server.addr, &pki.ca_pem, rustls::DEFAULT_VERSIONS).await;
+    let review = |node: &str| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "operation": "CREATE", "namespace": "shop",
+                "kind": {"group": "marin3r.3scale.net", "version": "v1alpha1", "kind": "EnvoyConfig"},
+                "object": {"metadata": {"name": "ec"}, "spec": {"nodeID": node}},
+            }
+        })
+        .to_string()
+        .into_bytes()
+    };
+    let (status, body) = client.request("POST", PATH, review("ok")).await;
+    let out: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, &out["response"]["allowed"]), (200, &json!(true)));
+    let (status, body) = client.request("POST", PATH, review("nope")).await;
+    let out: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(
+        out["response"]["status"]["message"],
+        "spec.nodeID: Some(\"nope\") is not served in shop"
+    );
+    let (status, body) = client.request("POST", PATH, b"{\"hello\":".to_vec()).await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    let (status, _) = client.request("POST", PATH, vec![b' '; 100 * 1024]).await;
+    assert_eq!(status, 413);
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for outcome in ["allowed", "denied", "bad_request"] {
+        let line = format!(
+            "marin3r_webhook_admissions_total{{webhook=\"envoyconfig-validation\",outcome=\"{outcome}\"}} 1"
+        );
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+    server.stop().await;
+
+    // Without a validator, the path is not served.
+    let server = Server::start(config(&dir)).await;
+    let mut client = connect(server.addr, &pki.ca_pem, rustls::DEFAULT_VERSIONS).await;
+    let (status, _) = client.request("POST", PATH, review("ok")).await;
+    assert_eq!(status, 404);
+    server.stop().await;
+}

@@ -82,7 +82,7 @@ pub struct DiscoveryServiceSpec {
     /// discovery pod's liveness and readiness probes use; default 8384.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe_port: Option<u16>,
-    /// Port of the sidecar injection webhook (HTTPS); default 8443.
+    /// Port of the webhook (HTTPS): sidecar injection and EnvoyConfig validation; default 8443.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_port: Option<u16>,
     /// Namespaces enabled for injection besides those labelled

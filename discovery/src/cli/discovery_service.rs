@@ -1,7 +1,7 @@
 //! `marin3r discovery-service`: the discovery pod's one process. The xDS server (mTLS), the
 //! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics and
-//! health HTTP server, the probe server (health only), the sync-status server on loopback, and the sidecar injection webhook,
-//! on one server certificate.
+//! health HTTP server, the probe server (health only), the sync-status server on loopback,
+//! and the webhook (sidecar injection and EnvoyConfig validation), on one server certificate.
 //!
 //! Shutdown (SIGTERM): `/readyz` turns 503 and the xDS and webhook listeners close at once;
 //! the open xDS streams keep being served, new configs included, for the grace period; then
@@ -50,7 +50,7 @@ pub struct DiscoveryServiceArgs {
     /// terminationGracePeriodSeconds (30 by default).
     #[arg(long, default_value_t = 20, value_name = "SECONDS")]
     shutdown_grace_period: u64,
-    /// Port of the sidecar injection webhook (HTTPS).
+    /// Port of the webhook (HTTPS): sidecar injection and EnvoyConfig validation.
     #[arg(long, default_value_t = DEFAULT_WEBHOOK_PORT)]
     webhook_port: u16,
     /// Folder with the server certificate (tls.crt, tls.key) and the CA that signs the
@@ -172,7 +172,11 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
             args.server_cert_dir.display()
         )
     })?;
-    let webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
+    // Secrets of other namespaces are refused, as the controllers below are configured.
+    let allow_cross_namespace_secrets = false;
+    let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
+    webhook.envoy_config_validator =
+        Some(crate::admission::validator(allow_cross_namespace_secrets));
     let mut registry = Registry::default();
     webhook.metrics.register(&mut registry);
     let controller_metrics = controllers::ControllerMetrics::default();
@@ -221,7 +225,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         metrics: controller_metrics,
         discovery_service: args.discovery_service_name.clone(),
         watch_namespace: args.watch_namespace.clone(),
-        allow_cross_namespace_secrets: false,
+        allow_cross_namespace_secrets,
         taint_threshold: controllers::nacks::TaintThreshold::percent(args.taint_threshold_percent)
             .map_err(anyhow::Error::msg)?,
     };

@@ -9,7 +9,7 @@ mod discovery_service;
 mod inject;
 mod operator;
 mod proxy_status;
-mod validate;
+pub(crate) mod validate;
 
 use std::process::ExitCode;
 
@@ -36,7 +36,8 @@ pub enum Command {
     /// Print the CustomResourceDefinitions marin3r serves.
     Crds(crds::CrdsArgs),
     /// Run the discovery service: the xDS server, the EnvoyConfig and EnvoyConfigRevision
-    /// controllers, the metrics/health HTTP server and the sidecar injection webhook.
+    /// controllers, the metrics/health HTTP server and the webhook (sidecar injection,
+    /// EnvoyConfig validation).
     DiscoveryService(discovery_service::DiscoveryServiceArgs),
     /// Run the operator's controllers against the cluster of the current kubeconfig (or the
     /// in-cluster configuration).

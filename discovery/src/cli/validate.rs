@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Deserialize;
 
-use crate::api::EnvoyConfigSpec;
 use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
 use crate::resource::ResourceType;
 
@@ -281,24 +280,16 @@ fn validate_document(
         errors.push("spec: missing".into());
         return Document::Invalid { object, errors };
     };
-    // The spec types accept unknown fields, as an API server that prunes them does (and so a
-    // typo in one EnvoyConfig never stops the controller from reading the others); offline,
-    // every unknown field is an error, since the API server would silently drop it.
-    let mut unknown = Vec::new();
-    let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
-    let lenient = serde_ignored::Deserializer::new(spec, &mut on_unknown);
-    let spec: EnvoyConfigSpec = match serde_path_to_error::deserialize(lenient) {
-        Ok(spec) => spec,
+    let spec = match crate::admission::read_spec(spec) {
+        Ok((spec, unknown)) => {
+            errors.extend(unknown.into_iter().map(Problem::from));
+            spec
+        }
         Err(e) => {
-            errors.push(format!("spec.{}: {}", e.path(), e.inner()).into());
+            errors.push(e.into());
             return Document::Invalid { object, errors };
         }
     };
-    errors.extend(unknown.into_iter().map(|path| {
-        Problem::from(format!(
-            "spec.{path}: unknown field (the API server would drop it)"
-        ))
-    }));
     match validate_config(&spec) {
         Ok(resources) if errors.is_empty() => {
             // Secrets and EndpointSlice endpoints are built when the revision is loaded.

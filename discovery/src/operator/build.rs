@@ -1,6 +1,6 @@
 //! Pure builders of every object a `DiscoveryService` owns: its certificates, the discovery
 //! pod's ServiceAccount, RBAC, Service, Deployment and PodDisruptionBudget, the injection
-//! webhook configuration and
+//! and EnvoyConfig validation webhook configurations and
 //! the per-namespace client certificate and bootstrap. No I/O: the controller applies them.
 
 use std::collections::BTreeMap;
@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    WebhookClientConfig,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
@@ -59,6 +59,12 @@ pub const WEBHOOK_FAILURE_POLICY: &str = "Fail";
 /// The label the API server sets on every Namespace to its name; a namespace-scoped
 /// discovery service's webhook selects its namespace with it, which no user can fake.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+pub use marin3r_webhook::server::VALIDATE_ENVOY_CONFIG_PATH as VALIDATING_WEBHOOK_PATH;
+/// `Fail`: while the discovery service is down, creating or changing an EnvoyConfig in a
+/// namespace it serves is refused (and retried by the user or their GitOps tool) rather than
+/// admitted unchecked; nothing could serve that change meanwhile anyway. Deletes, status
+/// writes and other namespaces never reach the webhook.
+pub const VALIDATING_WEBHOOK_FAILURE_POLICY: &str = "Fail";
 /// The SPIFFE trust domain of client certificate identities.
 pub use marin3r_certs::TRUST_DOMAIN;
 const CONTAINER_NAME: &str = "marin3r";
@@ -623,17 +629,25 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// The namespaces both webhooks see: those labelled for this discovery service, or, for a
+    /// namespace-scoped one, its own namespace only.
+    fn namespace_selector(&self) -> LabelSelector {
+        let (key, value) = match self.scope {
+            Scope::Cluster => (DISCOVERY_SERVICE_LABEL, &self.name),
+            Scope::Namespace => (NAMESPACE_NAME_LABEL, &self.namespace),
+        };
+        LabelSelector {
+            match_labels: Some(BTreeMap::from([(key.to_owned(), value.clone())])),
+            ..Default::default()
+        }
+    }
+
     /// The injection webhook: pods labelled `status=enabled`, created in a namespace labelled
     /// for this discovery service, are sent to the discovery pod.
     pub fn webhook_configuration(&self, ca_pem: &str) -> MutatingWebhookConfiguration {
         let selector = |key: &str, value: &str| LabelSelector {
             match_labels: Some(BTreeMap::from([(key.to_owned(), value.to_owned())])),
             ..Default::default()
-        };
-        // A namespace-scoped discovery service's webhook sees its own namespace's pods only.
-        let namespace_selector = match self.scope {
-            Scope::Cluster => selector(DISCOVERY_SERVICE_LABEL, &self.name),
-            Scope::Namespace => selector(NAMESPACE_NAME_LABEL, &self.namespace),
         };
         MutatingWebhookConfiguration {
             metadata: self.unowned_meta(&self.webhook_configuration_name(), None),
@@ -655,7 +669,7 @@ impl<'a> Children<'a> {
                 },
                 failure_policy: Some(WEBHOOK_FAILURE_POLICY.into()),
                 match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(namespace_selector),
+                namespace_selector: Some(self.namespace_selector()),
                 object_selector: Some(selector(STATUS_LABEL, "enabled")),
                 reinvocation_policy: Some("Never".into()),
                 rules: Some(vec![RuleWithOperations {
@@ -663,6 +677,45 @@ impl<'a> Children<'a> {
                     api_versions: Some(vec!["v1".into()]),
                     operations: Some(vec!["CREATE".into()]),
                     resources: Some(vec!["pods".into()]),
+                    scope: Some("Namespaced".into()),
+                }]),
+                side_effects: "None".into(),
+                timeout_seconds: Some(WEBHOOK_TIMEOUT_SECONDS),
+                ..Default::default()
+            }]),
+        }
+    }
+
+    /// The EnvoyConfig validation webhook: creates and updates of EnvoyConfigs in a namespace
+    /// labelled for this discovery service are judged by the discovery pod, which refuses
+    /// what it could not serve (what `marin3r validate` refuses, with the same field paths).
+    pub fn validating_webhook_configuration(&self, ca_pem: &str) -> ValidatingWebhookConfiguration {
+        ValidatingWebhookConfiguration {
+            metadata: self.unowned_meta(&self.webhook_configuration_name(), None),
+            webhooks: Some(vec![ValidatingWebhook {
+                name: format!(
+                    "{}.{}.envoyconfig-validator.marin3r.3scale.net",
+                    self.name, self.namespace
+                ),
+                admission_review_versions: vec!["v1".into()],
+                client_config: WebhookClientConfig {
+                    ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
+                    service: Some(ServiceReference {
+                        name: self.spec.service_name.clone(),
+                        namespace: self.namespace.clone(),
+                        path: Some(VALIDATING_WEBHOOK_PATH.into()),
+                        port: Some(443),
+                    }),
+                    url: None,
+                },
+                failure_policy: Some(VALIDATING_WEBHOOK_FAILURE_POLICY.into()),
+                match_policy: Some("Equivalent".into()),
+                namespace_selector: Some(self.namespace_selector()),
+                rules: Some(vec![RuleWithOperations {
+                    api_groups: Some(vec![marin3r_webhook::validate::GROUP.into()]),
+                    api_versions: Some(vec!["v1alpha1".into()]),
+                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                    resources: Some(vec!["envoyconfigs".into()]),
                     scope: Some("Namespaced".into()),
                 }]),
                 side_effects: "None".into(),

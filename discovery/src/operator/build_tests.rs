@@ -265,6 +265,57 @@ fn the_webhook_trusts_the_ca_and_selects_labelled_pods_in_served_namespaces() {
 }
 
 #[test]
+fn the_validating_webhook_judges_envoyconfigs_of_served_namespaces() {
+    let (hook, name) = with(serde_json::json!({}), |c| {
+        (c.validating_webhook_configuration("PEM"), c.cluster_name())
+    });
+    assert_eq!(hook.metadata.name.as_deref(), Some(name.as_str()));
+    assert!(hook.metadata.owner_references.is_none());
+    assert_eq!(hook.labels()[OWNER_NAME_LABEL], "instance");
+    assert_eq!(hook.labels()[OWNER_NAMESPACE_LABEL], "ops");
+    let w = &hook.webhooks.unwrap()[0];
+    assert_eq!(
+        w.name,
+        "instance.ops.envoyconfig-validator.marin3r.3scale.net"
+    );
+    assert_eq!(w.client_config.ca_bundle.as_ref().unwrap().0, b"PEM");
+    let svc = w.client_config.service.as_ref().unwrap();
+    assert_eq!(
+        (
+            svc.name.as_str(),
+            svc.namespace.as_str(),
+            svc.path.as_deref(),
+            svc.port
+        ),
+        (
+            "marin3r-instance",
+            "ops",
+            Some("/validate-marin3r-3scale-net-v1alpha1-envoyconfig"),
+            Some(443)
+        )
+    );
+    // The same namespaces as the injection webhook: those labelled for this service.
+    let mutating = with(serde_json::json!({}), |c| c.webhook_configuration("PEM"));
+    assert_eq!(
+        w.namespace_selector,
+        mutating.webhooks.unwrap()[0].namespace_selector
+    );
+    assert!(w.object_selector.is_none());
+    let rules = w.rules.as_ref().unwrap();
+    assert_eq!(rules.len(), 1);
+    let strings = |v: &Option<Vec<String>>| v.clone().unwrap();
+    assert_eq!(strings(&rules[0].api_groups), ["marin3r.3scale.net"]);
+    assert_eq!(strings(&rules[0].api_versions), ["v1alpha1"]);
+    assert_eq!(strings(&rules[0].resources), ["envoyconfigs"]);
+    assert_eq!(strings(&rules[0].operations), ["CREATE", "UPDATE"]);
+    assert_eq!(rules[0].scope.as_deref(), Some("Namespaced"));
+    assert_eq!(w.side_effects, "None");
+    assert_eq!(w.admission_review_versions, ["v1"]);
+    assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(w.timeout_seconds, Some(WEBHOOK_TIMEOUT_SECONDS));
+}
+
+#[test]
 fn cluster_rbac_is_bound_to_the_service_account_only() {
     let (role, binding) = with(serde_json::json!({}), |c| {
         (c.cluster_role(), c.cluster_role_binding())
@@ -450,6 +501,15 @@ fn a_namespace_scoped_discovery_service_reaches_nothing_outside_its_namespace() 
         )]))
     );
     assert!(selector.match_expressions.is_none());
+    let validating = c.validating_webhook_configuration("PEM");
+    assert_eq!(
+        validating.metadata.name.as_deref(),
+        Some("marin3r-ns.ops.instance")
+    );
+    assert_eq!(
+        validating.webhooks.unwrap()[0].namespace_selector.as_ref(),
+        Some(selector)
+    );
     // Its pod watches its namespace only...
     let d = c.deployment("h");
     let args = d.spec.template.spec.unwrap().containers[0]

@@ -1,5 +1,5 @@
 //! The `DiscoveryService` controller: keeps every child of a discovery service in shape (PKI,
-//! RBAC, Service, Deployment, injection webhook, per-namespace client certificate and
+//! RBAC, Service, Deployment, injection and validation webhooks, per-namespace client certificate and
 //! bootstrap) and reports readiness. What to build is decided in `build` and `namespaces`;
 //! this module only reads and writes the API. A finalizer removes what ownerReferences
 //! cannot reach: cluster-scoped objects and objects in the served namespaces.
@@ -12,7 +12,9 @@ pub mod plan;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -213,10 +215,12 @@ async fn apply_dependents(
     plan: &Apply<'_>,
     applied: &Applied,
 ) -> Result<Option<Deployment>, Error> {
-    let (webhook, deployment) = plan::dependents(plan, applied);
-    let webhooks = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
-    if let Some(webhook) = &webhook {
-        apply_object(&webhooks, webhook).await?;
+    let (webhooks, deployment) = plan::dependents(plan, applied);
+    let mutating = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
+    let validating = Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone());
+    if let Some((mutating_webhook, validating_webhook)) = &webhooks {
+        apply_object(&mutating, mutating_webhook).await?;
+        apply_object(&validating, validating_webhook).await?;
     }
     // The configuration named for the other scope, left from before the operator's trusted
     // namespaces changed.
@@ -225,12 +229,9 @@ async fn apply_dependents(
         Scope::Cluster => Scope::Namespace,
         Scope::Namespace => Scope::Cluster,
     };
-    delete_if_ours(
-        &webhooks,
-        &children.webhook_configuration_name_in(other),
-        children,
-    )
-    .await?;
+    let old = children.webhook_configuration_name_in(other);
+    delete_if_ours(&mutating, &old, children).await?;
+    delete_if_ours(&validating, &old, children).await?;
     let deployments: Api<Deployment> =
         Api::namespaced(ctx.client.clone(), plan.children.namespace());
     let deployment = match &deployment {
@@ -334,7 +335,7 @@ async fn ca_certificate_pem(
     }))
 }
 
-/// Removes everything ownerReferences do not: the webhook configuration and cluster RBAC,
+/// Removes everything ownerReferences do not: the webhook configurations and cluster RBAC,
 /// the client certificates with their Secrets, the bootstraps, the per-namespace Secret
 /// access and the namespace labels.
 async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> {
@@ -346,6 +347,10 @@ async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> 
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     for obj in webhooks.list(&params).await? {
         delete_ignoring_missing(&webhooks, &obj.name_any()).await?;
+    }
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    for obj in validating.list(&params).await? {
+        delete_ignoring_missing(&validating, &obj.name_any()).await?;
     }
     let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
     for obj in bindings.list(&params).await? {

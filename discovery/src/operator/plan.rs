@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -250,18 +252,24 @@ pub fn decide<'a>(obs: &'a Observed<'a>) -> Plan<'a> {
     }))
 }
 
-/// The webhook configuration, once the CA is issued, and the Deployment, once the server
-/// certificate is (it rolls whenever that certificate changes).
+/// The webhook configurations (injection, EnvoyConfig validation), once the CA is issued,
+/// and the Deployment, once the server certificate is (it rolls whenever that certificate
+/// changes).
 pub fn dependents(
     plan: &Apply<'_>,
     applied: &Applied,
-) -> (Option<MutatingWebhookConfiguration>, Option<Deployment>) {
-    let webhook = applied
-        .ca_pem
-        .as_deref()
-        .map(|pem| plan.children.webhook_configuration(pem));
+) -> (
+    Option<(MutatingWebhookConfiguration, ValidatingWebhookConfiguration)>,
+    Option<Deployment>,
+) {
+    let webhooks = applied.ca_pem.as_deref().map(|pem| {
+        (
+            plan.children.webhook_configuration(pem),
+            plan.children.validating_webhook_configuration(pem),
+        )
+    });
     let deployment = server_hash(applied).map(|hash| plan.children.deployment(hash));
-    (webhook, deployment)
+    (webhooks, deployment)
 }
 
 fn server_hash(applied: &Applied) -> Option<&str> {

@@ -1,6 +1,10 @@
-//! Mutating admission for Pod CREATE: every matching MutatingWebhookConfiguration webhook
-//! (rules, namespaceSelector, objectSelector) is called over HTTPS trusting only its
-//! `caBundle`, its JSONPatch applied; `failurePolicy` and `timeoutSeconds` honoured.
+//! Admission webhooks, called as kube-apiserver calls them. Mutating: on Pod CREATE, every
+//! matching MutatingWebhookConfiguration webhook, its JSONPatch applied. Validating: on CREATE
+//! and UPDATE of any resource (subresources included), after mutation and schema validation,
+//! every matching ValidatingWebhookConfiguration webhook. Matching is by rules (operations,
+//! groups, versions, resources, scope), namespaceSelector and objectSelector; each call is
+//! HTTPS trusting only the webhook's `caBundle`; `failurePolicy` and `timeoutSeconds` are
+//! honoured; `response.warnings` are collected for the `Warning` headers of the response.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +36,39 @@ struct Endpoint {
     url: String,
 }
 
+/// The write being admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "CREATE",
+            Self::Update => "UPDATE",
+        }
+    }
+
+    fn options_kind(self) -> &'static str {
+        match self {
+            Self::Create => "CreateOptions",
+            Self::Update => "UpdateOptions",
+        }
+    }
+}
+
+/// What the webhooks are asked about: the resource (and subresource) written, how, where.
+#[derive(Debug, Clone, Copy)]
+pub struct Attributes<'a> {
+    pub info: &'a ResourceInfo,
+    pub subresource: Option<&'a str>,
+    pub operation: Operation,
+    pub namespace: &'a str,
+    pub dry_run: bool,
+}
+
 fn strings(v: Option<&Value>) -> Vec<&str> {
     v.and_then(Value::as_array)
         .map(|a| a.iter().filter_map(Value::as_str).collect())
@@ -42,20 +79,45 @@ fn any_matches(list: &[&str], want: &str) -> bool {
     list.iter().any(|x| *x == "*" || *x == want)
 }
 
-/// Whether a webhook's rules select a CREATE of `info`.
-fn rules_match(webhook: &Value, info: &ResourceInfo) -> bool {
+/// Whether a rule's `resources` entry selects `plural` (and `subresource`): `pods` only the
+/// main resource, `pods/status` that subresource, `pods/*` both, `*` every main resource,
+/// `*/*` everything, `*/status` every status subresource.
+fn resource_matches(entry: &str, plural: &str, subresource: Option<&str>) -> bool {
+    let (resource, sub) = match entry.split_once('/') {
+        Some((r, s)) => (r, Some(s)),
+        None => (entry, None),
+    };
+    let resource_ok = resource == "*" || resource == plural;
+    resource_ok
+        && match (sub, subresource) {
+            (None, None) => true,
+            (Some("*"), _) => true,
+            (Some(want), Some(have)) => want == have,
+            _ => false,
+        }
+}
+
+/// Whether a webhook's rules select this write.
+fn rules_match(webhook: &Value, attrs: &Attributes<'_>) -> bool {
+    let info = attrs.info;
     webhook
         .get("rules")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .any(|rule| {
-            any_matches(&strings(rule.get("operations")), "CREATE")
+            let scope_ok = match rule.get("scope").and_then(Value::as_str) {
+                Some("Cluster") => !info.namespaced,
+                Some("Namespaced") => info.namespaced,
+                _ => true,
+            };
+            scope_ok
+                && any_matches(&strings(rule.get("operations")), attrs.operation.as_str())
                 && any_matches(&strings(rule.get("apiGroups")), &info.group)
                 && any_matches(&strings(rule.get("apiVersions")), &info.version)
                 && strings(rule.get("resources"))
                     .iter()
-                    .any(|r| *r == "*" || *r == "*/*" || *r == info.plural)
+                    .any(|r| resource_matches(r, &info.plural, attrs.subresource))
         })
 }
 
@@ -69,96 +131,252 @@ fn selector_matches(
     }
 }
 
-/// Runs every matching webhook in order over `obj`, returning the admitted object.
+/// Which kind of webhook configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Mutating,
+    Validating,
+}
+
+impl Kind {
+    fn plural(self) -> &'static str {
+        match self {
+            Self::Mutating => "mutatingwebhookconfigurations",
+            Self::Validating => "validatingwebhookconfigurations",
+        }
+    }
+}
+
+/// Every webhook of every configuration of `kind` whose rules select the write (selectors
+/// not yet applied), each with its configuration's order kept.
+fn candidates(state: &Arc<ServerState>, kind: Kind, attrs: &Attributes<'_>) -> Vec<Value> {
+    let registry = state.store.registry();
+    let Some(info) = registry
+        .find("admissionregistration.k8s.io", "v1", kind.plural())
+        .cloned()
+    else {
+        return Vec::new();
+    };
+    let (configs, _) = state.store.list(&info, None, &Selectors::default());
+    configs
+        .iter()
+        .flat_map(|c| {
+            c.get("webhooks")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|w| rules_match(w, attrs))
+        .collect()
+}
+
+/// Whether any validating webhook's rules select this write: when none does, the write
+/// needs no dry run first.
+pub fn validating_selected(state: &Arc<ServerState>, attrs: &Attributes<'_>) -> bool {
+    !candidates(state, Kind::Validating, attrs).is_empty()
+}
+
+/// Whether the webhook's namespaceSelector and objectSelector select the write. A
+/// cluster-scoped object other than a Namespace is selected by any namespaceSelector; a
+/// Namespace is judged by its own labels. On UPDATE the objectSelector may match the new or
+/// the old object.
+fn selectors_match(
+    state: &Arc<ServerState>,
+    webhook: &Value,
+    attrs: &Attributes<'_>,
+    obj: &Value,
+    old: Option<&Value>,
+) -> bool {
+    let info = attrs.info;
+    let is_namespace = info.group.is_empty() && info.plural == "namespaces";
+    let namespace_ok = if is_namespace {
+        selector_matches(webhook.get("namespaceSelector"), meta::labels(obj)).unwrap_or(false)
+    } else if !info.namespaced {
+        true
+    } else {
+        let registry = state.store.registry();
+        let ns_labels = registry
+            .find("", "v1", "namespaces")
+            .and_then(|nsi| state.store.get(nsi, "", attrs.namespace).ok())
+            .and_then(|n| meta::labels(&n).cloned());
+        selector_matches(webhook.get("namespaceSelector"), ns_labels.as_ref()).unwrap_or(false)
+    };
+    let object_selector = webhook.get("objectSelector");
+    let object_ok = selector_matches(object_selector, meta::labels(obj)).unwrap_or(false)
+        || old.is_some_and(|o| selector_matches(object_selector, meta::labels(o)).unwrap_or(false));
+    namespace_ok && object_ok
+}
+
+fn webhook_name(webhook: &Value) -> String {
+    webhook
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// A webhook's denial as kube-apiserver reports it (`webhookerrors.ToStatusErr`): the code
+/// the webhook gave, at least 400; `admission webhook "<name>" denied the request: <message>`.
+fn denial(name: &str, code: u16, reason: &str, message: &str) -> ApiError {
+    let denied_by = format!("admission webhook {name:?} denied the request");
+    let message = if !message.is_empty() {
+        format!("{denied_by}: {message}")
+    } else if !reason.is_empty() {
+        format!("{denied_by}: {reason}")
+    } else {
+        format!("{denied_by} without explanation")
+    };
+    ApiError::new(code.max(400), static_reason(reason), message)
+}
+
+/// The webhook's `status.reason` when it is one of Kubernetes' reasons.
+fn static_reason(reason: &str) -> &'static str {
+    const REASONS: [&str; 16] = [
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "AlreadyExists",
+        "Conflict",
+        "Gone",
+        "Invalid",
+        "ServerTimeout",
+        "StoreReadError",
+        "Timeout",
+        "TooManyRequests",
+        "BadRequest",
+        "MethodNotAllowed",
+        "NotAcceptable",
+        "RequestEntityTooLarge",
+        "UnsupportedMediaType",
+    ];
+    REASONS
+        .iter()
+        .find(|r| **r == reason)
+        .copied()
+        .unwrap_or("")
+}
+
+/// Runs every matching mutating webhook in order over `obj` (Pod CREATE), returning the
+/// admitted object; their warnings are added to `warnings`.
 pub async fn admit(
     state: &Arc<ServerState>,
     info: &ResourceInfo,
     ns: &str,
     mut obj: Value,
     dry_run: bool,
+    warnings: &mut Vec<String>,
 ) -> Result<Value, ApiError> {
-    let registry = state.store.registry();
-    let Some(mwc) = registry
-        .find(
-            "admissionregistration.k8s.io",
-            "v1",
-            "mutatingwebhookconfigurations",
-        )
-        .cloned()
-    else {
-        return Ok(obj);
+    let attrs = Attributes {
+        info,
+        subresource: None,
+        operation: Operation::Create,
+        namespace: ns,
+        dry_run,
     };
-    let (configs, _) = state.store.list(&mwc, None, &Selectors::default());
-    if configs.is_empty() {
+    let webhooks = candidates(state, Kind::Mutating, &attrs);
+    if webhooks.is_empty() {
         return Ok(obj);
     }
     meta::set(&mut obj, "namespace", json!(ns));
-    let ns_labels = registry
-        .find("", "v1", "namespaces")
-        .and_then(|nsi| state.store.get(nsi, "", ns).ok())
-        .and_then(|n| meta::labels(&n).cloned());
-    for config in &configs {
-        for webhook in config
-            .get("webhooks")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let name = webhook
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned();
-            let selected = rules_match(webhook, info)
-                && selector_matches(webhook.get("namespaceSelector"), ns_labels.as_ref())
-                    .unwrap_or(false)
-                && selector_matches(webhook.get("objectSelector"), meta::labels(&obj))
-                    .unwrap_or(false);
-            if !selected {
-                continue;
-            }
-            let ignore = webhook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
-            match call(state, info, ns, &obj, webhook, dry_run).await {
-                Ok(Verdict::Allowed(Some(patch))) => {
+    for webhook in &webhooks {
+        if !selectors_match(state, webhook, &attrs, &obj, None) {
+            continue;
+        }
+        let name = webhook_name(webhook);
+        let ignore = webhook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
+        match call(state, Kind::Mutating, &attrs, &obj, None, webhook).await {
+            Ok(Verdict::Allowed { patch, warnings: w }) => {
+                warnings.extend(w);
+                if let Some(patch) = patch {
                     obj = patch::apply(PatchKind::Json, &obj, &patch).map_err(|e| {
                         ApiError::internal(format!("Internal error occurred: webhook {name:?} returned a patch that does not apply: {e}"))
                     })?;
                 }
-                Ok(Verdict::Allowed(None)) => {}
-                Ok(Verdict::Denied { code, message }) => {
-                    let mut err = ApiError::forbidden(format!(
-                        "admission webhook {name:?} denied the request: {message}"
-                    ));
-                    err.code = code;
-                    return Err(err);
-                }
-                Err(e) if ignore => {
-                    tracing::warn!(webhook = %name, error = %e, "webhook failed; ignored by its failurePolicy");
-                }
-                Err(e) => {
-                    return Err(ApiError::internal(format!(
-                        "Internal error occurred: failed calling webhook {name:?}: {e}"
-                    )));
-                }
+            }
+            Ok(Verdict::Denied {
+                code,
+                reason,
+                message,
+                warnings: w,
+            }) => {
+                warnings.extend(w);
+                return Err(denial(&name, code, &reason, &message));
+            }
+            Err(e) if ignore => {
+                tracing::warn!(webhook = %name, error = %e, "webhook failed; ignored by its failurePolicy");
+            }
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "Internal error occurred: failed calling webhook {name:?}: {e}"
+                )));
             }
         }
     }
     Ok(obj)
 }
 
+/// Runs every matching validating webhook over `obj` (as it would be stored) and `old` (the
+/// stored object, on UPDATE): the first denial or failed call (failurePolicy Fail) refuses
+/// the write. Their warnings are added to `warnings`.
+pub async fn validate(
+    state: &Arc<ServerState>,
+    attrs: &Attributes<'_>,
+    obj: &Value,
+    old: Option<&Value>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
+    for webhook in candidates(state, Kind::Validating, attrs) {
+        if !selectors_match(state, &webhook, attrs, obj, old) {
+            continue;
+        }
+        let name = webhook_name(&webhook);
+        let ignore = webhook.get("failurePolicy").and_then(Value::as_str) == Some("Ignore");
+        match call(state, Kind::Validating, attrs, obj, old, &webhook).await {
+            Ok(Verdict::Allowed { warnings: w, .. }) => warnings.extend(w),
+            Ok(Verdict::Denied {
+                code,
+                reason,
+                message,
+                warnings: w,
+            }) => {
+                warnings.extend(w);
+                return Err(denial(&name, code, &reason, &message));
+            }
+            Err(e) if ignore => {
+                tracing::warn!(webhook = %name, error = %e, "webhook failed; ignored by its failurePolicy");
+            }
+            Err(e) => {
+                return Err(ApiError::internal(format!(
+                    "Internal error occurred: failed calling webhook {name:?}: {e}"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 enum Verdict {
-    Allowed(Option<Vec<u8>>),
-    Denied { code: u16, message: String },
+    Allowed {
+        patch: Option<Vec<u8>>,
+        warnings: Vec<String>,
+    },
+    Denied {
+        code: u16,
+        reason: String,
+        message: String,
+        warnings: Vec<String>,
+    },
 }
 
 async fn call(
     state: &Arc<ServerState>,
-    info: &ResourceInfo,
-    ns: &str,
+    kind: Kind,
+    attrs: &Attributes<'_>,
     obj: &Value,
+    old: Option<&Value>,
     webhook: &Value,
-    dry_run: bool,
 ) -> Result<Verdict, String> {
+    let info = attrs.info;
     let endpoint = resolve(state, webhook.get("clientConfig").unwrap_or(&Value::Null))?;
     let ca_pem = webhook
         .pointer("/clientConfig/caBundle")
@@ -169,26 +387,33 @@ async fn call(
         .ok_or("the webhook has no caBundle")?;
     let ca_pem = String::from_utf8(ca_pem).map_err(|_| "caBundle is not PEM text".to_owned())?;
     let uid = uuid::Uuid::new_v4().to_string();
-    let kind = json!({"group": info.group, "version": info.version, "kind": info.kind});
+    let gvk = json!({"group": info.group, "version": info.version, "kind": info.kind});
     let resource = json!({"group": info.group, "version": info.version, "resource": info.plural});
+    let mut request = json!({
+        "uid": uid,
+        "kind": gvk,
+        "resource": resource,
+        "requestKind": gvk,
+        "requestResource": resource,
+        "name": meta::name(obj),
+        "operation": attrs.operation.as_str(),
+        "userInfo": {"username": "local-cluster-admin", "groups": ["system:masters", "system:authenticated"]},
+        "object": obj,
+        "oldObject": old,
+        "dryRun": attrs.dry_run,
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": attrs.operation.options_kind()},
+    });
+    if info.namespaced {
+        request["namespace"] = json!(attrs.namespace);
+    }
+    if let Some(sub) = attrs.subresource {
+        request["subResource"] = json!(sub);
+        request["requestSubResource"] = json!(sub);
+    }
     let review = json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": kind,
-            "resource": resource,
-            "requestKind": kind,
-            "requestResource": resource,
-            "name": meta::name(obj),
-            "namespace": ns,
-            "operation": "CREATE",
-            "userInfo": {"username": "local-cluster-admin", "groups": ["system:masters", "system:authenticated"]},
-            "object": obj,
-            "oldObject": null,
-            "dryRun": dry_run,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        }
+        "request": request,
     });
     let timeout = Duration::from_secs(
         webhook
@@ -225,23 +450,38 @@ async fn call(
             response.get("uid")
         ));
     }
+    let warnings: Vec<String> = strings(response.get("warnings"))
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
     if response.get("allowed").and_then(Value::as_bool) != Some(true) {
-        let message = response
-            .pointer("/status/message")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
+        let text = |p: &str| {
+            response
+                .pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
         let code = response
             .pointer("/status/code")
             .and_then(Value::as_u64)
-            .and_then(|c| u16::try_from(c).ok())
-            .filter(|c| (400..600).contains(c))
-            .unwrap_or(403);
-        return Ok(Verdict::Denied { code, message });
+            .map_or(400, |c| u16::try_from(c).unwrap_or(500).min(599));
+        return Ok(Verdict::Denied {
+            code,
+            reason: text("/status/reason"),
+            message: text("/status/message"),
+            warnings,
+        });
     }
     let Some(patch) = response.get("patch").and_then(Value::as_str) else {
-        return Ok(Verdict::Allowed(None));
+        return Ok(Verdict::Allowed {
+            patch: None,
+            warnings,
+        });
     };
+    if kind == Kind::Validating {
+        return Err("validating webhook may not return a patch".into());
+    }
     if let Some(t) = response.get("patchType").and_then(Value::as_str)
         && t != "JSONPatch"
     {
@@ -250,7 +490,10 @@ async fn call(
     let patch = base64::engine::general_purpose::STANDARD
         .decode(patch)
         .map_err(|e| format!("the patch is not base64: {e}"))?;
-    Ok(Verdict::Allowed(Some(patch)))
+    Ok(Verdict::Allowed {
+        patch: Some(patch),
+        warnings,
+    })
 }
 
 /// `clientConfig.url`, or `clientConfig.service` resolved to a ready pod behind the Service.
@@ -440,4 +683,66 @@ async fn post(endpoint: &Endpoint, ca_pem: &str, review: &Value) -> Result<Value
         ));
     }
     serde_json::from_slice(&bytes).map_err(|e| fail("decode AdmissionReview", &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_match_as_in_kube_apiserver() {
+        let cases = [
+            ("pods", "pods", None, true),
+            ("pods", "pods", Some("status"), false),
+            ("pods/status", "pods", Some("status"), true),
+            ("pods/status", "pods", None, false),
+            ("pods/*", "pods", None, true),
+            ("pods/*", "pods", Some("status"), true),
+            ("*", "configmaps", None, true),
+            ("*", "configmaps", Some("status"), false),
+            ("*/*", "configmaps", Some("status"), true),
+            ("*/status", "envoyconfigs", Some("status"), true),
+            ("*/status", "envoyconfigs", Some("scale"), false),
+            ("envoyconfigs", "pods", None, false),
+        ];
+        for (entry, plural, sub, want) in cases {
+            assert_eq!(
+                resource_matches(entry, plural, sub),
+                want,
+                "{entry} {plural} {sub:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn denials_are_worded_and_coded_as_kube_apiserver_does() {
+        let e = denial("hook.example.com", 0, "", "");
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                400,
+                "",
+                "admission webhook \"hook.example.com\" denied the request without explanation"
+            )
+        );
+        let e = denial("hook.example.com", 403, "Forbidden", "no");
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                403,
+                "Forbidden",
+                "admission webhook \"hook.example.com\" denied the request: no"
+            )
+        );
+        let e = denial("h", 200, "Invalid", "");
+        assert_eq!(
+            (e.code, e.reason, e.message.as_str()),
+            (
+                400,
+                "Invalid",
+                "admission webhook \"h\" denied the request: Invalid"
+            )
+        );
+        assert_eq!(denial("h", 422, "made-up", "m").reason, "");
+    }
 }

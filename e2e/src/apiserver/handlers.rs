@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::ServerState;
+use super::admission::{self, Attributes, Operation};
 use super::delete::{DeleteOptions, Propagation};
 use super::discovery;
 use super::error::ApiError;
@@ -271,11 +272,22 @@ pub async fn handle(
                 query,
                 headers,
                 body,
+                warnings: std::sync::Mutex::default(),
             };
-            match req.dispatch(&method, is_watch).await {
+            let mut response = match req.dispatch(&method, is_watch).await {
                 Ok(response) => response,
                 Err(err) => err.into_response(),
+            };
+            let warnings = std::mem::take(
+                &mut *req
+                    .warnings
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            for value in warning_headers(warnings) {
+                response.headers_mut().append(header::WARNING, value);
             }
+            response
         }
     }
 }
@@ -288,9 +300,139 @@ struct Request<'a> {
     query: HashMap<String, String>,
     headers: HeaderMap,
     body: Bytes,
+    /// Admission warnings for the response's `Warning` headers.
+    warnings: std::sync::Mutex<Vec<String>>,
+}
+
+/// How many times a write whose object changed while its validating webhooks were called
+/// is tried again (kube-apiserver's update retries the same way) before a 409.
+const ADMISSION_RETRIES: usize = 5;
+/// kube-apiserver's bound on all warnings of one response; past it, each is cut to
+/// [`MAX_WARNING_CHARS`] and those that still do not fit are dropped.
+const MAX_WARNING_BYTES: usize = 4 * 1024;
+const MAX_WARNING_CHARS: usize = 256;
+
+/// `Warning: 299 - "<text>"` header values, as kube-apiserver writes admission warnings:
+/// duplicates once, control characters replaced, `"` and `\` escaped, bounded in size.
+fn warning_headers(warnings: Vec<String>) -> Vec<HeaderValue> {
+    let mut unique: Vec<String> = Vec::new();
+    for w in warnings {
+        let clean: String = w
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if !clean.is_empty() && !unique.contains(&clean) {
+            unique.push(clean);
+        }
+    }
+    if unique.iter().map(String::len).sum::<usize>() > MAX_WARNING_BYTES {
+        for w in &mut unique {
+            if w.chars().count() > MAX_WARNING_CHARS {
+                *w = w.chars().take(MAX_WARNING_CHARS).collect();
+            }
+        }
+        let mut total = 0;
+        unique.retain(|w| {
+            total += w.len();
+            total <= MAX_WARNING_BYTES
+        });
+    }
+    unique
+        .iter()
+        .filter_map(|w| {
+            let quoted = w.replace('\\', "\\\\").replace('"', "\\\"");
+            HeaderValue::from_bytes(format!("299 - \"{quoted}\"").as_bytes()).ok()
+        })
+        .collect()
 }
 
 impl Request<'_> {
+    fn warn(&self, warnings: Vec<String>) {
+        self.warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(warnings);
+    }
+
+    fn attributes(&self, operation: Operation) -> Attributes<'_> {
+        Attributes {
+            info: &self.info,
+            subresource: self.route.subresource.as_deref(),
+            operation,
+            namespace: self.namespace(),
+            dry_run: self.dry_run(),
+        }
+    }
+
+    /// A read-modify-write through the store, admitted by the validating webhooks first:
+    /// the write is made as a dry run, the webhooks judge the object it would store (and the
+    /// stored one), then the write is made for real unless the object changed meanwhile, in
+    /// which case all of it is tried again.
+    async fn modify_admitted(
+        &self,
+        name: &str,
+        mode: WriteMode,
+        change: impl Fn(Option<&Value>) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let store = &self.state.store;
+        let (ns, info) = (self.namespace(), &self.info);
+        let selected =
+            admission::validating_selected(self.state, &self.attributes(Operation::Update))
+                || (mode.apply
+                    && admission::validating_selected(
+                        self.state,
+                        &self.attributes(Operation::Create),
+                    ));
+        if !selected {
+            return store.modify(info, ns, name, mode, change);
+        }
+        for _ in 0..ADMISSION_RETRIES {
+            let mut seen = None;
+            let dry = WriteMode {
+                dry_run: true,
+                ..mode
+            };
+            let prepared = store.modify(info, ns, name, dry, |current| {
+                seen = Some(current.cloned());
+                change(current)
+            })?;
+            let old = seen.flatten();
+            let operation = if old.is_some() {
+                Operation::Update
+            } else {
+                Operation::Create
+            };
+            let mut warnings = Vec::new();
+            let verdict = admission::validate(
+                self.state,
+                &self.attributes(operation),
+                &prepared,
+                old.as_ref(),
+                &mut warnings,
+            )
+            .await;
+            let expected = old
+                .as_ref()
+                .map(|o| super::meta::resource_version(o).to_owned());
+            let raced = std::cell::Cell::new(false);
+            let written = verdict.and_then(|()| {
+                store.modify(info, ns, name, mode, |current| {
+                    if current.map(|c| super::meta::resource_version(c).to_owned()) != expected {
+                        raced.set(true);
+                        return Err(ApiError::stale(info, name));
+                    }
+                    change(current)
+                })
+            });
+            if raced.get() {
+                continue;
+            }
+            self.warn(warnings);
+            return written;
+        }
+        Err(ApiError::stale(info, name))
+    }
+
     fn param(&self, key: &str) -> Option<&str> {
         self.query
             .get(key)
@@ -431,8 +573,8 @@ impl Request<'_> {
                     None => obj,
                 }))
             }
-            Method::PUT => self.update(&name, target),
-            Method::PATCH => self.patch(&name, target),
+            Method::PUT => self.update(&name, target).await,
+            Method::PATCH => self.patch(&name, target).await,
             Method::DELETE => self.delete(&name),
             _ => Err(ApiError::method_not_allowed(format!(
                 "{method} is not supported on {}",
@@ -508,16 +650,39 @@ impl Request<'_> {
         )?;
         if self.info.group.is_empty() && self.info.plural == "pods" {
             self.admit_service_account(&mut obj)?;
-            obj = super::admission::admit(
+            let mut warnings = Vec::new();
+            let admitted = admission::admit(
                 self.state,
                 &self.info,
                 self.namespace(),
                 obj,
                 self.dry_run(),
+                &mut warnings,
             )
-            .await?;
+            .await;
+            self.warn(warnings);
+            obj = admitted?;
             super::priority::admit(self.state, &mut obj)?;
             super::pod_security::check(self.state, self.namespace(), &obj)?;
+        }
+        let attrs = self.attributes(Operation::Create);
+        if admission::validating_selected(self.state, &attrs) {
+            // The webhooks judge the object as it would be stored: validated, defaulted,
+            // with its server-set metadata (and the name generated for it, which it keeps).
+            let prepared = self.state.store.create(
+                &self.info,
+                self.route.namespace.as_deref(),
+                obj.clone(),
+                true,
+            )?;
+            if super::meta::name(&obj).is_empty() {
+                super::meta::set(&mut obj, "name", json!(super::meta::name(&prepared)));
+            }
+            let mut warnings = Vec::new();
+            let verdict =
+                admission::validate(self.state, &attrs, &prepared, None, &mut warnings).await;
+            self.warn(warnings);
+            verdict?;
         }
         let created = self.state.store.create(
             &self.info,
@@ -583,7 +748,7 @@ impl Request<'_> {
         )))
     }
 
-    fn update(&self, name: &str, target: Target) -> Result<Response, ApiError> {
+    async fn update(&self, name: &str, target: Target) -> Result<Response, ApiError> {
         let body = self.body_object()?;
         self.check_unknown_fields(&body)?;
         super::rbac::check_escalation(
@@ -593,21 +758,21 @@ impl Request<'_> {
             self.namespace(),
             &body,
         )?;
-        let updated = self.state.store.modify(
-            &self.info,
-            self.namespace(),
-            name,
-            WriteMode {
-                target,
-                apply: false,
-                dry_run: self.dry_run(),
-            },
-            |_| Ok(body),
-        )?;
+        let updated = self
+            .modify_admitted(
+                name,
+                WriteMode {
+                    target,
+                    apply: false,
+                    dry_run: self.dry_run(),
+                },
+                |_| Ok(body.clone()),
+            )
+            .await?;
         Ok(ok(&updated))
     }
 
-    fn patch(&self, name: &str, target: Target) -> Result<Response, ApiError> {
+    async fn patch(&self, name: &str, target: Target) -> Result<Response, ApiError> {
         let ct = self
             .headers
             .get(header::CONTENT_TYPE)
@@ -685,30 +850,30 @@ impl Request<'_> {
                 &result,
             )?;
         }
-        let patched = self.state.store.modify(
-            &self.info,
-            self.namespace(),
-            name,
-            WriteMode {
-                target,
-                apply: applied.is_some(),
-                dry_run: self.dry_run(),
-            },
-            |current| {
-                let base = current.cloned().unwrap_or_else(|| json!({}));
-                match &applied {
-                    Some((applied, manager)) => Ok(super::ssa::apply(
-                        &base,
-                        applied,
-                        manager,
-                        target,
-                        &info.api_version(),
-                    )),
-                    None => patch::apply(kind, &base, &body)
-                        .map_err(|e| ApiError::invalid(&info, name, e)),
-                }
-            },
-        )?;
+        let patched = self
+            .modify_admitted(
+                name,
+                WriteMode {
+                    target,
+                    apply: applied.is_some(),
+                    dry_run: self.dry_run(),
+                },
+                |current| {
+                    let base = current.cloned().unwrap_or_else(|| json!({}));
+                    match &applied {
+                        Some((applied, manager)) => Ok(super::ssa::apply(
+                            &base,
+                            applied,
+                            manager,
+                            target,
+                            &info.api_version(),
+                        )),
+                        None => patch::apply(kind, &base, &body)
+                            .map_err(|e| ApiError::invalid(&info, name, e)),
+                    }
+                },
+            )
+            .await?;
         Ok(ok(&patched))
     }
 
@@ -804,6 +969,34 @@ mod tests {
             name: name.map(Into::into),
             subresource: sub.map(Into::into),
         })
+    }
+
+    #[test]
+    fn warnings_become_quoted_deduplicated_bounded_headers() {
+        let values = warning_headers(vec![
+            "plain".into(),
+            "with \"quotes\" and \\ backslash".into(),
+            "plain".into(),
+            "line\nbreak".into(),
+            String::new(),
+        ]);
+        let texts: Vec<&str> = values.iter().map(|v| v.to_str().unwrap()).collect();
+        assert_eq!(
+            texts,
+            [
+                "299 - \"plain\"",
+                "299 - \"with \\\"quotes\\\" and \\\\ backslash\"",
+                "299 - \"line break\"",
+            ]
+        );
+        let many = warning_headers(
+            (0..100)
+                .map(|i| format!("{i} {}", "x".repeat(300)))
+                .collect(),
+        );
+        let total: usize = many.iter().map(|v| v.len()).sum();
+        assert!(!many.is_empty() && total < 5000, "{total}");
+        assert!(many.iter().all(|v| v.len() < 300));
     }
 
     #[test]

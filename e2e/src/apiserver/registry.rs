@@ -225,6 +225,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         builtin(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            false,
+            false,
+            &[],
+        ),
+        builtin(
             "apiextensions.k8s.io",
             "v1",
             "customresourcedefinitions",

@@ -1,0 +1,146 @@
+//! What the EnvoyConfig validating webhook refuses: exactly what `marin3r validate` refuses
+//! offline (unknown fields, fields of the wrong type, every conversion error with its field
+//! path), plus what the controller refuses knowing only the object and the discovery
+//! service's settings (Secrets referenced in another namespace).
+
+use marin3r_webhook::EnvoyConfigValidator;
+use serde_json::Value;
+
+use crate::api::EnvoyConfigSpec;
+use crate::controllers::envoy_config::problems;
+
+/// Reads an EnvoyConfig spec strictly: the spec, and every field the types do not know
+/// (`spec.<path>: unknown field ...`), or the first field that does not deserialize.
+///
+/// The spec types accept unknown fields, as an API server that prunes them does (so a typo in
+/// one EnvoyConfig never stops the controller from reading the others); offline and at
+/// admission every unknown field is an error, since the API server would silently drop it.
+pub fn read_spec(spec: Value) -> Result<(EnvoyConfigSpec, Vec<String>), String> {
+    let mut unknown = Vec::new();
+    let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let lenient = serde_ignored::Deserializer::new(spec, &mut on_unknown);
+    let spec: EnvoyConfigSpec = serde_path_to_error::deserialize(lenient)
+        .map_err(|e| format!("spec.{}: {}", e.path(), e.inner()))?;
+    let unknown = unknown
+        .into_iter()
+        .map(|path| format!("spec.{path}: unknown field (the API server would drop it)"))
+        .collect();
+    Ok((spec, unknown))
+}
+
+/// Every reason the discovery service would refuse `object`, an EnvoyConfig in `namespace`,
+/// each naming its field path; empty when it would serve it.
+pub fn envoy_config_problems(
+    namespace: &str,
+    object: &Value,
+    allow_cross_namespace_secrets: bool,
+) -> Vec<String> {
+    let Some(spec) = object.get("spec").cloned() else {
+        return vec!["spec: missing".into()];
+    };
+    match read_spec(spec) {
+        Err(e) => vec![e],
+        Ok((spec, mut out)) => {
+            out.extend(problems(&spec, namespace, allow_cross_namespace_secrets));
+            out
+        }
+    }
+}
+
+/// The validator the discovery service's webhook judges EnvoyConfigs with.
+pub fn validator(allow_cross_namespace_secrets: bool) -> EnvoyConfigValidator {
+    EnvoyConfigValidator::new(move |namespace, object| {
+        envoy_config_problems(namespace, object, allow_cross_namespace_secrets)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::cli::validate::{Document, validate_manifests};
+
+    fn object(spec: Value) -> Value {
+        json!({
+            "apiVersion": "marin3r.3scale.net/v1alpha1",
+            "kind": "EnvoyConfig",
+            "metadata": {"name": "ec", "namespace": "shop"},
+            "spec": spec,
+        })
+    }
+
+    /// What `marin3r validate` says about the same object, as YAML on disk.
+    fn offline(object: &Value) -> Vec<String> {
+        let text = serde_json::to_string(object).unwrap();
+        match validate_manifests(&text).as_slice() {
+            [Document::Valid { .. }] => Vec::new(),
+            [Document::Invalid { errors, .. }] => errors.iter().map(|p| p.text.clone()).collect(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn admission_refuses_what_marin3r_validate_refuses_with_the_same_paths() {
+        let listener = "name: l\naddress: {socket_address: {address: 0.0.0.0, port_value: 8080}}";
+        let cases = [
+            json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"clusters": [{"value": "name: c\nconnect_timeout: 1s"}]}}),
+            json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"clusters": [{"value": "name: c\nconect_timeout: 1s"}]}}),
+            json!({"nodeID": "proxy", "resources": [
+                {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
+                {"type": "listener", "value": {"name": "l", "adress": {}}},
+                {"type": "listener", "value": {"name": "l2", "address": "nope"}},
+            ]}),
+            json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"listeners": [{"value": listener}]}, "resources": [{"type": "cluster", "value": {"name": "c"}}]}),
+            json!({"nodeID": "Not_A_Node", "envoyAPI": "v2"}),
+            json!({"nodeID": "proxy", "envoyResourcez": {}}),
+            json!({"nodeID": 7}),
+            json!({"nodeID": "proxy", "resources": [{"type": "listner", "value": {}}]}),
+        ];
+        for spec in cases {
+            let obj = object(spec.clone());
+            let admission = envoy_config_problems("shop", &obj, false);
+            assert_eq!(admission, offline(&obj), "{spec}");
+        }
+        // The refusals name their field paths.
+        let bad = object(cases_bad_typed());
+        let problems = envoy_config_problems("shop", &bad, false);
+        assert!(
+            problems[0].starts_with("spec.resources[1].value: "),
+            "{problems:?}"
+        );
+        assert_eq!(
+            envoy_config_problems("shop", &json!({"metadata": {}}), false),
+            ["spec: missing"]
+        );
+    }
+
+    fn cases_bad_typed() -> Value {
+        json!({"nodeID": "proxy", "resources": [
+            {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
+            {"type": "listener", "value": {"name": "l", "adress": {}}},
+        ]})
+    }
+
+    #[test]
+    fn secrets_of_other_namespaces_are_refused_as_the_controller_refuses_them() {
+        let obj = object(json!({"nodeID": "proxy", "envoyResources": {"secrets": [
+            {"name": "cert", "ref": {"name": "cert", "namespace": "elsewhere"}},
+        ]}}));
+        assert_eq!(
+            envoy_config_problems("shop", &obj, false),
+            [
+                "spec.envoyResources.secrets[0].ref.namespace: Secret elsewhere/cert is in another \
+              namespace; only Secrets of namespace shop may be referenced"
+            ]
+        );
+        assert_eq!(
+            envoy_config_problems("shop", &obj, true),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            validator(false).problems("elsewhere", &obj),
+            Vec::<String>::new()
+        );
+    }
+}

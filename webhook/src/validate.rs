@@ -1,0 +1,123 @@
+//! Validating admission of `EnvoyConfig` (`marin3r.3scale.net/v1alpha1`): the AdmissionReview
+//! is decoded here, the object judged by an [`EnvoyConfigValidator`] the binary injects (this
+//! crate does not know the Envoy conversion), and the answer encoded. CREATE and UPDATE are
+//! judged; an UPDATE that leaves the spec as it was is admitted, its problems sent as
+//! warnings, so that a config stored before the webhook existed can still be relabelled or
+//! have its finalizers removed.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::review::{BadRequest, Decision, Outcome, request_tree, respond, shown};
+
+pub const GROUP: &str = "marin3r.3scale.net";
+pub const KIND: &str = "EnvoyConfig";
+/// A denial lists problems up to about this many bytes; the rest are counted. kubectl prints
+/// the whole message, and a spec with a thousand bad values should not print a thousand lines.
+const MAX_MESSAGE_BYTES: usize = 8 * 1024;
+
+/// Judges one EnvoyConfig object (as the API server would store it) in its namespace:
+/// every reason it cannot be served, each naming its field path (`spec.resources[2].value:
+/// ...`); empty when it is valid.
+#[derive(Clone)]
+pub struct EnvoyConfigValidator(Arc<ValidateFn>);
+
+type ValidateFn = dyn Fn(&str, &Value) -> Vec<String> + Send + Sync;
+
+impl EnvoyConfigValidator {
+    pub fn new(validate: impl Fn(&str, &Value) -> Vec<String> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(validate))
+    }
+
+    pub fn problems(&self, namespace: &str, object: &Value) -> Vec<String> {
+        (self.0)(namespace, object)
+    }
+}
+
+impl fmt::Debug for EnvoyConfigValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EnvoyConfigValidator")
+    }
+}
+
+/// Decodes an AdmissionReview request for an EnvoyConfig, judges it with `validator` and
+/// returns the AdmissionReview response. A body that is not an AdmissionReview is a
+/// [`BadRequest`] (HTTP 400).
+pub fn review_envoy_config(
+    body: &[u8],
+    validator: &EnvoyConfigValidator,
+) -> Result<(Value, Outcome), BadRequest> {
+    let (uid, request) = request_tree(body)?;
+    Ok(respond(uid, decide(&request, validator)))
+}
+
+fn decide(request: &Map<String, Value>, validator: &EnvoyConfigValidator) -> Decision {
+    fn text(v: Option<&Value>) -> Option<&str> {
+        v.and_then(Value::as_str)
+    }
+    let kind = request.get("kind");
+    let (group, kind) = (
+        text(kind.and_then(|k| k.get("group"))),
+        text(kind.and_then(|k| k.get("kind"))),
+    );
+    if group != Some(GROUP) || kind != Some(KIND) {
+        // Misconfigured rules must not block unrelated objects.
+        return Decision::Allow(
+            None,
+            vec![format!(
+                "marin3r only validates {KIND}s ({GROUP}), not {} ({})",
+                shown(kind),
+                shown(group)
+            )],
+        );
+    }
+    let operation = text(request.get("operation"));
+    if !matches!(operation, Some("CREATE" | "UPDATE")) {
+        return Decision::Allow(None, Vec::new());
+    }
+    let Some(object) = request.get("object").filter(|o| o.is_object()) else {
+        return Decision::Deny("the AdmissionReview request has no object".into());
+    };
+    let namespace = text(request.get("namespace"))
+        .or_else(|| text(object.pointer("/metadata/namespace")))
+        .unwrap_or_default();
+    let problems = validator.problems(namespace, object);
+    if problems.is_empty() {
+        return Decision::Allow(None, Vec::new());
+    }
+    let unchanged = operation == Some("UPDATE")
+        && request
+            .get("oldObject")
+            .is_some_and(|old| old.get("spec") == object.get("spec"));
+    if unchanged {
+        let warnings = problems
+            .iter()
+            .take(5)
+            .map(|p| format!("the spec, unchanged by this update, is invalid: {p}"))
+            .collect();
+        return Decision::Allow(None, warnings);
+    }
+    Decision::Deny(message(&problems))
+}
+
+/// The problems joined with "; ", cut at about [`MAX_MESSAGE_BYTES`].
+fn message(problems: &[String]) -> String {
+    let mut out = String::new();
+    for (i, p) in problems.iter().enumerate() {
+        if i > 0 && out.len() + p.len() > MAX_MESSAGE_BYTES {
+            out.push_str(&format!("; and {} more problems", problems.len() - i));
+            break;
+        }
+        if i > 0 {
+            out.push_str("; ");
+        }
+        out.push_str(p);
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;

@@ -1,0 +1,133 @@
+use serde_json::json;
+
+use super::*;
+
+/// A validator that refuses every object whose `spec.nodeID` is not "good", naming the path.
+fn validator() -> EnvoyConfigValidator {
+    EnvoyConfigValidator::new(|namespace, object| {
+        match object.pointer("/spec/nodeID").and_then(Value::as_str) {
+            Some("good") => Vec::new(),
+            _ => vec![
+                format!("spec.nodeID: not good (namespace {namespace})"),
+                "spec.resources[2].value: unknown field \"x\"".into(),
+            ],
+        }
+    })
+}
+
+fn envoy_config(node_id: &str) -> Value {
+    json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "ec", "namespace": "shop"},
+        "spec": {"nodeID": node_id},
+    })
+}
+
+fn request(operation: &str, object: Value, old: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "marin3r.3scale.net", "version": "v1alpha1", "kind": "EnvoyConfig"},
+            "resource": {"group": "marin3r.3scale.net", "version": "v1alpha1", "resource": "envoyconfigs"},
+            "namespace": "shop",
+            "operation": operation,
+            "object": object,
+            "oldObject": old,
+        }
+    })
+}
+
+fn run(body: &Value) -> (Value, Outcome) {
+    let (out, outcome) = review_envoy_config(body.to_string().as_bytes(), &validator()).unwrap();
+    assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(out["response"]["uid"], "u-1");
+    (out["response"].clone(), outcome)
+}
+
+#[test]
+fn a_valid_config_is_admitted_and_a_bad_one_denied_with_every_path() {
+    for op in ["CREATE", "UPDATE"] {
+        let (response, outcome) = run(&request(op, envoy_config("good"), Value::Null));
+        assert_eq!(
+            (response["allowed"].clone(), outcome),
+            (json!(true), Outcome::Unchanged)
+        );
+        let (response, outcome) = run(&request(op, envoy_config("bad"), envoy_config("good")));
+        let message =
+            "spec.nodeID: not good (namespace shop); spec.resources[2].value: unknown field \"x\"";
+        assert_eq!(outcome, Outcome::Denied(message.into()));
+        assert_eq!(response["allowed"], false);
+        assert_eq!(
+            response["status"],
+            json!({"status": "Failure", "code": 403, "reason": "Forbidden", "message": message})
+        );
+    }
+}
+
+#[test]
+fn an_update_that_keeps_an_invalid_spec_is_admitted_with_warnings() {
+    let mut relabelled = envoy_config("bad");
+    relabelled["metadata"]["labels"] = json!({"team": "a"});
+    let (response, outcome) = run(&request("UPDATE", relabelled, envoy_config("bad")));
+    assert_eq!(outcome, Outcome::Unchanged);
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        response["warnings"][0],
+        "the spec, unchanged by this update, is invalid: spec.nodeID: not good (namespace shop)"
+    );
+}
+
+#[test]
+fn other_kinds_and_operations_pass() {
+    let mut pod = request("CREATE", envoy_config("bad"), Value::Null);
+    pod["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
+    let (response, _) = run(&pod);
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        response["warnings"][0],
+        "marin3r only validates EnvoyConfigs (marin3r.3scale.net), not \"Pod\" (\"\")"
+    );
+    for op in ["DELETE", "CONNECT"] {
+        let (response, _) = run(&request(op, Value::Null, envoy_config("bad")));
+        assert_eq!(response["allowed"], true, "{op}");
+    }
+}
+
+#[test]
+fn a_review_without_an_object_is_denied_and_garbage_is_a_bad_request() {
+    for object in [Value::Null, json!("text"), json!([1])] {
+        let (response, _) = run(&request("CREATE", object, Value::Null));
+        assert_eq!(response["allowed"], false);
+        assert_eq!(
+            response["status"]["message"],
+            "the AdmissionReview request has no object"
+        );
+    }
+    for body in [
+        &b"not json"[..],
+        b"[]",
+        b"{\"apiVersion\": \"admission.k8s.io/v1\", \"kind\": \"AdmissionReview\"}",
+        b"{\"apiVersion\": \"admission.k8s.io/v1\", \"kind\": \"AdmissionReview\", \"request\": {\"uid\": \"\"}}",
+        b"{\"apiVersion\": \"v1\", \"kind\": \"Pod\"}",
+    ] {
+        assert!(
+            review_envoy_config(body, &validator()).is_err(),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+}
+
+#[test]
+fn a_long_list_of_problems_is_cut_and_counted() {
+    let many: Vec<String> = (0..1000)
+        .map(|i| format!("spec.resources[{i}].value: unknown field \"conect_timeout\""))
+        .collect();
+    let m = message(&many);
+    assert!(m.len() < MAX_MESSAGE_BYTES + 100, "{}", m.len());
+    assert!(m.starts_with("spec.resources[0].value"), "{m}");
+    assert!(m.ends_with("more problems"), "{m}");
+}
