@@ -64,11 +64,9 @@ pub struct DiscoveryServiceArgs {
     /// Serve only this namespace's EnvoyConfigs, reading nothing outside it (EnvoyConfigs,
     /// revisions, Secrets and EndpointSlices through namespaced watches; Namespaces not at
     /// all): the discovery pod of a DiscoveryService that serves its own namespace.
-    #[arg(
-        long,
-        value_name = "NAMESPACE",
-        conflicts_with = "discovery_service_name"
-    )]
+    /// With --discovery-service-name too, the name only tells the injection webhook which
+    /// discovery-service.name annotations are its own.
+    #[arg(long, value_name = "NAMESPACE")]
     watch_namespace: Option<String>,
     /// Taint a revision when at least this percentage of its node's connected proxies
     /// has rejected it (NACK); 100: every one of them.
@@ -77,6 +75,11 @@ pub struct DiscoveryServiceArgs {
     /// Address to listen on (xDS, metrics, probe and webhook ports).
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
+    /// The image of the shutdown manager the webhook injects for pods that set
+    /// marin3r.3scale.net/shutdown-manager.enabled and no shutdown-manager.image (the
+    /// operator passes the discovery pod's own image).
+    #[arg(long, value_name = "IMAGE", default_value = crate::IMAGE)]
+    shutdown_manager_image: String,
     /// Debug logging.
     #[arg(long)]
     debug: bool,
@@ -177,6 +180,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
     webhook.envoy_config_validator =
         Some(crate::admission::validator(allow_cross_namespace_secrets));
+    webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
+    webhook.injection.discovery_service = args.discovery_service_name.clone();
     let mut registry = Registry::default();
     webhook.metrics.register(&mut registry);
     let controller_metrics = controllers::ControllerMetrics::default();

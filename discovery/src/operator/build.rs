@@ -475,11 +475,15 @@ impl<'a> Children<'a> {
             format!("--probe-port={}", s.probe_port),
             format!("--webhook-port={}", s.webhook_port),
             format!("--server-cert-dir={SERVER_CERT_DIR}"),
-            match self.scope {
-                Scope::Cluster => format!("--discovery-service-name={}", self.name),
-                Scope::Namespace => format!("--watch-namespace={}", self.namespace),
-            },
+            // The name also tells the webhook which `discovery-service.name` annotations are
+            // its own; a namespace-scoped one watches its namespace only.
+            format!("--discovery-service-name={}", self.name),
+            // The sidecars' shutdown managers run the marin3r release that injected them.
+            format!("--shutdown-manager-image={}", s.image),
         ];
+        if self.scope == Scope::Namespace {
+            args.push(format!("--watch-namespace={}", self.namespace));
+        }
         if s.debug {
             args.push("--debug".into());
         }

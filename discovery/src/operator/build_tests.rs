@@ -160,6 +160,7 @@ fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
             "--webhook-port=9443",
             "--server-cert-dir=/etc/marin3r/tls/server",
             "--discovery-service-name=instance",
+            "--shutdown-manager-image=marin3r:test",
             "--debug"
         ]
     );
@@ -520,11 +521,8 @@ fn a_namespace_scoped_discovery_service_reaches_nothing_outside_its_namespace() 
         args.contains(&"--watch-namespace=ops".to_owned()),
         "{args:?}"
     );
-    assert!(
-        !args
-            .iter()
-            .any(|a| a.starts_with("--discovery-service-name"))
-    );
+    // (its name too, which only tells its webhook its own `discovery-service.name`)
+    assert!(args.contains(&"--discovery-service-name=instance".to_owned()));
     // ...with a Role there granting what the trusted one's ClusterRole grants, but Namespaces.
     let role = c.secret_reader_role("ops");
     assert_eq!(role.metadata.namespace.as_deref(), Some("ops"));
