@@ -646,6 +646,21 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// How the API server reaches a webhook `path` of the discovery pod: through the Service,
+    /// trusting the CA.
+    fn webhook_client(&self, ca_pem: &str, path: &str) -> WebhookClientConfig {
+        WebhookClientConfig {
+            ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
+            service: Some(ServiceReference {
+                name: self.spec.service_name.clone(),
+                namespace: self.namespace.clone(),
+                path: Some(path.into()),
+                port: Some(443),
+            }),
+            url: None,
+        }
+    }
+
     /// The injection webhook: pods labelled `status=enabled`, created in a namespace labelled
     /// for this discovery service, are sent to the discovery pod.
     pub fn webhook_configuration(&self, ca_pem: &str) -> MutatingWebhookConfiguration {
@@ -661,16 +676,7 @@ impl<'a> Children<'a> {
                     self.name, self.namespace
                 ),
                 admission_review_versions: vec!["v1".into()],
-                client_config: WebhookClientConfig {
-                    ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
-                    service: Some(ServiceReference {
-                        name: self.spec.service_name.clone(),
-                        namespace: self.namespace.clone(),
-                        path: Some(WEBHOOK_PATH.into()),
-                        port: Some(443),
-                    }),
-                    url: None,
-                },
+                client_config: self.webhook_client(ca_pem, WEBHOOK_PATH),
                 failure_policy: Some(WEBHOOK_FAILURE_POLICY.into()),
                 match_policy: Some("Equivalent".into()),
                 namespace_selector: Some(self.namespace_selector()),
@@ -702,16 +708,7 @@ impl<'a> Children<'a> {
                     self.name, self.namespace
                 ),
                 admission_review_versions: vec!["v1".into()],
-                client_config: WebhookClientConfig {
-                    ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
-                    service: Some(ServiceReference {
-                        name: self.spec.service_name.clone(),
-                        namespace: self.namespace.clone(),
-                        path: Some(VALIDATING_WEBHOOK_PATH.into()),
-                        port: Some(443),
-                    }),
-                    url: None,
-                },
+                client_config: self.webhook_client(ca_pem, VALIDATING_WEBHOOK_PATH),
                 failure_policy: Some(VALIDATING_WEBHOOK_FAILURE_POLICY.into()),
                 match_policy: Some("Equivalent".into()),
                 namespace_selector: Some(self.namespace_selector()),
