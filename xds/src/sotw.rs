@@ -195,11 +195,21 @@ fn is_wildcard(names: &[String], may_be_legacy_wildcard: bool) -> bool {
 
 impl Subscription {
     /// Whether `subscription(names, may_be_legacy_wildcard)` would equal this one.
+    /// Compares without copying a name: the request's names sorted and deduplicated (a
+    /// request may repeat a name) against the set, which is sorted.
     fn is(&self, names: &[String], may_be_legacy_wildcard: bool) -> bool {
-        let named = || names.iter().filter(|n| *n != "*");
-        self.wildcard == is_wildcard(names, may_be_legacy_wildcard)
-            && named().count() == self.names.len()
-            && named().all(|n| self.names.contains(n))
+        if self.wildcard != is_wildcard(names, may_be_legacy_wildcard) {
+            return false;
+        }
+        let mut named: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| *n != "*")
+            .collect();
+        named.sort_unstable();
+        named.dedup();
+        named.len() == self.names.len()
+            && named.iter().zip(&self.names).all(|(a, b)| *a == b.as_str())
     }
 }
 
@@ -263,6 +273,21 @@ mod tests {
 
     const LDS: ResourceType = ResourceType::Listener;
     const RDS: ResourceType = ResourceType::Route;
+
+    #[test]
+    fn a_subscription_is_the_same_only_for_the_same_set_of_names() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let bcd = subscription(&names(&["d", "c", "b"]), false);
+        assert!(bcd.is(&names(&["b", "c", "d"]), false));
+        assert!(bcd.is(&names(&["b", "d", "c", "c"]), false));
+        // Found by the protocol fuzz: as many names, but repeats of one.
+        assert!(!bcd.is(&names(&["b", "b", "b"]), false));
+        assert!(!bcd.is(&names(&["b", "c"]), false));
+        assert!(!bcd.is(&names(&["b", "c", "d", "*"]), false));
+        let wildcard = subscription(&[], true);
+        assert!(wildcard.is(&[], true));
+        assert!(!wildcard.is(&[], false));
+    }
 
     fn mk_snapshot(listener_body: &str, routes: &[&str]) -> Snapshot {
         let mut resources = vec![
