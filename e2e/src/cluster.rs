@@ -56,7 +56,6 @@ pub struct LocalCluster {
     node: Option<Arc<Node>>,
 }
 
-/// A kube-rs client for a kubeconfig's text.
 /// Whether a pod is Ready and not being deleted.
 pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
@@ -79,6 +78,46 @@ pub async fn ready_pods(
     Ok(pods.items.into_iter().filter(pod_ready).collect())
 }
 
+/// Creates a namespace enforcing Pod Security `restricted`, as a real cluster's may.
+pub async fn create_restricted_namespace(client: &kube::Client, name: &str) -> kube::Result<()> {
+    let mut ns = k8s_openapi::api::core::v1::Namespace::default();
+    ns.metadata.name = Some(name.to_owned());
+    ns.metadata.labels = Some(
+        [(
+            "pod-security.kubernetes.io/enforce".to_owned(),
+            "restricted".to_owned(),
+        )]
+        .into(),
+    );
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&kube::api::PostParams::default(), &ns)
+        .await?;
+    Ok(())
+}
+
+/// An example manifest of `manifests/examples/` with its namespace (`demo`) replaced by `ns`.
+pub fn example_in(file: &str, ns: &str) -> std::io::Result<String> {
+    let path = crate::tools::repo_root()
+        .join("manifests/examples")
+        .join(file);
+    let text = std::fs::read_to_string(path)?;
+    Ok(text.replace("namespace: demo", &format!("namespace: {ns}")))
+}
+
+/// A DiscoveryService's `Ready` condition: (status, reason, message).
+pub fn discovery_service_ready(
+    ds: &marin3r_discovery::api::discovery_service::DiscoveryService,
+) -> Option<(String, String, String)> {
+    let c = ds
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// A kube-rs client for a kubeconfig's text.
 pub async fn client_for(kubeconfig: &str) -> anyhow::Result<kube::Client> {
     let kubeconfig = kube::config::Kubeconfig::from_yaml(kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(

@@ -32,6 +32,7 @@ use marin3r_discovery::api::discovery_service::{
 };
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_e2e::cluster::{create_restricted_namespace, discovery_service_ready, example_in};
 use marin3r_e2e::kubectl::Kubectl;
 use marin3r_e2e::kubelet::ImageMap;
 use serde_json::json;
@@ -79,35 +80,6 @@ async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
     marin3r_e2e::cluster::ready_pods(client, ns, selector)
         .await
         .unwrap()
-}
-
-/// A namespace enforcing Pod Security `restricted`.
-async fn create_namespace(client: &Client, name: &str) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {
-        "name": name,
-        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-    }}))
-    .unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-}
-
-/// The example manifest with its namespace replaced.
-fn example_in(file: &str, ns: &str) -> String {
-    let text = std::fs::read_to_string(repo().join("manifests/examples").join(file)).unwrap();
-    text.replace("namespace: demo", &format!("namespace: {ns}"))
-}
-
-fn ds_ready(ds: &DiscoveryService) -> Option<(String, String, String)> {
-    let c = ds
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 async fn renew(client: &Client, name: &str, value: &str) {
@@ -241,8 +213,8 @@ async fn marin3r_end_to_end() {
             .map(String::as_str),
         Some("restricted")
     );
-    create_namespace(&client, "demo").await;
-    create_namespace(&client, "plain").await;
+    create_restricted_namespace(&client, "demo").await.unwrap();
+    create_restricted_namespace(&client, "plain").await.unwrap();
     let examples = manifests.join("examples");
     kubectl
         .ok(&[
@@ -256,7 +228,7 @@ async fn marin3r_end_to_end() {
     let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
     until("the DiscoveryService to be Ready", 120, || async {
         let ds = dss.get(DS).await.ok()?;
-        (ds_ready(&ds)?.0 == "True").then_some(())
+        (discovery_service_ready(&ds)?.0 == "True").then_some(())
     })
     .await;
     let ds = dss.get(DS).await.unwrap();
@@ -431,6 +403,7 @@ async fn marin3r_end_to_end() {
         Some(vec!["envoyconfigs".to_owned()])
     );
     let typo = example_in("envoyconfig.yaml", "demo")
+        .unwrap()
         .replace("name: demo-proxy", "name: demo-typo")
         .replace("nodeID: demo-proxy", "nodeID: demo-typo")
         .replace("stat_prefix: http", "stat_prefx: http");
@@ -479,14 +452,14 @@ async fn marin3r_end_to_end() {
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("envoyconfig.yaml", "demo"),
+            &example_in("envoyconfig.yaml", "demo").unwrap(),
         )
         .await
         .unwrap();
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("deployment.yaml", "demo"),
+            &example_in("deployment.yaml", "demo").unwrap(),
         )
         .await
         .unwrap();
@@ -592,7 +565,7 @@ async fn marin3r_end_to_end() {
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("deployment.yaml", "plain"),
+            &example_in("deployment.yaml", "plain").unwrap(),
         )
         .await
         .unwrap();
@@ -778,7 +751,9 @@ async fn marin3r_end_to_end() {
         .unwrap();
 
     // 3. A user labels a second namespace: it is served; unlabelled, it is not.
-    create_namespace(&client, "team-b").await;
+    create_restricted_namespace(&client, "team-b")
+        .await
+        .unwrap();
     let patch = |v: Option<&str>| json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: v}}});
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.patch(
@@ -799,14 +774,14 @@ async fn marin3r_end_to_end() {
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("envoyconfig.yaml", "team-b"),
+            &example_in("envoyconfig.yaml", "team-b").unwrap(),
         )
         .await
         .unwrap();
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("deployment.yaml", "team-b"),
+            &example_in("deployment.yaml", "team-b").unwrap(),
         )
         .await
         .unwrap();
@@ -952,7 +927,7 @@ async fn marin3r_end_to_end() {
     let ip = pod_ip(&pod);
 
     // 6. A config Envoy refuses is rolled back and reported; the pod keeps serving.
-    let bad = example_in("envoyconfig.yaml", "demo").replace(
+    let bad = example_in("envoyconfig.yaml", "demo").unwrap().replace(
         "    listeners:\n",
         "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
     );

@@ -15,11 +15,12 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_e2e::cluster::{create_restricted_namespace, discovery_service_ready, example_in};
 use marin3r_e2e::kubectl::Kubectl;
 use marin3r_e2e::kubelet::ImageMap;
 use serde_json::json;
@@ -37,35 +38,6 @@ async fn until<T, Fut: Future<Output = Option<T>>>(
     f: impl FnMut() -> Fut,
 ) -> T {
     marin3r_e2e::wait::until(what, Duration::from_secs(secs), f).await
-}
-
-/// A namespace enforcing Pod Security `restricted`.
-async fn create_namespace(client: &Client, name: &str) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {
-        "name": name,
-        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-    }}))
-    .unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-}
-
-/// An example manifest moved to namespace `ns`.
-fn example_in(file: &str, ns: &str) -> String {
-    let text = std::fs::read_to_string(repo().join("manifests/examples").join(file)).unwrap();
-    text.replace("namespace: demo", &format!("namespace: {ns}"))
-}
-
-fn ready(ds: &DiscoveryService) -> Option<(String, String, String)> {
-    let c = ds
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 fn pod_ip(p: &Pod) -> String {
@@ -131,7 +103,7 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
         .await
         .unwrap();
     for ns in [APP, "other", "team-y", "team-z"] {
-        create_namespace(&client, ns).await;
+        create_restricted_namespace(&client, ns).await.unwrap();
     }
     kubectl
         .ok_with(&["apply", "-f", "-"], &namespace_admin(APP))
@@ -153,7 +125,7 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
         async move {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             kubectl
-                .ok_with(&args, &example_in(file, APP))
+                .ok_with(&args, &example_in(file, APP).unwrap())
                 .await
                 .unwrap();
         }
@@ -169,7 +141,7 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
     let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), APP);
     let ds = until("the DiscoveryService to be Ready", 120, || async {
         let ds = dss.get("instance").await.ok()?;
-        (ready(&ds)?.0 == "True").then_some(ds)
+        (discovery_service_ready(&ds)?.0 == "True").then_some(ds)
     })
     .await;
     assert_eq!(ds.status.unwrap().enabled_namespaces, [APP]);
@@ -183,6 +155,7 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
 
     // Its validating webhook judges the EnvoyConfigs of its namespace, and only those.
     let typo = example_in("envoyconfig.yaml", APP)
+        .unwrap()
         .replace("name: demo-proxy", "name: typo")
         .replace("stat_prefix: http", "stat_prefx: http");
     let args = as_admin(&["apply", "--server-side", "-f", "-"]);
@@ -290,7 +263,8 @@ spec:
     let refused: Api<DiscoveryService> = Api::namespaced(client.clone(), "team-y");
     let (_, _, message) = until("the reaching DiscoveryService refused", 60, || async {
         let ds = refused.get("reach").await.ok()?;
-        ready(&ds).filter(|(status, reason, _)| status == "False" && reason == "ForbiddenNamespace")
+        discovery_service_ready(&ds)
+            .filter(|(status, reason, _)| status == "False" && reason == "ForbiddenNamespace")
     })
     .await;
     assert!(
