@@ -153,6 +153,15 @@ impl<'a> Children<'a> {
         ])
     }
 
+    /// The discovery pods' selector as a string, for the replicas to find each other.
+    pub fn replica_selector(&self) -> String {
+        self.selector_labels()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The label selector (as a string) of the objects that cannot be owned.
     pub fn owner_selector(&self) -> String {
         owner_selector(&self.name, &self.namespace)
@@ -332,6 +341,36 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// What the discovery pods may do in their own namespace: hold the leader election Lease
+    /// (only the leader runs the EnvoyConfig controller and writes taints) and list their
+    /// sibling pods (whose NACK reports count).
+    pub fn replicas_role(&self) -> Role {
+        Role {
+            metadata: self.owned_meta(&self.owned_name()),
+            rules: Some(vec![
+                rule(
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                    &["get", "create", "update"],
+                ),
+                rule(&[""], &["pods"], &["get", "list"]),
+            ]),
+        }
+    }
+
+    /// Binds [`Self::replicas_role`] to the discovery pod's ServiceAccount.
+    pub fn replicas_role_binding(&self) -> RoleBinding {
+        RoleBinding {
+            metadata: self.owned_meta(&self.owned_name()),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: self.owned_name(),
+            },
+            subjects: Some(vec![self.service_account_subject()]),
+        }
+    }
+
     /// Read access to the Secrets of one served namespace (the TLS and Opaque Secrets its
     /// revisions serve over SDS, watched for changes) and its EndpointSlices (the endpoints
     /// of `generateFromEndpointSlices`, watched too), so the discovery pod never reads the
@@ -420,6 +459,7 @@ impl<'a> Children<'a> {
             format!("--webhook-port={}", s.webhook_port),
             format!("--server-cert-dir={SERVER_CERT_DIR}"),
             format!("--discovery-service-name={}", self.name),
+            format!("--replica-selector={}", self.replica_selector()),
         ];
         if s.debug {
             args.push("--debug".into());
