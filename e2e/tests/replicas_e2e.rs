@@ -1,8 +1,8 @@
 //! A DiscoveryService with two replicas on the local cluster, real Envoy sidecars spread
 //! over both (each sidecar's Service name resolves to one discovery pod, as kube-proxy
 //! spreads connections): a config both halves of the fleet reject is reported by both
-//! replicas, tainted once by the leader and rolled back everywhere; then the leader's
-//! process is killed, its sidecars reconnect to the other replica, which takes the Lease,
+//! replicas, tainted once by the leader and rolled back everywhere; then the leader's pod
+//! dies at once, its sidecar reconnects to a live replica, another replica takes the Lease,
 //! and a new config reaches every sidecar. Needs root (pod runner) and the built `marin3r`
 //! binary (`cargo build -p marin3r-discovery`).
 
@@ -290,23 +290,36 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         assert_eq!(get(&format!("http://{}:8080/", pod_ip(pod))), BODY);
     }
 
-    // The leader's process dies: its sidecar reconnects to the other replica, which takes
-    // the Lease once it expires, and publishes the next config to both.
-    let (dead, survivor) = if discovery[0].name_any() == leader {
-        (&discovery[0], &discovery[1])
-    } else {
-        (&discovery[1], &discovery[0])
-    };
-    cluster
-        .kill_container(OPS, &dead.name_any(), "marin3r")
+    // The leader's pod dies at once (no grace: it cannot release the Lease): its sidecar
+    // reconnects to a live replica, another replica takes the Lease once it expires, and
+    // publishes the next config to both. (Killing only the container would not do: the
+    // restarted process has the same pod name, and resumes its own Lease as client-go does.)
+    let dead = discovery
+        .iter()
+        .find(|p| p.name_any() == leader)
+        .unwrap()
+        .clone();
+    Api::<Pod>::namespaced(client.clone(), OPS)
+        .delete(
+            &dead.name_any(),
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
         .unwrap();
-    until("the survivor to take the Lease", 60, || async {
-        (holder(&client).await? == survivor.name_any()).then_some(())
+    let new_leader = until("another discovery pod to take the Lease", 90, || async {
+        let holder = holder(&client).await?;
+        let live = ready_pods(&client, OPS, DISCOVERY).await;
+        (holder != dead.name_any() && live.iter().any(|p| p.name_any() == holder)).then_some(holder)
     })
     .await;
+    assert_ne!(new_leader, dead.name_any());
     for pod in &sidecars {
-        until("every sidecar on the survivor", 60, || async {
-            (xds_upstream(&cluster, pod)? == pod_ip(survivor)).then_some(())
+        until("every sidecar on a live replica", 90, || async {
+            let upstream = xds_upstream(&cluster, pod)?;
+            (upstream != pod_ip(&dead)).then_some(())
         })
         .await;
         assert_eq!(get(&format!("http://{}:8080/", pod_ip(pod))), BODY);
