@@ -10,6 +10,7 @@ pub mod crds;
 pub mod operator;
 pub mod reference;
 pub mod revisions;
+pub mod shutdown_manager;
 
 /// The container image this `marin3r` binary ships in: the operator's default for discovery
 /// pods, the name `manifests/` deploy (kustomize `images:` overrides it) and `hack/image`

@@ -204,3 +204,84 @@ fn a_pod_not_labelled_for_injection_is_printed_unchanged_with_a_note() {
         "note: document 1 (Pod \"plain\"): not injected: the pod is not labelled marin3r.3scale.net/status=enabled\n"
     );
 }
+
+/// A Deployment written for the original with its drain annotations: the template gets the
+/// shutdown manager (image from the flag), the hooks and the grace period; an annotation
+/// without effect is a note on stderr, as the webhook's admission warning.
+#[test]
+fn the_original_drain_annotations_inject_the_shutdown_manager() {
+    let yaml = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kuard, namespace: shop}
+spec:
+  selector: {matchLabels: {app: kuard}}
+  template:
+    metadata:
+      labels: {app: kuard, marin3r.3scale.net/status: enabled}
+      annotations:
+        marin3r.3scale.net/node-id: kuard
+        marin3r.3scale.net/shutdown-manager.enabled: "true"
+        marin3r.3scale.net/shutdown-manager.drain-time: "30"
+        marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks: kuard
+        marin3r.3scale.net/init-manager.image: quay.io/3scale/marin3r:v0.13.0
+        marin3r.3scale.net/envoy-extra-args: --log-level debug  --log-format '%v'
+    spec:
+      containers:
+      - {name: kuard, image: "gcr.io/kuar-demo/kuard-amd64:blue"}
+"#;
+    let out = marin3r(
+        &[
+            "inject",
+            "-f",
+            "-",
+            "--shutdown-manager-image",
+            "registry.local/marin3r:v1",
+        ],
+        Some(yaml),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        r#"note: document 1 (Deployment "kuard"): warning: marin3r.3scale.net/init-manager.image="quay.io/3scale/marin3r:v0.13.0" has no effect: marin3r injects no init container (the sidecar's per-pod settings travel on its command line)"#
+    );
+    let docs = documents(&out.stdout);
+    let spec = &docs[0]["spec"]["template"]["spec"];
+    assert_eq!(spec["terminationGracePeriodSeconds"], 45);
+    let names: Vec<&str> = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["kuard", "envoy-sidecar", "envoy-shtdn-mgr"]);
+    assert_eq!(spec["containers"][2]["image"], "registry.local/marin3r:v1");
+    assert_eq!(
+        spec["containers"][0]["lifecycle"]["preStop"]["httpGet"]["path"],
+        "/drain"
+    );
+    assert_eq!(
+        spec["containers"][1]["lifecycle"]["preStop"]["httpGet"]["path"],
+        "/shutdown"
+    );
+    let args: Vec<&str> = spec["containers"][1]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args[8..],
+        [
+            "--drain-time-s",
+            "30",
+            "--drain-strategy",
+            "gradual",
+            "--log-level",
+            "debug",
+            "--log-format",
+            "'%v'"
+        ]
+    );
+}

@@ -106,6 +106,11 @@ impl Envoy {
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// Whether Envoy has exited (asked to by its admin, say), without waiting.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
+    }
 }
 
 impl Drop for Envoy {

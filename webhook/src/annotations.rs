@@ -31,6 +31,27 @@ pub const ADMIN_ACCESS_LOG_PATH: &str = "marin3r.3scale.net/admin.access-log-pat
 pub const READINESS_PORT: &str = "marin3r.3scale.net/readiness.port";
 /// Accepted from original MARIN3R manifests: only `v3` exists in today's Envoy.
 pub const ENVOY_API_VERSION: &str = "marin3r.3scale.net/envoy-api-version";
+/// The bootstrap ConfigMap the sidecar mounts (default: the one the operator writes into
+/// every enabled namespace).
+pub const ADS_CONFIGMAP: &str = "marin3r.3scale.net/ads-configmap";
+/// The bootstrap ConfigMap the original operator wrote for Envoy v3 (its pods named it in
+/// `ads-configmap`); marin3r writes one bootstrap, v3, under its own name.
+pub const ORIGINAL_V3_BOOTSTRAP_CONFIG_MAP: &str = "envoy-sidecar-bootstrap-v3";
+/// The DiscoveryService that must serve the pod; the webhook of another one denies it.
+pub const DISCOVERY_SERVICE_NAME: &str = "marin3r.3scale.net/discovery-service.name";
+/// The original's init container image. marin3r injects no init container (per-pod settings
+/// travel in the sidecar's `--config-yaml` overlay), so it is accepted with a warning.
+pub const INIT_MANAGER_IMAGE: &str = "marin3r.3scale.net/init-manager.image";
+/// Graceful drain on pod termination: a `marin3r shutdown-manager` container and preStop
+/// hooks (see [`ShutdownManager`]).
+pub const SHUTDOWN_MANAGER_ENABLED: &str = "marin3r.3scale.net/shutdown-manager.enabled";
+pub const SHUTDOWN_MANAGER_PORT: &str = "marin3r.3scale.net/shutdown-manager.port";
+pub const SHUTDOWN_MANAGER_IMAGE: &str = "marin3r.3scale.net/shutdown-manager.image";
+pub const SHUTDOWN_MANAGER_DRAIN_TIME: &str = "marin3r.3scale.net/shutdown-manager.drain-time";
+pub const SHUTDOWN_MANAGER_DRAIN_STRATEGY: &str =
+    "marin3r.3scale.net/shutdown-manager.drain-strategy";
+pub const SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS: &str =
+    "marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks";
 /// Written by the webhook on every pod it injects; a pod carrying it is left alone.
 pub const INJECTED: &str = "marin3r.3scale.net/injected";
 /// The pod label (value `enabled`) that opts a pod into injection.
@@ -59,7 +80,31 @@ pub const KNOWN: &[&str] = &[
     ADMIN_ACCESS_LOG_PATH,
     READINESS_PORT,
     ENVOY_API_VERSION,
+    ADS_CONFIGMAP,
+    DISCOVERY_SERVICE_NAME,
+    INIT_MANAGER_IMAGE,
+    SHUTDOWN_MANAGER_ENABLED,
+    SHUTDOWN_MANAGER_PORT,
+    SHUTDOWN_MANAGER_IMAGE,
+    SHUTDOWN_MANAGER_DRAIN_TIME,
+    SHUTDOWN_MANAGER_DRAIN_STRATEGY,
+    SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
     INJECTED,
+];
+
+/// The shutdown-manager annotations besides `enabled`: they only mean something when it is.
+const SHUTDOWN_MANAGER_SETTINGS: [&str; 5] = [
+    SHUTDOWN_MANAGER_PORT,
+    SHUTDOWN_MANAGER_IMAGE,
+    SHUTDOWN_MANAGER_DRAIN_TIME,
+    SHUTDOWN_MANAGER_DRAIN_STRATEGY,
+    SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
+];
+
+/// Envoy flags the sidecar sets when the shutdown manager is enabled (from its annotations).
+const DRAIN_ARGS: [(&str, &str); 2] = [
+    ("--drain-time-s", SHUTDOWN_MANAGER_DRAIN_TIME),
+    ("--drain-strategy", SHUTDOWN_MANAGER_DRAIN_STRATEGY),
 ];
 
 /// At most this many unknown annotations are named one by one; the rest are counted.
@@ -215,6 +260,37 @@ pub struct Admin {
     pub access_log_path: Option<String>,
 }
 
+/// How Envoy drains its listeners (`--drain-strategy`): `gradual` asks a growing share of the
+/// connections to close over the drain time, `immediate` asks all of them at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainStrategy {
+    Gradual,
+    Immediate,
+}
+
+impl DrainStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gradual => "gradual",
+            Self::Immediate => "immediate",
+        }
+    }
+}
+
+/// The graceful drain on pod termination (`shutdown-manager.*`): a `marin3r shutdown-manager`
+/// container on `port`; Envoy's preStop asks it to drain and then stop Envoy, and the
+/// preStop of every container in `extra_lifecycle_hooks` waits for the drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShutdownManager {
+    pub port: u16,
+    pub image: String,
+    /// Seconds: Envoy's `--drain-time-s`, and the longest the manager waits for connections.
+    pub drain_time: u32,
+    pub drain_strategy: DrainStrategy,
+    /// Containers of the pod that wait for the drain before they get SIGTERM.
+    pub extra_lifecycle_hooks: Vec<String>,
+}
+
 /// Everything a pod's annotations say about its sidecar, defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidecarSpec {
@@ -232,6 +308,11 @@ pub struct SidecarSpec {
     /// The static listener serving only `GET /ready` (proxied to the admin) on every pod
     /// address: what kubelet probes, so the admin can stay on loopback.
     pub readiness_port: u16,
+    /// The ConfigMap holding the bootstrap (`ads-configmap`).
+    pub bootstrap_config_map: String,
+    pub shutdown_manager: Option<ShutdownManager>,
+    /// Accepted annotations the user should hear about (admission warnings).
+    pub warnings: Vec<String>,
 }
 
 /// Reads the sidecar spec from a pod's annotations, with `config` supplying the defaults.
@@ -264,7 +345,7 @@ pub fn parse(
     }
     let cluster_id = get(CLUSTER_ID).unwrap_or(&node_id).to_owned();
     if let Some(v) = get(CLUSTER_ID) {
-        check(CLUSTER_ID, v, label_value(v));
+        check(CLUSTER_ID, v, command_line_arg(v));
     }
     let container_name = get(CONTAINER_NAME)
         .unwrap_or(&config.container_name)
@@ -284,10 +365,12 @@ pub fn parse(
             }
         }
     }
-    if let Some(v) = get(HOST_PORT_MAPPINGS)
-        && let Err((entry, reason)) = apply_host_port_mappings(v, &mut ports, ports_invalid)
-    {
-        check(HOST_PORT_MAPPINGS, &entry, Err(reason));
+    let mut unmapped = Vec::new();
+    if let Some(v) = get(HOST_PORT_MAPPINGS) {
+        match apply_host_port_mappings(v, &mut ports, ports_invalid) {
+            Ok(unknown) => unmapped = unknown,
+            Err((entry, reason)) => check(HOST_PORT_MAPPINGS, &entry, Err(reason)),
+        }
     }
 
     let envoy_image = get(ENVOY_IMAGE).unwrap_or(&config.envoy_image).to_owned();
@@ -317,9 +400,68 @@ pub fn parse(
     if let Some(v) = get(CLIENT_CERTIFICATE) {
         check(CLIENT_CERTIFICATE, v, dns_subdomain(v));
     }
+    let mut warnings = Vec::new();
+    let mut bootstrap_config_map = get(ADS_CONFIGMAP)
+        .unwrap_or(&config.bootstrap_config_map)
+        .to_owned();
+    if let Some(v) = get(ADS_CONFIGMAP) {
+        check(ADS_CONFIGMAP, v, dns_subdomain(v));
+        if v == ORIGINAL_V3_BOOTSTRAP_CONFIG_MAP && v != config.bootstrap_config_map {
+            bootstrap_config_map = config.bootstrap_config_map.clone();
+            warnings.push(format!(
+                "{ADS_CONFIGMAP}={v:?} is the original MARIN3R's v3 bootstrap, which marin3r \
+                 does not create: the sidecar mounts {:?}, marin3r's bootstrap (v3)",
+                config.bootstrap_config_map
+            ));
+        }
+    }
+    if let Some(v) = get(DISCOVERY_SERVICE_NAME)
+        && let Some(serving) = &config.discovery_service
+        && v != serving
+    {
+        check(
+            DISCOVERY_SERVICE_NAME,
+            v,
+            Err(format!(
+                "the pod's namespace is served by the DiscoveryService {serving:?}; label the \
+                 namespace marin3r.3scale.net/discovery-service={v} to be served by {v:?}, or \
+                 remove the annotation"
+            )),
+        );
+    }
+    if let Some(v) = get(INIT_MANAGER_IMAGE) {
+        warnings.push(format!(
+            "{INIT_MANAGER_IMAGE}={v:?} has no effect: marin3r injects no init container (the \
+             sidecar's per-pod settings travel on its command line)"
+        ));
+    }
+    let shutdown_manager = match get(SHUTDOWN_MANAGER_ENABLED) {
+        None => None,
+        Some(v) => match parse_bool(v) {
+            Err(e) => {
+                check(SHUTDOWN_MANAGER_ENABLED, v, Err(e));
+                None
+            }
+            Ok(false) => None,
+            Ok(true) => Some(parse_shutdown_manager(&get, config, &mut check)),
+        },
+    };
+    if shutdown_manager.is_none() {
+        let ignored: Vec<&str> = SHUTDOWN_MANAGER_SETTINGS
+            .into_iter()
+            .filter(|name| get(name).is_some())
+            .collect();
+        if !ignored.is_empty() {
+            warnings.push(format!(
+                "{} {} no effect unless {SHUTDOWN_MANAGER_ENABLED} is \"true\"",
+                ignored.join(", "),
+                if ignored.len() == 1 { "has" } else { "have" }
+            ));
+        }
+    }
     let mut extra_args = Vec::new();
     if let Some(v) = get(ENVOY_EXTRA_ARGS) {
-        match parse_extra_args(v) {
+        match parse_extra_args(v, shutdown_manager.is_some()) {
             Ok(a) => extra_args = a,
             Err(e) => check(ENVOY_EXTRA_ARGS, v, Err(e)),
         }
@@ -416,6 +558,28 @@ pub fn parse(
             )),
         );
     }
+    if let Some(manager) = &shutdown_manager {
+        let value = get(SHUTDOWN_MANAGER_PORT)
+            .map(str::to_owned)
+            .unwrap_or_else(|| manager.port.to_string());
+        let clash = if manager.port == admin.port {
+            Some("Envoy's admin port".to_owned())
+        } else if manager.port == readiness_port {
+            Some("the readiness listener's port".to_owned())
+        } else {
+            ports
+                .iter()
+                .find(|p| p.port == manager.port && p.protocol == Protocol::Tcp)
+                .map(|p| format!("the port {:?} declared in {PORTS}", p.name))
+        };
+        if let Some(clash) = clash {
+            check(
+                SHUTDOWN_MANAGER_PORT,
+                &value,
+                Err(format!("the shutdown manager's port clashes with {clash}")),
+            );
+        }
+    }
     if let Some(v) = get(ADMIN_BIND_ADDRESS) {
         match parse_bind_address(v) {
             Ok(ip) => admin.bind_address = ip,
@@ -442,6 +606,17 @@ pub fn parse(
     if !errors.is_empty() {
         return Err(errors);
     }
+    if !unmapped.is_empty() {
+        // The original ignored these silently; a manifest written for it still applies.
+        warnings.push(format!(
+            "{HOST_PORT_MAPPINGS}: {} not declared in {PORTS}; ignored",
+            unmapped
+                .iter()
+                .map(|n| format!("{n:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     Ok(SidecarSpec {
         node_id,
         cluster_id,
@@ -455,7 +630,101 @@ pub fn parse(
         resources,
         admin,
         readiness_port,
+        bootstrap_config_map,
+        shutdown_manager,
+        warnings,
     })
+}
+
+/// The `shutdown-manager.*` settings of a pod that enables it, defaults from `config`.
+fn parse_shutdown_manager<'a>(
+    get: &impl Fn(&str) -> Option<&'a str>,
+    config: &InjectionConfig,
+    check: &mut impl FnMut(&'static str, &str, Result<(), String>),
+) -> ShutdownManager {
+    let mut manager = ShutdownManager {
+        port: config.shutdown_manager_port,
+        image: config.shutdown_manager_image.clone(),
+        drain_time: config.drain_time,
+        drain_strategy: DrainStrategy::Gradual,
+        extra_lifecycle_hooks: Vec::new(),
+    };
+    if let Some(v) = get(SHUTDOWN_MANAGER_PORT) {
+        match parse_port_number(v) {
+            Ok(p) => manager.port = p,
+            Err(e) => check(SHUTDOWN_MANAGER_PORT, v, Err(e)),
+        }
+    }
+    if let Some(v) = get(SHUTDOWN_MANAGER_IMAGE) {
+        match image_reference(v) {
+            Ok(()) => manager.image = v.to_owned(),
+            Err(e) => check(SHUTDOWN_MANAGER_IMAGE, v, Err(e)),
+        }
+    }
+    if let Some(v) = get(SHUTDOWN_MANAGER_DRAIN_TIME) {
+        match parse_drain_time(v) {
+            Ok(t) => manager.drain_time = t,
+            Err(e) => check(SHUTDOWN_MANAGER_DRAIN_TIME, v, Err(e)),
+        }
+    }
+    if let Some(v) = get(SHUTDOWN_MANAGER_DRAIN_STRATEGY) {
+        match v.to_ascii_lowercase().as_str() {
+            "gradual" => manager.drain_strategy = DrainStrategy::Gradual,
+            "immediate" => manager.drain_strategy = DrainStrategy::Immediate,
+            _ => check(
+                SHUTDOWN_MANAGER_DRAIN_STRATEGY,
+                v,
+                Err("must be gradual or immediate".into()),
+            ),
+        }
+    }
+    if let Some(v) = get(SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS) {
+        for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if let Err(e) = dns_label(name) {
+                check(
+                    SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
+                    v,
+                    Err(format!("container name {name:?} {e}")),
+                );
+                break;
+            }
+            if !manager.extra_lifecycle_hooks.iter().any(|n| n == name) {
+                manager.extra_lifecycle_hooks.push(name.to_owned());
+            }
+        }
+    }
+    manager
+}
+
+/// The longest drain Kubernetes can wait for: the pod's terminationGracePeriodSeconds is the
+/// drain time plus a margin, and stays well inside what the API server accepts.
+pub const MAX_DRAIN_TIME: u32 = 7 * 24 * 3600;
+
+fn parse_drain_time(value: &str) -> Result<u32, String> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("must be a whole number of seconds".into());
+    }
+    match value.parse::<u32>() {
+        Ok(t) if t <= MAX_DRAIN_TIME => Ok(t),
+        _ => Err(format!("must be at most {MAX_DRAIN_TIME} seconds (7 days)")),
+    }
+}
+
+/// The forms Go's `strconv.ParseBool` takes, as the original read the annotation.
+fn parse_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "1" | "t" | "T" | "true" | "True" | "TRUE" => Ok(true),
+        "0" | "f" | "F" | "false" | "False" | "FALSE" => Ok(false),
+        _ => Err("must be true or false".into()),
+    }
+}
+
+/// Any string Envoy can take as one argument (a process argument cannot hold a NUL).
+fn command_line_arg(value: &str) -> Result<(), String> {
+    if value.contains('\0') {
+        return Err("must not contain a NUL character".into());
+    }
+    Ok(())
 }
 
 /// `name:port[:TCP|UDP|SCTP]`, comma separated. An error carries the bad entry and why.
@@ -499,12 +768,14 @@ fn parse_ports(value: &str) -> Result<Vec<PortSpec>, (String, String)> {
     Ok(ports)
 }
 
-/// `name:hostPort`, comma separated; every name must be a port of `ports`.
+/// `name:hostPort`, comma separated. Returns the names that are not ports of `ports`, which
+/// the original ignored (ours warns).
 fn apply_host_port_mappings(
     value: &str,
     ports: &mut [PortSpec],
     ports_invalid: bool,
-) -> Result<(), (String, String)> {
+) -> Result<Vec<String>, (String, String)> {
+    let mut unknown = Vec::new();
     let mut seen: HashSet<(u16, Protocol)> = HashSet::new();
     for entry in value.split(',').map(str::trim) {
         let bad = |reason: String| (entry.to_owned(), reason);
@@ -514,11 +785,10 @@ fn apply_host_port_mappings(
         let host_port = parse_port_number(host_port).map_err(bad)?;
         let Some(port) = ports.iter_mut().find(|p| p.name == name) else {
             // A bad `ports` annotation is reported on its own; do not blame the mapping too.
-            return if ports_invalid {
-                Ok(())
-            } else {
-                Err(bad(format!("no port named {name:?} in {PORTS}")))
-            };
+            if !ports_invalid {
+                unknown.push(name.to_owned());
+            }
+            continue;
         };
         if port.host_port.is_some() {
             return Err(bad(format!("port {name:?} is mapped twice")));
@@ -531,7 +801,7 @@ fn apply_host_port_mappings(
         }
         port.host_port = Some(host_port);
     }
-    Ok(())
+    Ok(unknown)
 }
 
 fn parse_port_number(value: &str) -> Result<u16, String> {
@@ -544,23 +814,73 @@ fn parse_port_number(value: &str) -> Result<u16, String> {
     }
 }
 
-/// Envoy's command line split as a POSIX shell would, minus the flags the sidecar owns.
-fn parse_extra_args(value: &str) -> Result<Vec<String>, String> {
-    let args = shlex::split(value)
-        .ok_or_else(|| "unbalanced quotes or a trailing backslash".to_string())?;
-    for arg in &args {
-        if let Some(reserved) = RESERVED_ARGS.iter().find(|r| {
-            arg == *r
+/// Envoy's extra arguments, split as the original split them (on spaces), minus the flags the
+/// sidecar owns (and, with the shutdown manager, the drain flags it sets).
+fn parse_extra_args(value: &str, drain_flags_set: bool) -> Result<Vec<String>, String> {
+    let args = split_extra_args(value);
+    let owned = RESERVED_ARGS.iter().map(|r| (*r, None)).chain(
+        DRAIN_ARGS
+            .iter()
+            .filter(|_| drain_flags_set)
+            .map(|(flag, annotation)| (*flag, Some(*annotation))),
+    );
+    for (flag, annotation) in owned {
+        let given = args.iter().any(|arg| {
+            arg == flag
                 || arg
-                    .strip_prefix(**r)
+                    .strip_prefix(flag)
                     .is_some_and(|rest| rest.starts_with('='))
-        }) {
-            return Err(format!(
-                "{reserved} is set by the injector and may not be given again"
-            ));
+        });
+        if given {
+            return Err(match annotation {
+                None => format!("{flag} is set by the injector and may not be given again"),
+                Some(annotation) => format!(
+                    "{flag} is set from {annotation} when {SHUTDOWN_MANAGER_ENABLED} is true; set \
+                     it there"
+                ),
+            });
         }
     }
     Ok(args)
+}
+
+/// The original split the value on single spaces and passed every piece to Envoy as written,
+/// quotes included. Every value it split into working arguments is split the same way here.
+/// Two loosenings only change values that gave Envoy a broken command line: runs of
+/// whitespace separate arguments (the original passed empty arguments and kept tabs and
+/// newlines inside them), and a quoted span (`"..."` or `'...'`) that contains whitespace is
+/// one piece of an argument, quotes removed (the original cut it into pieces Envoy refuses).
+/// A quoted span without whitespace keeps its quotes, as in the original (`--log-format '%v'`
+/// logs the quotes); backslashes are literal.
+fn split_extra_args(value: &str) -> Vec<String> {
+    let chars: Vec<char> = value.chars().collect();
+    let mut args = Vec::new();
+    let mut current: Option<String> = None;
+    let mut i = 0;
+    while let Some(&c) = chars.get(i) {
+        if c.is_whitespace() {
+            args.extend(current.take());
+            i += 1;
+            continue;
+        }
+        let arg = current.get_or_insert_with(String::new);
+        if matches!(c, '"' | '\'')
+            && let Some(len) = chars[i + 1..].iter().position(|&d| d == c)
+        {
+            let inner = &chars[i + 1..i + 1 + len];
+            if inner.iter().any(|ch| ch.is_whitespace()) {
+                arg.extend(inner);
+            } else {
+                arg.extend(&chars[i..i + len + 2]);
+            }
+            i += len + 2;
+            continue;
+        }
+        arg.push(c);
+        i += 1;
+    }
+    args.extend(current);
+    args
 }
 
 /// Any address: loopback (the default) keeps the admin API inside the pod; 0.0.0.0, :: or a

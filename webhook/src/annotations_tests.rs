@@ -66,6 +66,9 @@ fn defaults_fill_in_everything_but_the_node_id() {
                 access_log_path: None,
             },
             readiness_port: 9902,
+            bootstrap_config_map: "envoy-sidecar-bootstrap".into(),
+            shutdown_manager: None,
+            warnings: vec![],
         }
     );
 }
@@ -175,7 +178,7 @@ fn good_values_are_read() {
         (
             vec![(
                 ENVOY_EXTRA_ARGS,
-                r#"--log-level debug --component-log-level "upstream:trace,http:info" --drain-time-s 5"#,
+                "--log-level debug --component-log-level upstream:trace,http:info --drain-time-s 5",
             )],
             Box::new(|s| {
                 assert_eq!(
@@ -254,8 +257,141 @@ fn good_values_are_read() {
             Box::new(|s| assert_eq!(s.node_id, "kuard")),
         ),
         (
-            vec![("marin3r.3scale.net/shutdown-manager.enabled", "true")],
-            Box::new(|s| assert_eq!(s.node_id, "kuard")),
+            vec![(SHUTDOWN_MANAGER_ENABLED, "true")],
+            Box::new(|s| {
+                assert_eq!(
+                    s.shutdown_manager,
+                    Some(ShutdownManager {
+                        port: 8090,
+                        image: crate::config::DEFAULT_SHUTDOWN_MANAGER_IMAGE.into(),
+                        drain_time: 300,
+                        drain_strategy: DrainStrategy::Gradual,
+                        extra_lifecycle_hooks: vec![],
+                    })
+                );
+                assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+            }),
+        ),
+        (
+            vec![
+                (SHUTDOWN_MANAGER_ENABLED, "True"),
+                (SHUTDOWN_MANAGER_PORT, "18090"),
+                (SHUTDOWN_MANAGER_IMAGE, "registry.local/marin3r:v9"),
+                (SHUTDOWN_MANAGER_DRAIN_TIME, "45"),
+                (SHUTDOWN_MANAGER_DRAIN_STRATEGY, "immediate"),
+                (SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS, "app, worker,,app"),
+            ],
+            Box::new(|s| {
+                assert_eq!(
+                    s.shutdown_manager,
+                    Some(ShutdownManager {
+                        port: 18090,
+                        image: "registry.local/marin3r:v9".into(),
+                        drain_time: 45,
+                        drain_strategy: DrainStrategy::Immediate,
+                        extra_lifecycle_hooks: vec!["app".into(), "worker".into()],
+                    })
+                )
+            }),
+        ),
+        (
+            // The original ignored the settings of a disabled manager: accepted, with a warning.
+            vec![
+                (SHUTDOWN_MANAGER_ENABLED, "false"),
+                (SHUTDOWN_MANAGER_DRAIN_TIME, "not checked"),
+                (SHUTDOWN_MANAGER_PORT, "8090"),
+            ],
+            Box::new(|s| {
+                assert_eq!(s.shutdown_manager, None);
+                assert_eq!(
+                    s.warnings,
+                    [
+                        "marin3r.3scale.net/shutdown-manager.port, marin3r.3scale.net/shutdown-manager.drain-time have no effect unless marin3r.3scale.net/shutdown-manager.enabled is \"true\""
+                    ]
+                );
+            }),
+        ),
+        (
+            vec![(SHUTDOWN_MANAGER_IMAGE, "x:1")],
+            Box::new(|s| {
+                assert_eq!(s.shutdown_manager, None);
+                assert_eq!(
+                    s.warnings,
+                    [
+                        "marin3r.3scale.net/shutdown-manager.image has no effect unless marin3r.3scale.net/shutdown-manager.enabled is \"true\""
+                    ]
+                );
+            }),
+        ),
+        (
+            // Envoy's drain flags are the sidecar's own only when the manager sets them.
+            vec![(
+                ENVOY_EXTRA_ARGS,
+                "--drain-time-s 10 --drain-strategy immediate",
+            )],
+            Box::new(|s| {
+                assert_eq!(
+                    s.extra_args,
+                    ["--drain-time-s", "10", "--drain-strategy", "immediate"]
+                )
+            }),
+        ),
+        (
+            vec![(INIT_MANAGER_IMAGE, "quay.io/3scale/marin3r:v0.13.0")],
+            Box::new(|s| {
+                assert_eq!(
+                    s.warnings,
+                    [
+                        "marin3r.3scale.net/init-manager.image=\"quay.io/3scale/marin3r:v0.13.0\" has no effect: marin3r injects no init container (the sidecar's per-pod settings travel on its command line)"
+                    ]
+                )
+            }),
+        ),
+        (
+            vec![(ADS_CONFIGMAP, "my-bootstrap.v3")],
+            Box::new(|s| {
+                assert_eq!(s.bootstrap_config_map, "my-bootstrap.v3");
+                assert!(s.warnings.is_empty());
+            }),
+        ),
+        (
+            // The original's v3 bootstrap is marin3r's one bootstrap.
+            vec![(ADS_CONFIGMAP, "envoy-sidecar-bootstrap-v3")],
+            Box::new(|s| {
+                assert_eq!(s.bootstrap_config_map, "envoy-sidecar-bootstrap");
+                assert_eq!(
+                    s.warnings,
+                    [
+                        "marin3r.3scale.net/ads-configmap=\"envoy-sidecar-bootstrap-v3\" is the original MARIN3R's v3 bootstrap, which marin3r does not create: the sidecar mounts \"envoy-sidecar-bootstrap\", marin3r's bootstrap (v3)"
+                    ]
+                );
+            }),
+        ),
+        (
+            // Offline (no DiscoveryService known), any name is taken.
+            vec![(DISCOVERY_SERVICE_NAME, "other")],
+            Box::new(|s| assert!(s.warnings.is_empty())),
+        ),
+        (
+            // The original's cluster id was any string.
+            vec![(CLUSTER_ID, "-Edge Cluster/1")],
+            Box::new(|s| assert_eq!(s.cluster_id, "-Edge Cluster/1")),
+        ),
+        (
+            // The original ignored mappings of undeclared ports; ours warns.
+            vec![
+                (PORTS, "http:8080"),
+                (HOST_PORT_MAPPINGS, "http:80,https:443,grpc:9000"),
+            ],
+            Box::new(|s| {
+                assert_eq!(s.ports, vec![port("http", 8080, Protocol::Tcp, Some(80))]);
+                assert_eq!(
+                    s.warnings,
+                    [
+                        "marin3r.3scale.net/host-port-mappings: \"https\", \"grpc\" not declared in marin3r.3scale.net/ports; ignored"
+                    ]
+                );
+            }),
         ),
     ];
     for (pairs, check) in cases {
@@ -274,7 +410,7 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(NODE_ID, "a..b")], node_id_err("a..b")),
         (vec![(NODE_ID, "a.-b")], node_id_err("a.-b")),
         (vec![(NODE_ID, &long)], format!("marin3r.3scale.net/node-id: {long:?}: must be at most 63 characters")),
-        (vec![(CLUSTER_ID, "-edge")], r#"marin3r.3scale.net/cluster-id: "-edge": must be letters, digits, '-', '_' or '.', starting and ending with a letter or digit"#.into()),
+        (vec![(CLUSTER_ID, "edge\0")], r#"marin3r.3scale.net/cluster-id: "edge\0": must not contain a NUL character"#.into()),
         (vec![(CONTAINER_NAME, "Envoy")], r#"marin3r.3scale.net/container-name: "Envoy": must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
         (vec![(PORTS, "http:99999")], r#"marin3r.3scale.net/ports: "http:99999": port must be between 1 and 65535"#.into()),
         (vec![(PORTS, "http:0")], r#"marin3r.3scale.net/ports: "http:0": port must be between 1 and 65535"#.into()),
@@ -290,8 +426,6 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(PORTS, "http:80,http:81")], r#"marin3r.3scale.net/ports: "http:81": port name "http" is declared twice"#.into()),
         (vec![(PORTS, "a:80,b:80:tcp")], r#"marin3r.3scale.net/ports: "b:80:tcp": port 80/TCP is declared twice"#.into()),
         (vec![(PORTS, "http:9901")], r#"marin3r.3scale.net/admin.port: "9901": Envoy's admin port clashes with the port "http" declared in marin3r.3scale.net/ports"#.into()),
-        (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "https:443")], r#"marin3r.3scale.net/host-port-mappings: "https:443": no port named "https" in marin3r.3scale.net/ports"#.into()),
-        (vec![(HOST_PORT_MAPPINGS, "http:80")], r#"marin3r.3scale.net/host-port-mappings: "http:80": no port named "http" in marin3r.3scale.net/ports"#.into()),
         (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http:70000")], r#"marin3r.3scale.net/host-port-mappings: "http:70000": port must be between 1 and 65535"#.into()),
         (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http")], r#"marin3r.3scale.net/host-port-mappings: "http": expected name:hostPort"#.into()),
         (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http:80,http:81")], r#"marin3r.3scale.net/host-port-mappings: "http:81": port "http" is mapped twice"#.into()),
@@ -302,7 +436,6 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(TLS_VOLUME, "tls_certs")], r#"marin3r.3scale.net/tls-volume: "tls_certs": must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
         (vec![(TLS_VOLUME, "envoy-sidecar-bootstrap")], r#"marin3r.3scale.net/tls-volume: "envoy-sidecar-bootstrap": the same volume name as marin3r.3scale.net/config-volume ("envoy-sidecar-bootstrap"); the two volumes need distinct names"#.into()),
         (vec![(CLIENT_CERTIFICATE, "my..cert")], r#"marin3r.3scale.net/client-certificate: "my..cert": must be an RFC 1123 subdomain (lower-case letters, digits, '-' and '.')"#.into()),
-        (vec![(ENVOY_EXTRA_ARGS, r#"--log-level "debug"#)], r#"marin3r.3scale.net/envoy-extra-args: "--log-level \"debug": unbalanced quotes or a trailing backslash"#.into()),
         (vec![(ENVOY_EXTRA_ARGS, "-c /tmp/other.yaml")], r#"marin3r.3scale.net/envoy-extra-args: "-c /tmp/other.yaml": -c is set by the injector and may not be given again"#.into()),
         (vec![(ENVOY_EXTRA_ARGS, "--service-node=x")], r#"marin3r.3scale.net/envoy-extra-args: "--service-node=x": --service-node is set by the injector and may not be given again"#.into()),
         (vec![(ENVOY_EXTRA_ARGS, "--config-yaml {}")], r#"marin3r.3scale.net/envoy-extra-args: "--config-yaml {}": --config-yaml is set by the injector and may not be given again"#.into()),
@@ -323,10 +456,104 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(PORTS, "http:9902")], r#"marin3r.3scale.net/readiness.port: "9902": the readiness listener's port clashes with the port "http" declared in marin3r.3scale.net/ports"#.into()),
         (vec![(ADMIN_ACCESS_LOG_PATH, "admin.log")], r#"marin3r.3scale.net/admin.access-log-path: "admin.log": must be an absolute path"#.into()),
         (vec![(ADMIN_ACCESS_LOG_PATH, "/tmp/a\nb")], r#"marin3r.3scale.net/admin.access-log-path: "/tmp/a\nb": must not contain control characters"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "True"), (ENVOY_EXTRA_ARGS, "--drain-time-s=10")], r#"marin3r.3scale.net/envoy-extra-args: "--drain-time-s=10": --drain-time-s is set from marin3r.3scale.net/shutdown-manager.drain-time when marin3r.3scale.net/shutdown-manager.enabled is true; set it there"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (ENVOY_EXTRA_ARGS, "--log-level info --drain-strategy immediate")], r#"marin3r.3scale.net/envoy-extra-args: "--log-level info --drain-strategy immediate": --drain-strategy is set from marin3r.3scale.net/shutdown-manager.drain-strategy when marin3r.3scale.net/shutdown-manager.enabled is true; set it there"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "yes")], r#"marin3r.3scale.net/shutdown-manager.enabled: "yes": must be true or false"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_PORT, "0")], r#"marin3r.3scale.net/shutdown-manager.port: "0": port must be between 1 and 65535"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_PORT, "9901")], r#"marin3r.3scale.net/shutdown-manager.port: "9901": the shutdown manager's port clashes with Envoy's admin port"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_PORT, "9902")], r#"marin3r.3scale.net/shutdown-manager.port: "9902": the shutdown manager's port clashes with the readiness listener's port"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (PORTS, "http:8090")], r#"marin3r.3scale.net/shutdown-manager.port: "8090": the shutdown manager's port clashes with the port "http" declared in marin3r.3scale.net/ports"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_IMAGE, "")], r#"marin3r.3scale.net/shutdown-manager.image: "": the image must not be empty"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_DRAIN_TIME, "5m")], r#"marin3r.3scale.net/shutdown-manager.drain-time: "5m": must be a whole number of seconds"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_DRAIN_TIME, "-1")], r#"marin3r.3scale.net/shutdown-manager.drain-time: "-1": must be a whole number of seconds"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_DRAIN_TIME, "604801")], r#"marin3r.3scale.net/shutdown-manager.drain-time: "604801": must be at most 604800 seconds (7 days)"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_DRAIN_STRATEGY, "slow")], r#"marin3r.3scale.net/shutdown-manager.drain-strategy: "slow": must be gradual or immediate"#.into()),
+        (vec![(SHUTDOWN_MANAGER_ENABLED, "true"), (SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS, "app,Worker")], r#"marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks: "app,Worker": container name "Worker" must be lower-case letters, digits and '-', starting and ending with a letter or digit (RFC 1123 label)"#.into()),
+        (vec![(ADS_CONFIGMAP, "My_Bootstrap")], r#"marin3r.3scale.net/ads-configmap: "My_Bootstrap": must be an RFC 1123 subdomain (lower-case letters, digits, '-' and '.')"#.into()),
         (vec![(ENVOY_API_VERSION, "v2")], r#"marin3r.3scale.net/envoy-api-version: "v2": Envoy's v2 API is gone from Envoy; only v3 is supported"#.into()),
     ];
     for (pairs, want) in cases {
         assert_eq!(parse_err(&pairs), want, "{pairs:?}");
+    }
+}
+
+/// Every value the original split into a working command line means the same here; quoted
+/// spans with spaces, which the original cut into pieces Envoy refused, are one argument.
+#[test]
+fn extra_args_are_split_as_the_original_split_them() {
+    let cases: [(&str, &[&str]); 12] = [
+        ("", &[]),
+        ("--log-level debug", &["--log-level", "debug"]),
+        (
+            "--log-level=debug --concurrency 2",
+            &["--log-level=debug", "--concurrency", "2"],
+        ),
+        // What the original passed on unchanged: quotes without spaces, backslashes.
+        ("--log-format '%v'", &["--log-format", "'%v'"]),
+        (
+            r#"--component-log-level "upstream:trace""#,
+            &["--component-log-level", r#""upstream:trace""#],
+        ),
+        (r"--log-path C:\logs", &["--log-path", r"C:\logs"]),
+        (r#"--log-format it's"#, &["--log-format", "it's"]),
+        (
+            r#"--log-format "unclosed"#,
+            &["--log-format", r#""unclosed"#],
+        ),
+        // What the original broke: runs of whitespace, quoted spans with spaces.
+        (
+            "  --log-level\tdebug \n --concurrency  2 ",
+            &["--log-level", "debug", "--concurrency", "2"],
+        ),
+        (r#"--log-format "[%Y] %v""#, &["--log-format", "[%Y] %v"]),
+        (
+            r#"--log-format='%l: %v' --base-id 1"#,
+            &["--log-format=%l: %v", "--base-id", "1"],
+        ),
+        (r#"--log-format 'a' "b c""#, &["--log-format", "'a'", "b c"]),
+    ];
+    for (value, want) in cases {
+        let spec = parse_ok(&[(ENVOY_EXTRA_ARGS, value)]);
+        assert_eq!(spec.extra_args, want, "{value:?}");
+    }
+}
+
+#[test]
+fn a_pod_naming_another_discovery_service_is_denied() {
+    let config = InjectionConfig {
+        discovery_service: Some("edge".into()),
+        ..InjectionConfig::default()
+    };
+    let spec = parse(&annotations(&[(DISCOVERY_SERVICE_NAME, "edge")]), &config);
+    assert!(spec.is_ok(), "{spec:?}");
+    let errors = parse(
+        &annotations(&[(DISCOVERY_SERVICE_NAME, "internal")]),
+        &config,
+    )
+    .unwrap_err();
+    assert_eq!(
+        errors[0].to_string(),
+        r#"marin3r.3scale.net/discovery-service.name: "internal": the pod's namespace is served by the DiscoveryService "edge"; label the namespace marin3r.3scale.net/discovery-service=internal to be served by "internal", or remove the annotation"#
+    );
+}
+
+#[test]
+fn the_known_annotations_are_every_one_read_or_written() {
+    // rustfmt puts a long constant's value on the next line.
+    let source = include_str!("annotations.rs").replace("=\n    \"", "= \"");
+    let declared: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub const "))
+        .filter_map(|l| l.split_once(": &str = \"").map(|(_, v)| v))
+        .filter_map(|v| v.strip_suffix("\";"))
+        .filter(|v| v.starts_with(PREFIX) && ![PREFIX, STATUS_LABEL].contains(v))
+        .collect();
+    assert!(declared.len() >= 28, "{declared:?}");
+    for name in &declared {
+        assert!(KNOWN.contains(name), "{name} is missing from KNOWN");
+    }
+    for name in KNOWN {
+        assert!(name.starts_with(PREFIX), "{name}");
     }
 }
 
@@ -362,7 +589,10 @@ proptest! {
             NODE_ID, CLUSTER_ID, CONTAINER_NAME, PORTS, HOST_PORT_MAPPINGS, ENVOY_IMAGE,
             CONFIG_VOLUME, TLS_VOLUME, CLIENT_CERTIFICATE, ENVOY_EXTRA_ARGS, REQUESTS_CPU,
             REQUESTS_MEMORY, LIMITS_CPU, LIMITS_MEMORY, ADMIN_PORT, ADMIN_BIND_ADDRESS,
-            ADMIN_ACCESS_LOG_PATH, READINESS_PORT, ENVOY_API_VERSION,
+            ADMIN_ACCESS_LOG_PATH, READINESS_PORT, ENVOY_API_VERSION, ADS_CONFIGMAP,
+            DISCOVERY_SERVICE_NAME, INIT_MANAGER_IMAGE, SHUTDOWN_MANAGER_ENABLED,
+            SHUTDOWN_MANAGER_PORT, SHUTDOWN_MANAGER_IMAGE, SHUTDOWN_MANAGER_DRAIN_TIME,
+            SHUTDOWN_MANAGER_DRAIN_STRATEGY, SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
         ]),
         value in prop_oneof![
             any::<String>(),
@@ -394,7 +624,10 @@ proptest! {
                 NODE_ID, CLUSTER_ID, CONTAINER_NAME, PORTS, HOST_PORT_MAPPINGS, ENVOY_IMAGE,
                 CONFIG_VOLUME, TLS_VOLUME, CLIENT_CERTIFICATE, ENVOY_EXTRA_ARGS, REQUESTS_CPU,
                 REQUESTS_MEMORY, LIMITS_CPU, LIMITS_MEMORY, ADMIN_PORT, ADMIN_BIND_ADDRESS,
-                ADMIN_ACCESS_LOG_PATH, ENVOY_API_VERSION,
+                ADMIN_ACCESS_LOG_PATH, ENVOY_API_VERSION, ADS_CONFIGMAP, DISCOVERY_SERVICE_NAME,
+                INIT_MANAGER_IMAGE, SHUTDOWN_MANAGER_ENABLED, SHUTDOWN_MANAGER_PORT,
+                SHUTDOWN_MANAGER_IMAGE, SHUTDOWN_MANAGER_DRAIN_TIME,
+                SHUTDOWN_MANAGER_DRAIN_STRATEGY, SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
             ]),
             prop_oneof![
                 "[a-z0-9][a-z0-9.-]{0,20}[a-z0-9]",
@@ -404,6 +637,7 @@ proptest! {
                 "[0-9]{1,4}(m|Mi|Gi)?",
                 "(--[a-z-]{1,10}( [a-z0-9\"']{0,6})?){0,3}",
                 "(127.0.0.1|0.0.0.0|::1|[0-9.]{0,15})",
+                "(true|false|True|1|0|gradual|immediate|[a-z,]{0,12})",
                 any::<String>(),
             ],
             0..12,

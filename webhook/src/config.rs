@@ -5,6 +5,9 @@ use std::net::{IpAddr, Ipv4Addr};
 
 /// The Envoy image a sidecar runs unless the pod asks for another (`envoy-image`).
 pub const DEFAULT_ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
+/// The shutdown manager's image when nothing else says (`marin3r inject` and tests): the
+/// image of the marin3r release this crate belongs to, named as `marin3r::IMAGE` names it.
+pub const DEFAULT_SHUTDOWN_MANAGER_IMAGE: &str = concat!("marin3r:v", env!("CARGO_PKG_VERSION"));
 /// The sidecar container's name unless `container-name` says otherwise.
 pub const DEFAULT_CONTAINER_NAME: &str = "envoy-sidecar";
 /// The bootstrap ConfigMap the operator writes into every enabled namespace; also the default
@@ -20,6 +23,16 @@ pub const DEFAULT_ADMIN_PORT: u16 = 9901;
 /// The sidecar's readiness listener (kubelet's probes) unless `readiness.port` says
 /// otherwise: the port after the admin's, on every pod address, proxying only `/ready`.
 pub const DEFAULT_READINESS_PORT: u16 = 9902;
+/// The shutdown manager's port unless `shutdown-manager.port` says otherwise (the original's).
+pub const DEFAULT_SHUTDOWN_MANAGER_PORT: u16 = 8090;
+/// Seconds Envoy drains for unless `shutdown-manager.drain-time` says otherwise (the
+/// original's).
+pub const DEFAULT_DRAIN_TIME: u32 = 300;
+/// The shutdown manager container's name (the original's).
+pub const SHUTDOWN_MANAGER_CONTAINER: &str = "envoy-shtdn-mgr";
+/// Seconds the pod's terminationGracePeriodSeconds leaves after the drain time: Envoy's exit
+/// and the other containers' SIGTERM happen after the drain.
+pub const DRAIN_GRACE_MARGIN: i64 = 15;
 /// The user the sidecar runs as: the `envoy` user (101) of the `envoyproxy/envoy` images,
 /// whose default user is root (their entrypoint drops privileges, the sidecar's `command`
 /// bypasses it), so `runAsNonRoot` needs an explicit user.
@@ -39,7 +52,7 @@ pub const CLIENT_CERT_MOUNT_PATH: &str = "/etc/envoy/tls/client";
 pub struct InjectionConfig {
     pub envoy_image: String,
     pub container_name: String,
-    /// The ConfigMap holding the bootstrap; not overridable per pod, the operator owns it.
+    /// The ConfigMap holding the bootstrap unless `ads-configmap` names another.
     pub bootstrap_config_map: String,
     pub config_volume: String,
     pub tls_volume: String,
@@ -49,6 +62,14 @@ pub struct InjectionConfig {
     pub readiness_port: u16,
     /// `None`: Envoy's admin interface writes no access log.
     pub admin_access_log_path: Option<String>,
+    /// The image of the `marin3r shutdown-manager` container unless `shutdown-manager.image`
+    /// names another: the discovery pod's own marin3r image, passed by the operator.
+    pub shutdown_manager_image: String,
+    pub shutdown_manager_port: u16,
+    pub drain_time: u32,
+    /// The DiscoveryService this webhook belongs to; a pod whose `discovery-service.name`
+    /// names another is denied. `None` (offline injection): any name is taken.
+    pub discovery_service: Option<String>,
 }
 
 impl Default for InjectionConfig {
@@ -66,6 +87,10 @@ impl Default for InjectionConfig {
             admin_bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
             readiness_port: DEFAULT_READINESS_PORT,
             admin_access_log_path: None,
+            shutdown_manager_image: DEFAULT_SHUTDOWN_MANAGER_IMAGE.into(),
+            shutdown_manager_port: DEFAULT_SHUTDOWN_MANAGER_PORT,
+            drain_time: DEFAULT_DRAIN_TIME,
+            discovery_service: None,
         }
     }
 }

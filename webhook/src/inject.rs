@@ -23,7 +23,8 @@ pub struct InjectError {
     pub message: String,
 }
 
-/// The injected documents as YAML, and one note per pod that was left unchanged and why.
+/// The injected documents as YAML, and one note per pod that was left unchanged and why, or
+/// per warning the webhook would give.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Injected {
     pub yaml: String,
@@ -89,8 +90,15 @@ fn inject_object(
         _ => return Ok(()),
     };
     match selected {
-        Ok(Selection::Inject) => Ok(()),
-        Ok(other) => {
+        Ok((Selection::Inject, warnings)) => {
+            notes.extend(
+                warnings
+                    .into_iter()
+                    .map(|w| format!("{location}: warning: {w}")),
+            );
+            Ok(())
+        }
+        Ok((other, _)) => {
             notes.push(format!("{location}: not injected: {other}"));
             Ok(())
         }
@@ -105,7 +113,7 @@ fn inject_object(
 fn inject_template(
     doc: &mut Value,
     config: &InjectionConfig,
-) -> Result<Selection, crate::mutate::Denial> {
+) -> Result<(Selection, Vec<String>), crate::mutate::Denial> {
     let template = doc
         .pointer_mut("/spec/template")
         .filter(|t| t.is_object())

@@ -18,7 +18,9 @@ pub mod validate;
 pub use config::InjectionConfig;
 pub use inject::{InjectError, Injected, inject_yaml};
 pub use metrics::WebhookMetrics;
-pub use mutate::{Denial, Selection, inject_json, mutate, selection, sidecar_command_line};
+pub use mutate::{
+    Denial, Mutation, Selection, inject_json, mutate, mutation, selection, sidecar_command_line,
+};
 pub use quantity::parse_quantity;
 pub use review::{BadRequest, review};
 pub use server::{WebhookServerConfig, router, serve};

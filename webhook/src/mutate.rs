@@ -11,9 +11,10 @@ use serde_json::Value;
 
 use crate::annotations::{
     self, AnnotationError, CONFIG_VOLUME, CONTAINER_NAME, HOST_PORT_MAPPINGS, INJECTED,
-    STATUS_LABEL, SidecarSpec, TLS_VOLUME,
+    SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS, SHUTDOWN_MANAGER_PORT, STATUS_LABEL, SidecarSpec,
+    TLS_VOLUME,
 };
-use crate::config::InjectionConfig;
+use crate::config::{DRAIN_GRACE_MARGIN, InjectionConfig, SHUTDOWN_MANAGER_CONTAINER};
 use crate::sidecar;
 
 /// Why a pod may not be created as it is. The message names what to fix.
@@ -119,18 +120,45 @@ pub fn sidecar_command_line(
 /// The JSONPatch that injects the sidecar into `pod`; empty when the pod is not selected or
 /// already injected.
 pub fn mutate(pod: &Pod, config: &InjectionConfig) -> Result<Patch, Denial> {
+    mutation(pod, config).map(|m| m.patch)
+}
+
+/// What injection does to a pod: the patch, and what the user should be told about it
+/// (annotations accepted without effect), for the admission response's warnings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mutation {
+    pub patch: Patch,
+    pub warnings: Vec<String>,
+}
+
+/// [`mutate`], with the warnings.
+pub fn mutation(pod: &Pod, config: &InjectionConfig) -> Result<Mutation, Denial> {
     if selection(pod) != Selection::Inject {
-        return Ok(Patch(Vec::new()));
+        return Ok(Mutation {
+            patch: Patch(Vec::new()),
+            warnings: Vec::new(),
+        });
     }
-    let spec = sidecar_spec(pod, config)?;
+    let mut spec = sidecar_spec(pod, config)?;
     check_conflicts(pod, &spec)?;
+    // Unknown annotations first, then the known ones accepted without (full) effect.
+    let mut all_warnings = warnings(pod);
+    all_warnings.append(&mut spec.warnings);
+    let mut warnings = all_warnings;
 
     let container = sidecar::container(&spec);
-    let volumes = sidecar::volumes(&spec, config);
+    let volumes = sidecar::volumes(&spec);
     let mut ops = vec![add(
         &["spec", "containers", "-"],
         serde_json::to_value(container),
     )?];
+    if let Some(manager) = &spec.shutdown_manager {
+        ops.push(add(
+            &["spec", "containers", "-"],
+            serde_json::to_value(sidecar::shutdown_manager_container(&spec, manager)),
+        )?);
+        ops.extend(drain_patch(pod, &spec, &mut warnings)?);
+    }
     let pod_spec = pod.spec.as_ref();
     match pod_spec.and_then(|s| s.volumes.as_ref()) {
         Some(existing) if !existing.is_empty() => {
@@ -149,7 +177,69 @@ pub fn mutate(pod: &Pod, config: &InjectionConfig) -> Result<Patch, Denial> {
         &["metadata", "annotations", INJECTED],
         Ok(Value::String("true".into())),
     )?);
-    Ok(Patch(ops))
+    Ok(Mutation {
+        patch: Patch(ops),
+        warnings,
+    })
+}
+
+/// With the shutdown manager: a termination grace period that covers the drain (never
+/// shortened), and a preStop hook on every container named in `extra-lifecycle-hooks`, which
+/// then gets SIGTERM only once Envoy has drained. A name that is not a container of the pod is
+/// a warning (the original ignored it).
+fn drain_patch(
+    pod: &Pod,
+    spec: &SidecarSpec,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<PatchOperation>, Denial> {
+    let Some(manager) = &spec.shutdown_manager else {
+        return Ok(Vec::new());
+    };
+    let Some(pod_spec) = pod.spec.as_ref() else {
+        return Err(Denial::NotAPod("the pod has no spec".into()));
+    };
+    let mut ops = Vec::new();
+    let needed = i64::from(manager.drain_time) + DRAIN_GRACE_MARGIN;
+    // Kubernetes' default when the pod sets none.
+    let current = pod_spec.termination_grace_period_seconds.unwrap_or(30);
+    if current < needed {
+        ops.push(add(
+            &["spec", "terminationGracePeriodSeconds"],
+            Ok(Value::from(needed)),
+        )?);
+    }
+    let mut missing = Vec::new();
+    for name in &manager.extra_lifecycle_hooks {
+        let Some((index, container)) = pod_spec
+            .containers
+            .iter()
+            .enumerate()
+            .find(|(_, c)| &c.name == name)
+        else {
+            missing.push(format!("{name:?}"));
+            continue;
+        };
+        let index = index.to_string();
+        let hook = sidecar::pre_stop_hook(manager, sidecar::DRAIN_PATH);
+        match &container.lifecycle {
+            None => ops.push(add(
+                &["spec", "containers", &index, "lifecycle"],
+                serde_json::to_value(hook),
+            )?),
+            // No preStop there (a conflict otherwise): keep the user's postStart beside it.
+            Some(_) => ops.push(add(
+                &["spec", "containers", &index, "lifecycle", "preStop"],
+                serde_json::to_value(hook.pre_stop),
+            )?),
+        }
+    }
+    if !missing.is_empty() {
+        warnings.push(format!(
+            "{SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS}: {} not a container of the pod; ignored",
+            missing.join(", ")
+        ));
+    }
+    Ok(ops)
 }
 
 fn add(path: &[&str], value: Result<Value, serde_json::Error>) -> Result<PatchOperation, Denial> {
@@ -184,6 +274,41 @@ fn check_conflicts(pod: &Pod, spec: &SidecarSpec) -> Result<(), Denial> {
             }
         }
     }
+    if let Some(manager) = &spec.shutdown_manager {
+        let taken = pod_spec
+            .containers
+            .iter()
+            .chain(pod_spec.init_containers.iter().flatten());
+        for c in taken {
+            if c.name == SHUTDOWN_MANAGER_CONTAINER {
+                return Err(Denial::Conflict(format!(
+                    "the pod already has a container named {SHUTDOWN_MANAGER_CONTAINER:?}, the \
+                     name of the shutdown manager marin3r injects"
+                )));
+            }
+            if c.ports.iter().flatten().any(|p| {
+                p.container_port == i32::from(manager.port)
+                    && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+            }) {
+                return Err(Denial::Conflict(format!(
+                    "{SHUTDOWN_MANAGER_PORT}: port {} is already used by the container {:?}; \
+                     set {SHUTDOWN_MANAGER_PORT} to a free port",
+                    manager.port, c.name
+                )));
+            }
+        }
+        for c in &pod_spec.containers {
+            if manager.extra_lifecycle_hooks.contains(&c.name)
+                && c.lifecycle.as_ref().is_some_and(|l| l.pre_stop.is_some())
+            {
+                return Err(Denial::Conflict(format!(
+                    "{SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS}: the container {:?} already has a \
+                     preStop hook, which the drain's would replace; remove it from one of the two",
+                    c.name
+                )));
+            }
+        }
+    }
     for v in pod_spec.volumes.iter().flatten() {
         for (name, annotation) in [
             (&spec.config_volume, CONFIG_VOLUME),
@@ -211,15 +336,19 @@ fn check_conflicts(pod: &Pod, spec: &SidecarSpec) -> Result<(), Denial> {
     Ok(())
 }
 
-/// Applies the mutation to a pod's JSON (unknown fields kept), for offline injection.
-pub fn inject_json(pod_json: &mut Value, config: &InjectionConfig) -> Result<Selection, Denial> {
+/// Applies the mutation to a pod's JSON (unknown fields kept), for offline injection; returns
+/// the selection and the warnings the webhook would give.
+pub fn inject_json(
+    pod_json: &mut Value,
+    config: &InjectionConfig,
+) -> Result<(Selection, Vec<String>), Denial> {
     let pod: Pod = serde_json::from_value(pod_json.clone())
         .map_err(|e| Denial::NotAPod(format!("not a valid Pod: {e}")))?;
     let selected = selection(&pod);
-    let patch = mutate(&pod, config)?;
+    let Mutation { patch, warnings } = mutation(&pod, config)?;
     json_patch::patch(pod_json, &patch.0)
         .map_err(|e| Denial::NotAPod(format!("applying the sidecar patch: {e}")))?;
-    Ok(selected)
+    Ok((selected, warnings))
 }
 
 #[cfg(test)]

@@ -342,7 +342,234 @@ fn offline_injection_keeps_unknown_fields() {
     let mut pod = mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"}), json!({}));
     pod["spec"]["futureField"] = json!({"x": 1});
     let selected = inject_json(&mut pod, &InjectionConfig::default()).unwrap();
-    assert_eq!(selected, Selection::Inject);
+    assert_eq!(selected, (Selection::Inject, Vec::new()));
     assert_eq!(pod["spec"]["futureField"], json!({"x": 1}));
     assert_eq!(pod["spec"]["containers"][1]["name"], "envoy-sidecar");
+}
+
+fn drain_pod(annotations: Value, extra_spec: Value) -> Value {
+    let mut all = json!({
+        "marin3r.3scale.net/node-id": "kuard",
+        "marin3r.3scale.net/shutdown-manager.enabled": "true",
+    });
+    all.as_object_mut()
+        .unwrap()
+        .extend(annotations.as_object().unwrap().clone());
+    mk_pod(all, extra_spec)
+}
+
+#[test]
+fn the_shutdown_manager_drains_envoy_before_the_pod_stops() {
+    let pod = drain_pod(
+        json!({
+            "marin3r.3scale.net/shutdown-manager.drain-time": "60",
+            "marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks": "app,worker,ghost",
+            "marin3r.3scale.net/envoy-extra-args": "--log-level info",
+        }),
+        json!({"containers": [
+            {"name": "app", "image": "kuard:1"},
+            {"name": "worker", "image": "kuard:1", "lifecycle": {"postStart": {"exec": {"command": ["true"]}}}},
+            {"name": "cron", "image": "kuard:1"},
+        ]}),
+    );
+    let m = mutation(&typed(&pod), &InjectionConfig::default()).unwrap();
+    assert_eq!(
+        m.warnings,
+        [
+            r#"marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks: "ghost" not a container of the pod; ignored"#
+        ]
+    );
+    let mut out = pod.clone();
+    json_patch::patch(&mut out, &m.patch.0).unwrap();
+    let containers = out["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 5);
+    let drain_hook =
+        json!({"preStop": {"httpGet": {"path": "/drain", "port": 8090, "scheme": "HTTP"}}});
+    // The named containers wait for the drain; the user's postStart is kept; others untouched.
+    assert_eq!(containers[0]["lifecycle"], drain_hook);
+    assert_eq!(
+        containers[1]["lifecycle"],
+        json!({
+            "postStart": {"exec": {"command": ["true"]}},
+            "preStop": {"httpGet": {"path": "/drain", "port": 8090, "scheme": "HTTP"}},
+        })
+    );
+    assert_eq!(containers[2], pod["spec"]["containers"][2]);
+    // Envoy drains for the drain time with the strategy, and its preStop drains then stops it.
+    let envoy = &containers[3];
+    assert_eq!(envoy["name"], "envoy-sidecar");
+    let args: Vec<&str> = envoy["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        args[8..],
+        [
+            "--drain-time-s",
+            "60",
+            "--drain-strategy",
+            "gradual",
+            "--log-level",
+            "info"
+        ]
+    );
+    assert_eq!(
+        envoy["lifecycle"],
+        json!({"preStop": {"httpGet": {"path": "/shutdown", "port": 8090, "scheme": "HTTP"}}})
+    );
+    assert_eq!(
+        containers[4],
+        json!({
+            "name": "envoy-shtdn-mgr",
+            "image": crate::config::DEFAULT_SHUTDOWN_MANAGER_IMAGE,
+            "args": [
+                "shutdown-manager",
+                "--port=8090",
+                "--envoy-admin-address=127.0.0.1:9901",
+                "--drain-time=60",
+            ],
+            "ports": [{"name": "shtdn-mgr", "containerPort": 8090, "protocol": "TCP"}],
+            "resources": {
+                "requests": {"cpu": "5m", "memory": "25Mi"},
+                "limits": {"cpu": "50m", "memory": "50Mi"},
+            },
+            "readinessProbe": {
+                "httpGet": {"path": "/healthz", "port": 8090, "scheme": "HTTP"},
+                "periodSeconds": 10,
+                "timeoutSeconds": 1,
+            },
+            "lifecycle": drain_hook,
+            "securityContext": {
+                "runAsNonRoot": true,
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        })
+    );
+    // The grace period covers the drain and Envoy's exit.
+    assert_eq!(out["spec"]["terminationGracePeriodSeconds"], 75);
+}
+
+#[test]
+fn the_drain_follows_the_admin_address_and_keeps_a_longer_grace_period() {
+    let config = InjectionConfig {
+        shutdown_manager_image: "registry.local/marin3r:v2".into(),
+        ..InjectionConfig::default()
+    };
+    let pod = drain_pod(
+        json!({
+            "marin3r.3scale.net/admin.bind-address": "::",
+            "marin3r.3scale.net/admin.port": "15000",
+            "marin3r.3scale.net/shutdown-manager.port": "15090",
+            "marin3r.3scale.net/shutdown-manager.drain-strategy": "Immediate",
+        }),
+        json!({"terminationGracePeriodSeconds": 900}),
+    );
+    let out = patched(&pod, &config);
+    let manager = &out["spec"]["containers"][2];
+    assert_eq!(manager["image"], "registry.local/marin3r:v2");
+    assert_eq!(
+        manager["args"],
+        json!([
+            "shutdown-manager",
+            "--port=15090",
+            "--envoy-admin-address=[::1]:15000",
+            "--drain-time=300",
+        ])
+    );
+    let envoy_args = out["spec"]["containers"][1]["args"].as_array().unwrap();
+    assert_eq!(
+        envoy_args[8..],
+        [
+            json!("--drain-time-s"),
+            json!("300"),
+            json!("--drain-strategy"),
+            json!("immediate")
+        ]
+    );
+    assert_eq!(out["spec"]["terminationGracePeriodSeconds"], 900);
+    // Without the manager nothing of it is added.
+    let plain = patched(
+        &mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"}), json!({})),
+        &config,
+    );
+    assert_eq!(plain["spec"]["containers"].as_array().unwrap().len(), 2);
+    assert!(plain["spec"]["containers"][1].get("lifecycle").is_none());
+    assert!(plain["spec"].get("terminationGracePeriodSeconds").is_none());
+}
+
+#[test]
+fn the_shutdown_manager_never_clobbers_the_pod() {
+    let cases = [
+        (
+            drain_pod(
+                json!({"marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks": "app"}),
+                json!({"containers": [{"name": "app", "image": "kuard", "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}}}]}),
+            ),
+            r#"marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks: the container "app" already has a preStop hook, which the drain's would replace; remove it from one of the two"#,
+        ),
+        (
+            drain_pod(
+                json!({}),
+                json!({"containers": [{"name": "app", "image": "kuard", "ports": [{"containerPort": 8090}]}]}),
+            ),
+            r#"marin3r.3scale.net/shutdown-manager.port: port 8090 is already used by the container "app"; set marin3r.3scale.net/shutdown-manager.port to a free port"#,
+        ),
+        (
+            drain_pod(
+                json!({}),
+                json!({"containers": [{"name": "envoy-shtdn-mgr", "image": "kuard"}]}),
+            ),
+            r#"the pod already has a container named "envoy-shtdn-mgr", the name of the shutdown manager marin3r injects"#,
+        ),
+    ];
+    for (pod, want) in cases {
+        assert_eq!(denial(&pod), want);
+    }
+    // A UDP port of the same number is no clash.
+    let udp = drain_pod(
+        json!({}),
+        json!({"containers": [{"name": "app", "image": "kuard", "ports": [{"containerPort": 8090, "protocol": "UDP"}]}]}),
+    );
+    assert!(mutate(&typed(&udp), &InjectionConfig::default()).is_ok());
+}
+
+#[test]
+fn ads_configmap_names_the_mounted_bootstrap() {
+    let pod = mk_pod(
+        json!({
+            "marin3r.3scale.net/node-id": "kuard",
+            "marin3r.3scale.net/ads-configmap": "edge-bootstrap",
+        }),
+        json!({}),
+    );
+    let out = patched(&pod, &InjectionConfig::default());
+    assert_eq!(
+        out["spec"]["volumes"][0],
+        json!({"name": "envoy-sidecar-bootstrap", "configMap": {"name": "edge-bootstrap"}})
+    );
+}
+
+#[test]
+fn a_pod_for_another_discovery_service_is_denied_by_this_one() {
+    let config = InjectionConfig {
+        discovery_service: Some("edge".into()),
+        ..InjectionConfig::default()
+    };
+    let pod = mk_pod(
+        json!({
+            "marin3r.3scale.net/node-id": "kuard",
+            "marin3r.3scale.net/discovery-service.name": "internal",
+        }),
+        json!({}),
+    );
+    let err = mutate(&typed(&pod), &config).unwrap_err().to_string();
+    assert!(
+        err.starts_with(r#"marin3r.3scale.net/discovery-service.name: "internal": the pod's namespace is served by the DiscoveryService "edge""#),
+        "{err}"
+    );
 }

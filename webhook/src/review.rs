@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Map, Value, json};
 
 use crate::config::InjectionConfig;
-use crate::mutate::{mutate, warnings};
+use crate::mutate::mutation;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -240,10 +240,10 @@ fn decide(
         Ok(None) => return Decision::Deny("the AdmissionReview request has no object".into()),
         Err(e) => return Decision::Deny(format!("the object is not a valid Pod: {e}")),
     };
-    match mutate(&pod, config) {
-        Ok(patch) if patch.0.is_empty() => Decision::Allow(None, warnings(&pod)),
-        Ok(patch) => match serde_json::to_vec(&patch) {
-            Ok(bytes) => Decision::Allow(Some(bytes), warnings(&pod)),
+    match mutation(&pod, config) {
+        Ok(m) if m.patch.0.is_empty() => Decision::Allow(None, m.warnings),
+        Ok(m) => match serde_json::to_vec(&m.patch) {
+            Ok(bytes) => Decision::Allow(Some(bytes), m.warnings),
             Err(e) => Decision::Deny(format!("encoding the patch: {e}")),
         },
         Err(denial) => Decision::Deny(denial.to_string()),

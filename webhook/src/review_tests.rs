@@ -451,6 +451,29 @@ proptest! {
 }
 
 #[test]
+fn warnings_of_an_injected_pod_reach_the_response() {
+    let (out, outcome) = review(
+        request(pod(json!({
+            "marin3r.3scale.net/node-id": "kuard",
+            "marin3r.3scale.net/init-manager.image": "quay.io/3scale/marin3r:v0.13.0",
+        })))
+        .to_string()
+        .as_bytes(),
+        &InjectionConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(outcome, Outcome::Patched);
+    let warnings = out["response"]["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].as_str().unwrap().starts_with(
+            "marin3r.3scale.net/init-manager.image=\"quay.io/3scale/marin3r:v0.13.0\" has no effect"
+        ),
+        "{warnings:?}"
+    );
+}
+
+#[test]
 fn an_injected_pod_with_an_unknown_annotation_is_patched_and_warned() {
     let out = run(&request(pod(json!({
         "marin3r.3scale.net/node-id": "kuard",

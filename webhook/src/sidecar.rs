@@ -20,16 +20,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, Probe, ResourceRequirements, SeccompProfile,
-    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe, ResourceRequirements,
+    SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
-use crate::annotations::{Admin, SidecarSpec};
+use crate::annotations::{Admin, ShutdownManager, SidecarSpec};
 use crate::config::{
-    BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID, InjectionConfig,
+    BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID,
+    SHUTDOWN_MANAGER_CONTAINER,
 };
 
 /// The downward-API variables the sidecar gets, named in its `--config-yaml` node metadata.
@@ -44,6 +45,13 @@ pub const READY_PATH: &str = "/ready";
 pub const READINESS_LISTENER: &str = "marin3r_sidecar_readiness";
 pub const ADMIN_CLUSTER: &str = "marin3r_sidecar_admin";
 
+/// The shutdown manager's endpoints (`marin3r shutdown-manager`): liveness, "drain and wait
+/// for it" (the preStop of the manager and of `extra-lifecycle-hooks` containers), and "drain,
+/// then stop Envoy" (Envoy's preStop).
+pub const HEALTHZ_PATH: &str = "/healthz";
+pub const DRAIN_PATH: &str = "/drain";
+pub const SHUTDOWN_PATH: &str = "/shutdown";
+
 /// The sidecar's args exactly as they go into the container spec: `$(POD_NAME)` and
 /// `$(POD_NAMESPACE)` are still unexpanded (kubelet expands them; see [`expand_env`]).
 pub fn sidecar_args(spec: &SidecarSpec) -> Vec<String> {
@@ -57,6 +65,14 @@ pub fn sidecar_args(spec: &SidecarSpec) -> Vec<String> {
         "--config-yaml".to_owned(),
         config_yaml(spec),
     ];
+    if let Some(manager) = &spec.shutdown_manager {
+        args.extend([
+            "--drain-time-s".to_owned(),
+            manager.drain_time.to_string(),
+            "--drain-strategy".to_owned(),
+            manager.drain_strategy.as_str().to_owned(),
+        ]);
+    }
     args.extend(spec.extra_args.iter().cloned());
     args
 }
@@ -119,9 +135,9 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
     .to_string()
 }
 
-/// Where the readiness listener reaches the admin: its own address, or loopback of the same
-/// family when it binds every address.
-fn admin_target(bind: IpAddr) -> IpAddr {
+/// Where the readiness listener and the shutdown manager reach the admin: its own address, or
+/// loopback of the same family when it binds every address.
+pub fn admin_target(bind: IpAddr) -> IpAddr {
     match bind {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
@@ -137,6 +153,9 @@ fn readiness_listener(spec: &SidecarSpec) -> serde_json::Value {
     };
     json!({
         "name": READINESS_LISTENER,
+        // `listener.marin3r_sidecar_readiness.*`: the shutdown manager leaves kubelet's probe
+        // connections out of the connections it waits for.
+        "stat_prefix": READINESS_LISTENER,
         "address": {"socket_address": {"address": any, "port_value": spec.readiness_port}},
         "filter_chains": [{"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
@@ -276,6 +295,12 @@ pub fn container(spec: &SidecarSpec) -> Container {
         readiness_probe: Some(probe(0, 5, 3)),
         liveness_probe: Some(probe(30, 10, 10)),
         security_context: Some(security_context()),
+        // Kubelet runs this before SIGTERM: the manager drains Envoy's listeners, waits for
+        // the connections to go (at most the drain time), then stops Envoy.
+        lifecycle: spec
+            .shutdown_manager
+            .as_ref()
+            .map(|m| pre_stop_hook(m, SHUTDOWN_PATH)),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: spec.config_volume.clone(),
@@ -290,6 +315,74 @@ pub fn container(spec: &SidecarSpec) -> Container {
                 ..Default::default()
             },
         ]),
+        ..Default::default()
+    }
+}
+
+/// A preStop hook that GETs `path` from the shutdown manager (kubelet calls the pod's address).
+pub fn pre_stop_hook(manager: &ShutdownManager, path: &str) -> Lifecycle {
+    Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            http_get: Some(manager_get(manager, path)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn manager_get(manager: &ShutdownManager, path: &str) -> HTTPGetAction {
+    HTTPGetAction {
+        path: Some(path.into()),
+        port: IntOrString::Int(i32::from(manager.port)),
+        scheme: Some("HTTP".into()),
+        ..Default::default()
+    }
+}
+
+/// The `marin3r shutdown-manager` container: it listens on every pod address (kubelet's hooks
+/// call the pod's address) and reaches Envoy's admin inside the pod. Its own preStop waits for
+/// the drain, so it outlives it. Restricted Pod Security as the image's own non-root user.
+pub fn shutdown_manager_container(spec: &SidecarSpec, manager: &ShutdownManager) -> Container {
+    let admin = std::net::SocketAddr::new(admin_target(spec.admin.bind_address), spec.admin.port);
+    let quantities = |cpu: &str, memory: &str| {
+        Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ]))
+    };
+    Container {
+        name: SHUTDOWN_MANAGER_CONTAINER.into(),
+        image: Some(manager.image.clone()),
+        args: Some(vec![
+            "shutdown-manager".into(),
+            format!("--port={}", manager.port),
+            format!("--envoy-admin-address={admin}"),
+            format!("--drain-time={}", manager.drain_time),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("shtdn-mgr".into()),
+            container_port: i32::from(manager.port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        // The original's requests and limits: an idle HTTP server.
+        resources: Some(ResourceRequirements {
+            requests: quantities("5m", "25Mi"),
+            limits: quantities("50m", "50Mi"),
+            ..Default::default()
+        }),
+        readiness_probe: Some(Probe {
+            http_get: Some(manager_get(manager, HEALTHZ_PATH)),
+            period_seconds: Some(10),
+            timeout_seconds: Some(1),
+            ..Default::default()
+        }),
+        lifecycle: Some(pre_stop_hook(manager, DRAIN_PATH)),
+        security_context: Some(SecurityContext {
+            run_as_user: None,
+            run_as_group: None,
+            ..security_context()
+        }),
         ..Default::default()
     }
 }
@@ -340,12 +433,12 @@ fn resources(spec: &SidecarSpec) -> Option<ResourceRequirements> {
 }
 
 /// The bootstrap ConfigMap volume and the client certificate Secret volume.
-pub fn volumes(spec: &SidecarSpec, config: &InjectionConfig) -> Vec<Volume> {
+pub fn volumes(spec: &SidecarSpec) -> Vec<Volume> {
     vec![
         Volume {
             name: spec.config_volume.clone(),
             config_map: Some(ConfigMapVolumeSource {
-                name: config.bootstrap_config_map.clone(),
+                name: spec.bootstrap_config_map.clone(),
                 ..Default::default()
             }),
             ..Default::default()

@@ -77,6 +77,11 @@ pub struct DiscoveryServiceArgs {
     /// Address to listen on (xDS, metrics and webhook ports).
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
+    /// The image of the shutdown manager the webhook injects for pods that set
+    /// marin3r.3scale.net/shutdown-manager.enabled and no shutdown-manager.image (the
+    /// operator passes the discovery pod's own image).
+    #[arg(long, value_name = "IMAGE", default_value = crate::IMAGE)]
+    shutdown_manager_image: String,
     /// Debug logging.
     #[arg(long)]
     debug: bool,
@@ -162,6 +167,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
     webhook.envoy_config_validator =
         Some(crate::admission::validator(allow_cross_namespace_secrets));
+    webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
+    webhook.injection.discovery_service = args.discovery_service_name.clone();
     let mut registry = Registry::default();
     webhook.metrics.register(&mut registry);
     let controller_metrics = controllers::ControllerMetrics::default();

@@ -18,6 +18,10 @@ pub struct InjectArgs {
     /// The Envoy image used when a pod does not set marin3r.3scale.net/envoy-image.
     #[arg(long, value_name = "IMAGE", default_value = marin3r_webhook::config::DEFAULT_ENVOY_IMAGE)]
     envoy_image: String,
+    /// The shutdown manager image used when a pod enables it without
+    /// marin3r.3scale.net/shutdown-manager.image.
+    #[arg(long, value_name = "IMAGE", default_value = crate::IMAGE)]
+    shutdown_manager_image: String,
 }
 
 pub fn run(args: InjectArgs) -> anyhow::Result<ExitCode> {
@@ -33,6 +37,7 @@ pub fn run(args: InjectArgs) -> anyhow::Result<ExitCode> {
     };
     let config = InjectionConfig {
         envoy_image: args.envoy_image,
+        shutdown_manager_image: args.shutdown_manager_image,
         ..InjectionConfig::default()
     };
     let injected =

@@ -9,6 +9,7 @@ mod discovery_service;
 mod inject;
 mod operator;
 mod proxy_status;
+mod shutdown_manager;
 pub(crate) mod validate;
 
 use std::process::ExitCode;
@@ -49,6 +50,9 @@ pub enum Command {
     Inject(inject::InjectArgs),
     /// Show every proxy connected to a discovery service and its per-type sync state.
     ProxyStatus(proxy_status::ProxyStatusArgs),
+    /// Drain an Envoy sidecar when its pod terminates (the container the webhook injects
+    /// with marin3r.3scale.net/shutdown-manager.enabled): /healthz, /drain, /shutdown.
+    ShutdownManager(shutdown_manager::ShutdownManagerArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -69,6 +73,12 @@ pub async fn run(cli: Cli) -> ExitCode {
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
         Command::ProxyStatus(args) => proxy_status::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::ShutdownManager(args) => {
+            init_logging();
+            shutdown_manager::run(args)
+                .await
+                .map(|()| ExitCode::SUCCESS)
+        }
         Command::Validate(args) => validate::run(args),
     };
     match result {

@@ -460,6 +460,8 @@ impl<'a> Children<'a> {
             format!("--server-cert-dir={SERVER_CERT_DIR}"),
             format!("--discovery-service-name={}", self.name),
             format!("--replica-selector={}", self.replica_selector()),
+            // The sidecars' shutdown managers run the marin3r release that injected them.
+            format!("--shutdown-manager-image={}", s.image),
         ];
         if s.debug {
             args.push("--debug".into());

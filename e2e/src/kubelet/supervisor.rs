@@ -1,5 +1,6 @@
 //! A pod's container supervisors: each starts its process, runs its probes, restarts it by
-//! the restart policy and stops it (SIGTERM, then SIGKILL after the grace period); init
+//! the restart policy and stops it (its preStop hook, then SIGTERM, then SIGKILL when the
+//! grace period is over); init
 //! containers run one after the other, to completion, before the others start.
 
 use std::os::unix::process::ExitStatusExt;
@@ -192,7 +193,10 @@ async fn supervise(
         let status = match waited {
             Some(status) => status,
             None => {
-                let grace = stop.borrow().unwrap_or_default();
+                let mut grace = stop.borrow().unwrap_or_default();
+                if let Which::Main(index) = which {
+                    grace = pre_stop(&shared, index, pid, grace).await;
+                }
                 signal_group(pid, rustix::process::Signal::TERM);
                 match tokio::time::timeout(grace, child.wait()).await {
                     Ok(status) => status,
@@ -268,6 +272,56 @@ async fn supervise(
         }
         backoff = (backoff * 2).min(max_backoff);
     }
+}
+
+/// Runs the container's preStop hook (httpGet, exec or sleep) as kubelet does before SIGTERM:
+/// within the grace period, a failure only logged. Returns what is left of the grace period
+/// for SIGTERM, at least 2 s (kubelet's extension when the hook used it all).
+async fn pre_stop(shared: &Arc<PodShared>, index: usize, pid: u32, grace: Duration) -> Duration {
+    let pod = lock(&shared.pod).clone();
+    let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.get(index)) else {
+        return grace;
+    };
+    let Some(hook) = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+    else {
+        return grace;
+    };
+    let started = tokio::time::Instant::now();
+    let result = if let Some(sleep) = &hook.sleep {
+        tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0).unsigned_abs()).min(grace))
+            .await;
+        Ok(())
+    } else {
+        // The hook's handler as a probe: the same httpGet, exec and tcpSocket code.
+        let as_probe = Probe {
+            http_get: hook.http_get.clone(),
+            exec: hook.exec.clone(),
+            tcp_socket: hook.tcp_socket.clone(),
+            ..Default::default()
+        };
+        probe::run(
+            &as_probe,
+            container,
+            &shared.ip,
+            pid,
+            grace.max(Duration::from_secs(1)),
+        )
+        .await
+    };
+    match result {
+        Ok(()) => {
+            tracing::info!(pod = %shared.name, container = %container.name, "preStop hook done")
+        }
+        Err(e) => {
+            tracing::warn!(pod = %shared.name, container = %container.name, "FailedPreStopHook: {e}")
+        }
+    }
+    grace
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_secs(2))
 }
 
 /// Sleeps, returning early with `true` when the pod is being stopped.

@@ -1,0 +1,278 @@
+//! The shutdown manager (`marin3r shutdown-manager`), the container the webhook injects beside
+//! an Envoy sidecar whose pod sets `shutdown-manager.enabled`: it drains Envoy when the pod
+//! terminates, so open connections finish instead of being cut.
+//!
+//! Kubelet runs every container's preStop hook at once and sends a container SIGTERM only when
+//! its own hook returns. Envoy's hook GETs `/shutdown`; the manager's own hook and those of the
+//! `extra-lifecycle-hooks` containers GET `/drain`. The first of these starts the one drain:
+//! Envoy's admin `POST /drain_listeners?graceful` (Envoy drains for `--drain-time-s` with its
+//! `--drain-strategy`), then the manager counts the connections still open on Envoy's
+//! listeners until there are none or the drain time has passed. Every caller waits for that
+//! drain; `/shutdown` then asks Envoy to exit (`POST /quitquitquit`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use marin3r_webhook::sidecar::{DRAIN_PATH, HEALTHZ_PATH, READINESS_LISTENER, SHUTDOWN_PATH};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// Listeners whose connections are not the pod's traffic: the admin's (the manager's own
+/// polls) and the sidecar's readiness listener (kubelet's probes).
+const IGNORED_LISTENERS: [&str; 2] = ["admin", READINESS_LISTENER];
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `host:port` of Envoy's admin interface.
+    pub envoy_admin: SocketAddr,
+    /// The longest the manager waits for connections to close: Envoy's `--drain-time-s`.
+    pub drain_time: Duration,
+    /// How long after the drain starts the connections are first counted: the pod leaves its
+    /// Services' endpoints while the hooks run, and a client may still connect meanwhile.
+    pub check_delay: Duration,
+    /// How often the open connections are counted.
+    pub check_interval: Duration,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Drain {
+    /// No connection is left.
+    Drained,
+    /// The drain time passed with connections still open.
+    DeadlineReached { open: u64 },
+    /// Envoy's admin could not be asked (Envoy gone, or the admin address wrong).
+    Failed(String),
+}
+
+impl std::fmt::Display for Drain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Drained => write!(f, "drained: no connection left"),
+            Self::DeadlineReached { open } => {
+                write!(f, "drain time over with {open} connection(s) still open")
+            }
+            Self::Failed(e) => write!(f, "drain failed: {e}"),
+        }
+    }
+}
+
+/// One drain per process, shared by every caller.
+pub struct Manager {
+    config: Config,
+    started: AtomicBool,
+    done: watch::Sender<Option<Drain>>,
+}
+
+impl Manager {
+    pub fn new(config: Config) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            started: AtomicBool::new(false),
+            done: watch::Sender::new(None),
+        })
+    }
+
+    /// Starts the drain unless it has started, and waits for its end. The drain runs on its
+    /// own task: a hook that gives up (kubelet's grace period) does not stop it.
+    pub async fn drain(self: &Arc<Self>) -> Drain {
+        let mut done = self.done.subscribe();
+        if !self.started.swap(true, Ordering::SeqCst) {
+            let me = Arc::clone(self);
+            tokio::spawn(async move {
+                let outcome = me.run_drain().await;
+                info!(%outcome, "drain finished");
+                me.done.send_replace(Some(outcome));
+            });
+        }
+        match done.wait_for(Option::is_some).await {
+            Ok(outcome) => outcome
+                .clone()
+                .unwrap_or(Drain::Failed("no outcome".into())),
+            Err(_) => Drain::Failed("the drain task ended without an outcome".into()),
+        }
+    }
+
+    async fn run_drain(&self) -> Drain {
+        let started = Instant::now();
+        let deadline = started + self.config.drain_time;
+        info!(admin = %self.config.envoy_admin, drain_time = ?self.config.drain_time, "draining Envoy's listeners");
+        if let Err(e) = self.admin_post("/drain_listeners?graceful").await {
+            return Drain::Failed(e);
+        }
+        tokio::time::sleep_until((started + self.config.check_delay).min(deadline)).await;
+        loop {
+            let listeners = match self.admin_get("/stats?filter=downstream_cx_active").await {
+                Ok(stats) => open_connections(&stats),
+                Err(e) => return Drain::Failed(e),
+            };
+            let open: u64 = listeners.values().sum();
+            if open == 0 {
+                return Drain::Drained;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Drain::DeadlineReached { open };
+            }
+            info!(open, ?listeners, "waiting for Envoy's connections to close");
+            tokio::time::sleep_until((now + self.config.check_interval).min(deadline)).await;
+        }
+    }
+
+    /// Drains, then asks Envoy to exit (even when the drain failed: Envoy may still be there).
+    pub async fn shutdown(self: &Arc<Self>) -> (Drain, Result<(), String>) {
+        let drain = self.drain().await;
+        info!("asking Envoy to exit");
+        let quit = self.admin_post("/quitquitquit").await.map(|_| ());
+        (drain, quit)
+    }
+
+    async fn admin_post(&self, path: &str) -> Result<String, String> {
+        self.admin("POST", path).await
+    }
+
+    async fn admin_get(&self, path: &str) -> Result<String, String> {
+        self.admin("GET", path).await
+    }
+
+    async fn admin(&self, method: &'static str, path: &str) -> Result<String, String> {
+        let url = format!("http://{}{path}", self.config.envoy_admin);
+        tokio::task::spawn_blocking(move || admin_request(method, &url))
+            .await
+            .map_err(|e| format!("{method} {path}: {e}"))?
+    }
+}
+
+fn admin_request(method: &str, url: &str) -> Result<String, String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let response = if method == "POST" {
+        agent.post(url).send_empty()
+    } else {
+        agent.get(url).call()
+    };
+    let mut response = response.map_err(|e| format!("{method} {url}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("{method} {url}: reading the answer: {e}"))?;
+    if !status.is_success() {
+        return Err(format!("{method} {url}: {status}: {}", body.trim()));
+    }
+    Ok(body)
+}
+
+/// The connections open on Envoy's listeners, by listener, from its `/stats` text: every
+/// non-zero `listener.<name>.downstream_cx_active` gauge, leaving out per-thread copies and
+/// the listeners in [`IGNORED_LISTENERS`].
+pub fn open_connections(stats: &str) -> BTreeMap<String, u64> {
+    stats
+        .lines()
+        .filter_map(|line| line.split_once(": "))
+        .filter_map(|(name, value)| {
+            let listener = name
+                .strip_prefix("listener.")?
+                .strip_suffix(".downstream_cx_active")?;
+            let per_thread = listener
+                .rsplit_once('.')
+                .is_some_and(|(_, last)| last.starts_with("worker_") || last == "main_thread");
+            if per_thread || IGNORED_LISTENERS.contains(&listener) {
+                return None;
+            }
+            let open = value.trim().parse::<u64>().ok().filter(|n| *n > 0)?;
+            Some((listener.to_owned(), open))
+        })
+        .collect()
+}
+
+/// `/healthz`, `/drain` and `/shutdown` (GET, as kubelet's hooks call them, or POST).
+pub fn router(manager: Arc<Manager>) -> Router {
+    Router::new()
+        .route(HEALTHZ_PATH, get(|| async { "ok\n" }))
+        .route(DRAIN_PATH, get(drain).post(drain))
+        .route(SHUTDOWN_PATH, get(shutdown).post(shutdown))
+        .with_state(manager)
+}
+
+async fn drain(State(manager): State<Arc<Manager>>) -> (StatusCode, String) {
+    let outcome = manager.drain().await;
+    let status = match outcome {
+        Drain::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::OK,
+    };
+    (status, format!("{outcome}\n"))
+}
+
+async fn shutdown(State(manager): State<Arc<Manager>>) -> (StatusCode, String) {
+    match manager.shutdown().await {
+        (Drain::Failed(e), quit) => {
+            let quit = quit.err().map(|e| format!("; asking Envoy to exit: {e}"));
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("drain failed: {e}{}\n", quit.unwrap_or_default()),
+            )
+        }
+        (outcome, Ok(())) => (StatusCode::OK, format!("{outcome}; Envoy asked to exit\n")),
+        (outcome, Err(e)) => {
+            warn!(error = %e, "asking Envoy to exit");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{outcome}; asking Envoy to exit: {e}\n"),
+            )
+        }
+    }
+}
+
+/// Serves until `stop` resolves; requests under way (a hook waiting for the drain) finish.
+pub async fn serve(
+    listener: TcpListener,
+    manager: Arc<Manager>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(manager))
+        .with_graceful_shutdown(stop)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_traffic_listeners_connections_count() {
+        let stats = "\
+cluster.backend.upstream_cx_active: 7
+http.admin.downstream_cx_active: 1
+http.ingress.downstream_cx_active: 2
+listener.0.0.0.0_8080.downstream_cx_active: 2
+listener.0.0.0.0_8080.worker_0.downstream_cx_active: 2
+listener.[__]_8443.downstream_cx_active: 3
+listener.[__]_8443.worker_0.downstream_cx_active: 1
+listener.[__]_8443.worker_1.downstream_cx_active: 2
+listener.admin.downstream_cx_active: 1
+listener.admin.main_thread.downstream_cx_active: 1
+listener.marin3r_sidecar_readiness.downstream_cx_active: 4
+listener.marin3r_sidecar_readiness.worker_0.downstream_cx_active: 4
+";
+        assert_eq!(
+            open_connections(stats),
+            BTreeMap::from([("0.0.0.0_8080".to_owned(), 2), ("[__]_8443".to_owned(), 3)])
+        );
+        assert!(open_connections("").is_empty());
+        assert!(open_connections("listener.admin.downstream_cx_active: 1\n").is_empty());
+        assert!(open_connections("listener.0.0.0.0_80.downstream_cx_active: 0\n").is_empty());
+    }
+}
