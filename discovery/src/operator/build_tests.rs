@@ -159,6 +159,7 @@ fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
             "--webhook-port=9443",
             "--server-cert-dir=/etc/marin3r/tls/server",
             "--discovery-service-name=instance",
+            "--replica-selector=app.kubernetes.io/component=discovery-service,app.kubernetes.io/instance=instance,app.kubernetes.io/name=marin3r",
             "--shutdown-manager-image=marin3r:test",
             "--debug"
         ]
