@@ -111,6 +111,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     std::fs::write(certs.join("tls.key"), &pki.server.key_pem).unwrap();
     std::fs::write(certs.join("ca.crt"), pki.ca_pem()).unwrap();
     let (xds, metrics, webhook, admin) = (free_port(), free_port(), free_port(), free_port());
+    let probe = free_port();
     let log = std::fs::File::create(dir.path().join("log")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
         .args([
@@ -122,6 +123,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         .args(["--xds-port", &xds.to_string()])
         .args(["--metrics-port", &metrics.to_string()])
         .args(["--webhook-port", &webhook.to_string()])
+        .args(["--probe-port", &probe.to_string()])
         .args([
             "--discovery-service-name",
             "ds",
@@ -367,6 +369,7 @@ fn get_status(url: &str) -> u16 {
 struct Ports {
     xds: u16,
     metrics: u16,
+    probe: u16,
     webhook: u16,
     admin: u16,
 }
@@ -382,6 +385,7 @@ fn start_process(
     let ports = Ports {
         xds: free_port(),
         metrics: free_port(),
+        probe: free_port(),
         webhook: free_port(),
         admin: free_port(),
     };
@@ -395,6 +399,7 @@ fn start_process(
         .arg(certs)
         .args(["--xds-port", &ports.xds.to_string()])
         .args(["--metrics-port", &ports.metrics.to_string()])
+        .args(["--probe-port", &ports.probe.to_string()])
         .args(["--webhook-port", &ports.webhook.to_string()])
         .args(["--admin-address", &format!("127.0.0.1:{}", ports.admin)])
         .args(["--shutdown-grace-period", &grace_seconds.to_string()])
@@ -462,6 +467,12 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     wait_for("the first process ready", Duration::from_secs(20), || {
         (readyz(&ports) == "ready\n").then_some(())
     });
+    // The probe port (spec.probePort) answers the health paths as the metrics port does, and
+    // nothing else.
+    let probe_url = |path: &str| format!("http://127.0.0.1:{}{path}", ports.probe);
+    assert_eq!(get_body(&probe_url("/readyz")).unwrap(), "ready\n");
+    assert_eq!(get_body(&probe_url("/healthz")).unwrap(), "ok\n");
+    assert_eq!(get_status(&probe_url("/metrics")), 404);
     let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "served");
     let apply = |name: &str, spec: serde_json::Value| {
         let body = json!({
@@ -513,6 +524,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     wait_for("/readyz to turn 503", Duration::from_secs(5), || {
         (get_status(&format!("http://127.0.0.1:{}/readyz", ports.metrics)) == 503).then_some(())
     });
+    assert_eq!(get_status(&probe_url("/readyz")), 503, "the probe port too");
     for (what, port) in [("xDS", ports.xds), ("webhook", ports.webhook)] {
         wait_for(
             &format!("new {what} connections to be refused"),

@@ -62,7 +62,23 @@ async fn start() -> Operator {
         create_namespace(&client, ns).await;
     }
     let stop = CancellationToken::new();
-    let trusted: BTreeSet<String> = [OPS.to_owned()].into();
+    let tasks = controllers(&client, &[OPS], &stop);
+    Operator {
+        _server: server,
+        client,
+        stop,
+        tasks,
+    }
+}
+
+/// The certificate and DiscoveryService controllers with these trusted namespaces, until
+/// `stop`.
+fn controllers(
+    client: &Client,
+    trusted: &[&str],
+    stop: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let trusted: BTreeSet<String> = trusted.iter().map(|s| (*s).to_owned()).collect();
     let certs = tokio::spawn(marin3r_certs::controller::run(
         client.clone(),
         marin3r_certs::controller::Config {
@@ -80,12 +96,7 @@ async fn start() -> Operator {
         },
         stop.clone().cancelled_owned(),
     ));
-    Operator {
-        _server: server,
-        client,
-        stop,
-        tasks: vec![certs, dss],
-    }
+    vec![certs, dss]
 }
 
 async fn create_namespace(client: &Client, name: &str) {
@@ -474,7 +485,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_invalid_or_untrusted_discovery_service_says_why() {
+async fn an_invalid_or_overreaching_discovery_service_says_why() {
     let op = start().await;
     let client = op.client.clone();
     let long = "x".repeat(64);
@@ -496,9 +507,9 @@ async fn an_invalid_or_untrusted_discovery_service_says_why() {
         (
             "team-c",
             "bad",
-            json!({}),
-            "UntrustedNamespace",
-            "--trusted-namespace=team-c",
+            json!({"enabledNamespaces": ["team-a"]}),
+            "ForbiddenNamespace",
+            "spec.enabledNamespaces[0]: \"team-a\" is another namespace; a DiscoveryService outside the operator's trusted namespaces (marin3r-system) serves only its own namespace team-c",
         ),
     ] {
         let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), ns);
@@ -524,6 +535,291 @@ async fn an_invalid_or_untrusted_discovery_service_says_why() {
                 .is_none()
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_namespace() {
+    let op = start().await;
+    let client = op.client.clone();
+    const NS: &str = "team-c";
+    // team-a is labelled with the same name: it is not this discovery service's to serve.
+    label_namespace(&client, "team-a", Some("local")).await;
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), NS);
+    let ds: DiscoveryService = serde_json::from_value(json!({
+        "metadata": {"name": "local", "namespace": NS},
+        "spec": {"enabledNamespaces": [NS]},
+    }))
+    .unwrap();
+    dss.create(&PostParams::default(), &ds).await.unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    wait_for("the discovery Deployment", || async {
+        deployments.get_opt("marin3r-local").await.unwrap()
+    })
+    .await;
+    let d = deployments.get("marin3r-local").await.unwrap();
+    let status = json!({"status": {
+        "observedGeneration": d.metadata.generation,
+        "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+    }});
+    deployments
+        .patch_status(
+            "marin3r-local",
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    let ds = wait_for("Ready", || async {
+        let ds = dss.get("local").await.unwrap();
+        (ready_condition(&ds) == Some(("True".into(), "Ready".into()))).then_some(ds)
+    })
+    .await;
+    assert_eq!(ds.status.unwrap().enabled_namespaces, [NS]);
+
+    // Its certificates, bootstrap and Secret live in its namespace.
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), NS);
+    let names: BTreeSet<String> = dscs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "marin3r-ca-cert-local",
+            "marin3r-client-local-team-c",
+            "marin3r-server-cert-local",
+        ]
+        .map(String::from)
+        .into()
+    );
+    for dsc in dscs.list(&Default::default()).await.unwrap() {
+        assert_eq!(dsc.spec.secret_ref.namespace.as_deref(), Some(NS));
+    }
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), NS)
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // Nothing in team-a, and no Namespace labelled.
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), "team-a")
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(namespace_labels(&client, NS).await, (None, None));
+    assert_eq!(
+        namespace_labels(&client, "team-a").await,
+        (None, Some("local".into()))
+    );
+
+    // The discovery pod watches its namespace, with a Role there and no cluster-wide access.
+    let args = d.spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.contains(&format!("--watch-namespace={NS}")),
+        "{args:?}"
+    );
+    let role = Api::<Role>::namespaced(client.clone(), NS)
+        .get("marin3r-team-c-local")
+        .await
+        .unwrap();
+    assert!(role.rules.unwrap().iter().any(|r| {
+        r.resources
+            .as_ref()
+            .is_some_and(|x| x.contains(&"envoyconfigrevisions".to_owned()))
+    }));
+    assert!(
+        Api::<RoleBinding>::namespaced(client.clone(), NS)
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        Api::<ClusterRole>::all(client.clone())
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Its webhook sends only its namespace's pods to it.
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let hook = webhooks.get("marin3r-ns.team-c.local").await.unwrap();
+    let w = &hook.webhooks.unwrap()[0];
+    assert_eq!(
+        w.namespace_selector.as_ref().unwrap().match_labels,
+        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+    );
+    assert_eq!(w.client_config.service.as_ref().unwrap().namespace, NS);
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let hook = validating.get("marin3r-ns.team-c.local").await.unwrap();
+    assert_eq!(
+        hook.webhooks.unwrap()[0]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels,
+        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+    );
+
+    // Listing another namespace later is refused, and nothing reaches it.
+    let patch = json!({"spec": {"enabledNamespaces": [NS, "team-b"]}});
+    dss.patch("local", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for("ForbiddenNamespace", || async {
+        let ds = dss.get("local").await.unwrap();
+        (ready_condition(&ds) == Some(("False".into(), "ForbiddenNamespace".into()))).then_some(())
+    })
+    .await;
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<Role>::namespaced(client.clone(), "team-b")
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Deleted: the webhook goes too.
+    dss.delete("local", &DeleteParams::default()).await.unwrap();
+    wait_for("the webhook removed", || async {
+        webhooks
+            .get_opt("marin3r-ns.team-c.local")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    drop(op);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() {
+    let op = start().await;
+    let client = op.client.clone();
+    // Stop the operator started with marin3r-system only; trust team-c too.
+    op.stop.cancel();
+    for t in &op.tasks {
+        t.abort();
+    }
+    let stop = CancellationToken::new();
+    let mut tasks = controllers(&client, &[OPS, "team-c"], &stop);
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), "team-c");
+    let ds: DiscoveryService = serde_json::from_value(json!({
+        "metadata": {"name": "ds", "namespace": "team-c"},
+        "spec": {"enabledNamespaces": ["team-a"]},
+    }))
+    .unwrap();
+    dss.create(&PostParams::default(), &ds).await.unwrap();
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let bootstrap = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            Api::<ConfigMap>::namespaced(client, ns)
+                .get_opt("envoy-sidecar-bootstrap")
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    wait_for("the trusted discovery service serving team-a", || async {
+        (webhooks
+            .get_opt("marin3r-team-c-ds")
+            .await
+            .unwrap()
+            .is_some()
+            && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_some()
+            && bootstrap("team-a").await
+            && namespace_labels(&client, "team-a").await
+                == (Some("enabled".into()), Some("ds".into())))
+            .then_some(())
+    })
+    .await;
+
+    // The operator restarts without trusting team-c: the listing is refused, and nothing is
+    // left reaching team-a or the cluster.
+    stop.cancel();
+    for t in &tasks {
+        t.abort();
+    }
+    let stop = CancellationToken::new();
+    tasks = controllers(&client, &[OPS], &stop);
+    wait_for("ForbiddenNamespace", || async {
+        let ds = dss.get("ds").await.unwrap();
+        (ready_condition(&ds) == Some(("False".into(), "ForbiddenNamespace".into()))).then_some(())
+    })
+    .await;
+    // Once the user drops the listing, it serves team-c alone.
+    let patch = json!({"spec": {"enabledNamespaces": null}});
+    dss.patch("ds", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(
+        "team-c served alone, the trusted leftovers gone",
+        || async {
+            let ds = dss.get("ds").await.unwrap();
+            let enabled = ds.status.map(|s| s.enabled_namespaces).unwrap_or_default();
+            (enabled == ["team-c"]
+                && webhooks
+                    .get_opt("marin3r-ns.team-c.ds")
+                    .await
+                    .unwrap()
+                    .is_some()
+                && webhooks
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_none()
+                && Api::<ClusterRoleBinding>::all(client.clone())
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && !bootstrap("team-a").await
+                && bootstrap("team-c").await
+                && namespace_labels(&client, "team-a").await == (None, None)
+                && Api::<Role>::namespaced(client.clone(), "team-a")
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none())
+            .then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    for t in &tasks {
+        t.abort();
+    }
+    drop(op);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

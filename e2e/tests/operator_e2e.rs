@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
@@ -631,7 +632,7 @@ async fn marin3r_end_to_end() {
     assert!(table.starts_with("NAMESPACE"), "{table}");
     // ...which the network cannot: not on the admin port, not on the metrics port.
     let discovery_ip = pod_ip(&discovery_pods[0]);
-    let admin_port = get(&format!("http://{discovery_ip}:8384/sync-status"));
+    let admin_port = get(&format!("http://{discovery_ip}:8385/sync-status"));
     assert!(admin_port.starts_with("GET failed"), "{admin_port}");
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -643,6 +644,24 @@ async fn marin3r_end_to_end() {
         .unwrap()
         .status();
     assert_eq!(on_metrics, 404);
+    // The probe port (spec.probePort, 8384) answers the health paths the kubelet's probes
+    // use, and only those.
+    let probe = |path: &str| {
+        let mut r = agent
+            .get(&format!("http://{discovery_ip}:8384{path}"))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    assert_eq!(probe("/readyz"), (200, "ready\n".to_owned()));
+    assert_eq!(probe("/healthz"), (200, "ok\n".to_owned()));
+    assert_eq!(probe("/metrics").0, 404);
+    let probes = discovery_pods[0].spec.as_ref().unwrap().containers[0]
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .map(|h| h.port.clone());
+    assert_eq!(probes, Some(IntOrString::Int(8384)));
 
     // The discovery pod loads a TLS Secret of a served namespace for SDS (read through its
     // per-namespace Role and watch): here the namespace's client certificate Secret.

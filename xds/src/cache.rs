@@ -13,6 +13,7 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
+use crate::frame::Encoded;
 use crate::resource::{Resource, ResourceType};
 
 /// Who a snapshot is for: the proxy's namespace (from its client certificate) and its node id.
@@ -196,6 +197,8 @@ fn short_hex(digest: &[u8]) -> String {
 pub struct Published {
     pub snapshot: Arc<Snapshot>,
     pub set_at: Instant,
+    /// The responses already encoded from this snapshot, shared by its streams.
+    pub(crate) encoded: Arc<Encoded>,
 }
 
 type Slot = watch::Sender<Option<Published>>;
@@ -236,6 +239,7 @@ impl Cache {
         let published = Published {
             snapshot: Arc::new(snapshot),
             set_at: Instant::now(),
+            encoded: Arc::default(),
         };
         let mut slots = self.lock();
         let slot = slots.entry(key).or_insert_with(|| watch::Sender::new(None));

@@ -232,17 +232,24 @@ fn respond(
     if st.rejected.contains(typed.version()) {
         return None;
     }
-    let differs = |st: &TypeState, r: &VersionedResource| {
-        st.known.get(&r.resource.name) != Some(&r.version) || st.resend.contains(&r.resource.name)
-    };
-    let mut resources: Vec<VersionedResource> = typed
-        .resources()
-        .iter()
-        .filter(|(name, r)| st.subscribed(name) && differs(st, r))
-        .map(|(_, r)| r.clone())
-        .collect();
+    let resend = |st: &TypeState, name: &str| !st.resend.is_empty() && st.resend.contains(name);
+    // One pass over the snapshot and what the proxy holds, both sorted by name: what it
+    // lacks or holds at another version, and what it holds that the snapshot no longer has.
+    // (Looking every name up in the other map showed in profiles of 1,000 streams.)
+    let mut resources: Vec<VersionedResource> = Vec::new();
+    let mut gone: Vec<&String> = Vec::new();
+    let mut held = st.known.iter().peekable();
+    for (name, r) in typed.resources() {
+        while let Some((k, _)) = held.next_if(|(k, _)| *k < name) {
+            gone.push(k);
+        }
+        let version = held.next_if(|(k, _)| *k == name).map(|(_, v)| v);
+        if st.subscribed(name) && (version != Some(&r.version) || resend(st, name)) {
+            resources.push(r.clone());
+        }
+    }
+    gone.extend(held.map(|(k, _)| k));
     // Names asked for that the snapshot lacks but still serves (an empty runtime layer).
-    // Keyed by name: `removed` below looks every known name up in it.
     let stand_ins: BTreeMap<String, VersionedResource> = st
         .names
         .iter()
@@ -250,16 +257,24 @@ fn respond(
         .filter_map(|n| snapshot.requested(kind, n))
         .map(|r| (r.resource.name.clone(), r))
         .collect();
-    resources.extend(stand_ins.values().filter(|r| differs(st, r)).cloned());
-    for r in &resources {
-        st.resend.remove(&r.resource.name);
-    }
-    let removed: Vec<String> = st
-        .known
-        .keys()
-        .filter(|name| !typed.resources().contains_key(*name) && !stand_ins.contains_key(*name))
+    resources.extend(
+        stand_ins
+            .values()
+            .filter(|r| {
+                st.known.get(&r.resource.name) != Some(&r.version) || resend(st, &r.resource.name)
+            })
+            .cloned(),
+    );
+    let removed: Vec<String> = gone
+        .into_iter()
+        .filter(|name| !stand_ins.contains_key(*name))
         .cloned()
         .collect();
+    if !st.resend.is_empty() {
+        for r in &resources {
+            st.resend.remove(&r.resource.name);
+        }
+    }
     if resources.is_empty() && removed.is_empty() && !st.owed {
         return None;
     }

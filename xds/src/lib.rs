@@ -18,6 +18,7 @@
 
 mod cache;
 mod delta;
+mod frame;
 mod http;
 mod limits;
 mod metrics;

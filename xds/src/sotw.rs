@@ -44,8 +44,12 @@ struct TypeState {
     last_nonce: Option<String>,
     /// The version of the response Envoy has not answered yet.
     in_flight: Option<String>,
-    /// What the last response was built from, to tell whether a new one is needed.
-    sent: Option<(String, Subscription)>,
+    /// Counts changes of `subscription`, so that what a response was built from is cheap
+    /// to remember.
+    generation: u64,
+    /// What the last response was built from (version, subscription generation), to tell
+    /// whether a new one is needed.
+    sent: Option<(String, u64)>,
     acked: Option<String>,
     rejected: RejectedVersions,
     /// Answer the next request (or snapshot) even if nothing changed: set on endpoints when
@@ -119,8 +123,15 @@ impl SotwState {
                 }
             }
         }
-        let subscription = subscription(&req.resource_names, first || st.subscription.wildcard);
-        st.subscription = subscription;
+        // An ACK repeats the subscription: build a new one only when it differs.
+        let may_be_legacy_wildcard = first || st.subscription.wildcard;
+        if !st
+            .subscription
+            .is(&req.resource_names, may_be_legacy_wildcard)
+        {
+            st.subscription = subscription(&req.resource_names, may_be_legacy_wildcard);
+            st.generation = st.generation.wrapping_add(1);
+        }
         // A proxy back from a broken stream (to this replica or another: versions are
         // content hashes, the same on every replica) that already has the current version of
         // a wildcard type gets no response: it holds exactly what one would carry. It is
@@ -132,7 +143,7 @@ impl SotwState {
             && !req.version_info.is_empty()
             && version == Some(req.version_info.as_str())
         {
-            st.sent = Some((req.version_info.clone(), st.subscription.clone()));
+            st.sent = Some((req.version_info.clone(), st.generation));
             st.acked = Some(req.version_info.clone());
             out.ack = Some(Ack {
                 kind,
@@ -191,10 +202,23 @@ impl SotwState {
 /// `*` subscribes to everything; so does an empty list on a type's first request (the legacy
 /// wildcard of LDS/CDS) and for as long as the list stays empty after that.
 fn subscription(names: &[String], may_be_legacy_wildcard: bool) -> Subscription {
-    let wildcard = names.iter().any(|n| n == "*") || (names.is_empty() && may_be_legacy_wildcard);
     Subscription {
-        wildcard,
+        wildcard: is_wildcard(names, may_be_legacy_wildcard),
         names: names.iter().filter(|n| *n != "*").cloned().collect(),
+    }
+}
+
+fn is_wildcard(names: &[String], may_be_legacy_wildcard: bool) -> bool {
+    names.iter().any(|n| n == "*") || (names.is_empty() && may_be_legacy_wildcard)
+}
+
+impl Subscription {
+    /// Whether `subscription(names, may_be_legacy_wildcard)` would equal this one.
+    fn is(&self, names: &[String], may_be_legacy_wildcard: bool) -> bool {
+        let named = || names.iter().filter(|n| *n != "*");
+        self.wildcard == is_wildcard(names, may_be_legacy_wildcard)
+            && named().count() == self.names.len()
+            && named().all(|n| self.names.contains(n))
     }
 }
 
@@ -217,7 +241,7 @@ fn respond(
     let unchanged = st
         .sent
         .as_ref()
-        .is_some_and(|(v, sub)| v == version && *sub == st.subscription);
+        .is_some_and(|(v, generation)| v == version && *generation == st.generation);
     if unchanged && !force && !st.always_respond {
         return None;
     }
@@ -232,14 +256,16 @@ fn respond(
         st.subscription
             .names
             .iter()
-            .filter_map(|n| snapshot.requested(kind, n))
-            .map(|r| r.resource)
+            .filter_map(|n| match typed.resources().get(n) {
+                Some(r) => Some(r.resource.clone()),
+                None => snapshot.requested(kind, n).map(|r| r.resource),
+            })
             .collect()
     };
     let nonce = nonces.next();
     st.last_nonce = Some(nonce.clone());
     st.in_flight = Some(version.to_owned());
-    st.sent = Some((version.to_owned(), st.subscription.clone()));
+    st.sent = Some((version.to_owned(), st.generation));
     Some(SotwResponse {
         kind,
         version: version.to_owned(),

@@ -10,22 +10,23 @@ use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::google::protobuf::value::Kind;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::codegen::http::Extensions;
+use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::resource::ResourceType;
 
 use super::cache::{Cache, NodeKey, Published, Snapshot};
 use super::delta::{DeltaResponse, DeltaState};
+use super::frame::{Encoded, Frame};
 use super::limits::{Limit, Limits, NamespaceStreams, StreamSlot};
 use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
 use super::protocol::{Ignored, Outcome};
 use super::sotw::{SotwResponse, SotwState};
 use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
 use super::tls::PeerIdentity;
-use super::wire::{self, WireDeltaResponse, WireResponse};
+use super::wire;
 
 /// Everything the streams share.
 pub(crate) struct Shared {
@@ -65,22 +66,24 @@ impl Shared {
 trait Flavour: Send + 'static {
     type Req: Send + 'static;
     type Resp: Send;
-    type Wire: Send + 'static;
     const PROTOCOL: Protocol;
 
     fn new(limits: &Limits) -> Self;
     fn node(req: &Self::Req) -> Option<&Node>;
     fn type_url(req: &Self::Req) -> &str;
-    fn on_request(&mut self, req: &Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
+    fn on_request(&mut self, req: Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
     fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<Self::Resp>;
     fn describe(resp: &Self::Resp) -> (ResourceType, &str);
-    fn wire(resp: Self::Resp, control_plane: &ControlPlane) -> Self::Wire;
+    fn frame(
+        resp: Self::Resp,
+        control_plane: &ControlPlane,
+        memo: Option<&Encoded>,
+    ) -> Result<Frame, Status>;
 }
 
 impl Flavour for SotwState {
     type Req = DiscoveryRequest;
     type Resp = SotwResponse;
-    type Wire = WireResponse;
     const PROTOCOL: Protocol = Protocol::Sotw;
 
     fn new(limits: &Limits) -> Self {
@@ -92,11 +95,7 @@ impl Flavour for SotwState {
     fn type_url(req: &DiscoveryRequest) -> &str {
         &req.type_url
     }
-    fn on_request(
-        &mut self,
-        req: &DiscoveryRequest,
-        s: Option<&Snapshot>,
-    ) -> Outcome<SotwResponse> {
+    fn on_request(&mut self, req: DiscoveryRequest, s: Option<&Snapshot>) -> Outcome<SotwResponse> {
         SotwState::on_request(self, &wire::sotw_request(req), s)
     }
     fn on_snapshot(&mut self, s: &Snapshot) -> Vec<SotwResponse> {
@@ -105,15 +104,18 @@ impl Flavour for SotwState {
     fn describe(resp: &SotwResponse) -> (ResourceType, &str) {
         (resp.kind, &resp.version)
     }
-    fn wire(resp: SotwResponse, cp: &ControlPlane) -> WireResponse {
-        wire::sotw_response(resp, cp)
+    fn frame(
+        resp: SotwResponse,
+        cp: &ControlPlane,
+        memo: Option<&Encoded>,
+    ) -> Result<Frame, Status> {
+        wire::sotw_frame(resp, cp, memo)
     }
 }
 
 impl Flavour for DeltaState {
     type Req = DeltaDiscoveryRequest;
     type Resp = DeltaResponse;
-    type Wire = WireDeltaResponse;
     const PROTOCOL: Protocol = Protocol::Delta;
 
     fn new(limits: &Limits) -> Self {
@@ -127,7 +129,7 @@ impl Flavour for DeltaState {
     }
     fn on_request(
         &mut self,
-        req: &DeltaDiscoveryRequest,
+        req: DeltaDiscoveryRequest,
         s: Option<&Snapshot>,
     ) -> Outcome<DeltaResponse> {
         DeltaState::on_request(self, &wire::delta_request(req), s)
@@ -138,33 +140,45 @@ impl Flavour for DeltaState {
     fn describe(resp: &DeltaResponse) -> (ResourceType, &str) {
         (resp.kind, &resp.system_version)
     }
-    fn wire(resp: DeltaResponse, cp: &ControlPlane) -> WireDeltaResponse {
-        wire::delta_response(resp, cp)
+    fn frame(
+        resp: DeltaResponse,
+        cp: &ControlPlane,
+        memo: Option<&Encoded>,
+    ) -> Result<Frame, Status> {
+        wire::delta_frame(resp, cp, memo)
     }
 }
 
-type Started<W> = Result<Response<ReceiverStream<Result<W, Status>>>, Status>;
+/// What a stream's task sends: frames, or the status that ends the stream.
+pub(crate) type Outgoing = mpsc::Sender<Result<Frame, Status>>;
+type Started = Result<mpsc::Receiver<Result<Frame, Status>>, Status>;
 
 pub(crate) fn start_sotw(
     shared: Arc<Shared>,
-    request: Request<Streaming<DiscoveryRequest>>,
-) -> Started<WireResponse> {
-    start::<SotwState>(shared, request)
+    extensions: &Extensions,
+    requests: Streaming<DiscoveryRequest>,
+) -> Started {
+    start::<SotwState>(shared, extensions, requests)
 }
 
 pub(crate) fn start_delta(
     shared: Arc<Shared>,
-    request: Request<Streaming<DeltaDiscoveryRequest>>,
-) -> Started<WireDeltaResponse> {
-    start::<DeltaState>(shared, request)
+    extensions: &Extensions,
+    requests: Streaming<DeltaDiscoveryRequest>,
+) -> Started {
+    start::<DeltaState>(shared, extensions, requests)
 }
 
-fn start<F: Flavour>(shared: Arc<Shared>, request: Request<Streaming<F::Req>>) -> Started<F::Wire>
+/// Starts the task of one stream (`extensions` carry the connection's verified identity).
+fn start<F: Flavour>(
+    shared: Arc<Shared>,
+    extensions: &Extensions,
+    requests: Streaming<F::Req>,
+) -> Started
 where
     Streaming<F::Req>: Send,
 {
-    let peer = request
-        .extensions()
+    let peer = extensions
         .get::<PeerIdentity>()
         .cloned()
         .ok_or_else(|| Status::unauthenticated("no verified client certificate"))?;
@@ -181,8 +195,8 @@ where
         peer = %peer.remote_addr,
         node = tracing::field::Empty,
     );
-    tokio::spawn(run::<F>(shared, peer, slot, request.into_inner(), tx).instrument(span));
-    Ok(Response::new(ReceiverStream::new(rx)))
+    tokio::spawn(run::<F>(shared, peer, slot, requests, tx).instrument(span));
+    Ok(rx)
 }
 
 /// Decrements the connected-proxies gauge however the stream ends.
@@ -210,7 +224,7 @@ async fn run<F: Flavour>(
     peer: PeerIdentity,
     _slot: StreamSlot,
     mut requests: Streaming<F::Req>,
-    tx: mpsc::Sender<Result<F::Wire, Status>>,
+    tx: Outgoing,
 ) where
     Streaming<F::Req>: Send,
 {
@@ -291,7 +305,7 @@ async fn run<F: Flavour>(
             if let Some(kind) = ResourceType::from_type_url(F::type_url(&req)) {
                 metrics.requests.get_or_create(&Metrics::kind(kind)).inc();
             }
-            let out = state.on_request(&req, current.as_ref().map(|p| &*p.snapshot));
+            let out = state.on_request(req, current.as_ref().map(|p| &*p.snapshot));
             if !ctx.outcome::<F>(out, current.as_ref()).await {
                 break;
             }
@@ -327,7 +341,7 @@ async fn run<F: Flavour>(
     info!("proxy disconnected");
 }
 
-struct StreamCtx<'a, W> {
+struct StreamCtx<'a> {
     shared: &'a Shared,
     key: &'a NodeKey,
     pod: &'a Option<String>,
@@ -335,14 +349,14 @@ struct StreamCtx<'a, W> {
     connected_at: Instant,
     /// The version per type whose convergence was already measured.
     converged: HashMap<ResourceType, String>,
-    tx: &'a mpsc::Sender<Result<W, Status>>,
+    tx: &'a Outgoing,
     stop: &'a CancellationToken,
 }
 
 /// How much of a NACK's message goes into the log line.
 const LOGGED_NACK_CHARS: usize = 1_000;
 
-impl<W: Send + 'static> StreamCtx<'_, W> {
+impl StreamCtx<'_> {
     /// Latency is measured only for snapshots set while the proxy was connected: a proxy that
     /// connects hours after a set did not take hours to converge.
     fn set_while_connected(&self, current: Option<&Published>) -> Option<Instant> {
@@ -352,7 +366,7 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
     }
 
     /// Applies a request's outcome; false when the stream is gone.
-    async fn outcome<F: Flavour<Wire = W>>(
+    async fn outcome<F: Flavour>(
         &mut self,
         out: Outcome<F::Resp>,
         current: Option<&Published>,
@@ -425,11 +439,7 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
         true
     }
 
-    async fn send<F: Flavour<Wire = W>>(
-        &mut self,
-        resp: F::Resp,
-        current: Option<&Published>,
-    ) -> bool {
+    async fn send<F: Flavour>(&mut self, resp: F::Resp, current: Option<&Published>) -> bool {
         let (kind, version) = F::describe(&resp);
         let metrics = &self.shared.metrics;
         metrics.responses.get_or_create(&Metrics::kind(kind)).inc();
@@ -440,9 +450,11 @@ impl<W: Send + 'static> StreamCtx<'_, W> {
             Metrics::observe(&metrics.push_latency, kind, set_at.elapsed());
         }
         debug!(resource_type = %kind, %version, "sending");
-        let wire = F::wire(resp, &self.shared.control_plane);
+        let memo = current.map(|p| &*p.encoded);
+        let frame = F::frame(resp, &self.shared.control_plane, memo);
+        let ok = frame.is_ok();
         tokio::select! {
-            r = self.tx.send(Ok(wire)) => r.is_ok(),
+            r = self.tx.send(frame) => r.is_ok() && ok,
             () = self.stop.cancelled() => false,
         }
     }

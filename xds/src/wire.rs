@@ -1,7 +1,8 @@
 //! The ADS service on the wire. Responses use message types of our own that are
 //! wire-identical to Envoy's `DiscoveryResponse`/`DeltaDiscoveryResponse` but hold each
-//! resource as shared [`Bytes`], so a resource is encoded once per snapshot and only copied
-//! into each stream's send buffer. Requests are decoded with envoy-types' generated messages.
+//! resource as shared [`Bytes`]; a response is encoded once per snapshot and content and its
+//! bytes shared by every stream that sends it (see [`super::frame`]). Requests are decoded
+//! with envoy-types' generated messages.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,10 +11,11 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::ControlPlane;
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::mpsc;
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 
 use super::delta::{DeltaRequest, DeltaResponse};
+use super::frame::{self, Encoded, Frame, FrameBody, RequestDecoder, key_part};
 use super::sotw::{SotwRequest, SotwResponse};
 use super::stream::{self, Shared};
 
@@ -86,70 +88,120 @@ pub fn nack_message(message: &str) -> String {
     format!("{}… ({rest} more bytes)", &message[..end])
 }
 
-pub fn sotw_request(req: &DiscoveryRequest) -> SotwRequest {
+/// The protocol's view of a request, taking its fields (an ACK carries every subscribed
+/// name; copying them for every request of every stream showed in profiles).
+pub fn sotw_request(req: DiscoveryRequest) -> SotwRequest {
     SotwRequest {
-        type_url: req.type_url.clone(),
-        version_info: req.version_info.clone(),
-        resource_names: req.resource_names.clone(),
-        response_nonce: req.response_nonce.clone(),
         error: req.error_detail.as_ref().map(|s| nack_message(&s.message)),
+        type_url: req.type_url,
+        version_info: req.version_info,
+        resource_names: req.resource_names,
+        response_nonce: req.response_nonce,
     }
 }
 
-pub fn delta_request(req: &DeltaDiscoveryRequest) -> DeltaRequest {
+pub fn delta_request(req: DeltaDiscoveryRequest) -> DeltaRequest {
     DeltaRequest {
-        type_url: req.type_url.clone(),
-        subscribe: req.resource_names_subscribe.clone(),
-        unsubscribe: req.resource_names_unsubscribe.clone(),
-        initial_resource_versions: req
-            .initial_resource_versions
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        response_nonce: req.response_nonce.clone(),
         error: req.error_detail.as_ref().map(|s| nack_message(&s.message)),
+        type_url: req.type_url,
+        subscribe: req.resource_names_subscribe,
+        unsubscribe: req.resource_names_unsubscribe,
+        initial_resource_versions: req.initial_resource_versions.into_iter().collect(),
+        response_nonce: req.response_nonce,
     }
 }
 
-pub fn sotw_response(resp: SotwResponse, control_plane: &ControlPlane) -> WireResponse {
+/// The frame of a state-of-the-world response: its body encoded once per snapshot and
+/// content (the memo of the snapshot it came from, when there is one), the nonce its own.
+pub(crate) fn sotw_frame(
+    resp: SotwResponse,
+    control_plane: &ControlPlane,
+    memo: Option<&Encoded>,
+) -> Result<Frame, tonic::Status> {
     let type_url = resp.kind.type_url();
-    WireResponse {
-        version_info: resp.version,
-        resources: resp
-            .resources
-            .into_iter()
-            .map(|r| AnyBytes {
-                type_url: type_url.to_owned(),
-                value: r.body,
-            })
-            .collect(),
-        type_url: type_url.to_owned(),
-        nonce: resp.nonce,
-        control_plane: Some(control_plane.clone()),
-    }
-}
-
-pub fn delta_response(resp: DeltaResponse, control_plane: &ControlPlane) -> WireDeltaResponse {
-    let type_url = resp.kind.type_url();
-    WireDeltaResponse {
-        system_version_info: resp.system_version,
-        resources: resp
-            .resources
-            .into_iter()
-            .map(|r| WireResource {
-                version: r.version,
-                name: r.resource.name,
-                resource: Some(AnyBytes {
+    let message = || {
+        frame::encode(&WireResponse {
+            version_info: resp.version.clone(),
+            resources: resp
+                .resources
+                .iter()
+                .map(|r| AnyBytes {
                     type_url: type_url.to_owned(),
-                    value: r.resource.body,
-                }),
-            })
-            .collect(),
-        type_url: type_url.to_owned(),
-        nonce: resp.nonce,
-        removed_resources: resp.removed,
-        control_plane: Some(control_plane.clone()),
-    }
+                    value: r.body.clone(),
+                })
+                .collect(),
+            type_url: type_url.to_owned(),
+            nonce: String::new(),
+            control_plane: Some(control_plane.clone()),
+        })
+    };
+    let body = match memo {
+        // Within one snapshot a name has one content, so the names and the version say
+        // exactly what the response holds.
+        Some(memo) => {
+            let mut key = Vec::with_capacity(64 + resp.resources.len() * 32);
+            key_part(&mut key, "sotw");
+            key_part(&mut key, type_url);
+            key_part(&mut key, &resp.version);
+            for r in &resp.resources {
+                key_part(&mut key, &r.name);
+            }
+            memo.body(key, message)
+        }
+        None => message(),
+    };
+    Frame::new(&resp.nonce, body)
+}
+
+/// The frame of a delta response, encoded once per snapshot and content like
+/// [`sotw_frame`].
+pub(crate) fn delta_frame(
+    resp: DeltaResponse,
+    control_plane: &ControlPlane,
+    memo: Option<&Encoded>,
+) -> Result<Frame, tonic::Status> {
+    let type_url = resp.kind.type_url();
+    let message = || {
+        frame::encode(&WireDeltaResponse {
+            system_version_info: resp.system_version.clone(),
+            resources: resp
+                .resources
+                .iter()
+                .map(|r| WireResource {
+                    version: r.version.clone(),
+                    name: r.resource.name.clone(),
+                    resource: Some(AnyBytes {
+                        type_url: type_url.to_owned(),
+                        value: r.resource.body.clone(),
+                    }),
+                })
+                .collect(),
+            type_url: type_url.to_owned(),
+            nonce: String::new(),
+            removed_resources: resp.removed.clone(),
+            control_plane: Some(control_plane.clone()),
+        })
+    };
+    let body = match memo {
+        Some(memo) => {
+            let mut key = Vec::with_capacity(64 + resp.resources.len() * 48);
+            key_part(&mut key, "delta");
+            key_part(&mut key, type_url);
+            key_part(&mut key, &resp.system_version);
+            for r in &resp.resources {
+                key_part(&mut key, &r.resource.name);
+                key_part(&mut key, &r.version);
+            }
+            // A name cannot be both sent and removed; the marker keeps the lists apart.
+            key_part(&mut key, "\0removed");
+            for name in &resp.removed {
+                key_part(&mut key, name);
+            }
+            memo.body(key, message)
+        }
+        None => message(),
+    };
+    Frame::new(&resp.nonce, body)
 }
 
 const SOTW_PATH: &str =
@@ -173,35 +225,26 @@ impl tonic::server::NamedService for AdsService {
     const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 }
 
-struct SotwMethod(Arc<Shared>);
-
-impl tonic::server::StreamingService<DiscoveryRequest> for SotwMethod {
-    type Response = WireResponse;
-    type ResponseStream = ReceiverStream<Result<WireResponse, tonic::Status>>;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, tonic::Status>;
-
-    fn call(
-        &mut self,
-        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
-    ) -> Self::Future {
-        let shared = Arc::clone(&self.0);
-        Box::pin(async move { stream::start_sotw(shared, request) })
-    }
+/// The `grpc-encoding` of a request, when it is one marin3r cannot read (only identity).
+fn unsupported_encoding(headers: &http::HeaderMap) -> Option<String> {
+    let encoding = headers.get("grpc-encoding")?;
+    (encoding != "identity").then(|| String::from_utf8_lossy(encoding.as_bytes()).into_owned())
 }
 
-struct DeltaMethod(Arc<Shared>);
-
-impl tonic::server::StreamingService<DeltaDiscoveryRequest> for DeltaMethod {
-    type Response = WireDeltaResponse;
-    type ResponseStream = ReceiverStream<Result<WireDeltaResponse, tonic::Status>>;
-    type Future = BoxFuture<tonic::Response<Self::ResponseStream>, tonic::Status>;
-
-    fn call(
-        &mut self,
-        request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
-    ) -> Self::Future {
-        let shared = Arc::clone(&self.0);
-        Box::pin(async move { stream::start_delta(shared, request) })
+/// A response streaming `rx`'s frames, or the status alone when the stream was refused.
+fn grpc_response(
+    started: Result<mpsc::Receiver<Result<Frame, tonic::Status>>, tonic::Status>,
+) -> http::Response<tonic::body::Body> {
+    match started {
+        Ok(rx) => {
+            let mut response = http::Response::new(tonic::body::Body::new(FrameBody::new(rx)));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/grpc"),
+            );
+            response
+        }
+        Err(status) => status.into_http(),
     }
 }
 
@@ -220,27 +263,36 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        let max_request = shared.limits.max_request_bytes;
-        match req.uri().path() {
-            SOTW_PATH => Box::pin(async move {
-                let codec = tonic_prost::ProstCodec::<WireResponse, DiscoveryRequest>::default();
-                Ok(tonic::server::Grpc::new(codec)
-                    .max_decoding_message_size(max_request)
-                    .streaming(SotwMethod(shared), req)
-                    .await)
-            }),
-            DELTA_PATH => Box::pin(async move {
-                let codec =
-                    tonic_prost::ProstCodec::<WireDeltaResponse, DeltaDiscoveryRequest>::default();
-                Ok(tonic::server::Grpc::new(codec)
-                    .max_decoding_message_size(max_request)
-                    .streaming(DeltaMethod(shared), req)
-                    .await)
-            }),
-            _ => Box::pin(async move {
-                Ok(tonic::Status::unimplemented("marin3r serves only the ADS methods").into_http())
-            }),
+        let max_request = Some(shared.limits.max_request_bytes);
+        let (parts, body) = req.into_parts();
+        if let Some(encoding) = unsupported_encoding(&parts.headers) {
+            let status = tonic::Status::unimplemented(format!(
+                "request encoding {encoding:?} is not supported; marin3r reads identity only"
+            ));
+            return Box::pin(async move { Ok(status.into_http()) });
         }
+        let response = match parts.uri.path() {
+            SOTW_PATH => {
+                let requests = tonic::Streaming::new_request(
+                    RequestDecoder::<DiscoveryRequest>::default(),
+                    body,
+                    None,
+                    max_request,
+                );
+                grpc_response(stream::start_sotw(shared, &parts.extensions, requests))
+            }
+            DELTA_PATH => {
+                let requests = tonic::Streaming::new_request(
+                    RequestDecoder::<DeltaDiscoveryRequest>::default(),
+                    body,
+                    None,
+                    max_request,
+                );
+                grpc_response(stream::start_delta(shared, &parts.extensions, requests))
+            }
+            _ => tonic::Status::unimplemented("marin3r serves only the ADS methods").into_http(),
+        };
+        Box::pin(async move { Ok(response) })
     }
 }
 
@@ -270,7 +322,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let kept = sotw_request(&req).error.unwrap();
+        let kept = sotw_request(req.clone()).error.unwrap();
         // Cut before the two-byte character that straddles the limit.
         let rest = huge.len() - (MAX_NACK_MESSAGE - 1);
         assert_eq!(
@@ -281,8 +333,16 @@ mod tests {
             error_detail: req.error_detail.clone(),
             ..Default::default()
         };
-        assert_eq!(delta_request(&delta).error.unwrap(), kept);
+        assert_eq!(delta_request(delta).error.unwrap(), kept);
         assert_eq!(nack_message("bad cluster"), "bad cluster");
+    }
+
+    /// The message of a frame, without the gRPC prefix.
+    fn message(frame: &Frame) -> Vec<u8> {
+        let bytes = frame.to_vec();
+        let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+        assert_eq!(len, bytes.len() - 5, "the prefix holds the message length");
+        bytes[5..].to_vec()
     }
 
     #[test]
@@ -292,26 +352,36 @@ mod tests {
         let cp = ControlPlane {
             identifier: "marin3r".into(),
         };
-        let wire = sotw_response(
-            SotwResponse {
+        let memo = Encoded::default();
+        let resp = |nonce: &str| SotwResponse {
+            kind,
+            version: "v1".into(),
+            nonce: nonce.into(),
+            resources: vec![Resource {
                 kind,
-                version: "v1".into(),
-                nonce: "7".into(),
-                resources: vec![Resource {
-                    kind,
-                    name: "name".into(),
-                    body: body.clone(),
-                }],
-            },
-            &cp,
-        );
-        let decoded = DiscoveryResponse::decode(wire.encode_to_vec().as_slice()).unwrap();
+                name: "name".into(),
+                body: body.clone(),
+            }],
+        };
+        let frame = sotw_frame(resp("7"), &cp, Some(&memo)).unwrap();
+        let decoded = DiscoveryResponse::decode(message(&frame).as_slice()).unwrap();
         assert_eq!(decoded.version_info, "v1");
         assert_eq!(decoded.nonce, "7");
         assert_eq!(decoded.type_url, kind.type_url());
         assert_eq!(decoded.resources[0].type_url, kind.type_url());
         assert_eq!(decoded.resources[0].value, body.to_vec());
         assert_eq!(decoded.control_plane.unwrap().identifier, "marin3r");
+        // Another stream: its own nonce, the same encoded body; without a memo, the same bytes.
+        let other = sotw_frame(resp("8"), &cp, Some(&memo)).unwrap();
+        assert_eq!(
+            DiscoveryResponse::decode(message(&other).as_slice())
+                .unwrap()
+                .nonce,
+            "8"
+        );
+        assert_eq!(memo.len(), 1);
+        let alone = sotw_frame(resp("7"), &cp, None).unwrap();
+        assert_eq!(message(&alone), message(&frame));
 
         let snap = Snapshot::new([Resource {
             kind,
@@ -320,17 +390,15 @@ mod tests {
         }])
         .unwrap();
         let versioned = snap.of_type(kind).resources()["name"].clone();
-        let wire = delta_response(
-            DeltaResponse {
-                kind,
-                system_version: "sv".into(),
-                nonce: "8".into(),
-                resources: vec![versioned.clone()],
-                removed: vec!["old".into()],
-            },
-            &cp,
-        );
-        let d = DeltaDiscoveryResponse::decode(wire.encode_to_vec().as_slice()).unwrap();
+        let delta = |removed: &str| DeltaResponse {
+            kind,
+            system_version: "sv".into(),
+            nonce: "8".into(),
+            resources: vec![versioned.clone()],
+            removed: vec![removed.into()],
+        };
+        let frame = delta_frame(delta("old"), &cp, Some(&memo)).unwrap();
+        let d = DeltaDiscoveryResponse::decode(message(&frame).as_slice()).unwrap();
         assert_eq!(
             (d.system_version_info.as_str(), d.nonce.as_str()),
             ("sv", "8")
@@ -342,5 +410,11 @@ mod tests {
             d.resources[0].resource.as_ref().unwrap().value,
             body.to_vec()
         );
+        assert_eq!(d.control_plane.unwrap().identifier, "marin3r");
+        // A different removal is a different response, not the remembered one.
+        let other = delta_frame(delta("older"), &cp, Some(&memo)).unwrap();
+        let d = DeltaDiscoveryResponse::decode(message(&other).as_slice()).unwrap();
+        assert_eq!(d.removed_resources, ["older"]);
+        assert_eq!(memo.len(), 3);
     }
 }

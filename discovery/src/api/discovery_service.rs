@@ -15,9 +15,12 @@ use super::duration::parse_go_duration;
 
 pub const DEFAULT_XDS_PORT: u16 = 18000;
 pub const DEFAULT_METRICS_PORT: u16 = 8383;
+/// The discovery pod's health probes (`/healthz`, `/readyz`), the original's `probePort`.
+pub const DEFAULT_PROBE_PORT: u16 = 8384;
 /// The discovery pod's admin port (`/sync-status`), on the pod's loopback only: reached with
-/// a pod port-forward (`marin3r proxy-status`), never through the Service.
-pub const DEFAULT_ADMIN_PORT: u16 = 8384;
+/// a pod port-forward (`marin3r proxy-status`), never through the Service. Not 8384, which
+/// is the original's (and our) default `probePort`; no discovery service port may use it.
+pub const DEFAULT_ADMIN_PORT: u16 = 8385;
 pub const DEFAULT_WEBHOOK_PORT: u16 = 8443;
 pub const DEFAULT_CA_DURATION: &str = "26280h";
 pub const DEFAULT_SERVER_CERT_DURATION: &str = "2160h";
@@ -73,9 +76,13 @@ pub struct DiscoveryServiceSpec {
     /// Port of the xDS server (gRPC over mutual TLS); default 18000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xds_server_port: Option<u16>,
-    /// Port of the metrics and health endpoints; default 8383.
+    /// Port of the metrics endpoint (`/metrics`, also `/healthz` and `/readyz`); default 8383.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_port: Option<u16>,
+    /// Port of the health endpoints `/healthz` and `/readyz` (plain HTTP), which the
+    /// discovery pod's liveness and readiness probes use; default 8384.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_port: Option<u16>,
     /// Port of the webhook (HTTPS): sidecar injection and EnvoyConfig validation; default 8443.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_port: Option<u16>,
@@ -174,6 +181,7 @@ pub struct Resolved {
     pub client_duration: Duration,
     pub xds_port: u16,
     pub metrics_port: u16,
+    pub probe_port: u16,
     pub webhook_port: u16,
     pub enabled_namespaces: Vec<String>,
     pub service_name: String,
@@ -280,6 +288,7 @@ impl DiscoveryService {
             )?,
             xds_port: port("xdsServerPort", spec.xds_server_port, DEFAULT_XDS_PORT)?,
             metrics_port: port("metricsPort", spec.metrics_port, DEFAULT_METRICS_PORT)?,
+            probe_port: port("probePort", spec.probe_port, DEFAULT_PROBE_PORT)?,
             webhook_port: port("webhookPort", spec.webhook_port, DEFAULT_WEBHOOK_PORT)?,
             enabled_namespaces: enabled,
             service_name: service.name.unwrap_or(owned),
@@ -315,14 +324,23 @@ impl DiscoveryService {
             ));
         }
         let ports = [
-            resolved.xds_port,
-            resolved.metrics_port,
-            resolved.webhook_port,
+            ("spec.xdsServerPort", resolved.xds_port),
+            ("spec.metricsPort", resolved.metrics_port),
+            ("spec.probePort", resolved.probe_port),
+            ("spec.webhookPort", resolved.webhook_port),
         ];
-        if ports[0] == ports[1] || ports[0] == ports[2] || ports[1] == ports[2] {
-            return Err(
-                "spec.xdsServerPort, spec.metricsPort and spec.webhookPort must differ".into(),
-            );
+        for (i, (field, port)) in ports.iter().enumerate() {
+            if let Some((other, _)) = ports[..i].iter().find(|(_, p)| p == port) {
+                return Err(format!(
+                    "{other} and {field} are both {port}; the discovery pod's ports must differ"
+                ));
+            }
+            if *port == DEFAULT_ADMIN_PORT {
+                return Err(format!(
+                    "{field}: {port} is the discovery pod's loopback admin port (/sync-status); \
+                     choose another"
+                ));
+            }
         }
         Ok(resolved)
     }
@@ -355,8 +373,8 @@ mod tests {
         assert_eq!(r.server_duration, Duration::from_secs(2160 * 3600));
         assert_eq!(r.client_duration, Duration::from_secs(168 * 3600));
         assert_eq!(
-            (r.xds_port, r.metrics_port, r.webhook_port),
-            (18000, 8383, 8443)
+            (r.xds_port, r.metrics_port, r.probe_port, r.webhook_port),
+            (18000, 8383, 8384, 8443)
         );
         assert_eq!(r.service_name, "marin3r-instance");
         assert_eq!(r.service_type, "ClusterIP");
@@ -392,7 +410,23 @@ mod tests {
                 serde_json::json!({"xdsServerPort": 0}),
                 "spec.xdsServerPort",
             ),
-            (serde_json::json!({"metricsPort": 18000}), "must differ"),
+            (
+                serde_json::json!({"metricsPort": 18000}),
+                "spec.xdsServerPort and spec.metricsPort are both 18000",
+            ),
+            (
+                serde_json::json!({"probePort": 8443}),
+                "spec.probePort and spec.webhookPort are both 8443",
+            ),
+            (
+                serde_json::json!({"metricsPort": 8384}),
+                "spec.metricsPort and spec.probePort are both 8384",
+            ),
+            (
+                serde_json::json!({"probePort": 8385}),
+                "spec.probePort: 8385 is the discovery pod's loopback admin port",
+            ),
+            (serde_json::json!({"probePort": 0}), "spec.probePort"),
             (
                 serde_json::json!({"enabledNamespaces": ["ok", "Not_OK"]}),
                 "spec.enabledNamespaces[1]",

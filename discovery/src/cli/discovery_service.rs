@@ -1,7 +1,7 @@
 //! `marin3r discovery-service`: the discovery pod's one process. The xDS server (mTLS), the
 //! `EnvoyConfig`/`EnvoyConfigRevision`/Secret controllers that feed it, the metrics and
-//! health HTTP server, the sync-status server on loopback, and the webhook (sidecar injection
-//! and EnvoyConfig validation), on one server certificate.
+//! health HTTP server, the probe server (health only), the sync-status server on loopback,
+//! and the webhook (sidecar injection and EnvoyConfig validation), on one server certificate.
 //!
 //! Shutdown (SIGTERM): `/readyz` turns 503 and the xDS and webhook listeners close at once;
 //! the open xDS streams keep being served, new configs included, for the grace period; then
@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use axum::response::IntoResponse as _;
 use clap::Args;
 use marin3r_webhook::server::WebhookServerConfig;
 use prometheus_client::registry::Registry;
@@ -21,7 +22,8 @@ use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::api::discovery_service::{
-    DEFAULT_ADMIN_PORT, DEFAULT_METRICS_PORT, DEFAULT_WEBHOOK_PORT, DEFAULT_XDS_PORT,
+    DEFAULT_ADMIN_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT, DEFAULT_WEBHOOK_PORT,
+    DEFAULT_XDS_PORT,
 };
 use crate::controllers::nacks::ReplicaPods;
 use crate::controllers::{self, Readiness};
@@ -36,6 +38,10 @@ pub struct DiscoveryServiceArgs {
     /// Port of the plain-HTTP server: /metrics, /healthz, /readyz.
     #[arg(long, default_value_t = DEFAULT_METRICS_PORT)]
     metrics_port: u16,
+    /// Port of the plain-HTTP health server the pod's probes use: /healthz, /readyz (the same
+    /// answers as on the metrics port).
+    #[arg(long, default_value_t = DEFAULT_PROBE_PORT)]
+    probe_port: u16,
     /// Address of the admin HTTP server (/sync-status: every proxy of every namespace).
     /// Loopback by default, so only the pod itself reaches it (`marin3r proxy-status` does,
     /// through the API server's pod port-forward).
@@ -57,6 +63,13 @@ pub struct DiscoveryServiceArgs {
     /// marin3r.3scale.net/discovery-service=NAME (default: every namespace).
     #[arg(long, value_name = "NAME")]
     discovery_service_name: Option<String>,
+    /// Serve only this namespace's EnvoyConfigs, reading nothing outside it (EnvoyConfigs,
+    /// revisions, Secrets and EndpointSlices through namespaced watches; Namespaces not at
+    /// all): the discovery pod of a DiscoveryService that serves its own namespace.
+    /// With --discovery-service-name too, the name only tells the injection webhook which
+    /// discovery-service.name annotations are its own.
+    #[arg(long, value_name = "NAMESPACE")]
+    watch_namespace: Option<String>,
     /// Taint a revision when at least this percentage of its node's connected proxies
     /// has rejected it (NACK); 100: every one of them.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
@@ -74,7 +87,7 @@ pub struct DiscoveryServiceArgs {
     /// count before it taints. Without it, the fresh reports alone are counted.
     #[arg(long, value_name = "SELECTOR")]
     replica_selector: Option<String>,
-    /// Address to listen on (xDS, metrics and webhook ports).
+    /// Address to listen on (xDS, metrics, probe and webhook ports).
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
     /// The image of the shutdown manager the webhook injects for pods that set
@@ -136,6 +149,18 @@ impl DiscoveryServiceArgs {
     }
 }
 
+/// The probe port serves `/healthz` and `/readyz` only: not `/metrics`, which stays on the
+/// metrics port the Service exposes.
+async fn only_health_paths(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match request.uri().path() {
+        "/healthz" | "/readyz" => next.run(request).await,
+        _ => axum::http::StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
 pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
@@ -147,6 +172,9 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let http_listener = TcpListener::bind(bind(args.metrics_port))
         .await
         .with_context(|| format!("listening on the metrics port {}", args.metrics_port))?;
+    let probe_listener = TcpListener::bind(bind(args.probe_port))
+        .await
+        .with_context(|| format!("listening on the probe port {}", args.probe_port))?;
     let webhook_listener = TcpListener::bind(bind(args.webhook_port))
         .await
         .with_context(|| format!("listening on the webhook port {}", args.webhook_port))?;
@@ -190,6 +218,10 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
     let router = server.http_router();
+    // The probe port answers exactly what the metrics port answers for the two health paths.
+    let probe_router = router
+        .clone()
+        .layer(axum::middleware::from_fn(only_health_paths));
     let admin_router = server.admin_router();
 
     // Two phases: `draining` (SIGTERM) closes the xDS and webhook listeners; `stopped` (once
@@ -241,6 +273,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let config = controllers::Config {
         metrics: controller_metrics,
         discovery_service: args.discovery_service_name.clone(),
+        watch_namespace: args.watch_namespace.clone(),
         allow_cross_namespace_secrets,
         taint_threshold: controllers::nacks::TaintThreshold::percent(args.taint_threshold_percent)
             .map_err(anyhow::Error::msg)?,
@@ -252,9 +285,11 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     info!(
         xds = args.xds_port,
         metrics = args.metrics_port,
+        probe = args.probe_port,
         webhook = args.webhook_port,
         admin = %args.admin_address,
         discovery_service = ?args.discovery_service_name,
+        watch_namespace = ?args.watch_namespace,
         "starting the discovery service"
     );
     let controllers = tokio::spawn(controllers::run(
@@ -269,6 +304,14 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         let stop = stopped();
         async move {
             axum::serve(http_listener, router)
+                .with_graceful_shutdown(stop)
+                .await
+        }
+    });
+    let mut probes = tokio::spawn({
+        let stop = stopped();
+        async move {
+            axum::serve(probe_listener, probe_router)
                 .with_graceful_shutdown(stop)
                 .await
         }
@@ -294,6 +337,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         () = super::shutdown_signal() => None,
         r = &mut xds => Some(("xDS server", r.map(|r| r.map_err(anyhow::Error::from)))),
         r = &mut http => Some(("HTTP server", r.map(|r| r.map_err(anyhow::Error::from)))),
+        r = &mut probes => Some(("probe server", r.map(|r| r.map_err(anyhow::Error::from)))),
         r = &mut admin => Some(("admin server", r.map(|r| r.map_err(anyhow::Error::from)))),
         r = &mut webhook_task => Some(("webhook", r.map(|r| r.map_err(anyhow::Error::from)))),
     };
@@ -312,10 +356,11 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     );
     let (x, w) = tokio::join!(xds, webhook_task);
     let _ = stop_tx.send(true);
-    let (h, a, _) = tokio::join!(http, admin, controllers);
+    let (h, p, a, _) = tokio::join!(http, probes, admin, controllers);
     x.context("xDS server task")?.context("xDS server")?;
     w.context("webhook task")?.context("webhook")?;
     h.context("HTTP server task")?.context("HTTP server")?;
+    p.context("probe server task")?.context("probe server")?;
     a.context("admin server task")?.context("admin server")?;
     info!("discovery service stopped");
     Ok(())

@@ -18,7 +18,8 @@ use crate::operator::{self, leader};
 pub struct OperatorArgs {
     /// Namespaces whose certificates may write Secrets to and read CAs from other namespaces
     /// (repeatable). Defaults to the operator's own namespace (POD_NAMESPACE). A
-    /// DiscoveryService must live in one of them.
+    /// DiscoveryService in one of them serves the namespaces listed or labelled for it; one
+    /// anywhere else serves its own namespace only.
     #[arg(long = "trusted-namespace", value_name = "NAMESPACE")]
     trusted_namespaces: Vec<String>,
     /// The discovery pods' image when a DiscoveryService sets none (default: this binary's

@@ -26,7 +26,7 @@ const DISCOVERY_POD_SELECTOR: &str =
 
 #[derive(Debug, Args)]
 pub struct ProxyStatusArgs {
-    /// Read this sync-status URL directly (e.g. http://127.0.0.1:8384 after
+    /// Read this sync-status URL directly (e.g. http://127.0.0.1:8385 after
     /// `kubectl port-forward`) instead of port-forwarding through the API server; the
     /// sync-status path is added when the URL has no path.
     #[arg(long, conflicts_with_all = ["kubeconfig", "context", "discovery_service", "pod"])]

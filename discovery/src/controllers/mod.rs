@@ -36,6 +36,10 @@ pub struct Config {
     /// Serve only `EnvoyConfig`s in namespaces labelled
     /// `marin3r.3scale.net/discovery-service=<name>`; `None`: every namespace.
     pub discovery_service: Option<String>,
+    /// Serve only this namespace, reading nothing outside it (not even Namespaces): the
+    /// discovery pod of a `DiscoveryService` that serves its own namespace. Wins over
+    /// `discovery_service`.
+    pub watch_namespace: Option<String>,
     /// Let revisions reference Secrets in other namespaces (off: a cross-namespace reference
     /// is an error in status, so a namespace cannot have another's certificates served).
     pub allow_cross_namespace_secrets: bool,
@@ -74,9 +78,24 @@ impl Context {
         }
     }
 
+    /// The API of `K` in the namespace watched, or in every namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match &self.config.watch_namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
     /// Whether this discovery service serves `namespace`. Read on every reconcile: a label
     /// added later takes effect on the next change of the config.
     pub async fn serves(&self, namespace: &str) -> Result<bool, Error> {
+        if let Some(watched) = &self.config.watch_namespace {
+            return Ok(watched == namespace);
+        }
         let Some(name) = &self.config.discovery_service else {
             return Ok(true);
         };
@@ -96,7 +115,7 @@ impl Context {
         &self,
         controller: kube::runtime::Controller<K>,
     ) -> kube::runtime::Controller<K> {
-        if self.config.discovery_service.is_none() {
+        if self.config.discovery_service.is_none() || self.config.watch_namespace.is_some() {
             return controller;
         }
         let store = controller.store();

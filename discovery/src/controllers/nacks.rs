@@ -367,8 +367,10 @@ pub(crate) async fn run_decider(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = ctx.client.clone();
-    let controller = marin3r_controller::watch_all::<EnvoyConfigRevision>(&client);
+    let controller = kube::runtime::Controller::new(
+        ctx.api::<EnvoyConfigRevision>(),
+        kube::runtime::watcher::Config::default(),
+    );
     let controller = ctx.watch_namespaces(controller);
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;

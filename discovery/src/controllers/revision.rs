@@ -45,8 +45,10 @@ pub(crate) async fn run(
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = ctx.client.clone();
-    let controller = marin3r_controller::watch_all::<EnvoyConfigRevision>(&client);
+    let controller = kube::runtime::Controller::new(
+        ctx.api::<EnvoyConfigRevision>(),
+        watcher::Config::default(),
+    );
     let store = controller.store();
     let deletions = tokio::spawn(watch_deletions(Arc::clone(&ctx)));
     let (triggers_tx, triggers) = mpsc::channel(256);
@@ -105,16 +107,22 @@ async fn mark_loaded(
 /// Watches the Secrets and EndpointSlices of the namespaces served, and only those: one
 /// namespaced watch of each per served namespace, started when it joins and stopped when it
 /// leaves, so the discovery pod needs no cluster-wide access to them (the operator grants it
-/// per namespace). Without `--discovery-service-name` every namespace is served, and
-/// cluster-wide watches are used.
+/// per namespace). With `--watch-namespace` only that namespace is watched; without it or
+/// `--discovery-service-name` every namespace is served, and cluster-wide watches are used.
 async fn watch_secrets(
     ctx: Arc<Context>,
     store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
     triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
 ) {
-    let Some(name) = ctx.config.discovery_service.clone() else {
-        let secrets = Api::<Secret>::all(ctx.client.clone());
-        let slices = Api::<EndpointSlice>::all(ctx.client.clone());
+    let Some(name) = ctx
+        .config
+        .discovery_service
+        .clone()
+        .filter(|_| ctx.config.watch_namespace.is_none())
+    else {
+        // Every namespace, or only the one watched.
+        let secrets = ctx.api::<Secret>();
+        let slices = ctx.api::<EndpointSlice>();
         tokio::join!(
             watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
             endpoint_slices::watch(store, triggers, slices),
@@ -485,7 +493,7 @@ fn snapshot_for(
 /// (re)list, keys served by revisions that no longer exist are cleared too, so a deletion
 /// missed while the watch was down is not served forever.
 async fn watch_deletions(ctx: Arc<Context>) {
-    let api = Api::<EnvoyConfigRevision>::all(ctx.client.clone());
+    let api = ctx.api::<EnvoyConfigRevision>();
     let mut events = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();

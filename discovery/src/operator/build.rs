@@ -56,6 +56,9 @@ pub const WEBHOOK_TIMEOUT_SECONDS: i32 = 10;
 /// object selector matches) is refused rather than started without one while the discovery
 /// service is down. Pods without the label never reach the webhook.
 pub const WEBHOOK_FAILURE_POLICY: &str = "Fail";
+/// The label the API server sets on every Namespace to its name; a namespace-scoped
+/// discovery service's webhook selects its namespace with it, which no user can fake.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 pub use marin3r_webhook::server::VALIDATE_ENVOY_CONFIG_PATH as VALIDATING_WEBHOOK_PATH;
 /// `Fail`: while the discovery service is down, creating or changing an EnvoyConfig in a
 /// namespace it serves is refused (and retried by the user or their GitOps tool) rather than
@@ -71,6 +74,19 @@ pub fn owner_selector(name: &str, namespace: &str) -> String {
     format!("{OWNER_NAME_LABEL}={name},{OWNER_NAMESPACE_LABEL}={namespace}")
 }
 
+/// How far a `DiscoveryService` reaches, decided by the namespace it lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// In one of the operator's trusted namespaces: it serves the namespaces listed in
+    /// `spec.enabledNamespaces` or labelled for it, and its discovery pod reads EnvoyConfigs
+    /// cluster-wide.
+    #[default]
+    Cluster,
+    /// Anywhere else: it serves its own namespace and nothing outside it, as the original
+    /// MARIN3R's namespaced DiscoveryService did.
+    Namespace,
+}
+
 /// Builds the children of one `DiscoveryService` from its resolved spec.
 #[derive(Debug, Clone)]
 pub struct Children<'a> {
@@ -78,6 +94,7 @@ pub struct Children<'a> {
     spec: &'a Resolved,
     name: String,
     namespace: String,
+    scope: Scope,
 }
 
 impl<'a> Children<'a> {
@@ -87,7 +104,32 @@ impl<'a> Children<'a> {
             spec,
             name: ds.name_any(),
             namespace: ds.namespace().unwrap_or_default(),
+            scope: Scope::Cluster,
         }
+    }
+
+    pub fn with_scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    pub fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    /// The webhook configuration's name in `scope`. A namespace-scoped one is
+    /// `marin3r-ns.<namespace>.<name>`: namespace names have no dots, so it can equal neither
+    /// another namespace's nor a trusted discovery service's `marin3r-<namespace>-<name>`,
+    /// and a namespace admin cannot take over another's webhook by choosing a name.
+    pub fn webhook_configuration_name_in(&self, scope: Scope) -> String {
+        match scope {
+            Scope::Cluster => self.cluster_name(),
+            Scope::Namespace => format!("marin3r-ns.{}.{}", self.namespace, self.name),
+        }
+    }
+
+    pub fn webhook_configuration_name(&self) -> String {
+        self.webhook_configuration_name_in(self.scope)
     }
 
     /// `marin3r-<name>`: the Deployment, ServiceAccount and namespaced objects.
@@ -317,26 +359,11 @@ impl<'a> Children<'a> {
     /// their revisions (it owns the revisions and writes both statuses), and Events. Secrets
     /// are not here: each served namespace grants them with [`Self::secret_reader_role`].
     pub fn cluster_role(&self) -> ClusterRole {
-        let read = ["get", "list", "watch"];
+        let mut rules = vec![rule(&[""], &["namespaces"], &["get", "list", "watch"])];
+        rules.extend(self.config_rules());
         ClusterRole {
             metadata: self.unowned_meta(&self.cluster_name(), None),
-            rules: Some(vec![
-                rule(&[""], &["namespaces"], &read),
-                rule(&["marin3r.3scale.net"], &["envoyconfigs"], &read),
-                rule(
-                    &["marin3r.3scale.net"],
-                    &["envoyconfigrevisions"],
-                    &[
-                        "get", "list", "watch", "create", "update", "patch", "delete",
-                    ],
-                ),
-                rule(
-                    &["marin3r.3scale.net"],
-                    &["envoyconfigs/status", "envoyconfigrevisions/status"],
-                    &["get", "update", "patch"],
-                ),
-                rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
-            ]),
+            rules: Some(rules),
             ..Default::default()
         }
     }
@@ -371,18 +398,46 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// EnvoyConfigs (read) and their revisions (it owns the revisions and writes both
+    /// statuses), and Events.
+    fn config_rules(&self) -> Vec<PolicyRule> {
+        let read = ["get", "list", "watch"];
+        vec![
+            rule(&["marin3r.3scale.net"], &["envoyconfigs"], &read),
+            rule(
+                &["marin3r.3scale.net"],
+                &["envoyconfigrevisions"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            rule(
+                &["marin3r.3scale.net"],
+                &["envoyconfigs/status", "envoyconfigrevisions/status"],
+                &["get", "update", "patch"],
+            ),
+            rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+        ]
+    }
+
     /// Read access to the Secrets of one served namespace (the TLS and Opaque Secrets its
     /// revisions serve over SDS, watched for changes) and its EndpointSlices (the endpoints
     /// of `generateFromEndpointSlices`, watched too), so the discovery pod never reads the
-    /// Secrets of a namespace it does not serve, such as its own CA's.
+    /// Secrets of a namespace it does not serve, such as its own CA's. A namespace-scoped
+    /// discovery service has no ClusterRole: this Role also grants, in its one namespace,
+    /// what the ClusterRole grants everywhere (but Namespaces, which it never reads).
     pub fn secret_reader_role(&self, namespace: &str) -> Role {
         let read = ["get", "list", "watch"];
+        let mut rules = vec![
+            rule(&[""], &["secrets"], &read),
+            rule(&["discovery.k8s.io"], &["endpointslices"], &read),
+        ];
+        if self.scope == Scope::Namespace {
+            rules.extend(self.config_rules());
+        }
         Role {
             metadata: self.unowned_meta(&self.cluster_name(), Some(namespace)),
-            rules: Some(vec![
-                rule(&[""], &["secrets"], &read),
-                rule(&["discovery.k8s.io"], &["endpointslices"], &read),
-            ]),
+            rules: Some(rules),
         }
     }
 
@@ -456,13 +511,19 @@ impl<'a> Children<'a> {
             "discovery-service".into(),
             format!("--xds-port={}", s.xds_port),
             format!("--metrics-port={}", s.metrics_port),
+            format!("--probe-port={}", s.probe_port),
             format!("--webhook-port={}", s.webhook_port),
             format!("--server-cert-dir={SERVER_CERT_DIR}"),
+            // The name also tells the webhook which `discovery-service.name` annotations are
+            // its own; a namespace-scoped one watches its namespace only.
             format!("--discovery-service-name={}", self.name),
             format!("--replica-selector={}", self.replica_selector()),
             // The sidecars' shutdown managers run the marin3r release that injected them.
             format!("--shutdown-manager-image={}", s.image),
         ];
+        if self.scope == Scope::Namespace {
+            args.push(format!("--watch-namespace={}", self.namespace));
+        }
         if s.debug {
             args.push("--debug".into());
         }
@@ -486,7 +547,7 @@ impl<'a> Children<'a> {
         let probe = |path: &str, initial: i32, period: i32, failures: i32| Probe {
             http_get: Some(HTTPGetAction {
                 path: Some(path.into()),
-                port: IntOrString::Int(i32::from(s.metrics_port)),
+                port: IntOrString::Int(i32::from(s.probe_port)),
                 scheme: Some("HTTP".into()),
                 ..Default::default()
             }),
@@ -508,6 +569,7 @@ impl<'a> Children<'a> {
                 port("xds", s.xds_port),
                 port("webhook", s.webhook_port),
                 port("metrics", s.metrics_port),
+                port("probes", s.probe_port),
             ]),
             readiness_probe: Some(probe("/readyz", 0, 2, 3)),
             liveness_probe: Some(probe("/healthz", 30, 10, 6)),
@@ -611,6 +673,19 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// The namespaces both webhooks see: those labelled for this discovery service, or, for a
+    /// namespace-scoped one, its own namespace only.
+    fn namespace_selector(&self) -> LabelSelector {
+        let (key, value) = match self.scope {
+            Scope::Cluster => (DISCOVERY_SERVICE_LABEL, &self.name),
+            Scope::Namespace => (NAMESPACE_NAME_LABEL, &self.namespace),
+        };
+        LabelSelector {
+            match_labels: Some(BTreeMap::from([(key.to_owned(), value.clone())])),
+            ..Default::default()
+        }
+    }
+
     /// The injection webhook: pods labelled `status=enabled`, created in a namespace labelled
     /// for this discovery service, are sent to the discovery pod.
     pub fn webhook_configuration(&self, ca_pem: &str) -> MutatingWebhookConfiguration {
@@ -619,7 +694,7 @@ impl<'a> Children<'a> {
             ..Default::default()
         };
         MutatingWebhookConfiguration {
-            metadata: self.unowned_meta(&self.cluster_name(), None),
+            metadata: self.unowned_meta(&self.webhook_configuration_name(), None),
             webhooks: Some(vec![MutatingWebhook {
                 name: format!(
                     "{}.{}.sidecar-injector.marin3r.3scale.net",
@@ -638,7 +713,7 @@ impl<'a> Children<'a> {
                 },
                 failure_policy: Some(WEBHOOK_FAILURE_POLICY.into()),
                 match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(selector(DISCOVERY_SERVICE_LABEL, &self.name)),
+                namespace_selector: Some(self.namespace_selector()),
                 object_selector: Some(selector(STATUS_LABEL, "enabled")),
                 reinvocation_policy: Some("Never".into()),
                 rules: Some(vec![RuleWithOperations {
@@ -660,7 +735,7 @@ impl<'a> Children<'a> {
     /// what it could not serve (what `marin3r validate` refuses, with the same field paths).
     pub fn validating_webhook_configuration(&self, ca_pem: &str) -> ValidatingWebhookConfiguration {
         ValidatingWebhookConfiguration {
-            metadata: self.unowned_meta(&self.cluster_name(), None),
+            metadata: self.unowned_meta(&self.webhook_configuration_name(), None),
             webhooks: Some(vec![ValidatingWebhook {
                 name: format!(
                     "{}.{}.envoyconfig-validator.marin3r.3scale.net",
@@ -679,13 +754,7 @@ impl<'a> Children<'a> {
                 },
                 failure_policy: Some(VALIDATING_WEBHOOK_FAILURE_POLICY.into()),
                 match_policy: Some("Equivalent".into()),
-                namespace_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([(
-                        DISCOVERY_SERVICE_LABEL.to_owned(),
-                        self.name.clone(),
-                    )])),
-                    ..Default::default()
-                }),
+                namespace_selector: Some(self.namespace_selector()),
                 rules: Some(vec![RuleWithOperations {
                     api_groups: Some(vec![marin3r_webhook::validate::GROUP.into()]),
                     api_versions: Some(vec!["v1alpha1".into()]),

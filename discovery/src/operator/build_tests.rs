@@ -131,7 +131,7 @@ fn the_bootstrap_dials_the_service_name_in_the_server_certificate() {
 #[test]
 fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
     let d = with(
-        serde_json::json!({"debug": true, "webhookPort": 9443}),
+        serde_json::json!({"debug": true, "webhookPort": 9443, "probePort": 9090}),
         |c| c.deployment("abc123"),
     );
     let spec = d.spec;
@@ -156,6 +156,7 @@ fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
             "discovery-service",
             "--xds-port=18000",
             "--metrics-port=8383",
+            "--probe-port=9090",
             "--webhook-port=9443",
             "--server-cert-dir=/etc/marin3r/tls/server",
             "--discovery-service-name=instance",
@@ -172,7 +173,16 @@ fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
         .as_ref()
         .unwrap();
     assert_eq!(readiness.path.as_deref(), Some("/readyz"));
-    assert_eq!(readiness.port, IntOrString::Int(8383));
+    assert_eq!(readiness.port, IntOrString::Int(9090));
+    let liveness = c
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .as_ref()
+        .unwrap();
+    assert_eq!(liveness.path.as_deref(), Some("/healthz"));
+    assert_eq!(liveness.port, IntOrString::Int(9090));
     assert_eq!(
         c.volume_mounts.as_ref().unwrap()[0].mount_path,
         SERVER_CERT_DIR
@@ -507,4 +517,76 @@ fn the_disruption_budget_lets_a_drain_take_one_discovery_pod() {
         spec.selector.unwrap().match_labels,
         d.spec.selector.match_labels
     );
+}
+
+#[test]
+fn a_namespace_scoped_discovery_service_reaches_nothing_outside_its_namespace() {
+    let ds = ds(serde_json::json!({}));
+    let resolved = ds.resolve("marin3r:test").unwrap();
+    let c = Children::new(&ds, &resolved).with_scope(Scope::Namespace);
+    // Its webhook sees the pods of its namespace only, selected by the name the API server
+    // sets, and is named so no other namespace's discovery service can take it over.
+    let hook = c.webhook_configuration("PEM");
+    assert_eq!(
+        hook.metadata.name.as_deref(),
+        Some("marin3r-ns.ops.instance")
+    );
+    assert_ne!(
+        c.webhook_configuration_name(),
+        c.webhook_configuration_name_in(Scope::Cluster)
+    );
+    let w = &hook.webhooks.unwrap()[0];
+    let selector = w.namespace_selector.as_ref().unwrap();
+    assert_eq!(
+        selector.match_labels,
+        Some(BTreeMap::from([(
+            NAMESPACE_NAME_LABEL.to_owned(),
+            "ops".to_owned()
+        )]))
+    );
+    assert!(selector.match_expressions.is_none());
+    let validating = c.validating_webhook_configuration("PEM");
+    assert_eq!(
+        validating.metadata.name.as_deref(),
+        Some("marin3r-ns.ops.instance")
+    );
+    assert_eq!(
+        validating.webhooks.unwrap()[0].namespace_selector.as_ref(),
+        Some(selector)
+    );
+    // Its pod watches its namespace only...
+    let d = c.deployment("h");
+    let args = d.spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.contains(&"--watch-namespace=ops".to_owned()),
+        "{args:?}"
+    );
+    // (its name too, which only tells its webhook its own `discovery-service.name`)
+    assert!(args.contains(&"--discovery-service-name=instance".to_owned()));
+    // ...with a Role there granting what the trusted one's ClusterRole grants, but Namespaces.
+    let role = c.secret_reader_role("ops");
+    assert_eq!(role.metadata.namespace.as_deref(), Some("ops"));
+    let rules = role.rules.unwrap();
+    let grants = |resource: &str| {
+        rules
+            .iter()
+            .any(|r| r.resources.as_ref().unwrap().iter().any(|x| x == resource))
+    };
+    for resource in [
+        "secrets",
+        "endpointslices",
+        "envoyconfigs",
+        "envoyconfigrevisions",
+        "envoyconfigs/status",
+        "events",
+    ] {
+        assert!(grants(resource), "{resource}");
+    }
+    assert!(!grants("namespaces"));
+    // A trusted one's Role in a served namespace stays Secrets and EndpointSlices only.
+    let trusted = Children::new(&ds, &resolved).secret_reader_role("app");
+    assert_eq!(trusted.rules.unwrap().len(), 2);
 }

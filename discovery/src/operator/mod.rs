@@ -31,7 +31,7 @@ use marin3r_controller::{ReconcileMetrics, delete_ignoring_missing, patch_status
 use tracing::info;
 
 use crate::api::discovery_service::DiscoveryService;
-use build::{CLIENT_NAMESPACE_LABEL, Children, OWNER_NAME_LABEL, OWNER_NAMESPACE_LABEL};
+use build::{CLIENT_NAMESPACE_LABEL, Children, OWNER_NAME_LABEL, OWNER_NAMESPACE_LABEL, Scope};
 use plan::{Applied, Apply, Observed, Outcome, Plan};
 
 const FIELD_MANAGER: &str = "marin3r-operator";
@@ -47,8 +47,8 @@ pub struct Config {
     /// The discovery pod's image when a `DiscoveryService` names none.
     pub default_image: String,
     /// Namespaces whose certificates may write Secrets elsewhere (see the certificate
-    /// controller); a `DiscoveryService` must live in one to issue client certificates into
-    /// the namespaces it serves.
+    /// controller); a `DiscoveryService` in one serves other namespaces too, one anywhere
+    /// else serves its own namespace only (`plan::scope`).
     pub trusted_namespaces: BTreeSet<String>,
     /// Where reconciles are counted.
     pub metrics: ReconcileMetrics,
@@ -134,6 +134,7 @@ async fn observe<'a>(ds: &'a DiscoveryService, ctx: &Context) -> Result<Observed
     Ok(Observed {
         ds,
         spec,
+        scope: plan::scope(ds, &ctx.config),
         namespaces,
         clients,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -167,9 +168,20 @@ async fn apply_children(ctx: &Context, plan: &Apply<'_>) -> Result<Applied, Erro
     apply_object(&own, &plan.children.replicas_role()).await?;
     let own: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
     apply_object(&own, &plan.children.replicas_role_binding()).await?;
-    apply_object(&Api::<ClusterRole>::all(client.clone()), &plan.cluster_role).await?;
+    let roles = Api::<ClusterRole>::all(client.clone());
     let bindings = Api::<ClusterRoleBinding>::all(client.clone());
-    apply_object(&bindings, &plan.cluster_role_binding).await?;
+    match &plan.cluster_rbac {
+        Some((role, binding)) => {
+            apply_object(&roles, role).await?;
+            apply_object(&bindings, binding).await?;
+        }
+        None => {
+            // Namespace-scoped now: what it had as a trusted one goes.
+            let name = plan.children.cluster_name();
+            delete_if_ours(&bindings, &name, &plan.children).await?;
+            delete_if_ours(&roles, &name, &plan.children).await?;
+        }
+    }
     apply_object(&Api::namespaced(client.clone(), ns), &plan.service).await?;
     let ns_api: Api<Namespace> = Api::all(client.clone());
     for (name, patch) in &plan.namespace_patches {
@@ -208,12 +220,22 @@ async fn apply_dependents(
     applied: &Applied,
 ) -> Result<Option<Deployment>, Error> {
     let (webhooks, deployment) = plan::dependents(plan, applied);
-    if let Some((mutating, validating)) = &webhooks {
-        let api = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
-        apply_object(&api, mutating).await?;
-        let api = Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone());
-        apply_object(&api, validating).await?;
+    let mutating = Api::<MutatingWebhookConfiguration>::all(ctx.client.clone());
+    let validating = Api::<ValidatingWebhookConfiguration>::all(ctx.client.clone());
+    if let Some((mutating_webhook, validating_webhook)) = &webhooks {
+        apply_object(&mutating, mutating_webhook).await?;
+        apply_object(&validating, validating_webhook).await?;
     }
+    // The configuration named for the other scope, left from before the operator's trusted
+    // namespaces changed.
+    let children = &plan.children;
+    let other = match children.scope() {
+        Scope::Cluster => Scope::Namespace,
+        Scope::Namespace => Scope::Cluster,
+    };
+    let old = children.webhook_configuration_name_in(other);
+    delete_if_ours(&mutating, &old, children).await?;
+    delete_if_ours(&validating, &old, children).await?;
     let deployments: Api<Deployment> =
         Api::namespaced(ctx.client.clone(), plan.children.namespace());
     let deployment = match &deployment {
@@ -277,6 +299,19 @@ async fn leave_namespace(
         && is_ours(&r, children)
     {
         delete_ignoring_missing(&roles, &r.name_any()).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the cluster-scoped `name` if it exists and belongs to this discovery service.
+async fn delete_if_ours<K>(api: &Api<K>, name: &str, children: &Children<'_>) -> Result<(), Error>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    if let Some(obj) = api.get_opt(name).await?
+        && is_ours(&obj, children)
+    {
+        delete_ignoring_missing(api, name).await?;
     }
     Ok(())
 }

@@ -55,8 +55,10 @@ pub fn plan(
     }
     for (ns_name, ns) in &by_name {
         let labelled = ns.labels().get(DISCOVERY_SERVICE_LABEL).map(String::as_str) == Some(name);
-        // A label the operator set for a listing that is gone does not enable by itself.
-        if labelled && !labelled_by_us(ns) && live(ns) {
+        // A label the operator set, for a listing that is gone or for a namesake in another
+        // namespace, does not enable by itself: only a user's label does.
+        let labelled_by_operator = ns.annotations().contains_key(LABELLED_BY_ANNOTATION);
+        if labelled && !labelled_by_operator && live(ns) {
             enabled.insert(ns_name.clone());
         }
     }
@@ -102,6 +104,52 @@ pub fn plan(
     Plan {
         enabled: enabled.into_iter().collect(),
         missing,
+        leaving: leaving.into_iter().collect(),
+        patches,
+    }
+}
+
+/// A discovery service that serves its own namespace `own` only: `own` while it exists and
+/// is not being deleted. No Namespace is labelled (its webhook selects `own` by name); what
+/// the operator labelled for it before (in a trusted namespace) is unlabelled, and every
+/// other namespace it served leaves.
+pub fn plan_own(
+    name: &str,
+    owner: &str,
+    own: &str,
+    namespaces: &[Namespace],
+    served: &BTreeSet<String>,
+) -> Plan {
+    let enabled: Vec<String> = namespaces
+        .iter()
+        .filter(|ns| ns.name_any() == own && ns.metadata.deletion_timestamp.is_none())
+        .map(ResourceExt::name_any)
+        .collect();
+    let mut leaving: BTreeSet<String> = served
+        .iter()
+        .filter(|ns| !enabled.contains(ns))
+        .cloned()
+        .collect();
+    let mut patches = BTreeMap::new();
+    for ns in namespaces {
+        let ns_name = ns.name_any();
+        let ours = ns
+            .annotations()
+            .get(LABELLED_BY_ANNOTATION)
+            .map(String::as_str)
+            == Some(owner);
+        if ours && !enabled.contains(&ns_name) {
+            leaving.insert(ns_name.clone());
+        }
+        if (ours || leaving.contains(&ns_name))
+            && let Some(p) = leave_patch(name, owner, ns)
+        {
+            patches.insert(ns_name, p);
+        }
+    }
+    Plan {
+        enabled,
+        missing: Vec::new(),
         leaving: leaving.into_iter().collect(),
         patches,
     }
@@ -274,6 +322,50 @@ mod tests {
         let p = plan("ds", OWNER, &[], &[c], &set(&["c"]));
         assert_eq!(p.leaving, vec!["c"]);
         assert!(p.patches.is_empty());
+    }
+
+    #[test]
+    fn a_label_the_operator_set_for_a_namesake_elsewhere_does_not_enable() {
+        let labels = [(STATUS_LABEL, "enabled"), (DISCOVERY_SERVICE_LABEL, "ds")];
+        let a = ns("a", &labels, &[(LABELLED_BY_ANNOTATION, "other-ns/ds")]);
+        let p = plan("ds", OWNER, &[], &[a], &set(&[]));
+        assert!(p.enabled.is_empty() && p.patches.is_empty() && p.leaving.is_empty());
+    }
+
+    #[test]
+    fn its_own_namespace_only_unlabelled_and_everything_else_leaves() {
+        // Served before from a trusted namespace: "mine" listed (labelled by us), "b"
+        // labelled by a user, "c" another namespace that is no longer served.
+        let labels = [(STATUS_LABEL, "enabled"), (DISCOVERY_SERVICE_LABEL, "ds")];
+        let nss = [
+            ns("mine", &labels, &[(LABELLED_BY_ANNOTATION, OWNER)]),
+            ns("b", &labels, &[]),
+            ns("c", &[], &[]),
+        ];
+        let p = plan_own("ds", OWNER, "mine", &nss, &set(&["mine", "b"]));
+        assert_eq!(p.enabled, vec!["mine"]);
+        assert_eq!(p.leaving, vec!["b"]);
+        assert_eq!(
+            p.patches["mine"],
+            json!({"metadata": {
+                "labels": {STATUS_LABEL: null, DISCOVERY_SERVICE_LABEL: null},
+                "annotations": {LABELLED_BY_ANNOTATION: null},
+            }})
+        );
+        assert_eq!(
+            p.patches["b"],
+            json!({"metadata": {"labels": {STATUS_LABEL: null}}})
+        );
+        assert!(!p.patches.contains_key("c"));
+        // Its namespace being deleted: nothing is served.
+        let mut gone = ns("mine", &[], &[]);
+        gone.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let p = plan_own("ds", OWNER, "mine", &[gone], &set(&["mine"]));
+        assert!(p.enabled.is_empty());
+        assert_eq!(p.leaving, vec!["mine"]);
     }
 
     #[test]

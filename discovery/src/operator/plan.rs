@@ -20,7 +20,7 @@ use marin3r_controller::{Note, set_condition};
 use serde_json::Value;
 
 use super::Config;
-use super::build::{CLIENT_NAMESPACE_LABEL, Children};
+use super::build::{CLIENT_NAMESPACE_LABEL, Children, Scope};
 use super::namespaces;
 use crate::api::discovery_service::{DiscoveryService, DiscoveryServiceStatus, Resolved};
 
@@ -36,7 +36,7 @@ marin3r_controller::reasons! {
     pub enum Reason {
         Ready,
         InvalidSpec,
-        UntrustedNamespace,
+        ForbiddenNamespace,
         CertificatesNotReady,
         DeploymentNotReady,
         NamespaceEnabled,
@@ -66,6 +66,8 @@ pub struct Observed<'a> {
     pub ds: &'a DiscoveryService,
     /// The resolved spec, or why it cannot be served ([`check`]).
     pub spec: Result<Resolved, NotReady>,
+    /// Where it may reach ([`scope`]).
+    pub scope: Scope,
     /// Every Namespace (read only for a spec that passes).
     pub namespaces: Vec<Namespace>,
     /// The client certificates this discovery service has now (idem).
@@ -85,8 +87,9 @@ pub struct Apply<'a> {
     pub ca: DiscoveryServiceCertificate,
     pub server: DiscoveryServiceCertificate,
     pub service_account: ServiceAccount,
-    pub cluster_role: ClusterRole,
-    pub cluster_role_binding: ClusterRoleBinding,
+    /// The discovery pod's cluster-wide access; none for a namespace-scoped discovery
+    /// service (its namespace's Role grants what it needs), whose old ones are removed.
+    pub cluster_rbac: Option<(ClusterRole, ClusterRoleBinding)>,
     pub service: Service,
     /// Merge patches to Namespaces, by name.
     pub namespace_patches: BTreeMap<String, Value>,
@@ -118,8 +121,22 @@ pub struct Outcome {
     pub requeue: Option<Duration>,
 }
 
-/// Checks the name and the spec, and that the discovery service lives where it may issue
-/// client certificates into other namespaces.
+/// A discovery service in one of the operator's trusted namespaces serves the namespaces
+/// listed or labelled for it; anywhere else it serves its own namespace only, so a namespace
+/// admin who may create one gains nothing outside their namespace.
+pub fn scope(ds: &DiscoveryService, config: &Config) -> Scope {
+    if config
+        .trusted_namespaces
+        .contains(&ds.namespace().unwrap_or_default())
+    {
+        Scope::Cluster
+    } else {
+        Scope::Namespace
+    }
+}
+
+/// Checks the name and the spec, and that a namespace-scoped discovery service lists no
+/// other namespace.
 pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotReady> {
     let ns = ds.namespace().unwrap_or_default();
     // The name is a label value on every child and in the webhook's namespace selector.
@@ -134,19 +151,22 @@ pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotRead
         )));
     }
     let resolved = ds.resolve(&config.default_image).map_err(invalid)?;
-    if !config.trusted_namespaces.contains(&ns) {
-        let trusted: Vec<&str> = config
-            .trusted_namespaces
-            .iter()
-            .map(String::as_str)
-            .collect();
-        return Err(NotReady {
-            reason: Reason::UntrustedNamespace,
-            message: format!(
-                "namespace {ns} is not one of the operator's trusted namespaces ({}), so it may not issue client certificates into other namespaces; create the DiscoveryService in one of them or add --trusted-namespace={ns} to the operator",
-                trusted.join(", ")
-            ),
-        });
+    if scope(ds, config) == Scope::Namespace {
+        let listed = ds.spec.enabled_namespaces.as_deref().unwrap_or_default();
+        if let Some((i, other)) = listed.iter().enumerate().find(|(_, n)| **n != ns) {
+            let trusted: Vec<&str> = config
+                .trusted_namespaces
+                .iter()
+                .map(String::as_str)
+                .collect();
+            return Err(NotReady {
+                reason: Reason::ForbiddenNamespace,
+                message: format!(
+                    "spec.enabledNamespaces[{i}]: {other:?} is another namespace; a DiscoveryService outside the operator's trusted namespaces ({}) serves only its own namespace {ns}. Remove it from the list, or create the DiscoveryService in a trusted namespace",
+                    trusted.join(", ")
+                ),
+            });
+        }
     }
     Ok(resolved)
 }
@@ -158,20 +178,29 @@ pub fn decide<'a>(obs: &'a Observed<'a>) -> Plan<'a> {
         Err(not_ready) => return Plan::NotReady(not_ready.clone()),
     };
     let ds = obs.ds;
-    let children = Children::new(ds, resolved);
+    let children = Children::new(ds, resolved).with_scope(obs.scope);
     let owner = format!("{}/{}", children.namespace(), ds.name_any());
     let served: BTreeSet<String> = obs
         .clients
         .iter()
         .filter_map(|c| c.labels().get(CLIENT_NAMESPACE_LABEL).cloned())
         .collect();
-    let ns_plan = namespaces::plan(
-        &ds.name_any(),
-        &owner,
-        &resolved.enabled_namespaces,
-        &obs.namespaces,
-        &served,
-    );
+    let ns_plan = match obs.scope {
+        Scope::Cluster => namespaces::plan(
+            &ds.name_any(),
+            &owner,
+            &resolved.enabled_namespaces,
+            &obs.namespaces,
+            &served,
+        ),
+        Scope::Namespace => namespaces::plan_own(
+            &ds.name_any(),
+            &owner,
+            children.namespace(),
+            &obs.namespaces,
+            &served,
+        ),
+    };
     let mut clients = Vec::new();
     let mut events = Vec::new();
     for target in &ns_plan.enabled {
@@ -210,8 +239,8 @@ pub fn decide<'a>(obs: &'a Observed<'a>) -> Plan<'a> {
         ca: children.ca_certificate(),
         server: children.server_certificate(),
         service_account: children.service_account(),
-        cluster_role: children.cluster_role(),
-        cluster_role_binding: children.cluster_role_binding(),
+        cluster_rbac: (obs.scope == Scope::Cluster)
+            .then(|| (children.cluster_role(), children.cluster_role_binding())),
         service: children.service(),
         children,
         namespace_patches: ns_plan.patches,
@@ -410,6 +439,7 @@ mod tests {
         Observed {
             ds,
             spec: check(ds, config),
+            scope: scope(ds, config),
             namespaces: Vec::new(),
             clients: Vec::new(),
             now: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
@@ -418,24 +448,95 @@ mod tests {
 
     #[test]
     fn a_problem_only_a_user_can_fix_warns_once_and_waits_for_a_change() {
-        let ds = ds();
+        let mut ds = ds();
+        ds.spec.enabled_namespaces = Some(vec!["elsewhere".into(), "other".into()]);
         let config = Config {
             trusted_namespaces: ["ops".to_owned()].into(),
             ..Default::default()
         };
         let obs = observe(&ds, &config);
         let Plan::NotReady(why) = decide(&obs) else {
-            panic!("an untrusted namespace must not be applied")
+            panic!("an untrusted namespace must not reach into another")
         };
-        assert_eq!(why.reason, Reason::UntrustedNamespace);
+        assert_eq!(why.reason, Reason::ForbiddenNamespace);
+        assert!(
+            why.message.starts_with(
+                "spec.enabledNamespaces[1]: \"other\" is another namespace; a DiscoveryService \
+                 outside the operator's trusted namespaces (ops) serves only its own namespace \
+                 elsewhere."
+            ),
+            "{}",
+            why.message
+        );
         let outcome = not_ready(&obs, why.clone());
         assert_eq!(outcome.requeue, None);
         assert_eq!(outcome.events.len(), 1);
         assert_eq!(outcome.events[0].type_, EventType::Warning);
-        assert_eq!(outcome.status.conditions[0].reason, "UntrustedNamespace");
+        assert_eq!(outcome.status.conditions[0].reason, "ForbiddenNamespace");
         let mut seen = ds.clone();
         seen.status = Some(outcome.status);
         assert!(not_ready(&observe(&seen, &config), why).events.is_empty());
+    }
+
+    fn namespace(name: &str, labels: serde_json::Value) -> Namespace {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name, "labels": labels}}))
+            .unwrap()
+    }
+
+    #[test]
+    fn outside_the_trusted_namespaces_it_serves_its_own_namespace_only() {
+        let mut ds = ds();
+        ds.spec.enabled_namespaces = Some(vec!["elsewhere".into()]);
+        let config = Config {
+            trusted_namespaces: ["ops".to_owned()].into(),
+            ..Default::default()
+        };
+        let mut obs = observe(&ds, &config);
+        // Another namespace labelled with its name (perhaps for a trusted namesake) is not
+        // served.
+        obs.namespaces = vec![
+            namespace("elsewhere", serde_json::json!({})),
+            namespace(
+                "other",
+                serde_json::json!({crate::api::discovery_service::DISCOVERY_SERVICE_LABEL: "instance"}),
+            ),
+        ];
+        let Plan::Apply(plan) = decide(&obs) else {
+            panic!("its own namespace may be served")
+        };
+        assert_eq!(plan.children.scope(), Scope::Namespace);
+        assert_eq!(plan.enabled, ["elsewhere"]);
+        assert!(
+            plan.namespace_patches.is_empty(),
+            "no Namespace is labelled"
+        );
+        assert!(plan.cluster_rbac.is_none(), "no cluster-wide access");
+        assert_eq!(plan.clients.len(), 1);
+        let (target, client, bootstrap) = &plan.clients[0];
+        assert_eq!(target, "elsewhere");
+        assert_eq!(
+            client.spec.secret_ref.namespace.as_deref(),
+            Some("elsewhere")
+        );
+        assert_eq!(bootstrap.metadata.namespace.as_deref(), Some("elsewhere"));
+        // In a trusted namespace the same discovery service serves the labelled one too.
+        let trusted = Config {
+            trusted_namespaces: ["elsewhere".to_owned()].into(),
+            ..Default::default()
+        };
+        let mut obs = observe(&ds, &trusted);
+        obs.namespaces = vec![
+            namespace("elsewhere", serde_json::json!({})),
+            namespace(
+                "other",
+                serde_json::json!({crate::api::discovery_service::DISCOVERY_SERVICE_LABEL: "instance"}),
+            ),
+        ];
+        let Plan::Apply(plan) = decide(&obs) else {
+            panic!("a trusted discovery service is applied")
+        };
+        assert_eq!(plan.enabled, ["elsewhere", "other"]);
+        assert!(plan.cluster_rbac.is_some());
     }
 
     #[test]

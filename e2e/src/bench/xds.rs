@@ -94,7 +94,19 @@ struct ServerProcess {
 
 impl ServerProcess {
     fn start(dir: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(std::env::current_exe()?)
+        // `MARIN3R_BENCH_SERVER_WRAPPER="heaptrack -o /tmp/xds"` profiles the server.
+        let wrapper = std::env::var("MARIN3R_BENCH_SERVER_WRAPPER").unwrap_or_default();
+        let mut words = wrapper.split_whitespace();
+        let exe = std::env::current_exe()?;
+        let mut command = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        let mut child = command
             .arg("--xds-bench-server")
             .arg(dir)
             .stdin(Stdio::piped())
@@ -103,8 +115,14 @@ impl ServerProcess {
             .context("starting the xDS bench server")?;
         let stdin = child.stdin.take().context("no stdin")?;
         let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        // A profiler wrapping the server may print lines of its own first.
         let mut line = String::new();
-        stdout.read_line(&mut line)?;
+        for _ in 0..50 {
+            line.clear();
+            if stdout.read_line(&mut line)? == 0 || line.starts_with("ready ") {
+                break;
+            }
+        }
         let addr = line
             .strip_prefix("ready ")
             .context("the bench server did not start")?
@@ -334,6 +352,7 @@ struct RunResult {
     per_stream: Vec<Duration>,
     all_acked: Vec<Duration>,
     cpu_per_push: Vec<f64>,
+    idle_rss_per_stream: f64,
     rss_per_stream: f64,
     steady_rss_per_stream: f64,
     connect_time: Duration,
@@ -369,11 +388,16 @@ fn run_at(
     rt.block_on(conv.wait(&mut acks, Duration::from_secs(600)))
         .context("initial configuration")?;
     let connect_time = started.elapsed();
+    // Idle: every stream connected and synced, nothing in flight (after a moment for the
+    // last ACKs and any freed memory to settle).
+    std::thread::sleep(Duration::from_secs(2));
+    let idle_rss = server.memory("VmRSS")?;
 
     let mut result = RunResult {
         per_stream: Vec::new(),
         all_acked: Vec::new(),
         cpu_per_push: Vec::new(),
+        idle_rss_per_stream: idle_rss.saturating_sub(baseline_rss) as f64 / n as f64,
         rss_per_stream: 0.0,
         steady_rss_per_stream: 0.0,
         connect_time,
@@ -395,6 +419,7 @@ fn run_at(
     }
     let peak = server.memory("VmHWM")?;
     result.rss_per_stream = peak.saturating_sub(baseline_rss) as f64 / n as f64;
+    std::thread::sleep(Duration::from_secs(2));
     let steady = server.memory("VmRSS")?;
     result.steady_rss_per_stream = steady.saturating_sub(baseline_rss) as f64 / n as f64;
     drop(server);
@@ -493,7 +518,8 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
             samples: r.per_stream.len(),
             result: format!(
                 "per stream p50 {}, p99 {}, max {}; all {n} ACKed: median {}, max {}; \
-                 server CPU {:.3} s/push; server RSS per stream: peak {:.1} KiB, after the pushes {:.1} KiB; \
+                 server CPU {:.3} s/push; server RSS per stream: idle {:.1} KiB, peak {:.1} KiB, \
+                 idle after the pushes {:.1} KiB; \
                  {n} streams connected and synced in {}",
                 human(s.p50),
                 human(s.p99),
@@ -501,6 +527,7 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
                 human(all.p50),
                 human(all.max),
                 cpu,
+                r.idle_rss_per_stream / 1024.0,
                 r.rss_per_stream / 1024.0,
                 r.steady_rss_per_stream / 1024.0,
                 human(r.connect_time),

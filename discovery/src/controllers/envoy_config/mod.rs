@@ -29,18 +29,16 @@ pub(crate) async fn run(
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let client = ctx.client.clone();
-    let controller = marin3r_controller::watch_all::<EnvoyConfig>(&client).owns(
-        Api::<EnvoyConfigRevision>::all(client.clone()),
-        watcher::Config::default(),
-    );
+    let controller =
+        kube::runtime::Controller::new(ctx.api::<EnvoyConfig>(), watcher::Config::default())
+            .owns(ctx.api::<EnvoyConfigRevision>(), watcher::Config::default());
     let store = controller.store();
     tokio::spawn(super::mark_ready(store.clone(), ready));
     // A config refused because another one serves its node id gets its turn when that one
     // goes away or changes its node id: any change wakes the others of the same node id.
     let same_node = store.clone();
     let controller = controller.watches(
-        Api::<EnvoyConfig>::all(client.clone()),
+        ctx.api::<EnvoyConfig>(),
         watcher::Config::default(),
         move |changed: EnvoyConfig| {
             same_node

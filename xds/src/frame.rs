@@ -1,0 +1,299 @@
+//! Responses as they go on the wire, encoded once and shared by every stream.
+//!
+//! A discovery response differs between the streams of one snapshot only in its nonce. So
+//! the rest of the message (version, resources, type URL, control plane) is encoded once per
+//! distinct content and kept with the published snapshot ([`Encoded`]); each stream sends a
+//! small head of its own (the gRPC length prefix and the nonce field) followed by that shared
+//! body, which HTTP/2 writes from the same buffer for every stream. Protobuf lets fields come
+//! in any order, so the nonce (field 5 of both response messages) may precede the others.
+//!
+//! The response body ([`FrameBody`]) is an HTTP body of those chunks ending with the gRPC
+//! trailers; it replaces tonic's encoder, which copied every response into a per-stream
+//! buffer that then kept the capacity of the largest response for the life of the stream.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use tokio::sync::mpsc;
+use tonic::Status;
+use tonic::codec::{BufferSettings, DecodeBuf, Decoder};
+use tonic::codegen::http::{HeaderMap, HeaderValue};
+
+/// Field 5 (`nonce`), length-delimited: the same tag in `DiscoveryResponse` and
+/// `DeltaDiscoveryResponse`.
+const NONCE_TAG: u8 = (5 << 3) | 2;
+
+/// How many distinct responses one published snapshot remembers. Streams of one node ask for
+/// the same names, so a handful is the norm; a client asking for ever new combinations gets
+/// its responses encoded for it alone past this.
+const MAX_REMEMBERED: usize = 256;
+
+/// One response of one stream: its own head, then the body it shares with other streams.
+#[derive(Debug, Clone)]
+pub(crate) struct Frame {
+    head: Bytes,
+    body: Bytes,
+}
+
+impl Frame {
+    /// The gRPC message `nonce field ++ body`, length-prefixed.
+    pub(crate) fn new(nonce: &str, body: Bytes) -> Result<Self, Status> {
+        let nonce_len = if nonce.is_empty() {
+            0
+        } else {
+            1 + prost::length_delimiter_len(nonce.len()) + nonce.len()
+        };
+        let len = u32::try_from(nonce_len + body.len())
+            .map_err(|_| Status::resource_exhausted("a response over 4 GiB"))?;
+        let mut head = BytesMut::with_capacity(5 + nonce_len);
+        head.put_u8(0); // not compressed
+        head.put_u32(len);
+        if !nonce.is_empty() {
+            head.put_u8(NONCE_TAG);
+            prost::encode_length_delimiter(nonce.len(), &mut head)
+                .map_err(|e| Status::internal(format!("encoding a nonce: {e}")))?;
+            head.put_slice(nonce.as_bytes());
+        }
+        Ok(Self {
+            head: head.freeze(),
+            body,
+        })
+    }
+
+    /// The whole gRPC message (prefix included), for tests and diagnostics.
+    #[cfg(test)]
+    pub(crate) fn to_vec(&self) -> Vec<u8> {
+        [&self.head[..], &self.body[..]].concat()
+    }
+}
+
+/// The encoded bodies of one published snapshot's responses, by what they contain.
+#[derive(Debug, Default)]
+pub(crate) struct Encoded {
+    bodies: Mutex<HashMap<Vec<u8>, Bytes>>,
+}
+
+impl Encoded {
+    /// The body for `key` (a byte string naming the response's content exactly), encoding
+    /// `message` only if no stream has yet.
+    pub(crate) fn body(&self, key: Vec<u8>, message: impl FnOnce() -> Bytes) -> Bytes {
+        let mut bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(body) = bodies.get(&key) {
+            return body.clone();
+        }
+        let body = message();
+        if bodies.len() < MAX_REMEMBERED {
+            bodies.insert(key, body.clone());
+        }
+        body
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.bodies.lock().map(|b| b.len()).unwrap_or(0)
+    }
+}
+
+/// Appends `text` to a memo key, length first so that no two lists make the same key.
+pub(crate) fn key_part(key: &mut Vec<u8>, text: &str) {
+    key.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    key.extend_from_slice(text.as_bytes());
+}
+
+/// Encodes a message with no nonce (the stream adds its own).
+pub(crate) fn encode(message: &impl Message) -> Bytes {
+    Bytes::from(message.encode_to_vec())
+}
+
+/// The response body of one ADS stream: the frames its task sends, then the gRPC trailers
+/// (`grpc-status: 0`, or the status the task ended the stream with).
+pub(crate) struct FrameBody {
+    rx: mpsc::Receiver<Result<Frame, Status>>,
+    body: Option<Bytes>,
+    done: bool,
+}
+
+impl FrameBody {
+    pub(crate) fn new(rx: mpsc::Receiver<Result<Frame, Status>>) -> Self {
+        Self {
+            rx,
+            body: None,
+            done: false,
+        }
+    }
+}
+
+fn trailers(status: Option<&Status>) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    match status {
+        None => {
+            map.insert("grpc-status", HeaderValue::from_static("0"));
+        }
+        Some(status) => {
+            if status.add_header(&mut map).is_err() {
+                // Only a message that cannot be a header value gets here: say so plainly.
+                map.insert("grpc-status", HeaderValue::from(status.code() as i32));
+            }
+        }
+    }
+    map
+}
+
+impl http_body::Body for FrameBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        if let Some(body) = this.body.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(body))));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let frame = match this.rx.poll_recv(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(status))) => {
+                this.done = true;
+                this.rx.close();
+                return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers(Some(
+                    &status,
+                ))))));
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers(None)))));
+            }
+        };
+        if !frame.body.is_empty() {
+            this.body = Some(frame.body);
+        }
+        Poll::Ready(Some(Ok(http_body::Frame::data(frame.head))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.body.is_none()
+    }
+}
+
+/// Decodes requests with a small initial buffer: tonic allocates the buffer size for every
+/// stream up front, and an ACK is a few hundred bytes. The buffer grows for larger requests
+/// (the first, with the node's metadata) as tonic's does.
+pub(crate) struct RequestDecoder<U>(PhantomData<U>);
+
+impl<U> Default for RequestDecoder<U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+/// The initial request buffer per stream.
+const REQUEST_BUFFER: usize = 1024;
+
+impl<U: Message + Default> Decoder for RequestDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        U::decode(buf)
+            .map(Some)
+            .map_err(|e| Status::internal(format!("decoding a request: {e}")))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::new(REQUEST_BUFFER, 32 * 1024)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn a_frame_is_the_prefix_then_the_nonce_then_the_shared_body() {
+        let body = Bytes::from_static(b"\x0a\x02v1");
+        let f = Frame::new("17", body.clone()).unwrap();
+        let bytes = f.to_vec();
+        assert_eq!(bytes[0], 0);
+        let len = u32::from_be_bytes(bytes[1..5].try_into().unwrap()) as usize;
+        assert_eq!(len, bytes.len() - 5);
+        assert_eq!(&bytes[5..], b"\x2a\x0217\x0a\x02v1");
+        // The same body for every stream: no copy.
+        assert_eq!(f.body.as_ptr(), body.as_ptr());
+        let empty = Frame::new("", Bytes::new()).unwrap();
+        assert_eq!(empty.to_vec(), [0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_body_is_encoded_once_per_key_and_the_memo_is_bounded() {
+        let memo = Encoded::default();
+        let mut calls = 0;
+        let mut get = |k: &str| {
+            memo.body(k.as_bytes().to_vec(), || {
+                calls += 1;
+                Bytes::from(k.to_owned())
+            })
+        };
+        let a = get("a");
+        let again = get("a");
+        assert_eq!(a.as_ptr(), again.as_ptr());
+        for i in 0..MAX_REMEMBERED + 10 {
+            get(&format!("k{i}"));
+        }
+        assert_eq!(calls, 1 + MAX_REMEMBERED + 10);
+        assert_eq!(memo.len(), MAX_REMEMBERED);
+    }
+
+    #[test]
+    fn key_parts_do_not_run_together() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        key_part(&mut a, "ab");
+        key_part(&mut a, "c");
+        key_part(&mut b, "a");
+        key_part(&mut b, "bc");
+        assert_ne!(a, b);
+    }
+
+    #[tokio::test]
+    async fn the_body_sends_each_frame_then_the_trailers() {
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Ok(Frame::new("1", Bytes::from_static(b"body")).unwrap()))
+            .await
+            .unwrap();
+        drop(tx);
+        let mut body = FrameBody::new(rx);
+        let mut data = Vec::new();
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap();
+            match frame.into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(f) => trailers = f.into_trailers().ok(),
+            }
+        }
+        assert_eq!(&data[5..], b"\x2a\x011body");
+        assert_eq!(trailers.unwrap()["grpc-status"], "0");
+
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Err(Status::resource_exhausted("too many streams")))
+            .await
+            .unwrap();
+        let mut body = FrameBody::new(rx);
+        let frame = body.frame().await.unwrap().unwrap();
+        let t = frame.into_trailers().unwrap();
+        assert_eq!(t["grpc-status"], "8");
+        assert_eq!(t["grpc-message"], "too%20many%20streams");
+        assert!(body.frame().await.is_none());
+        assert!(http_body::Body::is_end_stream(&body));
+    }
+}
