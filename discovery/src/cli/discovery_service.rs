@@ -292,12 +292,14 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         watch_namespace = ?args.watch_namespace,
         "starting the discovery service"
     );
-    let controllers = tokio::spawn(controllers::run(
+    // The leader steps down when draining begins, so the replacement pod publishes at once.
+    let controllers = tokio::spawn(controllers::run_stepping_down(
         client,
         config,
         cache,
         nacks,
         readiness,
+        draining(),
         stopped(),
     ));
     let mut http = tokio::spawn({

@@ -183,6 +183,30 @@ pub async fn run(
     readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    run_stepping_down(
+        client,
+        config,
+        cache,
+        nacks,
+        readiness,
+        std::future::pending(),
+        shutdown,
+    )
+    .await;
+}
+
+/// [`run`], but the leader's part (publication, rollback, the taint decision) stops, and the
+/// Lease is released, as soon as `step_down` resolves: a draining pod keeps serving what is
+/// published while its replacement takes over at once instead of waiting out the drain.
+pub async fn run_stepping_down(
+    client: Client,
+    config: Config,
+    cache: Cache,
+    nacks: mpsc::Receiver<NackEvent>,
+    readiness: Readiness,
+    step_down: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let ctx = Arc::new(Context {
         events: Events::new(client.clone(), FIELD_MANAGER),
         client,
@@ -219,7 +243,15 @@ pub async fn run(
             elect(ctx, lease, stop).await;
         })
     };
+    let stepping_down = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            step_down.await;
+            stop.cancel();
+        })
+    };
     shutdown.await;
+    stepping_down.abort();
     let _ = stop_tx.send(true);
     stop.cancel();
     let _ = tokio::join!(ecr, nack, leading);
