@@ -1,20 +1,23 @@
 //! A container's `/etc/hosts`: its own name, and every Service's DNS names pointing at a pod
 //! that serves it (ready pods first), since the local cluster has no DNS server or
-//! Service IPs.
+//! Service IPs. With several ready pods, each client pod is given one of them by rendezvous
+//! hashing of (client, pod) names, so the clients of a Service spread over its pods as
+//! kube-proxy spreads connections, and a pod that goes away moves only its own clients.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 
-/// The IP a Service's names resolve to: a running pod matching its selector with an IP,
-/// ready ones preferred, the oldest name first for stability.
-pub fn service_ip(service: &Service, pods: &[Pod]) -> Option<String> {
+/// The IP a Service's names resolve to for the client pod `client`: a running pod matching
+/// its selector with an IP, ready ones preferred; among those, the one with the highest
+/// rendezvous hash of (client, pod name).
+pub fn service_ip(service: &Service, pods: &[Pod], client: &str) -> Option<String> {
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
     let selector: &BTreeMap<String, String> = service.spec.as_ref()?.selector.as_ref()?;
     if selector.is_empty() {
         return None;
     }
-    let mut candidates: Vec<(bool, &str, &str)> = pods
+    let candidates: Vec<(bool, u64, &str)> = pods
         .iter()
         .filter(|p| p.metadata.namespace.as_deref().unwrap_or("default") == namespace)
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -32,11 +35,24 @@ pub fn service_ip(service: &Service, pods: &[Pod]) -> Option<String> {
                 .iter()
                 .flatten()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
-            Some((!ready, p.metadata.name.as_deref().unwrap_or(""), ip))
+            let name = p.metadata.name.as_deref().unwrap_or("");
+            Some((ready, rendezvous(client, name), ip))
         })
         .collect();
-    candidates.sort();
-    candidates.first().map(|(_, _, ip)| (*ip).to_owned())
+    candidates
+        .into_iter()
+        .max_by_key(|(ready, weight, _)| (*ready, *weight))
+        .map(|(_, _, ip)| ip.to_owned())
+}
+
+/// A stable weight of `pod` for `client` (FNV-1a: the same on every run and machine).
+fn rendezvous(client: &str, pod: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in client.bytes().chain([0]).chain(pod.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
 }
 
 /// The hosts file of a pod in `namespace` named `hostname` with address `pod_ip`.
@@ -55,7 +71,7 @@ pub fn render(
     let mut sorted: Vec<&Service> = services.iter().collect();
     sorted.sort_by_key(|s| (s.metadata.namespace.clone(), s.metadata.name.clone()));
     for svc in sorted {
-        let Some(ip) = service_ip(svc, pods) else {
+        let Some(ip) = service_ip(svc, pods, hostname) else {
             continue;
         };
         let name = svc.metadata.name.as_deref().unwrap_or_default();
@@ -148,6 +164,50 @@ mod tests {
             other_ns.contains("10.200.0.3\tweb.ns web.ns.svc"),
             "{other_ns}"
         );
+    }
+
+    #[test]
+    fn clients_spread_over_the_ready_pods_and_only_a_gone_pods_clients_move() {
+        let web = svc("ns", "web", "web");
+        let three = [
+            pod("a", "web", "10.200.0.2", true),
+            pod("b", "web", "10.200.0.3", true),
+            pod("c", "web", "10.200.0.4", true),
+        ];
+        let clients: Vec<String> = (0..60).map(|i| format!("client-{i}")).collect();
+        let before: Vec<String> = clients
+            .iter()
+            .map(|c| service_ip(&web, &three, c).unwrap())
+            .collect();
+        for ip in ["10.200.0.2", "10.200.0.3", "10.200.0.4"] {
+            assert!(before.iter().any(|b| b == ip), "no client on {ip}");
+        }
+        // Stable for a client.
+        assert_eq!(
+            service_ip(&web, &three, "client-7"),
+            Some(before[7].clone())
+        );
+        // c goes away: its clients move, the others stay where they were.
+        let two = &three[..2];
+        for (client, was) in clients.iter().zip(&before) {
+            let now = service_ip(&web, two, client).unwrap();
+            if was != "10.200.0.4" {
+                assert_eq!(&now, was, "{client} moved");
+            } else {
+                assert_ne!(now, "10.200.0.4");
+            }
+        }
+        // A ready pod always beats a pod that is not.
+        let mixed = [
+            pod("a", "web", "10.200.0.2", false),
+            pod("b", "web", "10.200.0.3", true),
+        ];
+        for client in &clients {
+            assert_eq!(
+                service_ip(&web, &mixed, client).as_deref(),
+                Some("10.200.0.3")
+            );
+        }
     }
 
     #[test]
