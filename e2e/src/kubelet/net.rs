@@ -230,9 +230,16 @@ impl Network {
                 state: Mutex::new(State {
                     next_index: 0,
                     used: BTreeSet::new(),
+                    services: BTreeMap::new(),
                 }),
             }),
         };
+        // A bridge without an address of its own takes the lowest MAC among its ports, so
+        // it would change whenever a pod joins or leaves, and pods would keep sending what
+        // is meant for the host (the API server, Service virtual IPs) to the old MAC until
+        // their ARP entry expires. A fixed, locally administered MAC keeps the host's.
+        let mac = format!("02:6d:33:{a:02x}:{b:02x}:{c:02x}");
+        run(Command::new("ip").args(["link", "set", &bridge, "address", &mac]))?;
         run(Command::new("ip").args(["addr", "add", &format!("{host_ip}/24"), "dev", &bridge]))?;
         run(Command::new("ip").args(["link", "set", &bridge, "up"]))?;
         Ok(network)
