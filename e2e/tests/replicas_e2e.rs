@@ -23,7 +23,7 @@ use marin3r_discovery::revisions::CacheState;
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_e2e::kubectl::Kubectl;
 use marin3r_e2e::kubelet::ImageMap;
-use marin3r_e2e::kubelet::hosts::service_ip;
+use marin3r_e2e::kubelet::hosts::endpoint;
 use serde_json::json;
 
 const OPS: &str = "marin3r-system";
@@ -48,16 +48,6 @@ fn get(url: &str) -> String {
     marin3r_e2e::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
 }
 
-fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
-    cluster
-        .get_in_pod(
-            &pod.namespace().unwrap(),
-            &pod.name_any(),
-            &format!("http://127.0.0.1:9901{path}"),
-        )
-        .unwrap_or_else(|e| format!("GET failed: {e:#}"))
-}
-
 fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().unwrap().pod_ip.clone().unwrap()
 }
@@ -73,14 +63,18 @@ fn example_in(file: &str, ns: &str) -> String {
     text.replace("namespace: demo", &format!("namespace: {ns}"))
 }
 
-/// The discovery pod IP the sidecar of `pod` has an active xDS connection to, if one.
-fn xds_upstream(cluster: &LocalCluster, pod: &Pod) -> Option<String> {
-    let clusters = admin(cluster, pod, "/clusters");
-    clusters.lines().find_map(|l| {
-        let rest = l.strip_prefix("xds_cluster::")?;
-        let (addr, stat) = rest.split_once("::")?;
-        (stat == "cx_active::1").then(|| addr.split(':').next().unwrap_or("").to_owned())
-    })
+/// The discovery pod, among `replicas`, whose xDS server has the sidecar of `pod` connected
+/// (its `/sync-status`, read inside the pod, names the proxy's pod).
+fn serving_replica(cluster: &LocalCluster, replicas: &[Pod], pod: &Pod) -> Option<String> {
+    let needle = format!("\"pod\":\"{}\"", pod.name_any());
+    replicas
+        .iter()
+        .find(|r| {
+            cluster
+                .get_in_pod(OPS, &r.name_any(), "http://127.0.0.1:8385/sync-status")
+                .is_ok_and(|status| status.contains(&needle))
+        })
+        .map(|r| r.name_any())
 }
 
 async fn holder(client: &Client) -> Option<String> {
@@ -158,8 +152,8 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     })
     .await;
 
-    // One sidecar per discovery pod: the pods are named so that their Service name
-    // resolves to different discovery pods.
+    // One sidecar per discovery pod: the pods are named so that the Service's virtual IP
+    // sends their connections to different discovery pods.
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
@@ -175,7 +169,9 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     for target in &discovery {
         let name = (0..200)
             .map(|i| format!("demo-{i}"))
-            .find(|n| service_ip(&service, &discovery, n) == Some(pod_ip(target)))
+            .find(|n| {
+                endpoint(&service, &discovery, n).map(|p| p.name_any()) == Some(target.name_any())
+            })
             .unwrap();
         names.push(name);
     }
@@ -231,13 +227,13 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         sidecars.push(pod);
     }
     for (pod, target) in sidecars.iter().zip(&discovery) {
-        let upstream = until("the sidecar's xDS connection", 30, || async {
-            xds_upstream(&cluster, pod)
+        let replica = until("the sidecar's xDS connection", 30, || async {
+            serving_replica(&cluster, &discovery, pod)
         })
         .await;
         assert_eq!(
-            upstream,
-            pod_ip(target),
+            replica,
+            target.name_any(),
             "{} is on the other replica",
             pod.name_any()
         );
@@ -317,9 +313,13 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     .await;
     assert_ne!(new_leader, dead.name_any());
     for pod in &sidecars {
+        let live: Vec<Pod> = discovery
+            .iter()
+            .filter(|p| p.name_any() != dead.name_any())
+            .cloned()
+            .collect();
         until("every sidecar on a live replica", 90, || async {
-            let upstream = xds_upstream(&cluster, pod)?;
-            (upstream != pod_ip(&dead)).then_some(())
+            serving_replica(&cluster, &live, pod).map(|_| ())
         })
         .await;
         assert_eq!(get(&format!("http://{}:8080/", pod_ip(pod))), BODY);
