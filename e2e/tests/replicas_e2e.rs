@@ -313,12 +313,13 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     .await;
     assert_ne!(new_leader, dead.name_any());
     for pod in &sidecars {
-        let live: Vec<Pod> = discovery
-            .iter()
-            .filter(|p| p.name_any() != dead.name_any())
-            .cloned()
-            .collect();
+        // Any live replica will do, the Deployment's replacement for the dead one included.
         until("every sidecar on a live replica", 90, || async {
+            let live: Vec<Pod> = ready_pods(&client, OPS, DISCOVERY)
+                .await
+                .into_iter()
+                .filter(|p| p.name_any() != dead.name_any())
+                .collect();
             serving_replica(&cluster, &live, pod).map(|_| ())
         })
         .await;
