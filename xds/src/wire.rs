@@ -168,7 +168,7 @@ pub(crate) fn delta_frame(
                 .resources
                 .iter()
                 .map(|r| WireResource {
-                    version: r.version.clone(),
+                    version: r.version.to_string(),
                     name: r.resource.name.clone(),
                     resource: Some(AnyBytes {
                         type_url: type_url.to_owned(),
@@ -405,7 +405,7 @@ mod tests {
         );
         assert_eq!(d.removed_resources, ["old"]);
         assert_eq!(d.resources[0].name, "name");
-        assert_eq!(d.resources[0].version, versioned.version);
+        assert_eq!(*d.resources[0].version, *versioned.version);
         assert_eq!(
             d.resources[0].resource.as_ref().unwrap().value,
             body.to_vec()
