@@ -19,7 +19,7 @@ use crate::resource::ResourceType;
 
 use super::cache::{Cache, NodeKey, Published, Snapshot};
 use super::delta::{DeltaResponse, DeltaState};
-use super::frame::{Encoded, Frame};
+use super::frame::{Encoded, Frame, Sent};
 use super::limits::{Limit, Limits, NamespaceStreams, StreamSlot};
 use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
 use super::protocol::{Ignored, Outcome};
@@ -150,8 +150,8 @@ impl Flavour for DeltaState {
 }
 
 /// What a stream's task sends: frames, or the status that ends the stream.
-pub(crate) type Outgoing = mpsc::Sender<Result<Frame, Status>>;
-type Started = Result<mpsc::Receiver<Result<Frame, Status>>, Status>;
+pub(crate) type Outgoing = mpsc::Sender<Sent>;
+type Started = Result<mpsc::Receiver<Sent>, Status>;
 
 pub(crate) fn start_sotw(
     shared: Arc<Shared>,
@@ -248,7 +248,7 @@ where
             warn!("refusing an ADS stream whose first request has no node.id");
             let refusal =
                 Status::invalid_argument("the first discovery request must carry node.id");
-            let _ = Box::pin(tx.send(Err(refusal))).await;
+            let _ = Box::pin(tx.send(Box::new(Err(refusal)))).await;
             return;
         };
         let key = NodeKey::new(&*peer.namespace, &node.id);
@@ -334,7 +334,7 @@ where
             }
         }
         if let Some(status) = ended {
-            let _ = Box::pin(tx.send(Err(status))).await;
+            let _ = Box::pin(tx.send(Box::new(Err(status)))).await;
         }
         info!("proxy disconnected");
     }
@@ -358,7 +358,7 @@ where
     match first {
         Err(_) => {
             let status = shared.refuse(Limit::FirstRequestTimeout, &peer.namespace);
-            let _ = tx.send(Err(status)).await;
+            let _ = tx.send(Box::new(Err(status))).await;
             None
         }
         Ok(Ok(Some(r))) => Some(Box::new(r)),
@@ -366,7 +366,7 @@ where
         Ok(Err(status)) => {
             debug!(%status, "stream ended before its first request");
             if let Some(status) = shared.read_error(&status, &peer.namespace) {
-                let _ = tx.send(Err(status)).await;
+                let _ = tx.send(Box::new(Err(status))).await;
             }
             None
         }
@@ -407,7 +407,7 @@ impl StreamCtx<'_> {
         if let Some(limit) = out.exceeded {
             let status = self.shared.refuse(limit, &self.key.namespace);
             tokio::select! {
-                _ = self.tx.send(Err(status)) => {}
+                _ = self.tx.send(Box::new(Err(status))) => {}
                 () = self.stop.cancelled() => {}
             }
             return false;
@@ -500,7 +500,7 @@ impl StreamCtx<'_> {
         let frame = F::frame(resp, &self.shared.control_plane, memo);
         let ok = frame.is_ok();
         tokio::select! {
-            r = self.tx.send(frame) => r.is_ok() && ok,
+            r = self.tx.send(Box::new(frame)) => r.is_ok() && ok,
             () = self.stop.cancelled() => false,
         }
     }
