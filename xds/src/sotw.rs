@@ -266,7 +266,7 @@ fn respond(
         st.subscription
             .names
             .iter()
-            .filter_map(|n| match typed.resources().get(n) {
+            .filter_map(|n| match typed.resources().get(n.as_str()) {
                 Some(r) => Some(r.resource.clone()),
                 None => snapshot.requested(kind, n).map(|r| r.resource),
             })
