@@ -195,9 +195,10 @@ pub async fn run(
     .await;
 }
 
-/// [`run`], but the leader's part (publication, rollback, the taint decision) stops, and the
-/// Lease is released, as soon as `step_down` resolves: a draining pod keeps serving what is
-/// published while its replacement takes over at once instead of waiting out the drain.
+/// [`run`], but with leader election the leader's term ends, and the Lease is released, as
+/// soon as `step_down` resolves: a draining pod keeps serving what is published while its
+/// replacement takes over at once instead of waiting out the drain (and leads again if no
+/// other replica takes the Lease).
 pub async fn run_stepping_down(
     client: Client,
     config: Config,
@@ -229,25 +230,27 @@ pub async fn run_stepping_down(
     ));
     let nack = tokio::spawn(nacks::report_nacks(Arc::clone(&ctx), nacks, stopped()));
     let stop = tokio_util::sync::CancellationToken::new();
+    let yielding = tokio_util::sync::CancellationToken::new();
     let leading = {
         let ctx = Arc::clone(&ctx);
-        let stop = stop.clone();
+        let (stop, yielding) = (stop.clone(), yielding.clone());
         tokio::spawn(async move {
             let Some(lease) = ctx.config.leader_lease.clone() else {
+                // The only replica: it leads until it stops, draining included.
                 lead(ctx, readiness.envoy_configs.clone(), stop).await;
                 return;
             };
             // A follower serves what the leader publishes: it has no EnvoyConfig controller
             // of its own to wait for.
             readiness.envoy_configs.store(true, Ordering::SeqCst);
-            elect(ctx, lease, stop).await;
+            elect(ctx, lease, stop, yielding).await;
         })
     };
     let stepping_down = {
-        let stop = stop.clone();
+        let yielding = yielding.clone();
         tokio::spawn(async move {
             step_down.await;
-            stop.cancel();
+            yielding.cancel();
         })
     };
     shutdown.await;
@@ -270,23 +273,49 @@ async fn lead(
 }
 
 /// Campaigns for the Lease, leads while holding it, and campaigns again after losing it
-/// (the leader's work stops before anyone else may take over), until `stop`.
-async fn elect(ctx: Arc<Context>, lease: LeaseConfig, stop: tokio_util::sync::CancellationToken) {
+/// (the leader's work stops before anyone else may take over), until `stop`. When `yielding`
+/// fires (the pod is draining), the current term ends and the Lease is released at once, so a
+/// sibling replica takes over without waiting for the drain; if none has taken it after a
+/// few retry periods (this is the only replica), this one campaigns and leads again.
+async fn elect(
+    ctx: Arc<Context>,
+    lease: LeaseConfig,
+    stop: tokio_util::sync::CancellationToken,
+    yielding: tokio_util::sync::CancellationToken,
+) {
+    let mut yielded = false;
     while !stop.is_cancelled() {
-        // Stops gracefully at `stop`; dropped by `run_as_leader` when the term is lost.
+        let term = stop.child_token();
+        if !yielded {
+            let (term, yielding) = (term.clone(), yielding.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = yielding.cancelled() => term.cancel(),
+                    () = term.cancelled() => {}
+                }
+            });
+        }
+        // Stops gracefully at `term`; dropped by `run_as_leader` when the term is lost.
         let work = lead(
             Arc::clone(&ctx),
             Arc::new(AtomicBool::new(false)),
-            stop.clone(),
+            term.clone(),
         );
-        match leader::run_as_leader(ctx.client.clone(), lease.clone(), stop.clone(), work).await {
-            Ok(()) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "no longer the leader; serving as a follower and campaigning again");
-                tokio::select! {
-                    () = tokio::time::sleep(lease.retry_period) => {}
-                    () = stop.cancelled() => {}
-                }
+        let result = leader::run_as_leader(ctx.client.clone(), lease.clone(), term, work).await;
+        if !yielded && yielding.is_cancelled() {
+            yielded = true;
+            tracing::info!("draining: Lease released for another replica to take");
+            tokio::select! {
+                () = tokio::time::sleep(lease.retry_period * 3) => {}
+                () = stop.cancelled() => {}
+            }
+            continue;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "no longer the leader; serving as a follower and campaigning again");
+            tokio::select! {
+                () = tokio::time::sleep(lease.retry_period) => {}
+                () = stop.cancelled() => {}
             }
         }
     }
