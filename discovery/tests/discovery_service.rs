@@ -114,7 +114,11 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     let probe = free_port();
     let log = std::fs::File::create(dir.path().join("log")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
-        .args(["discovery-service", "--server-cert-dir"])
+        .args([
+            "discovery-service",
+            "--no-leader-election",
+            "--server-cert-dir",
+        ])
         .arg(&certs)
         .args(["--xds-port", &xds.to_string()])
         .args(["--metrics-port", &metrics.to_string()])
@@ -326,7 +330,11 @@ fn a_missing_server_certificate_is_a_clear_error() {
     .unwrap();
     let missing = dir.path().join("no-such-dir");
     let out = Command::new(env!("CARGO_BIN_EXE_marin3r"))
-        .args(["discovery-service", "--server-cert-dir"])
+        .args([
+            "discovery-service",
+            "--no-leader-election",
+            "--server-cert-dir",
+        ])
         .arg(&missing)
         .args([
             "--xds-port",
@@ -383,7 +391,11 @@ fn start_process(
     };
     let log = std::fs::File::create(dir.join(log)).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
-        .args(["discovery-service", "--server-cert-dir"])
+        .args([
+            "discovery-service",
+            "--no-leader-election",
+            "--server-cert-dir",
+        ])
         .arg(certs)
         .args(["--xds-port", &ports.xds.to_string()])
         .args(["--metrics-port", &ports.metrics.to_string()])

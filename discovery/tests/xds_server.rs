@@ -281,3 +281,103 @@ fn renewed_server_certificate_files_are_used_without_a_restart() {
         },
     );
 }
+
+/// A proxy moving to another replica (two servers sharing nothing but the snapshot content,
+/// built separately) with what it has gets no resend: versions are content hashes, the same
+/// on both. SotW: its version_info of a wildcard type (no response at all); delta: its
+/// initial_resource_versions (one empty response).
+/// A change on the new replica still reaches it.
+#[test]
+fn a_proxy_moving_to_another_replica_with_the_current_versions_gets_no_resend() {
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use marin3r_e2e::xds::client::DeltaStream;
+
+    let pki = Pki::new();
+    let a = XdsServer::start(&pki);
+    let b = XdsServer::start(&pki);
+    let content = || snapshot(vec![eds_cluster("backend"), eds_cluster("other")]);
+    a.cache.set_snapshot("ns", "node", content());
+    b.cache.set_snapshot("ns", "node", content());
+    let client = tls(&pki, Some(&pki.client(Some("ns"))));
+    let quiet = Duration::from_secs(2);
+    a.rt.block_on(async {
+        // SotW: what it got from a...
+        let mut on_a = SotwStream::open(connect(a.addr, &client).await.unwrap(), "node", None)
+            .await
+            .unwrap();
+        on_a.subscribe(CDS, &[]).await.unwrap();
+        let got = on_a.recv().await.unwrap();
+        on_a.ack(&got, &[]).await.unwrap();
+        assert_eq!(got.resources.len(), 2);
+        // ...it tells b on its first request (no nonce: a new stream): nothing comes.
+        let mut on_b = SotwStream::open(connect(b.addr, &client).await.unwrap(), "node", None)
+            .await
+            .unwrap();
+        on_b.send(CDS, &[], &got.version_info, "", None)
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::timeout(quiet, on_b.recv()).await.is_err(),
+            "b resent what the proxy has"
+        );
+        // A change on b reaches it.
+        let changed = snapshot(vec![eds_cluster("backend"), eds_cluster("third")]);
+        let version = changed.version(ResourceType::Cluster).to_owned();
+        b.cache.set_snapshot("ns", "node", changed);
+        let pushed = tokio::time::timeout(Duration::from_secs(5), on_b.recv())
+            .await
+            .expect("the change on b")
+            .unwrap();
+        assert_eq!(pushed.version_info, version);
+        b.cache.set_snapshot("ns", "node", content());
+        on_b.ack(&pushed, &[]).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_secs(5), on_b.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.version_info, got.version_info);
+
+        // Delta: the resource versions it got from a, given to b, bring nothing.
+        let mut delta_a = DeltaStream::open(connect(a.addr, &client).await.unwrap(), "node", None)
+            .await
+            .unwrap();
+        delta_a
+            .send(DeltaDiscoveryRequest {
+                type_url: CDS.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let got = delta_a.recv().await.unwrap();
+        delta_a.ack(&got).await.unwrap();
+        assert_eq!(got.resources.len(), 2);
+        let versions = got
+            .resources
+            .iter()
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect();
+        let mut delta_b = DeltaStream::open(connect(b.addr, &client).await.unwrap(), "node", None)
+            .await
+            .unwrap();
+        delta_b
+            .send(DeltaDiscoveryRequest {
+                type_url: CDS.into(),
+                initial_resource_versions: versions,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // The first request of a type is answered, but with nothing in it (the delta
+        // protocol's acknowledgement that the proxy is in sync), and nothing follows.
+        let answer = tokio::time::timeout(Duration::from_secs(5), delta_b.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            answer.resources.is_empty() && answer.removed_resources.is_empty(),
+            "b resent what the delta proxy has: {answer:?}"
+        );
+        delta_b.ack(&answer).await.unwrap();
+        assert!(tokio::time::timeout(quiet, delta_b.recv()).await.is_err());
+    });
+}

@@ -137,6 +137,108 @@ async fn a_pod_resolves_service_names_to_the_serving_pod() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_virtual_ip_forwards_to_a_ready_serving_pod_on_its_target_port() {
+    let node = node();
+    let prefix = node.prefix();
+    // The host's MAC on the bridge must not change as pods come and go, or pods lose the
+    // host (the API server, virtual IPs) until their ARP entry expires.
+    let bridge_mac = || {
+        let out = std::process::Command::new("ip")
+            .args(["-o", "link", "show", &format!("{prefix}br")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.split_whitespace()
+            .skip_while(|w| *w != "link/ether")
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    };
+    let mac = bridge_mac();
+    let objects = Arc::new(StaticObjects::default());
+    let mut pods = Vec::new();
+    for name in ["web-1", "web-2"] {
+        let pod = server_pod(name, "web", "", "");
+        let handle = PodHandle::start(&node, &pod, objects.clone()).unwrap();
+        handle.wait_ready(Duration::from_secs(20)).await.unwrap();
+        let mut seen = pod;
+        seen.status = Some(handle.status());
+        objects.put_pod(seen.clone());
+        pods.push((handle, seen));
+    }
+    objects.put_service(from_yaml::<Service>(
+        r#"{"metadata": {"name": "web", "namespace": "ns1"}, "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}"#,
+    ));
+    objects.put_service(from_yaml::<Service>(
+        r#"{"metadata": {"name": "direct", "namespace": "ns1"}, "spec": {"clusterIP": "None", "selector": {"app": "web"}, "ports": [{"port": 8080}]}}"#,
+    ));
+    let proxy = marin3r_e2e::kubelet::service_proxy::ServiceProxy::new(
+        node.clone(),
+        objects.clone() as Arc<dyn marin3r_e2e::kubelet::Objects>,
+    )
+    .unwrap();
+    proxy.sync();
+    let vip = node.service_ip("ns1", "web").expect("a virtual IP");
+    assert_eq!(node.service_ip("ns1", "direct"), None, "headless");
+    assert!(!pods.iter().any(|(h, _)| h.ip() == vip.to_string()));
+
+    // Port 80 of the virtual IP is port 8080 of a ready pod.
+    let url = format!("http://{vip}:80/");
+    let first = get(&url);
+    assert!(first.starts_with("ok web-"), "{first}");
+    assert_eq!(get(&url), first, "one client keeps its pod");
+    // A pod's hosts file names the virtual IP; a headless Service names a pod.
+    let client = PodHandle::start(
+        &node,
+        &server_pod("client", "client", "", ""),
+        objects.clone(),
+    )
+    .unwrap();
+    client.wait_ready(Duration::from_secs(20)).await.unwrap();
+    assert_eq!(
+        get(&format!("http://{}:8080/resolve/web.ns1.svc", client.ip())),
+        vip.to_string()
+    );
+    let direct = get(&format!("http://{}:8080/resolve/direct", client.ip()));
+    assert!(pods.iter().any(|(h, _)| h.ip() == direct), "{direct}");
+    assert_eq!(bridge_mac(), mac, "three pods joined the bridge");
+
+    // The serving pod starts terminating: new connections go to the other one.
+    let (serving, other) = if first.starts_with("ok web-1") {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
+    let mut terminating = pods[serving].1.clone();
+    terminating.metadata.deletion_timestamp = Some(
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    objects.put_pod(terminating.clone());
+    let name = |i: usize| pods[i].1.metadata.name.clone().unwrap();
+    assert!(get(&url).starts_with(&format!("ok {}", name(other))));
+    // Only the terminating pod is left ready: it still serves.
+    objects.remove_pod("ns1", &name(other));
+    assert!(get(&url).starts_with(&format!("ok {}", name(serving))));
+    // No ready pod: the connection is refused.
+    objects.remove_pod("ns1", &name(serving));
+    let refused = marin3r_e2e::envoy::get_body(&url);
+    assert!(refused.is_err(), "{refused:?}");
+
+    // The Service goes away: so does its address.
+    objects.remove_service("ns1", "web");
+    proxy.sync();
+    assert_eq!(node.service_ip("ns1", "web"), None);
+    assert!(
+        std::net::TcpStream::connect_timeout(&(vip, 80).into(), Duration::from_secs(1)).is_err()
+    );
+    drop(client);
+    assert_eq!(bridge_mac(), mac, "a pod left the bridge");
+    drop((proxy, pods));
+    drop(node);
+    assert_cleaned(&prefix);
+}
+
 const ENVOY_BOOTSTRAP: &str = r#"
 admin:
   address: {socket_address: {address: 0.0.0.0, port_value: 9901}}

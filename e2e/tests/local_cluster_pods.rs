@@ -314,19 +314,22 @@ async fn a_deployment_rolls_its_pod_new_ready_before_old_gone() {
         .clone()
         .unwrap();
     assert!(get(&format!("http://{new_ip}:8080/")).ends_with(" v2"));
-    // The Service name follows the serving pod (hosts files rewritten as pods change).
+    // The Service name is the Service's virtual IP, which now reaches the new pod.
+    let vip = get(&format!(
+        "http://{new_ip}:8080/resolve/web.demo.svc.cluster.local"
+    ));
+    assert_ne!(vip, new_ip, "a virtual IP, not a pod's");
+    assert_eq!(get(&format!("http://{new_ip}:8080/resolve/web")), vip);
     until(
-        "the Service name to resolve to the new pod",
+        "the Service's virtual IP to reach the new pod",
         Duration::from_secs(10),
         || async {
-            (get(&format!(
-                "http://{new_ip}:8080/resolve/web.demo.svc.cluster.local"
-            )) == new_ip)
+            get(&format!("http://{vip}:8080/"))
+                .ends_with(" v2")
                 .then_some(())
         },
     )
     .await;
-    assert_eq!(get(&format!("http://{new_ip}:8080/resolve/web")), new_ip);
 
     cluster.shutdown(Duration::from_secs(5)).await;
     let left: Vec<String> = net::netns_names()

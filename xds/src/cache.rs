@@ -39,22 +39,26 @@ impl fmt::Display for NodeKey {
 }
 
 /// A resource with the content hash Envoy sees as its (delta) version.
+///
+/// The name and the version are shared strings: a delta stream remembers the name and
+/// version of every resource its proxy holds, and clones these pointers rather than the text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VersionedResource {
     pub resource: Resource,
-    pub version: String,
+    pub name: Arc<str>,
+    pub version: Arc<str>,
 }
 
 /// Every resource of one type, and the type's version: a hash of the names and contents, so
 /// the same configuration always has the same version, across restarts too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeSnapshot {
-    version: String,
-    resources: BTreeMap<String, VersionedResource>,
+    version: Arc<str>,
+    resources: BTreeMap<Arc<str>, VersionedResource>,
 }
 
 impl TypeSnapshot {
-    fn new(resources: BTreeMap<String, VersionedResource>) -> Self {
+    fn new(resources: BTreeMap<Arc<str>, VersionedResource>) -> Self {
         let mut hasher = Sha256::new();
         for (name, r) in &resources {
             hasher.update((name.len() as u64).to_be_bytes());
@@ -62,7 +66,7 @@ impl TypeSnapshot {
             hasher.update(r.version.as_bytes());
         }
         Self {
-            version: short_hex(&hasher.finalize()),
+            version: short_hex(&hasher.finalize()).into(),
             resources,
         }
     }
@@ -71,7 +75,12 @@ impl TypeSnapshot {
         &self.version
     }
 
-    pub fn resources(&self) -> &BTreeMap<String, VersionedResource> {
+    /// The version as the shared string streams keep.
+    pub fn shared_version(&self) -> &Arc<str> {
+        &self.version
+    }
+
+    pub fn resources(&self) -> &BTreeMap<Arc<str>, VersionedResource> {
         &self.resources
     }
 }
@@ -97,7 +106,7 @@ impl Snapshot {
     /// A runtime layer a proxy subscribes to (the sidecar bootstrap's `runtime`) that the
     /// snapshot does not hold is served as an empty layer (see [`Snapshot::requested`]).
     pub fn new(resources: impl IntoIterator<Item = Resource>) -> Result<Self, SnapshotError> {
-        let mut by_type: BTreeMap<ResourceType, BTreeMap<String, VersionedResource>> =
+        let mut by_type: BTreeMap<ResourceType, BTreeMap<Arc<str>, VersionedResource>> =
             ResourceType::ALL
                 .into_iter()
                 .map(|t| (t, BTreeMap::new()))
@@ -107,13 +116,23 @@ impl Snapshot {
             if resource.name.is_empty() {
                 return Err(SnapshotError::EmptyName { kind });
             }
-            let version = short_hex(&Sha256::digest(&resource.body));
-            let name = resource.name.clone();
+            let version = short_hex(&Sha256::digest(&resource.body)).into();
             let slot = by_type.entry(kind).or_default();
-            if slot.contains_key(&name) {
-                return Err(SnapshotError::DuplicateName { kind, name });
+            if slot.contains_key(resource.name.as_str()) {
+                return Err(SnapshotError::DuplicateName {
+                    kind,
+                    name: resource.name,
+                });
             }
-            slot.insert(name, VersionedResource { resource, version });
+            let name: Arc<str> = resource.name.as_str().into();
+            slot.insert(
+                Arc::clone(&name),
+                VersionedResource {
+                    resource,
+                    name,
+                    version,
+                },
+            );
         }
         Ok(Self {
             types: by_type
@@ -128,7 +147,7 @@ impl Snapshot {
     /// The version must still change whenever that type's content does.
     pub fn with_version(mut self, kind: ResourceType, version: impl Into<String>) -> Self {
         if let Some(t) = self.types.get_mut(&kind) {
-            t.version = version.into();
+            t.version = version.into().into();
         }
         self
     }
@@ -178,7 +197,8 @@ fn empty_runtime_layer(name: &str) -> VersionedResource {
     }
     .encode_to_vec();
     VersionedResource {
-        version: short_hex(&Sha256::digest(&body)),
+        version: short_hex(&Sha256::digest(&body)).into(),
+        name: name.into(),
         resource: Resource {
             kind: ResourceType::Runtime,
             name: name.to_owned(),

@@ -2,12 +2,19 @@
 //! subscription (wildcard and names), the version of every resource the proxy holds, and the
 //! response in flight. Only resources whose version differs from what the proxy holds are
 //! sent; resources it holds that are gone are listed as removed.
+//!
+//! A stream remembers every name and version its proxy holds, and thousands of streams hold
+//! the same ones: those that came from a snapshot are the snapshot's shared strings
+//! ([`VersionedResource::name`], [`VersionedResource::version`]), so the state of a stream is
+//! pointers. Only what the proxy brings itself (names the snapshot lacks, versions it
+//! reported from an earlier stream) is stored per stream.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::resource::ResourceType;
 
-use super::cache::{Snapshot, VersionedResource};
+use super::cache::{Snapshot, TypeSnapshot, VersionedResource};
 use super::limits::Limit;
 use super::protocol::{Ack, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, Rejection};
 
@@ -31,33 +38,113 @@ pub struct DeltaResponse {
     pub removed: Vec<String>,
 }
 
+/// A change to what the proxy holds: a name and its new version, `None` for removed.
+type Change = (Arc<str>, Option<Arc<str>>);
+
 #[derive(Debug)]
 struct InFlight {
-    system_version: String,
-    /// What the proxy will hold once it ACKs: name -> version, `None` for removed.
-    changes: Vec<(String, Option<String>)>,
+    system_version: Arc<str>,
+    /// What the proxy will hold once it ACKs, sorted by name.
+    changes: Vec<Change>,
+}
+
+/// The name and version of every resource the proxy holds of one type, sorted by name: a
+/// vector of shared strings, two pointers per resource (a map would add its nodes' slack).
+#[derive(Debug, Default)]
+struct Held(Vec<(Arc<str>, Arc<str>)>);
+
+impl Held {
+    /// What a proxy reports holding when its stream starts, sharing the snapshot's strings
+    /// where they are the same.
+    fn reported(versions: &BTreeMap<String, String>, typed: Option<&TypeSnapshot>) -> Self {
+        let held = versions
+            .iter()
+            .map(
+                |(name, version)| match typed.and_then(|t| t.resources().get(name.as_str())) {
+                    Some(r) if *r.version == **version => {
+                        (Arc::clone(&r.name), Arc::clone(&r.version))
+                    }
+                    Some(r) => (Arc::clone(&r.name), Arc::from(version.as_str())),
+                    None => (Arc::from(name.as_str()), Arc::from(version.as_str())),
+                },
+            )
+            .collect();
+        // A BTreeMap iterates in name order: the vector is sorted already.
+        Self(held)
+    }
+
+    fn position(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| (**k).cmp(name))
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.position(name).is_ok()
+    }
+
+    fn get(&self, name: &str) -> Option<&Arc<str>> {
+        self.position(name).ok().map(|i| &self.0[i].1)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(Arc<str>, Arc<str>)> {
+        self.0.iter()
+    }
+
+    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        let before = self.0.len();
+        self.0.retain(|(name, _)| keep(name));
+        if self.0.len() < before {
+            self.0.shrink_to_fit();
+        }
+    }
+
+    /// Applies an acknowledged response's changes (sorted by name) in one merge pass.
+    fn apply(&mut self, changes: Vec<Change>) {
+        let mut merged = Vec::with_capacity(self.0.len() + changes.len());
+        let mut old = std::mem::take(&mut self.0).into_iter().peekable();
+        for (name, version) in changes {
+            while let Some(kept) = old.next_if(|(k, _)| *k < name) {
+                merged.push(kept);
+            }
+            // The old version of a changed or removed resource is dropped.
+            old.next_if(|(k, _)| *k == name);
+            if let Some(version) = version {
+                merged.push((name, version));
+            }
+        }
+        merged.extend(old);
+        merged.shrink_to_fit();
+        self.0 = merged;
+    }
 }
 
 #[derive(Debug, Default)]
 struct TypeState {
     wildcard: bool,
-    names: BTreeSet<String>,
+    names: BTreeSet<Arc<str>>,
     /// The version of every resource the proxy holds, as far as it has acknowledged.
-    known: BTreeMap<String, String>,
+    known: Held,
     last_nonce: Option<String>,
     in_flight: Option<InFlight>,
     /// A response is owed even if nothing differs (first request, new names).
     owed: bool,
-    acked: Option<String>,
+    acked: Option<Arc<str>>,
     rejected: RejectedVersions,
     /// Names to send again even though the proxy holds their version: the endpoints of
     /// clusters just sent, since Envoy re-creates a changed cluster and waits for them.
-    resend: BTreeSet<String>,
+    resend: BTreeSet<Arc<str>>,
 }
 
 impl TypeState {
     fn subscribed(&self, name: &str) -> bool {
         self.wildcard || self.names.contains(name)
+    }
+}
+
+/// The snapshot's own string for a name it holds, or a string of the stream's own.
+fn shared_name(name: &str, typed: Option<&TypeSnapshot>) -> Arc<str> {
+    match typed.and_then(|t| t.resources().get_key_value(name)) {
+        Some((shared, _)) => Arc::clone(shared),
+        None => Arc::from(name),
     }
 }
 
@@ -102,11 +189,12 @@ impl DeltaState {
             out.exceeded = Some(Limit::NamesPerType);
             return out;
         }
+        let typed = snapshot.map(|s| s.of_type(kind));
         let first = !self.types.contains_key(&kind);
         let st = self.types.entry(kind).or_default();
         if first {
             // What the proxy kept from an earlier stream (or server) is what it holds now.
-            st.known = req.initial_resource_versions.clone();
+            st.known = Held::reported(&req.initial_resource_versions, typed);
             // The legacy wildcard: a first request naming nothing subscribes to everything.
             st.wildcard = req.subscribe.is_empty();
             st.owed = true;
@@ -115,25 +203,20 @@ impl DeltaState {
                 if let Some(flight) = st.in_flight.take() {
                     match &req.error {
                         Some(message) => {
-                            st.rejected.insert(flight.system_version.clone());
+                            st.rejected.insert(flight.system_version.to_string());
                             out.nack = Some(Rejection {
                                 kind,
-                                version: flight.system_version,
+                                version: flight.system_version.to_string(),
                                 message: message.clone(),
                             });
                         }
                         None => {
-                            for (name, version) in flight.changes {
-                                match version {
-                                    Some(v) => st.known.insert(name, v),
-                                    None => st.known.remove(&name),
-                                };
-                            }
-                            st.acked = Some(flight.system_version.clone());
+                            st.known.apply(flight.changes);
                             out.ack = Some(Ack {
                                 kind,
-                                version: flight.system_version,
+                                version: flight.system_version.to_string(),
                             });
+                            st.acked = Some(flight.system_version);
                         }
                     }
                 }
@@ -147,15 +230,18 @@ impl DeltaState {
             if name == "*" {
                 st.owed |= !st.wildcard;
                 st.wildcard = true;
-            } else if st.names.insert(name.clone()) && !st.known.contains_key(name) {
-                st.owed = true;
+            } else if !st.names.contains(name.as_str()) {
+                st.names.insert(shared_name(name, typed));
+                if !st.known.contains(name) {
+                    st.owed = true;
+                }
             }
         }
         for name in &req.unsubscribe {
             if name == "*" {
                 st.wildcard = false;
             } else {
-                st.names.remove(name);
+                st.names.remove(name.as_str());
             }
         }
         // The subscription grows across requests; it is bounded as a whole.
@@ -170,7 +256,7 @@ impl DeltaState {
             names,
             ..
         } = st;
-        known.retain(|name, _| *wildcard || names.contains(name));
+        known.retain(|name| *wildcard || names.contains(name));
         out.response = respond(st, kind, snapshot, &mut self.nonces);
         if let Some(r) = &out.response
             && kind == ResourceType::Cluster
@@ -208,13 +294,22 @@ impl DeltaState {
     fn endpoints_follow(&mut self, clusters: &DeltaResponse) {
         if let Some(eds) = self.types.get_mut(&ResourceType::Endpoint) {
             eds.resend
-                .extend(clusters.resources.iter().map(|r| r.resource.name.clone()));
+                .extend(clusters.resources.iter().map(|r| Arc::clone(&r.name)));
         }
     }
 
     #[cfg(test)]
     pub fn acked(&self, kind: ResourceType) -> Option<&str> {
         self.types.get(&kind)?.acked.as_deref()
+    }
+
+    /// Every name and version a type's state holds, for tests of what is shared.
+    #[cfg(test)]
+    fn held(&self, kind: ResourceType) -> Vec<(Arc<str>, Arc<str>)> {
+        self.types
+            .get(&kind)
+            .map(|st| st.known.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -237,42 +332,40 @@ fn respond(
     // lacks or holds at another version, and what it holds that the snapshot no longer has.
     // (Looking every name up in the other map showed in profiles of 1,000 streams.)
     let mut resources: Vec<VersionedResource> = Vec::new();
-    let mut gone: Vec<&String> = Vec::new();
+    let mut gone: Vec<&Arc<str>> = Vec::new();
     let mut held = st.known.iter().peekable();
     for (name, r) in typed.resources() {
-        while let Some((k, _)) = held.next_if(|(k, _)| *k < name) {
+        while let Some((k, _)) = held.next_if(|(k, _)| k < name) {
             gone.push(k);
         }
-        let version = held.next_if(|(k, _)| *k == name).map(|(_, v)| v);
+        let version = held.next_if(|(k, _)| k == name).map(|(_, v)| v);
         if st.subscribed(name) && (version != Some(&r.version) || resend(st, name)) {
             resources.push(r.clone());
         }
     }
     gone.extend(held.map(|(k, _)| k));
     // Names asked for that the snapshot lacks but still serves (an empty runtime layer).
-    let stand_ins: BTreeMap<String, VersionedResource> = st
+    let stand_ins: BTreeMap<Arc<str>, VersionedResource> = st
         .names
         .iter()
-        .filter(|n| !typed.resources().contains_key(*n))
+        .filter(|n| !typed.resources().contains_key(&***n))
         .filter_map(|n| snapshot.requested(kind, n))
-        .map(|r| (r.resource.name.clone(), r))
+        .map(|r| (Arc::clone(&r.name), r))
         .collect();
     resources.extend(
         stand_ins
             .values()
-            .filter(|r| {
-                st.known.get(&r.resource.name) != Some(&r.version) || resend(st, &r.resource.name)
-            })
+            .filter(|r| st.known.get(&r.name) != Some(&r.version) || resend(st, &r.name))
             .cloned(),
     );
-    let removed: Vec<String> = gone
+    let removed: Vec<Arc<str>> = gone
         .into_iter()
         .filter(|name| !stand_ins.contains_key(*name))
         .cloned()
         .collect();
     if !st.resend.is_empty() {
         for r in &resources {
-            st.resend.remove(&r.resource.name);
+            st.resend.remove(&r.name);
         }
     }
     if resources.is_empty() && removed.is_empty() && !st.owed {
@@ -280,14 +373,16 @@ fn respond(
     }
     st.owed = false;
     let nonce = nonces.next();
-    let changes = resources
+    let mut changes: Vec<Change> = resources
         .iter()
-        .map(|r| (r.resource.name.clone(), Some(r.version.clone())))
-        .chain(removed.iter().map(|n| (n.clone(), None)))
+        .map(|r| (Arc::clone(&r.name), Some(Arc::clone(&r.version))))
+        .chain(removed.iter().map(|n| (Arc::clone(n), None)))
         .collect();
+    // Sent and removed names are distinct; the stand-ins and removals follow the snapshot's.
+    changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     st.last_nonce = Some(nonce.clone());
     st.in_flight = Some(InFlight {
-        system_version: typed.version().to_owned(),
+        system_version: Arc::clone(typed.shared_version()),
         changes,
     });
     Some(DeltaResponse {
@@ -295,7 +390,7 @@ fn respond(
         system_version: typed.version().to_owned(),
         nonce,
         resources,
-        removed,
+        removed: removed.iter().map(|n| n.to_string()).collect(),
     })
 }
 
@@ -365,7 +460,7 @@ mod tests {
     #[test]
     fn initial_resource_versions_skip_what_the_proxy_already_has() {
         let s = mk_snapshot(CDS, &[("a", "1"), ("b", "1")]);
-        let a_version = s.of_type(CDS).resources()["a"].version.clone();
+        let a_version = s.of_type(CDS).resources()["a"].version.to_string();
         let mut st = DeltaState::default();
         let req = DeltaRequest {
             initial_resource_versions: [
@@ -385,7 +480,7 @@ mod tests {
             .of_type(CDS)
             .resources()
             .iter()
-            .map(|(n, r)| (n.clone(), r.version.clone()))
+            .map(|(n, r)| (n.to_string(), r.version.to_string()))
             .collect();
         let req = DeltaRequest {
             initial_resource_versions: versions,
@@ -626,6 +721,82 @@ mod tests {
             st.on_request(&req, Some(&empty)).exceeded,
             Some(Limit::NamesPerType)
         );
+    }
+
+    #[test]
+    fn what_the_proxy_holds_is_the_snapshots_strings_not_copies() {
+        let s1 = mk_snapshot(EDS, &[("a", "1"), ("b", "1"), ("c", "1")]);
+        let shared = |s: &Snapshot, name: &str| {
+            let r = &s.of_type(EDS).resources()[name];
+            (Arc::clone(&r.name), Arc::clone(&r.version))
+        };
+        let same = |held: &(Arc<str>, Arc<str>), expected: &(Arc<str>, Arc<str>)| {
+            Arc::ptr_eq(&held.0, &expected.0) && Arc::ptr_eq(&held.1, &expected.1)
+        };
+        let mut st = DeltaState::default();
+        // "zz" is not in the snapshot: the stream keeps a string of its own for it.
+        let r1 = st
+            .on_request(&mk_req(EDS, &["a", "b", "zz"], ""), Some(&s1))
+            .response
+            .unwrap();
+        st.on_request(&ack(&r1), Some(&s1));
+        let held = st.held(EDS);
+        assert_eq!(held.len(), 2);
+        assert!(same(&held[0], &shared(&s1, "a")));
+        assert!(same(&held[1], &shared(&s1, "b")));
+        let types = &st.types[&EDS];
+        let subscribed: Vec<&Arc<str>> = types.names.iter().collect();
+        assert_eq!(subscribed.len(), 3);
+        assert!(Arc::ptr_eq(subscribed[0], &shared(&s1, "a").0));
+        assert!(!Arc::ptr_eq(subscribed[2], &shared(&s1, "b").0));
+        assert_eq!(&**subscribed[2], "zz");
+        assert!(Arc::ptr_eq(
+            types.acked.as_ref().unwrap(),
+            s1.of_type(EDS).shared_version()
+        ));
+
+        // "a" changes and "zz" appears: after the ACK the stream points into the new
+        // snapshot for them, and still into the old one for "b", which did not change.
+        let s2 = mk_snapshot(EDS, &[("a", "2"), ("b", "1"), ("zz", "1")]);
+        let r2 = st.on_snapshot(&s2).remove(0);
+        assert_eq!(names(&r2), ["a", "zz"]);
+        st.on_request(&ack(&r2), Some(&s2));
+        let held = st.held(EDS);
+        assert_eq!(held.len(), 3);
+        assert!(same(&held[0], &shared(&s2, "a")));
+        assert!(same(&held[1], &shared(&s1, "b")));
+        assert!(same(&held[2], &shared(&s2, "zz")));
+
+        // A reconnecting proxy's reported versions share the snapshot's where they match.
+        let mut st = DeltaState::default();
+        let req = DeltaRequest {
+            initial_resource_versions: [
+                (
+                    "a".to_string(),
+                    s2.of_type(EDS).resources()["a"].version.to_string(),
+                ),
+                ("b".to_string(), "old".to_string()),
+                ("gone".to_string(), "x".to_string()),
+            ]
+            .into(),
+            ..mk_req(EDS, &["a", "b", "gone"], "")
+        };
+        let r = st.on_request(&req, Some(&s2)).response.unwrap();
+        assert_eq!(
+            (names(&r), r.removed.clone()),
+            (vec!["b"], vec!["gone".to_string()])
+        );
+        let held = st.held(EDS);
+        assert!(same(&held[0], &shared(&s2, "a")));
+        assert!(Arc::ptr_eq(&held[1].0, &shared(&s2, "b").0));
+        assert_eq!(
+            (&*held[1].1, &*held[2].0, &*held[2].1),
+            ("old", "gone", "x")
+        );
+        st.on_request(&ack(&r), Some(&s2));
+        let held = st.held(EDS);
+        assert_eq!(held.len(), 2);
+        assert!(same(&held[1], &shared(&s2, "b")));
     }
 
     fn subscribe_versions_only(req: &DeltaRequest) -> DeltaRequest {

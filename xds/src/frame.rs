@@ -110,16 +110,21 @@ pub(crate) fn encode(message: &impl Message) -> Bytes {
     Bytes::from(message.encode_to_vec())
 }
 
+/// What a stream's task hands its response body: a frame, or the status that ends the
+/// stream. Boxed: tokio's channel allocates its slots 32 at a time whatever its capacity, so
+/// a pointer per slot instead of a 64-byte message saves ~1.8 KiB per stream.
+pub(crate) type Sent = Box<Result<Frame, Status>>;
+
 /// The response body of one ADS stream: the frames its task sends, then the gRPC trailers
 /// (`grpc-status: 0`, or the status the task ended the stream with).
 pub(crate) struct FrameBody {
-    rx: mpsc::Receiver<Result<Frame, Status>>,
+    rx: mpsc::Receiver<Sent>,
     body: Option<Bytes>,
     done: bool,
 }
 
 impl FrameBody {
-    pub(crate) fn new(rx: mpsc::Receiver<Result<Frame, Status>>) -> Self {
+    pub(crate) fn new(rx: mpsc::Receiver<Sent>) -> Self {
         Self {
             rx,
             body: None,
@@ -161,14 +166,16 @@ impl http_body::Body for FrameBody {
         }
         let frame = match this.rx.poll_recv(cx) {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => frame,
-            Poll::Ready(Some(Err(status))) => {
-                this.done = true;
-                this.rx.close();
-                return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers(Some(
-                    &status,
-                ))))));
-            }
+            Poll::Ready(Some(sent)) => match *sent {
+                Ok(frame) => frame,
+                Err(status) => {
+                    this.done = true;
+                    this.rx.close();
+                    return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers(Some(
+                        &status,
+                    ))))));
+                }
+            },
             Poll::Ready(None) => {
                 this.done = true;
                 return Poll::Ready(Some(Ok(http_body::Frame::trailers(trailers(None)))));
@@ -267,9 +274,11 @@ mod tests {
     #[tokio::test]
     async fn the_body_sends_each_frame_then_the_trailers() {
         let (tx, rx) = mpsc::channel(4);
-        tx.send(Ok(Frame::new("1", Bytes::from_static(b"body")).unwrap()))
-            .await
-            .unwrap();
+        tx.send(Box::new(Ok(
+            Frame::new("1", Bytes::from_static(b"body")).unwrap()
+        )))
+        .await
+        .unwrap();
         drop(tx);
         let mut body = FrameBody::new(rx);
         let mut data = Vec::new();
@@ -285,9 +294,11 @@ mod tests {
         assert_eq!(trailers.unwrap()["grpc-status"], "0");
 
         let (tx, rx) = mpsc::channel(4);
-        tx.send(Err(Status::resource_exhausted("too many streams")))
-            .await
-            .unwrap();
+        tx.send(Box::new(Err(Status::resource_exhausted(
+            "too many streams",
+        ))))
+        .await
+        .unwrap();
         let mut body = FrameBody::new(rx);
         let frame = body.frame().await.unwrap().unwrap();
         let t = frame.into_trailers().unwrap();

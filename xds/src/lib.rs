@@ -37,5 +37,5 @@ pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, Versioned
 pub use http::{SYNC_STATUS_PATH, metrics_response};
 pub use limits::{Limit, Limits};
 pub use server::{ReadinessGate, ServeError, Server, ServerBuilder};
-pub use status::{LastNack, NackEvent, ProxyStatus, SyncStatus, TypeStatus};
+pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};

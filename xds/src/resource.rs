@@ -59,6 +59,11 @@ impl ResourceType {
         Self::ALL.into_iter().find(|t| t.type_url() == type_url)
     }
 
+    /// The type whose [`Self::spec_field`] is `field`.
+    pub fn from_spec_field(field: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.spec_field() == field)
+    }
+
     /// The list in `spec.envoyResources` that holds this type (as in error paths).
     pub fn spec_field(self) -> &'static str {
         match self {

@@ -143,6 +143,11 @@ impl Server {
         &self.shared.cache
     }
 
+    /// The registry of connected proxies, for the controllers' per-replica NACK reports.
+    pub fn status_registry(&self) -> StatusRegistry {
+        self.shared.status.clone()
+    }
+
     /// Every connected proxy and how far it got.
     pub fn sync_status(&self) -> SyncStatus {
         self.shared.status.snapshot()

@@ -132,8 +132,27 @@ impl SotwState {
             st.subscription = subscription(&req.resource_names, may_be_legacy_wildcard);
             st.generation = st.generation.wrapping_add(1);
         }
-        // The first request of a type always gets the current state, even one Envoy already
-        // has (it may be the only answer that completes its initialisation).
+        // A proxy back from a broken stream (to this replica or another: versions are
+        // content hashes, the same on every replica) that already has the current version of
+        // a wildcard type gets no response: it holds exactly what one would carry. It is
+        // recorded as acked. Named types are answered all the same: a subscription change in
+        // flight when the old stream broke may never have reached the proxy.
+        let version = snapshot.map(|s| s.version(kind));
+        if first
+            && st.subscription.wildcard
+            && !req.version_info.is_empty()
+            && version == Some(req.version_info.as_str())
+        {
+            st.sent = Some((req.version_info.clone(), st.generation));
+            st.acked = Some(req.version_info.clone());
+            out.ack = Some(Ack {
+                kind,
+                version: req.version_info.clone(),
+            });
+            return out;
+        }
+        // Otherwise the first request of a type always gets the current state (it may be the
+        // only answer that completes the proxy's initialisation).
         out.response = respond(st, kind, snapshot, first, &mut self.nonces);
         if out.response.is_some() && kind == ResourceType::Cluster {
             out.also.extend(self.endpoints_after_clusters(snapshot));
@@ -247,7 +266,7 @@ fn respond(
         st.subscription
             .names
             .iter()
-            .filter_map(|n| match typed.resources().get(n) {
+            .filter_map(|n| match typed.resources().get(n.as_str()) {
                 Some(r) => Some(r.resource.clone()),
                 None => snapshot.requested(kind, n).map(|r| r.resource),
             })
@@ -349,8 +368,25 @@ mod tests {
         assert_eq!(pushed[0].version, snap.version(LDS));
         assert_eq!(names(&pushed[0]), ["http"]);
 
-        // With a snapshot already there the first request is answered at once, even when
-        // Envoy says (after a reconnect) it already has that version.
+        // With a snapshot already there the first request is answered at once...
+        let mut st = SotwState::default();
+        let out = st.on_request(&mk_req(LDS, &[], ""), Some(&snap));
+        assert_eq!(out.response.unwrap().version, snap.version(LDS));
+        // ...also when Envoy comes back (after a reconnect) with an older version.
+        let mut st = SotwState::default();
+        let req = SotwRequest {
+            version_info: mk_snapshot("v0", &[]).version(LDS).into(),
+            response_nonce: "from-the-old-stream".into(),
+            ..mk_req(LDS, &[], "")
+        };
+        let out = st.on_request(&req, Some(&snap));
+        assert_eq!(out.ignored, None);
+        assert_eq!(out.response.unwrap().version, snap.version(LDS));
+    }
+
+    #[test]
+    fn a_proxy_back_with_the_current_version_of_a_wildcard_type_gets_no_resend() {
+        let snap = mk_snapshot("v1", &["r1"]);
         let mut st = SotwState::default();
         let req = SotwRequest {
             version_info: snap.version(LDS).into(),
@@ -358,8 +394,29 @@ mod tests {
             ..mk_req(LDS, &[], "")
         };
         let out = st.on_request(&req, Some(&snap));
-        assert_eq!(out.ignored, None);
-        assert_eq!(out.response.unwrap().version, snap.version(LDS));
+        assert_eq!(out.response, None, "it has exactly that");
+        assert_eq!(
+            out.ack,
+            Some(Ack {
+                kind: LDS,
+                version: snap.version(LDS).into()
+            })
+        );
+        assert_eq!(st.acked(LDS), Some(snap.version(LDS)));
+        // The same snapshot again sends nothing; a new one is pushed.
+        assert!(st.on_snapshot(&snap).is_empty());
+        let next = mk_snapshot("v2", &["r1"]);
+        let pushed = st.on_snapshot(&next);
+        assert_eq!(pushed.len(), 1);
+        assert_eq!(pushed[0].version, next.version(LDS));
+        // A named type is answered even at the same version: the names it holds may not
+        // be the ones it asks for now.
+        let req = SotwRequest {
+            version_info: snap.version(RDS).into(),
+            ..mk_req(RDS, &["r1"], "")
+        };
+        let out = st.on_request(&req, Some(&snap));
+        assert_eq!(names(&out.response.unwrap()), ["r1"]);
     }
 
     #[test]

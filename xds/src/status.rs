@@ -151,13 +151,32 @@ impl ProxyHandle {
     /// How many proxies of this proxy's (namespace, node id) have `version` of `kind` as
     /// their latest NACK, and how many are connected.
     pub fn tally(&self, kind: ResourceType, version: &str) -> (usize, usize) {
-        let proxies = self.registry.lock();
-        let Some(me) = proxies.get(&self.id) else {
-            return (0, 0);
+        let (namespace, node_id) = {
+            let proxies = self.registry.lock();
+            let Some(me) = proxies.get(&self.id) else {
+                return (0, 0);
+            };
+            (me.namespace.clone(), me.node_id.clone())
         };
+        self.registry.tally(&namespace, &node_id, kind, version)
+    }
+}
+
+impl StatusRegistry {
+    /// How many proxies of (namespace, node id) connected to this process have `version` of
+    /// `kind` as their latest NACK, and how many are connected. What a replica reports when
+    /// another replica saw a NACK of that version.
+    pub fn tally(
+        &self,
+        namespace: &str,
+        node_id: &str,
+        kind: ResourceType,
+        version: &str,
+    ) -> (usize, usize) {
+        let proxies = self.lock();
         let peers = proxies
             .values()
-            .filter(|p| p.namespace == me.namespace && p.node_id == me.node_id);
+            .filter(|p| p.namespace == namespace && p.node_id == node_id);
         let (mut rejecting, mut connected) = (0, 0);
         for p in peers {
             connected += 1;

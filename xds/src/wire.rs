@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 
 use super::delta::{DeltaRequest, DeltaResponse};
-use super::frame::{self, Encoded, Frame, FrameBody, RequestDecoder, key_part};
+use super::frame::{self, Encoded, Frame, FrameBody, RequestDecoder, Sent, key_part};
 use super::sotw::{SotwRequest, SotwResponse};
 use super::stream::{self, Shared};
 
@@ -168,7 +168,7 @@ pub(crate) fn delta_frame(
                 .resources
                 .iter()
                 .map(|r| WireResource {
-                    version: r.version.clone(),
+                    version: r.version.to_string(),
                     name: r.resource.name.clone(),
                     resource: Some(AnyBytes {
                         type_url: type_url.to_owned(),
@@ -233,7 +233,7 @@ fn unsupported_encoding(headers: &http::HeaderMap) -> Option<String> {
 
 /// A response streaming `rx`'s frames, or the status alone when the stream was refused.
 fn grpc_response(
-    started: Result<mpsc::Receiver<Result<Frame, tonic::Status>>, tonic::Status>,
+    started: Result<mpsc::Receiver<Sent>, tonic::Status>,
 ) -> http::Response<tonic::body::Body> {
     match started {
         Ok(rx) => {
@@ -405,7 +405,7 @@ mod tests {
         );
         assert_eq!(d.removed_resources, ["old"]);
         assert_eq!(d.resources[0].name, "name");
-        assert_eq!(d.resources[0].version, versioned.version);
+        assert_eq!(*d.resources[0].version, *versioned.version);
         assert_eq!(
             d.resources[0].resource.as_ref().unwrap().value,
             body.to_vec()

@@ -55,9 +55,10 @@ pub struct DiscoveryServiceSpec {
     /// The marin3r image of the discovery pod (default: this operator's version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// How many discovery pods (default 1). Only 1 is accepted today: every discovery pod
-    /// runs the EnvoyConfig controllers, which write status and revisions from what their own
-    /// proxies report, so two would contend (see docs/install.md, "Availability").
+    /// How many discovery pods (default 1, at least 1). Every pod serves every namespace from
+    /// the published revisions; one of them, elected on a Lease, runs the EnvoyConfig
+    /// controller and writes taints from the NACK reports of all (see docs/install.md,
+    /// "Availability").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
     /// Debug logging in the discovery pod.
@@ -241,11 +242,12 @@ impl DiscoveryService {
         enabled.sort();
         enabled.dedup();
         let replicas = match spec.replicas {
-            None | Some(1) => 1,
+            None => 1,
+            Some(n) if n >= 1 => n,
             Some(n) => {
                 return Err(format!(
-                    "spec.replicas: {n} is not supported: one discovery pod only for now (every \
-                     replica would run the EnvoyConfig controllers, and they would contend)"
+                    "spec.replicas: {n} is not supported: at least one discovery pod serves the \
+                     proxies and the injection webhook"
                 ));
             }
         };

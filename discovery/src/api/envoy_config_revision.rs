@@ -125,6 +125,36 @@ pub struct EnvoyConfigRevisionStatus {
     /// `RevisionPublished`, `RevisionTainted`, `ResourcesOutOfSync`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// What each discovery replica saw of the NACKs of this revision, one entry per
+    /// replica (keyed by `replica`). Each replica writes only its own entry; the leader sums
+    /// the entries of live replicas against the taint threshold and taints once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["replica"]))]
+    pub nack_reports: Vec<NackReport>,
+}
+
+/// One discovery replica's count of the proxies of a revision's node that rejected it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NackReport {
+    /// The discovery pod that counted (its name).
+    pub replica: String,
+    /// The proxies of the node connected to that replica when it counted.
+    pub connected_proxies: u32,
+    /// How many of them had rejected `version`.
+    pub rejecting_proxies: u32,
+    /// The resource type rejected (`listeners`, `clusters`, ...).
+    pub resource_type: String,
+    /// The version Envoy rejected (`version_info`).
+    pub version: String,
+    /// Envoy's error text, from a rejecting proxy of that replica (empty when none).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// The pod of a rejecting proxy, from its node metadata, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_pod: Option<String>,
+    /// When the replica counted; reports older than the report lifetime are ignored.
+    pub reported_at: Time,
 }
 
 /// `status.providesVersions`: the version served for each resource type (empty types are

@@ -25,7 +25,9 @@ use crate::api::discovery_service::{
     DEFAULT_ADMIN_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT, DEFAULT_WEBHOOK_PORT,
     DEFAULT_XDS_PORT,
 };
+use crate::controllers::nacks::ReplicaPods;
 use crate::controllers::{self, Readiness};
+use crate::operator::leader::LeaseConfig;
 use crate::xds::{Cache, Limits, Server, TlsFiles};
 
 #[derive(Debug, Args)]
@@ -72,6 +74,19 @@ pub struct DiscoveryServiceArgs {
     /// has rejected it (NACK); 100: every one of them.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u8).range(1..=100))]
     taint_threshold_percent: u8,
+    /// The namespace of the leader election Lease (default: POD_NAMESPACE). Only the leader
+    /// runs the EnvoyConfig controller (revisions, publication, rollback) and writes taints;
+    /// every replica serves what is published and reports the NACKs it sees.
+    #[arg(long, value_name = "NAMESPACE")]
+    leader_election_namespace: Option<String>,
+    /// Run the EnvoyConfig controller without leader election (one replica only).
+    #[arg(long)]
+    no_leader_election: bool,
+    /// The label selector of the discovery pods (in the Lease's namespace): the reports of a
+    /// replica whose pod is gone are ignored, and the leader waits for every live replica's
+    /// count before it taints. Without it, the fresh reports alone are counted.
+    #[arg(long, value_name = "SELECTOR")]
+    replica_selector: Option<String>,
     /// Address to listen on (xDS, metrics, probe and webhook ports).
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
     bind_address: IpAddr,
@@ -226,6 +241,35 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+    let replica = std::env::var("POD_NAME").unwrap_or_else(|_| "discovery-service".into());
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok());
+    let leader_lease = if args.no_leader_election {
+        None
+    } else {
+        let namespace = namespace.clone().context(
+            "leader election needs a namespace: set POD_NAMESPACE or \
+             --leader-election-namespace, or pass --no-leader-election",
+        )?;
+        let lease = match &args.discovery_service_name {
+            Some(name) => format!("marin3r-discovery-{name}"),
+            None => "marin3r-discovery".to_owned(),
+        };
+        Some(LeaseConfig::new(&namespace, &lease, &replica))
+    };
+    let replica_pods = match (&args.replica_selector, namespace) {
+        (Some(selector), Some(namespace)) => Some(ReplicaPods {
+            namespace,
+            selector: selector.clone(),
+        }),
+        (Some(_), None) => anyhow::bail!(
+            "--replica-selector needs the pods' namespace: set POD_NAMESPACE or \
+             --leader-election-namespace"
+        ),
+        (None, _) => None,
+    };
     let config = controllers::Config {
         metrics: controller_metrics,
         discovery_service: args.discovery_service_name.clone(),
@@ -233,6 +277,10 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         allow_cross_namespace_secrets,
         taint_threshold: controllers::nacks::TaintThreshold::percent(args.taint_threshold_percent)
             .map_err(anyhow::Error::msg)?,
+        replica,
+        proxies: server.status_registry(),
+        replica_pods,
+        leader_lease,
     };
     info!(
         xds = args.xds_port,
@@ -244,12 +292,14 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         watch_namespace = ?args.watch_namespace,
         "starting the discovery service"
     );
-    let controllers = tokio::spawn(controllers::run(
+    // The leader steps down when draining begins, so the replacement pod publishes at once.
+    let controllers = tokio::spawn(controllers::run_stepping_down(
         client,
         config,
         cache,
         nacks,
         readiness,
+        draining(),
         stopped(),
     ));
     let mut http = tokio::spawn({

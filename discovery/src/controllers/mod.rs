@@ -19,7 +19,8 @@ use marin3r_controller::Events;
 use tokio::sync::mpsc;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use crate::xds::{Cache, NackEvent};
+use crate::operator::leader::{self, LeaseConfig};
+use crate::xds::{Cache, NackEvent, StatusRegistry};
 pub use metrics::ControllerMetrics;
 pub use publisher::Publisher;
 
@@ -45,6 +46,17 @@ pub struct Config {
     /// The share of a node's connected proxies that must have rejected a version before
     /// its revision is tainted.
     pub taint_threshold: nacks::TaintThreshold,
+    /// This replica's name (its pod's), the key of its NACK reports.
+    pub replica: String,
+    /// The proxies connected to this replica's xDS server, counted when answering another
+    /// replica's NACK report.
+    pub proxies: StatusRegistry,
+    /// Where the sibling discovery pods are (`None`: the reports alone say which replicas
+    /// there are).
+    pub replica_pods: Option<nacks::ReplicaPods>,
+    /// Leader election: only the holder of this Lease runs the `EnvoyConfig` controller and
+    /// the taint decision; `None`: this process always does (one replica only).
+    pub leader_lease: Option<LeaseConfig>,
 }
 
 /// Shared by every controller.
@@ -171,6 +183,31 @@ pub async fn run(
     readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    run_stepping_down(
+        client,
+        config,
+        cache,
+        nacks,
+        readiness,
+        std::future::pending(),
+        shutdown,
+    )
+    .await;
+}
+
+/// [`run`], but with leader election the leader's term ends, and the Lease is released, as
+/// soon as `step_down` resolves: a draining pod keeps serving what is published while its
+/// replacement takes over at once instead of waiting out the drain (and leads again if no
+/// other replica takes the Lease).
+pub async fn run_stepping_down(
+    client: Client,
+    config: Config,
+    cache: Cache,
+    nacks: mpsc::Receiver<NackEvent>,
+    readiness: Readiness,
+    step_down: impl Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     let ctx = Arc::new(Context {
         events: Events::new(client.clone(), FIELD_MANAGER),
         client,
@@ -186,20 +223,102 @@ pub async fn run(
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let ec = tokio::spawn(envoy_config::run(
-        Arc::clone(&ctx),
-        readiness.envoy_configs.clone(),
-        stopped(),
-    ));
     let ecr = tokio::spawn(revision::run(
         Arc::clone(&ctx),
         readiness.revisions.clone(),
         stopped(),
     ));
-    let nack = tokio::spawn(nacks::run(Arc::clone(&ctx), nacks, stopped()));
+    let nack = tokio::spawn(nacks::report_nacks(Arc::clone(&ctx), nacks, stopped()));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let yielding = tokio_util::sync::CancellationToken::new();
+    let leading = {
+        let ctx = Arc::clone(&ctx);
+        let (stop, yielding) = (stop.clone(), yielding.clone());
+        tokio::spawn(async move {
+            let Some(lease) = ctx.config.leader_lease.clone() else {
+                // The only replica: it leads until it stops, draining included.
+                lead(ctx, readiness.envoy_configs.clone(), stop).await;
+                return;
+            };
+            // A follower serves what the leader publishes: it has no EnvoyConfig controller
+            // of its own to wait for.
+            readiness.envoy_configs.store(true, Ordering::SeqCst);
+            elect(ctx, lease, stop, yielding).await;
+        })
+    };
+    let stepping_down = {
+        let yielding = yielding.clone();
+        tokio::spawn(async move {
+            step_down.await;
+            yielding.cancel();
+        })
+    };
     shutdown.await;
+    stepping_down.abort();
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(ec, ecr, nack);
+    stop.cancel();
+    let _ = tokio::join!(ecr, nack, leading);
+}
+
+/// The leader's part: the `EnvoyConfig` controller (revisions, publication, rollback) and the
+/// taint decision, until `stop`.
+async fn lead(
+    ctx: Arc<Context>,
+    ready: Arc<AtomicBool>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let ec = envoy_config::run(Arc::clone(&ctx), ready, stop.clone().cancelled_owned());
+    let taints = nacks::run_decider(ctx, stop.cancelled_owned());
+    tokio::join!(ec, taints);
+}
+
+/// Campaigns for the Lease, leads while holding it, and campaigns again after losing it
+/// (the leader's work stops before anyone else may take over), until `stop`. When `yielding`
+/// fires (the pod is draining), the current term ends and the Lease is released at once, so a
+/// sibling replica takes over without waiting for the drain; if none has taken it after a
+/// few retry periods (this is the only replica), this one campaigns and leads again.
+async fn elect(
+    ctx: Arc<Context>,
+    lease: LeaseConfig,
+    stop: tokio_util::sync::CancellationToken,
+    yielding: tokio_util::sync::CancellationToken,
+) {
+    let mut yielded = false;
+    while !stop.is_cancelled() {
+        let term = stop.child_token();
+        if !yielded {
+            let (term, yielding) = (term.clone(), yielding.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = yielding.cancelled() => term.cancel(),
+                    () = term.cancelled() => {}
+                }
+            });
+        }
+        // Stops gracefully at `term`; dropped by `run_as_leader` when the term is lost.
+        let work = lead(
+            Arc::clone(&ctx),
+            Arc::new(AtomicBool::new(false)),
+            term.clone(),
+        );
+        let result = leader::run_as_leader(ctx.client.clone(), lease.clone(), term, work).await;
+        if !yielded && yielding.is_cancelled() {
+            yielded = true;
+            tracing::info!("draining: Lease released for another replica to take");
+            tokio::select! {
+                () = tokio::time::sleep(lease.retry_period * 3) => {}
+                () = stop.cancelled() => {}
+            }
+            continue;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "no longer the leader; serving as a follower and campaigning again");
+            tokio::select! {
+                () = tokio::time::sleep(lease.retry_period) => {}
+                () = stop.cancelled() => {}
+            }
+        }
+    }
 }
 
 pub(crate) fn now() -> Time {

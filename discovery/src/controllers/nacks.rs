@@ -1,17 +1,29 @@
-//! Taints the revisions Envoy rejects. Policy: a revision is tainted when a share of its
-//! node's connected proxies (by default all of them, `--taint-threshold-percent`) has rejected
-//! the version it carried, so one outlier proxy (an older Envoy during an upgrade, a broken
-//! or hostile pod) cannot roll back the whole node. A taint is permanent for that revision
-//! (delete the revision, or change the spec, to try again). The `EnvoyConfig` controller sees
-//! the taint and rolls back.
+//! Taints the revisions Envoy rejects, with any number of discovery replicas. Policy: a
+//! revision is tainted when a share of its node's connected proxies (by default all of them,
+//! `--taint-threshold-percent`) has rejected the version it carried, so one outlier proxy (an
+//! older Envoy during an upgrade, a broken or hostile pod) cannot roll back the whole node. A
+//! taint is permanent for that revision (delete the revision, or change the spec, to try
+//! again). The `EnvoyConfig` controller sees the taint and rolls back.
+//!
+//! The proxies of one node may be spread over several replicas, so the decision goes through
+//! the API: every replica writes its own count into the revision's `status.nackReports` (one
+//! entry per replica: a NACK it saw, or its answer to another replica's report), and the
+//! leader alone sums the reports of the live replicas (pod present, report fresh) against the
+//! threshold and writes the taint, once, guarded by the revision's resourceVersion.
 //!
 //! Fairness: each namespace has its own bounded queue and worker, so a flood of NACKs or a
-//! slow API write in one namespace never delays or drops another namespace's taints.
+//! slow API write in one namespace never delays or drops another namespace's reports.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use marin3r_controller::{Note, patch_status, set_condition, status_patch};
 use tokio::sync::mpsc;
@@ -20,12 +32,33 @@ use tracing::{debug, info, warn};
 
 use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
-use crate::api::envoy_config_revision::{REVISION_TAINTED, RevisionReason};
+use crate::api::envoy_config_revision::{NackReport, REVISION_TAINTED, RevisionReason};
+use crate::resource::ResourceType;
 use crate::xds::NackEvent;
 
 /// How many NACK events wait per namespace; more are dropped (and counted), which only
 /// affects that namespace.
 const PER_NAMESPACE_QUEUE: usize = 64;
+
+/// How long a replica's report counts: an older one describes proxies that may have
+/// reconnected elsewhere since.
+pub const REPORT_LIFETIME: Duration = Duration::from_secs(300);
+
+/// How long the leader waits, after the first report of a rejection, for every live replica
+/// to answer with its own count before it decides with the reports it has.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// The controller's name in metrics and logs.
+const CONTROLLER: &str = "taint";
+
+/// Where the sibling discovery pods are: a report of a replica whose pod is gone is ignored,
+/// and the leader waits for the answer of every live one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaPods {
+    pub namespace: String,
+    /// The label selector of the discovery pods.
+    pub selector: String,
+}
 
 /// The percentage of a node's connected proxies that must reject a version to taint it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,33 +91,24 @@ impl Default for TaintThreshold {
     }
 }
 
-pub(crate) async fn run(
+/// Every replica: writes its count of each NACK it sees into the rejected revision's
+/// `status.nackReports`.
+pub(crate) async fn report_nacks(
     ctx: Arc<Context>,
     nacks: mpsc::Receiver<NackEvent>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let threshold = ctx.config.taint_threshold;
     let handler = {
         let ctx = Arc::clone(&ctx);
         move |nack: NackEvent| {
             let ctx = Arc::clone(&ctx);
-            async move { taint_with_retries(&ctx, &nack).await }
+            async move { report_with_retries(&ctx, &nack).await }
         }
     };
-    let below = ctx.metrics.nacks_below_threshold.clone();
     let dropped = ctx.metrics.nacks_dropped.clone();
     dispatch(
         nacks,
-        move |nack| {
-            let reached = threshold.reached(nack.rejecting, nack.connected);
-            if !reached {
-                below.inc();
-                info!(namespace = %nack.namespace, node = %nack.node_id, version = %nack.version,
-                      rejecting = nack.rejecting, connected = nack.connected,
-                      "NACK below the taint threshold; the revision stays published");
-            }
-            reached
-        },
+        |_| true,
         handler,
         move || {
             dropped.inc();
@@ -139,36 +163,280 @@ pub(crate) async fn dispatch<H, Fut>(
     workers.abort_all();
 }
 
-/// A failed write is retried a few times; the NACK is not sent again by Envoy.
-async fn taint_with_retries(ctx: &Context, nack: &NackEvent) {
+/// A failed write (a conflict with another replica's report included) is retried on a
+/// fresh read a few times; the NACK is not sent again by Envoy.
+async fn report_with_retries(ctx: &Context, nack: &NackEvent) {
     for attempt in 0..5u64 {
-        match taint(ctx, nack).await {
+        match report(ctx, nack).await {
             Ok(()) => return,
             Err(e) => {
-                warn!(error = %e, attempt, "could not taint the rejected revision");
-                tokio::time::sleep(std::time::Duration::from_millis(200 * (attempt + 1))).await;
+                warn!(error = %e, attempt, "could not report the NACK on the rejected revision");
+                tokio::time::sleep(Duration::from_millis(200 * (attempt + 1))).await;
             }
         }
     }
 }
 
-async fn taint(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
+async fn report(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
     let Some(load) = ctx.publisher.revision_of(nack) else {
         debug!(namespace = %nack.namespace, node = %nack.node_id, version = %nack.version, "NACK of a version no revision served; ignored");
         return Ok(());
     };
-    let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &nack.namespace);
-    let Some(revision) = api.get_opt(&load.revision).await? else {
+    let entry = NackReport {
+        replica: ctx.config.replica.clone(),
+        connected_proxies: count(nack.connected),
+        rejecting_proxies: count(nack.rejecting),
+        resource_type: nack.resource_type.spec_field().to_owned(),
+        version: nack.version.clone(),
+        message: nack.message.clone(),
+        proxy_pod: nack.pod_name.clone(),
+        reported_at: super::now(),
+    };
+    write_report(ctx, &nack.namespace, &load.revision, &load.version, entry).await
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Puts `entry` in place of this replica's report on the revision, read fresh; the write
+/// carries the resourceVersion read, so two replicas reporting at once never lose each
+/// other's entry (the later one gets a conflict and retries).
+async fn write_report(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    revision_version: &str,
+    entry: NackReport,
+) -> Result<(), Error> {
+    let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), namespace);
+    let Some(revision) = api.get_opt(name).await? else {
         return Ok(());
     };
-    if revision.is_tainted() || revision.spec.version != load.version {
+    if revision.is_tainted() || revision.spec.version != revision_version {
         return Ok(());
     }
-    let pod = nack.pod_name.as_deref().unwrap_or("unknown pod");
-    let message = format!(
-        "Envoy ({pod}; {} of {} connected proxies of the node) rejected the {} of version {}: {}",
-        nack.rejecting, nack.connected, nack.resource_type, nack.version, nack.message
+    let mut reports = revision
+        .status
+        .as_ref()
+        .map(|s| s.nack_reports.clone())
+        .unwrap_or_default();
+    reports.retain(|r| r.replica != entry.replica);
+    info!(revision = %name, %namespace, replica = %entry.replica,
+          rejecting = entry.rejecting_proxies, connected = entry.connected_proxies,
+          "reporting this replica's count of the proxies that rejected the revision");
+    reports.push(entry);
+    reports.sort_by(|a, b| a.replica.cmp(&b.replica));
+    let mut patch = serde_json::json!({ "status": { "nackReports": reports } });
+    if let Some(rv) = &revision.metadata.resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    patch_status(&api, name, patch, super::FIELD_MANAGER).await?;
+    Ok(())
+}
+
+/// Every replica, from the revision loader: when another replica reported a rejection of
+/// this published revision and this one has no fresh report on it, this replica adds its own
+/// count of the node's proxies (how many of its proxies rejected that version, out of how
+/// many are connected to it), so the leader sums the whole node.
+pub(crate) async fn answer(r: &EnvoyConfigRevision, ctx: &Context) -> Result<(), Error> {
+    let Some(status) = &r.status else {
+        return Ok(());
+    };
+    if r.is_tainted() {
+        return Ok(());
+    }
+    let now = Timestamp::now();
+    let fresh = |report: &NackReport| age(&report.reported_at, now) <= REPORT_LIFETIME;
+    let me = &ctx.config.replica;
+    if status
+        .nack_reports
+        .iter()
+        .any(|report| &report.replica == me && fresh(report))
+    {
+        return Ok(());
+    }
+    let Some(newest) = status
+        .nack_reports
+        .iter()
+        .filter(|report| report.rejecting_proxies > 0 && fresh(report))
+        .max_by_key(|report| report.reported_at.0)
+    else {
+        return Ok(());
+    };
+    let Some(kind) = ResourceType::from_spec_field(&newest.resource_type) else {
+        return Ok(());
+    };
+    let namespace = r.namespace().unwrap_or_default();
+    let (rejecting, connected) =
+        ctx.config
+            .proxies
+            .tally(&namespace, &r.spec.node_id, kind, &newest.version);
+    let entry = NackReport {
+        replica: me.clone(),
+        connected_proxies: count(connected),
+        rejecting_proxies: count(rejecting),
+        resource_type: newest.resource_type.clone(),
+        version: newest.version.clone(),
+        message: String::new(),
+        proxy_pod: None,
+        reported_at: super::now(),
+    };
+    write_report(ctx, &namespace, &r.name_any(), &r.spec.version, entry).await
+}
+
+/// How long ago `at` was (zero when in the future: clocks of replicas differ).
+fn age(at: &Time, now: Timestamp) -> Duration {
+    let millis = now.as_millisecond().saturating_sub(at.0.as_millisecond());
+    Duration::from_millis(u64::try_from(millis).unwrap_or(0))
+}
+
+/// What the leader does with a revision's reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// No live report of a rejection.
+    Nothing,
+    /// A live replica has not answered yet: decide again after this long.
+    Wait(Duration),
+    /// The live reports sum below the threshold: the revision stays published.
+    Below { rejecting: u64, connected: u64 },
+    /// Taint, with this message.
+    Taint { message: String },
+}
+
+/// The pure decision: the reports of live replicas (`live`: the names of the discovery pods
+/// that exist, `None` when unknown) that are fresh at `now` are summed; while a live replica
+/// has not answered and the first rejection is younger than [`ANSWER_WAIT`], wait.
+pub fn decide(
+    reports: &[NackReport],
+    live: Option<&BTreeSet<String>>,
+    now: Timestamp,
+    threshold: TaintThreshold,
+) -> Decision {
+    let counted: Vec<&NackReport> = reports
+        .iter()
+        .filter(|r| age(&r.reported_at, now) <= REPORT_LIFETIME)
+        .filter(|r| live.is_none_or(|live| live.contains(&r.replica)))
+        .collect();
+    let Some(first) = counted
+        .iter()
+        .filter(|r| r.rejecting_proxies > 0)
+        .map(|r| age(&r.reported_at, now))
+        .max()
+    else {
+        return Decision::Nothing;
+    };
+    if let Some(live) = live {
+        let answered: BTreeSet<&String> = counted.iter().map(|r| &r.replica).collect();
+        let missing = live.iter().any(|name| !answered.contains(name));
+        if missing && first < ANSWER_WAIT {
+            return Decision::Wait(ANSWER_WAIT - first);
+        }
+    }
+    let rejecting: u64 = counted.iter().map(|r| u64::from(r.rejecting_proxies)).sum();
+    let connected: u64 = counted.iter().map(|r| u64::from(r.connected_proxies)).sum();
+    let as_usize = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    if !threshold.reached(as_usize(rejecting), as_usize(connected)) {
+        return Decision::Below {
+            rejecting,
+            connected,
+        };
+    }
+    // The message of the newest rejecting report that has one.
+    let Some(example) = counted
+        .iter()
+        .filter(|r| r.rejecting_proxies > 0)
+        .max_by_key(|r| (!r.message.is_empty(), r.reported_at.0))
+    else {
+        return Decision::Nothing;
+    };
+    let pod = example.proxy_pod.as_deref().unwrap_or("unknown pod");
+    let replicas = counted.len();
+    let connected = connected.max(rejecting);
+    Decision::Taint {
+        message: format!(
+            "Envoy ({pod}; {rejecting} of {connected} connected proxies of the node, over \
+             {replicas} discovery replica(s)) rejected the {} of version {}: {}",
+            example.resource_type, example.version, example.message
+        ),
+    }
+}
+
+/// The leader: decides on every revision that has reports.
+pub(crate) async fn run_decider(
+    ctx: Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let controller = kube::runtime::Controller::new(
+        ctx.api::<EnvoyConfigRevision>(),
+        kube::runtime::watcher::Config::default(),
     );
+    let controller = ctx.watch_namespaces(controller);
+    let metrics = ctx.metrics.reconciles.clone();
+    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+}
+
+async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let reports = r
+        .status
+        .as_ref()
+        .map(|s| s.nack_reports.as_slice())
+        .unwrap_or_default();
+    if reports.is_empty() || r.is_tainted() || r.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let live = live_replicas(&ctx).await?;
+    match decide(
+        reports,
+        live.as_ref(),
+        Timestamp::now(),
+        ctx.config.taint_threshold,
+    ) {
+        Decision::Nothing => Ok(Action::await_change()),
+        Decision::Wait(after) => Ok(Action::requeue(after)),
+        Decision::Below {
+            rejecting,
+            connected,
+        } => {
+            ctx.metrics.nacks_below_threshold.inc();
+            info!(revision = %r.name_any(), namespace = ?r.namespace(), rejecting, connected,
+                  "NACKs below the taint threshold; the revision stays published");
+            Ok(Action::await_change())
+        }
+        Decision::Taint { message } => {
+            taint(&ctx, &r, &message).await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// The names of the discovery pods that exist and are not terminating, when known.
+async fn live_replicas(ctx: &Context) -> Result<Option<BTreeSet<String>>, Error> {
+    let Some(pods) = &ctx.config.replica_pods else {
+        return Ok(None);
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &pods.namespace);
+    let list = api
+        .list(&ListParams::default().labels(&pods.selector))
+        .await?;
+    Ok(Some(
+        list.items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .map(|p| p.name_any())
+            .collect(),
+    ))
+}
+
+/// Writes the taint on the revision as the leader read it: a stale read is refused with a
+/// conflict (and decided again on the fresh one), so the taint is written once.
+async fn taint(ctx: &Context, revision: &EnvoyConfigRevision, message: &str) -> Result<(), Error> {
+    let namespace = revision.namespace().unwrap_or_default();
+    let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut status = revision.status.clone().unwrap_or_default();
     status.tainted = Some(true);
     set_condition(
@@ -176,16 +444,16 @@ async fn taint(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
         REVISION_TAINTED,
         true,
         RevisionReason::RejectedByEnvoy,
-        &message,
+        message,
         revision.metadata.generation,
         &super::now(),
     );
     let patch = status_patch(&status, &[], revision.metadata.resource_version.as_deref())?;
     patch_status(&api, &revision.name_any(), patch, super::FIELD_MANAGER).await?;
-    info!(revision = %revision.name_any(), namespace = %nack.namespace, %message, "tainted");
+    info!(revision = %revision.name_any(), %namespace, %message, "tainted");
     ctx.metrics.taints.inc();
-    let note = Note::warning(RevisionReason::RevisionTainted, message);
-    ctx.events.publish(&revision, &note).await;
+    let note = Note::warning(RevisionReason::RevisionTainted, message.to_owned());
+    ctx.events.publish(revision, &note).await;
     Ok(())
 }
 
@@ -224,6 +492,116 @@ mod tests {
         assert!(half.reached(usize::MAX, usize::MAX));
         assert!(TaintThreshold::percent(0).is_err());
         assert!(TaintThreshold::percent(101).unwrap_err().contains("101"));
+    }
+
+    fn mk_report(replica: &str, rejecting: u32, connected: u32, secs_ago: i64) -> NackReport {
+        NackReport {
+            replica: replica.into(),
+            connected_proxies: connected,
+            rejecting_proxies: rejecting,
+            resource_type: "listeners".into(),
+            version: "v2".into(),
+            message: if rejecting > 0 {
+                format!("bad on {replica}")
+            } else {
+                String::new()
+            },
+            proxy_pod: None,
+            reported_at: Time(at(secs_ago)),
+        }
+    }
+
+    fn at(secs_ago: i64) -> Timestamp {
+        Timestamp::from_second(1_000_000 - secs_ago).unwrap()
+    }
+
+    fn names(n: &[&str]) -> BTreeSet<String> {
+        n.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_reports_of_every_live_replica_are_summed() {
+        let all = TaintThreshold::default();
+        let now = at(0);
+        let live = names(&["a", "b"]);
+        // One proxy per replica; only a's rejected: 1 of 2, below 100%.
+        let reports = [mk_report("a", 1, 1, 2), mk_report("b", 0, 1, 1)];
+        assert_eq!(
+            decide(&reports, Some(&live), now, all),
+            Decision::Below {
+                rejecting: 1,
+                connected: 2
+            }
+        );
+        // Both rejected: taint, with a rejecting replica's message.
+        let reports = [mk_report("a", 1, 1, 2), mk_report("b", 1, 1, 1)];
+        let Decision::Taint { message } = decide(&reports, Some(&live), now, all) else {
+            panic!("not tainted")
+        };
+        assert!(message.contains("2 of 2 connected proxies"), "{message}");
+        assert!(message.contains("over 2 discovery replica(s)"), "{message}");
+        assert!(message.contains("bad on"), "{message}");
+        // At 50%, a's alone is enough once b answered.
+        let half = TaintThreshold::percent(50).unwrap();
+        let reports = [mk_report("a", 1, 1, 2), mk_report("b", 0, 1, 1)];
+        assert!(matches!(
+            decide(&reports, Some(&live), now, half),
+            Decision::Taint { .. }
+        ));
+    }
+
+    #[test]
+    fn the_leader_waits_for_live_replicas_to_answer_then_decides_without_them() {
+        let all = TaintThreshold::default();
+        let live = names(&["a", "b"]);
+        // b has not answered: 1 of 1 would taint, but b may have proxies that accepted.
+        let reports = [mk_report("a", 1, 1, 2)];
+        assert_eq!(
+            decide(&reports, Some(&live), at(0), all),
+            Decision::Wait(ANSWER_WAIT - Duration::from_secs(2))
+        );
+        // Past the wait, what was reported decides.
+        let reports = [mk_report("a", 1, 1, 6)];
+        assert!(matches!(
+            decide(&reports, Some(&live), at(0), all),
+            Decision::Taint { .. }
+        ));
+        // Without a list of pods (one replica), no wait.
+        let reports = [mk_report("a", 1, 1, 0)];
+        assert!(matches!(
+            decide(&reports, None, at(0), all),
+            Decision::Taint { .. }
+        ));
+    }
+
+    #[test]
+    fn reports_of_gone_or_stale_replicas_are_ignored() {
+        let all = TaintThreshold::default();
+        // c's pod is gone: its 0-of-5 does not hold the taint back.
+        let reports = [mk_report("a", 1, 1, 1), mk_report("c", 0, 5, 1)];
+        let live = names(&["a"]);
+        assert!(matches!(
+            decide(&reports, Some(&live), at(0), all),
+            Decision::Taint { .. }
+        ));
+        // A stale rejection alone is nothing; a stale acceptance does not dilute.
+        let old = REPORT_LIFETIME.as_secs() as i64 + 1;
+        let reports = [mk_report("a", 1, 1, old)];
+        assert_eq!(decide(&reports, None, at(0), all), Decision::Nothing);
+        let reports = [mk_report("a", 1, 1, 0), mk_report("b", 0, 9, old)];
+        assert!(matches!(
+            decide(&reports, None, at(0), all),
+            Decision::Taint { .. }
+        ));
+        // Reports that count no rejection: nothing to decide.
+        let reports = [mk_report("a", 0, 1, 0)];
+        assert_eq!(decide(&reports, None, at(0), all), Decision::Nothing);
+        // A report from the future (another replica's clock ahead) counts as fresh.
+        let reports = [mk_report("a", 1, 1, -30)];
+        assert!(matches!(
+            decide(&reports, None, at(0), all),
+            Decision::Taint { .. }
+        ));
     }
 
     #[tokio::test]

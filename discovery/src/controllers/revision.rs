@@ -331,6 +331,8 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     }
     // Loaded, or its status says why not (the write above succeeded).
     ctx.mark_attempted(&uid);
+    // Another replica saw a NACK of it: add this replica's count of the node's proxies.
+    super::nacks::answer(&r, &ctx).await?;
     // After the write, which fails on a stale read: one event per new problem.
     if let Some(note) = failure {
         ctx.events.publish(&*r, &note).await;

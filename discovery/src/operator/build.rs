@@ -195,6 +195,15 @@ impl<'a> Children<'a> {
         ])
     }
 
+    /// The discovery pods' selector as a string, for the replicas to find each other.
+    pub fn replica_selector(&self) -> String {
+        self.selector_labels()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The label selector (as a string) of the objects that cannot be owned.
     pub fn owner_selector(&self) -> String {
         owner_selector(&self.name, &self.namespace)
@@ -359,6 +368,36 @@ impl<'a> Children<'a> {
         }
     }
 
+    /// What the discovery pods may do in their own namespace: hold the leader election Lease
+    /// (only the leader runs the EnvoyConfig controller and writes taints) and list their
+    /// sibling pods (whose NACK reports count).
+    pub fn replicas_role(&self) -> Role {
+        Role {
+            metadata: self.owned_meta(&self.owned_name()),
+            rules: Some(vec![
+                rule(
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                    &["get", "create", "update"],
+                ),
+                rule(&[""], &["pods"], &["get", "list"]),
+            ]),
+        }
+    }
+
+    /// Binds [`Self::replicas_role`] to the discovery pod's ServiceAccount.
+    pub fn replicas_role_binding(&self) -> RoleBinding {
+        RoleBinding {
+            metadata: self.owned_meta(&self.owned_name()),
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                kind: "Role".into(),
+                name: self.owned_name(),
+            },
+            subjects: Some(vec![self.service_account_subject()]),
+        }
+    }
+
     /// EnvoyConfigs (read) and their revisions (it owns the revisions and writes both
     /// statuses), and Events.
     fn config_rules(&self) -> Vec<PolicyRule> {
@@ -478,6 +517,7 @@ impl<'a> Children<'a> {
             // The name also tells the webhook which `discovery-service.name` annotations are
             // its own; a namespace-scoped one watches its namespace only.
             format!("--discovery-service-name={}", self.name),
+            format!("--replica-selector={}", self.replica_selector()),
             // The sidecars' shutdown managers run the marin3r release that injected them.
             format!("--shutdown-manager-image={}", s.image),
         ];

@@ -160,6 +160,7 @@ fn the_deployment_rolls_with_the_certificate_and_never_drops_to_zero() {
             "--webhook-port=9443",
             "--server-cert-dir=/etc/marin3r/tls/server",
             "--discovery-service-name=instance",
+            "--replica-selector=app.kubernetes.io/component=discovery-service,app.kubernetes.io/instance=instance,app.kubernetes.io/name=marin3r",
             "--shutdown-manager-image=marin3r:test",
             "--debug"
         ]
@@ -417,12 +418,14 @@ fn the_discovery_pod_meets_pod_security_restricted_as_the_images_user() {
 }
 
 #[test]
-fn replicas_feed_the_deployment_and_only_one_is_accepted() {
+fn replicas_feed_the_deployment_and_at_least_one_is_required() {
     let d = with(serde_json::json!({"replicas": 1}), |c| c.deployment("h"));
     assert_eq!(d.spec.replicas, Some(1));
     let d = with(serde_json::json!({}), |c| c.deployment("h"));
     assert_eq!(d.spec.replicas, Some(1));
-    for n in [0, 2, -1] {
+    let d = with(serde_json::json!({"replicas": 3}), |c| c.deployment("h"));
+    assert_eq!(d.spec.replicas, Some(3));
+    for n in [0, -1] {
         let err = ds(serde_json::json!({"replicas": n}))
             .resolve("marin3r:test")
             .unwrap_err();
@@ -431,6 +434,46 @@ fn replicas_feed_the_deployment_and_only_one_is_accepted() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn the_replicas_find_each_other_and_may_hold_their_lease_only() {
+    let (role, binding, d) = with(serde_json::json!({"replicas": 2}), |c| {
+        (
+            c.replicas_role(),
+            c.replicas_role_binding(),
+            c.deployment("h"),
+        )
+    });
+    // Namespaced and owned: no Lease or Pod access anywhere else.
+    assert_eq!(role.metadata.namespace, binding.metadata.namespace);
+    assert!(role.metadata.owner_references.is_some());
+    let rules = role.rules.unwrap();
+    let leases = rules
+        .iter()
+        .find(|r| r.resources.as_deref() == Some(&["leases".to_owned()][..]))
+        .unwrap();
+    assert!(!leases.verbs.contains(&"delete".to_owned()));
+    assert_eq!(binding.role_ref.name, role.metadata.name.unwrap());
+    // The pods get the selector of their own Deployment.
+    let args = d.spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    let selector = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--replica-selector="))
+        .unwrap();
+    let mut parts: Vec<&str> = selector.split(',').collect();
+    parts.sort();
+    assert_eq!(
+        parts,
+        [
+            "app.kubernetes.io/component=discovery-service",
+            "app.kubernetes.io/instance=instance",
+            "app.kubernetes.io/name=marin3r",
+        ]
+    );
 }
 
 #[test]

@@ -164,6 +164,10 @@ async fn apply_children(ctx: &Context, plan: &Apply<'_>) -> Result<Applied, Erro
     let ca = apply_object(&dscs, &plan.ca).await?;
     let server = apply_object(&dscs, &plan.server).await?;
     apply_object(&Api::namespaced(client.clone(), ns), &plan.service_account).await?;
+    let own: Api<Role> = Api::namespaced(client.clone(), ns);
+    apply_object(&own, &plan.children.replicas_role()).await?;
+    let own: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    apply_object(&own, &plan.children.replicas_role_binding()).await?;
     let roles = Api::<ClusterRole>::all(client.clone());
     let bindings = Api::<ClusterRoleBinding>::all(client.clone());
     match &plan.cluster_rbac {

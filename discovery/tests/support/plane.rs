@@ -81,6 +81,16 @@ impl Plane {
     }
 
     pub fn start(namespaces: &[&str]) -> Self {
+        Self::start_with(namespaces, |_, _, _| {})
+    }
+
+    /// A plane whose controllers' configuration `configure` adjusts (leader election, the
+    /// replica's name); it may also prepare objects in the namespaces, which exist by then,
+    /// before the controllers start.
+    pub fn start_with(
+        namespaces: &[&str],
+        configure: impl FnOnce(&mut controllers::Config, &Client, &tokio::runtime::Runtime),
+    ) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
@@ -121,10 +131,13 @@ impl Plane {
         });
         let readiness = Readiness::default();
         let mut registry = prometheus_client::registry::Registry::default();
-        let config = controllers::Config {
+        let mut config = controllers::Config {
             discovery_service: Some(DISCOVERY_SERVICE.into()),
+            replica: "plane-0".into(),
+            proxies: server.status_registry(),
             ..Default::default()
         };
+        configure(&mut config, &client, &rt);
         config.metrics.register(&mut registry);
         let tasks = vec![
             rt.spawn({
@@ -254,6 +267,131 @@ impl Plane {
             &format!("{node}-pod"),
             mode,
         )
+    }
+}
+
+/// Another discovery replica beside a plane: its own runtime (its process), xDS server and
+/// cache, and its own controllers on the same API server, sharing nothing with the plane but
+/// the API.
+pub struct Replica {
+    pub xds_port: u16,
+    pub cache: Cache,
+    pub registry: prometheus_client::registry::Registry,
+    rt: Option<tokio::runtime::Runtime>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Replica {
+    pub fn metric(&self, sample: &str) -> f64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        super::metric_value(&text, sample)
+    }
+
+    /// Stops it as a SIGTERM would (its controllers stop, the Lease is released if held),
+    /// waiting up to 15 s.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(rt) = &self.rt {
+            for task in self.tasks.drain(..) {
+                let _ = rt
+                    .block_on(async { tokio::time::timeout(Duration::from_secs(15), task).await });
+            }
+        }
+        self.kill();
+    }
+
+    /// Kills it, as a crashed process: its runtime goes with every task, nothing released.
+    pub fn kill(&mut self) {
+        self.stop.take();
+        self.tasks.clear();
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Plane {
+    /// Starts another replica named `name`, configured by `configure`.
+    pub fn replica(&self, name: &str, configure: impl FnOnce(&mut controllers::Config)) -> Replica {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let cache = Cache::new();
+        let (server, nacks) = Server::builder(cache.clone())
+            .control_plane_id(name)
+            .build();
+        let tls = {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("tls.crt"), &self.pki.server.cert_pem).unwrap();
+            std::fs::write(dir.path().join("tls.key"), &self.pki.server.key_pem).unwrap();
+            std::fs::write(dir.path().join("ca.crt"), self.pki.ca_pem()).unwrap();
+            server_config(&marin3r_discovery::xds::TlsFiles::in_dir(dir.path())).unwrap()
+        };
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let xds_port = listener.local_addr().unwrap().port();
+        let client = rt.block_on(self.api.kube_client()).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stopped = futures::FutureExt::shared(async move {
+            let _ = stopped.await;
+        });
+        let readiness = Readiness::default();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let mut config = controllers::Config {
+            discovery_service: Some(DISCOVERY_SERVICE.into()),
+            replica: name.into(),
+            proxies: server.status_registry(),
+            ..Default::default()
+        };
+        configure(&mut config);
+        config.metrics.register(&mut registry);
+        let tasks = vec![
+            rt.spawn({
+                let stopped = stopped.clone();
+                async move {
+                    server.serve(listener, tls, stopped).await.unwrap();
+                }
+            }),
+            rt.spawn(controllers::run(
+                client,
+                config,
+                cache.clone(),
+                nacks,
+                readiness.clone(),
+                stopped,
+            )),
+        ];
+        wait(
+            "the replica's controllers to sync",
+            Duration::from_secs(10),
+            || readiness.ready().then_some(()),
+        );
+        Replica {
+            xds_port,
+            cache,
+            registry,
+            rt: Some(rt),
+            stop: Some(stop),
+            tasks,
+        }
+    }
+
+    /// A real Envoy of `ns`/`node` connected to the xDS port `xds_port`.
+    pub fn proxy_on(&self, xds_port: u16, ns: &str, node: &str, pod: &str, mode: AdsMode) -> Proxy {
+        Proxy::start_on(xds_port, &self.client_cert(ns), node, pod, mode)
     }
 }
 

@@ -568,14 +568,25 @@ fn resolve(state: &Arc<ServerState>, config: &Value) -> Result<Endpoint, String>
             ..Selectors::default()
         },
     );
-    let pod = candidates
+    // A ready endpoint, as the Service routes: terminating pods only when no other is ready
+    // (their endpoints are `serving` but not `ready`).
+    let ready: Vec<&Value> = candidates
         .iter()
-        .find(|p| {
+        .filter(|p| {
             is_ready(p)
                 && p.pointer("/status/podIP")
                     .and_then(Value::as_str)
                     .is_some_and(|ip| !ip.is_empty())
         })
+        .collect();
+    let pod = ready
+        .iter()
+        .find(|p| {
+            p.pointer("/metadata/deletionTimestamp")
+                .is_none_or(Value::is_null)
+        })
+        .or_else(|| ready.first())
+        .copied()
         .ok_or_else(|| format!("no endpoints available for service \"{name}\""))?;
     let ip = pod
         .pointer("/status/podIP")

@@ -11,6 +11,7 @@ pub mod net;
 pub mod pod;
 pub mod probe;
 pub mod runtime;
+pub mod service_proxy;
 mod supervisor;
 pub mod sync;
 pub mod volumes;
@@ -83,6 +84,9 @@ impl StaticObjects {
     }
     pub fn remove_pod(&self, namespace: &str, name: &str) {
         self.with(|i| i.pods.remove(&(namespace.to_owned(), name.to_owned())));
+    }
+    pub fn remove_service(&self, namespace: &str, name: &str) {
+        self.with(|i| i.services.remove(&(namespace.to_owned(), name.to_owned())));
     }
 }
 
@@ -220,6 +224,11 @@ impl Node {
     /// The bridge's address on the host: how pods reach servers on the host (the API server).
     pub fn host_ip(&self) -> Ipv4Addr {
         self.network.host_ip()
+    }
+
+    /// The virtual IP of Service `namespace/name`, once a `ServiceProxy` gave it one.
+    pub fn service_ip(&self, namespace: &str, name: &str) -> Option<Ipv4Addr> {
+        self.network.service_ip(namespace, name)
     }
 
     /// This run's name prefix, shared by its network namespaces, links and folder.

@@ -2,7 +2,7 @@
 //! 10.200-10.250.x.0/24, and per pod a network namespace joined to it by a veth pair. Every
 //! name starts with `m3r<run id>` so leftovers of dead runs can be found and removed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{BuildHasher, Hasher};
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
@@ -192,7 +192,10 @@ struct Shared {
 
 struct State {
     next_index: u32,
+    /// Last octets in use: pods take the lowest free one, Service virtual IPs the highest.
     used: BTreeSet<u8>,
+    /// The virtual IP of each Service (namespace, name), by last octet.
+    services: BTreeMap<(String, String), u8>,
 }
 
 impl Network {
@@ -230,9 +233,16 @@ impl Network {
                 state: Mutex::new(State {
                     next_index: 0,
                     used: BTreeSet::new(),
+                    services: BTreeMap::new(),
                 }),
             }),
         };
+        // A bridge without an address of its own takes the lowest MAC among its ports, so
+        // it would change whenever a pod joins or leaves, and pods would keep sending what
+        // is meant for the host (the API server, Service virtual IPs) to the old MAC until
+        // their ARP entry expires. A fixed, locally administered MAC keeps the host's.
+        let mac = format!("02:6d:33:{a:02x}:{b:02x}:{c:02x}");
+        run(Command::new("ip").args(["link", "set", &bridge, "address", &mac]))?;
         run(Command::new("ip").args(["addr", "add", &format!("{host_ip}/24"), "dev", &bridge]))?;
         run(Command::new("ip").args(["link", "set", &bridge, "up"]))?;
         Ok(network)
@@ -244,6 +254,74 @@ impl Network {
 
     pub fn bridge(&self) -> &str {
         &self.shared.bridge
+    }
+
+    /// The virtual IP of Service `namespace/name`, if it has one.
+    pub fn service_ip(&self, namespace: &str, name: &str) -> Option<Ipv4Addr> {
+        let state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let octet = *state
+            .services
+            .get(&(namespace.to_owned(), name.to_owned()))?;
+        let [a, b, c, _] = self.shared.host_ip.octets();
+        Some(Ipv4Addr::new(a, b, c, octet))
+    }
+
+    /// Gives Service `namespace/name` a virtual IP: a free address of the pod network, added
+    /// to the bridge so pods (through their default route) and the host reach what listens
+    /// on it. The same address while the Service lives; removed with the bridge.
+    pub fn add_service_ip(&self, namespace: &str, name: &str) -> anyhow::Result<Ipv4Addr> {
+        if let Some(ip) = self.service_ip(namespace, name) {
+            return Ok(ip);
+        }
+        let octet = {
+            let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(octet) = (2..=254u8).rev().find(|o| !state.used.contains(o)) else {
+                bail!("the pod network is full (253 pods and Services)");
+            };
+            state.used.insert(octet);
+            octet
+        };
+        let [a, b, c, _] = self.shared.host_ip.octets();
+        let ip = Ipv4Addr::new(a, b, c, octet);
+        let added = run(Command::new("ip").args([
+            "addr",
+            "add",
+            &format!("{ip}/32"),
+            "dev",
+            &self.shared.bridge,
+        ]));
+        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = added {
+            state.used.remove(&octet);
+            return Err(e.context(format!(
+                "adding the virtual IP of service {namespace}/{name}"
+            )));
+        }
+        state
+            .services
+            .insert((namespace.to_owned(), name.to_owned()), octet);
+        Ok(ip)
+    }
+
+    /// Takes Service `namespace/name`'s virtual IP off the bridge and frees it.
+    pub fn remove_service_ip(&self, namespace: &str, name: &str) {
+        let Some(ip) = self.service_ip(namespace, name) else {
+            return;
+        };
+        let _ = run(Command::new("ip").args([
+            "addr",
+            "del",
+            &format!("{ip}/32"),
+            "dev",
+            &self.shared.bridge,
+        ]));
+        let mut state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(octet) = state
+            .services
+            .remove(&(namespace.to_owned(), name.to_owned()))
+        {
+            state.used.remove(&octet);
+        }
     }
 
     /// Creates a network namespace with its own address on the bridge and loopback up.

@@ -399,7 +399,21 @@ impl PodShared {
         let _guard = lock(&self.files);
         let pods = self.objects.pods();
         let services = self.objects.services();
-        let content = hosts::render(&self.namespace, &self.name, &self.ip, &services, &pods);
+        let network = &self.node.network;
+        let virtual_ip = |s: &k8s_openapi::api::core::v1::Service| {
+            network.service_ip(
+                s.metadata.namespace.as_deref().unwrap_or("default"),
+                s.metadata.name.as_deref().unwrap_or_default(),
+            )
+        };
+        let content = hosts::render(
+            &self.namespace,
+            &self.name,
+            &self.ip,
+            &services,
+            &pods,
+            &virtual_ip,
+        );
         let containers: Vec<String> = lock(&self.init)
             .iter()
             .chain(lock(&self.containers).iter())

@@ -227,8 +227,12 @@ impl Kubelet {
                 instance: Some(node.config().node_name.clone()),
             },
         );
+        let objects: Arc<dyn Objects> = cached.clone();
+        let services = super::service_proxy::ServiceProxy::new(node.clone(), objects)?;
         tasks.push(AbortOnDrop(tokio::spawn(async move {
             loop {
+                // Virtual IPs first: the pods' hosts files, rewritten next, point at them.
+                services.sync();
                 reconcile(&node, &client, &recorder, &cached, &state);
                 trigger.notified().await;
                 // Coalesce a burst of events into one pass.
