@@ -89,9 +89,10 @@ async fn holder(client: &Client) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     let images = ImageMap::discover();
-    images
+    let marin3r = images
         .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
+        .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
+        .path;
     let cluster = LocalCluster::start(LocalClusterConfig {
         images,
         log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
@@ -236,6 +237,36 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
             target.name_any(),
             "{} is on the other replica",
             pod.name_any()
+        );
+    }
+    // `marin3r proxy-status` asks every replica and says which one each sidecar is on.
+    let out = tokio::process::Command::new(&marin3r)
+        .args(["proxy-status", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["-n", "demo"])
+        .output()
+        .await
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.lines().next().unwrap_or_default().contains("REPLICA"),
+        "{table}"
+    );
+    for (pod, target) in sidecars.iter().zip(&discovery) {
+        assert!(
+            table.lines().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.contains(&pod.name_any().as_str())
+                    && cells.contains(&target.name_any().as_str())
+            }),
+            "{} is not listed on {}: {table}",
+            pod.name_any(),
+            target.name_any()
         );
     }
 

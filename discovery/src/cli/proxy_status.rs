@@ -53,7 +53,7 @@ pub struct ProxyStatusArgs {
 }
 
 pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
-    let (source, body) = match &args.url {
+    let answers = match &args.url {
         Some(url) => {
             let url = status_url(url)?;
             let body = tokio::task::spawn_blocking({
@@ -62,17 +62,60 @@ pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
             })
             .await
             .context("the HTTP request task")??;
-            (url, body)
+            vec![Answer::parse(None, &url, &body)]
         }
         None => through_api_server(&args).await?,
     };
-    let mut status: SyncStatus = serde_json::from_str(&body)
-        .with_context(|| format!("{source} did not answer a sync-status document"))?;
-    if let Some(ns) = &args.namespace {
-        status.proxies.retain(|p| &p.namespace == ns);
+    let (mut replicas, mut failures) = (Vec::new(), Vec::new());
+    for answer in answers {
+        match answer {
+            Ok(replica) => replicas.push(replica),
+            Err(e) => failures.push(e),
+        }
     }
-    print!("{}", render(&status));
-    Ok(())
+    if let Some(ns) = &args.namespace {
+        for replica in &mut replicas {
+            replica.status.proxies.retain(|p| &p.namespace == ns);
+        }
+    }
+    if replicas.is_empty() {
+        // Nothing to print: say why, for every pod asked.
+        let mut failures = failures.into_iter();
+        let first = failures.next().context("no discovery pod was asked")?;
+        let rest: Vec<String> = failures.map(|e| format!("{e:#}")).collect();
+        if rest.is_empty() {
+            return Err(first);
+        }
+        bail!("no discovery pod answered: {first:#}; {}", rest.join("; "));
+    }
+    print!("{}", render(&replicas));
+    if failures.is_empty() {
+        return Ok(());
+    }
+    for e in &failures {
+        eprintln!("error: {e:#}");
+    }
+    bail!(
+        "{} of {} discovery pods did not answer; their proxies are missing above",
+        failures.len(),
+        failures.len() + replicas.len()
+    )
+}
+
+/// What one discovery pod (or URL) answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answer {
+    /// The discovery pod that answered, when asked through the API server.
+    pub pod: Option<String>,
+    pub status: SyncStatus,
+}
+
+impl Answer {
+    fn parse(pod: Option<String>, source: &str, body: &str) -> anyhow::Result<Self> {
+        let status = serde_json::from_str(body)
+            .with_context(|| format!("{source} did not answer a sync-status document"))?;
+        Ok(Self { pod, status })
+    }
 }
 
 fn get_url(url: &str) -> anyhow::Result<String> {
@@ -95,9 +138,9 @@ fn get_url(url: &str) -> anyhow::Result<String> {
     Ok(body)
 }
 
-/// GETs the sync status through a port-forward to the discovery pod; returns what was
-/// asked (for messages) and the body.
-async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<(String, String)> {
+/// Asks every discovery pod (each replica has its own proxies) for its sync status through
+/// a port-forward, all at once: per pod, its answer or the error naming it.
+async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<Vec<anyhow::Result<Answer>>> {
     let options = KubeConfigOptions {
         context: args.context.clone(),
         ..Default::default()
@@ -112,12 +155,31 @@ async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<(String, S
     }
     .context("loading the kubeconfig")?;
     let client = kube::Client::try_from(config).context("connecting to the cluster")?;
-    let (ns, pod) = find_pod(&client, args).await?;
-    let port = args.admin_port;
+    let asks = find_pods(&client, args)
+        .await?
+        .into_iter()
+        .map(|(ns, pod)| {
+            let client = client.clone();
+            async move {
+                let (source, body) = sync_status_of(client, &ns, &pod, args.admin_port).await?;
+                Answer::parse(Some(pod), &source, &body)
+            }
+        });
+    Ok(futures::future::join_all(asks).await)
+}
+
+/// GETs the sync status of one pod through a port-forward; returns what was asked (for
+/// messages) and the body.
+async fn sync_status_of(
+    client: kube::Client,
+    ns: &str,
+    pod: &str,
+    port: u16,
+) -> anyhow::Result<(String, String)> {
     let source = format!("pod {ns}/{pod} port {port}{SYNC_STATUS_PATH}");
-    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let pods: Api<Pod> = Api::namespaced(client, ns);
     let mut forwarder = pods
-        .portforward(&pod, &[port])
+        .portforward(pod, &[port])
         .await
         .with_context(|| format!("port-forwarding to pod {ns}/{pod} port {port}"))?;
     let mut stream = forwarder
@@ -157,17 +219,17 @@ async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<(String, S
     Ok((source, body.to_owned()))
 }
 
-/// The discovery pod to ask: `--pod`, or a running pod of `--discovery-service`, or the only
-/// discovery pod there is.
-async fn find_pod(
+/// The discovery pods to ask: `--pod`, or every running pod of `--discovery-service`, or of
+/// the only discovery service there is.
+async fn find_pods(
     client: &kube::Client,
     args: &ProxyStatusArgs,
-) -> anyhow::Result<(String, String)> {
+) -> anyhow::Result<Vec<(String, String)>> {
     if let Some(pod) = &args.pod {
         let (ns, name) = pod
             .split_once('/')
             .with_context(|| format!("--pod {pod:?} must be NAMESPACE/NAME"))?;
-        return Ok((ns.to_owned(), name.to_owned()));
+        return Ok(vec![(ns.to_owned(), name.to_owned())]);
     }
     let mut selector = DISCOVERY_POD_SELECTOR.to_owned();
     let api: Api<Pod> = match args.discovery_service.as_deref().map(|d| d.split_once('/')) {
@@ -186,33 +248,33 @@ async fn find_pod(
         .list(&ListParams::default().labels(&selector))
         .await
         .context("listing the discovery pods")?;
-    let running: Vec<&Pod> = pods
+    // (namespace, instance label, pod name) of every running pod.
+    let running: Vec<(String, String, String)> = pods
         .items
         .iter()
         .filter(|p| {
             p.metadata.deletion_timestamp.is_none()
                 && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
         })
-        .collect();
-    let instances: BTreeSet<String> = running
-        .iter()
         .map(|p| {
-            format!(
-                "{}/{}",
+            let instance = p.labels().get("app.kubernetes.io/instance").cloned();
+            (
                 p.namespace().unwrap_or_default(),
-                p.labels()
-                    .get("app.kubernetes.io/instance")
-                    .cloned()
-                    .unwrap_or_default()
+                instance.unwrap_or_default(),
+                p.name_any(),
             )
         })
         .collect();
-    match (running.first(), instances.len()) {
-        (None, _) => bail!(
+    let instances: BTreeSet<String> = running
+        .iter()
+        .map(|(ns, instance, _)| format!("{ns}/{instance}"))
+        .collect();
+    match instances.len() {
+        0 => bail!(
             "no running discovery pod found (labels {selector}); name one with --discovery-service or --pod"
         ),
-        (Some(pod), 1) => Ok((pod.namespace().unwrap_or_default(), pod.name_any())),
-        (Some(_), _) => bail!(
+        1 => Ok(running.into_iter().map(|(ns, _, pod)| (ns, pod)).collect()),
+        _ => bail!(
             "several discovery services run ({}); choose one with --discovery-service NAMESPACE/NAME",
             instances.into_iter().collect::<Vec<_>>().join(", ")
         ),
@@ -261,31 +323,44 @@ fn cell(t: Option<&TypeStatus>) -> String {
     }
 }
 
-/// Renders the table `marin3r proxy-status` prints, then the NACK messages.
-pub fn render(status: &SyncStatus) -> String {
-    if status.proxies.is_empty() {
+/// Renders the table `marin3r proxy-status` prints, then the NACK messages. With more than
+/// one discovery pod (replicas), a `REPLICA` column names the pod each proxy is connected to.
+pub fn render(answers: &[Answer]) -> String {
+    let proxies: Vec<(Option<&str>, &ProxyStatus)> = answers
+        .iter()
+        .flat_map(|a| a.status.proxies.iter().map(|p| (a.pod.as_deref(), p)))
+        .collect();
+    if proxies.is_empty() {
         return "no proxies connected\n".into();
     }
-    let used: BTreeSet<&str> = status
-        .proxies
+    let replica_column = answers.len() > 1;
+    let used: BTreeSet<&str> = proxies
         .iter()
-        .flat_map(|p| p.types.keys().map(String::as_str))
+        .flat_map(|(_, p)| p.types.keys().map(String::as_str))
         .collect();
     let columns: Vec<&str> = COLUMNS.into_iter().filter(|c| used.contains(c)).collect();
+    let mut header = vec!["NAMESPACE", "NODE ID", "POD"];
+    if replica_column {
+        header.push("REPLICA");
+    }
+    header.push("PROTOCOL");
     let mut rows = vec![
-        ["NAMESPACE", "NODE ID", "POD", "PROTOCOL"]
+        header
             .into_iter()
             .map(String::from)
             .chain(columns.iter().map(|c| c.to_uppercase()))
             .collect::<Vec<_>>(),
     ];
-    for p in &status.proxies {
+    for (replica, p) in &proxies {
         let mut row = vec![
             p.namespace.clone(),
             p.node_id.clone(),
             p.pod.clone().unwrap_or_else(|| "-".into()),
-            p.protocol.clone(),
         ];
+        if replica_column {
+            row.push(replica.unwrap_or("-").to_owned());
+        }
+        row.push(p.protocol.clone());
         row.extend(columns.iter().map(|c| cell(p.types.get(*c))));
         rows.push(row);
     }
@@ -302,7 +377,7 @@ pub fn render(status: &SyncStatus) -> String {
         out.push_str(line.join("   ").trim_end());
         out.push('\n');
     }
-    let nacks: Vec<String> = status.proxies.iter().flat_map(nack_lines).collect();
+    let nacks: Vec<String> = proxies.iter().flat_map(|(_, p)| nack_lines(p)).collect();
     if !nacks.is_empty() {
         out.push_str("\nLast NACKs:\n");
         for n in nacks {
@@ -369,7 +444,7 @@ mod tests {
                 ]),
             }],
         };
-        let out = render(&status);
+        let out = render(&[Answer { pod: None, status }]);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(
             lines[0],
@@ -382,7 +457,64 @@ mod tests {
         assert!(out.contains(
             "  team-a/gw listeners version bbbbbbbbbbbb at 2026-01-01T00:00:00Z: bad listener"
         ));
-        assert_eq!(render(&SyncStatus::default()), "no proxies connected\n");
+        assert_eq!(render(&[Answer::default()]), "no proxies connected\n");
+    }
+
+    fn proxy(node_id: &str, pod: &str, version: &str) -> ProxyStatus {
+        ProxyStatus {
+            namespace: "team-a".into(),
+            node_id: node_id.into(),
+            pod: Some(pod.into()),
+            protocol: "sotw".into(),
+            peer: "10.0.0.1:4000".into(),
+            connected_at: "now".into(),
+            types: BTreeMap::from([("clusters".into(), ts(version, Some(version), None))]),
+        }
+    }
+
+    #[test]
+    fn proxies_of_every_replica_are_listed_with_the_replica_they_are_on() {
+        let answers = [
+            Answer {
+                pod: Some("discovery-a".into()),
+                status: SyncStatus {
+                    proxies: vec![proxy("gw", "gw-1", "aaaaaaaaaa")],
+                },
+            },
+            Answer {
+                pod: Some("discovery-b".into()),
+                status: SyncStatus {
+                    proxies: vec![
+                        proxy("gw", "gw-2", "aaaaaaaaaa"),
+                        proxy("db", "db-1", "bbbb"),
+                    ],
+                },
+            },
+            // A replica with no proxy adds no line.
+            Answer {
+                pod: Some("discovery-c".into()),
+                status: SyncStatus::default(),
+            },
+        ];
+        let out = render(&answers);
+        assert_eq!(
+            out,
+            "NAMESPACE   NODE ID   POD    REPLICA       PROTOCOL   CLUSTERS\n\
+             team-a      gw        gw-1   discovery-a   sotw       SYNCED aaaaaaaa\n\
+             team-a      gw        gw-2   discovery-b   sotw       SYNCED aaaaaaaa\n\
+             team-a      db        db-1   discovery-b   sotw       SYNCED bbbb\n"
+        );
+        // One pod asked: no REPLICA column (the single-replica table is unchanged).
+        let one = render(&answers[1..2]);
+        assert!(
+            one.starts_with("NAMESPACE   NODE ID   POD    PROTOCOL"),
+            "{one}"
+        );
+        // Replicas that all have nobody connected.
+        assert_eq!(
+            render(&[Answer::default(), Answer::default()]),
+            "no proxies connected\n"
+        );
     }
 
     #[test]
