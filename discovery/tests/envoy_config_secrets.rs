@@ -273,3 +273,51 @@ fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
     let proxy = plane.proxy(NS, "keep", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "good");
 }
+
+/// Until the operator's Role and RoleBinding exist in a newly served namespace, its Secrets
+/// and EndpointSlices answer 403: the watches retry with a growing delay, not in a loop
+/// against the API server, and are back once the access is granted.
+#[test]
+fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
+    let plane = Plane::start(&[NS]);
+    let paths = [
+        format!("/api/v1/namespaces/{NS}/secrets"),
+        format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"),
+    ];
+    let faults = plane.api.faults();
+    for path in &paths {
+        faults.deny(path, 403);
+    }
+    let from = plane.api.requests().len();
+    faults.drop_watches();
+    std::thread::sleep(Duration::from_secs(4));
+    let to = |path: &str, requests: &[String]| -> Vec<String> {
+        requests
+            .iter()
+            .filter(|r| r.split(' ').nth(1).is_some_and(|uri| uri.starts_with(path)))
+            .cloned()
+            .collect()
+    };
+    let requests = plane.api.requests().split_off(from);
+    for path in &paths {
+        let tried = to(path, &requests);
+        // Backoff from 0.8 s doubling: 3 or 4 tries in 4 s; in a loop, thousands.
+        assert!(
+            (1..=6).contains(&tried.len()),
+            "{} requests to {path} in 4 s, the first: {:#?}",
+            tried.len(),
+            &tried[..tried.len().min(8)]
+        );
+    }
+    let allowed = plane.api.requests().len();
+    for path in &paths {
+        faults.allow(path);
+    }
+    wait("both watches to be back", Duration::from_secs(60), || {
+        let requests = plane.api.requests().split_off(allowed);
+        paths
+            .iter()
+            .all(|path| to(path, &requests).iter().any(|r| r.contains("watch=true")))
+            .then_some(())
+    });
+}

@@ -8,11 +8,12 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ListParams;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
-use tracing::debug;
+use tracing::warn;
 
 use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
@@ -45,7 +46,10 @@ pub(super) async fn watch(
     triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
     api: Api<EndpointSlice>,
 ) {
-    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+    // Backed off: a namespace whose Role is not granted yet answers 403 to every retry.
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     // The labels each slice had when last seen, by namespace/name.
     let mut last: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     while let Some(event) = events.next().await {
@@ -54,7 +58,7 @@ pub(super) async fn watch(
             Ok(Event::Delete(slice)) => (slice, true),
             Ok(Event::Init | Event::InitDone) => continue,
             Err(e) => {
-                debug!(error = %e, "endpointslice watch failed; retrying");
+                warn!(error = %e, "EndpointSlice watch failed; retrying with a backoff");
                 continue;
             }
         };

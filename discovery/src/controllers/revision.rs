@@ -184,7 +184,7 @@ async fn watch_secrets(
             }
             Err(e) => {
                 // The watcher backs off by itself (`default_backoff`).
-                debug!(error = %e, "namespace watch failed; retrying");
+                warn!(error = %e, "namespace watch failed; retrying with a backoff");
             }
         }
     }
@@ -203,14 +203,17 @@ async fn watch_secrets_in(
     triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
     api: Api<Secret>,
 ) {
-    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+    // Backed off: a namespace whose Role is not granted yet answers 403 to every retry.
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     while let Some(event) = events.next().await {
         let (secret, changed) = match event {
             Ok(Event::Apply(secret) | Event::Delete(secret)) => (secret, true),
             Ok(Event::InitApply(secret)) => (secret, false),
             Ok(Event::Init | Event::InitDone) => continue,
             Err(e) => {
-                debug!(error = %e, "secret watch failed; retrying");
+                warn!(error = %e, "Secret watch failed; retrying with a backoff");
                 continue;
             }
         };
@@ -522,7 +525,7 @@ async fn watch_deletions(ctx: Arc<Context>) {
                 }
             }
             Ok(Event::Apply(_)) => {}
-            Err(e) => debug!(error = %e, "revision watch failed; retrying"),
+            Err(e) => warn!(error = %e, "revision watch failed; retrying with a backoff"),
         }
     }
 }

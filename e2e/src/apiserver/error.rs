@@ -152,6 +152,7 @@ impl ApiError {
     /// The error a fault-injection switch answers with, by HTTP code.
     pub fn injected(code: u16) -> Self {
         let reason = match code {
+            403 => "Forbidden",
             409 => "Conflict",
             410 => "Expired",
             429 => "TooManyRequests",

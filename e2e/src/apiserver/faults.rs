@@ -61,6 +61,8 @@ struct State {
     webhook_fail: bool,
     /// Requests for these resources (plural names, e.g. `leases`) answer only after a delay.
     request_delays: Vec<(String, Duration)>,
+    /// Requests whose path starts with one of these answer this HTTP code, until allowed.
+    denied: Vec<(String, u16)>,
 }
 
 /// The fault switches of one API server.
@@ -191,6 +193,30 @@ impl Faults {
             .find_map(|(r, d)| (r == resource).then_some(*d))
     }
 
+    /// Answers every request whose path starts with `prefix` (e.g.
+    /// `/api/v1/namespaces/a/secrets`) with HTTP `code` until [`Self::allow`]: a resource the
+    /// client may not read yet (403, before its RoleBinding exists) for as long as a test
+    /// needs. Counted in [`Self::served`].
+    pub fn deny(&self, prefix: &str, code: u16) {
+        self.state().denied.push((prefix.to_owned(), code));
+    }
+
+    /// Serves the requests [`Self::deny`] refused for `prefix` again.
+    pub fn allow(&self, prefix: &str) {
+        self.state().denied.retain(|(p, _)| p != prefix);
+    }
+
+    /// The code to answer `path` with, when it is denied (and counts it as served).
+    pub(super) fn denied(&self, path: &str) -> Option<u16> {
+        let mut state = self.state();
+        let code = state
+            .denied
+            .iter()
+            .find_map(|(prefix, code)| path.starts_with(prefix.as_str()).then_some(*code))?;
+        *state.served.entry(code).or_default() += 1;
+        Some(code)
+    }
+
     /// Delays every webhook call by `delay` (`None` to stop).
     pub fn delay_webhooks(&self, delay: Option<Duration>) {
         self.state().webhook_delay = delay;
@@ -235,6 +261,18 @@ mod tests {
             faults.served(),
             BTreeMap::from([(409, 1), (410, 1), (500, 1)])
         );
+    }
+
+    #[test]
+    fn a_denied_prefix_answers_its_code_until_allowed() {
+        let faults = Faults::default();
+        faults.deny("/api/v1/namespaces/a/secrets", 403);
+        assert_eq!(faults.denied("/api/v1/namespaces/a/secrets"), Some(403));
+        assert_eq!(faults.denied("/api/v1/namespaces/a/secrets/web"), Some(403));
+        assert_eq!(faults.denied("/api/v1/namespaces/b/secrets"), None);
+        assert_eq!(faults.served(), BTreeMap::from([(403, 2)]));
+        faults.allow("/api/v1/namespaces/a/secrets");
+        assert_eq!(faults.denied("/api/v1/namespaces/a/secrets"), None);
     }
 
     #[tokio::test]

@@ -256,6 +256,9 @@ pub async fn handle(
                 ),
                 user: &user.name,
             };
+            if let Some(code) = state.faults.denied(path) {
+                return ApiError::injected(code).into_response();
+            }
             if let Some(code) = state.faults.take(&faulted) {
                 let err = ApiError::injected(code);
                 return if is_watch && code == 410 {
