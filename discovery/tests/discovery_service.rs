@@ -375,12 +375,47 @@ struct Ports {
 }
 
 /// Starts `marin3r discovery-service` for `ds` with its log in `dir/<log>`.
+/// `GET path` over HTTPS to `127.0.0.1:port` as `localhost`, trusting only `ca_pem`: the
+/// answer's head and body.
+async fn https_get(ca_pem: &str, port: u16, path: &str) -> Result<String, String> {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
 fn start_process(
     dir: &std::path::Path,
     kubeconfig: &std::path::Path,
     certs: &std::path::Path,
     log: &str,
-    grace_seconds: u64,
+    (delay_seconds, grace_seconds): (u64, u64),
 ) -> (Process, Ports) {
     let ports = Ports {
         xds: free_port(),
@@ -402,6 +437,7 @@ fn start_process(
         .args(["--probe-port", &ports.probe.to_string()])
         .args(["--webhook-port", &ports.webhook.to_string()])
         .args(["--admin-address", &format!("127.0.0.1:{}", ports.admin)])
+        .args(["--shutdown-delay", &delay_seconds.to_string()])
         .args(["--shutdown-grace-period", &grace_seconds.to_string()])
         .args([
             "--discovery-service-name",
@@ -462,8 +498,10 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
 
     // The first process publishes two configs, one of them with an SDS Secret.
+    const DELAY: u64 = 3;
     const GRACE: u64 = 8;
-    let (mut first, ports) = start_process(dir.path(), &kubeconfig, &certs, "first", GRACE);
+    let (mut first, ports) =
+        start_process(dir.path(), &kubeconfig, &certs, "first", (DELAY, GRACE));
     wait_for("the first process ready", Duration::from_secs(20), || {
         (readyz(&ports) == "ready\n").then_some(())
     });
@@ -510,7 +548,8 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     );
     proxy.wait_for_body(port, "one");
 
-    // SIGTERM: not ready and no new connection at once...
+    // SIGTERM: not ready at once, while new connections are still accepted for the delay
+    // (the endpoints drop the pod meanwhile), then refused...
     let child = first.0.as_mut().unwrap();
     let pid = child.id().to_string();
     assert!(
@@ -525,22 +564,44 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
         (get_status(&format!("http://127.0.0.1:{}/readyz", ports.metrics)) == 503).then_some(())
     });
     assert_eq!(get_status(&probe_url("/readyz")), 503, "the probe port too");
+    assert_eq!(
+        get_body(&probe_url("/readyz")).unwrap_or_default(),
+        "not ready: shutting down\n"
+    );
+    // A webhook call arriving in the delay is still answered (HTTPS, as the API server
+    // calls it), and a new proxy still connects.
+    let healthz = rt.block_on(https_get(pki.ca_pem(), ports.webhook, "/healthz"));
+    assert!(
+        healthz
+            .as_ref()
+            .is_ok_and(|answer| answer.starts_with("HTTP/1.1 200"))
+            && term.elapsed() < Duration::from_secs(DELAY),
+        "the webhook during the delay: {healthz:?} after {:?}\n{}",
+        term.elapsed(),
+        log("first")
+    );
+    assert!(std::net::TcpStream::connect(("127.0.0.1", ports.xds)).is_ok());
     for (what, port) in [("xDS", ports.xds), ("webhook", ports.webhook)] {
         wait_for(
             &format!("new {what} connections to be refused"),
-            Duration::from_secs(5),
+            Duration::from_secs(DELAY + 5),
             || {
                 std::net::TcpStream::connect(("127.0.0.1", port))
                     .is_err()
                     .then_some(())
             },
         );
+        assert!(
+            term.elapsed() >= Duration::from_secs(DELAY),
+            "{what} refused {:?} after SIGTERM, before the delay",
+            term.elapsed()
+        );
     }
     // ...while the connected Envoy still gets a new config.
     apply("cfg", spec(port, "two"));
     proxy.wait_for_body(port, "two");
     assert!(
-        child.try_wait().unwrap().is_none() && term.elapsed() < Duration::from_secs(GRACE),
+        child.try_wait().unwrap().is_none() && term.elapsed() < Duration::from_secs(DELAY + GRACE),
         "the push came after the grace period ({:?})\n{}",
         term.elapsed(),
         log("first")
@@ -550,7 +611,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
             break status;
         }
         assert!(
-            term.elapsed() < Duration::from_secs(GRACE + 15),
+            term.elapsed() < Duration::from_secs(DELAY + GRACE + 15),
             "no exit after the grace period\n{}",
             log("first")
         );
@@ -558,7 +619,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     };
     assert!(status.success(), "{status:?}\n{}", log("first"));
     assert!(
-        term.elapsed() >= Duration::from_secs(GRACE),
+        term.elapsed() >= Duration::from_secs(DELAY + GRACE),
         "exited {:?} after SIGTERM, before the grace period\n{}",
         term.elapsed(),
         log("first")
@@ -568,7 +629,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     // A new process with the revision's Secret slow to read: not ready until it is loaded.
     let held = "/api/v1/namespaces/served/secrets/web-cert";
     api.faults().hold(held);
-    let (_second, ports) = start_process(dir.path(), &kubeconfig, &certs, "second", 1);
+    let (_second, ports) = start_process(dir.path(), &kubeconfig, &certs, "second", (0, 1));
     wait_for(
         "/readyz to wait for the revision controller only",
         Duration::from_secs(20),

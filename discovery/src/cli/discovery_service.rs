@@ -52,6 +52,12 @@ pub struct DiscoveryServiceArgs {
     /// terminationGracePeriodSeconds (30 by default).
     #[arg(long, default_value_t = 20, value_name = "SECONDS")]
     shutdown_grace_period: u64,
+    /// Seconds between SIGTERM and closing the listeners: /readyz reports 503 at once, but
+    /// new webhook and xDS connections are still accepted while the Service's endpoints (the
+    /// API server's webhook client, kube-proxy) stop sending traffic to this pod. This delay
+    /// plus --shutdown-grace-period must stay under terminationGracePeriodSeconds.
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    shutdown_delay: u64,
     /// Port of the webhook (HTTPS): sidecar injection and EnvoyConfig validation.
     #[arg(long, default_value_t = DEFAULT_WEBHOOK_PORT)]
     webhook_port: u16,
@@ -204,6 +210,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
 
     let readiness = Readiness::default();
     let webhook_ready = Arc::new(AtomicBool::new(false));
+    // False from SIGTERM on: not ready while the listeners stay open for --shutdown-delay.
+    let serving = Arc::new(AtomicBool::new(true));
     let cache = Cache::new();
     let (server, nacks) = Server::builder(cache.clone())
         .control_plane_id(std::env::var("POD_NAME").unwrap_or_else(|_| "marin3r".into()))
@@ -215,6 +223,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
             readiness.revisions.clone(),
         )
         .ready_when("webhook", webhook_ready.clone())
+        .ready_when("shutting down", serving.clone())
         .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
     let router = server.http_router();
@@ -335,13 +344,31 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let mut xds = tokio::spawn(server.serve(xds_listener, tls, draining()));
 
     // A server that stops on its own is fatal: the pod must restart rather than limp along.
-    let early = tokio::select! {
-        () = super::shutdown_signal() => None,
-        r = &mut xds => Some(("xDS server", r.map(|r| r.map_err(anyhow::Error::from)))),
-        r = &mut http => Some(("HTTP server", r.map(|r| r.map_err(anyhow::Error::from)))),
-        r = &mut probes => Some(("probe server", r.map(|r| r.map_err(anyhow::Error::from)))),
-        r = &mut admin => Some(("admin server", r.map(|r| r.map_err(anyhow::Error::from)))),
-        r = &mut webhook_task => Some(("webhook", r.map(|r| r.map_err(anyhow::Error::from)))),
+    // SIGTERM first makes the pod not ready; the listeners close when the delay ends.
+    let signal = super::shutdown_signal();
+    tokio::pin!(signal);
+    let mut listeners_close: Option<tokio::time::Instant> = None;
+    let early = loop {
+        tokio::select! {
+            () = &mut signal, if listeners_close.is_none() => {
+                serving.store(false, Ordering::SeqCst);
+                info!(
+                    delay_seconds = args.shutdown_delay,
+                    "shutting down: not ready; new connections still accepted until the delay ends"
+                );
+                listeners_close = Some(
+                    tokio::time::Instant::now() + Duration::from_secs(args.shutdown_delay),
+                );
+            }
+            () = tokio::time::sleep_until(
+                listeners_close.unwrap_or_else(tokio::time::Instant::now),
+            ), if listeners_close.is_some() => break None,
+            r = &mut xds => break Some(("xDS server", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = &mut http => break Some(("HTTP server", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = &mut probes => break Some(("probe server", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = &mut admin => break Some(("admin server", r.map(|r| r.map_err(anyhow::Error::from)))),
+            r = &mut webhook_task => break Some(("webhook", r.map(|r| r.map_err(anyhow::Error::from)))),
+        }
     };
     let _ = drain_tx.send(true);
     if let Some((what, result)) = early {
@@ -354,7 +381,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     }
     info!(
         grace_period_seconds = args.shutdown_grace_period,
-        "shutting down: not ready, no new connections; open xDS streams served until the grace period ends"
+        "shutting down: no new connections; open xDS streams served until the grace period ends"
     );
     let (x, w) = tokio::join!(xds, webhook_task);
     let _ = stop_tx.send(true);
