@@ -618,6 +618,12 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}\n{}", log("first"));
+    // What `kubectl logs` shows: the shutdown said, and no terminal colour codes in a file.
+    let first_log = log("first");
+    assert!(
+        first_log.contains("shutting down: not ready") && !first_log.contains('\u{1b}'),
+        "{first_log:?}"
+    );
     assert!(
         term.elapsed() >= Duration::from_secs(DELAY + GRACE),
         "exited {:?} after SIGTERM, before the grace period\n{}",

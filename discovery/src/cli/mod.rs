@@ -95,12 +95,15 @@ fn init_logging() {
     init_logging_at("info");
 }
 
-/// Logs to stderr at `default` unless `RUST_LOG` says otherwise.
+/// Logs to stderr at `default` unless `RUST_LOG` says otherwise; in colour only on a
+/// terminal (a container's stderr is a pipe or a file, where escape codes are noise).
 fn init_logging_at(default: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
