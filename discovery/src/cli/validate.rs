@@ -268,9 +268,15 @@ fn validate_document(
     let object = format!("{KIND} {name}");
     let mut errors = Vec::new();
     if manifest.api_version.as_deref() != Some(API_VERSION) {
+        let given = manifest.api_version.as_deref().unwrap_or("(missing)");
+        // The original's early releases had their own group for EnvoyConfig.
+        let advice = if given.starts_with("envoy.marin3r.3scale.net/") {
+            " (the original MARIN3R's early group: the spec is the same, see docs/migrating.md)"
+        } else {
+            ""
+        };
         errors.push(Problem::from(format!(
-            "apiVersion: {} is not {API_VERSION}",
-            manifest.api_version.as_deref().unwrap_or("(missing)")
+            "apiVersion: {given} is not {API_VERSION}{advice}"
         )));
     }
     if manifest.metadata.name.is_none() {
@@ -407,6 +413,15 @@ mod tests {
                 "apiVersion: marin3r.3scale.net/v1 is not marin3r.3scale.net/v1alpha1",
                 "spec.envoyResources.clusters[0]: missing field `value`",
             ]
+        );
+        let early = mk_manifest("m", &[]).replace(
+            "apiVersion: marin3r.3scale.net/v1alpha1",
+            "apiVersion: envoy.marin3r.3scale.net/v1alpha1",
+        );
+        assert_eq!(
+            only_errors(&early)[0],
+            "apiVersion: envoy.marin3r.3scale.net/v1alpha1 is not marin3r.3scale.net/v1alpha1 \
+             (the original MARIN3R's early group: the spec is the same, see docs/migrating.md)"
         );
         assert_eq!(
             only_errors("kind: EnvoyConfig\napiVersion: x\n: [").len(),
