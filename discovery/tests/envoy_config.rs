@@ -136,9 +136,25 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         described.contains("Rollback") && described.contains("terminal filter"),
         "{described}"
     );
+    // `kubectl wait` (and GitOps tools) read the Ready condition: not ready while rolled back.
+    let wait = |condition: &str| {
+        plane.rt.block_on(k.ok(&[
+            "wait",
+            "ec/gw",
+            "-n",
+            NS,
+            &format!("--for=condition={condition}"),
+            "--timeout=30s",
+        ]))
+    };
+    wait("Ready=false").unwrap();
+    let rolled_back = plane.get(NS, "gw");
+    let ready = condition(&rolled_back, "Ready").unwrap();
+    assert_eq!(ready.reason, "Rollback", "{ready:?}");
 
-    // A fixed spec is InSync again.
+    // A fixed spec is InSync again, and Ready.
     plane.apply(NS, "gw", spec(node, port, "v3"));
+    wait("Ready").unwrap();
     plane.wait_in_sync(NS, "gw");
     proxy.wait_for_body(port, "v3");
 }

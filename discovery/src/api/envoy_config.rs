@@ -273,7 +273,7 @@ pub struct EnvoyConfigStatus {
     /// The version of the spec's resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_version: Option<String>,
-    /// `CacheOutOfSync` and `RollbackFailed`.
+    /// `CacheOutOfSync`, `Ready` (its opposite) and `RollbackFailed`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The revisions in publication order; the last published one is last.

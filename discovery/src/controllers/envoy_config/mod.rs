@@ -20,6 +20,8 @@ use crate::revisions::CacheState;
 use plan::{Observed, Outcome, Plan, Publish};
 
 pub const CACHE_OUT_OF_SYNC: &str = "CacheOutOfSync";
+/// `CacheOutOfSync` the other way round: True when the desired version is what proxies get.
+pub const READY: &str = "Ready";
 pub const ROLLBACK_FAILED: &str = "RollbackFailed";
 /// The controller's name in metrics and logs.
 const CONTROLLER: &str = "envoyconfig";
@@ -439,6 +441,17 @@ mod tests {
                 .contains("would remove every resource that version abc serves"),
             "{}",
             condition.message
+        );
+        // Ready says the same the other way round.
+        let ready = outcome
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == READY)
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str(), &ready.message),
+            ("False", "EmptyConfigRefused", &condition.message)
         );
         assert_eq!(outcome.events.len(), 1);
         // Nothing served: an empty spec is a configuration like any other.

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 use marin3r_controller::{Note, set_condition};
 
-use super::{CACHE_OUT_OF_SYNC, ROLLBACK_FAILED, problems, revision_name};
+use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, problems, revision_name};
 use crate::api::envoy_config_revision::{
     ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
 };
@@ -147,9 +147,8 @@ fn invalid(obs: &Observed<'_>, version: &str, problems: &[String]) -> Outcome {
         "version {version} is invalid and was not published: {}",
         problems.join("; ")
     );
-    let changed = set_condition(
-        &mut status.conditions,
-        CACHE_OUT_OF_SYNC,
+    let changed = set_served(
+        &mut status,
         true,
         Reason::InvalidSpec,
         &message,
@@ -178,9 +177,8 @@ fn refused_empty(obs: &Observed<'_>, version: &str, served: &EnvoyConfigRevision
          delete the EnvoyConfig",
         served.spec.version, ec.spec.node_id
     );
-    let changed = set_condition(
-        &mut status.conditions,
-        CACHE_OUT_OF_SYNC,
+    let changed = set_served(
+        &mut status,
         true,
         Reason::EmptyConfigRefused,
         &message,
@@ -294,12 +292,13 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
             &obs.now,
         )
     };
-    set(
+    set_served(
         &mut status,
-        CACHE_OUT_OF_SYNC,
         out_of_sync,
         reason,
         &message,
+        generation,
+        &obs.now,
     );
     let failed = plan.cache_state == CacheState::RollbackFailed;
     let (reason, why) = if failed {
@@ -332,6 +331,38 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
 
 /// The `CacheOutOfSync` condition: the cache state's, unless the published revision cannot
 /// be loaded (then it is not what proxies get either).
+/// Sets `CacheOutOfSync` and its positive twin `Ready` (what `kubectl wait
+/// --for=condition=Ready`, kstatus and GitOps tools read): the same reason and message,
+/// opposite status. Whether `CacheOutOfSync` changed.
+fn set_served(
+    status: &mut EnvoyConfigStatus,
+    out_of_sync: bool,
+    reason: Reason,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) -> bool {
+    let changed = set_condition(
+        &mut status.conditions,
+        CACHE_OUT_OF_SYNC,
+        out_of_sync,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    set_condition(
+        &mut status.conditions,
+        READY,
+        !out_of_sync,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    changed
+}
+
 fn served_condition(
     plan: &revisions::Plan,
     mine: &[EnvoyConfigRevision],
