@@ -16,8 +16,8 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec, Volume,
-    VolumeMount,
+    SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{
@@ -636,6 +636,7 @@ impl<'a> Children<'a> {
                             ..Default::default()
                         }),
                         containers: vec![container],
+                        topology_spread_constraints: Some(self.spread()),
                         volumes: Some(vec![Volume {
                             name: "server-cert".into(),
                             secret: Some(SecretVolumeSource {
@@ -651,6 +652,25 @@ impl<'a> Children<'a> {
             },
             ..Default::default()
         }
+    }
+
+    /// Replicas on different nodes, then zones, when the scheduler can: one node going down
+    /// should not take every webhook and xDS endpoint with it. A preference
+    /// (`ScheduleAnyway`), so a one-node cluster still runs every replica.
+    fn spread(&self) -> Vec<TopologySpreadConstraint> {
+        ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+            .into_iter()
+            .map(|key| TopologySpreadConstraint {
+                max_skew: 1,
+                topology_key: key.into(),
+                when_unsatisfiable: "ScheduleAnyway".into(),
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(self.selector_labels()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect()
     }
 
     /// The discovery pods' disruption budget: a voluntary eviction (a node drain) may take one

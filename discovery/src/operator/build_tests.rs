@@ -424,7 +424,31 @@ fn replicas_feed_the_deployment_and_at_least_one_is_required() {
     let d = with(serde_json::json!({}), |c| c.deployment("h"));
     assert_eq!(d.spec.replicas, Some(1));
     let d = with(serde_json::json!({"replicas": 3}), |c| c.deployment("h"));
-    assert_eq!(d.spec.replicas, Some(3));
+    let spec = d.spec;
+    assert_eq!(spec.replicas, Some(3));
+    // Spread over nodes, then zones, as a preference: the pods of this Deployment only (the
+    // selector, not the certificate-hash label that changes on every roll).
+    let spread = spec
+        .template
+        .spec
+        .unwrap()
+        .topology_spread_constraints
+        .unwrap();
+    let keys: Vec<&str> = spread.iter().map(|c| c.topology_key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    );
+    for c in &spread {
+        assert_eq!(
+            (c.max_skew, c.when_unsatisfiable.as_str()),
+            (1, "ScheduleAnyway")
+        );
+        assert_eq!(
+            c.label_selector.as_ref().unwrap().match_labels,
+            spec.selector.match_labels
+        );
+    }
     for n in [0, -1] {
         let err = ds(serde_json::json!({"replicas": n}))
             .resolve("marin3r:test")
