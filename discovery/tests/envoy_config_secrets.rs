@@ -267,11 +267,49 @@ fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
     assert_eq!(plane.list_revisions(NS).len(), 2, "{:?}", ec.status);
     // Give the unpublished revision's reconcile every chance to clear the node.
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(plane.cache.snapshot(NS, "keep"), Some(good));
+    assert_eq!(plane.cache.snapshot(NS, "keep"), Some(good.clone()));
 
     // A proxy that starts now (a new pod of the node) gets the last good config.
     let proxy = plane.proxy(NS, "keep", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "good");
+
+    // So does one on a discovery process that starts now (a restart, a new replica), which
+    // never loaded the good revision: it serves the newest earlier revision that loads.
+    let replica = plane.replica("restarted", |_| {});
+    let late = plane.proxy_on(
+        replica.xds_port,
+        NS,
+        "keep",
+        "late-pod",
+        AdsMode::StateOfTheWorld,
+    );
+    late.wait_for_body(port, "good");
+
+    // Once the Secret exists, the published revision replaces the fallback everywhere.
+    let cert = plane
+        .pki
+        .ca
+        .issue(
+            &CertificateRequest::new("web", Usage::Server, Duration::from_secs(86_400))
+                .with_hosts(["localhost"]),
+        )
+        .unwrap();
+    plane
+        .rt
+        .block_on(
+            Api::<Secret>::namespaced(plane.client.clone(), NS)
+                .create(&PostParams::default(), &tls_secret("no-such-cert", &cert)),
+        )
+        .unwrap();
+    plane.wait_in_sync(NS, "keep");
+    wait(
+        "the published revision on both",
+        Duration::from_secs(30),
+        || {
+            let now = plane.cache.snapshot(NS, "keep");
+            (now != Some(good.clone()) && replica.cache.snapshot(NS, "keep") == now).then_some(())
+        },
+    );
 }
 
 /// Until the operator's Role and RoleBinding exist in a newly served namespace, its Secrets

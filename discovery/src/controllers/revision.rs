@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::ListParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -305,6 +306,11 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         &slices,
         ctx.config.allow_cross_namespace_secrets,
     );
+    // Not in the status: every replica writes the same status, and only a replica that
+    // started after the failure falls back.
+    if loaded.is_err() && ctx.publisher.current(&key).is_none() {
+        load_fallback(&r, &ctx).await?;
+    }
     let action = match &loaded {
         Ok((snapshot, secrets_version)) => {
             if !still_published(&r, &ctx).await? {
@@ -341,6 +347,75 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         ctx.events.publish(&*r, &note).await;
     }
     Ok(action)
+}
+
+/// When the published revision `r` cannot load and nothing is served to its node (this
+/// process just started: a restart, a new replica), loads the newest earlier revision of
+/// the same config that is untainted and loads: what a process that was running all along
+/// still serves, since a running process keeps serving a revision until its successor
+/// loads. The published revision replaces it once it loads (its reconcile is requeued).
+async fn load_fallback(r: &EnvoyConfigRevision, ctx: &Context) -> Result<(), Error> {
+    let key = key_of(r);
+    let owner = |x: &EnvoyConfigRevision| {
+        x.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.uid.clone())
+    };
+    let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &key.namespace);
+    let mut candidates: Vec<EnvoyConfigRevision> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|c| {
+            c.uid() != r.uid()
+                && c.spec.node_id == r.spec.node_id
+                && owner(c).is_some()
+                && owner(c) == owner(r)
+                && !c.is_tainted()
+                && c.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    // Newest publication first; never published last.
+    candidates.sort_by(|a, b| {
+        let at = |x: &EnvoyConfigRevision| {
+            x.status
+                .as_ref()
+                .and_then(|s| s.last_published_at.as_ref())
+                .map(|t| t.0)
+        };
+        at(b).cmp(&at(a))
+    });
+    for c in candidates {
+        let secrets = observe_secrets(&c, ctx).await?;
+        let slices = endpoint_slices::observe(&c, ctx).await?;
+        let Ok((snapshot, _)) = snapshot_for(
+            &c,
+            &secrets,
+            &slices,
+            ctx.config.allow_cross_namespace_secrets,
+        ) else {
+            continue;
+        };
+        let name = c.name_any();
+        // Another reconcile may have loaded something meanwhile: that one stands.
+        if ctx.publisher.current(&key).is_some() {
+            return Ok(());
+        }
+        ctx.publisher.load(
+            &key,
+            &name,
+            &c.uid().unwrap_or_default(),
+            &c.spec.version,
+            snapshot,
+        );
+        warn!(revision = %r.name_any(), fallback = %name, node = %key, "published revision cannot load; serving the newest earlier one that does");
+        return Ok(());
+    }
+    Ok(())
 }
 
 /// Whether the revision is still published, read fresh. The cached object may be stale: a
