@@ -26,6 +26,8 @@ struct Env {
     ns: String,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    /// The controller's certificate gauges.
+    certificates: controller::CertificateMetrics,
 }
 
 impl Env {
@@ -55,6 +57,7 @@ impl Env {
             trust_propagation: PROPAGATION,
             ..Default::default()
         };
+        let certificates = config.certificates.clone();
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
             let _ = stopped.await;
         }));
@@ -64,7 +67,17 @@ impl Env {
             ns,
             stop: Some(stop),
             task: Some(task),
+            certificates,
         }
+    }
+
+    /// The certificate gauges as Prometheus scrapes them.
+    fn metrics(&self) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        self.certificates.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
     }
 
     fn dscs(&self) -> Api<DiscoveryServiceCertificate> {
@@ -330,6 +343,46 @@ async fn issues_a_ca_then_server_and_client_certificates_signed_by_it() {
             "the Secret outlived its certificate"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_certificate_reports_its_expiry_and_readiness_until_deleted() {
+    let env = Env::start(&[]).await;
+    env.apply("ca", ca_spec(3600)).await;
+    let mut orphan = leaf_spec(true, &["marin3r"], 600);
+    orphan["signer"]["caSigned"]["caSecretRef"]["name"] = json!("no-such-ca");
+    env.apply("orphan", orphan).await;
+    let ca = env.wait_reason("ca", "Issued").await;
+    let not_after = ca.status.unwrap().not_after.unwrap().0.as_second();
+    let ns = &env.ns;
+    let series =
+        |metric: &str, name: &str| format!("{metric}{{namespace=\"{ns}\",name=\"{name}\"}} ");
+    let expiry = |name: &str| series("marin3r_certificate_expiration_timestamp_seconds", name);
+    let ready = |name: &str| series("marin3r_certificate_ready", name);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = env.metrics();
+        let done = text.contains(&format!("{}{not_after}\n", expiry("ca")))
+            && text.contains(&format!("{}1\n", ready("ca")))
+            && text.contains(&format!("{}0\n", ready("orphan")));
+        if done {
+            // Never issued: no expiry to report.
+            assert!(!text.contains(&expiry("orphan")), "{text}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A deleted certificate leaves no series behind.
+    env.dscs()
+        .delete("ca", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while env.metrics().contains(&ready("ca")) {
+        assert!(Instant::now() < deadline, "{}", env.metrics());
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

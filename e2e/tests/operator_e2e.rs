@@ -249,6 +249,14 @@ async fn marin3r_end_to_end() {
         );
         assert!(metrics.contains(&timed), "{metrics}");
     }
+    // ...and reports when each certificate it issued expires, and that it is ready.
+    for metric in [
+        "marin3r_certificate_expiration_timestamp_seconds",
+        "marin3r_certificate_ready",
+    ] {
+        let series = format!(r#"{metric}{{namespace="{OPS}",name="marin3r-ca-cert-instance"}} "#);
+        assert!(metrics.contains(&series), "no {series} in {metrics}");
+    }
     let discovery_pods = ready_pods(
         &client,
         OPS,

@@ -4,6 +4,7 @@
 
 pub mod bundle;
 pub mod decide;
+mod metrics;
 pub mod plan;
 pub mod rotation;
 
@@ -34,6 +35,7 @@ const FINALIZER: &str = "operator.marin3r.3scale.net/certificate-secret";
 const CONTROLLER: &str = "certificate";
 
 pub use marin3r_controller::Error;
+pub use metrics::CertificateMetrics;
 
 /// What the controller may do.
 #[derive(Debug, Clone)]
@@ -50,6 +52,8 @@ pub struct Config {
     pub trust_propagation: Duration,
     /// Where reconciles are counted.
     pub metrics: ReconcileMetrics,
+    /// Where the certificates' expiry and readiness are reported.
+    pub certificates: CertificateMetrics,
 }
 
 impl Default for Config {
@@ -59,6 +63,7 @@ impl Default for Config {
             min_renewal_interval: DEFAULT_MIN_RENEWAL_INTERVAL,
             trust_propagation: rotation::DEFAULT_TRUST_PROPAGATION,
             metrics: ReconcileMetrics::default(),
+            certificates: CertificateMetrics::default(),
         }
     }
 }
@@ -75,9 +80,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let metrics = config.metrics.clone();
+    let certificates = config.certificates.clone();
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = marin3r_controller::watch_all::<DiscoveryServiceCertificate>(&client);
     let store = controller.store();
+    certificates.watch(store.clone());
     // A change to a Secret this controller manages wakes the certificate that writes it,
     // every certificate it is the CA of, and the CA of the certificate that writes it (a
     // rotation waits for the certificates it signs).

@@ -54,8 +54,10 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     }
     let stop = CancellationToken::new();
     let metrics = ReconcileMetrics::default();
+    let certificate_metrics = certificates::CertificateMetrics::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
+    certificate_metrics.register(&mut registry);
     let admin = super::admin::serve(args.metrics_addr, registry, stop.clone()).await?;
     let work = {
         let (client, stop, trusted) = (client.clone(), stop.clone(), trusted.clone());
@@ -70,6 +72,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 certificates::Config {
                     trusted_namespaces: trusted.clone(),
                     metrics: metrics.clone(),
+                    certificates: certificate_metrics,
                     trust_propagation: std::time::Duration::from_secs(
                         args.trust_propagation_seconds,
                     ),
