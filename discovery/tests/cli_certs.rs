@@ -148,3 +148,29 @@ fn inspect_without_files_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8(out.stderr).unwrap().contains("<FILE>"));
 }
+
+/// Without a cluster to talk to, the error says where it looked, and each cause once (kube's
+/// errors repeat their sources in their own text).
+#[test]
+fn a_missing_kubeconfig_is_reported_once() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["certs", "status", "some-cert"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let config = home.path().join(".kube/config");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(config.to_str().unwrap()),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("No such file or directory").count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -84,10 +84,27 @@ pub async fn run(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_line(&err));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line, each said once: some errors (kube's configuration
+/// errors) already print their sources in their own message, which `{:#}` would repeat.
+pub(crate) fn error_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
@@ -129,5 +146,41 @@ pub(crate) async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// An error that prints its source in its own message, as kube's do.
+    #[derive(Debug)]
+    struct Wrapping(std::io::Error);
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "failed to read the file: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let err = anyhow::Error::new(Wrapping(io)).context("loading the kubeconfig");
+        assert_eq!(
+            error_line(&err),
+            "loading the kubeconfig: failed to read the file: no such file"
+        );
+        // Causes that add something are all kept, in order.
+        let err = anyhow::anyhow!("the root")
+            .context("the middle")
+            .context("the top");
+        assert_eq!(error_line(&err), "the top: the middle: the root");
     }
 }

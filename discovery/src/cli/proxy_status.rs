@@ -82,18 +82,22 @@ pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
         // Nothing to print: say why, for every pod asked.
         let mut failures = failures.into_iter();
         let first = failures.next().context("no discovery pod was asked")?;
-        let rest: Vec<String> = failures.map(|e| format!("{e:#}")).collect();
+        let rest: Vec<String> = failures.map(|e| super::error_line(&e)).collect();
         if rest.is_empty() {
             return Err(first);
         }
-        bail!("no discovery pod answered: {first:#}; {}", rest.join("; "));
+        bail!(
+            "no discovery pod answered: {}; {}",
+            super::error_line(&first),
+            rest.join("; ")
+        );
     }
     print!("{}", render(&replicas));
     if failures.is_empty() {
         return Ok(());
     }
     for e in &failures {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", super::error_line(e));
     }
     bail!(
         "{} of {} discovery pods did not answer; their proxies are missing above",
