@@ -135,6 +135,37 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // The cluster may be named on the command line instead, as kubectl takes it; a context
+    // the kubeconfig does not have is a clear error.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_marin3r"))
+        .args(["certs", "status", "my-cert", "-n", &ns, "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--context", "local-cluster"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("Ready:         True"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (ok, _, err) = marin3r(
+        &kubeconfig,
+        &[
+            "certs",
+            "renew",
+            "my-cert",
+            "-n",
+            &ns,
+            "--context",
+            "elsewhere",
+        ],
+    )
+    .await;
+    assert!(!ok && err.contains("elsewhere"), "{err}");
+
     // Unknown names are clear errors.
     let (ok, _, err) = marin3r(&kubeconfig, &["certs", "status", "nope", "-n", &ns]).await;
     assert!(

@@ -14,6 +14,8 @@ use marin3r_certs::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::cluster::ClusterArgs;
+
 #[derive(Debug, Subcommand)]
 pub enum CertsCommand {
     /// Print subject, issuer, SANs, serial, key, validity, renewal instant and hash of every
@@ -31,20 +33,30 @@ pub enum CertsCommand {
         /// Its namespace (default: the current context's).
         #[arg(short, long)]
         namespace: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Show a DiscoveryServiceCertificate: readiness, conditions, its Secret and the
     /// certificate inside it.
     Status {
+        /// The DiscoveryServiceCertificate's name.
         name: String,
+        /// Its namespace (default: the current context's).
         #[arg(short, long)]
         namespace: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
 }
 
 pub async fn run(cmd: CertsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        CertsCommand::Renew { name, namespace } => {
-            let (api, ns) = certificates(namespace).await?;
+        CertsCommand::Renew {
+            name,
+            namespace,
+            cluster,
+        } => {
+            let (api, ns) = certificates(&cluster, namespace).await?;
             let now = rfc3339(OffsetDateTime::now_utc());
             let patch = serde_json::json!({"metadata": {"annotations": {RENEW_ANNOTATION: now}}});
             api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
@@ -53,8 +65,12 @@ pub async fn run(cmd: CertsCommand) -> anyhow::Result<ExitCode> {
             println!("renewal requested for discoveryservicecertificate {ns}/{name}");
             Ok(ExitCode::SUCCESS)
         }
-        CertsCommand::Status { name, namespace } => {
-            let (api, ns) = certificates(namespace).await?;
+        CertsCommand::Status {
+            name,
+            namespace,
+            cluster,
+        } => {
+            let (api, ns) = certificates(&cluster, namespace).await?;
             let dsc = api
                 .get(&name)
                 .await
@@ -158,11 +174,10 @@ fn write_certificate(info: &CertificateInfo, out: &mut impl Write) -> io::Result
 }
 
 async fn certificates(
+    cluster: &ClusterArgs,
     namespace: Option<String>,
 ) -> anyhow::Result<(Api<DiscoveryServiceCertificate>, String)> {
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the cluster of the current kubeconfig")?;
+    let client = cluster.client().await?;
     let ns = namespace.unwrap_or_else(|| client.default_namespace().to_owned());
     Ok((Api::namespaced(client, &ns), ns))
 }

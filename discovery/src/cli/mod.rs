@@ -4,6 +4,7 @@
 mod admin;
 mod bootstrap;
 mod certs;
+mod cluster;
 mod crds;
 mod discovery_service;
 mod inject;

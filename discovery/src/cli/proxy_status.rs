@@ -6,17 +6,16 @@
 //! URL directly instead (e.g. after a `kubectl port-forward`).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::cluster::ClusterArgs;
 use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
 use crate::xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
 
@@ -31,12 +30,8 @@ pub struct ProxyStatusArgs {
     /// sync-status path is added when the URL has no path.
     #[arg(long, conflicts_with_all = ["kubeconfig", "context", "discovery_service", "pod"])]
     url: Option<String>,
-    /// The kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context (default: the current one).
-    #[arg(long, value_name = "NAME")]
-    context: Option<String>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// The DiscoveryService whose pod to ask, as NAMESPACE/NAME or NAME (default: the only
     /// discovery pod in the cluster).
     #[arg(long, value_name = "[NAMESPACE/]NAME", conflicts_with = "pod")]
@@ -145,20 +140,7 @@ fn get_url(url: &str) -> anyhow::Result<String> {
 /// Asks every discovery pod (each replica has its own proxies) for its sync status through
 /// a port-forward, all at once: per pod, its answer or the error naming it.
 async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<Vec<anyhow::Result<Answer>>> {
-    let options = KubeConfigOptions {
-        context: args.context.clone(),
-        ..Default::default()
-    };
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &options).await
-        }
-        None => kube::Config::from_kubeconfig(&options).await,
-    }
-    .context("loading the kubeconfig")?;
-    let client = kube::Client::try_from(config).context("connecting to the cluster")?;
+    let client = args.cluster.client().await?;
     let asks = find_pods(&client, args)
         .await?
         .into_iter()
