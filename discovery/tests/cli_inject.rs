@@ -205,6 +205,44 @@ fn a_pod_not_labelled_for_injection_is_printed_unchanged_with_a_note() {
     );
 }
 
+/// A CronJob's pods come from its job template: that is what gets the sidecar.
+#[test]
+fn a_cron_job_gets_the_sidecar_in_its_job_template() {
+    let cron = r#"
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: report}
+spec:
+  schedule: "0 * * * *"
+  jobTemplate:
+    spec:
+      template:
+        metadata:
+          labels: {marin3r.3scale.net/status: enabled}
+          annotations: {marin3r.3scale.net/node-id: report}
+        spec:
+          restartPolicy: OnFailure
+          containers:
+          - {name: report, image: busybox}
+"#;
+    let out = marin3r(&["inject", "-f", "-"], Some(cron));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs = documents(&out.stdout);
+    let containers = docs[0]
+        .pointer("/spec/jobTemplate/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .unwrap();
+    let names: Vec<&str> = containers
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["report", "envoy-sidecar"]);
+}
+
 /// A Deployment written for the original with its drain annotations: the template gets the
 /// shutdown manager (image from the flag), the hooks and the grace period; an annotation
 /// without effect is a note on stderr, as the webhook's admission warning.

@@ -7,13 +7,17 @@ use crate::config::InjectionConfig;
 use crate::mutate::{Selection, inject_json};
 
 /// Kinds whose `spec.template` is a pod template.
-const TEMPLATED_KINDS: [&str; 5] = [
+const TEMPLATED_KINDS: [&str; 6] = [
     "Deployment",
     "StatefulSet",
     "DaemonSet",
     "ReplicaSet",
+    "ReplicationController",
     "Job",
 ];
+
+/// Where a CronJob keeps its pod template.
+const CRON_JOB_TEMPLATE: &str = "/spec/jobTemplate/spec/template";
 
 #[derive(Debug, thiserror::Error)]
 #[error("{location}: {message}")]
@@ -86,7 +90,8 @@ fn inject_object(
     let location = format!("{at} ({kind} {name:?})");
     let selected = match kind.as_str() {
         "Pod" => inject_json(doc, config),
-        k if TEMPLATED_KINDS.contains(&k) => inject_template(doc, config),
+        k if TEMPLATED_KINDS.contains(&k) => inject_template(doc, "/spec/template", config),
+        "CronJob" => inject_template(doc, CRON_JOB_TEMPLATE, config),
         _ => return Ok(()),
     };
     match selected {
@@ -109,15 +114,20 @@ fn inject_object(
     }
 }
 
-/// Injects into `spec.template` by treating the template as a Pod.
+/// Injects into the pod template at `pointer` (e.g. `/spec/template`) by treating the
+/// template as a Pod.
 fn inject_template(
     doc: &mut Value,
+    pointer: &str,
     config: &InjectionConfig,
 ) -> Result<(Selection, Vec<String>), crate::mutate::Denial> {
     let template = doc
-        .pointer_mut("/spec/template")
+        .pointer_mut(pointer)
         .filter(|t| t.is_object())
-        .ok_or_else(|| crate::mutate::Denial::NotAPod("the object has no spec.template".into()))?;
+        .ok_or_else(|| {
+            let field = pointer.trim_start_matches('/').replace('/', ".");
+            crate::mutate::Denial::NotAPod(format!("the object has no {field}"))
+        })?;
     let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -169,6 +179,35 @@ mod tests {
             assert_eq!(sidecar_names(&out.yaml), ["db", "envoy-sidecar"], "{kind}");
             assert!(out.notes.is_empty());
         }
+    }
+
+    #[test]
+    fn a_cron_jobs_job_template_is_injected() {
+        let indented: String = TEMPLATE.lines().map(|l| format!("        {l}\n")).collect();
+        let cron = format!(
+            "apiVersion: batch/v1\nkind: CronJob\nmetadata: {{name: db}}\nspec:\n  schedule: '@hourly'\n  jobTemplate:\n    spec:\n      template:\n{indented}"
+        );
+        let out = inject_yaml(&cron, &InjectionConfig::default()).unwrap();
+        let v: Value = serde_saphyr::from_str(&out.yaml).unwrap();
+        let names: Vec<&str> = v
+            .pointer("/spec/jobTemplate/spec/template/spec/containers")
+            .and_then(Value::as_array)
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert_eq!(names, ["db", "envoy-sidecar"]);
+        assert_eq!(v["spec"]["schedule"], "@hourly");
+        // Without a job template: an error naming the field.
+        let err = inject_yaml(
+            "kind: CronJob\nmetadata: {name: x}\nspec: {schedule: '@hourly'}\n",
+            &InjectionConfig::default(),
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("spec.jobTemplate.spec.template"),
+            "{err}"
+        );
     }
 
     #[test]
