@@ -269,6 +269,34 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
             target.name_any()
         );
     }
+    // The same as JSON, for scripts: each proxy with the replica it is on.
+    let out = tokio::process::Command::new(&marin3r)
+        .args(["proxy-status", "-o", "json", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["-n", "demo"])
+        .output()
+        .await
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+    });
+    let mut on: Vec<(String, String)> = doc["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let s = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+            (s("pod"), s("replica"))
+        })
+        .collect();
+    on.sort();
+    let mut want: Vec<(String, String)> = sidecars
+        .iter()
+        .zip(&discovery)
+        .map(|(p, d)| (p.name_any(), d.name_any()))
+        .collect();
+    want.sort();
+    assert_eq!(on, want, "{doc}");
 
     // A config every sidecar rejects: each replica reports its own sidecar, the leader
     // taints once, and both roll back.

@@ -45,6 +45,17 @@ pub struct ProxyStatusArgs {
     /// Only proxies of this namespace.
     #[arg(long, short = 'n')]
     namespace: Option<String>,
+    /// `table`, or `json`: `{"proxies": [...]}` with every field of the sync status and, per
+    /// proxy, the discovery pod it is connected to (`replica`, when asked through the API
+    /// server).
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
 }
 
 pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
@@ -87,7 +98,10 @@ pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
             rest.join("; ")
         );
     }
-    print!("{}", render(&replicas));
+    match args.output {
+        Output::Table => print!("{}", render(&replicas)),
+        Output::Json => println!("{}", to_json(&replicas)?),
+    }
     if failures.is_empty() {
         return Ok(());
     }
@@ -374,6 +388,23 @@ pub fn render(answers: &[Answer]) -> String {
     out
 }
 
+/// The `-o json` document: every proxy of every answer, with the pod that answered.
+pub fn to_json(answers: &[Answer]) -> anyhow::Result<String> {
+    let mut proxies = Vec::new();
+    for answer in answers {
+        for p in &answer.status.proxies {
+            let mut proxy = serde_json::to_value(p)?;
+            if let (Some(pod), Some(fields)) = (&answer.pod, proxy.as_object_mut()) {
+                fields.insert("replica".into(), pod.clone().into());
+            }
+            proxies.push(proxy);
+        }
+    }
+    Ok(serde_json::to_string_pretty(
+        &serde_json::json!({ "proxies": proxies }),
+    )?)
+}
+
 fn nack_lines(p: &ProxyStatus) -> Vec<String> {
     p.types
         .iter()
@@ -501,6 +532,33 @@ mod tests {
             render(&[Answer::default(), Answer::default()]),
             "no proxies connected\n"
         );
+    }
+
+    #[test]
+    fn json_lists_every_proxy_with_its_replica() {
+        let answers = [
+            Answer {
+                pod: Some("discovery-a".into()),
+                status: SyncStatus {
+                    proxies: vec![proxy("gw", "gw-1", "aaaa")],
+                },
+            },
+            Answer {
+                pod: None,
+                status: SyncStatus {
+                    proxies: vec![proxy("db", "db-1", "bbbb")],
+                },
+            },
+        ];
+        let doc: serde_json::Value = serde_json::from_str(&to_json(&answers).unwrap()).unwrap();
+        let proxies = doc["proxies"].as_array().unwrap();
+        assert_eq!(proxies.len(), 2);
+        assert_eq!(proxies[0]["replica"], "discovery-a");
+        assert_eq!(proxies[0]["node_id"], "gw");
+        assert_eq!(proxies[0]["types"]["clusters"]["acked_version"], "aaaa");
+        // Read from a URL: no replica to name.
+        assert!(proxies[1].get("replica").is_none());
+        assert_eq!(to_json(&[]).unwrap(), "{\n  \"proxies\": []\n}");
     }
 
     #[test]
