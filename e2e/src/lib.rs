@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod cli;
 pub mod cluster;
 pub mod demo;
 pub mod deployments;

@@ -592,17 +592,9 @@ async fn marin3r_end_to_end() {
     let proxy_status = || {
         let (marin3r, kubeconfig) = (marin3r.clone(), kubeconfig.clone());
         async move {
-            let out = tokio::process::Command::new(&marin3r)
-                .args(["proxy-status", "--kubeconfig"])
-                .arg(&kubeconfig)
-                .args(["-n", "demo"])
-                .output()
+            marin3r_e2e::cli::proxy_status(&marin3r, &kubeconfig, &["-n", "demo"])
                 .await
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            assert!(out.status.success(), "{stdout}\n{stderr}");
-            stdout
+                .unwrap()
         }
     };
     let table = until("proxy-status to show the synced sidecar", 30, || async {

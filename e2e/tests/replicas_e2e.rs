@@ -20,6 +20,7 @@ use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::EnvoyConfigRevision;
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_discovery::revisions::CacheState;
+use marin3r_e2e::cli::proxy_status;
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_e2e::kubectl::Kubectl;
 use marin3r_e2e::kubelet::ImageMap;
@@ -240,19 +241,9 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         );
     }
     // `marin3r proxy-status` asks every replica and says which one each sidecar is on.
-    let out = tokio::process::Command::new(&marin3r)
-        .args(["proxy-status", "--kubeconfig"])
-        .arg(&kubeconfig)
-        .args(["-n", "demo"])
-        .output()
+    let table = proxy_status(&marin3r, &kubeconfig, &["-n", "demo"])
         .await
         .unwrap();
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{table}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         table.lines().next().unwrap_or_default().contains("REPLICA"),
         "{table}"
@@ -270,16 +261,10 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         );
     }
     // The same as JSON, for scripts: each proxy with the replica it is on.
-    let out = tokio::process::Command::new(&marin3r)
-        .args(["proxy-status", "-o", "json", "--kubeconfig"])
-        .arg(&kubeconfig)
-        .args(["-n", "demo"])
-        .output()
+    let json = proxy_status(&marin3r, &kubeconfig, &["-o", "json", "-n", "demo"])
         .await
         .unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
-    });
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
     let mut on: Vec<(String, String)> = doc["proxies"]
         .as_array()
         .unwrap()
