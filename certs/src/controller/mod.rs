@@ -129,6 +129,20 @@ fn references(dsc: &DiscoveryServiceCertificate, key: &(String, String)) -> bool
     }
 }
 
+/// Issues on a blocking thread: key generation (RSA-4096 takes seconds) must not hold an
+/// async worker.
+async fn off_the_runtime(
+    issue: impl FnOnce() -> Result<crate::IssuedCertificate, crate::CertError> + Send + 'static,
+) -> Result<crate::IssuedCertificate, crate::CertError> {
+    tokio::task::spawn_blocking(issue)
+        .await
+        .unwrap_or_else(|e| {
+            Err(crate::CertError::Generation(format!(
+                "the issuing task failed: {e}"
+            )))
+        })
+}
+
 async fn reconcile(
     dsc: Arc<DiscoveryServiceCertificate>,
     ctx: Arc<Context>,
@@ -262,13 +276,7 @@ async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<A
             Ok(valid),
         ) => {
             let request = valid.request.clone();
-            let issued = tokio::task::spawn_blocking(move || issue_self_signed(&request))
-                .await
-                .unwrap_or_else(|e| {
-                    Err(crate::CertError::Generation(format!(
-                        "the issuing task failed: {e}"
-                    )))
-                });
+            let issued = off_the_runtime(move || issue_self_signed(&request)).await;
             match issued {
                 Ok(next) => {
                     let update = bundle::start(&state, &next, renew_request.as_deref());
@@ -297,18 +305,12 @@ async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<A
             },
             Ok(valid),
         ) => {
-            // Key generation (RSA-4096 takes seconds) must not block an async worker.
             let request = valid.request.clone();
-            let issued = tokio::task::spawn_blocking(move || match &ca {
+            let issued = off_the_runtime(move || match &ca {
                 Some(ca) => ca.issue(&request),
                 None => issue_self_signed(&request),
             })
-            .await
-            .unwrap_or_else(|e| {
-                Err(crate::CertError::Generation(format!(
-                    "the issuing task failed: {e}"
-                )))
-            });
+            .await;
             match issued {
                 Ok(mut issued) => {
                     if let Some(trust) = trust_pem {
