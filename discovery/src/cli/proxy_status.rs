@@ -86,17 +86,8 @@ pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
     }
     if replicas.is_empty() {
         // Nothing to print: say why, for every pod asked.
-        let mut failures = failures.into_iter();
-        let first = failures.next().context("no discovery pod was asked")?;
-        let rest: Vec<String> = failures.map(|e| super::error_line(&e)).collect();
-        if rest.is_empty() {
-            return Err(first);
-        }
-        bail!(
-            "no discovery pod answered: {}; {}",
-            super::error_line(&first),
-            rest.join("; ")
-        );
+        let why: Vec<String> = failures.iter().map(super::error_line).collect();
+        bail!("no discovery pod answered: {}", why.join("; "));
     }
     match args.output {
         Output::Table => print!("{}", render(&replicas)),
