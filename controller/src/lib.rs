@@ -2,11 +2,13 @@
 //! function what the world should look like (children, status, Events, when to look again),
 //! act on that plan. This crate holds the acting half that would otherwise be written once per
 //! controller: typed condition reasons, conditions that keep their transition time, Events,
-//! server-side apply, status patches, the error policy and the reconcile metrics.
+//! server-side apply, status patches, the error policy and the reconcile metrics; and leader
+//! election, which both marin3r processes use.
 
 mod act;
 mod condition;
 mod event;
+pub mod leader;
 mod metrics;
 mod policy;
 

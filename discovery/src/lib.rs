@@ -1,16 +1,12 @@
 //! marin3r's discovery service and the `marin3r` command line.
 
-pub mod admission;
 pub mod api;
-pub mod bootstrap;
 pub mod cli;
 pub mod controllers;
 pub mod convert;
-pub mod crds;
 pub mod operator;
-pub mod reference;
-pub mod revisions;
-pub mod shutdown_manager;
+pub mod rules;
+pub mod sidecar;
 
 /// The container image this `marin3r` binary ships in: the operator's default for discovery
 /// pods, the name `manifests/` deploy (kustomize `images:` overrides it) and `hack/image`
@@ -19,8 +15,3 @@ pub mod shutdown_manager;
 pub const IMAGE: &str = concat!("marin3r:v", env!("CARGO_PKG_VERSION"));
 /// The user the image runs as (the `Dockerfile`'s `USER`, distroless' `nonroot`).
 pub const IMAGE_USER: i64 = 65532;
-
-/// The xDS server lives in its own crate (no Kubernetes in it); these keep the paths the
-/// rest of this crate and its users know.
-pub use marin3r_xds as xds;
-pub use marin3r_xds::resource;

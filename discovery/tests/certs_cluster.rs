@@ -56,7 +56,7 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
     let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
     let client = server.kube_client().await.unwrap();
     server
-        .install_crds(marin3r_discovery::crds::all())
+        .install_crds(marin3r_discovery::api::crds::all())
         .await
         .unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use marin3r_discovery::crds;
+use marin3r_discovery::api::crds;
 
 #[test]
 fn checked_in_crds_match_the_rust_types() {

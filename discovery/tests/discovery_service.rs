@@ -10,7 +10,7 @@
 
 mod support;
 
-use marin3r_discovery::revisions::CacheState;
+use marin3r_discovery::api::envoy_config::CacheState;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, CustomResourceExt};
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
-use marin3r_discovery::bootstrap::AdsMode;
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use marin3r_e2e::envoy::get_body;
 use serde_json::json;
@@ -526,7 +526,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
         wait_for(&format!("{name} InSync"), Duration::from_secs(20), || {
             let ec = rt.block_on(configs.get(name)).unwrap();
             let status = ec.status?;
-            (status.cache_state == Some(marin3r_discovery::revisions::CacheState::InSync)
+            (status.cache_state == Some(marin3r_discovery::api::envoy_config::CacheState::InSync)
                 && version.is_none_or(|v| status.published_version.as_deref() == Some(v)))
             .then_some(())
         })

@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::api::DeleteParams;
+use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_discovery::api::envoy_config_revision::REVISION_TAINTED;
-use marin3r_discovery::bootstrap::AdsMode;
-use marin3r_discovery::resource::ResourceType;
-use marin3r_discovery::revisions::CacheState;
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_e2e::apiserver::FaultScope;
 use marin3r_e2e::xds::client::{ClientTls, SotwStream, connect};
+use marin3r_xds::resource::ResourceType;
 use support::free_port;
 use support::plane::*;
 
@@ -561,7 +561,7 @@ fn a_stale_cached_envoyconfig_never_republishes_an_old_revision() {
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use kube::api::{Api, PostParams};
     use marin3r_discovery::controllers::{self, Readiness};
-    use marin3r_discovery::xds::{Cache, Server};
+    use marin3r_xds::{Cache, Server};
 
     let plane = Plane::start(&[NS]);
     let port = free_port();

@@ -17,7 +17,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use marin3r_certs::{CertificateRequest, IssuedCertificate, Usage};
-use marin3r_discovery::bootstrap::AdsMode;
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_e2e::kubectl::Kubectl;
 use serde_json::json;
 use support::free_port;

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use marin3r_certs::{CertificateRequest, Usage};
-use marin3r_discovery::bootstrap::AdsMode;
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use serde_json::json;
 use support::free_port;
 use support::plane::*;

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use marin3r_discovery::crds;
+use marin3r_discovery::api::crds;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use marin3r_e2e::kubectl::Kubectl;
 use serde_json::Value;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use marin3r_discovery::operator::leader::{self, LeaderError, LeaseConfig};
+use marin3r_controller::leader::{self, LeaderError, LeaseConfig};
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use serde_json::json;
 use tokio::task::JoinHandle;

@@ -20,10 +20,11 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_controller::leader;
 use marin3r_discovery::api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
 };
-use marin3r_discovery::operator::{self, leader};
+use marin3r_discovery::operator;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +56,7 @@ async fn start() -> Operator {
     let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
     let client = server.kube_client().await.unwrap();
     server
-        .install_crds(marin3r_discovery::crds::all())
+        .install_crds(marin3r_discovery::api::crds::all())
         .await
         .unwrap();
     for ns in [OPS, "team-a", "team-b", "team-c"] {

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use marin3r_discovery::{crds, reference};
+use marin3r_discovery::api::{crds, reference};
 
 const REFRESH: &str = "run `cargo run -p marin3r-discovery -- crds --reference docs/reference`";
 

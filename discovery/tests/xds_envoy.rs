@@ -10,9 +10,9 @@ mod support;
 
 use std::time::Duration;
 
-use marin3r_discovery::bootstrap::AdsMode;
-use marin3r_discovery::resource::ResourceType;
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_e2e::xds::resources::{ListenerFlaw, direct_response_config, eds_cluster_with_timeout};
+use marin3r_xds::resource::ResourceType;
 use support::{Pki, Proxy, XdsServer, envoy_serial, free_port, snapshot, wait_for};
 
 const NS: &str = "team-a";
@@ -245,7 +245,7 @@ fn rotated_client_certificate_is_presented_without_a_restart() {
 #[test]
 fn an_old_connection_is_closed_and_envoy_reconnects_without_losing_its_config() {
     let pki = Pki::new();
-    let limits = marin3r_discovery::xds::Limits {
+    let limits = marin3r_xds::Limits {
         max_connection_age: Duration::from_secs(1),
         ..Default::default()
     };

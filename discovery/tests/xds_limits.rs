@@ -10,9 +10,9 @@ mod support;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use marin3r_discovery::xds::Limits;
 use marin3r_e2e::xds::client::{ClientTls, DeltaStream, SotwStream, connect};
 use marin3r_e2e::xds::resources::eds_cluster;
+use marin3r_xds::Limits;
 use support::{Pki, XdsServer, snapshot};
 use tonic::Code;
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 use marin3r_certs::{
     CertificateAuthority, CertificateRequest, IssuedCertificate, Usage, issue_self_signed,
 };
-use marin3r_discovery::resource::ResourceType;
 use marin3r_e2e::xds::client::{ClientTls, SotwStream, connect};
 use marin3r_e2e::xds::resources::eds_cluster;
+use marin3r_xds::resource::ResourceType;
 use support::{Pki, XdsServer, snapshot};
 
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";

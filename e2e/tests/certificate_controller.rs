@@ -35,7 +35,7 @@ impl Env {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let client = server.kube_client().await.unwrap();
         server
-            .install_crds(marin3r_discovery::crds::all())
+            .install_crds(marin3r_discovery::api::crds::all())
             .await
             .unwrap();
         let ns = format!("certs-{}", std::process::id());

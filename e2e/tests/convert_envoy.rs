@@ -18,8 +18,8 @@ use envoy_types::pb::envoy::service::runtime::v3::Runtime;
 use marin3r_certs::{CertificateInfo, CertificateRequest, Usage, issue_self_signed};
 use marin3r_discovery::api::EnvoyConfigSpec;
 use marin3r_discovery::convert::{tls_secret, validate_config};
-use marin3r_discovery::resource::{Resource, ResourceType};
 use marin3r_e2e::envoy::{Envoy, get_body};
+use marin3r_xds::resource::{Resource, ResourceType};
 use prost::Message as _;
 
 /// A user's spec: a plain HTTP listener with a direct response, a TLS listener whose

@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use marin3r_discovery::revisions::CacheState;
+use marin3r_discovery::api::envoy_config::CacheState;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;

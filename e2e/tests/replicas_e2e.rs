@@ -19,7 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::EnvoyConfigRevision;
 use marin3r_discovery::api::discovery_service::DiscoveryService;
-use marin3r_discovery::revisions::CacheState;
+use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_e2e::cli::proxy_status;
 use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_e2e::kubectl::Kubectl;

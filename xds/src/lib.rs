@@ -8,7 +8,7 @@
 //! use marin3r_xds::{Cache, Server, Snapshot, TlsFiles};
 //! let cache = Cache::new();
 //! let (server, mut nacks) = Server::builder(cache.clone()).build();
-//! let router = server.http_router(); // serve on the metrics port
+//! let router = server.admin_router(); // serve on a loopback port
 //! cache.set_snapshot("team-a", "gateway", Snapshot::new(vec![])?);
 //! // The files are re-read when they change (a renewed certificate needs no restart).
 //! let tls = TlsFiles::in_dir("/etc/marin3r/tls".as_ref());
@@ -34,8 +34,8 @@ mod tls;
 mod wire;
 
 pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource};
-pub use http::{SYNC_STATUS_PATH, metrics_response};
+pub use http::SYNC_STATUS_PATH;
 pub use limits::{Limit, Limits};
-pub use server::{ReadinessGate, ServeError, Server, ServerBuilder};
+pub use server::{ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};

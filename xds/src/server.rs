@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::cache::Cache;
-use super::http::{self, HttpState};
+use super::http;
 use super::limits::{Limits, NamespaceStreams};
 use super::metrics::Metrics;
 use super::status::{NackEvent, StatusRegistry, SyncStatus};
@@ -41,15 +41,10 @@ pub struct ServerBuilder {
     cache: Cache,
     control_plane_id: String,
     nack_capacity: usize,
-    registry: Registry,
-    gates: Vec<ReadinessGate>,
+    metrics: Option<Metrics>,
     drain: Duration,
     limits: Limits,
 }
-
-/// Something else the process needs before `/readyz` says ready (e.g. a controller whose
-/// caches are not synced yet), by the name `/readyz` reports while it is not.
-pub type ReadinessGate = (&'static str, Arc<AtomicBool>);
 
 impl ServerBuilder {
     /// The identifier sent as `control_plane.identifier` in every response (e.g. the pod name).
@@ -71,12 +66,6 @@ impl ServerBuilder {
         self
     }
 
-    /// `/readyz` also waits for `flag`, reporting `name` while it is false.
-    pub fn ready_when(mut self, name: &'static str, flag: Arc<AtomicBool>) -> Self {
-        self.gates.push((name, flag));
-        self
-    }
-
     /// How long, after shutdown begins, the open streams keep being served (and pushed new
     /// configs) while no new connection is accepted; zero by default.
     pub fn drain_period(mut self, drain: Duration) -> Self {
@@ -84,15 +73,18 @@ impl ServerBuilder {
         self
     }
 
-    /// A registry with other metrics of the process; the server adds its own and serves it.
-    pub fn registry(mut self, registry: Registry) -> Self {
-        self.registry = registry;
+    /// Registers the server's metrics (`marin3r_xds_*`) in the process's `registry`, which
+    /// the process serves; without it they are counted but not exported.
+    pub fn metrics(mut self, registry: &mut Registry) -> Self {
+        self.metrics = Some(Metrics::register(registry));
         self
     }
 
     /// The server and the receiving end of its NACK events.
-    pub fn build(mut self) -> (Server, mpsc::Receiver<NackEvent>) {
-        let metrics = Metrics::register(&mut self.registry);
+    pub fn build(self) -> (Server, mpsc::Receiver<NackEvent>) {
+        let metrics = self
+            .metrics
+            .unwrap_or_else(|| Metrics::register(&mut Registry::default()));
         let (nacks, nack_rx) = mpsc::channel(self.nack_capacity);
         let shared = Arc::new(Shared {
             cache: self.cache,
@@ -108,9 +100,7 @@ impl ServerBuilder {
         });
         let server = Server {
             shared,
-            registry: Arc::new(self.registry),
-            ready: Arc::new(AtomicBool::new(false)),
-            gates: Arc::new(self.gates),
+            serving: Arc::new(AtomicBool::new(false)),
             drain: self.drain,
         };
         (server, nack_rx)
@@ -120,9 +110,7 @@ impl ServerBuilder {
 /// The ADS server over mutual TLS. Controllers write to its [`Cache`]; it serves from it.
 pub struct Server {
     shared: Arc<Shared>,
-    registry: Arc<Registry>,
-    ready: Arc<AtomicBool>,
-    gates: Arc<Vec<ReadinessGate>>,
+    serving: Arc<AtomicBool>,
     drain: Duration,
 }
 
@@ -132,8 +120,7 @@ impl Server {
             cache,
             control_plane_id: "marin3r".into(),
             nack_capacity: 1024,
-            registry: Registry::default(),
-            gates: Vec::new(),
+            metrics: None,
             drain: Duration::ZERO,
             limits: Limits::default(),
         }
@@ -153,13 +140,10 @@ impl Server {
         self.shared.status.snapshot()
     }
 
-    /// `/metrics`, `/healthz` and `/readyz`, for the metrics port.
-    pub fn http_router(&self) -> axum::Router {
-        http::router(HttpState {
-            registry: Arc::clone(&self.registry),
-            ready: Arc::clone(&self.ready),
-            gates: Arc::clone(&self.gates),
-        })
+    /// True while the server accepts connections: from the start of [`Server::serve`] until
+    /// shutdown begins. What the process's `/readyz` waits for.
+    pub fn serving(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.serving)
     }
 
     /// `/sync-status`, for the admin port: it names every tenant's proxies and shows their
@@ -209,14 +193,14 @@ impl Server {
                 stop.clone().cancelled_owned(),
             );
         tokio::pin!(server);
-        self.ready.store(true, Ordering::SeqCst);
+        self.serving.store(true, Ordering::SeqCst);
         let mut early = tokio::select! {
             r = &mut server => Some(r),
             () = shutdown => None,
         };
         // Not ready, and new connections are refused (the listener closes with the accept
         // loop); the proxies already connected keep their streams for the drain period.
-        self.ready.store(false, Ordering::SeqCst);
+        self.serving.store(false, Ordering::SeqCst);
         accept.abort();
         if early.is_none() && !self.drain.is_zero() {
             info!(drain = ?self.drain, "xDS server draining: no new connections, open streams still served");

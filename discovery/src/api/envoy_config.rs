@@ -184,8 +184,8 @@ impl EnvoyResources {
 
     /// Every list of serialized resources with the type it must hold (secrets are references,
     /// not serialized values, and are not among them).
-    pub fn serialized(&self) -> [(crate::resource::ResourceType, &[EnvoyResource]); 7] {
-        use crate::resource::ResourceType as T;
+    pub fn serialized(&self) -> [(marin3r_xds::resource::ResourceType, &[EnvoyResource]); 7] {
+        use marin3r_xds::resource::ResourceType as T;
         [
             (T::Endpoint, &self.endpoints),
             (T::Cluster, &self.clusters),
@@ -266,7 +266,7 @@ pub struct SecretReference {
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_state: Option<crate::revisions::CacheState>,
+    pub cache_state: Option<CacheState>,
     /// The version served to the proxies of `nodeID`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub published_version: Option<String>,
@@ -291,4 +291,26 @@ pub struct ConfigRevisionRef {
     pub version: String,
     #[serde(rename = "ref")]
     pub revision_ref: ObjectReference,
+}
+
+/// Whether proxies get the desired version: `InSync` (they do), `Rollback` (Envoy rejected it
+/// and an older revision is served) or `RollbackFailed` (every revision was rejected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum CacheState {
+    /// The desired version is published.
+    InSync,
+    /// The desired version was rejected; an older untainted revision is published.
+    Rollback,
+    /// Every revision was rejected; the newest stays published until the spec is fixed.
+    RollbackFailed,
+}
+
+impl CacheState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InSync => "InSync",
+            Self::Rollback => "Rollback",
+            Self::RollbackFailed => "RollbackFailed",
+        }
+    }
 }

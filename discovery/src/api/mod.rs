@@ -1,10 +1,12 @@
 //! marin3r's Kubernetes API types (the specs of its custom resources), independent of any
 //! client: the controllers, the validator and the CLI share them.
 
+pub mod crds;
 pub mod discovery_service;
 pub mod duration;
 pub mod envoy_config;
 pub mod envoy_config_revision;
+pub mod reference;
 pub mod resources;
 
 pub use envoy_config::{

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use crate::{crds, reference};
+use crate::api::{crds, reference};
 
 #[derive(Debug, Args)]
 pub struct CrdsArgs {

@@ -16,10 +16,16 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::response::IntoResponse as _;
 use clap::Args;
+use marin3r_controller::leader::LeaseConfig;
 use marin3r_webhook::server::WebhookServerConfig;
+use marin3r_xds::{Cache, Limits, Server, TlsFiles};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::info;
+
+use super::admin;
 
 use crate::api::discovery_service::{
     DEFAULT_ADMIN_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT, DEFAULT_WEBHOOK_PORT,
@@ -27,8 +33,6 @@ use crate::api::discovery_service::{
 };
 use crate::controllers::nacks::ReplicaPods;
 use crate::controllers::{self, Readiness};
-use crate::operator::leader::LeaseConfig;
-use crate::xds::{Cache, Limits, Server, TlsFiles};
 
 #[derive(Debug, Args)]
 pub struct DiscoveryServiceArgs {
@@ -167,106 +171,196 @@ async fn only_health_paths(
     }
 }
 
+/// The two phases of shutdown. `draining` (SIGTERM, once `--shutdown-delay` has passed)
+/// closes the xDS and webhook listeners and ends the leader's term; `stopped` (once the xDS
+/// server has drained its open streams) stops the controllers and the HTTP servers, which keep
+/// feeding and probing the open streams until then.
+#[derive(Debug, Clone, Default)]
+struct Shutdown {
+    draining: CancellationToken,
+    stopped: CancellationToken,
+}
+
+/// Every port the process listens on, bound before anything starts so that a taken port is
+/// an error at once, naming it.
+struct Listeners {
+    xds: TcpListener,
+    metrics: TcpListener,
+    probe: TcpListener,
+    webhook: TcpListener,
+    admin: TcpListener,
+}
+
+impl Listeners {
+    async fn bind(args: &DiscoveryServiceArgs) -> anyhow::Result<Self> {
+        let bind = |port, what: &'static str| async move {
+            let addr = SocketAddr::new(args.bind_address, port);
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("listening on the {what} port {port}"))
+        };
+        Ok(Self {
+            xds: bind(args.xds_port, "xDS").await?,
+            metrics: bind(args.metrics_port, "metrics").await?,
+            probe: bind(args.probe_port, "probe").await?,
+            webhook: bind(args.webhook_port, "webhook").await?,
+            admin: TcpListener::bind(args.admin_address)
+                .await
+                .with_context(|| {
+                    format!("listening on the admin address {}", args.admin_address)
+                })?,
+        })
+    }
+}
+
+/// The servers' tasks; any of them ending before shutdown is fatal.
+struct Servers {
+    xds: JoinHandle<Result<(), marin3r_xds::ServeError>>,
+    webhook: JoinHandle<Result<(), marin3r_webhook::server::ServeError>>,
+    http: JoinHandle<std::io::Result<()>>,
+    probes: JoinHandle<std::io::Result<()>>,
+    admin: JoinHandle<std::io::Result<()>>,
+}
+
 pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let bind = |port| SocketAddr::new(args.bind_address, port);
-    let xds_listener = TcpListener::bind(bind(args.xds_port))
-        .await
-        .with_context(|| format!("listening on the xDS port {}", args.xds_port))?;
-    let http_listener = TcpListener::bind(bind(args.metrics_port))
-        .await
-        .with_context(|| format!("listening on the metrics port {}", args.metrics_port))?;
-    let probe_listener = TcpListener::bind(bind(args.probe_port))
-        .await
-        .with_context(|| format!("listening on the probe port {}", args.probe_port))?;
-    let webhook_listener = TcpListener::bind(bind(args.webhook_port))
-        .await
-        .with_context(|| format!("listening on the webhook port {}", args.webhook_port))?;
-    let admin_listener = TcpListener::bind(args.admin_address)
-        .await
-        .with_context(|| format!("listening on the admin address {}", args.admin_address))?;
-
+    let listeners = Listeners::bind(&args).await?;
     let tls = TlsFiles::in_dir(&args.server_cert_dir);
     // Refuse to start, naming the folder, rather than fail later inside a server task.
-    crate::xds::server_config(&tls).with_context(|| {
+    marin3r_xds::server_config(&tls).with_context(|| {
         format!(
             "the server certificate in {} (--server-cert-dir)",
             args.server_cert_dir.display()
         )
     })?;
-    // Secrets of other namespaces are refused, as the controllers below are configured.
-    let allow_cross_namespace_secrets = false;
-    let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
-    webhook.envoy_config_validator =
-        Some(crate::admission::validator(allow_cross_namespace_secrets));
-    webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
-    webhook.injection.discovery_service = args.discovery_service_name.clone();
     let mut registry = Registry::default();
-    webhook.metrics.register(&mut registry);
+    let webhook = webhook_config(&args, &tls, &mut registry);
     let controller_metrics = controllers::ControllerMetrics::default();
     controller_metrics.register(&mut registry);
-
-    let readiness = Readiness::default();
-    let webhook_ready = Arc::new(AtomicBool::new(false));
-    // False from SIGTERM on: not ready while the listeners stay open for --shutdown-delay.
-    let serving = Arc::new(AtomicBool::new(true));
     let cache = Cache::new();
     let (server, nacks) = Server::builder(cache.clone())
         .control_plane_id(std::env::var("POD_NAME").unwrap_or_else(|_| "marin3r".into()))
-        .registry(registry)
+        .metrics(&mut registry)
         .limits(args.xds_limits.limits())
-        .ready_when("EnvoyConfig controller", readiness.envoy_configs.clone())
-        .ready_when(
-            "EnvoyConfigRevision controller",
-            readiness.revisions.clone(),
-        )
-        .ready_when("webhook", webhook_ready.clone())
-        .ready_when("shutting down", serving.clone())
         .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
-    let router = server.http_router();
-    // The probe port answers exactly what the metrics port answers for the two health paths.
-    let probe_router = router
-        .clone()
-        .layer(axum::middleware::from_fn(only_health_paths));
+    let config = controllers_config(&args, controller_metrics, server.status_registry())?;
+    let controllers_ready = Readiness::default();
+    let webhook_ready = Arc::new(AtomicBool::new(false));
+    // False from SIGTERM on: not ready while the listeners stay open for --shutdown-delay.
+    let serving = Arc::new(AtomicBool::new(true));
+    let readiness = admin::Readiness::default()
+        .gate("xDS server", server.serving())
+        .gate(
+            "EnvoyConfig controller",
+            controllers_ready.envoy_configs.clone(),
+        )
+        .gate(
+            "EnvoyConfigRevision controller",
+            controllers_ready.revisions.clone(),
+        )
+        .gate("webhook", webhook_ready.clone())
+        .gate("shutting down", serving.clone());
+    info!(
+        xds = args.xds_port,
+        metrics = args.metrics_port,
+        probe = args.probe_port,
+        webhook = args.webhook_port,
+        admin = %args.admin_address,
+        discovery_service = ?args.discovery_service_name,
+        watch_namespace = ?args.watch_namespace,
+        "starting the discovery service"
+    );
+    let shutdown = Shutdown::default();
+    // The leader steps down when draining begins, so the replacement pod publishes at once.
+    let controllers = tokio::spawn(controllers::run_stepping_down(
+        client,
+        config,
+        cache,
+        nacks,
+        controllers_ready,
+        shutdown.draining.clone().cancelled_owned(),
+        shutdown.stopped.clone().cancelled_owned(),
+    ));
     let admin_router = server.admin_router();
+    let health = admin::router_with_readiness(registry, readiness);
+    let webhook = tokio::spawn(marin3r_webhook::serve(
+        webhook,
+        listeners.webhook,
+        shutdown.draining.clone().cancelled_owned(),
+    ));
+    webhook_ready.store(true, Ordering::SeqCst);
+    let mut servers = Servers {
+        xds: tokio::spawn(server.serve(
+            listeners.xds,
+            tls,
+            shutdown.draining.clone().cancelled_owned(),
+        )),
+        webhook,
+        // The probe port answers exactly what the metrics port answers for the two health paths.
+        probes: serve_http(
+            listeners.probe,
+            health
+                .clone()
+                .layer(axum::middleware::from_fn(only_health_paths)),
+            &shutdown,
+        ),
+        http: serve_http(listeners.metrics, health, &shutdown),
+        admin: serve_http(listeners.admin, admin_router, &shutdown),
+    };
+    let failed = until_shutdown(&mut servers, &serving, args.shutdown_delay).await;
+    shutdown.draining.cancel();
+    if let Some((what, result)) = failed {
+        shutdown.stopped.cancel();
+        controllers.abort();
+        result
+            .with_context(|| format!("{what} task"))?
+            .with_context(|| what.to_owned())?;
+        anyhow::bail!("{what} stopped unexpectedly");
+    }
+    info!(
+        grace_period_seconds = args.shutdown_grace_period,
+        "shutting down: no new connections; open xDS streams served until the grace period ends"
+    );
+    drain(servers, controllers, &shutdown).await?;
+    info!("discovery service stopped");
+    Ok(())
+}
 
-    // Two phases: `draining` (SIGTERM) closes the xDS and webhook listeners; `stopped` (once
-    // the xDS server has drained) stops the controllers and the HTTP servers, which keep
-    // feeding and probing the open streams until then.
-    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let draining = move || {
-        let mut rx = drain_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
+/// The webhook's settings: the server certificate, the EnvoyConfig rules, and the defaults
+/// its injections take from this discovery service; its metrics go to `registry`.
+fn webhook_config(
+    args: &DiscoveryServiceArgs,
+    tls: &TlsFiles,
+    registry: &mut Registry,
+) -> WebhookServerConfig {
+    let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
+    webhook.envoy_config_validator = Some(crate::rules::validator(ALLOW_CROSS_NAMESPACE_SECRETS));
+    webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
+    webhook.injection.discovery_service = args.discovery_service_name.clone();
+    webhook.metrics.register(registry);
+    webhook
+}
+
+/// Secrets of other namespaces are refused, by the webhook and the controllers alike.
+const ALLOW_CROSS_NAMESPACE_SECRETS: bool = false;
+
+/// What the controllers serve, who this replica is, and how it elects its leader.
+fn controllers_config(
+    args: &DiscoveryServiceArgs,
+    metrics: controllers::ControllerMetrics,
+    proxies: marin3r_xds::StatusRegistry,
+) -> anyhow::Result<controllers::Config> {
     let replica = std::env::var("POD_NAME").unwrap_or_else(|_| "discovery-service".into());
     let namespace = args
         .leader_election_namespace
         .clone()
         .or_else(|| std::env::var("POD_NAMESPACE").ok());
-    let leader_lease = if args.no_leader_election {
-        None
-    } else {
-        let namespace = namespace.clone().context(
-            "leader election needs a namespace: set POD_NAMESPACE or \
-             --leader-election-namespace, or pass --no-leader-election",
-        )?;
-        let lease = match &args.discovery_service_name {
-            Some(name) => format!("marin3r-discovery-{name}"),
-            None => "marin3r-discovery".to_owned(),
-        };
-        Some(LeaseConfig::new(&namespace, &lease, &replica))
+    let leader_lease = match args.no_leader_election {
+        true => None,
+        false => Some(leader_lease(args, namespace.as_deref(), &replica)?),
     };
     let replica_pods = match (&args.replica_selector, namespace) {
         (Some(selector), Some(namespace)) => Some(ReplicaPods {
@@ -279,118 +373,113 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         ),
         (None, _) => None,
     };
-    let config = controllers::Config {
-        metrics: controller_metrics,
+    Ok(controllers::Config {
+        metrics,
         discovery_service: args.discovery_service_name.clone(),
         watch_namespace: args.watch_namespace.clone(),
-        allow_cross_namespace_secrets,
+        allow_cross_namespace_secrets: ALLOW_CROSS_NAMESPACE_SECRETS,
         taint_threshold: controllers::nacks::TaintThreshold::percent(args.taint_threshold_percent)
             .map_err(anyhow::Error::msg)?,
         replica,
-        proxies: server.status_registry(),
+        proxies,
         replica_pods,
         leader_lease,
-    };
-    info!(
-        xds = args.xds_port,
-        metrics = args.metrics_port,
-        probe = args.probe_port,
-        webhook = args.webhook_port,
-        admin = %args.admin_address,
-        discovery_service = ?args.discovery_service_name,
-        watch_namespace = ?args.watch_namespace,
-        "starting the discovery service"
-    );
-    // The leader steps down when draining begins, so the replacement pod publishes at once.
-    let controllers = tokio::spawn(controllers::run_stepping_down(
-        client,
-        config,
-        cache,
-        nacks,
-        readiness,
-        draining(),
-        stopped(),
-    ));
-    let mut http = tokio::spawn({
-        let stop = stopped();
-        async move {
-            axum::serve(http_listener, router)
-                .with_graceful_shutdown(stop)
-                .await
-        }
-    });
-    let mut probes = tokio::spawn({
-        let stop = stopped();
-        async move {
-            axum::serve(probe_listener, probe_router)
-                .with_graceful_shutdown(stop)
-                .await
-        }
-    });
-    let mut admin = tokio::spawn({
-        let stop = stopped();
-        async move {
-            axum::serve(admin_listener, admin_router)
-                .with_graceful_shutdown(stop)
-                .await
-        }
-    });
-    let mut webhook_task = tokio::spawn(marin3r_webhook::serve(
-        webhook,
-        webhook_listener,
-        draining(),
-    ));
-    webhook_ready.store(true, Ordering::SeqCst);
-    let mut xds = tokio::spawn(server.serve(xds_listener, tls, draining()));
+    })
+}
 
-    // A server that stops on its own is fatal: the pod must restart rather than limp along.
-    // SIGTERM first makes the pod not ready; the listeners close when the delay ends.
+/// The Lease the replicas of one discovery service elect their leader with.
+fn leader_lease(
+    args: &DiscoveryServiceArgs,
+    namespace: Option<&str>,
+    replica: &str,
+) -> anyhow::Result<LeaseConfig> {
+    let namespace = namespace.context(
+        "leader election needs a namespace: set POD_NAMESPACE or \
+         --leader-election-namespace, or pass --no-leader-election",
+    )?;
+    let lease = match &args.discovery_service_name {
+        Some(name) => format!("marin3r-discovery-{name}"),
+        None => "marin3r-discovery".to_owned(),
+    };
+    Ok(LeaseConfig::new(namespace, &lease, replica))
+}
+
+/// Serves `router` on `listener` until the controllers and streams have stopped.
+fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: &Shutdown,
+) -> JoinHandle<std::io::Result<()>> {
+    let stop = shutdown.stopped.clone().cancelled_owned();
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stop)
+            .await
+    })
+}
+
+type Failure = (
+    &'static str,
+    Result<anyhow::Result<()>, tokio::task::JoinError>,
+);
+
+/// A server task's result with its error as an `anyhow::Error`.
+fn any<E>(
+    r: Result<Result<(), E>, tokio::task::JoinError>,
+) -> Result<anyhow::Result<()>, tokio::task::JoinError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    r.map(|r| r.map_err(anyhow::Error::from))
+}
+
+/// Waits for SIGTERM, then `delay` seconds with the pod not ready (`serving` false) while the
+/// listeners stay open; `None` then. A server that stops on its own before is fatal (the pod
+/// must restart rather than limp along): its name and result.
+async fn until_shutdown(
+    servers: &mut Servers,
+    serving: &AtomicBool,
+    delay: u64,
+) -> Option<Failure> {
     let signal = super::shutdown_signal();
     tokio::pin!(signal);
     let mut listeners_close: Option<tokio::time::Instant> = None;
-    let early = loop {
+    loop {
         tokio::select! {
             () = &mut signal, if listeners_close.is_none() => {
                 serving.store(false, Ordering::SeqCst);
                 info!(
-                    delay_seconds = args.shutdown_delay,
+                    delay_seconds = delay,
                     "shutting down: not ready; new connections still accepted until the delay ends"
                 );
-                listeners_close = Some(
-                    tokio::time::Instant::now() + Duration::from_secs(args.shutdown_delay),
-                );
+                listeners_close = Some(tokio::time::Instant::now() + Duration::from_secs(delay));
             }
             () = tokio::time::sleep_until(
                 listeners_close.unwrap_or_else(tokio::time::Instant::now),
-            ), if listeners_close.is_some() => break None,
-            r = &mut xds => break Some(("xDS server", r.map(|r| r.map_err(anyhow::Error::from)))),
-            r = &mut http => break Some(("HTTP server", r.map(|r| r.map_err(anyhow::Error::from)))),
-            r = &mut probes => break Some(("probe server", r.map(|r| r.map_err(anyhow::Error::from)))),
-            r = &mut admin => break Some(("admin server", r.map(|r| r.map_err(anyhow::Error::from)))),
-            r = &mut webhook_task => break Some(("webhook", r.map(|r| r.map_err(anyhow::Error::from)))),
+            ), if listeners_close.is_some() => return None,
+            r = &mut servers.xds => return Some(("xDS server", any(r))),
+            r = &mut servers.http => return Some(("HTTP server", any(r))),
+            r = &mut servers.probes => return Some(("probe server", any(r))),
+            r = &mut servers.admin => return Some(("admin server", any(r))),
+            r = &mut servers.webhook => return Some(("webhook", any(r))),
         }
-    };
-    let _ = drain_tx.send(true);
-    if let Some((what, result)) = early {
-        let _ = stop_tx.send(true);
-        controllers.abort();
-        result
-            .with_context(|| format!("{what} task"))?
-            .with_context(|| what.to_owned())?;
-        anyhow::bail!("{what} stopped unexpectedly");
     }
-    info!(
-        grace_period_seconds = args.shutdown_grace_period,
-        "shutting down: no new connections; open xDS streams served until the grace period ends"
-    );
-    let (x, w) = tokio::join!(xds, webhook_task);
-    let _ = stop_tx.send(true);
-    let (h, p, a, _) = tokio::join!(http, probes, admin, controllers);
+}
+
+/// With the listeners closed: waits for the xDS server to drain its streams and for the
+/// webhook, then stops the controllers and the HTTP servers; the first error, named.
+async fn drain(
+    servers: Servers,
+    controllers: JoinHandle<()>,
+    shutdown: &Shutdown,
+) -> anyhow::Result<()> {
+    let (x, w) = tokio::join!(servers.xds, servers.webhook);
+    shutdown.stopped.cancel();
+    let (h, p, a, _) = tokio::join!(servers.http, servers.probes, servers.admin, controllers);
     x.context("xDS server task")?.context("xDS server")?;
     w.context("webhook task")?.context("webhook")?;
     h.context("HTTP server task")?.context("HTTP server")?;
     p.context("probe server task")?.context("probe server")?;
     a.context("admin server task")?.context("admin server")?;
-    info!("discovery service stopped");
     Ok(())
 }

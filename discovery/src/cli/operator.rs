@@ -12,7 +12,8 @@ use marin3r_controller::ReconcileMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::operator::{self, leader};
+use crate::operator;
+use marin3r_controller::leader;
 
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
@@ -58,7 +59,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     certificate_metrics.register(&mut registry);
-    let admin = super::admin::serve(args.metrics_addr, registry, stop.clone()).await?;
+    let admin = super::admin::serve(
+        args.metrics_addr,
+        super::admin::router(registry),
+        stop.clone(),
+    )
+    .await?;
     let work = {
         let (client, stop, trusted) = (client.clone(), stop.clone(), trusted.clone());
         let metrics = metrics.clone();

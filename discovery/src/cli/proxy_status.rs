@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cluster::ClusterArgs;
 use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
-use crate::xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
+use marin3r_xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
 
 /// The labels every discovery pod carries (the operator's Deployment template).
 const DISCOVERY_POD_SELECTOR: &str =
@@ -415,7 +415,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::xds::LastNack;
+    use marin3r_xds::LastNack;
 
     fn ts(sent: &str, acked: Option<&str>, nack: Option<&str>) -> TypeStatus {
         TypeStatus {

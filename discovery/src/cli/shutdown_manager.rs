@@ -1,6 +1,6 @@
 //! `marin3r shutdown-manager`: the container the webhook injects beside an Envoy sidecar when
 //! the pod sets `marin3r.3scale.net/shutdown-manager.enabled`; see
-//! [`crate::shutdown_manager`].
+//! [`crate::sidecar::shutdown_manager`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -13,7 +13,7 @@ use marin3r_webhook::config::{
 use tokio::net::TcpListener;
 use tracing::info;
 
-use crate::shutdown_manager::{Config, Manager, serve};
+use crate::sidecar::shutdown_manager::{Config, Manager, serve};
 
 #[derive(Debug, Args)]
 pub struct ShutdownManagerArgs {

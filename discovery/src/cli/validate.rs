@@ -11,7 +11,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
-use crate::resource::ResourceType;
+use marin3r_xds::resource::ResourceType;
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
 const KIND: &str = "EnvoyConfig";
@@ -286,7 +286,7 @@ fn validate_document(
         errors.push("spec: missing".into());
         return Document::Invalid { object, errors };
     };
-    let spec = match crate::admission::read_spec(spec) {
+    let spec = match crate::rules::read_spec(spec) {
         Ok((spec, unknown)) => {
             errors.extend(unknown.into_iter().map(Problem::from));
             spec

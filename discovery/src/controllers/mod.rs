@@ -2,12 +2,11 @@
 //! `EnvoyConfigRevision` (loads the published one, with its Secrets, into the xDS cache) and
 //! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
 
-mod endpoint_slices;
 pub mod envoy_config;
+pub mod loader;
 pub mod metrics;
 pub mod nacks;
 pub mod publisher;
-pub mod revision;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +18,8 @@ use marin3r_controller::Events;
 use tokio::sync::mpsc;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use crate::operator::leader::{self, LeaseConfig};
-use crate::xds::{Cache, NackEvent, StatusRegistry};
+use marin3r_controller::leader::{self, LeaseConfig};
+use marin3r_xds::{Cache, NackEvent, StatusRegistry};
 pub use metrics::ControllerMetrics;
 pub use publisher::Publisher;
 
@@ -216,20 +215,17 @@ pub async fn run_stepping_down(
         publisher: Publisher::new(cache),
         attempted: Default::default(),
     });
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let ecr = tokio::spawn(revision::run(
+    let stop = tokio_util::sync::CancellationToken::new();
+    let ecr = tokio::spawn(loader::run(
         Arc::clone(&ctx),
         readiness.revisions.clone(),
-        stopped(),
+        stop.clone().cancelled_owned(),
     ));
-    let nack = tokio::spawn(nacks::report_nacks(Arc::clone(&ctx), nacks, stopped()));
-    let stop = tokio_util::sync::CancellationToken::new();
+    let nack = tokio::spawn(nacks::report_nacks(
+        Arc::clone(&ctx),
+        nacks,
+        stop.clone().cancelled_owned(),
+    ));
     let yielding = tokio_util::sync::CancellationToken::new();
     let leading = {
         let ctx = Arc::clone(&ctx);
@@ -255,7 +251,6 @@ pub async fn run_stepping_down(
     };
     shutdown.await;
     stepping_down.abort();
-    let _ = stop_tx.send(true);
     stop.cancel();
     let _ = tokio::join!(ecr, nack, leading);
 }

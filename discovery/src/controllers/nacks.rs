@@ -33,8 +33,8 @@ use tracing::{debug, info, warn};
 use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
 use crate::api::envoy_config_revision::{NackReport, REVISION_TAINTED, RevisionReason};
-use crate::resource::ResourceType;
-use crate::xds::NackEvent;
+use marin3r_xds::NackEvent;
+use marin3r_xds::resource::ResourceType;
 
 /// How many NACK events wait per namespace; more are dropped (and counted), which only
 /// affects that namespace.
@@ -463,7 +463,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::resource::ResourceType;
+    use marin3r_xds::resource::ResourceType;
 
     fn mk_nack(namespace: &str, rejecting: usize, connected: usize) -> NackEvent {
         NackEvent {

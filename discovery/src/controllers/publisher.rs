@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::resource::ResourceType;
-use crate::xds::{Cache, NackEvent, NodeKey, Snapshot};
+use marin3r_xds::resource::ResourceType;
+use marin3r_xds::{Cache, NackEvent, NodeKey, Snapshot};
 
 /// How many loads per key are remembered to map late NACKs (a NACK for a snapshot that was
 /// already replaced) back to their revision.
@@ -152,7 +152,7 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resource::Resource;
+    use marin3r_xds::resource::Resource;
 
     fn runtime(value: &str) -> Snapshot {
         use prost::Message;

@@ -16,7 +16,7 @@ use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
 use prost::Message as _;
 
 use super::EndpointSource;
-use crate::resource::{Resource, ResourceType};
+use marin3r_xds::resource::{Resource, ResourceType};
 
 /// The `ClusterLoadAssignment` of `source` from the slices its selector matched, or why it
 /// cannot be built. No slice at all is an empty assignment (a Service scaled to zero has no

@@ -20,7 +20,7 @@ use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
 
 use crate::api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
-use crate::resource::{Resource, ResourceType};
+use marin3r_xds::resource::{Resource, ResourceType};
 
 pub use endpoints::endpoints_from_slices;
 pub use parse::{ValueError, is_v2_name};

@@ -7,7 +7,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use prost::Message as _;
 
-use crate::resource::{Resource, ResourceType};
+use marin3r_xds::resource::{Resource, ResourceType};
 
 /// A `kubernetes.io/tls` Secret's data that cannot become an Envoy TLS certificate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

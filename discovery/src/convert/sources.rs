@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::{Blueprint, EndpointSlicesSource, EnvoyConfigSpec, LabelSelector};
-use crate::resource::Resource;
+use marin3r_xds::resource::Resource;
 
 /// One SDS secret to build from a Kubernetes Secret.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use crate::api::{Resource as Entry, ResourceKind};
-use crate::resource::{Resource, ResourceType};
+use marin3r_xds::resource::{Resource, ResourceType};
 
 use super::{ConversionError, ValueError, descriptor_pool};
 

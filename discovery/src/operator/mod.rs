@@ -5,7 +5,6 @@
 //! cannot reach: cluster-scoped objects and objects in the served namespaces.
 
 pub mod build;
-pub mod leader;
 pub mod namespaces;
 pub mod plan;
 

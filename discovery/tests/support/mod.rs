@@ -12,14 +12,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use marin3r_certs::{CertificateInfo, IssuedCertificate};
-use marin3r_discovery::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
-use marin3r_discovery::resource::Resource;
-use marin3r_discovery::xds::{
-    Cache, NackEvent, Server, Snapshot, SyncStatus, TlsFiles, TlsSource, server_config,
-};
+use marin3r_discovery::sidecar::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
 use marin3r_e2e::envoy::{Envoy, get_body};
 use marin3r_e2e::kubelet::volumes::{secret_files, write_atomic};
 use marin3r_e2e::pki::TestPki;
+use marin3r_xds::resource::Resource;
+use marin3r_xds::{
+    Cache, NackEvent, Server, Snapshot, SyncStatus, TlsFiles, TlsSource, server_config,
+};
 use tokio::sync::{mpsc, oneshot};
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -93,7 +93,7 @@ pub struct XdsServer {
     pub cache: Cache,
     nacks: Mutex<mpsc::Receiver<NackEvent>>,
     shutdown: Option<oneshot::Sender<()>>,
-    serve: Option<tokio::task::JoinHandle<Result<(), marin3r_discovery::xds::ServeError>>>,
+    serve: Option<tokio::task::JoinHandle<Result<(), marin3r_xds::ServeError>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -109,12 +109,7 @@ impl XdsServer {
 
     /// With `reload`, the server re-reads its TLS files (see [`Self::tls_dir`]) that often.
     pub fn start_with(pki: &Pki, xds_addr: SocketAddr, reload: Option<Duration>) -> Self {
-        Self::start_limited(
-            pki,
-            xds_addr,
-            reload,
-            marin3r_discovery::xds::Limits::default(),
-        )
+        Self::start_limited(pki, xds_addr, reload, marin3r_xds::Limits::default())
     }
 
     /// With the given limits on streams and requests.
@@ -122,7 +117,7 @@ impl XdsServer {
         pki: &Pki,
         xds_addr: SocketAddr,
         reload: Option<Duration>,
-        limits: marin3r_discovery::xds::Limits,
+        limits: marin3r_xds::Limits,
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &pki.server.cert_pem).unwrap();
@@ -139,12 +134,17 @@ impl XdsServer {
             .build()
             .unwrap();
         let cache = Cache::new();
+        let mut registry = prometheus_client::registry::Registry::default();
         let (server, nacks) = Server::builder(cache.clone())
             .control_plane_id("marin3r-test")
             .limits(limits)
+            .metrics(&mut registry)
             .build();
-        // One loopback port for both routers here; the process serves the admin one apart.
-        let router = server.http_router().merge(server.admin_router());
+        // One loopback port for the server's metrics, whether it accepts connections, and its
+        // admin router; the process serves these on its own admin server.
+        let router = server
+            .admin_router()
+            .merge(health_router(registry, server.serving()));
         let (listener, http) = rt.block_on(async {
             (
                 tokio::net::TcpListener::bind(xds_addr).await.unwrap(),
@@ -418,4 +418,38 @@ pub fn envoy_serial(cert: &IssuedCertificate) -> String {
         .serial
         .replace(':', "")
         .to_lowercase()
+}
+
+/// `/metrics` (the server's registry) and `/readyz` (`ready` while the server accepts
+/// connections).
+fn health_router(
+    registry: prometheus_client::registry::Registry,
+    serving: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> axum::Router {
+    use axum::routing::get;
+    let registry = std::sync::Arc::new(registry);
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let registry = registry.clone();
+                async move {
+                    let mut body = String::new();
+                    prometheus_client::encoding::text::encode(&mut body, &registry).unwrap();
+                    body
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = serving.load(std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    match ready {
+                        true => "ready\n",
+                        false => "xDS server not accepting connections\n",
+                    }
+                }
+            }),
+        )
 }

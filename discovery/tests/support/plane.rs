@@ -2,7 +2,7 @@
 //! one runtime, for the EnvoyConfig tests, with helpers to write specs and check what Envoy
 //! serves.
 
-use marin3r_discovery::revisions::CacheState;
+use marin3r_discovery::api::envoy_config::CacheState;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,10 +13,10 @@ use kube::{Api, Client, CustomResourceExt};
 use marin3r_certs::IssuedCertificate;
 use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
-use marin3r_discovery::bootstrap::AdsMode;
 use marin3r_discovery::controllers::{self, Readiness};
-use marin3r_discovery::xds::{Cache, Server, server_config};
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_e2e::apiserver::{ApiServer, ApiServerConfig};
+use marin3r_xds::{Cache, Server, server_config};
 use serde_json::json;
 
 use super::{Pki, Proxy};
@@ -119,7 +119,7 @@ impl Plane {
             std::fs::write(dir.path().join("tls.crt"), &pki.server.cert_pem).unwrap();
             std::fs::write(dir.path().join("tls.key"), &pki.server.key_pem).unwrap();
             std::fs::write(dir.path().join("ca.crt"), pki.ca_pem()).unwrap();
-            server_config(&marin3r_discovery::xds::TlsFiles::in_dir(dir.path())).unwrap()
+            server_config(&marin3r_xds::TlsFiles::in_dir(dir.path())).unwrap()
         };
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -337,7 +337,7 @@ impl Plane {
             std::fs::write(dir.path().join("tls.crt"), &self.pki.server.cert_pem).unwrap();
             std::fs::write(dir.path().join("tls.key"), &self.pki.server.key_pem).unwrap();
             std::fs::write(dir.path().join("ca.crt"), self.pki.ca_pem()).unwrap();
-            server_config(&marin3r_discovery::xds::TlsFiles::in_dir(dir.path())).unwrap()
+            server_config(&marin3r_xds::TlsFiles::in_dir(dir.path())).unwrap()
         };
         let listener = rt
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))

@@ -18,8 +18,8 @@ use anyhow::{Context, bail};
 use marin3r_certs::{
     CertificateAuthority, CertificateRequest, Usage, issue_self_signed, spiffe_id,
 };
-use marin3r_discovery::resource::ResourceType;
-use marin3r_discovery::xds::{Cache, Limits, Server, Snapshot, TlsFiles, server_config};
+use marin3r_xds::resource::ResourceType;
+use marin3r_xds::{Cache, Limits, Server, Snapshot, TlsFiles, server_config};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Semaphore, mpsc};
 

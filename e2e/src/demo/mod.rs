@@ -5,7 +5,7 @@
 pub mod commands;
 pub mod narrate;
 
-use marin3r_discovery::revisions::CacheState;
+use marin3r_discovery::api::envoy_config::CacheState;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

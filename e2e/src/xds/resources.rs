@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use envoy_types::pb::envoy::service::runtime::v3::Runtime;
 use envoy_types::pb::google::protobuf::{Any, Struct, Value, value};
-use marin3r_discovery::resource::{Resource, ResourceType};
+use marin3r_xds::resource::{Resource, ResourceType};
 use prost::{Message, Name};
 
 fn any<M: Message + Name>(m: &M) -> Any {

@@ -1,8 +1,9 @@
 //! The `EnvoyConfig` controller: validates the spec, keeps one owned `EnvoyConfigRevision`
-//! per version (at most ten), runs the revision algorithm (`crate::revisions::plan`) with the
+//! per version (at most ten), runs the revision algorithm (`revisions::plan`) with the
 //! revisions Envoy tainted, marks the chosen one published and writes the status.
 
 pub mod plan;
+pub mod revisions;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -15,8 +16,8 @@ use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
 use tracing::info;
 
 use super::{Context, Error};
-use crate::api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigSpec};
-use crate::revisions::CacheState;
+use crate::api::envoy_config::CacheState;
+use crate::api::{EnvoyConfig, EnvoyConfigRevision};
 use plan::{Observed, Outcome, Plan, Publish};
 
 pub const CACHE_OUT_OF_SYNC: &str = "CacheOutOfSync";
@@ -58,27 +59,6 @@ pub(crate) async fn run(
     let controller = ctx.watch_namespaces(controller);
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
-}
-
-/// Why a spec cannot be published: every problem, each naming its field path.
-pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) -> Vec<String> {
-    let mut out: Vec<String> = match crate::convert::validate_config(spec) {
-        Ok(_) => Vec::new(),
-        Err(errors) => errors.iter().map(ToString::to_string).collect(),
-    };
-    for (i, secret) in spec.envoy_resources.secrets.iter().enumerate() {
-        if let Some(ns) = secret.secret_namespace()
-            && ns != namespace
-            && !cross_namespace
-        {
-            out.push(format!(
-                "spec.envoyResources.secrets[{i}].ref.namespace: Secret {ns}/{} is in another \
-                 namespace; only Secrets of namespace {namespace} may be referenced",
-                secret.secret_name()
-            ));
-        }
-    }
-    out
 }
 
 /// The name of the revision of `node_id` at `version`.
@@ -246,35 +226,7 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{EnvoySecretResource, SecretReference};
-
-    #[test]
-    fn cross_namespace_secrets_are_refused_unless_allowed() {
-        let mut spec = EnvoyConfigSpec {
-            node_id: "n".into(),
-            ..Default::default()
-        };
-        spec.envoy_resources.secrets.push(EnvoySecretResource {
-            name: "cert".into(),
-            secret_ref: Some(SecretReference {
-                name: "s".into(),
-                namespace: Some("other".into()),
-            }),
-        });
-        let p = problems(&spec, "mine", false);
-        assert_eq!(p.len(), 1, "{p:?}");
-        assert!(
-            p[0].starts_with("spec.envoyResources.secrets[0].ref.namespace:"),
-            "{p:?}"
-        );
-        assert!(problems(&spec, "mine", true).is_empty());
-        spec.envoy_resources.secrets[0]
-            .secret_ref
-            .as_mut()
-            .unwrap()
-            .namespace = Some("mine".into());
-        assert!(problems(&spec, "mine", false).is_empty());
-    }
+    use crate::api::EnvoyConfigSpec;
 
     #[test]
     fn the_cache_condition_says_what_is_served_and_why() {

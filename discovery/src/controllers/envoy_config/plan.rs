@@ -1,6 +1,6 @@
 //! The `EnvoyConfig` controller's decisions, pure: from the config and its revisions to the
 //! revisions to create, (un)publish and delete (the revision algorithm,
-//! `crate::revisions::plan`), and from the revisions then to the status and Events.
+//! `revisions::plan`), and from the revisions then to the status and Events.
 
 use std::collections::BTreeSet;
 
@@ -9,7 +9,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 use marin3r_controller::{Note, set_condition};
 
-use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, problems, revision_name};
+use super::revisions::{self, MAX_REVISIONS};
+use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, revision_name};
+use crate::api::envoy_config::CacheState;
 use crate::api::envoy_config_revision::{
     ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
 };
@@ -17,7 +19,7 @@ use crate::api::{
     ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
     EnvoyConfigRevisionStatus, EnvoyConfigStatus,
 };
-use crate::revisions::{self, CacheState, MAX_REVISIONS};
+use crate::rules::problems;
 
 marin3r_controller::reasons! {
     /// The reasons of an `EnvoyConfig`'s conditions and Events.

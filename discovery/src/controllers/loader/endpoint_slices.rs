@@ -15,8 +15,8 @@ use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
+use crate::controllers::{Context, Error};
 use crate::convert;
 
 /// The slices each `generateFromEndpointSlices` of the revision selects, in spec order. A

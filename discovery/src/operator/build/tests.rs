@@ -1,5 +1,9 @@
 use super::*;
-use crate::api::discovery_service::DiscoveryService;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::api::discovery_service::{
+    DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
+};
 
 fn ds(spec: serde_json::Value) -> DiscoveryService {
     serde_json::from_value(serde_json::json!({

@@ -1,13 +1,14 @@
-//! What the EnvoyConfig validating webhook refuses: exactly what `marin3r validate` refuses
-//! offline (unknown fields, fields of the wrong type, every conversion error with its field
-//! path), plus what the controller refuses knowing only the object and the discovery
-//! service's settings (Secrets referenced in another namespace).
+//! Why an EnvoyConfig is refused, written once for the three places that judge one: the
+//! EnvoyConfig controller (before it publishes), the validating webhook (at admission) and
+//! `marin3r validate` (offline). Unknown fields, fields of the wrong type, every conversion
+//! error with its field path, and what only the discovery service's settings decide: Secrets
+//! referenced in another namespace. The revision loader applies the same Secret rule.
 
 use marin3r_webhook::EnvoyConfigValidator;
 use serde_json::Value;
 
 use crate::api::EnvoyConfigSpec;
-use crate::controllers::envoy_config::problems;
+use crate::convert::{self, SecretSource};
 
 /// Reads an EnvoyConfig spec strictly: the spec, and every field the types do not know
 /// (`spec.<path>: unknown field ...`), or the first field that does not deserialize.
@@ -26,6 +27,36 @@ pub fn read_spec(spec: Value) -> Result<(EnvoyConfigSpec, Vec<String>), String> 
         .map(|path| format!("spec.{path}: unknown field (the API server would drop it)"))
         .collect();
     Ok((spec, unknown))
+}
+
+/// Why a spec cannot be published: every problem, each naming its field path.
+pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) -> Vec<String> {
+    let mut out: Vec<String> = match convert::validate_config(spec) {
+        Ok(_) => Vec::new(),
+        Err(errors) => errors.iter().map(ToString::to_string).collect(),
+    };
+    out.extend(
+        convert::secret_sources(spec)
+            .iter()
+            .filter_map(|source| foreign_secret(source, namespace, cross_namespace)),
+    );
+    out
+}
+
+/// The cross-namespace Secret rule: a config in namespace `own` may have Secrets of other
+/// namespaces served only when the discovery service allows it (off by default, so that a
+/// namespace cannot have another's certificates served). `None` when `source` may be read;
+/// otherwise why not, naming the field.
+pub fn foreign_secret(source: &SecretSource, own: &str, allowed: bool) -> Option<String> {
+    let ns = source
+        .namespace
+        .as_deref()
+        .filter(|ns| *ns != own && !allowed)?;
+    Some(format!(
+        "{}.namespace: Secret {ns}/{} is in another namespace; only Secrets of namespace {own} \
+         may be referenced",
+        source.path, source.secret_name
+    ))
 }
 
 /// Every reason the discovery service would refuse `object`, an EnvoyConfig in `namespace`,
@@ -59,6 +90,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::{EnvoySecretResource, SecretReference};
     use crate::cli::validate::{Document, validate_manifests};
 
     fn object(spec: Value) -> Value {
@@ -142,5 +174,33 @@ mod tests {
             validator(false).problems("elsewhere", &obj),
             Vec::<String>::new()
         );
+    }
+
+    #[test]
+    fn cross_namespace_secrets_are_refused_unless_allowed() {
+        let mut spec = EnvoyConfigSpec {
+            node_id: "n".into(),
+            ..Default::default()
+        };
+        spec.envoy_resources.secrets.push(EnvoySecretResource {
+            name: "cert".into(),
+            secret_ref: Some(SecretReference {
+                name: "s".into(),
+                namespace: Some("other".into()),
+            }),
+        });
+        let p = problems(&spec, "mine", false);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("spec.envoyResources.secrets[0].ref.namespace:"),
+            "{p:?}"
+        );
+        assert!(problems(&spec, "mine", true).is_empty());
+        spec.envoy_resources.secrets[0]
+            .secret_ref
+            .as_mut()
+            .unwrap()
+            .namespace = Some("mine".into());
+        assert!(problems(&spec, "mine", false).is_empty());
     }
 }

@@ -9,14 +9,17 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use thiserror::Error;
 
-/// File names in the bootstrap ConfigMap (and in `marin3r bootstrap --out-dir`).
-pub const CONFIG_FILE: &str = "config.json";
-pub const TLS_CERTIFICATE_SDS_FILE: &str = "tls_certificate_sds_secret.json";
+use marin3r_webhook::config as layout;
+
+/// File names in the bootstrap ConfigMap (and in `marin3r bootstrap --out-dir`): the webhook
+/// mounts the ConfigMap and starts Envoy with the first.
+pub const CONFIG_FILE: &str = layout::BOOTSTRAP_FILE;
+pub const TLS_CERTIFICATE_SDS_FILE: &str = layout::SDS_FILE;
 pub const VALIDATION_CONTEXT_SDS_FILE: &str = "validation_context_sds_secret.json";
 
 /// Where the sidecar finds its files (the webhook mounts them there).
-pub const DEFAULT_BOOTSTRAP_DIR: &str = "/etc/envoy/bootstrap";
-pub const DEFAULT_CLIENT_CERT_DIR: &str = "/etc/envoy/tls/client";
+pub const DEFAULT_BOOTSTRAP_DIR: &str = layout::BOOTSTRAP_MOUNT_PATH;
+pub const DEFAULT_CLIENT_CERT_DIR: &str = layout::CLIENT_CERT_MOUNT_PATH;
 
 /// The names of the xDS cluster and of the two SDS secrets inside the bootstrap.
 pub const XDS_CLUSTER: &str = "xds_cluster";

@@ -4,33 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use crate::api::envoy_config::CacheState;
 
 /// At most this many revisions are kept per `EnvoyConfig`.
 pub const MAX_REVISIONS: usize = 10;
-
-/// Whether proxies get the desired version: `InSync` (they do), `Rollback` (Envoy rejected it
-/// and an older revision is served) or `RollbackFailed` (every revision was rejected).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum CacheState {
-    /// The desired version is published.
-    InSync,
-    /// The desired version was rejected; an older untainted revision is published.
-    Rollback,
-    /// Every revision was rejected; the newest stays published until the spec is fixed.
-    RollbackFailed,
-}
-
-impl CacheState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InSync => "InSync",
-            Self::Rollback => "Rollback",
-            Self::RollbackFailed => "RollbackFailed",
-        }
-    }
-}
 
 /// The outcome of one run of the algorithm.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,271 @@
+//! What the loader watches besides revisions: the Secrets and EndpointSlices of the served
+//! namespaces (a change reloads the revisions that use them), deleted revisions (no longer
+//! served), and when everything published at start has loaded (readiness).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, ResourceExt};
+use marin3r_controller::{Note, patch_status, set_condition, status_patch};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use super::{endpoint_slices, key_of, secret_refs};
+use crate::api::EnvoyConfigRevision;
+use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use crate::api::envoy_config_revision::{RESOURCES_OUT_OF_SYNC, RevisionReason};
+use crate::controllers::{Context, Error};
+
+/// Sets `ready` once every revision published when the store was first listed has been
+/// loaded, or has failed to load and says why in its status: a new discovery pod gets
+/// traffic only once it serves what the old one did. A revision that fails stays failed on
+/// the next try too, so waiting for a success would keep the pod out of service forever.
+pub(super) async fn mark_loaded(
+    ctx: Arc<Context>,
+    store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+    ready: Arc<AtomicBool>,
+) {
+    let flag = Arc::new(AtomicBool::new(false));
+    crate::controllers::mark_ready(store.clone(), flag.clone()).await;
+    if !flag.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    for r in store.state() {
+        let ns = r.namespace().unwrap_or_default();
+        // A failed lookup counts as served: waiting for it is the safe side.
+        if r.is_published() && ctx.serves(&ns).await.unwrap_or(true) {
+            pending.insert(r.uid().unwrap_or_default());
+        }
+    }
+    loop {
+        let current: BTreeSet<String> = store
+            .state()
+            .iter()
+            .filter(|r| r.is_published())
+            .filter_map(|r| r.uid())
+            .collect();
+        let attempted = ctx.attempted.lock().map(|a| a.clone()).unwrap_or_default();
+        // Gone or unpublished since: nothing left to wait for.
+        pending.retain(|uid| current.contains(uid) && !attempted.contains(uid));
+        if pending.is_empty() {
+            ready.store(true, Ordering::SeqCst);
+            info!("every published revision loaded");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Watches the Secrets and EndpointSlices of the namespaces served, and only those: one
+/// namespaced watch of each per served namespace, started when it joins and stopped when it
+/// leaves, so the discovery pod needs no cluster-wide access to them (the operator grants it
+/// per namespace). With `--watch-namespace` only that namespace is watched; without it or
+/// `--discovery-service-name` every namespace is served, and cluster-wide watches are used.
+pub(super) async fn watch_secrets(
+    ctx: Arc<Context>,
+    store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+    triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
+) {
+    let Some(name) = ctx
+        .config
+        .discovery_service
+        .clone()
+        .filter(|_| ctx.config.watch_namespace.is_none())
+    else {
+        // Every namespace, or only the one watched.
+        let secrets = ctx.api::<Secret>();
+        let slices = ctx.api::<EndpointSlice>();
+        tokio::join!(
+            watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
+            endpoint_slices::watch(store, triggers, slices),
+        );
+        return;
+    };
+    let selector = format!("{DISCOVERY_SERVICE_LABEL}={name}");
+    let mut namespaces = watcher::watcher(
+        Api::<Namespace>::all(ctx.client.clone()),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .boxed();
+    let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut listed: BTreeSet<String> = BTreeSet::new();
+    let start = |ns: &str| {
+        debug!(namespace = %ns, "watching its Secrets and EndpointSlices");
+        let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
+        let slices = Api::<EndpointSlice>::namespaced(ctx.client.clone(), ns);
+        let (ctx, store, triggers) = (Arc::clone(&ctx), store.clone(), triggers.clone());
+        tokio::spawn(async move {
+            tokio::join!(
+                watch_secrets_in(ctx, store.clone(), triggers.clone(), secrets),
+                endpoint_slices::watch(store, triggers, slices),
+            );
+        })
+    };
+    while let Some(event) = namespaces.next().await {
+        match event {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(ns)) => {
+                listed.insert(ns.name_any());
+            }
+            Ok(Event::InitDone) => {
+                watches.retain(|ns, task| {
+                    let keep = listed.contains(ns);
+                    if !keep {
+                        task.abort();
+                    }
+                    keep
+                });
+                for ns in &listed {
+                    if !watches.contains_key(ns) {
+                        watches.insert(ns.clone(), start(ns));
+                    }
+                }
+            }
+            Ok(Event::Apply(ns)) => {
+                let ns = ns.name_any();
+                if !watches.contains_key(&ns) {
+                    watches.insert(ns.clone(), start(&ns));
+                }
+            }
+            Ok(Event::Delete(ns)) => {
+                if let Some(task) = watches.remove(&ns.name_any()) {
+                    debug!(namespace = %ns.name_any(), "no longer served; its Secrets are not watched");
+                    task.abort();
+                }
+            }
+            Err(e) => {
+                // The watcher backs off by itself (`default_backoff`).
+                warn!(error = %e, "namespace watch failed; retrying with a backoff");
+            }
+        }
+    }
+    for task in watches.into_values() {
+        task.abort();
+    }
+}
+
+/// One Secret watch. A Secret change reloads every published revision that references it,
+/// and one that changes after the initial list first marks them `ResourcesOutOfSync`
+/// (reason `SecretChanged`, SPEC §2.4) so `kubectl describe` shows why they reload; the mark
+/// comes before the reload, so the reload's own status write is the last word.
+async fn watch_secrets_in(
+    ctx: Arc<Context>,
+    store: kube::runtime::reflector::Store<EnvoyConfigRevision>,
+    triggers: mpsc::Sender<ObjectRef<EnvoyConfigRevision>>,
+    api: Api<Secret>,
+) {
+    // Backed off: a namespace whose Role is not granted yet answers 403 to every retry.
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        let (secret, changed) = match event {
+            Ok(Event::Apply(secret) | Event::Delete(secret)) => (secret, true),
+            Ok(Event::InitApply(secret)) => (secret, false),
+            Ok(Event::Init | Event::InitDone) => continue,
+            Err(e) => {
+                warn!(error = %e, "Secret watch failed; retrying with a backoff");
+                continue;
+            }
+        };
+        let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
+        for r in store.state() {
+            if !r.is_published() || !secret_refs(&r).any(|(rns, rname)| rns == ns && rname == name)
+            {
+                continue;
+            }
+            if changed {
+                let message = format!("Secret {ns}/{name} changed; reloading");
+                if let Err(e) = mark_out_of_sync(&ctx, &r, &message).await {
+                    debug!(revision = %r.name_any(), error = %e, "could not mark the revision out of sync");
+                }
+                let note = Note::normal(RevisionReason::SecretChanged, message);
+                ctx.events.publish(&*r, &note).await;
+            }
+            if triggers.send(ObjectRef::from_obj(&*r)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn mark_out_of_sync(
+    ctx: &Context,
+    r: &EnvoyConfigRevision,
+    message: &str,
+) -> Result<(), Error> {
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &r.namespace().unwrap_or_default());
+    // A fresh read: the patch replaces the conditions list and carries its resource version.
+    let Some(fresh) = api.get_opt(&r.name_any()).await? else {
+        return Ok(());
+    };
+    let mut status = fresh.status.clone().unwrap_or_default();
+    set_condition(
+        &mut status.conditions,
+        RESOURCES_OUT_OF_SYNC,
+        true,
+        RevisionReason::SecretChanged,
+        message,
+        fresh.metadata.generation,
+        &crate::controllers::now(),
+    );
+    let patch = status_patch(&status, &[], fresh.metadata.resource_version.as_deref())?;
+    patch_status(
+        &api,
+        &fresh.name_any(),
+        patch,
+        crate::controllers::FIELD_MANAGER,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deleted revisions are not reconciled by the controller (it only sees objects that exist),
+/// so deletions are watched here: a deleted revision stops being served. After every
+/// (re)list, keys served by revisions that no longer exist are cleared too, so a deletion
+/// missed while the watch was down is not served forever.
+pub(super) async fn watch_deletions(ctx: Arc<Context>) {
+    let api = ctx.api::<EnvoyConfigRevision>();
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut listed: BTreeSet<(String, String)> = BTreeSet::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Delete(r)) => {
+                let key = key_of(&r);
+                if ctx.publisher.unload(&key, &r.uid().unwrap_or_default()) {
+                    info!(revision = %r.name_any(), node = %key, "deleted; no longer served");
+                }
+            }
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(r)) => {
+                listed.insert((
+                    r.namespace().unwrap_or_default(),
+                    r.uid().unwrap_or_default(),
+                ));
+            }
+            Ok(Event::InitDone) => {
+                for (key, uid) in ctx.publisher.served() {
+                    if !listed.contains(&(key.namespace.clone(), uid.clone())) {
+                        ctx.publisher.unload(&key, &uid);
+                        info!(%uid, node = %key, "revision gone; no longer served");
+                    }
+                }
+            }
+            Ok(Event::Apply(_)) => {}
+            Err(e) => warn!(error = %e, "revision watch failed; retrying with a backoff"),
+        }
+    }
+}
