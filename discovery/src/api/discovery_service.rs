@@ -201,7 +201,51 @@ impl DiscoveryService {
     /// Applies defaults and checks the spec; the error names the field.
     pub fn resolve(&self, default_image: &str) -> Result<Resolved, String> {
         let spec = &self.spec;
-        let owned = self.owned_name();
+        let service = spec.service_config.clone().unwrap_or_default();
+        let service_type = service.type_.unwrap_or_else(|| "ClusterIP".into());
+        if !["ClusterIP", "LoadBalancer", "Headless"].contains(&service_type.as_str()) {
+            return Err(format!(
+                "spec.serviceConfig.type: {service_type:?} is not one of ClusterIP, LoadBalancer, Headless"
+            ));
+        }
+        let enabled_namespaces = enabled_namespaces(spec)?;
+        let replicas = replicas(spec.replicas)?;
+        let pki = self.pki()?;
+        let port = |field: &str, value: Option<u16>, default: u16| match value {
+            Some(0) => Err(format!("spec.{field} must be between 1 and 65535")),
+            other => Ok(other.unwrap_or(default)),
+        };
+        let resolved = Resolved {
+            replicas,
+            image: spec
+                .image
+                .clone()
+                .unwrap_or_else(|| default_image.to_owned()),
+            debug: spec.debug.unwrap_or(false),
+            resources: spec.resources.clone(),
+            ca_secret: pki.ca_secret,
+            ca_duration: pki.ca_duration,
+            server_secret: pki.server_secret,
+            server_duration: pki.server_duration,
+            client_duration: pki.client_duration,
+            xds_port: port("xdsServerPort", spec.xds_server_port, DEFAULT_XDS_PORT)?,
+            metrics_port: port("metricsPort", spec.metrics_port, DEFAULT_METRICS_PORT)?,
+            probe_port: port("probePort", spec.probe_port, DEFAULT_PROBE_PORT)?,
+            webhook_port: port("webhookPort", spec.webhook_port, DEFAULT_WEBHOOK_PORT)?,
+            enabled_namespaces,
+            service_name: service.name.unwrap_or_else(|| self.owned_name()),
+            service_type,
+            pod_priority_class: spec.pod_priority_class.clone(),
+        };
+        resolved.check_names()?;
+        resolved.check_ports()?;
+        Ok(resolved)
+    }
+
+    /// The CA and server certificate Secrets and every certificate's lifetime.
+    fn pki(&self) -> Result<ResolvedPki, String> {
+        let spec = &self.spec;
+        let name = self.metadata.name.as_deref().unwrap_or_default();
         let pki = spec
             .pki_config
             .clone()
@@ -220,62 +264,18 @@ impl DiscoveryService {
         let ca = pki.root_certificate_authority.unwrap_or_default();
         let server = pki.server_certificate.unwrap_or_default();
         let client = pki.client_certificate.unwrap_or_default();
-        let port = |field: &str, value: Option<u16>, default: u16| match value {
-            Some(0) => Err(format!("spec.{field} must be between 1 and 65535")),
-            other => Ok(other.unwrap_or(default)),
-        };
-        let service = spec.service_config.clone().unwrap_or_default();
-        let service_type = service.type_.unwrap_or_else(|| "ClusterIP".into());
-        if !["ClusterIP", "LoadBalancer", "Headless"].contains(&service_type.as_str()) {
-            return Err(format!(
-                "spec.serviceConfig.type: {service_type:?} is not one of ClusterIP, LoadBalancer, Headless"
-            ));
-        }
-        let mut enabled = spec.enabled_namespaces.clone().unwrap_or_default();
-        for (i, ns) in enabled.iter().enumerate() {
-            if !is_dns_label(ns) {
-                return Err(format!(
-                    "spec.enabledNamespaces[{i}]: {ns:?} is not a namespace name"
-                ));
-            }
-        }
-        enabled.sort();
-        enabled.dedup();
-        let replicas = match spec.replicas {
-            None => 1,
-            Some(n) if n >= 1 => n,
-            Some(n) => {
-                return Err(format!(
-                    "spec.replicas: {n} is not supported: at least one discovery pod serves the \
-                     proxies and the injection webhook"
-                ));
-            }
-        };
-        let resolved = Resolved {
-            replicas,
-            image: spec
-                .image
-                .clone()
-                .unwrap_or_else(|| default_image.to_owned()),
-            debug: spec.debug.unwrap_or(false),
-            resources: spec.resources.clone(),
-            ca_secret: ca.secret_name.unwrap_or_else(|| {
-                format!(
-                    "marin3r-ca-cert-{}",
-                    self.metadata.name.as_deref().unwrap_or_default()
-                )
-            }),
+        Ok(ResolvedPki {
+            ca_secret: ca
+                .secret_name
+                .unwrap_or_else(|| format!("marin3r-ca-cert-{name}")),
             ca_duration: duration(
                 "rootCertificateAuthority",
                 ca.duration.as_deref(),
                 DEFAULT_CA_DURATION,
             )?,
-            server_secret: server.secret_name.unwrap_or_else(|| {
-                format!(
-                    "marin3r-server-cert-{}",
-                    self.metadata.name.as_deref().unwrap_or_default()
-                )
-            }),
+            server_secret: server
+                .secret_name
+                .unwrap_or_else(|| format!("marin3r-server-cert-{name}")),
             server_duration: duration(
                 "serverCertificate",
                 server.duration.as_deref(),
@@ -286,16 +286,49 @@ impl DiscoveryService {
                 client.duration.as_deref(),
                 DEFAULT_CLIENT_CERT_DURATION,
             )?,
-            xds_port: port("xdsServerPort", spec.xds_server_port, DEFAULT_XDS_PORT)?,
-            metrics_port: port("metricsPort", spec.metrics_port, DEFAULT_METRICS_PORT)?,
-            probe_port: port("probePort", spec.probe_port, DEFAULT_PROBE_PORT)?,
-            webhook_port: port("webhookPort", spec.webhook_port, DEFAULT_WEBHOOK_PORT)?,
-            enabled_namespaces: enabled,
-            service_name: service.name.unwrap_or(owned),
-            service_type,
-            pod_priority_class: spec.pod_priority_class.clone(),
-        };
-        if let Some(class) = &resolved.pod_priority_class
+        })
+    }
+}
+
+/// The PKI part of [`Resolved`].
+struct ResolvedPki {
+    ca_secret: String,
+    ca_duration: Duration,
+    server_secret: String,
+    server_duration: Duration,
+    client_duration: Duration,
+}
+
+/// `spec.enabledNamespaces`, checked, sorted and without duplicates.
+fn enabled_namespaces(spec: &DiscoveryServiceSpec) -> Result<Vec<String>, String> {
+    let mut enabled = spec.enabled_namespaces.clone().unwrap_or_default();
+    for (i, ns) in enabled.iter().enumerate() {
+        if !is_dns_label(ns) {
+            return Err(format!(
+                "spec.enabledNamespaces[{i}]: {ns:?} is not a namespace name"
+            ));
+        }
+    }
+    enabled.sort();
+    enabled.dedup();
+    Ok(enabled)
+}
+
+fn replicas(replicas: Option<i32>) -> Result<i32, String> {
+    match replicas {
+        None => Ok(1),
+        Some(n) if n >= 1 => Ok(n),
+        Some(n) => Err(format!(
+            "spec.replicas: {n} is not supported: at least one discovery pod serves the \
+             proxies and the injection webhook"
+        )),
+    }
+}
+
+impl Resolved {
+    /// The names the spec gives other objects are names the API server accepts.
+    fn check_names(&self) -> Result<(), String> {
+        if let Some(class) = &self.pod_priority_class
             && !is_dns_subdomain(class)
         {
             return Err(format!(
@@ -306,28 +339,33 @@ impl DiscoveryService {
         for (field, name) in [
             (
                 "spec.pkiConfig.rootCertificateAuthority.secretName",
-                &resolved.ca_secret,
+                &self.ca_secret,
             ),
             (
                 "spec.pkiConfig.serverCertificate.secretName",
-                &resolved.server_secret,
+                &self.server_secret,
             ),
         ] {
             if !is_dns_subdomain(name) {
                 return Err(format!("{field}: {name:?} is not a valid Secret name"));
             }
         }
-        if !is_dns_label(&resolved.service_name) {
+        if !is_dns_label(&self.service_name) {
             return Err(format!(
                 "spec.serviceConfig.name: {:?} is not a valid Service name",
-                resolved.service_name
+                self.service_name
             ));
         }
+        Ok(())
+    }
+
+    /// The discovery pod's ports differ from each other and from its admin port.
+    fn check_ports(&self) -> Result<(), String> {
         let ports = [
-            ("spec.xdsServerPort", resolved.xds_port),
-            ("spec.metricsPort", resolved.metrics_port),
-            ("spec.probePort", resolved.probe_port),
-            ("spec.webhookPort", resolved.webhook_port),
+            ("spec.xdsServerPort", self.xds_port),
+            ("spec.metricsPort", self.metrics_port),
+            ("spec.probePort", self.probe_port),
+            ("spec.webhookPort", self.webhook_port),
         ];
         for (i, (field, port)) in ports.iter().enumerate() {
             if let Some((other, _)) = ports[..i].iter().find(|(_, p)| p == port) {
@@ -342,7 +380,7 @@ impl DiscoveryService {
                 ));
             }
         }
-        Ok(resolved)
+        Ok(())
     }
 }
 

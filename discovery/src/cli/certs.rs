@@ -243,40 +243,44 @@ pub fn status_report(
         None => {
             let _ = writeln!(out, "Secret:        {secret_ref} (not found)");
         }
-        Some(secret) => {
-            let keys: Vec<&str> = secret
-                .data
-                .iter()
-                .flat_map(|d| d.keys())
-                .map(String::as_str)
-                .collect();
-            let _ = writeln!(
-                out,
-                "Secret:        {secret_ref} (type {}, keys: {})",
-                secret.type_.as_deref().unwrap_or("-"),
-                keys.join(", ")
-            );
-            let cert = secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get("tls.crt"))
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned());
-            match cert.as_deref().map(CertificateInfo::from_pem) {
-                Some(Ok(info)) => {
-                    let _ = writeln!(out, "Certificate (tls.crt):");
-                    let mut buf = Vec::new();
-                    if write_certificate(&info, &mut buf).is_ok() {
-                        out.push_str(&String::from_utf8_lossy(&buf));
-                    }
-                }
-                Some(Err(e)) => {
-                    let _ = writeln!(out, "Certificate (tls.crt): unreadable: {e}");
-                }
-                None => {
-                    let _ = writeln!(out, "Certificate (tls.crt): missing");
-                }
-            }
-        }
+        Some(secret) => secret_report(&mut out, &secret_ref, secret),
     }
     out
+}
+
+/// The certificate Secret's part of the status report: its type, keys and certificate.
+fn secret_report(out: &mut String, secret_ref: &str, secret: &Secret) {
+    use std::fmt::Write as _;
+    let keys: Vec<&str> = secret
+        .data
+        .iter()
+        .flat_map(|d| d.keys())
+        .map(String::as_str)
+        .collect();
+    let _ = writeln!(
+        out,
+        "Secret:        {secret_ref} (type {}, keys: {})",
+        secret.type_.as_deref().unwrap_or("-"),
+        keys.join(", ")
+    );
+    let cert = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("tls.crt"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+    match cert.as_deref().map(CertificateInfo::from_pem) {
+        Some(Ok(info)) => {
+            let _ = writeln!(out, "Certificate (tls.crt):");
+            let mut buf = Vec::new();
+            if write_certificate(&info, &mut buf).is_ok() {
+                out.push_str(&String::from_utf8_lossy(&buf));
+            }
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(out, "Certificate (tls.crt): unreadable: {e}");
+        }
+        None => {
+            let _ = writeln!(out, "Certificate (tls.crt): missing");
+        }
+    }
 }

@@ -222,6 +222,38 @@ struct Servers {
     admin: JoinHandle<std::io::Result<()>>,
 }
 
+impl Servers {
+    /// Starts every server: the webhook and xDS until `draining`, the HTTP ones until
+    /// `stopped`. The webhook is ready once its task is spawned.
+    fn spawn(
+        listeners: Listeners,
+        (server, tls): (Server, TlsFiles),
+        (webhook, webhook_ready): (WebhookServerConfig, &AtomicBool),
+        health: axum::Router,
+        shutdown: &Shutdown,
+    ) -> Self {
+        let admin_router = server.admin_router();
+        let webhook = tokio::spawn(marin3r_webhook::serve(
+            webhook,
+            listeners.webhook,
+            shutdown.draining.clone().cancelled_owned(),
+        ));
+        webhook_ready.store(true, Ordering::SeqCst);
+        let draining = shutdown.draining.clone().cancelled_owned();
+        // The probe port answers exactly what the metrics port answers for the two health paths.
+        let probe_router = health
+            .clone()
+            .layer(axum::middleware::from_fn(only_health_paths));
+        Self {
+            xds: tokio::spawn(server.serve(listeners.xds, tls, draining)),
+            webhook,
+            probes: serve_http(listeners.probe, probe_router, shutdown),
+            http: serve_http(listeners.metrics, health, shutdown),
+            admin: serve_http(listeners.admin, admin_router, shutdown),
+        }
+    }
+}
+
 pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
@@ -247,22 +279,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
     let config = controllers_config(&args, controller_metrics, server.status_registry())?;
-    let controllers_ready = Readiness::default();
-    let webhook_ready = Arc::new(AtomicBool::new(false));
-    // False from SIGTERM on: not ready while the listeners stay open for --shutdown-delay.
-    let serving = Arc::new(AtomicBool::new(true));
-    let readiness = admin::Readiness::default()
-        .gate("xDS server", server.serving())
-        .gate(
-            "EnvoyConfig controller",
-            controllers_ready.envoy_configs.clone(),
-        )
-        .gate(
-            "EnvoyConfigRevision controller",
-            controllers_ready.revisions.clone(),
-        )
-        .gate("webhook", webhook_ready.clone())
-        .gate("shutting down", serving.clone());
+    let gates = Gates::default();
+    let health = admin::router_with_readiness(registry, gates.readiness(&server));
     info!(
         xds = args.xds_port,
         metrics = args.metrics_port,
@@ -280,37 +298,18 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         config,
         cache,
         nacks,
-        controllers_ready,
+        gates.controllers.clone(),
         shutdown.draining.clone().cancelled_owned(),
         shutdown.stopped.clone().cancelled_owned(),
     ));
-    let admin_router = server.admin_router();
-    let health = admin::router_with_readiness(registry, readiness);
-    let webhook = tokio::spawn(marin3r_webhook::serve(
-        webhook,
-        listeners.webhook,
-        shutdown.draining.clone().cancelled_owned(),
-    ));
-    webhook_ready.store(true, Ordering::SeqCst);
-    let mut servers = Servers {
-        xds: tokio::spawn(server.serve(
-            listeners.xds,
-            tls,
-            shutdown.draining.clone().cancelled_owned(),
-        )),
-        webhook,
-        // The probe port answers exactly what the metrics port answers for the two health paths.
-        probes: serve_http(
-            listeners.probe,
-            health
-                .clone()
-                .layer(axum::middleware::from_fn(only_health_paths)),
-            &shutdown,
-        ),
-        http: serve_http(listeners.metrics, health, &shutdown),
-        admin: serve_http(listeners.admin, admin_router, &shutdown),
-    };
-    let failed = until_shutdown(&mut servers, &serving, args.shutdown_delay).await;
+    let mut servers = Servers::spawn(
+        listeners,
+        (server, tls),
+        (webhook, &gates.webhook),
+        health,
+        &shutdown,
+    );
+    let failed = until_shutdown(&mut servers, &gates.serving, args.shutdown_delay).await;
     shutdown.draining.cancel();
     if let Some((what, result)) = failed {
         shutdown.stopped.cancel();
@@ -327,6 +326,41 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     drain(servers, controllers, &shutdown).await?;
     info!("discovery service stopped");
     Ok(())
+}
+
+/// What `/readyz` waits for besides the xDS server.
+struct Gates {
+    controllers: Readiness,
+    webhook: Arc<AtomicBool>,
+    /// False from SIGTERM on: not ready while the listeners stay open for --shutdown-delay.
+    serving: Arc<AtomicBool>,
+}
+
+impl Default for Gates {
+    fn default() -> Self {
+        Self {
+            controllers: Readiness::default(),
+            webhook: Arc::new(AtomicBool::new(false)),
+            serving: Arc::new(AtomicBool::new(true)),
+        }
+    }
+}
+
+impl Gates {
+    fn readiness(&self, server: &Server) -> admin::Readiness {
+        admin::Readiness::default()
+            .gate("xDS server", server.serving())
+            .gate(
+                "EnvoyConfig controller",
+                self.controllers.envoy_configs.clone(),
+            )
+            .gate(
+                "EnvoyConfigRevision controller",
+                self.controllers.revisions.clone(),
+            )
+            .gate("webhook", self.webhook.clone())
+            .gate("shutting down", self.serving.clone())
+    }
 }
 
 /// The webhook's settings: the server certificate, the EnvoyConfig rules, and the defaults

@@ -10,8 +10,10 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Deserialize;
 
+use marin3r_xds::resource::{Resource, ResourceType};
+
+use crate::api::EnvoyConfigSpec;
 use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
-use marin3r_xds::resource::ResourceType;
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
 const KIND: &str = "EnvoyConfig";
@@ -266,6 +268,42 @@ fn validate_document(
         };
     }
     let object = format!("{KIND} {name}");
+    let mut errors = header_problems(&manifest);
+    let Some(spec) = manifest.spec else {
+        errors.push("spec: missing".into());
+        return Document::Invalid { object, errors };
+    };
+    let spec = match crate::rules::read_spec(spec) {
+        Ok((spec, unknown)) => {
+            errors.extend(unknown.into_iter().map(Problem::from));
+            spec
+        }
+        Err(e) => {
+            errors.push(e.into());
+            return Document::Invalid { object, errors };
+        }
+    };
+    match validate_config(&spec) {
+        Ok(resources) if errors.is_empty() => Document::Valid {
+            object: name,
+            summary: summary(&spec, &resources),
+        },
+        Ok(_) => Document::Invalid { object, errors },
+        Err(more) => {
+            errors.extend(more.iter().map(|e| match place(e) {
+                Some(at) => Problem {
+                    at: Some(at),
+                    text: format!("{}: {}", e.path, e.message),
+                },
+                None => e.to_string().into(),
+            }));
+            Document::Invalid { object, errors }
+        }
+    }
+}
+
+/// What is wrong with an EnvoyConfig's apiVersion and metadata.
+fn header_problems(manifest: &Manifest) -> Vec<Problem> {
     let mut errors = Vec::new();
     if manifest.api_version.as_deref() != Some(API_VERSION) {
         let given = manifest.api_version.as_deref().unwrap_or("(missing)");
@@ -282,63 +320,36 @@ fn validate_document(
     if manifest.metadata.name.is_none() {
         errors.push("metadata.name: missing".into());
     }
-    let Some(spec) = manifest.spec else {
-        errors.push("spec: missing".into());
-        return Document::Invalid { object, errors };
+    errors
+}
+
+/// `node <id>, <n> resources: <type> <count>, ...` of a valid spec.
+fn summary(spec: &EnvoyConfigSpec, resources: &[Resource]) -> String {
+    // Secrets and EndpointSlice endpoints are built when the revision is loaded.
+    let generated = |kind: ResourceType| match kind {
+        ResourceType::Secret => secret_sources(spec).len(),
+        ResourceType::Endpoint => endpoint_sources(spec).len(),
+        _ => 0,
     };
-    let spec = match crate::rules::read_spec(spec) {
-        Ok((spec, unknown)) => {
-            errors.extend(unknown.into_iter().map(Problem::from));
-            spec
-        }
-        Err(e) => {
-            errors.push(e.into());
-            return Document::Invalid { object, errors };
-        }
+    let per_type: Vec<(ResourceType, usize)> = ResourceType::ALL
+        .iter()
+        .map(|&kind| {
+            let n = resources.iter().filter(|r| r.kind == kind).count();
+            (kind, n + generated(kind))
+        })
+        .collect();
+    let total: usize = per_type.iter().map(|(_, n)| n).sum();
+    let counts: Vec<String> = per_type
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    let counts = if counts.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", counts.join(", "))
     };
-    match validate_config(&spec) {
-        Ok(resources) if errors.is_empty() => {
-            // Secrets and EndpointSlice endpoints are built when the revision is loaded.
-            let generated = |kind: ResourceType| match kind {
-                ResourceType::Secret => secret_sources(&spec).len(),
-                ResourceType::Endpoint => endpoint_sources(&spec).len(),
-                _ => 0,
-            };
-            let per_type: Vec<(ResourceType, usize)> = ResourceType::ALL
-                .iter()
-                .map(|&kind| {
-                    let n = resources.iter().filter(|r| r.kind == kind).count();
-                    (kind, n + generated(kind))
-                })
-                .collect();
-            let total: usize = per_type.iter().map(|(_, n)| n).sum();
-            let counts: Vec<String> = per_type
-                .iter()
-                .filter(|(_, n)| *n > 0)
-                .map(|(kind, n)| format!("{kind} {n}"))
-                .collect();
-            let counts = if counts.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", counts.join(", "))
-            };
-            Document::Valid {
-                object: name,
-                summary: format!("node {}, {total} resources{counts}", spec.node_id),
-            }
-        }
-        Ok(_) => Document::Invalid { object, errors },
-        Err(more) => {
-            errors.extend(more.iter().map(|e| match place(e) {
-                Some(at) => Problem {
-                    at: Some(at),
-                    text: format!("{}: {}", e.path, e.message),
-                },
-                None => e.to_string().into(),
-            }));
-            Document::Invalid { object, errors }
-        }
-    }
+    format!("node {}, {total} resources{counts}", spec.node_id)
 }
 
 #[cfg(test)]

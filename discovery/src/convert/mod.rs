@@ -5,6 +5,7 @@
 
 mod canonical;
 mod endpoints;
+mod error;
 mod parse;
 mod pgv;
 mod pool;
@@ -13,7 +14,6 @@ mod sources;
 mod typed;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::LazyLock;
 
 use prost::Message as _;
@@ -23,59 +23,14 @@ use crate::api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
 use marin3r_xds::resource::{Resource, ResourceType};
 
 pub use endpoints::endpoints_from_slices;
-pub use parse::{ValueError, is_v2_name};
+pub use error::{ConversionError, ValueError};
+pub use parse::is_v2_name;
 pub use pool::{PoolError, descriptor_pool};
 pub use secret::{SecretError, generic_secret, tls_secret, validation_context_secret};
 pub use sources::{
     EndpointSource, SecretBuild, SecretSource, endpoint_sources, secret_resource, secret_sources,
 };
 pub use typed::typed_resources;
-
-/// One problem in a spec, at a path such as `spec.envoyResources.listeners[1].value`.
-/// Displayed as `path: message`, plus the line and column inside the value when known.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConversionError {
-    pub path: String,
-    /// What is wrong, starting with the field path inside the value when there is one.
-    pub message: String,
-    /// 1-based line and column inside the value's text (not the manifest's).
-    pub value_location: Option<(u64, u64)>,
-}
-
-impl ConversionError {
-    fn new(path: impl Into<String>, message: impl fmt::Display) -> Self {
-        Self {
-            path: path.into(),
-            message: message.to_string(),
-            value_location: None,
-        }
-    }
-
-    fn in_value(path: impl Into<String>, err: ValueError) -> Self {
-        let message = if err.path.is_empty() {
-            err.message
-        } else {
-            format!("{}: {}", err.path, err.message)
-        };
-        Self {
-            path: path.into(),
-            message,
-            value_location: err.location,
-        }
-    }
-}
-
-impl fmt::Display for ConversionError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)?;
-        if let Some((line, column)) = self.value_location {
-            write!(f, " (line {line}, column {column} of the value)")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConversionError {}
 
 /// Validates a whole spec and converts its resources: the `envoyAPI` and `nodeID`, then
 /// every resource of `envoyResources` as [`envoy_resources`] does and of `resources` as

@@ -2,46 +2,11 @@
 //! deserialized by the message descriptor itself (no intermediate JSON value), wrapped in
 //! `serde_path_to_error`, so an error knows both its field path and its line and column.
 
-use std::fmt;
-
 use base64::Engine as _;
 use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor};
 
+use super::ValueError;
 use crate::api::Serialization;
-
-/// Why one value could not be parsed: where inside the value, and what.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValueError {
-    /// The field path inside the value (`filter_chains[0].filters[0].typed_config`); empty
-    /// when the error is about the value as a whole.
-    pub path: String,
-    pub message: String,
-    /// 1-based line and column inside the value's text, when the parser knows them.
-    pub location: Option<(u64, u64)>,
-}
-
-impl ValueError {
-    pub(crate) fn whole(message: impl Into<String>) -> Self {
-        Self {
-            path: String::new(),
-            message: message.into(),
-            location: None,
-        }
-    }
-}
-
-impl fmt::Display for ValueError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
-        }
-        f.write_str(&self.message)?;
-        if let Some((line, column)) = self.location {
-            write!(f, " (line {line}, column {column} of the value)")?;
-        }
-        Ok(())
-    }
-}
 
 /// Parses `text` as one `desc` message written in `serialization`.
 pub fn parse(

@@ -12,7 +12,7 @@ use prost_reflect::{
     MessageDescriptor, OneofDescriptor, ReflectMessage as _, Value,
 };
 
-use super::parse::ValueError;
+use super::ValueError;
 
 /// The compiled rules of one message type: what to check without decoding options again.
 #[derive(Debug, Default)]
@@ -390,49 +390,13 @@ fn apply(check: &Check, field: &FieldDescriptor, value: &Value, set: bool) -> Re
         Check::Number {
             bounds,
             ignore_empty,
-        } => {
-            // Rules on a wrapper (`UInt32Value`) apply to the wrapped value, when present.
-            let n = match value {
-                Value::Message(wrapper) if set => wrapper
-                    .get_field_by_name("value")
-                    .as_deref()
-                    .and_then(number),
-                Value::Message(_) => None,
-                other => number(other),
-            };
-            match n {
-                Some(n) if !(*ignore_empty && n == 0.0) => bounds.check(n, &format_number),
-                _ => Ok(()),
-            }
-        }
+        } => check_number(bounds, *ignore_empty, value, set),
         Check::Length {
             unit,
             min,
             max,
             ignore_empty,
-        } => {
-            let len = match (value, unit) {
-                (Value::String(s), Unit::Chars) => s.chars().count(),
-                (Value::String(s), Unit::Bytes) => s.len(),
-                (Value::Bytes(b), _) => b.len(),
-                (Value::Message(wrapper), _) if set => {
-                    match wrapper.get_field_by_name("value").as_deref() {
-                        Some(Value::String(s)) => s.chars().count(),
-                        Some(Value::Bytes(b)) => b.len(),
-                        _ => return Ok(()),
-                    }
-                }
-                _ => return Ok(()),
-            } as u64;
-            if *ignore_empty && len == 0 {
-                return Ok(());
-            }
-            let what = match (value, unit) {
-                (Value::String(_), Unit::Chars) => "characters",
-                _ => "bytes",
-            };
-            sizes(len, *min, *max, what)
-        }
+        } => check_length(*unit, (*min, *max), *ignore_empty, value, set),
         Check::Items {
             min,
             max,
@@ -471,6 +435,57 @@ fn apply(check: &Check, field: &FieldDescriptor, value: &Value, set: bool) -> Re
             _ => Ok(()),
         },
     }
+}
+
+fn check_number(
+    bounds: &Bounds,
+    ignore_empty: bool,
+    value: &Value,
+    set: bool,
+) -> Result<(), String> {
+    // Rules on a wrapper (`UInt32Value`) apply to the wrapped value, when present.
+    let n = match value {
+        Value::Message(wrapper) if set => wrapper
+            .get_field_by_name("value")
+            .as_deref()
+            .and_then(number),
+        Value::Message(_) => None,
+        other => number(other),
+    };
+    match n {
+        Some(n) if !(ignore_empty && n == 0.0) => bounds.check(n, &format_number),
+        _ => Ok(()),
+    }
+}
+
+fn check_length(
+    unit: Unit,
+    (min, max): (Option<u64>, Option<u64>),
+    ignore_empty: bool,
+    value: &Value,
+    set: bool,
+) -> Result<(), String> {
+    let len = match (value, unit) {
+        (Value::String(s), Unit::Chars) => s.chars().count(),
+        (Value::String(s), Unit::Bytes) => s.len(),
+        (Value::Bytes(b), _) => b.len(),
+        (Value::Message(wrapper), _) if set => {
+            match wrapper.get_field_by_name("value").as_deref() {
+                Some(Value::String(s)) => s.chars().count(),
+                Some(Value::Bytes(b)) => b.len(),
+                _ => return Ok(()),
+            }
+        }
+        _ => return Ok(()),
+    } as u64;
+    if ignore_empty && len == 0 {
+        return Ok(());
+    }
+    let what = match (value, unit) {
+        (Value::String(_), Unit::Chars) => "characters",
+        _ => "bytes",
+    };
+    sizes(len, min, max, what)
 }
 
 fn format_number(n: f64) -> String {

@@ -85,116 +85,121 @@ fn generated_name(entry: &Entry) -> Option<String> {
 /// The fields an entry of its type may and must set, as the original MARIN3R's webhook
 /// checks them, plus the names and selectors that go into API requests.
 fn check_fields(entry: &Entry, at: &str, errors: &mut Vec<ConversionError>) {
+    check_misplaced(entry, at, errors);
+    match entry.kind {
+        ResourceKind::Secret => check_secret(entry, at, errors),
+        ResourceKind::Endpoint => check_endpoint(entry, at, errors),
+        _ => {
+            if entry.value.is_none() {
+                let why = format!("must be set for type {}", entry.kind.as_str());
+                refuse(errors, at, "value", why);
+            }
+        }
+    }
+}
+
+fn refuse(errors: &mut Vec<ConversionError>, at: &str, field: &str, why: String) {
+    errors.push(ConversionError::new(format!("{at}.{field}"), why));
+}
+
+/// Fields set on an entry of a type they do not belong to.
+fn check_misplaced(entry: &Entry, at: &str, errors: &mut Vec<ConversionError>) {
     let kind = entry.kind.as_str();
-    let mut refuse = |field: &str, why: String| {
-        errors.push(ConversionError::new(format!("{at}.{field}"), why));
-    };
     let only_for = |other: &str| format!("only allowed for type {other}, not {kind}");
     let is_secret = entry.kind == ResourceKind::Secret;
-    let is_endpoint = entry.kind == ResourceKind::Endpoint;
     if !is_secret {
         if entry.generate_from_tls_secret.is_some() {
-            refuse("generateFromTlsSecret", only_for("secret"));
+            refuse(errors, at, "generateFromTlsSecret", only_for("secret"));
         }
         if entry.generate_from_opaque_secret.is_some() {
-            refuse("generateFromOpaqueSecret", only_for("secret"));
+            refuse(errors, at, "generateFromOpaqueSecret", only_for("secret"));
         }
     }
     if entry.blueprint.is_some() && entry.generate_from_tls_secret.is_none() && is_secret {
-        refuse(
-            "blueprint",
-            "only allowed with generateFromTlsSecret".to_owned(),
-        );
+        let why = "only allowed with generateFromTlsSecret".to_owned();
+        refuse(errors, at, "blueprint", why);
     } else if entry.blueprint.is_some() && !is_secret {
-        refuse("blueprint", only_for("secret"));
+        refuse(errors, at, "blueprint", only_for("secret"));
     }
-    if !is_endpoint && entry.generate_from_endpoint_slices.is_some() {
-        refuse("generateFromEndpointSlices", only_for("endpoint"));
+    if entry.kind != ResourceKind::Endpoint && entry.generate_from_endpoint_slices.is_some() {
+        refuse(
+            errors,
+            at,
+            "generateFromEndpointSlices",
+            only_for("endpoint"),
+        );
     }
-    match entry.kind {
-        ResourceKind::Secret => {
-            if entry.value.is_some() {
-                refuse(
-                    "value",
-                    "not allowed for type secret: a secret is generated from a Kubernetes \
-                     Secret with generateFromTlsSecret or generateFromOpaqueSecret"
-                        .to_owned(),
-                );
-            }
-            match (
-                &entry.generate_from_tls_secret,
-                &entry.generate_from_opaque_secret,
-            ) {
-                (None, None) => errors.push(ConversionError::new(
-                    at,
-                    "type secret needs generateFromTlsSecret or generateFromOpaqueSecret",
-                )),
-                (Some(_), Some(_)) => errors.push(ConversionError::new(
-                    at,
-                    "generateFromTlsSecret and generateFromOpaqueSecret are both set; use one",
-                )),
-                (Some(name), None) => {
-                    if let Some(why) = secret_name_problem(name) {
-                        refuse("generateFromTlsSecret", why);
-                    }
-                }
-                (None, Some(opaque)) => {
-                    if let Some(why) = secret_name_problem(&opaque.name) {
-                        refuse("generateFromOpaqueSecret.name", why);
-                    }
-                    if let Some(why) = secret_key_problem(&opaque.key) {
-                        refuse("generateFromOpaqueSecret.key", why);
-                    }
-                    if opaque.alias.trim().is_empty() {
-                        refuse(
-                            "generateFromOpaqueSecret.alias",
-                            "must not be empty: it is the name Envoy asks SDS for".to_owned(),
-                        );
-                    }
-                }
+}
+
+/// A secret is generated from one Kubernetes Secret, TLS or opaque, never given inline.
+fn check_secret(entry: &Entry, at: &str, errors: &mut Vec<ConversionError>) {
+    if entry.value.is_some() {
+        let why = "not allowed for type secret: a secret is generated from a Kubernetes \
+                   Secret with generateFromTlsSecret or generateFromOpaqueSecret";
+        refuse(errors, at, "value", why.to_owned());
+    }
+    match (
+        &entry.generate_from_tls_secret,
+        &entry.generate_from_opaque_secret,
+    ) {
+        (None, None) => errors.push(ConversionError::new(
+            at,
+            "type secret needs generateFromTlsSecret or generateFromOpaqueSecret",
+        )),
+        (Some(_), Some(_)) => errors.push(ConversionError::new(
+            at,
+            "generateFromTlsSecret and generateFromOpaqueSecret are both set; use one",
+        )),
+        (Some(name), None) => {
+            if let Some(why) = secret_name_problem(name) {
+                refuse(errors, at, "generateFromTlsSecret", why);
             }
         }
-        ResourceKind::Endpoint => match (&entry.value, &entry.generate_from_endpoint_slices) {
-            (None, None) => errors.push(ConversionError::new(
-                at,
-                "type endpoint needs value or generateFromEndpointSlices",
-            )),
-            (Some(_), Some(_)) => errors.push(ConversionError::new(
-                at,
-                "value and generateFromEndpointSlices are both set; use one",
-            )),
-            (None, Some(slices)) => {
-                let field = "generateFromEndpointSlices";
-                if slices.selector.is_empty() {
-                    refuse(
-                        &format!("{field}.selector"),
-                        "must not be empty: it would select every EndpointSlice of the \
-                         namespace"
-                            .to_owned(),
-                    );
-                } else if let Err((path, why)) = slices.selector.to_query() {
-                    refuse(&format!("{field}.selector.{path}"), why);
-                }
-                if slices.cluster_name.trim().is_empty() {
-                    refuse(
-                        &format!("{field}.clusterName"),
-                        "must not be empty: it names the EDS cluster".to_owned(),
-                    );
-                }
-                if slices.target_port.trim().is_empty() {
-                    refuse(
-                        &format!("{field}.targetPort"),
-                        "must not be empty: it names the EndpointSlices' port".to_owned(),
-                    );
-                }
+        (None, Some(opaque)) => {
+            if let Some(why) = secret_name_problem(&opaque.name) {
+                refuse(errors, at, "generateFromOpaqueSecret.name", why);
             }
-            (Some(_), None) => {}
-        },
-        _ => {
-            if entry.value.is_none() {
-                refuse("value", format!("must be set for type {kind}"));
+            if let Some(why) = secret_key_problem(&opaque.key) {
+                refuse(errors, at, "generateFromOpaqueSecret.key", why);
+            }
+            if opaque.alias.trim().is_empty() {
+                let why = "must not be empty: it is the name Envoy asks SDS for";
+                refuse(errors, at, "generateFromOpaqueSecret.alias", why.to_owned());
             }
         }
+    }
+}
+
+/// Endpoints are given inline or generated from the EndpointSlices a selector picks.
+fn check_endpoint(entry: &Entry, at: &str, errors: &mut Vec<ConversionError>) {
+    match (&entry.value, &entry.generate_from_endpoint_slices) {
+        (None, None) => errors.push(ConversionError::new(
+            at,
+            "type endpoint needs value or generateFromEndpointSlices",
+        )),
+        (Some(_), Some(_)) => errors.push(ConversionError::new(
+            at,
+            "value and generateFromEndpointSlices are both set; use one",
+        )),
+        (None, Some(slices)) => {
+            let field = "generateFromEndpointSlices";
+            if slices.selector.is_empty() {
+                let why = "must not be empty: it would select every EndpointSlice of the \
+                           namespace";
+                refuse(errors, at, &format!("{field}.selector"), why.to_owned());
+            } else if let Err((path, why)) = slices.selector.to_query() {
+                refuse(errors, at, &format!("{field}.selector.{path}"), why);
+            }
+            if slices.cluster_name.trim().is_empty() {
+                let why = "must not be empty: it names the EDS cluster".to_owned();
+                refuse(errors, at, &format!("{field}.clusterName"), why);
+            }
+            if slices.target_port.trim().is_empty() {
+                let why = "must not be empty: it names the EndpointSlices' port".to_owned();
+                refuse(errors, at, &format!("{field}.targetPort"), why);
+            }
+        }
+        (Some(_), None) => {}
     }
 }
 

@@ -68,20 +68,8 @@ pub fn plan(
         let Some(ns) = by_name.get(ns_name) else {
             continue;
         };
-        let labels = ns.labels();
-        let mut label_patch = serde_json::Map::new();
-        let mut annotation_patch = serde_json::Map::new();
-        if labels.get(STATUS_LABEL).map(String::as_str) != Some("enabled") {
-            label_patch.insert(STATUS_LABEL.into(), "enabled".into());
-        }
-        if labels.get(DISCOVERY_SERVICE_LABEL).map(String::as_str) != Some(name) {
-            label_patch.insert(DISCOVERY_SERVICE_LABEL.into(), name.into());
-            annotation_patch.insert(LABELLED_BY_ANNOTATION.into(), owner.into());
-        } else if labelled_by_us(ns) && !listed.contains(ns_name) {
-            // A user's label now stands for a listing that went away: it is theirs.
-            annotation_patch.insert(LABELLED_BY_ANNOTATION.into(), Value::Null);
-        }
-        if let Some(p) = metadata_patch(label_patch, annotation_patch) {
+        let listed = listed.contains(ns_name);
+        if let Some(p) = enable_patch(name, owner, ns, labelled_by_us(ns) && !listed) {
             patches.insert(ns_name.clone(), p);
         }
     }
@@ -107,6 +95,24 @@ pub fn plan(
         leaving: leaving.into_iter().collect(),
         patches,
     }
+}
+
+/// The labels an enabled namespace must carry; `disowned`: the operator labelled it for a
+/// listing that went away, and a user's label now stands for it, so the label is theirs.
+fn enable_patch(name: &str, owner: &str, ns: &Namespace, disowned: bool) -> Option<Value> {
+    let labels = ns.labels();
+    let mut label_patch = serde_json::Map::new();
+    let mut annotation_patch = serde_json::Map::new();
+    if labels.get(STATUS_LABEL).map(String::as_str) != Some("enabled") {
+        label_patch.insert(STATUS_LABEL.into(), "enabled".into());
+    }
+    if labels.get(DISCOVERY_SERVICE_LABEL).map(String::as_str) != Some(name) {
+        label_patch.insert(DISCOVERY_SERVICE_LABEL.into(), name.into());
+        annotation_patch.insert(LABELLED_BY_ANNOTATION.into(), owner.into());
+    } else if disowned {
+        annotation_patch.insert(LABELLED_BY_ANNOTATION.into(), Value::Null);
+    }
+    metadata_patch(label_patch, annotation_patch)
 }
 
 /// A discovery service that serves its own namespace `own` only: `own` while it exists and

@@ -128,50 +128,80 @@ impl Bootstrap {
 /// Renders the bootstrap and its SDS files.
 pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
     validate(opts)?;
-    let path = |dir: &Path, file: &str| dir.join(file).to_string_lossy().into_owned();
-    let bootstrap_dir = opts.bootstrap_dir.to_string_lossy().into_owned();
-    let cert_dir = opts.client_cert_dir.to_string_lossy().into_owned();
-    let host_ip = opts.xds_host.parse::<IpAddr>().ok();
+    let mut config = json!({
+        "admin": admin(&opts.admin),
+        "dynamic_resources": dynamic_resources(opts.ads_mode),
+        "layered_runtime": { "layers": [
+            // A namespace rarely defines the runtime layer, and Envoy holds its start-up until
+            // the layer arrives or the initial fetch times out (15 s by default; 0 would wait
+            // forever): wait 1 s, a runtime that comes later is still applied.
+            { "name": "runtime", "rtds_layer": { "name": "runtime", "rtds_config": {
+                "ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "1s",
+            }}},
+        ]},
+        "static_resources": { "clusters": [xds_cluster(opts)] },
+    });
+    let mut node = serde_json::Map::new();
+    if let Some(id) = &opts.node_id {
+        node.insert("id".into(), Value::from(id.as_str()));
+    }
+    if let Some(cluster) = &opts.cluster_id {
+        node.insert("cluster".into(), Value::from(cluster.as_str()));
+    }
+    if !node.is_empty() {
+        config["node"] = Value::Object(node);
+    }
+    let (tls_certificate_sds, validation_context_sds) = sds_files(&opts.client_cert_dir);
+    let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
+    Ok(Bootstrap {
+        config: pretty(&config),
+        tls_certificate_sds: pretty(&tls_certificate_sds),
+        validation_context_sds: pretty(&validation_context_sds),
+    })
+}
 
-    // Envoy checks the server's certificate against the CA and the host it dialled.
-    let server_san = json!({
-        "san_type": if host_ip.is_some() { "IP_ADDRESS" } else { "DNS" },
-        "matcher": { "exact": opts.xds_host },
-    });
-    let sds_file = |file: &str, name: &str| {
-        json!({
-            "name": name,
-            "sds_config": {
-                "path_config_source": {
-                    "path": path(&opts.bootstrap_dir, file),
-                    "watched_directory": { "path": bootstrap_dir },
-                },
-                "resource_api_version": "V3",
+fn path(dir: &Path, file: &str) -> String {
+    dir.join(file).to_string_lossy().into_owned()
+}
+
+fn admin(admin: &Admin) -> Value {
+    json!({
+        "access_log": [{
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": admin.access_log_path,
             },
-        })
-    };
-    let tls = json!({
-        "name": "envoy.transport_sockets.tls",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-            "sni": opts.xds_host,
-            "common_tls_context": {
-                "tls_params": { "tls_minimum_protocol_version": "TLSv1_2" },
-                "alpn_protocols": ["h2"],
-                "tls_certificate_sds_secret_configs": [
-                    sds_file(TLS_CERTIFICATE_SDS_FILE, CLIENT_CERT_SECRET)
-                ],
-                "combined_validation_context": {
-                    "default_validation_context": {
-                        "match_typed_subject_alt_names": [server_san],
-                    },
-                    "validation_context_sds_secret_config":
-                        sds_file(VALIDATION_CONTEXT_SDS_FILE, CA_SECRET),
-                },
+        }],
+        "address": { "socket_address": {
+            "address": admin.bind_address.to_string(),
+            "port_value": admin.port,
+        }},
+    })
+}
+
+/// Listeners and clusters, and every resource they name, from ADS on the xDS cluster.
+fn dynamic_resources(mode: AdsMode) -> Value {
+    let ads = json!({ "ads": {}, "resource_api_version": "V3" });
+    json!({
+        "ads_config": {
+            "api_type": match mode {
+                AdsMode::StateOfTheWorld => "GRPC",
+                AdsMode::Delta => "DELTA_GRPC",
             },
+            "transport_api_version": "V3",
+            "set_node_on_first_message_only": true,
+            "grpc_services": [{ "envoy_grpc": { "cluster_name": XDS_CLUSTER } }],
         },
-    });
-    let xds_cluster = json!({
+        "cds_config": ads,
+        "lds_config": ads,
+    })
+}
+
+/// The discovery service, over HTTP/2 with keepalives and mutual TLS.
+fn xds_cluster(opts: &BootstrapOptions) -> Value {
+    let host_ip = opts.xds_host.parse::<IpAddr>().ok();
+    json!({
         "name": XDS_CLUSTER,
         "type": if host_ip.is_some() { "STATIC" } else { "STRICT_DNS" },
         // A Service name resolves to IPv4 in most clusters: asking for that first avoids an
@@ -196,82 +226,76 @@ pub fn render(opts: &BootstrapOptions) -> Result<Bootstrap, BootstrapError> {
         "upstream_connection_options": { "tcp_keepalive": {
             "keepalive_time": 60, "keepalive_interval": 10, "keepalive_probes": 3,
         }},
-        "transport_socket": tls,
-    });
-    let ads = json!({ "ads": {}, "resource_api_version": "V3" });
-    let mut config = json!({
-        "admin": {
-            "access_log": [{
-                "name": "envoy.access_loggers.file",
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
-                    "path": opts.admin.access_log_path,
-                },
-            }],
-            "address": { "socket_address": {
-                "address": opts.admin.bind_address.to_string(),
-                "port_value": opts.admin.port,
-            }},
-        },
-        "dynamic_resources": {
-            "ads_config": {
-                "api_type": match opts.ads_mode {
-                    AdsMode::StateOfTheWorld => "GRPC",
-                    AdsMode::Delta => "DELTA_GRPC",
-                },
-                "transport_api_version": "V3",
-                "set_node_on_first_message_only": true,
-                "grpc_services": [{ "envoy_grpc": { "cluster_name": XDS_CLUSTER } }],
-            },
-            "cds_config": ads,
-            "lds_config": ads,
-        },
-        "layered_runtime": { "layers": [
-            // A namespace rarely defines the runtime layer, and Envoy holds its start-up until
-            // the layer arrives or the initial fetch times out (15 s by default; 0 would wait
-            // forever): wait 1 s, a runtime that comes later is still applied.
-            { "name": "runtime", "rtds_layer": { "name": "runtime", "rtds_config": {
-                "ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "1s",
-            }}},
-        ]},
-        "static_resources": { "clusters": [xds_cluster] },
-    });
-    let mut node = serde_json::Map::new();
-    if let Some(id) = &opts.node_id {
-        node.insert("id".into(), Value::from(id.as_str()));
-    }
-    if let Some(cluster) = &opts.cluster_id {
-        node.insert("cluster".into(), Value::from(cluster.as_str()));
-    }
-    if !node.is_empty() {
-        config["node"] = Value::Object(node);
-    }
+        "transport_socket": xds_tls(opts, host_ip.is_some()),
+    })
+}
 
+/// Mutual TLS to the discovery service: the client certificate and the CA from file-based
+/// SDS, the server checked against the CA and the host dialled.
+fn xds_tls(opts: &BootstrapOptions, host_is_ip: bool) -> Value {
+    let bootstrap_dir = opts.bootstrap_dir.to_string_lossy().into_owned();
+    let server_san = json!({
+        "san_type": if host_is_ip { "IP_ADDRESS" } else { "DNS" },
+        "matcher": { "exact": opts.xds_host },
+    });
+    let sds_file = |file: &str, name: &str| {
+        json!({
+            "name": name,
+            "sds_config": {
+                "path_config_source": {
+                    "path": path(&opts.bootstrap_dir, file),
+                    "watched_directory": { "path": bootstrap_dir },
+                },
+                "resource_api_version": "V3",
+            },
+        })
+    };
+    json!({
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "sni": opts.xds_host,
+            "common_tls_context": {
+                "tls_params": { "tls_minimum_protocol_version": "TLSv1_2" },
+                "alpn_protocols": ["h2"],
+                "tls_certificate_sds_secret_configs": [
+                    sds_file(TLS_CERTIFICATE_SDS_FILE, CLIENT_CERT_SECRET)
+                ],
+                "combined_validation_context": {
+                    "default_validation_context": {
+                        "match_typed_subject_alt_names": [server_san],
+                    },
+                    "validation_context_sds_secret_config":
+                        sds_file(VALIDATION_CONTEXT_SDS_FILE, CA_SECRET),
+                },
+            },
+        },
+    })
+}
+
+/// The two SDS files: the client certificate and the CA, read from the mounted Secret.
+fn sds_files(cert_dir: &Path) -> (Value, Value) {
+    let watched = cert_dir.to_string_lossy().into_owned();
     let secret_type = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
-    let tls_certificate_sds = json!({ "resources": [{
+    let tls_certificate = json!({ "resources": [{
         "@type": secret_type,
         "name": CLIENT_CERT_SECRET,
         "tls_certificate": {
-            "certificate_chain": { "filename": path(&opts.client_cert_dir, "tls.crt") },
-            "private_key": { "filename": path(&opts.client_cert_dir, "tls.key") },
+            "certificate_chain": { "filename": path(cert_dir, "tls.crt") },
+            "private_key": { "filename": path(cert_dir, "tls.key") },
             // Kubernetes swaps Secret files by renaming a `..data` symlink in this folder.
-            "watched_directory": { "path": cert_dir },
+            "watched_directory": { "path": watched },
         },
     }]});
-    let validation_context_sds = json!({ "resources": [{
+    let validation_context = json!({ "resources": [{
         "@type": secret_type,
         "name": CA_SECRET,
         "validation_context": {
-            "trusted_ca": { "filename": path(&opts.client_cert_dir, "ca.crt") },
-            "watched_directory": { "path": cert_dir },
+            "trusted_ca": { "filename": path(cert_dir, "ca.crt") },
+            "watched_directory": { "path": watched },
         },
     }]});
-    let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string());
-    Ok(Bootstrap {
-        config: pretty(&config),
-        tls_certificate_sds: pretty(&tls_certificate_sds),
-        validation_context_sds: pretty(&validation_context_sds),
-    })
+    (tls_certificate, validation_context)
 }
 
 fn validate(opts: &BootstrapOptions) -> Result<(), BootstrapError> {

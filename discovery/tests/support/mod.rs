@@ -420,8 +420,8 @@ pub fn envoy_serial(cert: &IssuedCertificate) -> String {
         .to_lowercase()
 }
 
-/// `/metrics` (the server's registry) and `/readyz` (`ready` while the server accepts
-/// connections).
+/// `/metrics` (the server's registry), `/healthz` and `/readyz` (`ready` while the server
+/// accepts connections), as the process serves them.
 fn health_router(
     registry: prometheus_client::registry::Registry,
     serving: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -429,6 +429,7 @@ fn health_router(
     use axum::routing::get;
     let registry = std::sync::Arc::new(registry);
     axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/metrics",
             get(move || {

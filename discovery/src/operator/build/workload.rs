@@ -50,6 +50,65 @@ impl Children<'_> {
     /// The discovery server's container: its flags, probes, ports and restricted security.
     fn container(&self) -> Container {
         let s = self.spec;
+        let field_env = |name: &str, path: &str| EnvVar {
+            name: name.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: path.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let port = |name: &str, port: u16| ContainerPort {
+            name: Some(name.into()),
+            container_port: i32::from(port),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        };
+        Container {
+            name: CONTAINER_NAME.into(),
+            image: Some(s.image.clone()),
+            args: Some(self.args()),
+            env: Some(vec![
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+            ]),
+            ports: Some(vec![
+                port("xds", s.xds_port),
+                port("webhook", s.webhook_port),
+                port("metrics", s.metrics_port),
+                port("probes", s.probe_port),
+            ]),
+            readiness_probe: Some(self.probe("/readyz", 0, 2, 3)),
+            liveness_probe: Some(self.probe("/healthz", 30, 10, 6)),
+            resources: s.resources.clone(),
+            // Pod Security `restricted`; the image's own non-root user (no runAsUser, so a
+            // `spec.image` that runs as root is refused by kubelet rather than run).
+            security_context: Some(SecurityContext {
+                run_as_non_root: Some(true),
+                allow_privilege_escalation: Some(false),
+                read_only_root_filesystem: Some(true),
+                capabilities: Some(Capabilities {
+                    drop: Some(vec!["ALL".into()]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "server-cert".into(),
+                mount_path: SERVER_CERT_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    /// `marin3r discovery-service` and its flags.
+    fn args(&self) -> Vec<String> {
+        let s = self.spec;
         let mut args: Vec<String> = vec![
             "discovery-service".into(),
             format!("--xds-port={}", s.xds_port),
@@ -70,27 +129,15 @@ impl Children<'_> {
         if s.debug {
             args.push("--debug".into());
         }
-        let field_env = |name: &str, path: &str| EnvVar {
-            name: name.into(),
-            value_from: Some(EnvVarSource {
-                field_ref: Some(ObjectFieldSelector {
-                    field_path: path.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let port = |name: &str, port: u16| ContainerPort {
-            name: Some(name.into()),
-            container_port: i32::from(port),
-            protocol: Some("TCP".into()),
-            ..Default::default()
-        };
-        let probe = |path: &str, initial: i32, period: i32, failures: i32| Probe {
+        args
+    }
+
+    /// An HTTP probe on the probe port.
+    fn probe(&self, path: &str, initial: i32, period: i32, failures: i32) -> Probe {
+        Probe {
             http_get: Some(HTTPGetAction {
                 path: Some(path.into()),
-                port: IntOrString::Int(i32::from(s.probe_port)),
+                port: IntOrString::Int(i32::from(self.spec.probe_port)),
                 scheme: Some("HTTP".into()),
                 ..Default::default()
             }),
@@ -98,43 +145,6 @@ impl Children<'_> {
             period_seconds: Some(period),
             failure_threshold: Some(failures),
             timeout_seconds: Some(1),
-            ..Default::default()
-        };
-        Container {
-            name: CONTAINER_NAME.into(),
-            image: Some(s.image.clone()),
-            args: Some(args),
-            env: Some(vec![
-                field_env("POD_NAME", "metadata.name"),
-                field_env("POD_NAMESPACE", "metadata.namespace"),
-            ]),
-            ports: Some(vec![
-                port("xds", s.xds_port),
-                port("webhook", s.webhook_port),
-                port("metrics", s.metrics_port),
-                port("probes", s.probe_port),
-            ]),
-            readiness_probe: Some(probe("/readyz", 0, 2, 3)),
-            liveness_probe: Some(probe("/healthz", 30, 10, 6)),
-            resources: s.resources.clone(),
-            // Pod Security `restricted`; the image's own non-root user (no runAsUser, so a
-            // `spec.image` that runs as root is refused by kubelet rather than run).
-            security_context: Some(SecurityContext {
-                run_as_non_root: Some(true),
-                allow_privilege_escalation: Some(false),
-                read_only_root_filesystem: Some(true),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            volume_mounts: Some(vec![VolumeMount {
-                name: "server-cert".into(),
-                mount_path: SERVER_CERT_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            }]),
             ..Default::default()
         }
     }

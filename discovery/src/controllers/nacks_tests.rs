@@ -1,0 +1,206 @@
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::*;
+use marin3r_xds::resource::ResourceType;
+
+fn mk_nack(namespace: &str, rejecting: usize, connected: usize) -> NackEvent {
+    NackEvent {
+        namespace: namespace.into(),
+        node_id: "node".into(),
+        pod_name: None,
+        resource_type: ResourceType::Listener,
+        type_url: ResourceType::Listener.type_url().into(),
+        version: "v2".into(),
+        message: "bad".into(),
+        rejecting,
+        connected,
+    }
+}
+
+#[test]
+fn thresholds() {
+    let all = TaintThreshold::default();
+    assert!(all.reached(1, 1));
+    assert!(!all.reached(1, 2));
+    assert!(all.reached(2, 2));
+    assert!(all.reached(1, 0), "a proxy gone since still counts");
+    let half = TaintThreshold::percent(50).unwrap();
+    assert!(half.reached(1, 2));
+    assert!(!half.reached(1, 3));
+    assert!(half.reached(usize::MAX, usize::MAX));
+    assert!(TaintThreshold::percent(0).is_err());
+    assert!(TaintThreshold::percent(101).unwrap_err().contains("101"));
+}
+
+fn mk_report(replica: &str, rejecting: u32, connected: u32, secs_ago: i64) -> NackReport {
+    NackReport {
+        replica: replica.into(),
+        connected_proxies: connected,
+        rejecting_proxies: rejecting,
+        resource_type: "listeners".into(),
+        version: "v2".into(),
+        message: if rejecting > 0 {
+            format!("bad on {replica}")
+        } else {
+            String::new()
+        },
+        proxy_pod: None,
+        reported_at: Time(at(secs_ago)),
+    }
+}
+
+fn at(secs_ago: i64) -> Timestamp {
+    Timestamp::from_second(1_000_000 - secs_ago).unwrap()
+}
+
+fn names(n: &[&str]) -> BTreeSet<String> {
+    n.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn the_reports_of_every_live_replica_are_summed() {
+    let all = TaintThreshold::default();
+    let now = at(0);
+    let live = names(&["a", "b"]);
+    // One proxy per replica; only a's rejected: 1 of 2, below 100%.
+    let reports = [mk_report("a", 1, 1, 2), mk_report("b", 0, 1, 1)];
+    assert_eq!(
+        decide(&reports, Some(&live), now, all),
+        Decision::Below {
+            rejecting: 1,
+            connected: 2
+        }
+    );
+    // Both rejected: taint, with a rejecting replica's message.
+    let reports = [mk_report("a", 1, 1, 2), mk_report("b", 1, 1, 1)];
+    let Decision::Taint { message } = decide(&reports, Some(&live), now, all) else {
+        panic!("not tainted")
+    };
+    assert!(message.contains("2 of 2 connected proxies"), "{message}");
+    assert!(message.contains("over 2 discovery replica(s)"), "{message}");
+    assert!(message.contains("bad on"), "{message}");
+    // At 50%, a's alone is enough once b answered.
+    let half = TaintThreshold::percent(50).unwrap();
+    let reports = [mk_report("a", 1, 1, 2), mk_report("b", 0, 1, 1)];
+    assert!(matches!(
+        decide(&reports, Some(&live), now, half),
+        Decision::Taint { .. }
+    ));
+}
+
+#[test]
+fn the_leader_waits_for_live_replicas_to_answer_then_decides_without_them() {
+    let all = TaintThreshold::default();
+    let live = names(&["a", "b"]);
+    // b has not answered: 1 of 1 would taint, but b may have proxies that accepted.
+    let reports = [mk_report("a", 1, 1, 2)];
+    assert_eq!(
+        decide(&reports, Some(&live), at(0), all),
+        Decision::Wait(ANSWER_WAIT - Duration::from_secs(2))
+    );
+    // Past the wait, what was reported decides.
+    let reports = [mk_report("a", 1, 1, 6)];
+    assert!(matches!(
+        decide(&reports, Some(&live), at(0), all),
+        Decision::Taint { .. }
+    ));
+    // Without a list of pods (one replica), no wait.
+    let reports = [mk_report("a", 1, 1, 0)];
+    assert!(matches!(
+        decide(&reports, None, at(0), all),
+        Decision::Taint { .. }
+    ));
+}
+
+#[test]
+fn reports_of_gone_or_stale_replicas_are_ignored() {
+    let all = TaintThreshold::default();
+    // c's pod is gone: its 0-of-5 does not hold the taint back.
+    let reports = [mk_report("a", 1, 1, 1), mk_report("c", 0, 5, 1)];
+    let live = names(&["a"]);
+    assert!(matches!(
+        decide(&reports, Some(&live), at(0), all),
+        Decision::Taint { .. }
+    ));
+    // A stale rejection alone is nothing; a stale acceptance does not dilute.
+    let old = REPORT_LIFETIME.as_secs() as i64 + 1;
+    let reports = [mk_report("a", 1, 1, old)];
+    assert_eq!(decide(&reports, None, at(0), all), Decision::Nothing);
+    let reports = [mk_report("a", 1, 1, 0), mk_report("b", 0, 9, old)];
+    assert!(matches!(
+        decide(&reports, None, at(0), all),
+        Decision::Taint { .. }
+    ));
+    // Reports that count no rejection: nothing to decide.
+    let reports = [mk_report("a", 0, 1, 0)];
+    assert_eq!(decide(&reports, None, at(0), all), Decision::Nothing);
+    // A report from the future (another replica's clock ahead) counts as fresh.
+    let reports = [mk_report("a", 1, 1, -30)];
+    assert!(matches!(
+        decide(&reports, None, at(0), all),
+        Decision::Taint { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_stuck_namespace_does_not_delay_or_drop_another() {
+    let (tx, rx) = mpsc::channel(1024);
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let dropped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handle = {
+        let handled = handled.clone();
+        move |nack: NackEvent| {
+            let handled = handled.clone();
+            async move {
+                if nack.namespace == "stuck" {
+                    // An API write that never returns.
+                    std::future::pending::<()>().await;
+                }
+                handled.lock().unwrap().push(nack.namespace);
+            }
+        }
+    };
+    let on_drop = {
+        let dropped = dropped.clone();
+        move || {
+            dropped.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(dispatch(
+        rx,
+        |n: &NackEvent| TaintThreshold::default().reached(n.rejecting, n.connected),
+        handle,
+        on_drop,
+        stop.clone().cancelled_owned(),
+    ));
+    // A flood from one namespace, more than its queue holds...
+    for _ in 0..500 {
+        tx.send(mk_nack("stuck", 1, 1)).await.unwrap();
+    }
+    // ...one NACK below the threshold elsewhere, and one that taints.
+    tx.send(mk_nack("calm", 1, 2)).await.unwrap();
+    tx.send(mk_nack("calm", 2, 2)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while handled.lock().unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "calm was never handled"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        *handled.lock().unwrap(),
+        ["calm"],
+        "only the one over the threshold"
+    );
+    // The stuck namespace's overflow was dropped, and only its own.
+    assert_eq!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        500 - PER_NAMESPACE_QUEUE - 1
+    );
+    stop.cancel();
+    task.await.unwrap();
+}
