@@ -3,6 +3,7 @@
 //! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
 
 pub mod envoy_config;
+mod index;
 pub mod loader;
 pub mod metrics;
 pub mod nacks;
@@ -13,11 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Api, Client};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, ResourceExt};
 use marin3r_controller::Events;
 use tokio::sync::mpsc;
 
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use crate::api::{EnvoyConfig, EnvoyConfigRevision};
+use index::Index;
 use marin3r_controller::leader::{self, LeaseConfig};
 use marin3r_xds::{Cache, NackEvent, StatusRegistry};
 pub use metrics::ControllerMetrics;
@@ -58,9 +62,67 @@ pub struct Config {
     pub leader_lease: Option<LeaseConfig>,
 }
 
+/// The one watch of each kind the controllers read (see [`index`]).
+#[derive(Default)]
+pub(crate) struct Indexes {
+    pub revisions: Index<EnvoyConfigRevision>,
+    pub configs: Index<EnvoyConfig>,
+    /// Every Namespace, for their labels: only with `discovery_service` (and no
+    /// `watch_namespace`), when the label decides which namespaces are served.
+    pub namespaces: Option<Index<Namespace>>,
+}
+
+impl Indexes {
+    fn new(config: &Config) -> Self {
+        let by_label = config.discovery_service.is_some() && config.watch_namespace.is_none();
+        Self {
+            namespaces: by_label.then(Index::default),
+            ..Default::default()
+        }
+    }
+
+    /// Runs every watch until aborted; deleted revisions stop being served (`deleted`).
+    fn run(ctx: &Arc<Context>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = vec![
+            tokio::spawn({
+                let ctx = Arc::clone(ctx);
+                async move {
+                    let api = ctx.api::<EnvoyConfigRevision>();
+                    let mut deletions = loader::Deletions::default();
+                    let on_event = |event: &_| deletions.on_event(&ctx.publisher, event);
+                    ctx.index
+                        .revisions
+                        .run(api, "EnvoyConfigRevision", on_event)
+                        .await;
+                }
+            }),
+            tokio::spawn({
+                let ctx = Arc::clone(ctx);
+                async move {
+                    let api = ctx.api::<EnvoyConfig>();
+                    ctx.index.configs.run(api, "EnvoyConfig", |_| {}).await;
+                }
+            }),
+        ];
+        if ctx.index.namespaces.is_some() {
+            tasks.push(tokio::spawn({
+                let ctx = Arc::clone(ctx);
+                async move {
+                    let api = Api::<Namespace>::all(ctx.client.clone());
+                    if let Some(index) = &ctx.index.namespaces {
+                        index.run(api, "Namespace", |_| {}).await;
+                    }
+                }
+            }));
+        }
+        tasks
+    }
+}
+
 /// Shared by every controller.
 pub(crate) struct Context {
     pub client: Client,
+    pub index: Indexes,
     pub events: Events,
     pub config: Config,
     pub publisher: Publisher,
@@ -89,23 +151,24 @@ impl Context {
         }
     }
 
-    /// Whether this discovery service serves `namespace`. Read on every reconcile: a label
-    /// added later takes effect on the next change of the config.
+    /// Whether this discovery service serves `namespace`, as the Namespace watch has it: a
+    /// label added later takes effect at once (see [`Context::watch_namespaces`]).
     pub async fn serves(&self, namespace: &str) -> Result<bool, Error> {
         if let Some(watched) = &self.config.watch_namespace {
             return Ok(watched == namespace);
         }
-        let Some(name) = &self.config.discovery_service else {
+        let (Some(name), Some(index)) = (&self.config.discovery_service, &self.index.namespaces)
+        else {
             return Ok(true);
         };
-        let api: Api<Namespace> = Api::all(self.client.clone());
-        Ok(api.get_opt(namespace).await?.is_some_and(|ns| {
-            ns.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(DISCOVERY_SERVICE_LABEL))
-                == Some(name)
-        }))
+        let store = index.store();
+        // Not listed yet (or shutting down): serving is the safe side, nothing is unloaded.
+        if store.wait_until_ready().await.is_err() {
+            return Ok(true);
+        }
+        Ok(store
+            .get(&ObjectRef::new(namespace))
+            .is_some_and(|ns| ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(name)))
     }
 
     /// With `--discovery-service-name`, labelling a namespace (or removing the label) takes
@@ -114,23 +177,19 @@ impl Context {
         &self,
         controller: kube::runtime::Controller<K>,
     ) -> kube::runtime::Controller<K> {
-        if self.config.discovery_service.is_none() || self.config.watch_namespace.is_some() {
+        let Some(namespaces) = &self.index.namespaces else {
             return controller;
-        }
+        };
         let store = controller.store();
-        controller.watches(
-            Api::<Namespace>::all(self.client.clone()),
-            kube::runtime::watcher::Config::default(),
-            move |ns: Namespace| {
-                let name = ns.metadata.name.unwrap_or_default();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|o| o.meta().namespace.as_deref() == Some(name.as_str()))
-                    .map(|o| kube::runtime::reflector::ObjectRef::from_obj(&*o))
-                    .collect::<Vec<_>>()
-            },
-        )
+        controller.watches_shared_stream(namespaces.changes(), move |ns: Arc<Namespace>| {
+            let name = ns.name_any();
+            store
+                .state()
+                .into_iter()
+                .filter(|o| o.meta().namespace.as_deref() == Some(name.as_str()))
+                .map(|o| ObjectRef::from_obj(&*o))
+                .collect::<Vec<_>>()
+        })
     }
 }
 
@@ -209,12 +268,14 @@ pub async fn run_stepping_down(
 ) {
     let ctx = Arc::new(Context {
         events: Events::new(client.clone(), FIELD_MANAGER),
+        index: Indexes::new(&config),
         client,
         metrics: config.metrics.clone(),
         config,
         publisher: Publisher::new(cache),
         attempted: Default::default(),
     });
+    let watches = Indexes::run(&ctx);
     let stop = tokio_util::sync::CancellationToken::new();
     let ecr = tokio::spawn(loader::run(
         Arc::clone(&ctx),
@@ -253,6 +314,9 @@ pub async fn run_stepping_down(
     stepping_down.abort();
     stop.cancel();
     let _ = tokio::join!(ecr, nack, leading);
+    for watch in watches {
+        watch.abort();
+    }
 }
 
 /// The leader's part: the `EnvoyConfig` controller (revisions, publication, rollback) and the

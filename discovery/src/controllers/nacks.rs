@@ -367,10 +367,9 @@ pub(crate) async fn run_decider(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let controller = kube::runtime::Controller::new(
-        ctx.api::<EnvoyConfigRevision>(),
-        kube::runtime::watcher::Config::default(),
-    );
+    let revisions = &ctx.index.revisions;
+    let controller =
+        kube::runtime::Controller::for_shared_stream(revisions.changes(), revisions.store());
     let controller = ctx.watch_namespaces(controller);
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;

@@ -10,7 +10,6 @@ use std::sync::atomic::AtomicBool;
 
 use kube::api::{ListParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
 use tracing::info;
@@ -32,18 +31,16 @@ pub(crate) async fn run(
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let controller =
-        kube::runtime::Controller::new(ctx.api::<EnvoyConfig>(), watcher::Config::default())
-            .owns(ctx.api::<EnvoyConfigRevision>(), watcher::Config::default());
-    let store = controller.store();
+    let (configs, revisions) = (&ctx.index.configs, &ctx.index.revisions);
+    let store = configs.store();
+    let controller = kube::runtime::Controller::for_shared_stream(configs.changes(), store.clone())
+        .owns_shared_stream(revisions.changes());
     tokio::spawn(super::mark_ready(store.clone(), ready));
     // A config refused because another one serves its node id gets its turn when that one
     // goes away or changes its node id: any change wakes the others of the same node id.
-    let same_node = store.clone();
-    let controller = controller.watches(
-        ctx.api::<EnvoyConfig>(),
-        watcher::Config::default(),
-        move |changed: EnvoyConfig| {
+    let same_node = store;
+    let controller =
+        controller.watches_shared_stream(configs.changes(), move |changed: Arc<EnvoyConfig>| {
             same_node
                 .state()
                 .into_iter()
@@ -54,8 +51,7 @@ pub(crate) async fn run(
                 })
                 .map(|other| kube::runtime::reflector::ObjectRef::from_obj(&*other))
                 .collect::<Vec<_>>()
-        },
-    );
+        });
     let controller = ctx.watch_namespaces(controller);
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;

@@ -12,7 +12,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
-use kube::runtime::watcher::{self};
 use kube::{Api, ResourceExt};
 use marin3r_controller::{patch_status, status_patch};
 use tokio::sync::mpsc;
@@ -22,6 +21,8 @@ use tracing::{debug, info, warn};
 mod endpoint_slices;
 mod load;
 mod watch;
+
+pub(super) use watch::Deletions;
 
 use super::{Context, Error};
 use crate::api::EnvoyConfigRevision;
@@ -40,25 +41,22 @@ pub(crate) async fn run(
     ready: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let controller = kube::runtime::Controller::new(
-        ctx.api::<EnvoyConfigRevision>(),
-        watcher::Config::default(),
-    );
-    let store = controller.store();
-    let deletions = tokio::spawn(watch::watch_deletions(Arc::clone(&ctx)));
+    let revisions = &ctx.index.revisions;
+    let store = revisions.store();
+    let controller =
+        kube::runtime::Controller::for_shared_stream(revisions.changes(), store.clone());
     let (triggers_tx, triggers) = mpsc::channel(256);
     let secrets = tokio::spawn(watch::watch_secrets(
         Arc::clone(&ctx),
         store.clone(),
         triggers_tx,
     ));
-    tokio::spawn(watch::mark_loaded(Arc::clone(&ctx), store.clone(), ready));
+    tokio::spawn(watch::mark_loaded(Arc::clone(&ctx), store, ready));
     let controller = ctx.watch_namespaces(controller);
     // Secret changes reach the controller through `triggers` (see `watch_secrets`).
     let controller = controller.reconcile_on(ReceiverStream::new(triggers));
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
-    deletions.abort();
     secrets.abort();
 }
 

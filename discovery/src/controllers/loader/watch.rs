@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::ObjectRef;
@@ -22,6 +22,7 @@ use super::{endpoint_slices, key_of, secret_refs};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::api::envoy_config_revision::{RESOURCES_OUT_OF_SYNC, RevisionReason};
+use crate::controllers::Publisher;
 use crate::controllers::{Context, Error};
 
 /// Sets `ready` once every revision published when the store was first listed has been
@@ -90,15 +91,10 @@ pub(super) async fn watch_secrets(
         );
         return;
     };
-    let selector = format!("{DISCOVERY_SERVICE_LABEL}={name}");
-    let mut namespaces = watcher::watcher(
-        Api::<Namespace>::all(ctx.client.clone()),
-        watcher::Config::default().labels(&selector),
-    )
-    .default_backoff()
-    .boxed();
-    let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
-    let mut listed: BTreeSet<String> = BTreeSet::new();
+    let Some(namespaces) = &ctx.index.namespaces else {
+        return;
+    };
+    let (labelled, mut changes) = (namespaces.store(), namespaces.changes().boxed());
     let start = |ns: &str| {
         debug!(namespace = %ns, "watching its Secrets and EndpointSlices");
         let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
@@ -111,43 +107,27 @@ pub(super) async fn watch_secrets(
             );
         })
     };
-    while let Some(event) = namespaces.next().await {
-        match event {
-            Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(ns)) => {
-                listed.insert(ns.name_any());
-            }
-            Ok(Event::InitDone) => {
-                watches.retain(|ns, task| {
-                    let keep = listed.contains(ns);
-                    if !keep {
-                        task.abort();
-                    }
-                    keep
-                });
-                for ns in &listed {
-                    if !watches.contains_key(ns) {
-                        watches.insert(ns.clone(), start(ns));
-                    }
-                }
-            }
-            Ok(Event::Apply(ns)) => {
-                let ns = ns.name_any();
-                if !watches.contains_key(&ns) {
-                    watches.insert(ns.clone(), start(&ns));
-                }
-            }
-            Ok(Event::Delete(ns)) => {
-                if let Some(task) = watches.remove(&ns.name_any()) {
-                    debug!(namespace = %ns.name_any(), "no longer served; its Secrets are not watched");
-                    task.abort();
-                }
-            }
-            Err(e) => {
-                // The watcher backs off by itself (`default_backoff`).
-                warn!(error = %e, "namespace watch failed; retrying with a backoff");
-            }
+    let served = |ns: &str| {
+        labelled
+            .get(&ObjectRef::new(ns))
+            .is_some_and(|ns| ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(&name))
+    };
+    let mut watches: BTreeMap<String, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    while let Some(changed) = changes.next().await {
+        let changed = changed.name_any();
+        if served(&changed) && !watches.contains_key(&changed) {
+            watches.insert(changed.clone(), start(&changed));
         }
+        // Every namespace watched is checked: one deleted while the watch was down sends
+        // no change of its own.
+        watches.retain(|ns, task| {
+            let keep = served(ns);
+            if !keep {
+                debug!(namespace = %ns, "no longer served; its Secrets are not watched");
+                task.abort();
+            }
+            keep
+        });
     }
     for task in watches.into_values() {
         task.abort();
@@ -232,40 +212,39 @@ async fn mark_out_of_sync(
 }
 
 /// Deleted revisions are not reconciled by the controller (it only sees objects that exist),
-/// so deletions are watched here: a deleted revision stops being served. After every
-/// (re)list, keys served by revisions that no longer exist are cleared too, so a deletion
-/// missed while the watch was down is not served forever.
-pub(super) async fn watch_deletions(ctx: Arc<Context>) {
-    let api = ctx.api::<EnvoyConfigRevision>();
-    let mut events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    let mut listed: BTreeSet<(String, String)> = BTreeSet::new();
-    while let Some(event) = events.next().await {
+/// so the revision watch's root tells this of every event: a deleted revision stops being
+/// served. After every (re)list, keys served by revisions that no longer exist are cleared
+/// too, so a deletion missed while the watch was down is not served forever.
+#[derive(Debug, Default)]
+pub(crate) struct Deletions {
+    listed: BTreeSet<(String, String)>,
+}
+
+impl Deletions {
+    pub fn on_event(&mut self, publisher: &Publisher, event: &Event<EnvoyConfigRevision>) {
         match event {
-            Ok(Event::Delete(r)) => {
-                let key = key_of(&r);
-                if ctx.publisher.unload(&key, &r.uid().unwrap_or_default()) {
+            Event::Delete(r) => {
+                let key = key_of(r);
+                if publisher.unload(&key, &r.uid().unwrap_or_default()) {
                     info!(revision = %r.name_any(), node = %key, "deleted; no longer served");
                 }
             }
-            Ok(Event::Init) => listed.clear(),
-            Ok(Event::InitApply(r)) => {
-                listed.insert((
+            Event::Init => self.listed.clear(),
+            Event::InitApply(r) => {
+                self.listed.insert((
                     r.namespace().unwrap_or_default(),
                     r.uid().unwrap_or_default(),
                 ));
             }
-            Ok(Event::InitDone) => {
-                for (key, uid) in ctx.publisher.served() {
-                    if !listed.contains(&(key.namespace.clone(), uid.clone())) {
-                        ctx.publisher.unload(&key, &uid);
+            Event::InitDone => {
+                for (key, uid) in publisher.served() {
+                    if !self.listed.contains(&(key.namespace.clone(), uid.clone())) {
+                        publisher.unload(&key, &uid);
                         info!(%uid, node = %key, "revision gone; no longer served");
                     }
                 }
             }
-            Ok(Event::Apply(_)) => {}
-            Err(e) => warn!(error = %e, "revision watch failed; retrying with a backoff"),
+            Event::Apply(_) => {}
         }
     }
 }
