@@ -24,6 +24,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 
 use crate::config::InjectionConfig;
 use crate::metrics::WebhookMetrics;
@@ -338,56 +339,76 @@ struct Conn {
 }
 
 impl Conn {
+    /// Waits for a slot, completes the TLS handshake and serves HTTP until the connection
+    /// ends or is closed.
     async fn run(self, tcp: TcpStream, peer: std::net::SocketAddr, slot: Slot) {
-        let Conn {
-            slots,
-            pressure,
-            mut closing,
-            acceptor,
-            app,
-            limits,
-        } = self;
-        let _slot = match slot {
-            Slot::Taken(slot) => slot,
+        let Some(_slot) = self.take_slot(slot, peer).await else {
+            return;
+        };
+        let Some(tls) = self.handshake(tcp, peer).await else {
+            return;
+        };
+        self.serve(tls, peer).await;
+    }
+
+    /// The connection's slot: the one it was given, or one freed within the handshake
+    /// timeout after telling idle connections that someone waits.
+    async fn take_slot(
+        &self,
+        slot: Slot,
+        peer: std::net::SocketAddr,
+    ) -> Option<OwnedSemaphorePermit> {
+        match slot {
+            Slot::Taken(slot) => Some(slot),
             Slot::Wait(_waiting) => {
-                pressure.send_modify(|n| *n = n.wrapping_add(1));
-                match tokio::time::timeout(limits.handshake_timeout, slots.acquire_owned()).await {
-                    Ok(Ok(slot)) => slot,
+                self.pressure.send_modify(|n| *n = n.wrapping_add(1));
+                let wait = self.slots.clone().acquire_owned();
+                match tokio::time::timeout(self.limits.handshake_timeout, wait).await {
+                    Ok(Ok(slot)) => Some(slot),
                     _ => {
                         tracing::warn!(%peer, "too many connections; closing this one");
-                        return;
+                        None
                     }
                 }
             }
-        };
-        let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
+        }
+    }
+
+    async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Option<TlsStream<TcpStream>> {
+        let accept = self.acceptor.accept(tcp);
+        match tokio::time::timeout(self.limits.handshake_timeout, accept).await {
+            Ok(Ok(tls)) => Some(tls),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                return;
+                None
             }
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                return;
+                None
             }
-        };
+        }
+    }
+
+    /// Serves HTTP/1 or HTTP/2 on the connection until the client closes it, or until it is
+    /// idle (or pressed, or the server stops) and then closed gracefully.
+    async fn serve(self, tls: TlsStream<TcpStream>, peer: std::net::SocketAddr) {
+        let Conn {
+            pressure,
+            mut closing,
+            app,
+            limits,
+            ..
+        } = self;
         let (active, mut active_rx) = watch::channel(0usize);
         let service = Tracked {
             inner: TowerToHyperService::new(app),
             active: Arc::new(active),
         };
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.handshake_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            // Pings find peers that vanished without closing.
-            .keep_alive_interval(Some(limits.idle_timeout))
-            .keep_alive_timeout(limits.handshake_timeout);
+        let builder = http_builder(&limits);
         let conn = builder.serve_connection(TokioIo::new(tls), service);
         tokio::pin!(conn);
         let mut pressure_rx = pressure.subscribe();
@@ -396,17 +417,7 @@ impl Conn {
         let grace = limits.body_timeout.saturating_add(limits.handshake_timeout);
         let mut closed_at: Option<tokio::time::Instant> = None;
         loop {
-            // A closing connection ends by itself once its client acknowledges the GOAWAY;
-            // one that does not is dropped when it has no request in flight (after a second
-            // for the acknowledgement), or after `grace` in any case.
-            let mut in_flight = active_rx.clone();
-            let hard_stop = async move {
-                let Some(at) = closed_at else {
-                    return std::future::pending().await;
-                };
-                tokio::time::sleep_until(at + CLOSE_ACK_WAIT).await;
-                let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
-            };
+            let hard_stop = hard_stop(closed_at, grace, active_rx.clone());
             tokio::select! {
                 result = conn.as_mut() => {
                     if let Err(e) = result {
@@ -431,6 +442,38 @@ impl Conn {
             }
         }
     }
+}
+
+/// The HTTP/1 and HTTP/2 settings of a connection.
+fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.handshake_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        // Pings find peers that vanished without closing.
+        .keep_alive_interval(Some(limits.idle_timeout))
+        .keep_alive_timeout(limits.handshake_timeout);
+    builder
+}
+
+/// A closing connection ends by itself once its client acknowledges the GOAWAY; one that
+/// does not is dropped when it has no request in flight (after a second for the
+/// acknowledgement), or after `grace` in any case. Never resolves before it is closed.
+async fn hard_stop(
+    closed_at: Option<tokio::time::Instant>,
+    grace: Duration,
+    mut in_flight: watch::Receiver<usize>,
+) {
+    let Some(at) = closed_at else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep_until(at + CLOSE_ACK_WAIT).await;
+    let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
 }
 
 /// Resolves when the server shuts down, or when the connection has had no request in flight
