@@ -156,39 +156,9 @@ async fn admit(
     webhook: &'static str,
     decide: impl FnOnce(&[u8], &AppState) -> Result<(serde_json::Value, Outcome), BadRequest>,
 ) -> Response {
-    // The body is read under a deadline before a permit is taken: a client trickling its body
-    // holds only its own stream, never a permit that real reviews wait for.
-    let read = tokio::time::timeout(
-        state.body_timeout,
-        axum::body::to_bytes(body, state.max_body_bytes),
-    )
-    .await;
-    let body = match read {
-        Err(_) => {
-            let timeout = state.body_timeout;
-            return (
-                StatusCode::REQUEST_TIMEOUT,
-                format!("the body did not arrive within {timeout:?}\n"),
-            )
-                .into_response();
-        }
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => {
-            let too_large = e
-                .into_inner()
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            return if too_large {
-                let limit = state.max_body_bytes;
-                (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the body is larger than {limit} bytes\n"),
-                )
-                    .into_response()
-            } else {
-                (StatusCode::BAD_REQUEST, "reading the body failed\n").into_response()
-            };
-        }
+    let body = match read_body(state, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
     };
     // Bounds the CPU spent deciding at once; a decision is quick, so waiters do not wait long.
     let Ok(_permit) = state.in_flight.acquire().await else {
@@ -204,6 +174,46 @@ async fn admit(
         Err(_) => "bad_request",
     };
     state.metrics.observe(webhook, outcome, started.elapsed());
+    answer(webhook, result)
+}
+
+/// The review body, read under the body deadline and size limit; else the response that
+/// refuses it. It is read before a permit is taken: a client trickling its body holds only
+/// its own stream, never a permit that real reviews wait for.
+async fn read_body(state: &AppState, body: Body) -> Result<axum::body::Bytes, Response> {
+    let read = tokio::time::timeout(
+        state.body_timeout,
+        axum::body::to_bytes(body, state.max_body_bytes),
+    )
+    .await;
+    match read {
+        Ok(Ok(body)) => Ok(body),
+        Err(_) => {
+            let timeout = state.body_timeout;
+            let message = format!("the body did not arrive within {timeout:?}\n");
+            Err((StatusCode::REQUEST_TIMEOUT, message).into_response())
+        }
+        Ok(Err(e)) => {
+            let too_large = e
+                .into_inner()
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            Err(if too_large {
+                let limit = state.max_body_bytes;
+                let message = format!("the body is larger than {limit} bytes\n");
+                (StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
+            } else {
+                (StatusCode::BAD_REQUEST, "reading the body failed\n").into_response()
+            })
+        }
+    }
+}
+
+/// The HTTP response to a decision: the AdmissionReview, or why the body is not one.
+fn answer(
+    webhook: &'static str,
+    result: Result<(serde_json::Value, Outcome), BadRequest>,
+) -> Response {
     match result {
         Ok((response, outcome)) => {
             match &outcome {
@@ -265,15 +275,9 @@ pub async fn serve(
                 }
             },
         };
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => Slot::Taken(slot),
-            Err(_) => match waiting.clone().try_acquire_owned() {
-                Ok(wait) => Slot::Wait(wait),
-                Err(_) => {
-                    tracing::warn!(%peer, "too many connections; closing this one");
-                    continue;
-                }
-            },
+        let Some(slot) = Slot::offer(&slots, &waiting) else {
+            tracing::warn!(%peer, "too many connections; closing this one");
+            continue;
         };
         let conn = Conn {
             slots: slots.clone(),
@@ -288,16 +292,21 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(());
     let _ = closing.send(true);
-    // Every connection holds a slot until it ends: all slots back means all connections done.
-    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    all_closed(&slots, config.max_connections).await;
+    let _ = watcher.await;
+    Ok(())
+}
+
+/// Waits (ten seconds at most) for every connection to end. Every connection holds a slot
+/// until it ends: all slots back means all connections done.
+async fn all_closed(slots: &Semaphore, max_connections: usize) {
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     if tokio::time::timeout(Duration::from_secs(10), slots.acquire_many(all))
         .await
         .is_err()
     {
         tracing::warn!("requests still open after 10 s at shutdown");
     }
-    let _ = watcher.await;
-    Ok(())
 }
 
 /// How long a closing connection is given to acknowledge its GOAWAY.
@@ -326,6 +335,16 @@ enum Slot {
     Taken(OwnedSemaphorePermit),
     /// Every slot was taken: this connection waits (holding a waiting permit) for one.
     Wait(OwnedSemaphorePermit),
+}
+
+impl Slot {
+    /// A free slot, else a place among those waiting for one; None when both are full.
+    fn offer(slots: &Arc<Semaphore>, waiting: &Arc<Semaphore>) -> Option<Self> {
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(Self::Taken(slot)),
+            Err(_) => waiting.clone().try_acquire_owned().ok().map(Self::Wait),
+        }
+    }
 }
 
 /// One accepted connection and what it shares with the server.
