@@ -253,29 +253,33 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .map(tls_files)
         .and_then(|f| bundle::trust_bundle(&f));
     match reason {
-        None => {
-            let cert_pem = files.cert.unwrap_or_default();
-            match trust_pem {
-                Some(trust)
-                    if !files
-                        .ca
-                        .as_deref()
-                        .is_some_and(|ca| bundle::same_certificates(ca, &trust)) =>
-                {
-                    Plan::Update {
-                        update: bundle::trust(&trust),
-                        then: Current::plain(cert_pem, Some(trust)),
-                    }
-                }
-                _ => Plan::Keep(Current::plain(cert_pem, files.ca)),
-            }
-        }
+        None => keep(files, trust_pem),
         Some(reason) => Plan::Issue {
             ca: ca.map(Box::new),
             reason,
             renew_request,
             trust_pem,
         },
+    }
+}
+
+/// A certificate that stays: its `ca.crt` is rewritten when the CA's bundle differs (during
+/// a CA rotation it changes twice while the certificate stays).
+fn keep(files: TlsFiles, trust_pem: Option<String>) -> Plan {
+    let cert_pem = files.cert.unwrap_or_default();
+    match trust_pem {
+        Some(trust)
+            if !files
+                .ca
+                .as_deref()
+                .is_some_and(|ca| bundle::same_certificates(ca, &trust)) =>
+        {
+            Plan::Update {
+                update: bundle::trust(&trust),
+                then: Current::plain(cert_pem, Some(trust)),
+            }
+        }
+        _ => Plan::Keep(Current::plain(cert_pem, files.ca)),
     }
 }
 
@@ -475,23 +479,7 @@ pub fn report(
     status.last_renewal_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
     let (secret_ns, secret_name) = &valid.secret;
     let secret_ref = format!("{secret_ns}/{secret_name}");
-    let (ready, reason, message) = match readiness(&info, obs.now) {
-        Readiness::Ready => (
-            true,
-            Reason::Issued,
-            format!("certificate is valid and stored in Secret {secret_ref}"),
-        ),
-        Readiness::NotYetValid => (
-            false,
-            Reason::NotYetValid,
-            "certificate is not valid yet".to_owned(),
-        ),
-        Readiness::Expired => (
-            false,
-            Reason::Expired,
-            "certificate expired and renewal is disabled".to_owned(),
-        ),
-    };
+    let (ready, reason, message) = ready_condition(readiness(&info, obs.now), &secret_ref);
     status.ready = Some(ready);
     set_ready_condition(&mut status, obs, ready, reason, &message);
     let was_ready = dsc.status.as_ref().and_then(|s| s.ready) == Some(true);
@@ -523,6 +511,27 @@ pub fn report(
         status,
         events,
         requeue,
+    }
+}
+
+/// The Ready condition of an issued certificate: whether, its reason and its message.
+fn ready_condition(readiness: Readiness, secret_ref: &str) -> (bool, Reason, String) {
+    match readiness {
+        Readiness::Ready => (
+            true,
+            Reason::Issued,
+            format!("certificate is valid and stored in Secret {secret_ref}"),
+        ),
+        Readiness::NotYetValid => (
+            false,
+            Reason::NotYetValid,
+            "certificate is not valid yet".to_owned(),
+        ),
+        Readiness::Expired => (
+            false,
+            Reason::Expired,
+            "certificate expired and renewal is disabled".to_owned(),
+        ),
     }
 }
 
