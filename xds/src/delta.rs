@@ -16,7 +16,7 @@ use crate::resource::ResourceType;
 
 use super::cache::{Snapshot, TypeSnapshot, VersionedResource};
 use super::limits::Limit;
-use super::protocol::{Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions};
+use super::protocol::{Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
 
 /// The parts of a `DeltaDiscoveryRequest` the protocol looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -237,9 +237,9 @@ impl DeltaState {
         snapshot: Option<&Snapshot>,
     ) -> Outcome<DeltaResponse> {
         let names = req.subscribe.len().max(req.initial_resource_versions.len());
-        let kind = match Outcome::admit(&req.type_url, names, self.max_names) {
+        let kind = match admit(&req.type_url, names, self.max_names) {
             Ok(kind) => kind,
-            Err(out) => return out,
+            Err(why) => return why.into(),
         };
         let mut out = Outcome::default();
         let typed = snapshot.map(|s| s.of_type(kind));

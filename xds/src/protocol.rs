@@ -50,26 +50,6 @@ impl<R> Default for Outcome<R> {
 }
 
 impl<R> Outcome<R> {
-    /// The prologue both protocols run on a request before they touch its type's state: the
-    /// type it is about, or the outcome that ends it there. A type marin3r does not serve is
-    /// ignored; a request carrying more than `max_names` names (`names`: its longest list) is
-    /// over a limit, checked before any work since it may carry hundreds of thousands.
-    pub fn admit(type_url: &str, names: usize, max_names: usize) -> Result<ResourceType, Self> {
-        let Some(kind) = ResourceType::from_type_url(type_url) else {
-            return Err(Self {
-                ignored: Some(Ignored::UnknownType(type_url.to_owned())),
-                ..Self::default()
-            });
-        };
-        if names > max_names {
-            return Err(Self {
-                exceeded: Some(Limit::NamesPerType),
-                ..Self::default()
-            });
-        }
-        Ok(kind)
-    }
-
     /// Settles the response in flight (`version` of `kind`) with the request that answers
     /// it: a NACK (`error`) is recorded and the version never sent to this stream again;
     /// anything else is an ACK. True for an ACK.
@@ -97,6 +77,44 @@ impl<R> Outcome<R> {
             }
         }
     }
+}
+
+/// Why a request ends before it touches its type's state (see [`admit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unadmitted {
+    Ignored(Ignored),
+    Exceeded(Limit),
+}
+
+impl<R> From<Unadmitted> for Outcome<R> {
+    fn from(why: Unadmitted) -> Self {
+        match why {
+            Unadmitted::Ignored(ignored) => Self {
+                ignored: Some(ignored),
+                ..Self::default()
+            },
+            Unadmitted::Exceeded(limit) => Self {
+                exceeded: Some(limit),
+                ..Self::default()
+            },
+        }
+    }
+}
+
+/// The prologue both protocols run on a request before they touch its type's state: the
+/// type it is about, or why the request ends there. A type marin3r does not serve is
+/// ignored; a request carrying more than `max_names` names (`names`: its longest list) is
+/// over a limit, checked before any work since it may carry hundreds of thousands.
+pub fn admit(type_url: &str, names: usize, max_names: usize) -> Result<ResourceType, Unadmitted> {
+    let Some(kind) = ResourceType::from_type_url(type_url) else {
+        return Err(Unadmitted::Ignored(Ignored::UnknownType(
+            type_url.to_owned(),
+        )));
+    };
+    if names > max_names {
+        return Err(Unadmitted::Exceeded(Limit::NamesPerType));
+    }
+    Ok(kind)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

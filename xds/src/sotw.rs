@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::resource::{Resource, ResourceType};
 
 use super::cache::Snapshot;
-use super::protocol::{Ack, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions};
+use super::protocol::{Ack, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
 
 /// The parts of a `DiscoveryRequest` the protocol looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,6 +57,17 @@ struct TypeState {
     always_respond: bool,
 }
 
+impl TypeState {
+    /// An ACK repeats the subscription: a new one is built only when it differs.
+    fn resubscribe(&mut self, names: &[String], first: bool) {
+        let may_be_legacy_wildcard = first || self.subscription.wildcard;
+        if !self.subscription.is(names, may_be_legacy_wildcard) {
+            self.subscription = subscription(names, may_be_legacy_wildcard);
+            self.generation = self.generation.wrapping_add(1);
+        }
+    }
+}
+
 /// One SotW stream's protocol state.
 #[derive(Debug)]
 pub struct SotwState {
@@ -88,9 +99,9 @@ impl SotwState {
         snapshot: Option<&Snapshot>,
     ) -> Outcome<SotwResponse> {
         let names = req.resource_names.len();
-        let kind = match Outcome::admit(&req.type_url, names, self.max_names) {
+        let kind = match admit(&req.type_url, names, self.max_names) {
             Ok(kind) => kind,
-            Err(out) => return out,
+            Err(why) => return why.into(),
         };
         let mut out = Outcome::default();
         let first = !self.types.contains_key(&kind);
@@ -108,15 +119,7 @@ impl SotwState {
                 st.acked = Some(version);
             }
         }
-        // An ACK repeats the subscription: build a new one only when it differs.
-        let may_be_legacy_wildcard = first || st.subscription.wildcard;
-        if !st
-            .subscription
-            .is(&req.resource_names, may_be_legacy_wildcard)
-        {
-            st.subscription = subscription(&req.resource_names, may_be_legacy_wildcard);
-            st.generation = st.generation.wrapping_add(1);
-        }
+        st.resubscribe(&req.resource_names, first);
         // A proxy back from a broken stream (to this replica or another: versions are
         // content hashes, the same on every replica) that already has the current version of
         // a wildcard type gets no response: it holds exactly what one would carry. It is
