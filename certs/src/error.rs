@@ -1,3 +1,5 @@
+//! The one error type of the PKI crate.
+
 use thiserror::Error;
 
 /// Everything that can go wrong while issuing, reading or checking certificates.

@@ -13,6 +13,7 @@ pub mod controller;
 mod error;
 mod inspect;
 mod issue;
+mod keys;
 pub mod names;
 mod pem;
 #[cfg(feature = "reload")]
@@ -27,9 +28,10 @@ pub use issue::{
     CertificateAuthority, CertificateRequest, IssuedCertificate, KeyAlgorithm, Usage,
     issue_self_signed, latest_issuance, subject_alt_name,
 };
+pub use keys::key_matches;
 pub use names::{is_dns_label, is_dns_subdomain};
 pub use pem::{blocks_labelled, private_key_der};
-pub use verify::{check_validity, key_matches, verify_self_signed, verify_signed_by};
+pub use verify::{check_validity, verify_self_signed, verify_signed_by};
 
 /// The trust domain of the SPIFFE URIs marin3r issues and accepts.
 pub const TRUST_DOMAIN: &str = "cluster.local";

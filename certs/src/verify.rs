@@ -1,14 +1,12 @@
-//! Checks on certificates we read back: who signed them, whether they are in their validity
-//! window, and whether a private key belongs to them.
+//! Checks on certificates we read back: who signed them and whether they are in their
+//! validity window. Whether a private key belongs to one is in `keys`.
 
-use rcgen::PublicKeyData;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use x509_parser::certificate::X509Certificate;
 use x509_parser::prelude::FromDer;
 
 use crate::error::CertError;
-use crate::issue::load_key;
 use crate::pem::first_block;
 
 fn parse(der: &[u8]) -> Result<X509Certificate<'_>, CertError> {
@@ -78,18 +76,6 @@ pub fn check_validity(cert_pem: &str, at: OffsetDateTime) -> Result<(), CertErro
     Ok(())
 }
 
-/// Checks that the PKCS#8 key in `key_pem` is the key of the first certificate in `cert_pem`.
-pub fn key_matches(cert_pem: &str, key_pem: &str) -> Result<(), CertError> {
-    let der = first_block(cert_pem, "CERTIFICATE")?;
-    let cert = parse(&der)?;
-    let key = load_key(key_pem)?;
-    if key.subject_public_key_info() == cert.public_key().raw {
-        Ok(())
-    } else {
-        Err(CertError::KeyMismatch)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +83,7 @@ mod tests {
         CertificateAuthority, CertificateRequest, IssuedCertificate, Usage, issue_self_signed,
         issue_self_signed_at,
     };
+    use crate::keys::key_matches;
     use std::time::Duration;
 
     fn ca(name: &str) -> IssuedCertificate {

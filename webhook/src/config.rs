@@ -38,12 +38,22 @@ pub const DRAIN_GRACE_MARGIN: i64 = 15;
 /// bypasses it), so `runAsNonRoot` needs an explicit user.
 pub const ENVOY_UID: i64 = 101;
 
-/// Where the bootstrap ConfigMap is mounted; it holds [`BOOTSTRAP_FILE`] and [`SDS_FILE`].
+// The sidecar's file layout, defined once: the webhook mounts the volumes at these paths and
+// points Envoy at the bootstrap; the bootstrap renderer (`marin3r_discovery::bootstrap`, also
+// `marin3r bootstrap --out-dir`) writes these files and points Envoy's SDS at them. Import
+// them from here rather than repeating them.
+
+/// Where the bootstrap ConfigMap is mounted; it holds [`BOOTSTRAP_FILE`],
+/// [`TLS_CERTIFICATE_SDS_FILE`] and [`VALIDATION_CONTEXT_SDS_FILE`].
 pub const BOOTSTRAP_MOUNT_PATH: &str = "/etc/envoy/bootstrap";
-/// The Envoy bootstrap inside the bootstrap ConfigMap.
+/// The Envoy bootstrap inside the bootstrap ConfigMap (Envoy's `-c`).
 pub const BOOTSTRAP_FILE: &str = "config.json";
-/// The file-based SDS resource the bootstrap points at for the client certificate.
-pub const SDS_FILE: &str = "tls_certificate_sds_secret.json";
+/// The file-based SDS resource the bootstrap points at for the client certificate (read from
+/// [`CLIENT_CERT_MOUNT_PATH`]).
+pub const TLS_CERTIFICATE_SDS_FILE: &str = "tls_certificate_sds_secret.json";
+/// The file-based SDS resource the bootstrap points at for the CA that signs the discovery
+/// service's certificate (read from [`CLIENT_CERT_MOUNT_PATH`]).
+pub const VALIDATION_CONTEXT_SDS_FILE: &str = "validation_context_sds_secret.json";
 /// Where the client certificate Secret (`tls.crt`, `tls.key`, `ca.crt`) is mounted.
 pub const CLIENT_CERT_MOUNT_PATH: &str = "/etc/envoy/tls/client";
 

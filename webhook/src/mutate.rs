@@ -6,13 +6,13 @@ use std::fmt;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
 use crate::annotations::{
     self, AnnotationError, CONFIG_VOLUME, CONTAINER_NAME, HOST_PORT_MAPPINGS, INJECTED,
-    SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS, SHUTDOWN_MANAGER_PORT, STATUS_LABEL, SidecarSpec,
-    TLS_VOLUME,
+    SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS, SHUTDOWN_MANAGER_PORT, STATUS_LABEL, ShutdownManager,
+    SidecarSpec, TLS_VOLUME,
 };
 use crate::config::{DRAIN_GRACE_MARGIN, InjectionConfig, SHUTDOWN_MANAGER_CONTAINER};
 use crate::sidecar;
@@ -256,58 +256,16 @@ fn check_conflicts(pod: &Pod, spec: &SidecarSpec) -> Result<(), Denial> {
     let Some(pod_spec) = pod.spec.as_ref() else {
         return Err(Denial::NotAPod("the pod has no spec".into()));
     };
-    let all_containers = pod_spec
-        .containers
-        .iter()
-        .chain(pod_spec.init_containers.iter().flatten());
-    let mut host_ports = Vec::new();
-    for c in all_containers {
+    for c in all_containers(pod_spec) {
         if c.name == spec.container_name {
             return Err(Denial::Conflict(format!(
                 "the pod already has a container named {:?}; set {CONTAINER_NAME} to another name for the Envoy sidecar",
                 c.name
             )));
         }
-        for p in c.ports.iter().flatten() {
-            if let Some(hp) = p.host_port {
-                host_ports.push((hp, p.protocol.clone().unwrap_or_else(|| "TCP".into())));
-            }
-        }
     }
     if let Some(manager) = &spec.shutdown_manager {
-        let taken = pod_spec
-            .containers
-            .iter()
-            .chain(pod_spec.init_containers.iter().flatten());
-        for c in taken {
-            if c.name == SHUTDOWN_MANAGER_CONTAINER {
-                return Err(Denial::Conflict(format!(
-                    "the pod already has a container named {SHUTDOWN_MANAGER_CONTAINER:?}, the \
-                     name of the shutdown manager marin3r injects"
-                )));
-            }
-            if c.ports.iter().flatten().any(|p| {
-                p.container_port == i32::from(manager.port)
-                    && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
-            }) {
-                return Err(Denial::Conflict(format!(
-                    "{SHUTDOWN_MANAGER_PORT}: port {} is already used by the container {:?}; \
-                     set {SHUTDOWN_MANAGER_PORT} to a free port",
-                    manager.port, c.name
-                )));
-            }
-        }
-        for c in &pod_spec.containers {
-            if manager.extra_lifecycle_hooks.contains(&c.name)
-                && c.lifecycle.as_ref().is_some_and(|l| l.pre_stop.is_some())
-            {
-                return Err(Denial::Conflict(format!(
-                    "{SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS}: the container {:?} already has a \
-                     preStop hook, which the drain's would replace; remove it from one of the two",
-                    c.name
-                )));
-            }
-        }
+        check_shutdown_manager_conflicts(pod_spec, manager)?;
     }
     for v in pod_spec.volumes.iter().flatten() {
         for (name, annotation) in [
@@ -321,6 +279,64 @@ fn check_conflicts(pod: &Pod, spec: &SidecarSpec) -> Result<(), Denial> {
             }
         }
     }
+    check_host_port_conflicts(pod_spec, spec)
+}
+
+/// The pod's containers and init containers.
+fn all_containers(pod_spec: &PodSpec) -> impl Iterator<Item = &Container> {
+    pod_spec
+        .containers
+        .iter()
+        .chain(pod_spec.init_containers.iter().flatten())
+}
+
+/// The shutdown manager's container name and port must be free, and the containers that
+/// wait for the drain must have no preStop hook of their own.
+fn check_shutdown_manager_conflicts(
+    pod_spec: &PodSpec,
+    manager: &ShutdownManager,
+) -> Result<(), Denial> {
+    for c in all_containers(pod_spec) {
+        if c.name == SHUTDOWN_MANAGER_CONTAINER {
+            return Err(Denial::Conflict(format!(
+                "the pod already has a container named {SHUTDOWN_MANAGER_CONTAINER:?}, the \
+                 name of the shutdown manager marin3r injects"
+            )));
+        }
+        if c.ports.iter().flatten().any(|p| {
+            p.container_port == i32::from(manager.port)
+                && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        }) {
+            return Err(Denial::Conflict(format!(
+                "{SHUTDOWN_MANAGER_PORT}: port {} is already used by the container {:?}; \
+                 set {SHUTDOWN_MANAGER_PORT} to a free port",
+                manager.port, c.name
+            )));
+        }
+    }
+    for c in &pod_spec.containers {
+        if manager.extra_lifecycle_hooks.contains(&c.name)
+            && c.lifecycle.as_ref().is_some_and(|l| l.pre_stop.is_some())
+        {
+            return Err(Denial::Conflict(format!(
+                "{SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS}: the container {:?} already has a \
+                 preStop hook, which the drain's would replace; remove it from one of the two",
+                c.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A host port the sidecar maps may not be one another container already maps.
+fn check_host_port_conflicts(pod_spec: &PodSpec, spec: &SidecarSpec) -> Result<(), Denial> {
+    let host_ports: Vec<(i32, String)> = all_containers(pod_spec)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+            p.host_port.map(|hp| (hp, protocol))
+        })
+        .collect();
     for p in &spec.ports {
         if let Some(hp) = p.host_port
             && host_ports

@@ -1,3 +1,5 @@
+//! The pure mutation: the patch for an injected pod, the conflicts that deny one, the drain.
+
 use serde_json::json;
 
 use super::*;

@@ -36,7 +36,20 @@ pub fn parse_quantity(s: &str) -> Result<f64, String> {
     let value: f64 = number
         .parse()
         .map_err(|_| "not a Kubernetes quantity".to_string())?;
-    let multiplier = match suffix {
+    let multiplier = suffix_multiplier(suffix)?;
+    let value = sign * value * multiplier;
+    if value < 0.0 {
+        return Err("a resource quantity must not be negative".into());
+    }
+    if !value.is_finite() {
+        return Err("quantity is too large".into());
+    }
+    Ok(value)
+}
+
+/// The factor a quantity suffix stands for: SI, binary, or an exponent (`e3`).
+fn suffix_multiplier(suffix: &str) -> Result<f64, String> {
+    Ok(match suffix {
         "" => 1.0,
         "n" => 1e-9,
         "u" => 1e-6,
@@ -65,15 +78,7 @@ pub fn parse_quantity(s: &str) -> Result<f64, String> {
                 })?;
             10f64.powi(exponent)
         }
-    };
-    let value = sign * value * multiplier;
-    if value < 0.0 {
-        return Err("a resource quantity must not be negative".into());
-    }
-    if !value.is_finite() {
-        return Err("quantity is too large".into());
-    }
-    Ok(value)
+    })
 }
 
 #[cfg(test)]

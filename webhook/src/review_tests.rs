@@ -1,3 +1,5 @@
+//! The AdmissionReview codec: what is a bad request, what is answered, and that it never panics.
+
 use proptest::prelude::*;
 
 use super::*;

@@ -24,6 +24,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 
 use crate::config::InjectionConfig;
 use crate::metrics::WebhookMetrics;
@@ -155,39 +156,9 @@ async fn admit(
     webhook: &'static str,
     decide: impl FnOnce(&[u8], &AppState) -> Result<(serde_json::Value, Outcome), BadRequest>,
 ) -> Response {
-    // The body is read under a deadline before a permit is taken: a client trickling its body
-    // holds only its own stream, never a permit that real reviews wait for.
-    let read = tokio::time::timeout(
-        state.body_timeout,
-        axum::body::to_bytes(body, state.max_body_bytes),
-    )
-    .await;
-    let body = match read {
-        Err(_) => {
-            let timeout = state.body_timeout;
-            return (
-                StatusCode::REQUEST_TIMEOUT,
-                format!("the body did not arrive within {timeout:?}\n"),
-            )
-                .into_response();
-        }
-        Ok(Ok(body)) => body,
-        Ok(Err(e)) => {
-            let too_large = e
-                .into_inner()
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some();
-            return if too_large {
-                let limit = state.max_body_bytes;
-                (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the body is larger than {limit} bytes\n"),
-                )
-                    .into_response()
-            } else {
-                (StatusCode::BAD_REQUEST, "reading the body failed\n").into_response()
-            };
-        }
+    let body = match read_body(state, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
     };
     // Bounds the CPU spent deciding at once; a decision is quick, so waiters do not wait long.
     let Ok(_permit) = state.in_flight.acquire().await else {
@@ -203,6 +174,46 @@ async fn admit(
         Err(_) => "bad_request",
     };
     state.metrics.observe(webhook, outcome, started.elapsed());
+    answer(webhook, result)
+}
+
+/// The review body, read under the body deadline and size limit; else the response that
+/// refuses it. It is read before a permit is taken: a client trickling its body holds only
+/// its own stream, never a permit that real reviews wait for.
+async fn read_body(state: &AppState, body: Body) -> Result<axum::body::Bytes, Response> {
+    let read = tokio::time::timeout(
+        state.body_timeout,
+        axum::body::to_bytes(body, state.max_body_bytes),
+    )
+    .await;
+    match read {
+        Ok(Ok(body)) => Ok(body),
+        Err(_) => {
+            let timeout = state.body_timeout;
+            let message = format!("the body did not arrive within {timeout:?}\n");
+            Err((StatusCode::REQUEST_TIMEOUT, message).into_response())
+        }
+        Ok(Err(e)) => {
+            let too_large = e
+                .into_inner()
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some();
+            Err(if too_large {
+                let limit = state.max_body_bytes;
+                let message = format!("the body is larger than {limit} bytes\n");
+                (StatusCode::PAYLOAD_TOO_LARGE, message).into_response()
+            } else {
+                (StatusCode::BAD_REQUEST, "reading the body failed\n").into_response()
+            })
+        }
+    }
+}
+
+/// The HTTP response to a decision: the AdmissionReview, or why the body is not one.
+fn answer(
+    webhook: &'static str,
+    result: Result<(serde_json::Value, Outcome), BadRequest>,
+) -> Response {
     match result {
         Ok((response, outcome)) => {
             match &outcome {
@@ -264,15 +275,9 @@ pub async fn serve(
                 }
             },
         };
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => Slot::Taken(slot),
-            Err(_) => match waiting.clone().try_acquire_owned() {
-                Ok(wait) => Slot::Wait(wait),
-                Err(_) => {
-                    tracing::warn!(%peer, "too many connections; closing this one");
-                    continue;
-                }
-            },
+        let Some(slot) = Slot::offer(&slots, &waiting) else {
+            tracing::warn!(%peer, "too many connections; closing this one");
+            continue;
         };
         let conn = Conn {
             slots: slots.clone(),
@@ -287,16 +292,21 @@ pub async fn serve(
     drop(listener);
     let _ = stop_tx.send(());
     let _ = closing.send(true);
-    // Every connection holds a slot until it ends: all slots back means all connections done.
-    let all = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+    all_closed(&slots, config.max_connections).await;
+    let _ = watcher.await;
+    Ok(())
+}
+
+/// Waits (ten seconds at most) for every connection to end. Every connection holds a slot
+/// until it ends: all slots back means all connections done.
+async fn all_closed(slots: &Semaphore, max_connections: usize) {
+    let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
     if tokio::time::timeout(Duration::from_secs(10), slots.acquire_many(all))
         .await
         .is_err()
     {
         tracing::warn!("requests still open after 10 s at shutdown");
     }
-    let _ = watcher.await;
-    Ok(())
 }
 
 /// How long a closing connection is given to acknowledge its GOAWAY.
@@ -327,6 +337,16 @@ enum Slot {
     Wait(OwnedSemaphorePermit),
 }
 
+impl Slot {
+    /// A free slot, else a place among those waiting for one; None when both are full.
+    fn offer(slots: &Arc<Semaphore>, waiting: &Arc<Semaphore>) -> Option<Self> {
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(Self::Taken(slot)),
+            Err(_) => waiting.clone().try_acquire_owned().ok().map(Self::Wait),
+        }
+    }
+}
+
 /// One accepted connection and what it shares with the server.
 struct Conn {
     slots: Arc<Semaphore>,
@@ -338,56 +358,76 @@ struct Conn {
 }
 
 impl Conn {
+    /// Waits for a slot, completes the TLS handshake and serves HTTP until the connection
+    /// ends or is closed.
     async fn run(self, tcp: TcpStream, peer: std::net::SocketAddr, slot: Slot) {
-        let Conn {
-            slots,
-            pressure,
-            mut closing,
-            acceptor,
-            app,
-            limits,
-        } = self;
-        let _slot = match slot {
-            Slot::Taken(slot) => slot,
+        let Some(_slot) = self.take_slot(slot, peer).await else {
+            return;
+        };
+        let Some(tls) = self.handshake(tcp, peer).await else {
+            return;
+        };
+        self.serve(tls, peer).await;
+    }
+
+    /// The connection's slot: the one it was given, or one freed within the handshake
+    /// timeout after telling idle connections that someone waits.
+    async fn take_slot(
+        &self,
+        slot: Slot,
+        peer: std::net::SocketAddr,
+    ) -> Option<OwnedSemaphorePermit> {
+        match slot {
+            Slot::Taken(slot) => Some(slot),
             Slot::Wait(_waiting) => {
-                pressure.send_modify(|n| *n = n.wrapping_add(1));
-                match tokio::time::timeout(limits.handshake_timeout, slots.acquire_owned()).await {
-                    Ok(Ok(slot)) => slot,
+                self.pressure.send_modify(|n| *n = n.wrapping_add(1));
+                let wait = self.slots.clone().acquire_owned();
+                match tokio::time::timeout(self.limits.handshake_timeout, wait).await {
+                    Ok(Ok(slot)) => Some(slot),
                     _ => {
                         tracing::warn!(%peer, "too many connections; closing this one");
-                        return;
+                        None
                     }
                 }
             }
-        };
-        let tls = match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-            Ok(Ok(tls)) => tls,
+        }
+    }
+
+    async fn handshake(
+        &self,
+        tcp: TcpStream,
+        peer: std::net::SocketAddr,
+    ) -> Option<TlsStream<TcpStream>> {
+        let accept = self.acceptor.accept(tcp);
+        match tokio::time::timeout(self.limits.handshake_timeout, accept).await {
+            Ok(Ok(tls)) => Some(tls),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                return;
+                None
             }
             Err(_) => {
                 tracing::debug!(%peer, "TLS handshake timed out");
-                return;
+                None
             }
-        };
+        }
+    }
+
+    /// Serves HTTP/1 or HTTP/2 on the connection until the client closes it, or until it is
+    /// idle (or pressed, or the server stops) and then closed gracefully.
+    async fn serve(self, tls: TlsStream<TcpStream>, peer: std::net::SocketAddr) {
+        let Conn {
+            pressure,
+            mut closing,
+            app,
+            limits,
+            ..
+        } = self;
         let (active, mut active_rx) = watch::channel(0usize);
         let service = Tracked {
             inner: TowerToHyperService::new(app),
             active: Arc::new(active),
         };
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.handshake_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            // Pings find peers that vanished without closing.
-            .keep_alive_interval(Some(limits.idle_timeout))
-            .keep_alive_timeout(limits.handshake_timeout);
+        let builder = http_builder(&limits);
         let conn = builder.serve_connection(TokioIo::new(tls), service);
         tokio::pin!(conn);
         let mut pressure_rx = pressure.subscribe();
@@ -396,17 +436,7 @@ impl Conn {
         let grace = limits.body_timeout.saturating_add(limits.handshake_timeout);
         let mut closed_at: Option<tokio::time::Instant> = None;
         loop {
-            // A closing connection ends by itself once its client acknowledges the GOAWAY;
-            // one that does not is dropped when it has no request in flight (after a second
-            // for the acknowledgement), or after `grace` in any case.
-            let mut in_flight = active_rx.clone();
-            let hard_stop = async move {
-                let Some(at) = closed_at else {
-                    return std::future::pending().await;
-                };
-                tokio::time::sleep_until(at + CLOSE_ACK_WAIT).await;
-                let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
-            };
+            let hard_stop = hard_stop(closed_at, grace, active_rx.clone());
             tokio::select! {
                 result = conn.as_mut() => {
                     if let Err(e) = result {
@@ -431,6 +461,38 @@ impl Conn {
             }
         }
     }
+}
+
+/// The HTTP/1 and HTTP/2 settings of a connection.
+fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.handshake_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        // Pings find peers that vanished without closing.
+        .keep_alive_interval(Some(limits.idle_timeout))
+        .keep_alive_timeout(limits.handshake_timeout);
+    builder
+}
+
+/// A closing connection ends by itself once its client acknowledges the GOAWAY; one that
+/// does not is dropped when it has no request in flight (after a second for the
+/// acknowledgement), or after `grace` in any case. Never resolves before it is closed.
+async fn hard_stop(
+    closed_at: Option<tokio::time::Instant>,
+    grace: Duration,
+    mut in_flight: watch::Receiver<usize>,
+) {
+    let Some(at) = closed_at else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep_until(at + CLOSE_ACK_WAIT).await;
+    let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
 }
 
 /// Resolves when the server shuts down, or when the connection has had no request in flight

@@ -243,31 +243,6 @@ fn expand_one(arg: &str, env: &BTreeMap<String, String>) -> String {
 
 /// The sidecar container.
 pub fn container(spec: &SidecarSpec) -> Container {
-    let field_env = |name: &str, path: &str| EnvVar {
-        name: name.to_owned(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                api_version: Some("v1".into()),
-                field_path: path.to_owned(),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let probe = |initial_delay: i32, period: i32, failures: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(READY_PATH.into()),
-            port: IntOrString::Int(i32::from(spec.readiness_port)),
-            scheme: Some("HTTP".into()),
-            ..Default::default()
-        }),
-        initial_delay_seconds: Some(initial_delay),
-        period_seconds: Some(period),
-        timeout_seconds: Some(1),
-        success_threshold: Some(1),
-        failure_threshold: Some(failures),
-        ..Default::default()
-    };
     let ports: Vec<ContainerPort> = spec
         .ports
         .iter()
@@ -279,6 +254,9 @@ pub fn container(spec: &SidecarSpec) -> Container {
             ..Default::default()
         })
         .collect();
+    let probe = |initial_delay, period, failures| {
+        ready_probe(spec.readiness_port, initial_delay, period, failures)
+    };
     Container {
         name: spec.container_name.clone(),
         image: Some(spec.envoy_image.clone()),
@@ -302,19 +280,51 @@ pub fn container(spec: &SidecarSpec) -> Container {
             .as_ref()
             .map(|m| pre_stop_hook(m, SHUTDOWN_PATH)),
         volume_mounts: Some(vec![
-            VolumeMount {
-                name: spec.config_volume.clone(),
-                mount_path: BOOTSTRAP_MOUNT_PATH.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
-            VolumeMount {
-                name: spec.tls_volume.clone(),
-                mount_path: CLIENT_CERT_MOUNT_PATH.into(),
-                read_only: Some(true),
-                ..Default::default()
-            },
+            read_only_mount(&spec.config_volume, BOOTSTRAP_MOUNT_PATH),
+            read_only_mount(&spec.tls_volume, CLIENT_CERT_MOUNT_PATH),
         ]),
+        ..Default::default()
+    }
+}
+
+/// An environment variable set from a field of the pod (the downward API).
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: Some("v1".into()),
+                field_path: path.to_owned(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A probe of the readiness listener's `GET /ready`.
+fn ready_probe(port: u16, initial_delay: i32, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(READY_PATH.into()),
+            port: IntOrString::Int(i32::from(port)),
+            scheme: Some("HTTP".into()),
+            ..Default::default()
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(period),
+        timeout_seconds: Some(1),
+        success_threshold: Some(1),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    }
+}
+
+fn read_only_mount(volume: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: volume.to_owned(),
+        mount_path: path.into(),
+        read_only: Some(true),
         ..Default::default()
     }
 }

@@ -1,3 +1,5 @@
+//! The EnvoyConfig validation review, with a validator standing in for the binary's.
+
 use serde_json::json;
 
 use super::*;

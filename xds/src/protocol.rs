@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use crate::limits::Limit;
 use crate::resource::ResourceType;
 
 /// Envoy accepted a version of a type.
@@ -32,7 +33,7 @@ pub struct Outcome<R> {
     /// The request was for a type URL marin3r does not serve, or named a stale nonce.
     pub ignored: Option<Ignored>,
     /// The request went over a limit and was not applied: the stream is to be closed.
-    pub exceeded: Option<crate::limits::Limit>,
+    pub exceeded: Option<Limit>,
 }
 
 impl<R> Default for Outcome<R> {
@@ -46,6 +47,74 @@ impl<R> Default for Outcome<R> {
             exceeded: None,
         }
     }
+}
+
+impl<R> Outcome<R> {
+    /// Settles the response in flight (`version` of `kind`) with the request that answers
+    /// it: a NACK (`error`) is recorded and the version never sent to this stream again;
+    /// anything else is an ACK. True for an ACK.
+    pub fn settle(
+        &mut self,
+        kind: ResourceType,
+        version: &str,
+        error: Option<&str>,
+        rejected: &mut RejectedVersions,
+    ) -> bool {
+        let version = version.to_owned();
+        match error {
+            Some(message) => {
+                rejected.insert(version.clone());
+                self.nack = Some(Rejection {
+                    kind,
+                    version,
+                    message: message.to_owned(),
+                });
+                false
+            }
+            None => {
+                self.ack = Some(Ack { kind, version });
+                true
+            }
+        }
+    }
+}
+
+/// Why a request ends before it touches its type's state (see [`admit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unadmitted {
+    Ignored(Ignored),
+    Exceeded(Limit),
+}
+
+impl<R> From<Unadmitted> for Outcome<R> {
+    fn from(why: Unadmitted) -> Self {
+        match why {
+            Unadmitted::Ignored(ignored) => Self {
+                ignored: Some(ignored),
+                ..Self::default()
+            },
+            Unadmitted::Exceeded(limit) => Self {
+                exceeded: Some(limit),
+                ..Self::default()
+            },
+        }
+    }
+}
+
+/// The prologue both protocols run on a request before they touch its type's state: the
+/// type it is about, or why the request ends there. A type marin3r does not serve is
+/// ignored; a request carrying more than `max_names` names (`names`: its longest list) is
+/// over a limit, checked before any work since it may carry hundreds of thousands.
+pub fn admit(type_url: &str, names: usize, max_names: usize) -> Result<ResourceType, Unadmitted> {
+    let Some(kind) = ResourceType::from_type_url(type_url) else {
+        return Err(Unadmitted::Ignored(Ignored::UnknownType(
+            type_url.to_owned(),
+        )));
+    };
+    if names > max_names {
+        return Err(Unadmitted::Exceeded(Limit::NamesPerType));
+    }
+    Ok(kind)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use envoy_types::pb::google::protobuf::value::Kind;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -18,15 +17,12 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::resource::ResourceType;
 
 use super::cache::{Cache, NodeKey, Published, Snapshot};
-use super::delta::{DeltaResponse, DeltaState};
 use super::frame::{Encoded, Frame, Sent};
 use super::limits::{Limit, Limits, NamespaceStreams, StreamSlot};
 use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
-use super::protocol::{Ignored, Outcome};
-use super::sotw::{SotwResponse, SotwState};
+use super::protocol::{Ack, Ignored, Outcome, Rejection};
 use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
 use super::tls::PeerIdentity;
-use super::wire;
 
 /// Everything the streams share.
 pub(crate) struct Shared {
@@ -62,8 +58,9 @@ impl Shared {
     }
 }
 
-/// One of the two ADS flavours, as the generic stream loop sees it.
-trait Flavour: Send + 'static {
+/// One of the two ADS flavours, as the generic stream loop sees it (implemented beside the
+/// flavours' wire forms, in `wire`).
+pub(crate) trait Flavour: Send + 'static {
     type Req: Send + 'static;
     type Resp: Send;
     const PROTOCOL: Protocol;
@@ -81,96 +78,12 @@ trait Flavour: Send + 'static {
     ) -> Result<Frame, Status>;
 }
 
-impl Flavour for SotwState {
-    type Req = DiscoveryRequest;
-    type Resp = SotwResponse;
-    const PROTOCOL: Protocol = Protocol::Sotw;
-
-    fn new(limits: &Limits) -> Self {
-        SotwState::with_max_names(limits.max_names_per_type)
-    }
-    fn node(req: &DiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-    fn type_url(req: &DiscoveryRequest) -> &str {
-        &req.type_url
-    }
-    fn on_request(&mut self, req: DiscoveryRequest, s: Option<&Snapshot>) -> Outcome<SotwResponse> {
-        SotwState::on_request(self, &wire::sotw_request(req), s)
-    }
-    fn on_snapshot(&mut self, s: &Snapshot) -> Vec<SotwResponse> {
-        SotwState::on_snapshot(self, s)
-    }
-    fn describe(resp: &SotwResponse) -> (ResourceType, &str) {
-        (resp.kind, &resp.version)
-    }
-    fn frame(
-        resp: SotwResponse,
-        cp: &ControlPlane,
-        memo: Option<&Encoded>,
-    ) -> Result<Frame, Status> {
-        wire::sotw_frame(resp, cp, memo)
-    }
-}
-
-impl Flavour for DeltaState {
-    type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaResponse;
-    const PROTOCOL: Protocol = Protocol::Delta;
-
-    fn new(limits: &Limits) -> Self {
-        DeltaState::with_max_names(limits.max_names_per_type)
-    }
-    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-    fn type_url(req: &DeltaDiscoveryRequest) -> &str {
-        &req.type_url
-    }
-    fn on_request(
-        &mut self,
-        req: DeltaDiscoveryRequest,
-        s: Option<&Snapshot>,
-    ) -> Outcome<DeltaResponse> {
-        DeltaState::on_request(self, &wire::delta_request(req), s)
-    }
-    fn on_snapshot(&mut self, s: &Snapshot) -> Vec<DeltaResponse> {
-        DeltaState::on_snapshot(self, s)
-    }
-    fn describe(resp: &DeltaResponse) -> (ResourceType, &str) {
-        (resp.kind, &resp.system_version)
-    }
-    fn frame(
-        resp: DeltaResponse,
-        cp: &ControlPlane,
-        memo: Option<&Encoded>,
-    ) -> Result<Frame, Status> {
-        wire::delta_frame(resp, cp, memo)
-    }
-}
-
 /// What a stream's task sends: frames, or the status that ends the stream.
 pub(crate) type Outgoing = mpsc::Sender<Sent>;
-type Started = Result<mpsc::Receiver<Sent>, Status>;
-
-pub(crate) fn start_sotw(
-    shared: Arc<Shared>,
-    extensions: &Extensions,
-    requests: Streaming<DiscoveryRequest>,
-) -> Started {
-    start::<SotwState>(shared, extensions, requests)
-}
-
-pub(crate) fn start_delta(
-    shared: Arc<Shared>,
-    extensions: &Extensions,
-    requests: Streaming<DeltaDiscoveryRequest>,
-) -> Started {
-    start::<DeltaState>(shared, extensions, requests)
-}
+pub(crate) type Started = Result<mpsc::Receiver<Sent>, Status>;
 
 /// Starts the task of one stream (`extensions` carry the connection's verified identity).
-fn start<F: Flavour>(
+pub(crate) fn start<F: Flavour>(
     shared: Arc<Shared>,
     extensions: &Extensions,
     requests: Streaming<F::Req>,
@@ -199,8 +112,19 @@ where
     Ok(rx)
 }
 
-/// Decrements the connected-proxies gauge however the stream ends.
+/// Counts a connected proxy, and decrements the connected-proxies gauge however the stream
+/// ends.
 struct Connected<'a>(&'a Metrics, Protocol);
+
+impl<'a> Connected<'a> {
+    fn new(metrics: &'a Metrics, protocol: Protocol) -> Self {
+        metrics
+            .connected_proxies
+            .get_or_create(&ProtocolLabels { protocol })
+            .inc();
+        Self(metrics, protocol)
+    }
+}
 
 impl Drop for Connected<'_> {
     fn drop(&mut self) {
@@ -211,11 +135,35 @@ impl Drop for Connected<'_> {
     }
 }
 
+/// The node metadata key the sidecar's bootstrap puts its pod's name under.
+const POD_NAME_METADATA: &str = "pod_name";
+
 fn pod_name(node: &Node) -> Option<String> {
-    let value = node.metadata.as_ref()?.fields.get("pod_name")?;
+    let value = node.metadata.as_ref()?.fields.get(POD_NAME_METADATA)?;
     match &value.kind {
         Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
         _ => None,
+    }
+}
+
+/// What the sync-status registry shows of a stream that just connected.
+fn proxy_status(
+    key: &NodeKey,
+    pod: &Option<String>,
+    peer: &PeerIdentity,
+    protocol: Protocol,
+) -> ProxyStatus {
+    ProxyStatus {
+        namespace: key.namespace.clone(),
+        node_id: key.node_id.clone(),
+        pod: pod.clone(),
+        protocol: match protocol {
+            Protocol::Sotw => "sotw".into(),
+            Protocol::Delta => "delta".into(),
+        },
+        peer: peer.remote_addr.to_string(),
+        connected_at: now_rfc3339(),
+        types: Default::default(),
     }
 }
 
@@ -245,65 +193,23 @@ where
             return;
         };
         let Some(node) = F::node(&first).filter(|n| !n.id.is_empty()) else {
-            warn!("refusing an ADS stream whose first request has no node.id");
-            let refusal =
-                Status::invalid_argument("the first discovery request must carry node.id");
-            let _ = Box::pin(tx.send(Box::new(Err(refusal)))).await;
+            Box::pin(refuse_without_node(&tx)).await;
             return;
         };
-        let key = NodeKey::new(&*peer.namespace, &node.id);
-        let pod = pod_name(node);
-        tracing::Span::current().record("node", key.node_id.as_str());
-        info!(pod = pod.as_deref().unwrap_or(""), "proxy connected");
-
-        let connected_at = Instant::now();
-        let metrics = &shared.metrics;
-        metrics
-            .connected_proxies
-            .get_or_create(&ProtocolLabels {
-                protocol: F::PROTOCOL,
-            })
-            .inc();
-        let _connected = Connected(metrics, F::PROTOCOL);
-        let handle = shared.status.register(ProxyStatus {
-            namespace: key.namespace.clone(),
-            node_id: key.node_id.clone(),
-            pod: pod.clone(),
-            protocol: match F::PROTOCOL {
-                Protocol::Sotw => "sotw".into(),
-                Protocol::Delta => "delta".into(),
-            },
-            peer: peer.remote_addr.to_string(),
-            connected_at: now_rfc3339(),
-            types: Default::default(),
-        });
-        let mut watch = shared.cache.watch(key.clone());
+        let mut ctx = StreamCtx::open::<F>(&shared, &peer, node, &tx, &stop);
+        let mut watch = shared.cache.watch(ctx.key.clone());
         // The watch starts out "changed": this returns the current snapshot at once.
         let mut current: Option<Published> = watch.changed().await;
-        let mut ctx = StreamCtx {
-            shared: &shared,
-            key: &key,
-            pod: &pod,
-            handle: &handle,
-            connected_at,
-            converged: HashMap::new(),
-            tx: &tx,
-            stop: &stop,
-        };
         let mut state = F::new(&shared.limits);
 
         let mut next = Some(first);
         // The status to end the stream with, when reading a request failed over a limit.
         let mut ended = None;
         loop {
-            if let Some(req) = next.take() {
-                if let Some(kind) = ResourceType::from_type_url(F::type_url(&req)) {
-                    metrics.requests.get_or_create(&Metrics::kind(kind)).inc();
-                }
-                let out = state.on_request(*req, current.as_ref().map(|p| &*p.snapshot));
-                if !Box::pin(ctx.outcome::<F>(out, current.as_ref())).await {
-                    break;
-                }
+            if let Some(req) = next.take()
+                && !Box::pin(ctx.request(&mut state, req, current.as_ref())).await
+            {
+                break;
             }
             let published = tokio::select! {
                 biased;
@@ -340,6 +246,13 @@ where
     }
 }
 
+/// Ends a stream whose first request names no node.
+async fn refuse_without_node(tx: &Outgoing) {
+    warn!("refusing an ADS stream whose first request has no node.id");
+    let refusal = Status::invalid_argument("the first discovery request must carry node.id");
+    let _ = tx.send(Box::new(Err(refusal))).await;
+}
+
 /// Waits for a stream's first request (which names the node); `None` when the stream ends
 /// before it, after telling the client why if it went over a limit.
 async fn first_request<F: Flavour>(
@@ -373,16 +286,51 @@ where
     }
 }
 
+/// One connected proxy's stream, as the request and push handlers see it.
 struct StreamCtx<'a> {
     shared: &'a Shared,
-    key: &'a NodeKey,
-    pod: &'a Option<String>,
-    handle: &'a super::status::ProxyHandle,
+    key: NodeKey,
+    pod: Option<String>,
+    /// Its entry in the sync-status registry, removed when the stream ends.
+    handle: super::status::ProxyHandle,
+    _connected: Connected<'a>,
     connected_at: Instant,
     /// The version per type whose convergence was already measured.
     converged: HashMap<ResourceType, String>,
     tx: &'a Outgoing,
     stop: &'a CancellationToken,
+}
+
+impl<'a> StreamCtx<'a> {
+    /// The stream of the proxy `node` names, now connected: logged, counted and registered.
+    fn open<F: Flavour>(
+        shared: &'a Shared,
+        peer: &PeerIdentity,
+        node: &Node,
+        tx: &'a Outgoing,
+        stop: &'a CancellationToken,
+    ) -> Self {
+        let key = NodeKey::new(&*peer.namespace, &node.id);
+        let pod = pod_name(node);
+        tracing::Span::current().record("node", key.node_id.as_str());
+        info!(pod = pod.as_deref().unwrap_or(""), "proxy connected");
+        let connected_at = Instant::now();
+        let connected = Connected::new(&shared.metrics, F::PROTOCOL);
+        let handle = shared
+            .status
+            .register(proxy_status(&key, &pod, peer, F::PROTOCOL));
+        Self {
+            shared,
+            key,
+            pod,
+            handle,
+            _connected: connected,
+            connected_at,
+            converged: HashMap::new(),
+            tx,
+            stop,
+        }
+    }
 }
 
 /// How much of a NACK's message goes into the log line.
@@ -397,13 +345,27 @@ impl StreamCtx<'_> {
             .filter(|set_at| *set_at >= self.connected_at)
     }
 
+    /// Handles one request and applies its outcome; false when the stream is gone.
+    async fn request<F: Flavour>(
+        &mut self,
+        state: &mut F,
+        req: Box<F::Req>,
+        current: Option<&Published>,
+    ) -> bool {
+        if let Some(kind) = ResourceType::from_type_url(F::type_url(&req)) {
+            let requests = &self.shared.metrics.requests;
+            requests.get_or_create(&Metrics::kind(kind)).inc();
+        }
+        let out = state.on_request(*req, current.map(|p| &*p.snapshot));
+        self.outcome::<F>(out, current).await
+    }
+
     /// Applies a request's outcome; false when the stream is gone.
     async fn outcome<F: Flavour>(
         &mut self,
         out: Outcome<F::Resp>,
         current: Option<&Published>,
     ) -> bool {
-        let metrics = &self.shared.metrics;
         if let Some(limit) = out.exceeded {
             let status = self.shared.refuse(limit, &self.key.namespace);
             tokio::select! {
@@ -413,48 +375,10 @@ impl StreamCtx<'_> {
             return false;
         }
         if let Some(ack) = out.ack {
-            metrics.acks.get_or_create(&Metrics::kind(ack.kind)).inc();
-            self.handle.acked(ack.kind, &ack.version);
-            let is_current = current.is_some_and(|p| p.snapshot.version(ack.kind) == ack.version);
-            if is_current && self.converged.get(&ack.kind) != Some(&ack.version) {
-                if let Some(set_at) = self.set_while_connected(current) {
-                    Metrics::observe(&metrics.convergence_latency, ack.kind, set_at.elapsed());
-                }
-                self.converged.insert(ack.kind, ack.version);
-            }
+            self.acked(ack, current);
         }
         if let Some(nack) = out.nack {
-            metrics.nacks.get_or_create(&Metrics::kind(nack.kind)).inc();
-            self.handle.nacked(nack.kind, &nack.version, &nack.message);
-            let (rejecting, connected) = self.handle.tally(nack.kind, &nack.version);
-            // The first line or so: the whole message is in the proxy status and the event.
-            let head: String = nack.message.chars().take(LOGGED_NACK_CHARS).collect();
-            warn!(
-                resource_type = %nack.kind,
-                version = %nack.version,
-                error = %head,
-                "Envoy rejected a configuration (NACK)"
-            );
-            let event = NackEvent {
-                namespace: self.key.namespace.clone(),
-                node_id: self.key.node_id.clone(),
-                pod_name: self.pod.clone(),
-                resource_type: nack.kind,
-                type_url: nack.kind.type_url().to_owned(),
-                version: nack.version,
-                message: nack.message,
-                rejecting,
-                connected,
-            };
-            match self.shared.nacks.try_send(event) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    metrics.dropped_nack_events.inc();
-                    tracing::error!("NACK event dropped: its consumer is not keeping up");
-                }
-                // Nobody consumes NACK events (e.g. a server run without controllers).
-                Err(mpsc::error::TrySendError::Closed(_)) => {}
-            }
+            self.nacked(nack);
         }
         match out.ignored {
             Some(Ignored::UnknownType(t)) => {
@@ -469,6 +393,56 @@ impl StreamCtx<'_> {
             }
         }
         true
+    }
+
+    /// Records an ACK; the first of the current version also measures convergence.
+    fn acked(&mut self, ack: Ack, current: Option<&Published>) {
+        let metrics = &self.shared.metrics;
+        metrics.acks.get_or_create(&Metrics::kind(ack.kind)).inc();
+        self.handle.acked(ack.kind, &ack.version);
+        let is_current = current.is_some_and(|p| p.snapshot.version(ack.kind) == ack.version);
+        if is_current && self.converged.get(&ack.kind) != Some(&ack.version) {
+            if let Some(set_at) = self.set_while_connected(current) {
+                Metrics::observe(&metrics.convergence_latency, ack.kind, set_at.elapsed());
+            }
+            self.converged.insert(ack.kind, ack.version);
+        }
+    }
+
+    /// Records a NACK, logs its head and tells the NACK consumer.
+    fn nacked(&self, nack: Rejection) {
+        let metrics = &self.shared.metrics;
+        metrics.nacks.get_or_create(&Metrics::kind(nack.kind)).inc();
+        self.handle.nacked(nack.kind, &nack.version, &nack.message);
+        let (rejecting, connected) = self.handle.tally(nack.kind, &nack.version);
+        // The first line or so: the whole message is in the proxy status and the event.
+        let head: String = nack.message.chars().take(LOGGED_NACK_CHARS).collect();
+        warn!(
+            resource_type = %nack.kind,
+            version = %nack.version,
+            error = %head,
+            "Envoy rejected a configuration (NACK)"
+        );
+        let event = NackEvent {
+            namespace: self.key.namespace.clone(),
+            node_id: self.key.node_id.clone(),
+            pod_name: self.pod.clone(),
+            resource_type: nack.kind,
+            type_url: nack.kind.type_url().to_owned(),
+            version: nack.version,
+            message: nack.message,
+            rejecting,
+            connected,
+        };
+        match self.shared.nacks.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics.dropped_nack_events.inc();
+                tracing::error!("NACK event dropped: its consumer is not keeping up");
+            }
+            // Nobody consumes NACK events (e.g. a server run without controllers).
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
     }
 
     /// Sends a push's responses in order; false when the stream is gone.
@@ -509,6 +483,8 @@ impl StreamCtx<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::delta::DeltaState;
+    use crate::sotw::SotwState;
 
     /// The size of the future a stream-task function returns, without calling it.
     fn future_size<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {

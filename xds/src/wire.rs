@@ -9,15 +9,20 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use envoy_types::pb::envoy::config::core::v3::ControlPlane;
+use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tokio::sync::mpsc;
 use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 
-use super::delta::{DeltaRequest, DeltaResponse};
+use super::cache::Snapshot;
+use super::delta::{DeltaRequest, DeltaResponse, DeltaState};
 use super::frame::{self, Encoded, Frame, FrameBody, RequestDecoder, Sent, key_part};
-use super::sotw::{SotwRequest, SotwResponse};
-use super::stream::{self, Shared};
+use super::limits::Limits;
+use super::metrics::Protocol;
+use super::protocol::Outcome;
+use super::sotw::{SotwRequest, SotwResponse, SotwState};
+use super::stream::{self, Flavour, Shared};
+use crate::resource::ResourceType;
 
 /// `google.protobuf.Any` with a shared value.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -204,6 +209,76 @@ pub(crate) fn delta_frame(
     Frame::new(&resp.nonce, body)
 }
 
+// How each flavour's requests and responses look on the wire, for the stream loop.
+
+impl Flavour for SotwState {
+    type Req = DiscoveryRequest;
+    type Resp = SotwResponse;
+    const PROTOCOL: Protocol = Protocol::Sotw;
+
+    fn new(limits: &Limits) -> Self {
+        SotwState::with_max_names(limits.max_names_per_type)
+    }
+    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn type_url(req: &DiscoveryRequest) -> &str {
+        &req.type_url
+    }
+    fn on_request(&mut self, req: DiscoveryRequest, s: Option<&Snapshot>) -> Outcome<SotwResponse> {
+        SotwState::on_request(self, &sotw_request(req), s)
+    }
+    fn on_snapshot(&mut self, s: &Snapshot) -> Vec<SotwResponse> {
+        SotwState::on_snapshot(self, s)
+    }
+    fn describe(resp: &SotwResponse) -> (ResourceType, &str) {
+        (resp.kind, &resp.version)
+    }
+    fn frame(
+        resp: SotwResponse,
+        cp: &ControlPlane,
+        memo: Option<&Encoded>,
+    ) -> Result<Frame, tonic::Status> {
+        sotw_frame(resp, cp, memo)
+    }
+}
+
+impl Flavour for DeltaState {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaResponse;
+    const PROTOCOL: Protocol = Protocol::Delta;
+
+    fn new(limits: &Limits) -> Self {
+        DeltaState::with_max_names(limits.max_names_per_type)
+    }
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+    fn type_url(req: &DeltaDiscoveryRequest) -> &str {
+        &req.type_url
+    }
+    fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        s: Option<&Snapshot>,
+    ) -> Outcome<DeltaResponse> {
+        DeltaState::on_request(self, &delta_request(req), s)
+    }
+    fn on_snapshot(&mut self, s: &Snapshot) -> Vec<DeltaResponse> {
+        DeltaState::on_snapshot(self, s)
+    }
+    fn describe(resp: &DeltaResponse) -> (ResourceType, &str) {
+        (resp.kind, &resp.system_version)
+    }
+    fn frame(
+        resp: DeltaResponse,
+        cp: &ControlPlane,
+        memo: Option<&Encoded>,
+    ) -> Result<Frame, tonic::Status> {
+        delta_frame(resp, cp, memo)
+    }
+}
+
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const DELTA_PATH: &str =
@@ -279,7 +354,11 @@ where
                     None,
                     max_request,
                 );
-                grpc_response(stream::start_sotw(shared, &parts.extensions, requests))
+                grpc_response(stream::start::<SotwState>(
+                    shared,
+                    &parts.extensions,
+                    requests,
+                ))
             }
             DELTA_PATH => {
                 let requests = tonic::Streaming::new_request(
@@ -288,7 +367,11 @@ where
                     None,
                     max_request,
                 );
-                grpc_response(stream::start_delta(shared, &parts.extensions, requests))
+                grpc_response(stream::start::<DeltaState>(
+                    shared,
+                    &parts.extensions,
+                    requests,
+                ))
             }
             _ => tonic::Status::unimplemented("marin3r serves only the ADS methods").into_http(),
         };

@@ -10,10 +10,10 @@ use serde_json::{Map, Value};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use super::decide::TlsFiles;
 use super::rotation::{
     Ca, CaState, DISTRIBUTED_ANNOTATION, Leaf, NEXT_CERT_KEY, NEXT_KEY_KEY, split_certificates,
 };
+use super::triggers::TlsFiles;
 use crate::api::RENEW_ANNOTATION;
 use crate::{CertificateAuthority, CertificateInfo, IssuedCertificate};
 

@@ -1,12 +1,13 @@
 //! The `DiscoveryServiceCertificate` controller: issues each certificate into its Secret,
 //! reissues on every trigger of SPEC §2.1, and wakes up exactly at the renewal instant.
-//! The decisions are pure (`decide`); this module only reads and writes the API.
+//! The decisions are pure: [`plan::decide`] (from the triggers in [`triggers`] and the CA
+//! rotation in [`rotation`]) and [`plan::report`]; this module only reads and writes the API.
 
 pub mod bundle;
-pub mod decide;
 mod metrics;
 pub mod plan;
 pub mod rotation;
+pub mod triggers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -36,6 +37,7 @@ const CONTROLLER: &str = "certificate";
 
 pub use marin3r_controller::Error;
 pub use metrics::CertificateMetrics;
+pub use triggers::DEFAULT_MIN_RENEWAL_INTERVAL;
 
 /// What the controller may do.
 #[derive(Debug, Clone)]
@@ -45,7 +47,7 @@ pub struct Config {
     /// certificate's own namespace, so a user cannot have the operator's CA sign for them.
     pub trusted_namespaces: BTreeSet<String>,
     /// Time-based renewal waits at least this long after issuance, however short `validFor`
-    /// is (see [`decide::needs_issue`]).
+    /// is (see [`triggers::needs_issue`]).
     pub min_renewal_interval: Duration,
     /// How long a changed Secret may take to reach every reader; each step of a CA
     /// rotation waits this long for the previous one (see [`rotation`]).
@@ -67,9 +69,6 @@ impl Default for Config {
         }
     }
 }
-
-/// A `validFor: 1` certificate is reissued once a minute, not five times a second.
-pub const DEFAULT_MIN_RENEWAL_INTERVAL: Duration = Duration::from_secs(60);
 
 type Context = marin3r_controller::Context<Config>;
 
@@ -232,7 +231,7 @@ async fn observe<'a>(
 async fn read_dependents(
     ctx: &Context,
     ca: &(String, String),
-) -> Result<Vec<(String, decide::TlsFiles)>, Error> {
+) -> Result<Vec<(String, triggers::TlsFiles)>, Error> {
     let all = Api::<DiscoveryServiceCertificate>::all(ctx.client.clone())
         .list(&Default::default())
         .await?;
@@ -260,88 +259,130 @@ async fn read_dependents(
 /// Observes, decides, issues when the plan says so, and writes the outcome.
 async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<Action, Error> {
     let obs = observe(&dsc, ctx).await?;
-    let outcome = match (plan::decide(&obs), &obs.spec) {
-        (Plan::NotReady(not_ready), _) => plan::not_ready(&obs, not_ready),
-        (Plan::Keep(current), Ok(valid)) => plan::report(&obs, valid, &current, None),
-        (Plan::Update { update, then }, Ok(valid)) => {
-            patch_secret(ctx, valid, &update).await?;
-            plan::report(&obs, valid, &then, None)
-        }
-        (
-            Plan::StartRotation {
-                state,
-                reason,
-                renew_request,
-            },
-            Ok(valid),
-        ) => {
-            let request = valid.request.clone();
-            let issued = off_the_runtime(move || issue_self_signed(&request)).await;
-            match issued {
-                Ok(next) => {
-                    let update = bundle::start(&state, &next, renew_request.as_deref());
-                    patch_secret(ctx, valid, &update).await?;
-                    let bundle_pem = update
-                        .data
-                        .get("ca.crt")
-                        .cloned()
-                        .flatten()
-                        .unwrap_or_default();
-                    info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued the next CA; rotation started");
-                    let current = plan::started(&reason, bundle_pem, state.signer.id.pem.clone());
-                    plan::report(&obs, valid, &current, None)
-                }
-                Err(e) => {
-                    plan::not_ready(&obs, NotReady::new(Reason::IssuanceFailed, e.to_string()))
-                }
-            }
-        }
-        (
-            Plan::Issue {
-                ca,
-                reason,
-                renew_request,
-                trust_pem,
-            },
-            Ok(valid),
-        ) => {
-            let request = valid.request.clone();
-            let issued = off_the_runtime(move || match &ca {
-                Some(ca) => ca.issue(&request),
-                None => issue_self_signed(&request),
-            })
-            .await;
-            match issued {
-                Ok(mut issued) => {
-                    if let Some(trust) = trust_pem {
-                        issued.ca_pem = trust;
-                    }
-                    write_secret(ctx, &dsc, valid, &issued, renew_request.as_deref()).await?;
-                    // A CA issued afresh starts no rotation where an earlier one stopped.
-                    if let Some(forget) = obs.secret.as_ref().and_then(bundle::forget_rotation) {
-                        patch_secret(ctx, valid, &forget).await?;
-                    }
-                    info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued certificate");
-                    let current = plan::Current {
-                        cert_pem: issued.cert_pem.clone(),
-                        ca_pem: Some(issued.ca_pem.clone()),
-                        rotation: None,
-                    };
-                    plan::report(&obs, valid, &current, Some(&reason))
-                }
-                Err(e) => {
-                    plan::not_ready(&obs, NotReady::new(Reason::IssuanceFailed, e.to_string()))
-                }
-            }
-        }
-        // `decide` plans an issue or a keep only for a valid spec.
-        (_, Err(not_ready)) => plan::not_ready(&obs, not_ready.clone()),
-    };
+    let outcome = act(ctx, &obs).await?;
     ctx.events.publish_all(&*dsc, &outcome.events).await;
     write_status(ctx, &dsc, &outcome.status).await?;
     Ok(outcome
         .requeue
         .map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Carries out the plan for what was observed: writes the Secret, issuing first when asked.
+async fn act(ctx: &Context, obs: &Observed<'_>) -> Result<plan::Outcome, Error> {
+    let valid = match &obs.spec {
+        Ok(valid) => valid,
+        Err(not_ready) => return Ok(plan::not_ready(obs, not_ready.clone())),
+    };
+    Ok(match plan::decide(obs) {
+        Plan::NotReady(not_ready) => plan::not_ready(obs, not_ready),
+        Plan::Keep(current) => plan::report(obs, valid, &current, None),
+        Plan::Update { update, then } => {
+            patch_secret(ctx, valid, &update).await?;
+            plan::report(obs, valid, &then, None)
+        }
+        Plan::StartRotation {
+            state,
+            reason,
+            renew_request,
+        } => start_rotation(ctx, obs, valid, &state, reason, renew_request).await?,
+        Plan::Issue {
+            ca,
+            reason,
+            renew_request,
+            trust_pem,
+        } => {
+            let issuing = Issuing {
+                ca,
+                reason,
+                renew_request,
+                trust_pem,
+            };
+            issue(ctx, obs, valid, issuing).await?
+        }
+    })
+}
+
+/// What [`Plan::Issue`] asks for.
+struct Issuing {
+    ca: Option<Box<crate::CertificateAuthority>>,
+    reason: triggers::IssueReason,
+    renew_request: Option<String>,
+    trust_pem: Option<String>,
+}
+
+/// Issues the next CA of a self-signed CA and writes it beside the current one.
+async fn start_rotation(
+    ctx: &Context,
+    obs: &Observed<'_>,
+    valid: &ValidSpec,
+    state: &rotation::CaState<bundle::Cert>,
+    reason: triggers::IssueReason,
+    renew_request: Option<String>,
+) -> Result<plan::Outcome, Error> {
+    let request = valid.request.clone();
+    let next = match off_the_runtime(move || issue_self_signed(&request)).await {
+        Ok(next) => next,
+        Err(e) => {
+            let not_ready = NotReady::new(Reason::IssuanceFailed, e.to_string());
+            return Ok(plan::not_ready(obs, not_ready));
+        }
+    };
+    let update = bundle::start(state, &next, renew_request.as_deref());
+    patch_secret(ctx, valid, &update).await?;
+    let bundle_pem = update
+        .data
+        .get("ca.crt")
+        .cloned()
+        .flatten()
+        .unwrap_or_default();
+    let dsc = obs.dsc;
+    info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued the next CA; rotation started");
+    let current = plan::started(&reason, bundle_pem, state.signer.id.pem.clone());
+    Ok(plan::report(obs, valid, &current, None))
+}
+
+/// Issues the certificate (signed by the CA, or self-signed) and writes it into its Secret.
+async fn issue(
+    ctx: &Context,
+    obs: &Observed<'_>,
+    valid: &ValidSpec,
+    issuing: Issuing,
+) -> Result<plan::Outcome, Error> {
+    let Issuing {
+        ca,
+        reason,
+        renew_request,
+        trust_pem,
+    } = issuing;
+    let request = valid.request.clone();
+    let issued = off_the_runtime(move || match &ca {
+        Some(ca) => ca.issue(&request),
+        None => issue_self_signed(&request),
+    })
+    .await;
+    let mut issued = match issued {
+        Ok(issued) => issued,
+        Err(e) => {
+            let not_ready = NotReady::new(Reason::IssuanceFailed, e.to_string());
+            return Ok(plan::not_ready(obs, not_ready));
+        }
+    };
+    if let Some(trust) = trust_pem {
+        issued.ca_pem = trust;
+    }
+    let dsc = obs.dsc;
+    write_secret(ctx, dsc, valid, &issued, renew_request.as_deref()).await?;
+    // A CA issued afresh starts no rotation where an earlier one stopped.
+    if let Some(forget) = obs.secret.as_ref().and_then(bundle::forget_rotation) {
+        patch_secret(ctx, valid, &forget).await?;
+    }
+    info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued certificate");
+    let current = plan::Current {
+        cert_pem: issued.cert_pem.clone(),
+        ca_pem: Some(issued.ca_pem.clone()),
+        rotation: None,
+    };
+    Ok(plan::report(obs, valid, &current, Some(&reason)))
 }
 
 async fn write_secret(

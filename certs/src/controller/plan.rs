@@ -11,10 +11,10 @@ use marin3r_controller::{Note, set_condition};
 use time::OffsetDateTime;
 
 use super::bundle::{self, Cert, SecretUpdate};
-use super::decide::{
+use super::rotation::{self, Ca, CaState, Step};
+use super::triggers::{
     IssueReason, Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at, until,
 };
-use super::rotation::{self, CaState, Step};
 use crate::api::{
     DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, READY_CONDITION,
     RENEW_ANNOTATION, ValidSpec,
@@ -146,6 +146,16 @@ pub struct RotationNote {
     pub requeue: Duration,
 }
 
+impl RotationNote {
+    fn new(message: Option<String>, event: Option<Note>, requeue: Duration) -> Self {
+        Self {
+            message,
+            event,
+            requeue,
+        }
+    }
+}
+
 /// What to write after acting: the status, the Events, when to look again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -243,23 +253,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .map(tls_files)
         .and_then(|f| bundle::trust_bundle(&f));
     match reason {
-        None => {
-            let cert_pem = files.cert.unwrap_or_default();
-            match trust_pem {
-                Some(trust)
-                    if !files
-                        .ca
-                        .as_deref()
-                        .is_some_and(|ca| bundle::same_certificates(ca, &trust)) =>
-                {
-                    Plan::Update {
-                        update: bundle::trust(&trust),
-                        then: Current::plain(cert_pem, Some(trust)),
-                    }
-                }
-                _ => Plan::Keep(Current::plain(cert_pem, files.ca)),
-            }
-        }
+        None => keep(files, trust_pem),
         Some(reason) => Plan::Issue {
             ca: ca.map(Box::new),
             reason,
@@ -269,7 +263,27 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
     }
 }
 
-/// The next step of a self-signed CA's rotation (see [`rotation`]).
+/// A certificate that stays: its `ca.crt` is rewritten when the CA's bundle differs (during
+/// a CA rotation it changes twice while the certificate stays).
+fn keep(files: TlsFiles, trust_pem: Option<String>) -> Plan {
+    let cert_pem = files.cert.unwrap_or_default();
+    match trust_pem {
+        Some(trust)
+            if !files
+                .ca
+                .as_deref()
+                .is_some_and(|ca| bundle::same_certificates(ca, &trust)) =>
+        {
+            Plan::Update {
+                update: bundle::trust(&trust),
+                then: Current::plain(cert_pem, Some(trust)),
+            }
+        }
+        _ => Plan::Keep(Current::plain(cert_pem, files.ca)),
+    }
+}
+
+/// The next step of a self-signed CA's rotation (see [`rotation`]), as a plan.
 fn rotate(
     obs: &Observed<'_>,
     secret: &Secret,
@@ -292,11 +306,6 @@ fn rotate(
         obs.now,
         obs.trust_propagation,
     );
-    let note = |message: Option<String>, event: Option<Note>, requeue: Duration| RotationNote {
-        message,
-        event,
-        requeue,
-    };
     match step {
         Step::Idle => Plan::Keep(Current::plain(
             files.cert.clone().unwrap_or_default(),
@@ -310,63 +319,9 @@ fn rotate(
             },
             None => Plan::Keep(Current::plain(cert_pem, Some(trusted_pem))),
         },
-        Step::MarkDistributed => {
-            let at = rotation_deadline(obs.now, obs.trust_propagation);
-            Plan::Update {
-                update: bundle::mark_distributed(obs.now),
-                then: Current {
-                    cert_pem,
-                    ca_pem: Some(trusted_pem),
-                    rotation: Some(note(
-                        Some(format!(
-                            "every certificate the CA signs trusts the next CA; it signs from {at}"
-                        )),
-                        None,
-                        obs.trust_propagation.clamp(MIN_WAKEUP, ROTATION_MAX_WAIT),
-                    )),
-                },
-            }
-        }
-        Step::Promote => match bundle::promote(&state, secret) {
-            Some((update, bundle_pem)) => {
-                let cert_pem = state.next.as_ref().map_or(cert_pem, |n| n.id.pem.clone());
-                let message = "the new CA signs; the previous CA stays trusted until every certificate it signed is reissued";
-                Plan::Update {
-                    update,
-                    then: Current {
-                        cert_pem,
-                        ca_pem: Some(bundle_pem),
-                        rotation: Some(note(
-                            Some(message.into()),
-                            Some(Note::normal(Reason::NextCASigning, message)),
-                            ROTATION_POLL,
-                        )),
-                    },
-                }
-            }
-            None => Plan::Keep(Current::plain(cert_pem, Some(trusted_pem))),
-        },
-        Step::Trust(cas) => {
-            let pem = bundle::to_pem(&cas);
-            let over = cas.len() == 1 && state.next.is_none();
-            let dropped = state.trusted.len().saturating_sub(cas.len());
-            let (message, event) = if over {
-                let text = "the previous CA is no longer trusted: the rotation is complete";
-                (None, Some(Note::normal(Reason::PreviousCADropped, text)))
-            } else {
-                let text = format!("the trust bundle now holds {} CAs", cas.len());
-                let event = (dropped > 0).then(|| Note::normal(Reason::PreviousCADropped, &text));
-                (Some(text), event)
-            };
-            Plan::Update {
-                update: bundle::trust(&pem),
-                then: Current {
-                    cert_pem,
-                    ca_pem: Some(pem),
-                    rotation: Some(note(message, event, ROTATION_POLL)),
-                },
-            }
-        }
+        Step::MarkDistributed => mark_distributed(obs, cert_pem, trusted_pem),
+        Step::Promote => promote(&state, secret, cert_pem, trusted_pem),
+        Step::Trust(cas) => trust(&state, &cas, cert_pem),
         Step::Wait { at, why } => {
             // Polled at least this often: the instant may be years away (the previous CA's
             // expiry), and a reissue may happen any time.
@@ -376,9 +331,71 @@ fn rotate(
             Plan::Keep(Current {
                 cert_pem,
                 ca_pem: Some(trusted_pem),
-                rotation: Some(note(Some(why), None, requeue)),
+                rotation: Some(RotationNote::new(Some(why), None, requeue)),
             })
         }
+    }
+}
+
+/// Rotation step: every signed certificate trusts the next CA; it signs after the
+/// propagation time.
+fn mark_distributed(obs: &Observed<'_>, cert_pem: String, trusted_pem: String) -> Plan {
+    let at = rotation_deadline(obs.now, obs.trust_propagation);
+    let message = format!("every certificate the CA signs trusts the next CA; it signs from {at}");
+    let requeue = obs.trust_propagation.clamp(MIN_WAKEUP, ROTATION_MAX_WAIT);
+    Plan::Update {
+        update: bundle::mark_distributed(obs.now),
+        then: Current {
+            cert_pem,
+            ca_pem: Some(trusted_pem),
+            rotation: Some(RotationNote::new(Some(message), None, requeue)),
+        },
+    }
+}
+
+/// Rotation step: the next CA becomes the signer; the previous one stays trusted.
+fn promote(state: &CaState<Cert>, secret: &Secret, cert_pem: String, trusted_pem: String) -> Plan {
+    let Some((update, bundle_pem)) = bundle::promote(state, secret) else {
+        return Plan::Keep(Current::plain(cert_pem, Some(trusted_pem)));
+    };
+    let cert_pem = state.next.as_ref().map_or(cert_pem, |n| n.id.pem.clone());
+    let message = "the new CA signs; the previous CA stays trusted until every certificate it signed is reissued";
+    let event = Note::normal(Reason::NextCASigning, message);
+    Plan::Update {
+        update,
+        then: Current {
+            cert_pem,
+            ca_pem: Some(bundle_pem),
+            rotation: Some(RotationNote::new(
+                Some(message.into()),
+                Some(event),
+                ROTATION_POLL,
+            )),
+        },
+    }
+}
+
+/// Rotation step: the trust bundle becomes `cas`; with the previous CA gone, the rotation is
+/// over.
+fn trust(state: &CaState<Cert>, cas: &[Ca<Cert>], cert_pem: String) -> Plan {
+    let pem = bundle::to_pem(cas);
+    let over = cas.len() == 1 && state.next.is_none();
+    let dropped = state.trusted.len().saturating_sub(cas.len());
+    let (message, event) = if over {
+        let text = "the previous CA is no longer trusted: the rotation is complete";
+        (None, Some(Note::normal(Reason::PreviousCADropped, text)))
+    } else {
+        let text = format!("the trust bundle now holds {} CAs", cas.len());
+        let event = (dropped > 0).then(|| Note::normal(Reason::PreviousCADropped, &text));
+        (Some(text), event)
+    };
+    Plan::Update {
+        update: bundle::trust(&pem),
+        then: Current {
+            cert_pem,
+            ca_pem: Some(pem),
+            rotation: Some(RotationNote::new(message, event, ROTATION_POLL)),
+        },
     }
 }
 
@@ -401,11 +418,11 @@ pub fn started(reason: &IssueReason, bundle_pem: String, cert_pem: String) -> Cu
     Current {
         cert_pem,
         ca_pem: Some(bundle_pem),
-        rotation: Some(RotationNote {
-            message: Some(message.clone()),
-            event: Some(Note::normal(Reason::NextCAIssued, message)),
-            requeue: ROTATION_POLL,
-        }),
+        rotation: Some(RotationNote::new(
+            Some(message.clone()),
+            Some(Note::normal(Reason::NextCAIssued, message)),
+            ROTATION_POLL,
+        )),
     }
 }
 
@@ -462,23 +479,7 @@ pub fn report(
     status.last_renewal_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
     let (secret_ns, secret_name) = &valid.secret;
     let secret_ref = format!("{secret_ns}/{secret_name}");
-    let (ready, reason, message) = match readiness(&info, obs.now) {
-        Readiness::Ready => (
-            true,
-            Reason::Issued,
-            format!("certificate is valid and stored in Secret {secret_ref}"),
-        ),
-        Readiness::NotYetValid => (
-            false,
-            Reason::NotYetValid,
-            "certificate is not valid yet".to_owned(),
-        ),
-        Readiness::Expired => (
-            false,
-            Reason::Expired,
-            "certificate expired and renewal is disabled".to_owned(),
-        ),
-    };
+    let (ready, reason, message) = ready_condition(readiness(&info, obs.now), &secret_ref);
     status.ready = Some(ready);
     set_ready_condition(&mut status, obs, ready, reason, &message);
     let was_ready = dsc.status.as_ref().and_then(|s| s.ready) == Some(true);
@@ -510,6 +511,27 @@ pub fn report(
         status,
         events,
         requeue,
+    }
+}
+
+/// The Ready condition of an issued certificate: whether, its reason and its message.
+fn ready_condition(readiness: Readiness, secret_ref: &str) -> (bool, Reason, String) {
+    match readiness {
+        Readiness::Ready => (
+            true,
+            Reason::Issued,
+            format!("certificate is valid and stored in Secret {secret_ref}"),
+        ),
+        Readiness::NotYetValid => (
+            false,
+            Reason::NotYetValid,
+            "certificate is not valid yet".to_owned(),
+        ),
+        Readiness::Expired => (
+            false,
+            Reason::Expired,
+            "certificate expired and renewal is disabled".to_owned(),
+        ),
     }
 }
 
@@ -564,94 +586,8 @@ pub fn to_time(t: OffsetDateTime) -> Time {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use marin3r_controller::Reason as _;
-
-    fn dsc(signer: serde_json::Value) -> DiscoveryServiceCertificate {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
-            "kind": "DiscoveryServiceCertificate",
-            "metadata": {"name": "c", "namespace": "ns", "generation": 3},
-            "spec": {"commonName": "c", "validFor": 86400, "signer": signer,
-                     "secretRef": {"name": "c-tls"}},
-        }))
-        .unwrap()
-    }
-
-    fn observe(dsc: &DiscoveryServiceCertificate, secret: Option<Secret>) -> Observed<'_> {
-        Observed {
-            dsc,
-            spec: check_spec(dsc, false),
-            ca_secret: None,
-            secret,
-            now: OffsetDateTime::now_utc(),
-            min_renewal_interval: Duration::from_secs(60),
-            dependents: Vec::new(),
-            trust_propagation: Duration::from_secs(10),
-        }
-    }
-
-    #[test]
-    fn a_missing_ca_is_not_ready_and_looked_for_again_with_one_warning() {
-        let dsc = dsc(serde_json::json!({"caSigned": {"caSecretRef": {"name": "ca"}}}));
-        let obs = observe(&dsc, None);
-        let Plan::NotReady(not_ready) = decide(&obs) else {
-            panic!("a missing CA must not issue")
-        };
-        assert_eq!(not_ready.reason, Reason::CASecretNotFound);
-        assert_eq!(not_ready.retry, Some(DEPENDENCY_RETRY));
-        let outcome = super::not_ready(&obs, not_ready.clone());
-        assert_eq!(outcome.status.ready, Some(false));
-        assert_eq!(outcome.status.conditions[0].reason, "CASecretNotFound");
-        assert_eq!(outcome.status.observed_generation, Some(3));
-        assert_eq!(outcome.events.len(), 1);
-        assert_eq!(outcome.events[0].reason, Reason::CASecretNotFound.as_str());
-        // The same problem again: no second Warning.
-        let mut seen = dsc.clone();
-        seen.status = Some(outcome.status);
-        let again = super::not_ready(&observe(&seen, None), not_ready);
-        assert!(again.events.is_empty(), "{:?}", again.events);
-    }
-
-    #[test]
-    fn a_missing_secret_is_issued_and_a_good_one_kept_until_renewal() {
-        let dsc = dsc(serde_json::json!({"selfSigned": {}}));
-        let obs = observe(&dsc, None);
-        let Plan::Issue { ca, reason, .. } = decide(&obs) else {
-            panic!("a missing Secret must be issued")
-        };
-        assert!(ca.is_none());
-        assert_eq!(reason, IssueReason::SecretMissing);
-        let Ok(valid) = &obs.spec else { panic!() };
-        let issued = crate::issue_self_signed(&valid.request).unwrap();
-        let data = bundle::secret_data([
-            ("tls.crt", issued.cert_pem.as_str()),
-            ("tls.key", &issued.key_pem),
-            ("ca.crt", &issued.ca_pem),
-        ]);
-        let secret = Secret {
-            data: Some(data),
-            ..Default::default()
-        };
-        let obs = observe(&dsc, Some(secret));
-        let Plan::Keep(current) = decide(&obs) else {
-            panic!("a good certificate must be kept")
-        };
-        let outcome = report(&obs, valid, &current, None);
-        assert_eq!(outcome.status.ready, Some(true));
-        assert_eq!(outcome.status.conditions[0].reason, "Issued");
-        assert!(outcome.events.is_empty());
-        let wait = outcome.requeue.unwrap();
-        assert!(
-            wait > Duration::from_secs(60_000) && wait <= Duration::from_secs(69_120),
-            "{wait:?}"
-        );
-        let issued_now = report(&obs, valid, &current, Some(&IssueReason::SecretMissing));
-        assert_eq!(issued_now.events.len(), 1);
-        assert_eq!(issued_now.events[0].reason, "Issued");
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;
 
 #[cfg(test)]
 #[path = "plan_rotation_tests.rs"]

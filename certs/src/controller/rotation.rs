@@ -112,41 +112,7 @@ pub fn step<C: Clone + PartialEq>(
 ) -> Step<C> {
     let bundle: Vec<C> = ca.trusted.iter().map(|c| c.id.clone()).collect();
     if let Some(next) = &ca.next {
-        // Step 1: the next CA must be trusted everywhere before it signs anything.
-        if !bundle.contains(&next.id) || !bundle.contains(&ca.signer.id) {
-            // The bundle lost one of them (edited by hand): publish both again.
-            let mut trusted = vec![ca.signer.clone(), next.clone()];
-            trusted.extend(
-                ca.trusted
-                    .iter()
-                    .filter(|c| c.id != ca.signer.id && c.id != next.id)
-                    .cloned(),
-            );
-            return Step::Trust(trusted);
-        }
-        let pending: Vec<&Leaf<C>> = leaves
-            .iter()
-            .filter(|l| !same_set(&l.trusts, &bundle))
-            .collect();
-        if !pending.is_empty() {
-            return Step::Wait {
-                at: None,
-                why: format!(
-                    "waiting for the certificates of {} to trust the next CA",
-                    names(&pending)
-                ),
-            };
-        }
-        let Some(since) = ca.distributed_at else {
-            return Step::MarkDistributed;
-        };
-        return match shifted(since, propagation) {
-            Some(at) if now >= at => Step::Promote,
-            at => Step::Wait {
-                at,
-                why: "waiting for the bundle with the next CA to reach every reader".into(),
-            },
-        };
+        return spread_next(ca, next, &bundle, leaves, now, propagation);
     }
     let previous: Vec<&Ca<C>> = ca.trusted.iter().filter(|c| c.id != ca.signer.id).collect();
     if previous.is_empty() {
@@ -155,19 +121,73 @@ pub fn step<C: Clone + PartialEq>(
         }
         return if renew { Step::Start } else { Step::Idle };
     }
-    // Step 3. An expired CA vouches for nothing: drop it at once.
+    drop_previous(ca, &previous, &bundle, leaves, now, propagation)
+}
+
+/// Steps 1 and 2: the next CA must be trusted everywhere before it signs anything.
+fn spread_next<C: Clone + PartialEq>(
+    ca: &CaState<C>,
+    next: &Ca<C>,
+    bundle: &[C],
+    leaves: &[Leaf<C>],
+    now: OffsetDateTime,
+    propagation: Duration,
+) -> Step<C> {
+    if !bundle.contains(&next.id) || !bundle.contains(&ca.signer.id) {
+        // The bundle lost one of them (edited by hand): publish both again.
+        let mut trusted = vec![ca.signer.clone(), next.clone()];
+        trusted.extend(
+            ca.trusted
+                .iter()
+                .filter(|c| c.id != ca.signer.id && c.id != next.id)
+                .cloned(),
+        );
+        return Step::Trust(trusted);
+    }
+    let pending: Vec<&Leaf<C>> = leaves
+        .iter()
+        .filter(|l| !same_set(&l.trusts, bundle))
+        .collect();
+    if !pending.is_empty() {
+        return Step::Wait {
+            at: None,
+            why: format!(
+                "waiting for the certificates of {} to trust the next CA",
+                names(&pending)
+            ),
+        };
+    }
+    let Some(since) = ca.distributed_at else {
+        return Step::MarkDistributed;
+    };
+    match shifted(since, propagation) {
+        Some(at) if now >= at => Step::Promote,
+        at => Step::Wait {
+            at,
+            why: "waiting for the bundle with the next CA to reach every reader".into(),
+        },
+    }
+}
+
+/// Step 3: the `previous` CAs leave the bundle once nothing presents a certificate they
+/// signed. An expired CA vouches for nothing: it is dropped at once.
+fn drop_previous<C: Clone + PartialEq>(
+    ca: &CaState<C>,
+    previous: &[&Ca<C>],
+    bundle: &[C],
+    leaves: &[Leaf<C>],
+    now: OffsetDateTime,
+    propagation: Duration,
+) -> Step<C> {
     let live: Vec<&Ca<C>> = previous
         .iter()
         .copied()
         .filter(|c| now <= c.not_after)
         .collect();
-    let signer_first = |others: &[&Ca<C>]| {
-        std::iter::once(ca.signer.clone())
-            .chain(others.iter().map(|c| (*c).clone()))
-            .collect::<Vec<_>>()
-    };
     if live.len() < previous.len() || !bundle.contains(&ca.signer.id) {
-        return Step::Trust(signer_first(&live));
+        let signer_first =
+            std::iter::once(ca.signer.clone()).chain(live.iter().map(|c| (*c).clone()));
+        return Step::Trust(signer_first.collect());
     }
     let pending: Vec<&Leaf<C>> = leaves
         .iter()

@@ -1,3 +1,5 @@
+//! The CA rotation machine step by step, and by property: no party ever presents a
+//! certificate another does not trust.
 #![allow(clippy::arithmetic_side_effects, clippy::indexing_slicing)] // test code
 
 use super::*;

@@ -540,7 +540,7 @@ fn a_pod_naming_another_discovery_service_is_denied() {
 #[test]
 fn the_known_annotations_are_every_one_read_or_written() {
     // rustfmt puts a long constant's value on the next line.
-    let source = include_str!("annotations.rs").replace("=\n    \"", "= \"");
+    let source = include_str!("names.rs").replace("=\n    \"", "= \"");
     let declared: Vec<&str> = source
         .lines()
         .filter_map(|l| l.strip_prefix("pub const "))

@@ -1,0 +1,88 @@
+//! The plan of a certificate without a rotation: a missing CA, a missing Secret, a good one kept.
+
+use super::*;
+use marin3r_controller::Reason as _;
+
+fn dsc(signer: serde_json::Value) -> DiscoveryServiceCertificate {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+        "kind": "DiscoveryServiceCertificate",
+        "metadata": {"name": "c", "namespace": "ns", "generation": 3},
+        "spec": {"commonName": "c", "validFor": 86400, "signer": signer,
+                 "secretRef": {"name": "c-tls"}},
+    }))
+    .unwrap()
+}
+
+fn observe(dsc: &DiscoveryServiceCertificate, secret: Option<Secret>) -> Observed<'_> {
+    Observed {
+        dsc,
+        spec: check_spec(dsc, false),
+        ca_secret: None,
+        secret,
+        now: OffsetDateTime::now_utc(),
+        min_renewal_interval: Duration::from_secs(60),
+        dependents: Vec::new(),
+        trust_propagation: Duration::from_secs(10),
+    }
+}
+
+#[test]
+fn a_missing_ca_is_not_ready_and_looked_for_again_with_one_warning() {
+    let dsc = dsc(serde_json::json!({"caSigned": {"caSecretRef": {"name": "ca"}}}));
+    let obs = observe(&dsc, None);
+    let Plan::NotReady(not_ready) = decide(&obs) else {
+        panic!("a missing CA must not issue")
+    };
+    assert_eq!(not_ready.reason, Reason::CASecretNotFound);
+    assert_eq!(not_ready.retry, Some(DEPENDENCY_RETRY));
+    let outcome = super::not_ready(&obs, not_ready.clone());
+    assert_eq!(outcome.status.ready, Some(false));
+    assert_eq!(outcome.status.conditions[0].reason, "CASecretNotFound");
+    assert_eq!(outcome.status.observed_generation, Some(3));
+    assert_eq!(outcome.events.len(), 1);
+    assert_eq!(outcome.events[0].reason, Reason::CASecretNotFound.as_str());
+    // The same problem again: no second Warning.
+    let mut seen = dsc.clone();
+    seen.status = Some(outcome.status);
+    let again = super::not_ready(&observe(&seen, None), not_ready);
+    assert!(again.events.is_empty(), "{:?}", again.events);
+}
+
+#[test]
+fn a_missing_secret_is_issued_and_a_good_one_kept_until_renewal() {
+    let dsc = dsc(serde_json::json!({"selfSigned": {}}));
+    let obs = observe(&dsc, None);
+    let Plan::Issue { ca, reason, .. } = decide(&obs) else {
+        panic!("a missing Secret must be issued")
+    };
+    assert!(ca.is_none());
+    assert_eq!(reason, IssueReason::SecretMissing);
+    let Ok(valid) = &obs.spec else { panic!() };
+    let issued = crate::issue_self_signed(&valid.request).unwrap();
+    let data = bundle::secret_data([
+        ("tls.crt", issued.cert_pem.as_str()),
+        ("tls.key", &issued.key_pem),
+        ("ca.crt", &issued.ca_pem),
+    ]);
+    let secret = Secret {
+        data: Some(data),
+        ..Default::default()
+    };
+    let obs = observe(&dsc, Some(secret));
+    let Plan::Keep(current) = decide(&obs) else {
+        panic!("a good certificate must be kept")
+    };
+    let outcome = report(&obs, valid, &current, None);
+    assert_eq!(outcome.status.ready, Some(true));
+    assert_eq!(outcome.status.conditions[0].reason, "Issued");
+    assert!(outcome.events.is_empty());
+    let wait = outcome.requeue.unwrap();
+    assert!(
+        wait > Duration::from_secs(60_000) && wait <= Duration::from_secs(69_120),
+        "{wait:?}"
+    );
+    let issued_now = report(&obs, valid, &current, Some(&IssueReason::SecretMissing));
+    assert_eq!(issued_now.events.len(), 1);
+    assert_eq!(issued_now.events[0].reason, "Issued");
+}
