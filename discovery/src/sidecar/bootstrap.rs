@@ -14,8 +14,8 @@ use marin3r_webhook::config as layout;
 /// File names in the bootstrap ConfigMap (and in `marin3r bootstrap --out-dir`): the webhook
 /// mounts the ConfigMap and starts Envoy with the first.
 pub const CONFIG_FILE: &str = layout::BOOTSTRAP_FILE;
-pub const TLS_CERTIFICATE_SDS_FILE: &str = layout::SDS_FILE;
-pub const VALIDATION_CONTEXT_SDS_FILE: &str = "validation_context_sds_secret.json";
+pub const TLS_CERTIFICATE_SDS_FILE: &str = layout::TLS_CERTIFICATE_SDS_FILE;
+pub const VALIDATION_CONTEXT_SDS_FILE: &str = layout::VALIDATION_CONTEXT_SDS_FILE;
 
 /// Where the sidecar finds its files (the webhook mounts them there).
 pub const DEFAULT_BOOTSTRAP_DIR: &str = layout::BOOTSTRAP_MOUNT_PATH;
