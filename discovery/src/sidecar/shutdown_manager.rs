@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -41,12 +42,23 @@ pub struct Config {
     pub check_delay: Duration,
     /// How often the open connections are counted.
     pub check_interval: Duration,
+    /// How long after the first call Envoy is asked to drain (the original's
+    /// `--start-drain-delay`; zero by default).
+    pub start_delay: Duration,
+    /// The drain ends once no more than this many connections are open (the original's
+    /// `--min-open-connections`; zero by default).
+    pub min_open_connections: u64,
+    /// A file created once the drain ends, and which `/shutdown` also waits for, checked every
+    /// `ready_check_interval`: how the original's processes told each other the drain was over
+    /// (`--ready-file`). `None`: no file, the drain is known in memory.
+    pub ready_file: Option<PathBuf>,
+    pub ready_check_interval: Duration,
 }
 
 /// How a drain ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Drain {
-    /// No connection is left.
+    /// No connection is left (or no more than `min_open_connections`).
     Drained,
     /// The drain time passed with connections still open.
     DeadlineReached { open: u64 },
@@ -91,6 +103,7 @@ impl Manager {
             tokio::spawn(async move {
                 let outcome = me.run_drain().await;
                 info!(%outcome, "drain finished");
+                me.mark_ready();
                 me.done.send_replace(Some(outcome));
             });
         }
@@ -102,7 +115,27 @@ impl Manager {
         }
     }
 
+    /// Creates the ready file, if there is one; a failure is logged, the drain is over anyway.
+    fn mark_ready(&self) {
+        if let Some(file) = &self.config.ready_file
+            && let Err(e) = std::fs::write(file, b"")
+        {
+            warn!(file = %file.display(), error = %e, "could not create the ready file");
+        }
+    }
+
+    /// Resolves once the ready file exists (never, without one).
+    async fn ready_file_exists(&self) {
+        let Some(file) = &self.config.ready_file else {
+            return std::future::pending().await;
+        };
+        while !file.exists() {
+            tokio::time::sleep(self.config.ready_check_interval).await;
+        }
+    }
+
     async fn run_drain(&self) -> Drain {
+        tokio::time::sleep(self.config.start_delay).await;
         let started = Instant::now();
         let deadline = started + self.config.drain_time;
         info!(admin = %self.config.envoy_admin, drain_time = ?self.config.drain_time, "draining Envoy's listeners");
@@ -116,7 +149,7 @@ impl Manager {
                 Err(e) => return Drain::Failed(e),
             };
             let open: u64 = listeners.values().sum();
-            if open == 0 {
+            if open <= self.config.min_open_connections {
                 return Drain::Drained;
             }
             let now = Instant::now();
@@ -128,9 +161,13 @@ impl Manager {
         }
     }
 
-    /// Drains, then asks Envoy to exit (even when the drain failed: Envoy may still be there).
+    /// Drains (or waits for the ready file another process creates), then asks Envoy to exit
+    /// (even when the drain failed: Envoy may still be there).
     pub async fn shutdown(self: &Arc<Self>) -> (Drain, Result<(), String>) {
-        let drain = self.drain().await;
+        let drain = tokio::select! {
+            drain = self.drain() => drain,
+            () = self.ready_file_exists() => Drain::Drained,
+        };
         info!("asking Envoy to exit");
         let quit = self.admin_post("/quitquitquit").await.map(|_| ());
         (drain, quit)
@@ -274,5 +311,99 @@ listener.marin3r_sidecar_readiness.worker_0.downstream_cx_active: 4
         assert!(open_connections("").is_empty());
         assert!(open_connections("listener.admin.downstream_cx_active: 1\n").is_empty());
         assert!(open_connections("listener.0.0.0.0_80.downstream_cx_active: 0\n").is_empty());
+    }
+
+    /// A stand-in for Envoy's admin: `/stats` reports `open` connections on one listener;
+    /// returns its address and when `/drain_listeners` was called.
+    async fn fake_admin(open: u64) -> (SocketAddr, Arc<std::sync::Mutex<Option<Instant>>>) {
+        use axum::routing::post;
+        let drained: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+        let at = Arc::clone(&drained);
+        let router = Router::new()
+            .route(
+                "/drain_listeners",
+                post(move || {
+                    *at.lock().unwrap() = Some(Instant::now());
+                    async { "OK\n" }
+                }),
+            )
+            .route(
+                "/stats",
+                get(move || async move {
+                    format!("listener.0.0.0.0_8080.downstream_cx_active: {open}\n")
+                }),
+            )
+            .route("/quitquitquit", post(|| async { "OK\n" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        (addr, drained)
+    }
+
+    fn config(envoy_admin: SocketAddr) -> Config {
+        Config {
+            envoy_admin,
+            drain_time: Duration::from_secs(10),
+            check_delay: Duration::ZERO,
+            check_interval: Duration::from_millis(50),
+            start_delay: Duration::ZERO,
+            min_open_connections: 0,
+            ready_file: None,
+            ready_check_interval: Duration::from_millis(50),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_drain_starts_after_the_delay_and_ends_at_the_minimum_of_connections() {
+        let (admin, drained_at) = fake_admin(2).await;
+        let manager = Manager::new(Config {
+            start_delay: Duration::from_millis(300),
+            min_open_connections: 2,
+            ..config(admin)
+        });
+        let called = Instant::now();
+        assert_eq!(manager.drain().await, Drain::Drained);
+        let started = drained_at
+            .lock()
+            .unwrap()
+            .expect("Envoy was asked to drain");
+        assert!(started - called >= Duration::from_millis(300));
+        // One connection over the minimum: the drain runs until its deadline.
+        let (admin, _) = fake_admin(3).await;
+        let manager = Manager::new(Config {
+            drain_time: Duration::from_millis(200),
+            min_open_connections: 2,
+            ..config(admin)
+        });
+        assert_eq!(manager.drain().await, Drain::DeadlineReached { open: 3 });
+    }
+
+    #[tokio::test]
+    async fn the_ready_file_is_written_after_the_drain_and_ends_a_shutdown_that_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("shutdown-ok");
+        let (admin, _) = fake_admin(0).await;
+        let manager = Manager::new(Config {
+            ready_file: Some(file.clone()),
+            ..config(admin)
+        });
+        assert_eq!(manager.drain().await, Drain::Drained);
+        assert!(file.exists(), "the drain did not create the ready file");
+        // Another process's drain: the connections never close here, but the file appears.
+        std::fs::remove_file(&file).unwrap();
+        let (admin, _) = fake_admin(5).await;
+        let manager = Manager::new(Config {
+            ready_file: Some(file.clone()),
+            ..config(admin)
+        });
+        let shutdown = tokio::spawn(async move { manager.shutdown().await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!shutdown.is_finished());
+        std::fs::write(&file, b"").unwrap();
+        let (drain, quit) = tokio::time::timeout(Duration::from_secs(5), shutdown)
+            .await
+            .expect("the ready file did not end the shutdown")
+            .unwrap();
+        assert_eq!((drain, quit), (Drain::Drained, Ok(())));
     }
 }
