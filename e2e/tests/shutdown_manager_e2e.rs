@@ -158,6 +158,24 @@ async fn a_deleted_pod_drains_its_envoy_through_the_prestop_hooks() {
     let mut conn = TcpStream::connect_timeout(&traffic, Duration::from_secs(5)).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     echo(&mut conn, b"before").unwrap();
+    // Anyone else on the pod network (here the host) is refused: no drain, no stop. Only the
+    // pod's own preStop hooks carry its token.
+    for path in ["/drain", "/shutdown"] {
+        let url = format!("http://{manager}{path}");
+        let status = tokio::task::spawn_blocking(move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(5)))
+                .build()
+                .into();
+            agent.get(&url).call().map(|r| r.status().as_u16())
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(status, 401, "{path} without the pod's token");
+    }
+    echo(&mut conn, b"still").unwrap();
 
     let logs: Vec<_> = ["envoy-sidecar", "envoy-shtdn-mgr", "app"]
         .iter()

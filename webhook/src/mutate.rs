@@ -141,6 +141,10 @@ pub fn mutation(pod: &Pod, config: &InjectionConfig) -> Result<Mutation, Denial>
     }
     let mut spec = sidecar_spec(pod, config)?;
     check_conflicts(pod, &spec)?;
+    if let Some(manager) = spec.shutdown_manager.as_mut() {
+        manager.token = sidecar::shutdown_token()
+            .map_err(|e| Denial::NotAPod(format!("drawing the shutdown manager's token: {e}")))?;
+    }
     // Unknown annotations first, then the known ones accepted without (full) effect.
     let mut all_warnings = warnings(pod);
     all_warnings.append(&mut spec.warnings);

@@ -385,15 +385,30 @@ fn the_shutdown_manager_drains_envoy_before_the_pod_stops() {
     json_patch::patch(&mut out, &m.patch.0).unwrap();
     let containers = out["spec"]["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 5);
-    let drain_hook =
-        json!({"preStop": {"httpGet": {"path": "/drain", "port": 8090, "scheme": "HTTP"}}});
+    // Every hook presents the pod's own token, which the manager reads from its environment.
+    let token = containers[4]["env"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(token.len(), 32, "{token}");
+    assert_eq!(
+        containers[4]["env"],
+        json!([{"name": "MARIN3R_SHUTDOWN_MANAGER_TOKEN", "value": token}])
+    );
+    let auth = json!([{"name": "Authorization", "value": format!("Bearer {token}")}]);
+    let hook = |path: &str| {
+        json!({"preStop": {"httpGet": {
+            "path": path, "port": 8090, "scheme": "HTTP", "httpHeaders": auth,
+        }}})
+    };
+    let drain_hook = hook("/drain");
     // The named containers wait for the drain; the user's postStart is kept; others untouched.
     assert_eq!(containers[0]["lifecycle"], drain_hook);
     assert_eq!(
         containers[1]["lifecycle"],
         json!({
             "postStart": {"exec": {"command": ["true"]}},
-            "preStop": {"httpGet": {"path": "/drain", "port": 8090, "scheme": "HTTP"}},
+            "preStop": drain_hook["preStop"],
         })
     );
     assert_eq!(containers[2], pod["spec"]["containers"][2]);
@@ -417,10 +432,7 @@ fn the_shutdown_manager_drains_envoy_before_the_pod_stops() {
             "info"
         ]
     );
-    assert_eq!(
-        envoy["lifecycle"],
-        json!({"preStop": {"httpGet": {"path": "/shutdown", "port": 8090, "scheme": "HTTP"}}})
-    );
+    assert_eq!(envoy["lifecycle"], hook("/shutdown"));
     assert_eq!(
         containers[4],
         json!({
@@ -432,6 +444,7 @@ fn the_shutdown_manager_drains_envoy_before_the_pod_stops() {
                 "--envoy-admin-address=127.0.0.1:9901",
                 "--drain-time=60",
             ],
+            "env": [{"name": "MARIN3R_SHUTDOWN_MANAGER_TOKEN", "value": token}],
             "ports": [{"name": "shtdn-mgr", "containerPort": 8090, "protocol": "TCP"}],
             "resources": {
                 "requests": {"cpu": "5m", "memory": "25Mi"},
@@ -454,6 +467,14 @@ fn the_shutdown_manager_drains_envoy_before_the_pod_stops() {
     );
     // The grace period covers the drain and Envoy's exit.
     assert_eq!(out["spec"]["terminationGracePeriodSeconds"], 75);
+    // Another pod gets another token.
+    let again = mutation(&typed(&pod), &InjectionConfig::default()).unwrap();
+    let mut other = pod.clone();
+    json_patch::patch(&mut other, &again.patch.0).unwrap();
+    assert_ne!(
+        other["spec"]["containers"][4]["env"][0]["value"],
+        token.as_str()
+    );
 }
 
 #[test]

@@ -20,8 +20,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe, ResourceRequirements,
-    SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
+    HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -331,13 +331,35 @@ fn read_only_mount(volume: &str, path: &str) -> VolumeMount {
 
 /// A preStop hook that GETs `path` from the shutdown manager (kubelet calls the pod's address).
 pub fn pre_stop_hook(manager: &ShutdownManager, path: &str) -> Lifecycle {
+    let mut get = manager_get(manager, path);
+    if !manager.token.is_empty() {
+        get.http_headers = Some(vec![HTTPHeader {
+            name: "Authorization".into(),
+            value: format!("Bearer {}", manager.token),
+        }]);
+    }
     Lifecycle {
         pre_stop: Some(LifecycleHandler {
-            http_get: Some(manager_get(manager, path)),
+            http_get: Some(get),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+/// The environment variable the shutdown manager reads its token from (an argument would
+/// show in every process listing of the node).
+pub const SHUTDOWN_TOKEN_ENV: &str = "MARIN3R_SHUTDOWN_MANAGER_TOKEN";
+
+/// A new shutdown manager token: 128 random bits, hex. Each injected pod gets its own, so
+/// holding one pod's spec says nothing of another's.
+pub fn shutdown_token() -> Result<String, String> {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| "the system's random source failed".to_owned())?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn manager_get(manager: &ShutdownManager, path: &str) -> HTTPGetAction {
@@ -369,6 +391,13 @@ pub fn shutdown_manager_container(spec: &SidecarSpec, manager: &ShutdownManager)
             format!("--envoy-admin-address={admin}"),
             format!("--drain-time={}", manager.drain_time),
         ]),
+        env: (!manager.token.is_empty()).then(|| {
+            vec![EnvVar {
+                name: SHUTDOWN_TOKEN_ENV.into(),
+                value: Some(manager.token.clone()),
+                ..Default::default()
+            }]
+        }),
         ports: Some(vec![ContainerPort {
             name: Some("shtdn-mgr".into()),
             container_port: i32::from(manager.port),

@@ -51,6 +51,11 @@ pub struct ShutdownManagerArgs {
     /// Seconds between two checks of --ready-file.
     #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     check_ready_interval: u32,
+    /// /drain and /shutdown answer only requests with `Authorization: Bearer <TOKEN>` (the
+    /// webhook sets a token per pod in the environment and in the pod's preStop hooks), so no
+    /// other pod can drain this one's Envoy. Without it, anyone reaching the port can.
+    #[arg(long, value_name = "TOKEN", env = marin3r_webhook::sidecar::SHUTDOWN_TOKEN_ENV, hide_env_values = true)]
+    token: Option<String>,
 }
 
 /// `HOST:PORT`, or `http://HOST:PORT` with an optional trailing `/`; the host an IP address
@@ -96,6 +101,7 @@ pub async fn run(args: ShutdownManagerArgs) -> anyhow::Result<()> {
         min_open_connections: args.min_open_connections,
         ready_file: args.ready_file,
         ready_check_interval: Duration::from_secs(args.check_ready_interval.into()),
+        token: args.token.filter(|t| !t.is_empty()),
     });
     info!(port = args.port, admin = %args.envoy_admin_address, drain_time = args.drain_time, "shutdown manager listening");
     serve(listener, manager, super::shutdown_signal())

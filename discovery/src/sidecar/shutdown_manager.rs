@@ -53,6 +53,10 @@ pub struct Config {
     /// (`--ready-file`). `None`: no file, the drain is known in memory.
     pub ready_file: Option<PathBuf>,
     pub ready_check_interval: Duration,
+    /// What `/drain` and `/shutdown` callers must present (`Authorization: Bearer <token>`):
+    /// the injected pod's hooks have it, other pods on the network do not. `None`: anyone who
+    /// reaches the port may drain, as with the original (a manager started by hand).
+    pub token: Option<String>,
 }
 
 /// How a drain ended.
@@ -235,13 +239,52 @@ pub fn open_connections(stats: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// `/healthz`, `/drain` and `/shutdown` (GET, as kubelet's hooks call them, or POST).
+/// `/healthz`, `/drain` and `/shutdown` (GET, as kubelet's hooks call them, or POST); the
+/// last two only for callers with the token, when there is one.
 pub fn router(manager: Arc<Manager>) -> Router {
-    Router::new()
-        .route(HEALTHZ_PATH, get(|| async { "ok\n" }))
+    let guarded = Router::new()
         .route(DRAIN_PATH, get(drain).post(drain))
         .route(SHUTDOWN_PATH, get(shutdown).post(shutdown))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&manager),
+            authorized,
+        ));
+    Router::new()
+        .route(HEALTHZ_PATH, get(|| async { "ok\n" }))
+        .merge(guarded)
         .with_state(manager)
+}
+
+/// Lets a request through when it carries the manager's token (or the manager has none).
+async fn authorized(
+    State(manager): State<Arc<Manager>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let Some(token) = &manager.config.token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if presented.is_some_and(|p| same(p.as_bytes(), token.as_bytes())) {
+        return next.run(request).await;
+    }
+    warn!(path = %request.uri().path(), "refused a drain request without this pod's token");
+    (
+        StatusCode::UNAUTHORIZED,
+        [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+        "only this pod's preStop hooks may drain its Envoy\n",
+    )
+        .into_response()
+}
+
+/// Equal, in a time that does not depend on where the two first differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn drain(State(manager): State<Arc<Manager>>) -> (StatusCode, String) {
@@ -350,7 +393,45 @@ listener.marin3r_sidecar_readiness.worker_0.downstream_cx_active: 4
             min_open_connections: 0,
             ready_file: None,
             ready_check_interval: Duration::from_millis(50),
+            token: None,
         }
+    }
+
+    #[tokio::test]
+    async fn only_callers_with_the_token_may_drain_or_stop_envoy() {
+        let (admin, drained_at) = fake_admin(0).await;
+        let manager = Manager::new(Config {
+            token: Some("s3cret".into()),
+            ..config(admin)
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, manager, std::future::pending()));
+        let call = |path: &'static str, token: Option<&'static str>| {
+            tokio::task::spawn_blocking(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
+                let mut request = agent.get(format!("http://{addr}{path}"));
+                if let Some(token) = token {
+                    request = request.header("Authorization", format!("Bearer {token}"));
+                }
+                request.call().unwrap().status().as_u16()
+            })
+        };
+        assert_eq!(call(HEALTHZ_PATH, None).await.unwrap(), 200);
+        for path in [DRAIN_PATH, SHUTDOWN_PATH] {
+            assert_eq!(call(path, None).await.unwrap(), 401, "{path}");
+            assert_eq!(call(path, Some("s3cres")).await.unwrap(), 401, "{path}");
+            assert_eq!(call(path, Some("s3cret-")).await.unwrap(), 401, "{path}");
+        }
+        assert!(
+            drained_at.lock().unwrap().is_none(),
+            "Envoy was asked to drain"
+        );
+        assert_eq!(call(DRAIN_PATH, Some("s3cret")).await.unwrap(), 200);
+        assert!(drained_at.lock().unwrap().is_some());
     }
 
     #[tokio::test]

@@ -113,6 +113,10 @@ pub struct ShutdownManager {
     pub drain_strategy: DrainStrategy,
     /// Containers of the pod that wait for the drain before they get SIGTERM.
     pub extra_lifecycle_hooks: Vec<String>,
+    /// What the pod's preStop hooks present to the manager (`Authorization: Bearer`), so that
+    /// no other pod can drain or stop this pod's Envoy. Drawn at injection
+    /// ([`crate::sidecar::shutdown_token`]); empty here.
+    pub token: String,
 }
 
 /// Everything a pod's annotations say about its sidecar, defaults filled in.
@@ -406,6 +410,7 @@ impl<'a> Reader<'a> {
             drain_time: drain_time.unwrap_or(config.drain_time),
             drain_strategy: drain_strategy.unwrap_or(DrainStrategy::Gradual),
             extra_lifecycle_hooks: hooks.unwrap_or_default(),
+            token: String::new(),
         }
     }
 

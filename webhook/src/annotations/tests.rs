@@ -267,6 +267,7 @@ fn good_values_are_read() {
                         drain_time: 300,
                         drain_strategy: DrainStrategy::Gradual,
                         extra_lifecycle_hooks: vec![],
+                        token: String::new(),
                     })
                 );
                 assert!(s.warnings.is_empty(), "{:?}", s.warnings);
@@ -290,6 +291,7 @@ fn good_values_are_read() {
                         drain_time: 45,
                         drain_strategy: DrainStrategy::Immediate,
                         extra_lifecycle_hooks: vec!["app".into(), "worker".into()],
+                        token: String::new(),
                     })
                 )
             }),
