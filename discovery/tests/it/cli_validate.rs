@@ -123,19 +123,19 @@ fn standard_input_and_files_without_envoyconfigs() {
     assert_eq!(marin3r(&["validate"]).status.code(), Some(2));
 }
 
-const ORIGINAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/original");
+const RESOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/resources");
 const RESOURCES_BAD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/testdata/envoyconfig-resources-bad.yaml"
 );
 
-/// `spec.resources`: the original MARIN3R's own examples are valid, with what they generate
+/// `spec.resources`: EnvoyConfigs in the original MARIN3R's form are valid, with what they generate
 /// from Secrets and EndpointSlices counted; both fields at once, a bad `type` and a bad
 /// `value` are refused as the controller refuses them, each with its field path.
 #[test]
 fn spec_resources_are_validated_as_the_controller_does() {
-    let deployment = format!("{ORIGINAL}/envoydeployment.yaml");
-    let oauth2 = format!("{ORIGINAL}/oauth2.yaml");
+    let deployment = format!("{RESOURCES}/tls-endpoints.yaml");
+    let oauth2 = format!("{RESOURCES}/oauth2.yaml");
     let out = marin3r(&["validate", "-f", &deployment, &oauth2]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(

@@ -1,5 +1,5 @@
 //! `spec.resources`, the original MARIN3R's API since v0.12, through the path its users take:
-//! the original's own example EnvoyConfigs applied with kubectl to the local cluster (which
+//! EnvoyConfigs in that form (`tests/testdata/resources`) applied with kubectl to the local cluster (which
 //! prunes what a CRD does not know, as a real API server does), served to a real Envoy with
 //! the certificate from a TLS Secret, the OAuth2 secrets from an Opaque Secret and the
 //! endpoints from EndpointSlices that change while it runs. A manifest the old CRD would have
@@ -21,11 +21,11 @@ use serde_json::json;
 use support::free_port;
 use support::plane::*;
 
-const ORIGINAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/original");
+const RESOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/testdata/resources");
 
-/// The original's example with its listener on `port` (its 8443 may be taken).
-fn original(file: &str, port: u16) -> String {
-    std::fs::read_to_string(format!("{ORIGINAL}/{file}.yaml"))
+/// A manifest of `testdata/resources` with its listener on `port` (8443 may be taken).
+fn manifest(file: &str, port: u16) -> String {
+    std::fs::read_to_string(format!("{RESOURCES}/{file}.yaml"))
         .unwrap()
         .replace("port_value: 8443", &format!("port_value: {port}"))
 }
@@ -137,7 +137,7 @@ fn kuard_slice(port: u16) -> EndpointSlice {
 }
 
 #[test]
-fn the_originals_example_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
+fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
     let plane = Plane::start(&[NS]);
     let dir = tempfile::tempdir().unwrap();
     let k = kubectl(&plane, &dir);
@@ -163,7 +163,7 @@ fn the_originals_example_reaches_envoy_with_its_tls_secret_and_live_endpoint_sli
         .rt
         .block_on(k.ok_with(
             &["apply", "--server-side", "-n", NS, "-f", "-"],
-            &original("envoydeployment", port),
+            &manifest("tls-endpoints", port),
         ))
         .unwrap();
     let ec = plane.wait_in_sync(NS, "kuard");
@@ -260,7 +260,7 @@ fn the_originals_example_reaches_envoy_with_its_tls_secret_and_live_endpoint_sli
 }
 
 #[test]
-fn the_originals_oauth2_example_gets_its_opaque_secrets_over_sds() {
+fn the_oauth2_filter_gets_its_opaque_secrets_over_sds() {
     let plane = Plane::start(&[NS]);
     let dir = tempfile::tempdir().unwrap();
     let k = kubectl(&plane, &dir);
@@ -297,7 +297,7 @@ fn the_originals_oauth2_example_gets_its_opaque_secrets_over_sds() {
         .rt
         .block_on(k.ok_with(
             &["apply", "--server-side", "-n", NS, "-f", "-"],
-            &original("oauth2", port),
+            &manifest("oauth2", port),
         ))
         .unwrap();
     plane.wait_in_sync(NS, "kuard");
@@ -326,7 +326,7 @@ fn the_originals_oauth2_example_gets_its_opaque_secrets_over_sds() {
     assert!(dump.contains("generic_secret"), "{dump}");
     assert!(
         served_certificate(&plane.rt, port, plane.pki.ca_pem()).is_some(),
-        "the TLS listener of the OAuth2 example serves"
+        "the TLS listener of the OAuth2 front serves"
     );
 }
 
