@@ -1,6 +1,6 @@
 //! The commands the user guide shows that need a cluster, exactly as written there. The demo
 //! runs each of them (from the repository root, against the local cluster), and
-//! `discovery/tests/docs_commands.rs` fails when the docs show a cluster command not listed
+//! `discovery/tests/it/docs_commands.rs` fails when the docs show a cluster command not listed
 //! here.
 
 use std::path::Path;
