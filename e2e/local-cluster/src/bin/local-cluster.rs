@@ -1,4 +1,4 @@
-//! `local-cluster`: a Kubernetes stand-in on this machine for kubectl, kube-rs and the demo.
+//! `local-cluster`: a Kubernetes stand-in on this machine for kubectl and kube-rs.
 //! Starts the API server, the pod runner and the Deployment controller, writes a kubeconfig
 //! once the API answers, runs until SIGINT or SIGTERM, then stops every pod.
 
