@@ -20,6 +20,6 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM ${RUNTIME_IMAGE}
 COPY --from=build /marin3r /usr/local/bin/marin3r
 # Numeric, so kubelet can check `runAsNonRoot` without reading /etc/passwd.
-# Keep in step with marin3r_discovery::IMAGE_USER (discovery/tests/image.rs checks).
+# Keep in step with marin3r_discovery::IMAGE_USER (discovery/tests/it/image.rs checks).
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/marin3r"]

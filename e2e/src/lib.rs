@@ -1,18 +1,9 @@
-//! Test support for marin3r: finding the real tools `hack/install-tools` installs, running
-//! real Envoy processes, the local cluster's API server, the benchmarks behind `hack/bench`
-//! and the quick start behind `hack/demo`.
+//! marin3r's end-to-end support: what ties the product to the local cluster (`product`),
+//! `marin3r` run as a user runs it (`cli`), the benchmarks behind `hack/bench` and the quick
+//! start behind `hack/demo`. The local cluster is `marin3r-local-cluster`; the test helpers
+//! are `marin3r-testkit`.
 
-pub mod apiserver;
 pub mod bench;
 pub mod cli;
-pub mod cluster;
 pub mod demo;
-pub mod deployments;
-pub mod envoy;
-pub mod kubectl;
-pub mod kubelet;
-pub mod pki;
-pub mod tasks;
-pub mod tools;
-pub mod wait;
-pub mod xds;
+pub mod product;

@@ -74,7 +74,7 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
     let mut sidecar = out["spec"]["containers"][1].clone();
     let mut overlay: Value = serde_json::from_str(sidecar["args"][7].as_str().unwrap()).unwrap();
     // The readiness listener on every address, proxying to the admin on loopback (what it
-    // serves is proven with a real Envoy in e2e/tests/webhook_sidecar_envoy.rs).
+    // serves is proven with a real Envoy in e2e/tests/it/webhook_sidecar_envoy.rs).
     let statics = overlay
         .as_object_mut()
         .unwrap()

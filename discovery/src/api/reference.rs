@@ -17,7 +17,7 @@ pub fn index(crds: &[CustomResourceDefinition]) -> String {
     let mut out = String::from(
         "# API reference\n\n\
          Generated from the Rust types by `marin3r crds --reference docs/reference`; do not edit \
-         by hand (`discovery/tests/reference.rs` fails when these pages drift from the types).\n\n\
+         by hand (`discovery/tests/it/reference.rs` fails when these pages drift from the types).\n\n\
          | kind | group | short names | scope |\n| --- | --- | --- | --- |\n",
     );
     for crd in crds {

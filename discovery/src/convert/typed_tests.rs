@@ -1,4 +1,4 @@
-//! `spec.resources`: the original MARIN3R's own examples convert; every rule of a `type`
+//! `spec.resources`: EnvoyConfigs in the original MARIN3R's form convert; every rule of a `type`
 //! is enforced with the field path; secrets are built from Secret data as the original does.
 
 use std::collections::BTreeMap;
@@ -11,12 +11,10 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, sec
 use super::*;
 use crate::api::{Blueprint, EnvoyConfig, EnvoyConfigSpec};
 
-fn original(file: &str) -> EnvoyConfigSpec {
+fn manifest(file: &str) -> EnvoyConfigSpec {
     let text = match file {
-        "envoydeployment" => {
-            include_str!("../../tests/testdata/original/envoydeployment.yaml")
-        }
-        "oauth2" => include_str!("../../tests/testdata/original/oauth2.yaml"),
+        "tls-endpoints" => include_str!("../../tests/testdata/resources/tls-endpoints.yaml"),
+        "oauth2" => include_str!("../../tests/testdata/resources/oauth2.yaml"),
         _ => unreachable!(),
     };
     serde_saphyr::from_str::<EnvoyConfig>(text).unwrap().spec
@@ -35,8 +33,8 @@ fn messages(spec: &EnvoyConfigSpec) -> Vec<String> {
 }
 
 #[test]
-fn the_originals_examples_convert() {
-    let spec = original("envoydeployment");
+fn manifests_in_the_originals_form_convert() {
+    let spec = manifest("tls-endpoints");
     let resources = validate_config(&spec).unwrap();
     let names: Vec<(ResourceType, &str)> = resources
         .iter()
@@ -45,9 +43,9 @@ fn the_originals_examples_convert() {
     assert_eq!(
         names,
         [
-            (ResourceType::Listener, "https"),
-            (ResourceType::Route, "kuard"),
             (ResourceType::Cluster, "kuard"),
+            (ResourceType::Route, "front"),
+            (ResourceType::Listener, "front-tls"),
         ]
     );
     let secrets = secret_sources(&spec);
@@ -58,7 +56,7 @@ fn the_originals_examples_convert() {
             secrets[0].sds_name.as_str(),
             secrets[0].secret_name.as_str()
         ),
-        ("spec.resources[1].generateFromTlsSecret", "kuard", "kuard")
+        ("spec.resources[3].generateFromTlsSecret", "kuard", "kuard")
     );
     assert_eq!(
         secrets[0].build,
@@ -73,7 +71,7 @@ fn the_originals_examples_convert() {
         "kubernetes.io/service-name=kuard"
     );
 
-    let spec = original("oauth2");
+    let spec = manifest("oauth2");
     assert_eq!(validate_config(&spec).unwrap().len(), 4);
     let secrets = secret_sources(&spec);
     let opaque: Vec<(&str, &str, &SecretBuild)> = secrets

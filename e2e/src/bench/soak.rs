@@ -39,11 +39,10 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{Row, Stats, human};
-use crate::apiserver::FaultScope;
-use crate::cluster::{LocalCluster, LocalClusterConfig};
 use crate::demo::{self, commands, wait_for};
-use crate::kubectl::Kubectl;
-use crate::kubelet::ImageMap;
+use marin3r_local_cluster::apiserver::FaultScope;
+use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_testkit::kubectl::Kubectl;
 
 const OPS: &str = "marin3r-system";
 const DS: &str = "instance";
@@ -274,7 +273,7 @@ impl Shared {
 
 async fn run(config: &SoakConfig) -> anyhow::Result<SoakOutcome> {
     let repo = demo::find_repo(&std::env::current_dir()?)?;
-    let images = ImageMap::discover();
+    let images = crate::product::images();
     let marin3r = images
         .resolve(marin3r_discovery::IMAGE)
         .map_err(|e| anyhow::anyhow!("{e} (build it with cargo build -p marin3r-discovery)"))?

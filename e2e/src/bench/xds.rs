@@ -24,8 +24,8 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Semaphore, mpsc};
 
 use super::{Row, Stats, human};
-use crate::xds::client::{ClientTls, DeltaStream, SotwStream, connect};
-use crate::xds::resources::realistic_config;
+use marin3r_testkit::xds::client::{ClientTls, DeltaStream, SotwStream, connect};
+use marin3r_testkit::xds::resources::realistic_config;
 
 const NAMESPACE: &str = "bench";
 const NODE: &str = "bench-node";

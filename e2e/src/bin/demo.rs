@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use marin3r_e2e::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_e2e::demo::{Demo, Narrator, find_repo};
-use marin3r_e2e::kubectl::Kubectl;
-use marin3r_e2e::kubelet::ImageMap;
+use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_testkit::kubectl::Kubectl;
 
 #[derive(Debug, Parser)]
 #[command(about = "marin3r's quick start on the local cluster")]
@@ -41,13 +40,14 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     let kubeconfig = state.join("kubeconfig");
     let logs = state.join("logs");
 
-    let mut images = ImageMap::discover();
-    if let Some(path) = &args.marin3r {
-        // Pods run in their own folders: the path must not be relative.
-        let path =
-            std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?;
-        images = images.with_marin3r(path);
-    }
+    // Pods run in their own folders: the path must not be relative.
+    let given = match &args.marin3r {
+        Some(path) => Some(
+            std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?,
+        ),
+        None => None,
+    };
+    let images = marin3r_e2e::product::images_with(given);
     let marin3r = images
         .resolve(marin3r_discovery::IMAGE)
         .map_err(|e| anyhow::anyhow!("{e} (build it with cargo build -p marin3r-discovery)"))?

@@ -1,13 +1,13 @@
 //! The commands the user guide shows that need a cluster, exactly as written there. The demo
 //! runs each of them (from the repository root, against the local cluster), and
-//! `discovery/tests/docs_commands.rs` fails when the docs show a cluster command not listed
+//! `discovery/tests/it/docs_commands.rs` fails when the docs show a cluster command not listed
 //! here.
 
 use std::path::Path;
 
 use anyhow::{Context, bail};
 
-use crate::kubectl::Kubectl;
+use marin3r_testkit::kubectl::Kubectl;
 
 pub const INSTALL: &str = "kubectl apply -k manifests/";
 pub const APPLY_DISCOVERY_SERVICE: &str =

@@ -18,7 +18,7 @@ use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 
-use crate::kubectl::Kubectl;
+use marin3r_testkit::kubectl::Kubectl;
 pub use narrate::{Narrator, wait_for};
 
 /// The files the story applies, relative to the repository (the same ones the user guide

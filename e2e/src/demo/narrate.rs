@@ -68,7 +68,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Option<T>>>,
 {
-    crate::wait::poll(timeout, Duration::from_millis(200), check)
+    marin3r_testkit::wait::poll(timeout, Duration::from_millis(200), check)
         .await
         .map_err(|t| {
             let last = t

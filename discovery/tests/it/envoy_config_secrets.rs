@@ -1,0 +1,359 @@
+//! Secrets served to Envoy by SDS from `spec.envoyResources.secrets`: Envoy presents the
+//! Secret's certificate, a changed Secret reaches Envoy with no EnvoyConfig change, a
+//! cross-namespace reference is refused, and a missing or non-TLS Secret is reported on the
+//! revision until it is fixed (that one without `ref`: the Secret named like the entry), and
+//! an update naming a missing Secret never takes the last good config from the node.
+
+use crate::support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use marin3r_certs::{CertificateRequest, Usage};
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use serde_json::json;
+use support::free_port;
+use support::plane::*;
+
+#[test]
+fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
+    let plane = Plane::start(&[NS, "elsewhere"]);
+    let port = free_port();
+    let issue = |cn: &str| {
+        plane
+            .pki
+            .ca
+            .issue(
+                &CertificateRequest::new(cn, Usage::Server, Duration::from_secs(86_400))
+                    .with_hosts(["localhost"]),
+            )
+            .unwrap()
+    };
+    let (first, second) = (issue("first"), issue("second"));
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    plane
+        .rt
+        .block_on(secrets.create(&PostParams::default(), &tls_secret("web-cert", &first)))
+        .unwrap();
+
+    plane.apply(
+        NS,
+        "tls",
+        https_spec("tls", port, json!({"name": "web-cert", "namespace": NS})),
+    );
+    let ec = plane.wait_in_sync(NS, "tls");
+    let version = ec.spec.version();
+    let _proxy = plane.proxy(NS, "tls", AdsMode::StateOfTheWorld);
+    let want = pem_der(&first.cert_pem);
+    wait(
+        "Envoy to serve the first certificate",
+        Duration::from_secs(20),
+        || {
+            (served_certificate(&plane.rt, port, plane.pki.ca_pem()).as_ref() == Some(&want))
+                .then_some(())
+        },
+    );
+
+    // The Secret changes, the EnvoyConfig does not: Envoy serves the new certificate.
+    plane
+        .rt
+        .block_on(secrets.replace("web-cert", &PostParams::default(), &{
+            let mut s = tls_secret("web-cert", &second);
+            s.metadata.resource_version = plane
+                .rt
+                .block_on(secrets.get("web-cert"))
+                .unwrap()
+                .metadata
+                .resource_version;
+            s
+        }))
+        .unwrap();
+    let want = pem_der(&second.cert_pem);
+    wait(
+        "Envoy to serve the second certificate",
+        Duration::from_secs(20),
+        || {
+            (served_certificate(&plane.rt, port, plane.pki.ca_pem()).as_ref() == Some(&want))
+                .then_some(())
+        },
+    );
+    let ec = plane.get(NS, "tls");
+    assert_eq!(
+        ec.status.as_ref().unwrap().published_version,
+        Some(version.clone())
+    );
+    assert_eq!(plane.list_revisions(NS).len(), 1);
+
+    // The Secret watcher marked the revision out of sync (an Event says why it reloaded)...
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(plane.client.clone(), NS);
+    wait("the SecretChanged event", Duration::from_secs(10), || {
+        let list = plane.rt.block_on(events.list(&Default::default())).unwrap();
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("SecretChanged")
+                    && e.note.as_deref().is_some_and(|n| n.contains("web-cert"))
+            })
+            .then_some(())
+    });
+    // ...and Envoy's SDS version is `<revision version>-<hash of the loaded secrets>`.
+    let dump: serde_json::Value = serde_json::from_str(
+        &_proxy
+            .envoy
+            .admin_get("/config_dump?resource=dynamic_active_secrets")
+            .unwrap(),
+    )
+    .unwrap();
+    // The bootstrap's own file-based secrets are listed too; pick the one from xDS.
+    let sds_version = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "my-certificate")
+        .and_then(|c| c["version_info"].as_str())
+        .unwrap_or_default();
+    assert!(
+        sds_version.starts_with(&format!("{version}-")) && sds_version.len() > version.len() + 1,
+        "SDS version {sds_version:?} is not <revision>-<secrets hash>: {dump}"
+    );
+
+    // A reference to another namespace's Secret is refused, naming the field.
+    plane.apply(
+        NS,
+        "tls",
+        https_spec(
+            "tls",
+            port,
+            json!({"name": "web-cert", "namespace": "elsewhere"}),
+        ),
+    );
+    let ec = plane.wait_status(NS, "tls", "the cross-namespace refusal", |ec| {
+        condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
+    });
+    let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
+    assert!(
+        message.contains("spec.envoyResources.secrets[0].ref.namespace"),
+        "{message}"
+    );
+    assert_eq!(plane.list_revisions(NS).len(), 1);
+
+    // All of that through Secret watches of the served namespaces only: the API server never
+    // saw a cluster-wide Secret request (what the per-namespace Roles allow).
+    let requests = plane.api.requests();
+    let secrets: Vec<&String> = requests.iter().filter(|r| r.contains("secrets")).collect();
+    assert!(
+        secrets.iter().all(|r| r.contains("/namespaces/")),
+        "a cluster-wide Secret request: {secrets:#?}"
+    );
+    for ns in [NS, "elsewhere"] {
+        let watch = format!("GET /api/v1/namespaces/{ns}/secrets?");
+        assert!(
+            secrets
+                .iter()
+                .any(|r| r.starts_with(&watch) && r.contains("watch=true")),
+            "no Secret watch in {ns}: {secrets:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(
+        NS,
+        "late",
+        https_spec("late", port, serde_json::Value::Null),
+    );
+    let ec = plane.wait_in_sync(NS, "late");
+    let version = ec.spec.version();
+    let name = format!("late-{version}");
+    let out_of_sync = |reason: &str| {
+        let reason = reason.to_owned();
+        wait(
+            &format!("ResourcesOutOfSync {reason}"),
+            Duration::from_secs(20),
+            || {
+                let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+                r.status?
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "ResourcesOutOfSync" && c.reason == reason)
+            },
+        )
+    };
+    let c = out_of_sync("LoadFailed");
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message.contains("Secret team-a/my-certificate not found"),
+        "{}",
+        c.message
+    );
+    assert!(plane.cache.snapshot(NS, "late").is_none());
+    // The EnvoyConfig says so too: its published version is not what the proxies get.
+    let ec = plane.wait_status(NS, "late", "CacheOutOfSync ResourcesOutOfSync", |ec| {
+        condition(ec, "CacheOutOfSync")
+            .is_some_and(|c| c.status == "True" && c.reason == "ResourcesOutOfSync")
+    });
+    let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
+    assert!(message.contains("my-certificate not found"), "{message}");
+
+    // An Opaque Secret is not a certificate.
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let mut opaque = tls_secret("my-certificate", &plane.pki.server);
+    opaque.type_ = Some("Opaque".into());
+    plane
+        .rt
+        .block_on(secrets.create(&PostParams::default(), &opaque))
+        .unwrap();
+    wait("the type to be refused", Duration::from_secs(20), || {
+        let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+        r.status?.conditions.into_iter().find(|c| {
+            c.type_ == "ResourcesOutOfSync" && c.message.contains("not kubernetes.io/tls")
+        })
+    });
+
+    // With a TLS Secret it loads, with no change to the config.
+    plane
+        .rt
+        .block_on(secrets.delete("my-certificate", &DeleteParams::default()))
+        .unwrap();
+    plane
+        .rt
+        .block_on(secrets.create(
+            &PostParams::default(),
+            &tls_secret("my-certificate", &plane.pki.server),
+        ))
+        .unwrap();
+    let c = out_of_sync("ResourcesLoaded");
+    assert_eq!(c.status, "False");
+    assert!(
+        c.message.contains(&format!("secrets version {version}-")),
+        "{}",
+        c.message
+    );
+    assert!(plane.cache.snapshot(NS, "late").is_some());
+    plane.wait_status(NS, "late", "CacheOutOfSync InSync", |ec| {
+        condition(ec, "CacheOutOfSync").is_some_and(|c| c.status == "False" && c.reason == "InSync")
+    });
+}
+
+#[test]
+fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
+    let plane = Plane::start(&[NS]);
+    let (port, tls_port) = (free_port(), free_port());
+    plane.apply(NS, "keep", spec("keep", port, "good"));
+    plane.wait_in_sync(NS, "keep");
+    let good = wait("the good config loaded", Duration::from_secs(20), || {
+        plane.cache.snapshot(NS, "keep")
+    });
+
+    // The update is valid but names a Secret that does not exist: it is published (nothing
+    // rejected it) and cannot load.
+    plane.apply(
+        NS,
+        "keep",
+        https_spec("keep", tls_port, json!({"name": "no-such-cert"})),
+    );
+    let ec = plane.wait_status(NS, "keep", "CacheOutOfSync ResourcesOutOfSync", |ec| {
+        condition(ec, "CacheOutOfSync")
+            .is_some_and(|c| c.status == "True" && c.reason == "ResourcesOutOfSync")
+    });
+    assert_eq!(plane.list_revisions(NS).len(), 2, "{:?}", ec.status);
+    // Give the unpublished revision's reconcile every chance to clear the node.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(plane.cache.snapshot(NS, "keep"), Some(good.clone()));
+
+    // A proxy that starts now (a new pod of the node) gets the last good config.
+    let proxy = plane.proxy(NS, "keep", AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(port, "good");
+
+    // So does one on a discovery process that starts now (a restart, a new replica), which
+    // never loaded the good revision: it serves the newest earlier revision that loads.
+    let replica = plane.replica("restarted", |_| {});
+    let late = plane.proxy_on(
+        replica.xds_port,
+        NS,
+        "keep",
+        "late-pod",
+        AdsMode::StateOfTheWorld,
+    );
+    late.wait_for_body(port, "good");
+
+    // Once the Secret exists, the published revision replaces the fallback everywhere.
+    let cert = plane
+        .pki
+        .ca
+        .issue(
+            &CertificateRequest::new("web", Usage::Server, Duration::from_secs(86_400))
+                .with_hosts(["localhost"]),
+        )
+        .unwrap();
+    plane
+        .rt
+        .block_on(
+            Api::<Secret>::namespaced(plane.client.clone(), NS)
+                .create(&PostParams::default(), &tls_secret("no-such-cert", &cert)),
+        )
+        .unwrap();
+    plane.wait_in_sync(NS, "keep");
+    wait(
+        "the published revision on both",
+        Duration::from_secs(30),
+        || {
+            let now = plane.cache.snapshot(NS, "keep");
+            (now != Some(good.clone()) && replica.cache.snapshot(NS, "keep") == now).then_some(())
+        },
+    );
+}
+
+/// Until the operator's Role and RoleBinding exist in a newly served namespace, its Secrets
+/// and EndpointSlices answer 403: the watches retry with a growing delay, not in a loop
+/// against the API server, and are back once the access is granted.
+#[test]
+fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
+    let plane = Plane::start(&[NS]);
+    let paths = [
+        format!("/api/v1/namespaces/{NS}/secrets"),
+        format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"),
+    ];
+    let faults = plane.api.faults();
+    for path in &paths {
+        faults.deny(path, 403);
+    }
+    let from = plane.api.requests().len();
+    faults.drop_watches();
+    std::thread::sleep(Duration::from_secs(4));
+    let to = |path: &str, requests: &[String]| -> Vec<String> {
+        requests
+            .iter()
+            .filter(|r| r.split(' ').nth(1).is_some_and(|uri| uri.starts_with(path)))
+            .cloned()
+            .collect()
+    };
+    let requests = plane.api.requests().split_off(from);
+    for path in &paths {
+        let tried = to(path, &requests);
+        // Backoff from 0.8 s doubling: 3 or 4 tries in 4 s; in a loop, thousands.
+        assert!(
+            (1..=6).contains(&tried.len()),
+            "{} requests to {path} in 4 s, the first: {:#?}",
+            tried.len(),
+            &tried[..tried.len().min(8)]
+        );
+    }
+    let allowed = plane.api.requests().len();
+    for path in &paths {
+        faults.allow(path);
+    }
+    wait("both watches to be back", Duration::from_secs(60), || {
+        let requests = plane.api.requests().split_off(allowed);
+        paths
+            .iter()
+            .all(|path| to(path, &requests).iter().any(|r| r.contains("watch=true")))
+            .then_some(())
+    });
+}

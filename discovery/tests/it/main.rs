@@ -1,0 +1,28 @@
+//! The discovery crate's integration tests in one binary: the CLI, the controllers on the
+//! local cluster's API server, the discovery service, the sidecar's bootstrap against real Envoy.
+
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
+
+mod support;
+
+mod bootstrap;
+mod certs_cluster;
+mod cli_certs;
+mod cli_inject;
+mod cli_validate;
+mod crds;
+mod discovery_service;
+mod docs_commands;
+mod envoy_config;
+mod envoy_config_resources;
+mod envoy_config_secrets;
+mod image;
+mod kubectl_explain;
+mod leader_election;
+mod operator_controller;
+mod proxy_status;
+mod reference;
+mod replicas;
+mod shutdown_manager;
+mod watches;
+mod xds_envoy;

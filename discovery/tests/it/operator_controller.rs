@@ -1,0 +1,927 @@
+//! The DiscoveryService and certificate controllers, in-process, against the local cluster's
+//! API server (no pods): every child appears in shape, namespaces join and leave, a renewed
+//! server certificate changes the pod template, deletion removes everything (cluster-scoped
+//! objects and other namespaces included), and two operator replicas never both lead.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_controller::leader;
+use marin3r_discovery::api::discovery_service::{
+    DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
+};
+use marin3r_discovery::operator;
+use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const OPS: &str = "marin3r-system";
+
+/// Polls `f` until it returns `Some`, failing with `what` after 30 s.
+async fn wait_for<T, Fut: Future<Output = Option<T>>>(what: &str, f: impl FnMut() -> Fut) -> T {
+    marin3r_testkit::wait::until(what, Duration::from_secs(30), f).await
+}
+
+struct Operator {
+    _server: ApiServer,
+    client: Client,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+async fn start() -> Operator {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = server.kube_client().await.unwrap();
+    server
+        .install_crds(marin3r_discovery::api::crds::all())
+        .await
+        .unwrap();
+    for ns in [OPS, "team-a", "team-b", "team-c"] {
+        create_namespace(&client, ns).await;
+    }
+    let stop = CancellationToken::new();
+    let tasks = controllers(&client, &[OPS], &stop);
+    Operator {
+        _server: server,
+        client,
+        stop,
+        tasks,
+    }
+}
+
+/// The certificate and DiscoveryService controllers with these trusted namespaces, until
+/// `stop`.
+fn controllers(
+    client: &Client,
+    trusted: &[&str],
+    stop: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let trusted: BTreeSet<String> = trusted.iter().map(|s| (*s).to_owned()).collect();
+    let certs = tokio::spawn(marin3r_certs::controller::run(
+        client.clone(),
+        marin3r_certs::controller::Config {
+            trusted_namespaces: trusted.clone(),
+            ..Default::default()
+        },
+        stop.clone().cancelled_owned(),
+    ));
+    let dss = tokio::spawn(operator::run(
+        client.clone(),
+        operator::Config {
+            default_image: "marin3r:test".into(),
+            trusted_namespaces: trusted,
+            ..Default::default()
+        },
+        stop.clone().cancelled_owned(),
+    ));
+    vec![certs, dss]
+}
+
+async fn create_namespace(client: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+async fn label_namespace(client: &Client, name: &str, value: Option<&str>) {
+    let patch = json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: value}}});
+    Api::<Namespace>::all(client.clone())
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+fn ready_condition(ds: &DiscoveryService) -> Option<(String, String)> {
+    let c = ds
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+async fn namespace_labels(client: &Client, name: &str) -> (Option<String>, Option<String>) {
+    let ns = Api::<Namespace>::all(client.clone())
+        .get(name)
+        .await
+        .unwrap();
+    let labels = ns.labels();
+    (
+        labels.get(STATUS_LABEL).cloned(),
+        labels.get(DISCOVERY_SERVICE_LABEL).cloned(),
+    )
+}
+
+/// Plays the Deployment controller: the current template rolled out with one ready pod.
+async fn mark_rolled_out(client: &Client, name: &str) {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), OPS);
+    let d = api.get(name).await.unwrap();
+    let status = json!({"status": {
+        "observedGeneration": d.metadata.generation,
+        "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
+    let op = start().await;
+    let client = op.client.clone();
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
+    let ds: DiscoveryService = serde_json::from_value(json!({
+        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+        "kind": "DiscoveryService",
+        "metadata": {"name": "instance", "namespace": OPS},
+        "spec": {
+            "enabledNamespaces": ["team-a"],
+            "debug": true,
+            "podPriorityClass": "system-cluster-critical",
+        },
+    }))
+    .unwrap();
+    dss.create(&PostParams::default(), &ds).await.unwrap();
+    label_namespace(&client, "team-b", Some("instance")).await;
+
+    // Certificates: the CA, the server certificate, one client certificate per namespace.
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), OPS);
+    let server_hash = wait_for("the server certificate", || async {
+        let dsc = dscs
+            .get_opt("marin3r-server-cert-instance")
+            .await
+            .unwrap()?;
+        dsc.status?.certificate_hash
+    })
+    .await;
+    for ns in ["team-a", "team-b"] {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let secret = wait_for("a client certificate Secret", || async {
+            secrets.get_opt("envoy-sidecar-client-cert").await.unwrap()
+        })
+        .await;
+        let cert = String::from_utf8(secret.data.unwrap()["tls.crt"].0.clone()).unwrap();
+        let info = marin3r_certs::CertificateInfo::from_pem(&cert).unwrap();
+        assert!(format!("{:?}", info.sans).contains(&format!("spiffe://cluster.local/ns/{ns}")));
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        let cm = wait_for("the bootstrap", || async {
+            cms.get_opt("envoy-sidecar-bootstrap").await.unwrap()
+        })
+        .await;
+        assert!(cm.data.unwrap()["config.json"].contains("marin3r-instance.marin3r-system.svc"));
+        let labels = wait_for("the namespace labels", || async {
+            let l = namespace_labels(&client, ns).await;
+            (l.0.is_some()).then_some(l)
+        })
+        .await;
+        assert_eq!(labels, (Some("enabled".into()), Some("instance".into())));
+    }
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), "team-c")
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_none(),
+        "a namespace that is neither listed nor labelled is not served"
+    );
+
+    // The discovery pod's objects.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), OPS);
+    let deployment = wait_for("the Deployment", || async {
+        deployments.get_opt("marin3r-instance").await.unwrap()
+    })
+    .await;
+    assert_eq!(
+        deployment
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .priority_class_name
+            .as_deref(),
+        Some("system-cluster-critical")
+    );
+    let template_labels = deployment.spec.template.metadata.unwrap().labels.unwrap();
+    assert_eq!(template_labels[SERVER_CERT_HASH_LABEL], server_hash);
+    assert!(
+        Api::<ServiceAccount>::namespaced(client.clone(), OPS)
+            .get_opt("marin3r-instance")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let svc = Api::<Service>::namespaced(client.clone(), OPS)
+        .get("marin3r-instance")
+        .await
+        .unwrap();
+    assert_eq!(svc.owner_references()[0].name, "instance");
+    let pdb =
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), OPS)
+            .get("marin3r-instance")
+            .await
+            .unwrap();
+    assert_eq!(pdb.owner_references()[0].name, "instance");
+    let cluster_name = "marin3r-marin3r-system-instance";
+    Api::<ClusterRole>::all(client.clone())
+        .get(cluster_name)
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .get(cluster_name)
+        .await
+        .unwrap();
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let webhook = wait_for("the webhook configuration", || async {
+        webhooks.get_opt(cluster_name).await.unwrap()
+    })
+    .await;
+    let ca = Api::<Secret>::namespaced(client.clone(), OPS)
+        .get("marin3r-ca-cert-instance")
+        .await
+        .unwrap();
+    assert_eq!(
+        webhook.webhooks.unwrap()[0]
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .unwrap()
+            .0,
+        ca.data.as_ref().unwrap()["tls.crt"].0
+    );
+    // The EnvoyConfig validation webhook beside it, trusting the same CA.
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let validator = wait_for("the validating webhook configuration", || async {
+        validating.get_opt(cluster_name).await.unwrap()
+    })
+    .await;
+    let hook = &validator.webhooks.unwrap()[0];
+    assert_eq!(
+        hook.client_config.ca_bundle.as_ref().unwrap().0,
+        ca.data.unwrap()["tls.crt"].0
+    );
+    assert_eq!(
+        hook.client_config.service.as_ref().unwrap().path.as_deref(),
+        Some("/validate-marin3r-3scale-net-v1alpha1-envoyconfig")
+    );
+
+    // Not ready until the Deployment has a ready pod; then Ready, with the namespaces.
+    let reason = wait_for("DeploymentNotReady", || async {
+        let ds = dss.get("instance").await.unwrap();
+        ready_condition(&ds).filter(|(_, r)| r == "DeploymentNotReady")
+    })
+    .await;
+    assert_eq!(reason.0, "False");
+    mark_rolled_out(&client, "marin3r-instance").await;
+    let ds = wait_for("Ready", || async {
+        let ds = dss.get("instance").await.unwrap();
+        (ready_condition(&ds)? == ("True".into(), "Ready".into())).then_some(ds)
+    })
+    .await;
+    let status = ds.status.unwrap();
+    assert_eq!(status.enabled_namespaces, ["team-a", "team-b"]);
+    // The original's status fields: the Deployment's name and its own status.
+    assert_eq!(status.deployment_name.as_deref(), Some("marin3r-instance"));
+    let deployment_status = status.deployment_status.unwrap();
+    assert_eq!(deployment_status.ready_replicas, Some(1));
+    // What happened is told in Events on the DiscoveryService.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), OPS);
+    let reasons = wait_for("the Events", || async {
+        let reasons: BTreeSet<String> = events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("instance"))
+            .filter_map(|e| e.reason)
+            .collect();
+        (reasons.contains("Ready") && reasons.contains("NamespaceEnabled")).then_some(reasons)
+    })
+    .await;
+    assert!(reasons.contains("DeploymentNotReady"), "{reasons:?}");
+    assert_eq!(status.deployment.as_deref(), Some("1/1"));
+
+    // A renewed server certificate rolls the pod template.
+    let renew = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": "now"}}});
+    dscs.patch(
+        "marin3r-server-cert-instance",
+        &PatchParams::default(),
+        &Patch::Merge(&renew),
+    )
+    .await
+    .unwrap();
+    wait_for("the pod template to follow the new certificate", || async {
+        let d = deployments.get("marin3r-instance").await.unwrap();
+        let hash = d
+            .spec
+            .template
+            .metadata?
+            .labels?
+            .get(SERVER_CERT_HASH_LABEL)?
+            .clone();
+        (hash != server_hash).then_some(())
+    })
+    .await;
+
+    // The user unlabels team-b: its certificate, Secret, bootstrap and labels go.
+    label_namespace(&client, "team-b", None).await;
+    let b_secrets: Api<Secret> = Api::namespaced(client.clone(), "team-b");
+    wait_for("team-b's Secret to go", || async {
+        b_secrets
+            .get_opt("envoy-sidecar-client-cert")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let b_cms: Api<ConfigMap> = Api::namespaced(client.clone(), "team-b");
+    wait_for("team-b's bootstrap to go", || async {
+        b_cms
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    wait_for("team-b's status label to go", || async {
+        (namespace_labels(&client, "team-b").await == (None, None)).then_some(())
+    })
+    .await;
+
+    // team-a leaves the list: the labels the operator set go too.
+    dss.patch(
+        "instance",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"enabledNamespaces": []}})),
+    )
+    .await
+    .unwrap();
+    wait_for("team-a's labels to go", || async {
+        (namespace_labels(&client, "team-a").await == (None, None)).then_some(())
+    })
+    .await;
+    // ...and the discovery pod's Secret access there.
+    let secret_access = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            let role = Api::<Role>::namespaced(client.clone(), ns)
+                .get_opt(cluster_name)
+                .await
+                .unwrap()
+                .is_some();
+            let binding = Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get_opt(cluster_name)
+                .await
+                .unwrap()
+                .is_some();
+            (role, binding)
+        }
+    };
+    wait_for("team-a's Role and RoleBinding to go", || async {
+        (secret_access("team-a").await == (false, false)).then_some(())
+    })
+    .await;
+    // And back, to have something to clean up.
+    dss.patch(
+        "instance",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"enabledNamespaces": ["team-a"]}})),
+    )
+    .await
+    .unwrap();
+    let a_secrets: Api<Secret> = Api::namespaced(client.clone(), "team-a");
+    wait_for("team-a's Secret again", || async {
+        a_secrets
+            .get_opt("envoy-sidecar-client-cert")
+            .await
+            .unwrap()
+    })
+    .await;
+    wait_for("team-a's Role and RoleBinding again", || async {
+        (secret_access("team-a").await == (true, true)).then_some(())
+    })
+    .await;
+
+    // Deleting the DiscoveryService removes everything.
+    dss.delete("instance", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the DiscoveryService to go", || async {
+        dss.get_opt("instance")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    wait_for("every child to go", || async {
+        let gone = webhooks.get_opt(cluster_name).await.unwrap().is_none()
+            && validating.get_opt(cluster_name).await.unwrap().is_none()
+            && Api::<ClusterRole>::all(client.clone())
+                .get_opt(cluster_name)
+                .await
+                .unwrap()
+                .is_none()
+            && Api::<ClusterRoleBinding>::all(client.clone())
+                .get_opt(cluster_name)
+                .await
+                .unwrap()
+                .is_none()
+            && a_secrets
+                .get_opt("envoy-sidecar-client-cert")
+                .await
+                .unwrap()
+                .is_none()
+            && Api::<ConfigMap>::namespaced(client.clone(), "team-a")
+                .get_opt("envoy-sidecar-bootstrap")
+                .await
+                .unwrap()
+                .is_none()
+            && deployments
+                .get_opt("marin3r-instance")
+                .await
+                .unwrap()
+                .is_none()
+            && dscs
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+            && namespace_labels(&client, "team-a").await == (None, None)
+            && secret_access("team-a").await == (false, false);
+        gone.then_some(())
+    })
+    .await;
+    drop(op);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_or_overreaching_discovery_service_says_why() {
+    let op = start().await;
+    let client = op.client.clone();
+    let long = "x".repeat(64);
+    for (ns, name, spec, reason, needle) in [
+        (
+            OPS,
+            "bad",
+            json!({"xdsServerPort": 8383}),
+            "InvalidSpec",
+            "must differ",
+        ),
+        (
+            OPS,
+            long.as_str(),
+            json!({}),
+            "InvalidSpec",
+            "longer than 63 characters",
+        ),
+        (
+            "team-c",
+            "bad",
+            json!({"enabledNamespaces": ["team-a"]}),
+            "ForbiddenNamespace",
+            "spec.enabledNamespaces[0]: \"team-a\" is another namespace; a DiscoveryService outside the operator's trusted namespaces (marin3r-system) serves only its own namespace team-c",
+        ),
+    ] {
+        let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), ns);
+        let ds: DiscoveryService = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns}, "spec": spec,
+        }))
+        .unwrap();
+        dss.create(&PostParams::default(), &ds).await.unwrap();
+        let ds = wait_for(reason, || async {
+            let ds = dss.get(name).await.unwrap();
+            ready_condition(&ds)
+                .filter(|(_, r)| r == reason)
+                .map(|_| ds)
+        })
+        .await;
+        let message = &ds.status.unwrap().conditions[0].message;
+        assert!(message.contains(needle), "{message}");
+        assert!(
+            Api::<Deployment>::namespaced(client.clone(), ns)
+                .get_opt(&format!("marin3r-{name}"))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_namespace() {
+    let op = start().await;
+    let client = op.client.clone();
+    const NS: &str = "team-c";
+    // team-a is labelled with the same name: it is not this discovery service's to serve.
+    label_namespace(&client, "team-a", Some("local")).await;
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), NS);
+    let ds: DiscoveryService = serde_json::from_value(json!({
+        "metadata": {"name": "local", "namespace": NS},
+        "spec": {"enabledNamespaces": [NS]},
+    }))
+    .unwrap();
+    dss.create(&PostParams::default(), &ds).await.unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    wait_for("the discovery Deployment", || async {
+        deployments.get_opt("marin3r-local").await.unwrap()
+    })
+    .await;
+    let d = deployments.get("marin3r-local").await.unwrap();
+    let status = json!({"status": {
+        "observedGeneration": d.metadata.generation,
+        "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+    }});
+    deployments
+        .patch_status(
+            "marin3r-local",
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
+        .await
+        .unwrap();
+    let ds = wait_for("Ready", || async {
+        let ds = dss.get("local").await.unwrap();
+        (ready_condition(&ds) == Some(("True".into(), "Ready".into()))).then_some(ds)
+    })
+    .await;
+    assert_eq!(ds.status.unwrap().enabled_namespaces, [NS]);
+
+    // Its certificates, bootstrap and Secret live in its namespace.
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), NS);
+    let names: BTreeSet<String> = dscs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "marin3r-ca-cert-local",
+            "marin3r-client-local-team-c",
+            "marin3r-server-cert-local",
+        ]
+        .map(String::from)
+        .into()
+    );
+    for dsc in dscs.list(&Default::default()).await.unwrap() {
+        assert_eq!(dsc.spec.secret_ref.namespace.as_deref(), Some(NS));
+    }
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), NS)
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // Nothing in team-a, and no Namespace labelled.
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), "team-a")
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(namespace_labels(&client, NS).await, (None, None));
+    assert_eq!(
+        namespace_labels(&client, "team-a").await,
+        (None, Some("local".into()))
+    );
+
+    // The discovery pod watches its namespace, with a Role there and no cluster-wide access.
+    let args = d.spec.template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.contains(&format!("--watch-namespace={NS}")),
+        "{args:?}"
+    );
+    let role = Api::<Role>::namespaced(client.clone(), NS)
+        .get("marin3r-team-c-local")
+        .await
+        .unwrap();
+    assert!(role.rules.unwrap().iter().any(|r| {
+        r.resources
+            .as_ref()
+            .is_some_and(|x| x.contains(&"envoyconfigrevisions".to_owned()))
+    }));
+    assert!(
+        Api::<RoleBinding>::namespaced(client.clone(), NS)
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        Api::<ClusterRole>::all(client.clone())
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<ClusterRoleBinding>::all(client.clone())
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Its webhook sends only its namespace's pods to it.
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let hook = webhooks.get("marin3r-ns.team-c.local").await.unwrap();
+    let w = &hook.webhooks.unwrap()[0];
+    assert_eq!(
+        w.namespace_selector.as_ref().unwrap().match_labels,
+        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+    );
+    assert_eq!(w.client_config.service.as_ref().unwrap().namespace, NS);
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let hook = validating.get("marin3r-ns.team-c.local").await.unwrap();
+    assert_eq!(
+        hook.webhooks.unwrap()[0]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_labels,
+        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+    );
+
+    // Listing another namespace later is refused, and nothing reaches it.
+    let patch = json!({"spec": {"enabledNamespaces": [NS, "team-b"]}});
+    dss.patch("local", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for("ForbiddenNamespace", || async {
+        let ds = dss.get("local").await.unwrap();
+        (ready_condition(&ds) == Some(("False".into(), "ForbiddenNamespace".into()))).then_some(())
+    })
+    .await;
+    assert!(
+        Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+            .get_opt("envoy-sidecar-bootstrap")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        Api::<Role>::namespaced(client.clone(), "team-b")
+            .get_opt("marin3r-team-c-local")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Deleted: the webhook goes too.
+    dss.delete("local", &DeleteParams::default()).await.unwrap();
+    wait_for("the webhook removed", || async {
+        webhooks
+            .get_opt("marin3r-ns.team-c.local")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    drop(op);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() {
+    let op = start().await;
+    let client = op.client.clone();
+    // Stop the operator started with marin3r-system only; trust team-c too.
+    op.stop.cancel();
+    for t in &op.tasks {
+        t.abort();
+    }
+    let stop = CancellationToken::new();
+    let mut tasks = controllers(&client, &[OPS, "team-c"], &stop);
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), "team-c");
+    let ds: DiscoveryService = serde_json::from_value(json!({
+        "metadata": {"name": "ds", "namespace": "team-c"},
+        "spec": {"enabledNamespaces": ["team-a"]},
+    }))
+    .unwrap();
+    dss.create(&PostParams::default(), &ds).await.unwrap();
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let bootstrap = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            Api::<ConfigMap>::namespaced(client, ns)
+                .get_opt("envoy-sidecar-bootstrap")
+                .await
+                .unwrap()
+                .is_some()
+        }
+    };
+    wait_for("the trusted discovery service serving team-a", || async {
+        (webhooks
+            .get_opt("marin3r-team-c-ds")
+            .await
+            .unwrap()
+            .is_some()
+            && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_some()
+            && bootstrap("team-a").await
+            && namespace_labels(&client, "team-a").await
+                == (Some("enabled".into()), Some("ds".into())))
+            .then_some(())
+    })
+    .await;
+
+    // The operator restarts without trusting team-c: the listing is refused, and nothing is
+    // left reaching team-a or the cluster.
+    stop.cancel();
+    for t in &tasks {
+        t.abort();
+    }
+    let stop = CancellationToken::new();
+    tasks = controllers(&client, &[OPS], &stop);
+    wait_for("ForbiddenNamespace", || async {
+        let ds = dss.get("ds").await.unwrap();
+        (ready_condition(&ds) == Some(("False".into(), "ForbiddenNamespace".into()))).then_some(())
+    })
+    .await;
+    // Once the user drops the listing, it serves team-c alone.
+    let patch = json!({"spec": {"enabledNamespaces": null}});
+    dss.patch("ds", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(
+        "team-c served alone, the trusted leftovers gone",
+        || async {
+            let ds = dss.get("ds").await.unwrap();
+            let enabled = ds.status.map(|s| s.enabled_namespaces).unwrap_or_default();
+            (enabled == ["team-c"]
+                && webhooks
+                    .get_opt("marin3r-ns.team-c.ds")
+                    .await
+                    .unwrap()
+                    .is_some()
+                && webhooks
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_none()
+                && Api::<ClusterRoleBinding>::all(client.clone())
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && !bootstrap("team-a").await
+                && bootstrap("team-c").await
+                && namespace_labels(&client, "team-a").await == (None, None)
+                && Api::<Role>::namespaced(client.clone(), "team-a")
+                    .get_opt("marin3r-team-c-ds")
+                    .await
+                    .unwrap()
+                    .is_none())
+            .then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
+    for t in &tasks {
+        t.abort();
+    }
+    drop(op);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_never_lead_at_once() {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = server.kube_client().await.unwrap();
+    create_namespace(&client, OPS).await;
+    let leading = Arc::new(AtomicUsize::new(0));
+    let max_leading = Arc::new(AtomicUsize::new(0));
+    let mut stops = Vec::new();
+    let mut tasks = Vec::new();
+    for id in ["one", "two"] {
+        let mut config = leader::LeaseConfig::new(OPS, "marin3r-operator", id);
+        config.retry_period = Duration::from_millis(100);
+        config.renew_deadline = Duration::from_secs(1);
+        config.lease_duration = Duration::from_secs(2);
+        let stop = CancellationToken::new();
+        let work = {
+            let (leading, max_leading, stop) = (leading.clone(), max_leading.clone(), stop.clone());
+            async move {
+                let now = leading.fetch_add(1, Ordering::SeqCst) + 1;
+                max_leading.fetch_max(now, Ordering::SeqCst);
+                stop.cancelled().await;
+                leading.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
+        tasks.push(tokio::spawn(leader::run_as_leader(
+            client.clone(),
+            config,
+            stop.clone(),
+            work,
+        )));
+        stops.push(stop);
+    }
+    wait_for("a leader", || async {
+        (leading.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    // Give the other candidate many chances to (wrongly) take the lease.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(max_leading.load(Ordering::SeqCst), 1);
+    let lease: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), OPS);
+    let holder = lease
+        .get("marin3r-operator")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    // The leader stops and releases: the other takes over without waiting for expiry.
+    let first = if holder == "one" { 0 } else { 1 };
+    stops[first].cancel();
+    tasks.remove(first).await.unwrap().unwrap();
+    wait_for("the other replica to lead", || async {
+        let spec = lease.get("marin3r-operator").await.ok()?.spec?;
+        (spec.holder_identity.as_deref() != Some(holder.as_str())
+            && spec.holder_identity.is_some()
+            && leading.load(Ordering::SeqCst) == 1)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(max_leading.load(Ordering::SeqCst), 1);
+    for s in &stops {
+        s.cancel();
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standalone_certificate_example_is_issued() {
+    let op = start().await;
+    let client = op.client.clone();
+    create_namespace(&client, "demo").await;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../manifests/examples/certificate.yaml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), "demo");
+    for doc in text.split("\n---\n") {
+        let dsc: DiscoveryServiceCertificate = serde_saphyr::from_str(doc).unwrap();
+        dscs.create(&PostParams::default(), &dsc).await.unwrap();
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "demo");
+    let server = wait_for("the example server certificate", || async {
+        let dsc = dscs.get("example-server").await.unwrap();
+        dsc.status.as_ref()?.ready.filter(|r| *r)?;
+        secrets.get_opt("example-server").await.unwrap()
+    })
+    .await;
+    let ca = secrets.get("example-ca").await.unwrap();
+    let text =
+        |s: &Secret, k: &str| String::from_utf8(s.data.as_ref().unwrap()[k].0.clone()).unwrap();
+    assert_eq!(
+        text(&server, "ca.crt"),
+        text(&ca, "tls.crt"),
+        "signed by the example CA"
+    );
+    let info = marin3r_certs::CertificateInfo::from_pem(&text(&server, "tls.crt")).unwrap();
+    assert!(info.server_auth);
+    assert!(format!("{:?}", info.sans).contains("example.demo.svc"));
+}

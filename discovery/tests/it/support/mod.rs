@@ -1,0 +1,192 @@
+//! Shared fixtures of the discovery tests: real Envoy sidecars started from the product's
+//! bootstrap with a Kubernetes-style client certificate folder, pointed at the xDS server
+//! fixture (testkit's, re-exported here with its PKI), and the controllers' plane.
+
+pub mod plane;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use marin3r_certs::{CertificateInfo, IssuedCertificate};
+use marin3r_discovery::sidecar::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
+use marin3r_local_cluster::kubelet::volumes::{secret_files, write_atomic};
+use marin3r_testkit::envoy::{Envoy, get_body};
+
+pub use marin3r_testkit::pki::Pki;
+pub use marin3r_testkit::ports::free_port;
+/// Polls `f` until it returns `Some`, or fails the test naming `what` after `timeout`.
+pub use marin3r_testkit::wait::until_sync as wait_for;
+pub use marin3r_testkit::xds::server::{XdsServer, metric_value, snapshot};
+
+/// A client certificate folder laid out as a mounted Kubernetes Secret: the files live in a
+/// `..<timestamp>` folder, `..data` points at it, and `tls.crt` etc. point through `..data`.
+pub struct SecretDir {
+    pub path: PathBuf,
+}
+
+impl SecretDir {
+    pub fn create(path: &Path, cert: &IssuedCertificate) -> Self {
+        let mut dir = Self {
+            path: path.to_owned(),
+        };
+        dir.swap(cert);
+        dir
+    }
+
+    /// Atomically replaces the files, the way the kubelet does (with the kubelet's writer).
+    pub fn swap(&mut self, cert: &IssuedCertificate) {
+        let files = secret_files([
+            ("tls.crt", cert.cert_pem.as_str()),
+            ("tls.key", &cert.key_pem),
+            ("ca.crt", &cert.ca_pem),
+        ]);
+        write_atomic(&self.path, &files).unwrap();
+    }
+}
+
+/// A real Envoy started from the product's bootstrap, pointed at the test server.
+pub struct Proxy {
+    pub envoy: Envoy,
+    pub certs: SecretDir,
+    _dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    pub fn start(
+        server: &XdsServer,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+    ) -> Self {
+        Self::start_with(server, client, node_id, pod, mode, None)
+    }
+
+    /// `initial_fetch_timeout` (e.g. `"1s"`) shortens how long Envoy waits for its first
+    /// configuration before it starts anyway (15 s by default): for proxies that get none.
+    pub fn start_with(
+        server: &XdsServer,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+        initial_fetch_timeout: Option<&str>,
+    ) -> Self {
+        Self::start_on_with(
+            server.addr.port(),
+            client,
+            node_id,
+            pod,
+            mode,
+            initial_fetch_timeout,
+        )
+    }
+
+    /// Pointed at an xDS server on 127.0.0.1:`xds_port`.
+    pub fn start_on(
+        xds_port: u16,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+    ) -> Self {
+        Self::start_on_with(xds_port, client, node_id, pod, mode, None)
+    }
+
+    pub fn start_on_with(
+        xds_port: u16,
+        client: &IssuedCertificate,
+        node_id: &str,
+        pod: &str,
+        mode: AdsMode,
+        initial_fetch_timeout: Option<&str>,
+    ) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("marin3r-proxy-")
+            .tempdir()
+            .unwrap();
+        let certs = SecretDir::create(&dir.path().join("tls"), client);
+        let bootstrap_dir = dir.path().join("bootstrap");
+        let mut opts = BootstrapOptions::new("127.0.0.1", xds_port);
+        opts.node_id = Some(node_id.into());
+        opts.cluster_id = Some(node_id.into());
+        opts.ads_mode = mode;
+        opts.admin = Admin {
+            bind_address: [127, 0, 0, 1].into(),
+            port: 0,
+            access_log_path: "/dev/null".into(),
+        };
+        opts.bootstrap_dir = bootstrap_dir.clone();
+        opts.client_cert_dir = certs.path.clone();
+        let rendered = bootstrap::render(&opts).unwrap();
+        rendered.write_to(&bootstrap_dir).unwrap();
+        // The sidecar injector adds the pod's name to the node metadata.
+        let config_path = bootstrap_dir.join(bootstrap::CONFIG_FILE);
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+        config["node"]["metadata"] = serde_json::json!({ "pod_name": pod, "pod_namespace": "x" });
+        if let Some(timeout) = initial_fetch_timeout {
+            config["dynamic_resources"]["cds_config"]["initial_fetch_timeout"] = timeout.into();
+            config["dynamic_resources"]["lds_config"]["initial_fetch_timeout"] = timeout.into();
+            config["layered_runtime"]["layers"][0]["rtds_layer"]["rtds_config"]["initial_fetch_timeout"] =
+                timeout.into();
+        }
+        std::fs::write(&config_path, config.to_string()).unwrap();
+        let log_dir = tempfile::Builder::new()
+            .prefix("marin3r-envoy-")
+            .tempdir()
+            .unwrap();
+        let envoy = Envoy::start_with_file(log_dir, &config_path, &[]).unwrap();
+        Self {
+            envoy,
+            certs,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until `GET http://127.0.0.1:port/` answers `body`.
+    pub fn wait_for_body(&self, port: u16, body: &str) {
+        let url = format!("http://127.0.0.1:{port}/");
+        let mut last;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match get_body(&url) {
+                Ok(b) if b == body => return,
+                Ok(b) => last = b,
+                Err(e) => last = format!("{e:#}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "GET {url} never answered {body:?}; last: {last:?}\n{}",
+                self.envoy.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The value of one of Envoy's counters or gauges.
+    pub fn stat(&self, name: &str) -> u64 {
+        let text = self
+            .envoy
+            .admin_get(&format!("/stats?filter=^{}$", name.replace('.', "\\.")))
+            .unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(": ")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// A certificate's serial as Envoy's admin `/certs` prints it.
+pub fn envoy_serial(cert: &IssuedCertificate) -> String {
+    CertificateInfo::from_pem(&cert.cert_pem)
+        .unwrap()
+        .serial
+        .replace(':', "")
+        .to_lowercase()
+}

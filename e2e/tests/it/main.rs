@@ -1,0 +1,16 @@
+//! marin3r's end-to-end scenarios on the local cluster, with real Envoy and kubectl, in one
+//! binary.
+
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
+
+mod ca_rotation_e2e;
+mod certificate_controller;
+mod convert_envoy;
+mod demo;
+mod envoy_smoke;
+mod operator_e2e;
+mod own_namespace_e2e;
+mod replicas_e2e;
+mod shutdown_manager_e2e;
+mod soak_smoke;
+mod webhook_sidecar_envoy;

@@ -1,0 +1,1036 @@
+//! marin3r end to end on the local cluster, driven only through the Kubernetes API and
+//! kubectl as a user would: install `manifests/` (the operator runs as a pod from the built
+//! binary), create the example DiscoveryService, and follow SPEC §2.2/§5 through real Envoy
+//! sidecars: injection, mTLS xDS, namespaces joining and leaving, client and server
+//! certificate renewal, a NACKed config rolled back, and deletion. Every namespace enforces
+//! Pod Security `restricted`, so the operator, discovery and injected pods must meet it. The
+//! sidecar's admin API is reachable only inside its pod; through the pod network only its
+//! readiness listener answers, and only `GET /ready`. Needs root (pod runner)
+//! and the built `marin3r` binary (`cargo build -p marin3r-discovery`).
+
+use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_testkit::wait::until;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_discovery::api::discovery_service::{
+    DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL,
+};
+use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
+use marin3r_e2e::product::{discovery_service_ready, example_in};
+use marin3r_local_cluster::cluster::create_restricted_namespace;
+use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
+use marin3r_testkit::kubectl::Kubectl;
+use serde_json::json;
+
+const OPS: &str = "marin3r-system";
+const DS: &str = "instance";
+const WEBHOOK: &str = "marin3r-marin3r-system-instance";
+const BODY: &str = "hello from marin3r";
+
+fn repo() -> PathBuf {
+    marin3r_testkit::tools::repo_root()
+}
+
+fn get(url: &str) -> String {
+    marin3r_testkit::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
+}
+
+/// `GET` a sidecar's admin `path` from inside its pod (the admin listens on loopback).
+fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
+    cluster
+        .get_in_pod(
+            &pod.namespace().unwrap(),
+            &pod.name_any(),
+            &format!("http://127.0.0.1:9901{path}"),
+        )
+        .unwrap_or_else(|e| format!("GET failed: {e:#}"))
+}
+
+use marin3r_local_cluster::cluster::pod_ready as is_ready;
+
+fn pod_ip(p: &Pod) -> String {
+    p.status.as_ref().unwrap().pod_ip.clone().unwrap()
+}
+
+async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
+    marin3r_local_cluster::cluster::ready_pods(client, ns, selector)
+        .await
+        .unwrap()
+}
+
+async fn renew(client: &Client, name: &str, value: &str) {
+    let patch = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": value}}});
+    Api::<DiscoveryServiceCertificate>::namespaced(client.clone(), OPS)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+async fn secret_cert(client: &Client, ns: &str, name: &str) -> Option<String> {
+    let s = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()?;
+    String::from_utf8(s.data?.get("tls.crt")?.0.clone()).ok()
+}
+
+fn serial_hex(pem: &str) -> String {
+    marin3r_certs::CertificateInfo::from_pem(pem)
+        .unwrap()
+        .serial
+        .replace(':', "")
+        .to_lowercase()
+}
+
+fn restarts(p: &Pod) -> i32 {
+    p.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+        .unwrap_or(0)
+}
+
+/// The demo workload's ready pod in `ns`: injected, with its Envoy serving the body. On a
+/// timeout, the sidecar's xDS stats say why.
+async fn serving_pod(cluster: &LocalCluster, client: &Client, ns: &str) -> Pod {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let pods = Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels("app=demo"))
+            .await
+            .unwrap()
+            .items;
+        if let Some(pod) = pods.iter().find(|p| is_ready(p))
+            && get(&format!("http://{}:8080/", pod_ip(pod))) == BODY
+        {
+            return pod.clone();
+        }
+        if tokio::time::Instant::now() > deadline {
+            let stats = match pods.first() {
+                Some(p) => admin(cluster, p, "/stats?filter=xds_cluster|control_plane|ssl"),
+                None => "no pod".into(),
+            };
+            let statuses: Vec<String> = pods
+                .iter()
+                .map(|p| serde_json::to_string(&p.status).unwrap_or_default())
+                .collect();
+            panic!(
+                "no injected pod serving the EnvoyConfig in {ns}; sidecar stats:\n{stats}\npod statuses:\n{}",
+                statuses.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marin3r_end_to_end() {
+    let images = marin3r_e2e::product::images();
+    let marin3r = images
+        .resolve(marin3r_discovery::IMAGE)
+        .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
+        .path;
+    let cluster = LocalCluster::start(LocalClusterConfig {
+        images,
+        // Keep the pods' logs to look at after a failure.
+        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubectl = Kubectl::new(&kubeconfig).unwrap();
+
+    // 1. Install, create the example DiscoveryService: everything appears, Ready.
+    let manifests = repo().join("manifests");
+    kubectl
+        .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
+        .await
+        .unwrap();
+    let operator = until("the operator pod", Duration::from_secs(60), || async {
+        ready_pods(&client, OPS, "app.kubernetes.io/component=operator")
+            .await
+            .pop()
+    })
+    .await;
+    // Ready means its readiness probe on /healthz passed; liveness probes the same path.
+    let container = &operator.spec.as_ref().unwrap().containers[0];
+    for probe in [&container.readiness_probe, &container.liveness_probe] {
+        let path = probe
+            .as_ref()
+            .and_then(|p| p.http_get.as_ref()?.path.clone());
+        assert_eq!(path.as_deref(), Some("/healthz"), "{container:?}");
+    }
+    // It runs the controllers because it holds the leader Lease.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), OPS);
+    until(
+        "the operator to hold the leader Lease",
+        Duration::from_secs(30),
+        || async {
+            let holder = leases
+                .get_opt("marin3r-operator")
+                .await
+                .unwrap()?
+                .spec?
+                .holder_identity?;
+            (holder == operator.name_any()).then_some(())
+        },
+    )
+    .await;
+    // manifests/ label the operator's namespace `restricted`: its pods must pass.
+    let ops_ns = Api::<Namespace>::all(client.clone())
+        .get(OPS)
+        .await
+        .unwrap();
+    assert_eq!(
+        ops_ns
+            .labels()
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("restricted")
+    );
+    create_restricted_namespace(&client, "demo").await.unwrap();
+    create_restricted_namespace(&client, "plain").await.unwrap();
+    let examples = manifests.join("examples");
+    kubectl
+        .ok(&[
+            "apply",
+            "--server-side",
+            "-f",
+            examples.join("discoveryservice.yaml").to_str().unwrap(),
+        ])
+        .await
+        .unwrap();
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
+    until(
+        "the DiscoveryService to be Ready",
+        Duration::from_secs(120),
+        || async {
+            let ds = dss.get(DS).await.ok()?;
+            (discovery_service_ready(&ds)?.0 == "True").then_some(())
+        },
+    )
+    .await;
+    let ds = dss.get(DS).await.unwrap();
+    assert_eq!(ds.status.as_ref().unwrap().enabled_namespaces, ["demo"]);
+    // The operator counts and times the reconciles that got there.
+    let metrics = get(&format!("http://{}:8383/metrics", pod_ip(&operator)));
+    for controller in ["discoveryservice", "certificate"] {
+        let ok = format!(
+            r#"marin3r_controller_reconciles_total{{controller="{controller}",result="ok"}} "#
+        );
+        let count: u64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&ok)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {ok} in {metrics}"));
+        assert!(count > 0, "{metrics}");
+        let timed = format!(
+            r#"marin3r_controller_reconcile_duration_seconds_count{{controller="{controller}"}}"#
+        );
+        assert!(metrics.contains(&timed), "{metrics}");
+    }
+    // ...and reports when each certificate it issued expires, and that it is ready.
+    for metric in [
+        "marin3r_certificate_expiration_timestamp_seconds",
+        "marin3r_certificate_ready",
+    ] {
+        let series = format!(r#"{metric}{{namespace="{OPS}",name="marin3r-ca-cert-instance"}} "#);
+        assert!(metrics.contains(&series), "no {series} in {metrics}");
+    }
+    let discovery_pods = ready_pods(
+        &client,
+        OPS,
+        "app.kubernetes.io/component=discovery-service",
+    )
+    .await;
+    assert_eq!(discovery_pods.len(), 1);
+    for (ns, name) in [
+        (OPS, "marin3r-ca-cert-instance"),
+        (OPS, "marin3r-server-cert-instance"),
+        ("demo", "envoy-sidecar-client-cert"),
+    ] {
+        assert!(
+            secret_cert(&client, ns, name).await.is_some(),
+            "Secret {ns}/{name}"
+        );
+    }
+    Api::<ConfigMap>::namespaced(client.clone(), "demo")
+        .get("envoy-sidecar-bootstrap")
+        .await
+        .unwrap();
+    Api::<Service>::namespaced(client.clone(), OPS)
+        .get("marin3r-instance")
+        .await
+        .unwrap();
+    let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    webhooks.get(WEBHOOK).await.unwrap();
+    let out = kubectl
+        .ok(&["get", "discoveryservices", "-n", OPS])
+        .await
+        .unwrap();
+    assert!(out.contains(DS) && out.contains("True"), "{out}");
+    // The discovery pod reads Secrets only where it serves: a Role in each enabled namespace,
+    // none elsewhere, and no Secret rule cluster-wide.
+    let secret_role = "marin3r-marin3r-system-instance";
+    let has_secret_access = |ns: &'static str| {
+        let client = client.clone();
+        async move {
+            let role = Api::<Role>::namespaced(client.clone(), ns)
+                .get_opt(secret_role)
+                .await
+                .unwrap();
+            let binding = Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get_opt(secret_role)
+                .await
+                .unwrap();
+            match (role, binding) {
+                (Some(role), Some(binding)) => Some({
+                    let rule = &role.rules.unwrap()[0];
+                    assert_eq!(rule.resources.as_deref(), Some(&["secrets".to_owned()][..]));
+                    let subject = &binding.subjects.unwrap()[0];
+                    assert_eq!(
+                        (subject.name.as_str(), subject.namespace.as_deref()),
+                        ("marin3r-instance", Some(OPS))
+                    );
+                    true
+                }),
+                (None, None) => Some(false),
+                // The operator writes (and deletes) the two one after the other: a reader in
+                // between sees one of them (None). Only the polls below may see that.
+                _ => None,
+            }
+        }
+    };
+    assert_eq!(has_secret_access("demo").await, Some(true));
+    assert_eq!(has_secret_access("plain").await, Some(false));
+    // And the RBAC-enforcing API server holds the discovery pod's ServiceAccount to it: a
+    // Secret of the enabled namespace is readable, one of another namespace (its own CA's
+    // too) is not, and Secrets cannot be listed cluster-wide.
+    let token = cluster.api().service_account_token(OPS, "marin3r-instance");
+    let kubeconfig_as_discovery = cluster
+        .api()
+        .kubeconfig()
+        .replace("token: local-cluster", &format!("token: {token}"));
+    let as_discovery = Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::from_yaml(&kubeconfig_as_discovery).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+        .get("envoy-sidecar-client-cert")
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(client.clone(), "plain")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": "private"}, "stringData": {"k": "v"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let refused = |r: Result<Secret, kube::Error>| match r {
+        Err(kube::Error::Api(e)) => e.code,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert_eq!(
+        refused(
+            Api::<Secret>::namespaced(as_discovery.clone(), "plain")
+                .get("private")
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        refused(
+            Api::<Secret>::namespaced(as_discovery.clone(), OPS)
+                .get("marin3r-ca-cert-instance")
+                .await
+        ),
+        403
+    );
+    match Api::<Secret>::all(as_discovery.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403),
+        other => panic!("a cluster-wide Secret list was not refused: {other:?}"),
+    }
+    let cluster_rules = Api::<ClusterRole>::all(client.clone())
+        .get(secret_role)
+        .await
+        .unwrap()
+        .rules
+        .unwrap();
+    assert!(
+        cluster_rules
+            .iter()
+            .all(|r| !r.resources.iter().flatten().any(|x| x == "secrets")),
+        "{cluster_rules:?}"
+    );
+
+    // 1b. EnvoyConfigs are judged at admission by the discovery pod, through the operator's
+    //     ValidatingWebhookConfiguration: `kubectl apply` of a bad one is refused with the
+    //     field path `marin3r validate` reports offline, and nothing is stored. The good one
+    //     (step 2) is admitted and served.
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(WEBHOOK)
+        .await
+        .unwrap();
+    assert_eq!(
+        validating.webhooks.unwrap()[0].rules.as_ref().unwrap()[0].resources,
+        Some(vec!["envoyconfigs".to_owned()])
+    );
+    let typo = example_in("envoyconfig.yaml", "demo")
+        .unwrap()
+        .replace("name: demo-proxy", "name: demo-typo")
+        .replace("nodeID: demo-proxy", "nodeID: demo-typo")
+        .replace("stat_prefix: http", "stat_prefx: http");
+    let typo_file = dir.path().join("typo.yaml");
+    std::fs::write(&typo_file, &typo).unwrap();
+    let offline = std::process::Command::new(&marin3r)
+        .args(["validate", "-f", typo_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!offline.status.success());
+    let offline = String::from_utf8_lossy(&offline.stderr).into_owned();
+    // `FILE:LINE:COLUMN: EnvoyConfig demo/demo-typo: PATH: MESSAGE`
+    let problem = offline
+        .lines()
+        .find_map(|l| {
+            l.split_once("EnvoyConfig demo/demo-typo: ")
+                .map(|(_, p)| p.to_owned())
+        })
+        .unwrap_or_else(|| panic!("{offline}"));
+    assert!(
+        problem.starts_with("spec.envoyResources.listeners[0].value: ")
+            && problem.contains("stat_prefx"),
+        "{offline}"
+    );
+    let refused = kubectl
+        .run_with(&["apply", "--server-side", "-f", "-"], &typo)
+        .await
+        .unwrap();
+    assert!(!refused.success, "{refused:?}");
+    assert!(
+        refused.stderr.contains(
+            "admission webhook \"instance.marin3r-system.envoyconfig-validator.marin3r.3scale.net\" denied the request: "
+        ) && refused.stderr.contains(&problem),
+        "expected {problem:?} in {refused:?}"
+    );
+    assert!(
+        Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+            .get_opt("demo-typo")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // 2. An annotated pod is injected, its Envoy connects over mTLS and serves the config;
+    //    the same workload in a namespace that is not enabled is not injected.
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("envoyconfig.yaml", "demo").unwrap(),
+        )
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("deployment.yaml", "demo").unwrap(),
+        )
+        .await
+        .unwrap();
+    let pod = serving_pod(&cluster, &client, "demo").await;
+    let containers: Vec<&str> = pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(containers, ["app", "envoy-sidecar"]);
+
+    // A misspelt marin3r annotation: kubectl prints the webhook's warning naming it (and the
+    // likely name), and the pod is injected all the same.
+    let mut typo_pod: serde_json::Value = serde_json::to_value(&pod).unwrap();
+    let typo_pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "annotation-typo",
+            "namespace": "demo",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "demo-proxy",
+                "marin3r.3scale.net/envoy-extra-arg": "--log-level debug",
+            },
+        },
+        "spec": {
+            "securityContext": typo_pod["spec"]["securityContext"].take(),
+            "containers": [typo_pod["spec"]["containers"][0].take()],
+        },
+    });
+    let applied = kubectl
+        .run_with(&["apply", "-f", "-"], &typo_pod.to_string())
+        .await
+        .unwrap();
+    assert!(applied.success, "{applied:?}");
+    assert!(
+        applied.stderr.contains(
+            "Warning: annotation marin3r.3scale.net/envoy-extra-arg is not a marin3r annotation \
+             and has no effect; did you mean marin3r.3scale.net/envoy-extra-args?"
+        ),
+        "{applied:?}"
+    );
+    let injected = Api::<Pod>::namespaced(client.clone(), "demo")
+        .get("annotation-typo")
+        .await
+        .unwrap();
+    let names: Vec<String> = injected
+        .spec
+        .unwrap()
+        .containers
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["app", "envoy-sidecar"]);
+    Api::<Pod>::namespaced(client.clone(), "demo")
+        .delete("annotation-typo", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // The sidecar's admin API stays inside the pod. Through the pod network (the host
+    // reaches the pod IP as any other pod does) the admin port refuses connections, and the
+    // readiness listener kubelet probes answers `GET /ready` and nothing else.
+    let ip = pod_ip(&pod);
+    let admin_addr: std::net::SocketAddr = format!("{ip}:9901").parse().unwrap();
+    let refused = std::net::TcpStream::connect_timeout(&admin_addr, Duration::from_secs(3));
+    assert_eq!(
+        refused.map_err(|e| e.kind()).err(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "the admin port must not accept connections on the pod IP"
+    );
+    let (status, body) =
+        marin3r_testkit::envoy::request("GET", &format!("http://{ip}:9902/ready")).unwrap();
+    assert_eq!((status, body.trim()), (200, "LIVE"));
+    for (method, path) in [
+        ("POST", "/quitquitquit"),
+        ("GET", "/config_dump"),
+        ("GET", "/certs"),
+        ("POST", "/runtime_modify?x=1"),
+        ("POST", "/ready"),
+    ] {
+        let url = format!("http://{ip}:9902{path}");
+        let (status, body) = marin3r_testkit::envoy::request(method, &url).unwrap();
+        assert_eq!(
+            status, 404,
+            "{method} {path} through the readiness port: {body}"
+        );
+    }
+    // Inside the pod (its containers, `kubectl exec`) the admin answers, and Envoy is still up.
+    assert_eq!(admin(&cluster, &pod, "/ready").trim(), "LIVE");
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+    // The discovery pods have a disruption budget, which kubectl lists.
+    let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), OPS)
+        .get("marin3r-instance")
+        .await
+        .unwrap();
+    assert!(pdb.spec.unwrap().max_unavailable.is_some());
+    let out = kubectl.ok(&["get", "pdb", "-n", OPS]).await.unwrap();
+    assert!(out.contains("marin3r-instance"), "{out}");
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("deployment.yaml", "plain").unwrap(),
+        )
+        .await
+        .unwrap();
+    let plain = until(
+        "the pod in the plain namespace",
+        Duration::from_secs(60),
+        || async { ready_pods(&client, "plain", "app=demo").await.pop() },
+    )
+    .await;
+    assert_eq!(
+        plain.spec.unwrap().containers.len(),
+        1,
+        "not injected outside enabled namespaces"
+    );
+
+    // `marin3r proxy-status` reaches the sync status through the API server (a pod
+    // port-forward to the discovery pod's loopback admin port) and shows the sidecar...
+    let proxy_status = || {
+        let (marin3r, kubeconfig) = (marin3r.clone(), kubeconfig.clone());
+        async move {
+            marin3r_e2e::cli::proxy_status(&marin3r, &kubeconfig, &["-n", "demo"])
+                .await
+                .unwrap()
+        }
+    };
+    let table = until(
+        "proxy-status to show the synced sidecar",
+        Duration::from_secs(30),
+        || async {
+            let table = proxy_status().await;
+            (table.contains(&pod.name_any()) && table.contains("SYNCED")).then_some(table)
+        },
+    )
+    .await;
+    assert!(table.starts_with("NAMESPACE"), "{table}");
+    // ...which the network cannot: not on the admin port, not on the metrics port.
+    let discovery_ip = pod_ip(&discovery_pods[0]);
+    let admin_port = get(&format!("http://{discovery_ip}:8385/sync-status"));
+    assert!(admin_port.starts_with("GET failed"), "{admin_port}");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let on_metrics = agent
+        .get(&format!("http://{discovery_ip}:8383/sync-status"))
+        .call()
+        .unwrap()
+        .status();
+    assert_eq!(on_metrics, 404);
+    // The probe port (spec.probePort, 8384) answers the health paths the kubelet's probes
+    // use, and only those.
+    let probe = |path: &str| {
+        let mut r = agent
+            .get(&format!("http://{discovery_ip}:8384{path}"))
+            .call()
+            .unwrap();
+        (r.status().as_u16(), r.body_mut().read_to_string().unwrap())
+    };
+    assert_eq!(probe("/readyz"), (200, "ready\n".to_owned()));
+    assert_eq!(probe("/healthz"), (200, "ok\n".to_owned()));
+    assert_eq!(probe("/metrics").0, 404);
+    let probes = discovery_pods[0].spec.as_ref().unwrap().containers[0]
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref())
+        .map(|h| h.port.clone());
+    assert_eq!(probes, Some(IntOrString::Int(8384)));
+
+    // The discovery pod loads a TLS Secret of a served namespace for SDS (read through its
+    // per-namespace Role and watch): here the namespace's client certificate Secret.
+    let sds = json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "sds-check", "namespace": "demo"},
+        "spec": {
+            "nodeID": "sds-check",
+            "serialization": "yaml",
+            "envoyResources": {
+                "secrets": [{"name": "client", "ref": {"name": "envoy-sidecar-client-cert"}}],
+            },
+        },
+    });
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .patch("sds-check", &PatchParams::apply("e2e"), &Patch::Apply(&sds))
+        .await
+        .unwrap();
+    let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client.clone(), "demo");
+    until(
+        "the SDS Secret loaded by the discovery pod",
+        Duration::from_secs(60),
+        || async {
+            revisions
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|r| r.spec.node_id == "sds-check")
+                .flat_map(|r| r.status.map(|s| s.conditions).unwrap_or_default())
+                .find(|c| {
+                    c.type_ == "ResourcesOutOfSync"
+                        && c.status == "False"
+                        && c.reason == "ResourcesLoaded"
+                })
+        },
+    )
+    .await;
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .delete("sds-check", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // It reads and watches the namespace's EndpointSlices for `generateFromEndpointSlices`
+    // (through the same Role, which grants nothing else): the endpoints version it serves
+    // changes when the slice does.
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "demo");
+    let slice = |port: u16| {
+        json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": "eds-check-1", "labels": {"kubernetes.io/service-name": "eds-check"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": true}}],
+            "ports": [{"name": "http", "port": port}],
+        })
+    };
+    slices
+        .patch(
+            "eds-check-1",
+            &PatchParams::apply("e2e"),
+            &Patch::Apply(&slice(8080)),
+        )
+        .await
+        .unwrap();
+    let eds = json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "eds-check", "namespace": "demo"},
+        "spec": {
+            "nodeID": "eds-check",
+            "resources": [{"type": "endpoint", "generateFromEndpointSlices": {
+                "selector": {"matchLabels": {"kubernetes.io/service-name": "eds-check"}},
+                "clusterName": "eds-check",
+                "targetPort": "http",
+            }}],
+        },
+    });
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .patch("eds-check", &PatchParams::apply("e2e"), &Patch::Apply(&eds))
+        .await
+        .unwrap();
+    let endpoints_version = || async {
+        revisions
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|r| r.spec.node_id == "eds-check")
+            .find_map(|r| r.status?.provides_versions?.endpoints)
+    };
+    let first = until(
+        "the EndpointSlice read by the discovery pod",
+        Duration::from_secs(60),
+        endpoints_version,
+    )
+    .await;
+    slices
+        .patch(
+            "eds-check-1",
+            &PatchParams::apply("e2e"),
+            &Patch::Apply(&slice(8081)),
+        )
+        .await
+        .unwrap();
+    until(
+        "the changed EndpointSlice seen by the discovery pod",
+        Duration::from_secs(60),
+        || async { endpoints_version().await.filter(|v| *v != first) },
+    )
+    .await;
+    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        .delete("eds-check", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // 3. A user labels a second namespace: it is served; unlabelled, it is not.
+    create_restricted_namespace(&client, "team-b")
+        .await
+        .unwrap();
+    let patch = |v: Option<&str>| json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: v}}});
+    let nss: Api<Namespace> = Api::all(client.clone());
+    nss.patch(
+        "team-b",
+        &PatchParams::default(),
+        &Patch::Merge(&patch(Some(DS))),
+    )
+    .await
+    .unwrap();
+    until(
+        "team-b's client certificate",
+        Duration::from_secs(60),
+        || async { secret_cert(&client, "team-b", "envoy-sidecar-client-cert").await },
+    )
+    .await;
+    Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+        .get("envoy-sidecar-bootstrap")
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("envoyconfig.yaml", "team-b").unwrap(),
+        )
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &example_in("deployment.yaml", "team-b").unwrap(),
+        )
+        .await
+        .unwrap();
+    serving_pod(&cluster, &client, "team-b").await;
+    assert_eq!(has_secret_access("team-b").await, Some(true));
+    Api::<Deployment>::namespaced(client.clone(), "team-b")
+        .delete("demo", &DeleteParams::default())
+        .await
+        .unwrap();
+    nss.patch(
+        "team-b",
+        &PatchParams::default(),
+        &Patch::Merge(&patch(None)),
+    )
+    .await
+    .unwrap();
+    until(
+        "team-b's certificate and bootstrap to go",
+        Duration::from_secs(60),
+        || async {
+            let gone = secret_cert(&client, "team-b", "envoy-sidecar-client-cert")
+                .await
+                .is_none()
+                && Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+                    .get_opt("envoy-sidecar-bootstrap")
+                    .await
+                    .unwrap()
+                    .is_none();
+            gone.then_some(())
+        },
+    )
+    .await;
+    until(
+        "team-b's Secret access to go",
+        Duration::from_secs(30),
+        || async { (has_secret_access("team-b").await == Some(false)).then_some(()) },
+    )
+    .await;
+
+    // 4. Client certificate renewal: new files, Envoy presents the new certificate, no
+    //    restart, traffic keeps flowing.
+    let ip = pod_ip(&pod);
+    let old_cert = secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+        .await
+        .unwrap();
+    renew(&client, "marin3r-client-instance-demo", "client-1").await;
+    let new_cert = until(
+        "the client certificate Secret to change",
+        Duration::from_secs(60),
+        || async {
+            secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+                .await
+                .filter(|c| *c != old_cert)
+        },
+    )
+    .await;
+    let serial = serial_hex(&new_cert);
+    until(
+        "Envoy to present the new client certificate",
+        Duration::from_secs(60),
+        || async {
+            admin(&cluster, &pod, "/certs")
+                .replace(':', "")
+                .to_lowercase()
+                .contains(&serial)
+                .then_some(())
+        },
+    )
+    .await;
+    let same = Api::<Pod>::namespaced(client.clone(), "demo")
+        .get(&pod.name_any())
+        .await
+        .unwrap();
+    assert_eq!(restarts(&same), 0, "no container restarted");
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+
+    // 5. Server certificate renewal: the Deployment rolls, Envoys reconnect, injection works.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), OPS);
+    let hash = |d: &Deployment| {
+        d.spec
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .as_ref()
+            .unwrap()[SERVER_CERT_HASH_LABEL]
+            .clone()
+    };
+    let old_hash = hash(&deployments.get("marin3r-instance").await.unwrap());
+    let old_pod = discovery_pods[0].name_any();
+    // Connections Envoy has opened to the discovery service so far: a reconnection to the
+    // new pod opens another.
+    let xds_connections = || {
+        let stats = admin(
+            &cluster,
+            &pod,
+            "/stats?filter=^cluster.xds_cluster.upstream_cx_total$",
+        );
+        stats
+            .rsplit(": ")
+            .next()
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let connections_before = xds_connections();
+    assert!(connections_before >= 1, "no xDS connection counted yet");
+    renew(&client, "marin3r-server-cert-instance", "server-1").await;
+    until(
+        "the discovery pod to roll",
+        Duration::from_secs(120),
+        || async {
+            let d = deployments.get("marin3r-instance").await.unwrap();
+            let pods = ready_pods(
+                &client,
+                OPS,
+                "app.kubernetes.io/component=discovery-service",
+            )
+            .await;
+            // Until the old pod stops, at least one discovery pod is ready.
+            assert!(
+                !pods.is_empty(),
+                "no ready discovery pod during the rollout"
+            );
+            let rolled = hash(&d) != old_hash && pods.len() == 1 && pods[0].name_any() != old_pod;
+            rolled.then_some(())
+        },
+    )
+    .await;
+    until(
+        "Envoy to reconnect to the new discovery pod",
+        Duration::from_secs(60),
+        || async {
+            let stats = admin(
+                &cluster,
+                &pod,
+                "/stats?filter=control_plane.connected_state",
+            );
+            (stats.contains("control_plane.connected_state: 1")
+                && xds_connections() > connections_before)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+    // A new pod is still injected (the webhook serves the new certificate).
+    Api::<Pod>::namespaced(client.clone(), "demo")
+        .delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let pod = until(
+        "a replacement pod, injected and serving",
+        Duration::from_secs(90),
+        || async {
+            let pods = ready_pods(&client, "demo", "app=demo").await;
+            let p = pods.into_iter().find(|p| p.name_any() != pod.name_any())?;
+            (get(&format!("http://{}:8080/", pod_ip(&p))) == BODY).then_some(p)
+        },
+    )
+    .await;
+    let ip = pod_ip(&pod);
+
+    // 6. A config Envoy refuses is rolled back and reported; the pod keeps serving.
+    let bad = example_in("envoyconfig.yaml", "demo").unwrap().replace(
+        "    listeners:\n",
+        "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
+    );
+    kubectl
+        .ok_with(&["apply", "--server-side", "-f", "-"], &bad)
+        .await
+        .unwrap();
+    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "demo");
+    until(
+        "the bad config to be rolled back",
+        Duration::from_secs(60),
+        || async {
+            let ec = ecs.get("demo-proxy").await.ok()?;
+            (ec.status?.cache_state == Some(CacheState::Rollback)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+
+    // 7. Deleting the DiscoveryService removes everything, cluster-scoped objects included.
+    dss.delete(DS, &DeleteParams::default()).await.unwrap();
+    until(
+        "everything the DiscoveryService created to go",
+        Duration::from_secs(90),
+        || async {
+            let gone = webhooks.get_opt(WEBHOOK).await.unwrap().is_none()
+                && Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<ClusterRole>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<ClusterRoleBinding>::all(client.clone())
+                    .get_opt(WEBHOOK)
+                    .await
+                    .unwrap()
+                    .is_none()
+                && deployments
+                    .get_opt("marin3r-instance")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<Service>::namespaced(client.clone(), OPS)
+                    .get_opt("marin3r-instance")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && Api::<PodDisruptionBudget>::namespaced(client.clone(), OPS)
+                    .get_opt("marin3r-instance")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+                    .await
+                    .is_none()
+                && secret_cert(&client, OPS, "marin3r-ca-cert-instance")
+                    .await
+                    .is_none()
+                && Api::<ConfigMap>::namespaced(client.clone(), "demo")
+                    .get_opt("envoy-sidecar-bootstrap")
+                    .await
+                    .unwrap()
+                    .is_none()
+                && !nss
+                    .get("demo")
+                    .await
+                    .unwrap()
+                    .labels()
+                    .contains_key(DISCOVERY_SERVICE_LABEL);
+            gone.then_some(())
+        },
+    )
+    .await;
+    cluster.shutdown(Duration::from_secs(5)).await;
+}

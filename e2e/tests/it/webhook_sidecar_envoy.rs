@@ -1,0 +1,202 @@
+//! The injected sidecar's command line runs in a real Envoy: `--service-node`,
+//! `--service-cluster`, and the `--config-yaml` overlay (node metadata from the downward API,
+//! admin address and admin access log) all reach Envoy as the webhook intends, over a bootstrap
+//! with and without an `admin` of its own (the rendered one has one; the overlay wins). And the
+//! command line with the real rendered bootstrap passes `envoy --mode validate`. The
+//! readiness listener answers `GET /ready` from the admin and nothing else. (That the admin is
+//! unreachable from another pod is proven through the pod network in operator_e2e.rs.)
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use marin3r_testkit::envoy::Envoy;
+use marin3r_webhook::{InjectionConfig, sidecar_command_line};
+use serde_json::{Value, json};
+
+/// A bootstrap without `admin` (as the renderer should write it) and one with its own admin
+/// address and node metadata: the overlay's admin wins and the metadata merges.
+const BOOTSTRAPS: [&str; 2] = [
+    r#"{"static_resources": {}}"#,
+    r#"{"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        "node": {"metadata": {"from_bootstrap": "kept"}}}"#,
+];
+
+#[test]
+fn the_sidecar_command_line_configures_a_real_envoy() {
+    for bootstrap in BOOTSTRAPS {
+        run_sidecar(bootstrap);
+    }
+}
+
+fn run_sidecar(bootstrap: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let access_log = dir.path().join("admin-access.log");
+    let free_port = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (admin_port, readiness_port) = (free_port(), free_port());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "generateName": "kuard-",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "kuard",
+                "marin3r.3scale.net/cluster-id": "edge",
+                "marin3r.3scale.net/admin.port": admin_port.to_string(),
+                "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
+                "marin3r.3scale.net/admin.access-log-path": access_log.to_str().unwrap(),
+                "marin3r.3scale.net/envoy-extra-args": "--log-level info --file-flush-interval-msec 100",
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
+    }))
+    .unwrap();
+    // The default binds the admin to loopback.
+    let config = InjectionConfig::default();
+    let args = sidecar_command_line(&pod, &config, "kuard-7d4b9", "shop").unwrap();
+    assert_eq!(args[..2], ["-c", "/etc/envoy/bootstrap/config.json"]);
+
+    // Envoy::start supplies `-c` with this bootstrap in place of the mounted one.
+    let rest: Vec<&str> = args[2..].iter().map(String::as_str).collect();
+    let envoy = Envoy::start(bootstrap, &rest).unwrap();
+    assert_eq!(envoy.admin_address(), format!("127.0.0.1:{admin_port}"));
+
+    let info: Value = serde_json::from_str(&envoy.admin_get("/server_info").unwrap()).unwrap();
+    let node = &info["node"];
+    assert_eq!(node["id"], "kuard", "{info}");
+    assert_eq!(node["cluster"], "edge");
+    assert_eq!(node["metadata"]["pod_name"], "kuard-7d4b9");
+    assert_eq!(node["metadata"]["pod_namespace"], "shop");
+    if bootstrap.contains("from_bootstrap") {
+        assert_eq!(node["metadata"]["from_bootstrap"], "kept");
+    }
+    assert_eq!(info["command_line_options"]["log_level"], "info");
+    assert_eq!(envoy.admin_get("/ready").unwrap().trim(), "LIVE");
+
+    // The readiness listener (every address) proxies `GET /ready` to the admin, and only it.
+    let host = local_address();
+    let ready = format!("http://{host}:{readiness_port}/ready");
+    let (status, body) = marin3r_testkit::envoy::request("GET", &ready).unwrap();
+    assert_eq!((status, body.trim()), (200, "LIVE"));
+    for (method, path) in [
+        ("POST", "/quitquitquit"),
+        ("GET", "/config_dump"),
+        ("GET", "/certs"),
+        ("POST", "/healthcheck/fail"),
+        ("POST", "/ready"),
+        ("GET", "/ready/../quitquitquit"),
+        ("GET", "/"),
+    ] {
+        let url = format!("http://{host}:{readiness_port}{path}");
+        let (status, body) = marin3r_testkit::envoy::request(method, &url).unwrap();
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    assert_eq!(
+        envoy.admin_get("/ready").unwrap().trim(),
+        "LIVE",
+        "Envoy still up"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let log = std::fs::read_to_string(&access_log).unwrap_or_default();
+        if log.contains("/server_info") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no admin access log at {}: {log:?}",
+            access_log.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A non-loopback address of this machine (the readiness listener binds every address),
+/// else loopback.
+fn local_address() -> String {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    match socket.connect("192.0.2.1:9") {
+        Ok(()) => socket.local_addr().unwrap().ip().to_string(),
+        Err(_) => "127.0.0.1".into(),
+    }
+}
+
+/// The sidecar's real command line with the real rendered bootstrap (the files the operator
+/// puts in the `envoy-sidecar-bootstrap` ConfigMap) and a client certificate at the referenced
+/// paths: Envoy accepts the whole configuration.
+#[test]
+fn the_sidecar_with_the_rendered_bootstrap_passes_envoy_validation() {
+    use marin3r_certs::{CertificateAuthority, CertificateRequest, Usage, issue_self_signed};
+    use marin3r_discovery::sidecar::bootstrap::{BootstrapOptions, CONFIG_FILE, render};
+
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap_dir = dir.path().join("bootstrap");
+    let cert_dir = dir.path().join("tls");
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    let day = Duration::from_secs(86_400);
+    let ca = issue_self_signed(&CertificateRequest::ca("ca", day)).unwrap();
+    let client = CertificateAuthority::from_issued(&ca)
+        .unwrap()
+        .issue(
+            &CertificateRequest::new("envoy", Usage::Client, day)
+                .with_hosts(["spiffe://cluster.local/ns/shop"]),
+        )
+        .unwrap();
+    for (name, pem) in [
+        ("tls.crt", &client.cert_pem),
+        ("tls.key", &client.key_pem),
+        ("ca.crt", &client.ca_pem),
+    ] {
+        std::fs::write(cert_dir.join(name), pem).unwrap();
+    }
+    let opts = BootstrapOptions {
+        bootstrap_dir: bootstrap_dir.clone(),
+        client_cert_dir: cert_dir,
+        ..BootstrapOptions::new("marin3r-instance.default.svc", 18000)
+    };
+    render(&opts).unwrap().write_to(&bootstrap_dir).unwrap();
+
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "kuard",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "kuard",
+                "marin3r.3scale.net/ports": "http:8080",
+                "marin3r.3scale.net/admin.port": "9901",
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
+    }))
+    .unwrap();
+    let mut args =
+        sidecar_command_line(&pod, &InjectionConfig::default(), "kuard", "shop").unwrap();
+    assert_eq!(args[..2], ["-c", "/etc/envoy/bootstrap/config.json"]);
+    // The pod runner mounts the ConfigMap there; here the rendered file stands in its place.
+    args[1] = bootstrap_dir.join(CONFIG_FILE).to_str().unwrap().to_owned();
+    let out = std::process::Command::new(marin3r_testkit::tools::envoy().unwrap())
+        .args(["--mode", "validate", "--disable-hot-restart"])
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "envoy refused the sidecar configuration:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // And the check can fail: a broken overlay is refused.
+    let broken: Vec<String> = args
+        .iter()
+        .map(|a| a.replace("\"pod_name\"", "\"pod_name\": {\"bad\""))
+        .collect();
+    let out = std::process::Command::new(marin3r_testkit::tools::envoy().unwrap())
+        .args(["--mode", "validate", "--disable-hot-restart"])
+        .args(&broken)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}

@@ -1,0 +1,167 @@
+//! Slow and idle clients cannot stall admissions: a trickled body holds no review permit and
+//! gets 408 after the body deadline; idle connections (HTTP/1 keep-alive, HTTP/2 after its
+//! preface, TLS with nothing after it) give their slot up after the idle timeout, and at once
+//! when a new connection needs it. With `failurePolicy: Fail`, a stalled webhook would block
+//! pod creation in every enabled namespace.
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use marin3r_webhook::WebhookServerConfig;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use support::*;
+
+/// The HTTP/2 client preface and an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Reads until the server closes the connection; returns what it sent. Panics when it is
+/// still open after `within`.
+async fn read_until_closed(stream: &mut (impl AsyncRead + Unpin), within: Duration) -> Vec<u8> {
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the server kept the connection open for {within:?}; it sent {:?}",
+        String::from_utf8_lossy(&out)
+    );
+    out
+}
+
+#[tokio::test]
+async fn a_trickled_body_holds_no_permit_and_gets_408_after_the_body_deadline() {
+    let pki = support::pki();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_in_flight: 2,
+        body_timeout: Duration::from_secs(2),
+        ..config(&dir)
+    })
+    .await;
+    // As many stalled requests as there are review permits: headers and part of the body.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        let mut s = tls_stream(server.addr, pki.ca_pem(), &[b"http/1.1"]).await;
+        s.write_all(
+            format!(
+                "POST /pod-v1-mutate HTTP/1.1\r\nhost: {HOST}\r\ncontent-type: application/json\r\n\
+                 content-length: 100000\r\n\r\n{{\"apiVersion\":"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        s.flush().await.unwrap();
+        stalled.push(s);
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let mut client = connect(server.addr, pki.ca_pem(), rustls::DEFAULT_VERSIONS).await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(1),
+        client.review(&admission_review("uid-slow", &real_looking_pod())),
+    )
+    .await
+    .expect("a real review waited behind clients that trickle their bodies");
+    assert_eq!(out["response"]["uid"], "uid-slow");
+    assert_eq!(out["response"]["allowed"], true);
+
+    for mut s in stalled {
+        let sent = read_until_closed(&mut s, Duration::from_secs(5)).await;
+        let sent = String::from_utf8_lossy(&sent);
+        assert!(sent.starts_with("HTTP/1.1 408 "), "{sent}");
+        assert!(
+            sent.ends_with("the body did not arrive within 2s\n"),
+            "{sent}"
+        );
+    }
+    // Not before the deadline (less some slack for the 200 ms head start).
+    assert!(started.elapsed() >= Duration::from_millis(1700));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idle_connections_give_their_slots_up_to_a_new_connection() {
+    let pki = support::pki();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_connections: 3,
+        // Long: the slots must come free because a new connection needs them, not by timeout.
+        idle_timeout: Duration::from_secs(60),
+        ..config(&dir)
+    })
+    .await;
+    // Fill every slot: an HTTP/2 connection that sent its preface, one that finished TLS and
+    // sent nothing, and an HTTP/1.1 keep-alive connection after one answered request.
+    let mut h2 = tls_stream(server.addr, pki.ca_pem(), &[b"h2"]).await;
+    h2.write_all(H2_PREFACE).await.unwrap();
+    h2.flush().await.unwrap();
+    let mut silent = tls_stream(server.addr, pki.ca_pem(), &[b"h2"]).await;
+    let mut keep_alive = tls_stream(server.addr, pki.ca_pem(), &[b"http/1.1"]).await;
+    keep_alive
+        .write_all(format!("GET /healthz HTTP/1.1\r\nhost: {HOST}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = keep_alive.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200 "));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let answered = tokio::time::timeout(Duration::from_secs(3), async {
+        let mut client = connect(server.addr, pki.ca_pem(), rustls::DEFAULT_VERSIONS).await;
+        client
+            .review(&admission_review("uid-idle", &real_looking_pod()))
+            .await
+    })
+    .await
+    .expect("a new connection waited behind idle ones");
+    assert_eq!(answered["response"]["uid"], "uid-idle");
+
+    // The idle connections were closed to make room.
+    for stream in [&mut h2, &mut silent] {
+        read_until_closed(stream, Duration::from_secs(3)).await;
+    }
+    read_until_closed(&mut keep_alive, Duration::from_secs(3)).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let pki = support::pki();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        idle_timeout: Duration::from_millis(500),
+        ..config(&dir)
+    })
+    .await;
+    let mut h2 = tls_stream(server.addr, pki.ca_pem(), &[b"h2"]).await;
+    h2.write_all(H2_PREFACE).await.unwrap();
+    h2.flush().await.unwrap();
+    let mut silent = tls_stream(server.addr, pki.ca_pem(), &[b"http/1.1"]).await;
+    let started = Instant::now();
+    read_until_closed(&mut h2, Duration::from_secs(3)).await;
+    read_until_closed(&mut silent, Duration::from_secs(3)).await;
+    assert!(started.elapsed() >= Duration::from_millis(400));
+
+    // A connection in use is not idle: an HTTP/1.1 client asking every 300 ms keeps it.
+    let mut client = connect(server.addr, pki.ca_pem(), rustls::DEFAULT_VERSIONS).await;
+    for i in 0..4 {
+        let out = client
+            .review(&admission_review(&format!("uid-{i}"), &real_looking_pod()))
+            .await;
+        assert_eq!(out["response"]["allowed"], true);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    server.stop().await;
+}

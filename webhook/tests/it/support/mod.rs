@@ -1,0 +1,297 @@
+//! Fixtures for the HTTPS tests: a PKI from marin3r-certs, a Secret directory laid out and
+//! updated as kubelet does it, a server stopped on drop, a rustls client, a real-looking pod.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use marin3r_certs::{CertificateInfo, IssuedCertificate};
+use marin3r_local_cluster::kubelet::volumes::{secret_files, write_atomic};
+pub use marin3r_testkit::pki::Pki;
+use marin3r_webhook::WebhookServerConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsConnector;
+
+pub const HOST: &str = "marin3r.marin3r-system.svc";
+
+/// The test PKI, its server certificates for [`HOST`].
+pub fn pki() -> Pki {
+    Pki::for_hosts([HOST])
+}
+
+/// A mounted Secret with `tls.crt` and `tls.key`, written and updated by the local kubelet's
+/// atomic writer (`..<ts>/` holds the files, `..data` points at it and is swapped by rename).
+pub struct SecretDir {
+    dir: tempfile::TempDir,
+}
+
+impl SecretDir {
+    pub fn new(cert: &IssuedCertificate) -> Self {
+        let mut s = Self {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        s.write(&cert.cert_pem, &cert.key_pem);
+        s
+    }
+
+    pub fn write(&mut self, cert_pem: &str, key_pem: &str) {
+        let files = secret_files([("tls.crt", cert_pem), ("tls.key", key_pem)]);
+        write_atomic(self.dir.path(), &files).unwrap();
+    }
+
+    pub fn cert(&self) -> PathBuf {
+        self.dir.path().join("tls.crt")
+    }
+
+    pub fn key(&self) -> PathBuf {
+        self.dir.path().join("tls.key")
+    }
+}
+
+/// A running server, stopped when dropped.
+pub struct Server {
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    pub async fn start(config: WebhookServerConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            marin3r_webhook::serve(config, listener, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        Self {
+            addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn config(dir: &SecretDir) -> WebhookServerConfig {
+    WebhookServerConfig {
+        reload_interval: Duration::from_millis(50),
+        ..WebhookServerConfig::new(dir.cert(), dir.key())
+    }
+}
+
+pub struct Client {
+    pub send: SendRequest<Full<Bytes>>,
+    pub peer_serial: String,
+}
+
+pub async fn connect(
+    addr: SocketAddr,
+    ca_pem: &str,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Client {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let stream = TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from(HOST).unwrap(), tcp)
+        .await
+        .unwrap();
+    let peer = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let peer_serial = CertificateInfo::from_der(&peer).unwrap().serial;
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    Client { send, peer_serial }
+}
+
+impl Client {
+    pub async fn request(&mut self, method: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", HOST)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = self.send.send_request(req).await.unwrap();
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (status, body)
+    }
+
+    pub async fn review(&mut self, body: &Value) -> Value {
+        let (status, out) = self
+            .request("POST", "/pod-v1-mutate", body.to_string().into_bytes())
+            .await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&out));
+        serde_json::from_slice(&out).unwrap()
+    }
+}
+
+/// A pod as the API server sends it for a Deployment's ReplicaSet: no name yet, owner,
+/// service-account token volume, defaults filled in.
+pub fn real_looking_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "kuard-6f9c5b7d8-",
+            "namespace": "shop",
+            "labels": {
+                "app": "kuard",
+                "pod-template-hash": "6f9c5b7d8",
+                "marin3r.3scale.net/status": "enabled",
+            },
+            "annotations": {
+                "marin3r.3scale.net/node-id": "kuard",
+                "marin3r.3scale.net/ports": "http:8081,https:8443",
+                "marin3r.3scale.net/envoy-extra-args": "--log-level info",
+            },
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "kuard-6f9c5b7d8",
+                "uid": "2b1c5f6e-1b1a-4c1e-9a53-0f1d1c7f3a11", "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "containers": [{
+                "name": "kuard",
+                "image": "gcr.io/kuar-demo/kuard-amd64:blue",
+                "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+                "volumeMounts": [{
+                    "name": "kube-api-access-x7k2p",
+                    "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                    "readOnly": true,
+                }],
+            }],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            ],
+            "priority": 0,
+            "enableServiceLinks": true,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "volumes": [{
+                "name": "kube-api-access-x7k2p",
+                "projected": {
+                    "defaultMode": 420,
+                    "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    ],
+                },
+            }],
+        },
+        "status": {},
+    })
+}
+
+pub fn admission_review(uid: &str, pod: &Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop",
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller", "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+        }
+    })
+}
+
+pub fn apply(pod: &Value, response: &Value) -> Value {
+    assert_eq!(response["allowed"], true, "{response}");
+    let mut out = pod.clone();
+    if let Some(patch) = response.get("patch") {
+        assert_eq!(response["patchType"], "JSONPatch");
+        let patch: json_patch::Patch =
+            serde_json::from_slice(&BASE64.decode(patch.as_str().unwrap()).unwrap()).unwrap();
+        json_patch::patch(&mut out, &patch.0).unwrap();
+    }
+    out
+}
+
+/// A TLS stream to the server trusting only `ca_pem`, offering `alpn`: for clients that
+/// misbehave below HTTP.
+pub async fn tls_stream(
+    addr: SocketAddr,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    TlsConnector::from(Arc::new(tls))
+        .connect(ServerName::try_from(HOST).unwrap(), tcp)
+        .await
+        .unwrap()
+}
