@@ -97,6 +97,7 @@ impl ServerBuilder {
             stop: CancellationToken::new(),
             limits: self.limits,
             streams: Arc::new(NamespaceStreams::default()),
+            bytes: Arc::default(),
         });
         let server = Server {
             shared,

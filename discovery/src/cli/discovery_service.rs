@@ -132,6 +132,15 @@ struct XdsLimitArgs {
     /// Resource names one stream may subscribe to per resource type.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_names_per_type)]
     xds_max_names_per_type: usize,
+    /// The longest resource name (or reported version) a discovery request may carry, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_name_bytes)]
+    xds_max_name_bytes: usize,
+    /// Bytes of resource names one stream may subscribe to per resource type.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_subscription_bytes_per_type)]
+    xds_max_subscription_bytes_per_type: usize,
+    /// Bytes of resource names subscribed by every stream of one namespace together.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_subscription_bytes_per_namespace)]
+    xds_max_subscription_bytes_per_namespace: usize,
     /// Seconds after which a proxy's connection is closed (it reconnects at once), so its
     /// certificate and namespace are checked again.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().max_connection_age.as_secs())]
@@ -148,6 +157,12 @@ impl XdsLimitArgs {
             ),
             max_request_bytes: self.xds_max_request_bytes.max(1024),
             max_names_per_type: self.xds_max_names_per_type.max(1),
+            // Envoy's own names (a cluster's, a secret's) must always fit.
+            max_name_bytes: self.xds_max_name_bytes.max(256),
+            max_subscription_bytes_per_type: self.xds_max_subscription_bytes_per_type.max(4096),
+            max_subscription_bytes_per_namespace: self
+                .xds_max_subscription_bytes_per_namespace
+                .max(4096),
             max_connection_age: std::time::Duration::from_secs(self.xds_max_connection_age.max(10)),
         }
     }
