@@ -184,6 +184,15 @@ impl Snapshot {
         (kind == ResourceType::Runtime).then(|| empty_runtime_layer(name))
     }
 
+    /// The bytes of every resource's encoded body, every type together.
+    pub(crate) fn resource_bytes(&self) -> usize {
+        self.types
+            .values()
+            .flat_map(|t| t.resources.values())
+            .map(|r| r.resource.body.len())
+            .sum()
+    }
+
     /// The versions of every type, for logs and status.
     pub fn versions(&self) -> BTreeMap<ResourceType, &str> {
         self.types.iter().map(|(t, s)| (*t, s.version())).collect()
@@ -257,9 +266,9 @@ impl Cache {
     ) -> bool {
         let key = NodeKey::new(namespace, node_id);
         let published = Published {
+            encoded: Arc::new(Encoded::for_snapshot_of(snapshot.resource_bytes())),
             snapshot: Arc::new(snapshot),
             set_at: Instant::now(),
-            encoded: Arc::default(),
         };
         let mut slots = self.lock();
         let slot = slots.entry(key).or_insert_with(|| watch::Sender::new(None));
