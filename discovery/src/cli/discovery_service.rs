@@ -110,6 +110,20 @@ pub struct DiscoveryServiceArgs {
     debug: bool,
     #[command(flatten)]
     xds_limits: XdsLimitArgs,
+    #[command(flatten)]
+    webhook_limits: WebhookLimitArgs,
+}
+
+/// What one client address may take of the webhook, which anyone reaching its port can call
+/// without a certificate: its share leaves the API server's calls their slots.
+#[derive(Debug, Args)]
+struct WebhookLimitArgs {
+    /// Webhook connections one client address may hold at once; more are closed at once.
+    #[arg(long, value_name = "N", default_value_t = marin3r_webhook::server::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS)]
+    webhook_max_connections_per_address: usize,
+    /// Webhook requests one client address may have in flight at once; more get 429.
+    #[arg(long, value_name = "N", default_value_t = marin3r_webhook::server::DEFAULT_MAX_REQUESTS_PER_ADDRESS)]
+    webhook_max_requests_per_address: usize,
 }
 
 /// What one proxy, or one namespace, may take of the xDS server. A stream over a limit is
@@ -389,6 +403,9 @@ fn webhook_config(
     webhook.envoy_config_validator = Some(crate::rules::validator(ALLOW_CROSS_NAMESPACE_SECRETS));
     webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
     webhook.injection.discovery_service = args.discovery_service_name.clone();
+    let limits = &args.webhook_limits;
+    webhook.max_connections_per_address = limits.webhook_max_connections_per_address.max(1);
+    webhook.max_requests_per_address = limits.webhook_max_requests_per_address.max(1);
     webhook.metrics.register(registry);
     webhook
 }
