@@ -3,7 +3,7 @@
 //! requests (see [`crate::clients`]).
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -30,6 +30,8 @@ pub(crate) struct ConnLimits {
     body_timeout: Duration,
     idle_timeout: Duration,
     max_concurrent_streams: u32,
+    /// A connection with requests in flight and none finished for this long is stalled.
+    stalled_after: Duration,
 }
 
 impl From<&WebhookServerConfig> for ConnLimits {
@@ -39,6 +41,9 @@ impl From<&WebhookServerConfig> for ConnLimits {
             body_timeout: c.body_timeout,
             idle_timeout: c.idle_timeout,
             max_concurrent_streams: c.max_concurrent_streams.max(1),
+            // A review's body arrives in milliseconds; one that takes a tenth of the body
+            // deadline to arrive is not the API server's.
+            stalled_after: c.body_timeout / 10,
         }
     }
 }
@@ -93,27 +98,31 @@ impl Conn {
     }
 
     /// The connection's slot: the one it was given, or one freed within the handshake
-    /// timeout after telling idle connections that someone waits.
+    /// timeout after telling idle and stalled connections that someone waits. It tells them
+    /// again every `stalled_after`: a connection busy at first may be stalled by then.
     async fn take_slot(
         &self,
         slot: Slot,
         peer: std::net::SocketAddr,
     ) -> Option<OwnedSemaphorePermit> {
-        match slot {
-            Slot::Taken(slot) => Some(slot),
-            Slot::Wait(_waiting) => {
-                self.pressure.send_modify(|n| *n = n.wrapping_add(1));
-                let wait = self.slots.clone().acquire_owned();
-                match tokio::time::timeout(self.limits.handshake_timeout, wait).await {
-                    Ok(Ok(slot)) => Some(slot),
-                    _ => {
-                        tracing::warn!(%peer, "too many connections; closing this one");
-                        self.metrics.refused(Refusal::Connections);
-                        None
-                    }
-                }
+        let _waiting = match slot {
+            Slot::Taken(slot) => return Some(slot),
+            Slot::Wait(waiting) => waiting,
+        };
+        let deadline = tokio::time::Instant::now() + self.limits.handshake_timeout;
+        loop {
+            self.pressure.send_modify(|n| *n = n.wrapping_add(1));
+            let until = deadline.min(tokio::time::Instant::now() + self.limits.stalled_after);
+            let wait = self.slots.clone().acquire_owned();
+            match tokio::time::timeout_at(until, wait).await {
+                Ok(Ok(slot)) => return Some(slot),
+                Err(_) if until < deadline => continue,
+                _ => break,
             }
         }
+        tracing::warn!(%peer, "too many connections; closing this one");
+        self.metrics.refused(Refusal::Connections);
+        None
     }
 
     async fn handshake(
@@ -148,9 +157,11 @@ impl Conn {
             ..
         } = self;
         let (active, mut active_rx) = watch::channel(0usize);
+        let progress = Arc::new(Mutex::new(tokio::time::Instant::now()));
         let service = Tracked {
             inner: TowerToHyperService::new(app),
             active: Arc::new(active),
+            progress: progress.clone(),
             clients,
             peer,
             metrics,
@@ -176,12 +187,17 @@ impl Conn {
                     tracing::debug!(%peer, "connection still busy after closing; dropping it");
                     return;
                 }
-                () = until_idle_or_pressed(
+                close = until_idle_or_pressed(
                     &mut active_rx,
                     &mut pressure_rx,
                     &mut closing,
                     limits.idle_timeout,
+                    (&progress, limits.stalled_after),
                 ), if closed_at.is_none() => {
+                    if close == Close::Now {
+                        tracing::warn!(%peer, "dropping a stalled connection: another one waits for its slot");
+                        return;
+                    }
                     tracing::debug!(%peer, "closing an idle connection");
                     conn.as_mut().graceful_shutdown();
                     closed_at = Some(tokio::time::Instant::now());
@@ -223,14 +239,32 @@ async fn hard_stop(
     let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
 }
 
+/// How a connection is to be closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// GOAWAY, letting requests in flight finish.
+    Gracefully,
+    /// At once: its requests are stalled, and a new connection waits for its slot.
+    Now,
+}
+
+/// Whether a connection with requests in flight has finished none for `after` (`progress`:
+/// when one last finished, or when the connection last became busy).
+fn stalled((progress, after): (&Mutex<tokio::time::Instant>, Duration)) -> bool {
+    let since = *progress.lock().unwrap_or_else(|e| e.into_inner());
+    since.elapsed() > after
+}
+
 /// Resolves when the server shuts down, or when the connection has had no request in flight
-/// for `idle`, or is idle while another connection waits for a slot.
+/// for `idle`, or is idle while another connection waits for a slot (to close gracefully);
+/// or is stalled (see [`stalled`]) while another waits (to close now).
 async fn until_idle_or_pressed(
     active: &mut watch::Receiver<usize>,
     pressure: &mut watch::Receiver<u64>,
     closing: &mut watch::Receiver<bool>,
     idle: Duration,
-) {
+    progress: (&Mutex<tokio::time::Instant>, Duration),
+) -> Close {
     let in_flight = active.clone();
     let idle_for_long = async {
         loop {
@@ -251,7 +285,10 @@ async fn until_idle_or_pressed(
                 return std::future::pending().await;
             }
             if *in_flight.borrow() == 0 {
-                return;
+                return Close::Gracefully;
+            }
+            if stalled(progress) {
+                return Close::Now;
             }
         }
     };
@@ -261,9 +298,9 @@ async fn until_idle_or_pressed(
         }
     };
     tokio::select! {
-        () = idle_for_long => {}
-        () = pressed_while_idle => {}
-        () = shutting_down => {}
+        () = idle_for_long => Close::Gracefully,
+        close = pressed_while_idle => close,
+        () = shutting_down => Close::Gracefully,
     }
 }
 
@@ -275,6 +312,8 @@ async fn until_idle_or_pressed(
 struct Tracked<S> {
     inner: S,
     active: Arc<watch::Sender<usize>>,
+    /// When a request last finished, or the connection last became busy.
+    progress: Arc<Mutex<tokio::time::Instant>>,
     clients: Arc<Clients>,
     peer: std::net::SocketAddr,
     metrics: Arc<WebhookMetrics>,
@@ -283,11 +322,13 @@ struct Tracked<S> {
 /// A request in flight: counted on its connection and, by its place, for its address.
 struct InFlight {
     active: Arc<watch::Sender<usize>>,
+    progress: Arc<Mutex<tokio::time::Instant>>,
     _place: Place,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        *self.progress.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
         self.active.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
@@ -312,9 +353,16 @@ where
             );
             return Box::pin(std::future::ready(Ok(refusal.into_response())));
         };
-        self.active.send_modify(|n| *n = n.saturating_add(1));
+        self.active.send_modify(|n| {
+            if *n == 0 {
+                *self.progress.lock().unwrap_or_else(|e| e.into_inner()) =
+                    tokio::time::Instant::now();
+            }
+            *n = n.saturating_add(1);
+        });
         let guard = InFlight {
             active: self.active.clone(),
+            progress: self.progress.clone(),
             _place: place,
         };
         let fut = self.inner.call(req);

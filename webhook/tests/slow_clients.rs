@@ -288,3 +288,32 @@ async fn requests_over_the_per_address_limit_are_refused_at_once() {
     review_in_time(server.addr, &pki.ca_pem, "uid-other-address").await;
     server.stop().await;
 }
+
+#[tokio::test]
+async fn stalled_connections_from_several_addresses_make_room_for_a_new_one() {
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_connections: 8,
+        max_connections_per_address: 4,
+        // Stalled after a tenth of it: 200 ms without a request finished.
+        body_timeout: Duration::from_secs(2),
+        ..config(&dir)
+    })
+    .await;
+    // Three addresses within their shares, together more than every slot, each connection
+    // busy with a body that never ends.
+    let mut attack = Vec::new();
+    for last in [1, 3, 4] {
+        let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
+        for _ in 0..4 {
+            if let Some(mut send) = h2_from(from, server.addr, &pki.ca_pem).await {
+                let pending = slow_review(&mut send);
+                attack.push((send, pending));
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    review_in_time(server.addr, &pki.ca_pem, "uid-several").await;
+    server.stop().await;
+}
