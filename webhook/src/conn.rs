@@ -43,7 +43,8 @@ impl From<&WebhookServerConfig> for ConnLimits {
             max_concurrent_streams: c.max_concurrent_streams.max(1),
             // A review's body arrives in milliseconds; one that takes a tenth of the body
             // deadline to arrive is not the API server's.
-            stalled_after: c.body_timeout / 10,
+            // (At least 50 ms: a waiting connection asks again that often.)
+            stalled_after: (c.body_timeout / 10).max(Duration::from_millis(50)),
         }
     }
 }

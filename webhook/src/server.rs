@@ -62,7 +62,9 @@ pub struct WebhookServerConfig {
     /// A new connection that finds every slot taken waits this long for one.
     pub handshake_timeout: Duration,
     /// A request whose body has not fully arrived by then gets 408. Keep it well under the
-    /// webhook's `timeoutSeconds` (10 s).
+    /// webhook's `timeoutSeconds` (10 s). A connection with requests in flight and none
+    /// finished for a tenth of it (at least 50 ms) is stalled: dropped at once while a new
+    /// connection waits for a slot.
     pub body_timeout: Duration,
     /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
     /// HTTP/2 alike). Idle connections are also closed at once while a new one waits for a slot.
