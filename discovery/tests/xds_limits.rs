@@ -459,6 +459,12 @@ fn one_namespace_over_its_subscription_bytes_does_not_stop_another() {
             .unwrap();
         let mut third = subscribe_long_names(&server, &a, 7).await;
         let s = closed_with(&mut third).await;
+        // The server's own accounting: two streams' names, not the refused one's.
+        let kept = server.metric("marin3r_xds_subscription_bytes");
+        assert!(
+            (2.0 * 7.0 * 65536.0..=1048576.0).contains(&kept),
+            "{kept} bytes kept"
+        );
         assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
         assert_eq!(
             s.message(),
@@ -484,10 +490,15 @@ fn one_namespace_over_its_subscription_bytes_does_not_stop_another() {
             }
         })
         .await;
-        assert!(
-            again.is_ok(),
-            "the closed stream's bytes were not given back"
-        );
+        let again = again.expect("the closed stream's bytes were not given back");
+        drop((again, second, b2, _b1));
+        let released = tokio::time::timeout(WAIT, async {
+            while server.metric("marin3r_xds_subscription_bytes") > 0.0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(released.is_ok(), "closed streams kept their bytes");
     });
     assert!(refused(&server, "SubscriptionBytesPerNamespace") >= 1.0);
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelValue;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// The limits; [`Limits::default`] suits a pod serving a few thousand proxies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,9 +187,10 @@ impl Drop for StreamSlot {
 }
 
 /// The bytes every stream of a namespace keeps of its own (see
-/// [`Limits::max_subscription_bytes_per_namespace`]).
+/// [`Limits::max_subscription_bytes_per_namespace`]), and their sum over every namespace
+/// (the gauge `marin3r_xds_subscription_bytes`).
 #[derive(Debug, Default)]
-pub(crate) struct NamespaceBytes(Mutex<HashMap<Arc<str>, usize>>);
+pub(crate) struct NamespaceBytes(Mutex<HashMap<Arc<str>, usize>>, Gauge);
 
 /// What one stream has charged to its namespace's bytes; given back when it is dropped.
 #[derive(Debug)]
@@ -199,6 +201,11 @@ pub(crate) struct BytesCharge {
 }
 
 impl NamespaceBytes {
+    /// Counts, with their sum kept in `total`.
+    pub(crate) fn new(total: Gauge) -> Self {
+        Self(Mutex::default(), total)
+    }
+
     /// A stream's charge, empty until it is [set](BytesCharge::set).
     pub(crate) fn charge(self: &Arc<Self>, namespace: &Arc<str>) -> BytesCharge {
         BytesCharge {
@@ -232,6 +239,9 @@ impl BytesCharge {
         if bytes > self.charged && total > max {
             return Err(Limit::SubscriptionBytesPerNamespace);
         }
+        let change = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.counts.1.inc_by(change(bytes));
+        self.counts.1.dec_by(change(self.charged));
         self.charged = bytes;
         if total == 0 {
             counts.remove(&self.namespace);
@@ -305,6 +315,7 @@ mod tests {
         a2.set(400, 1000).unwrap();
         b1.set(1000, 1000).unwrap();
         assert_eq!((counts.total("a"), counts.total("b")), (1000, 1000));
+        assert_eq!(counts.1.get(), 2000, "the sum over namespaces");
         // Shrinking is always allowed, even over the limit.
         a1.set(100, 10).unwrap();
         assert_eq!(counts.total("a"), 500);
@@ -313,5 +324,6 @@ mod tests {
             counts.0.lock().unwrap().is_empty(),
             "no entry is left behind"
         );
+        assert_eq!(counts.1.get(), 0);
     }
 }
