@@ -35,10 +35,12 @@ pub const VALIDATE_ENVOY_CONFIG_PATH: &str = "/validate-marin3r-3scale-net-v1alp
 pub const HEALTHZ_PATH: &str = "/healthz";
 
 /// The default share of one client address: a quarter of the default 256 connection slots,
-/// and as many requests in flight as reviews are decided at once. The API server spreads its
-/// calls over few connections (HTTP/2), well within it.
+/// and four times as many requests in flight as reviews are decided at once (the rest wait
+/// for a decision permit). The API server spreads its calls over few HTTP/2 connections; a
+/// burst of pod creations (a large Deployment scaled up) sends it a few hundred at once at
+/// most, and a request over the share fails its admission, so the share is generous.
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
-pub const DEFAULT_MAX_REQUESTS_PER_ADDRESS: usize = 64;
+pub const DEFAULT_MAX_REQUESTS_PER_ADDRESS: usize = 256;
 
 /// How the webhook server runs.
 #[derive(Debug, Clone)]
