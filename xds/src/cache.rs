@@ -181,7 +181,20 @@ impl Snapshot {
         if let Some(r) = self.of_type(kind).resources().get(name) {
             return Some(r.clone());
         }
-        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(name))
+        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::from(name)))
+    }
+
+    /// [`Snapshot::requested`] for a name the caller keeps: a stand-in shares its string, so
+    /// a stream that remembers the stand-in it sent keeps no second copy of the name.
+    pub(crate) fn requested_shared(
+        &self,
+        kind: ResourceType,
+        name: &Arc<str>,
+    ) -> Option<VersionedResource> {
+        if let Some(r) = self.of_type(kind).resources().get(&**name) {
+            return Some(r.clone());
+        }
+        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::clone(name)))
     }
 
     /// The bytes of every resource's encoded body, every type together.
@@ -199,20 +212,20 @@ impl Snapshot {
     }
 }
 
-fn empty_runtime_layer(name: &str) -> VersionedResource {
+fn empty_runtime_layer(name: Arc<str>) -> VersionedResource {
     let body = Runtime {
-        name: name.to_owned(),
+        name: name.to_string(),
         layer: Some(Struct::default()),
     }
     .encode_to_vec();
     VersionedResource {
         version: short_hex(&Sha256::digest(&body)).into(),
-        name: name.into(),
         resource: Resource {
             kind: ResourceType::Runtime,
-            name: name.to_owned(),
+            name: name.to_string(),
             body: body.into(),
         },
+        name,
     }
 }
 

@@ -436,7 +436,7 @@ fn differences(
         .names
         .iter()
         .filter(|n| !typed.resources().contains_key(&***n))
-        .filter_map(|n| snapshot.requested(kind, n))
+        .filter_map(|n| snapshot.requested_shared(kind, n))
         .map(|r| (Arc::clone(&r.name), r))
         .collect();
     let sent = resources.len();

@@ -460,3 +460,20 @@ fn subscriptions_are_bounded_in_bytes_and_names_in_length() {
     assert_eq!(out.exceeded, Some(Limit::NameSize));
     assert_eq!(out.response, None);
 }
+
+#[test]
+fn a_stand_in_the_proxy_holds_shares_its_subscribed_name() {
+    let rtds = ResourceType::Runtime;
+    let empty = mk_snapshot(CDS, &[]);
+    let mut st = DeltaState::default();
+    let r = st
+        .on_request(&mk_req(rtds, &["layer"], ""), Some(&empty))
+        .response
+        .unwrap();
+    assert!(r.stand_ins, "an empty layer stands in for the name");
+    st.on_request(&ack(&r), Some(&empty));
+    let held = st.held(rtds);
+    let subscribed = st.types[&rtds].names.first().unwrap();
+    // The name bytes are counted once (in the subscription), so they are kept once.
+    assert!(Arc::ptr_eq(&held[0].0, subscribed));
+}
