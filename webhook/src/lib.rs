@@ -4,7 +4,9 @@
 //! supplies), the HTTPS server (certificate reloaded from disk) and offline injection of YAML.
 
 pub mod annotations;
+mod clients;
 pub mod config;
+mod conn;
 pub mod inject;
 pub mod metrics;
 pub mod mutate;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -15,11 +15,29 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+/// Why a connection or request was refused before it was read: the `limit` label of
+/// `marin3r_webhook_refused_total`.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Refusal {
+    /// Every connection slot stayed taken (`max_connections`).
+    Connections,
+    /// The client's address held its share of connections.
+    ConnectionsPerAddress,
+    /// The client's address had its share of requests in flight.
+    RequestsPerAddress,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    limit: Refusal,
+}
+
 /// Shared by every connection of a server; register it once with the process registry.
 #[derive(Debug, Clone)]
 pub struct WebhookMetrics {
     admissions: Family<OutcomeLabels, Counter>,
     duration: Histogram,
+    refusals: Family<RefusalLabels, Counter>,
 }
 
 impl Default for WebhookMetrics {
@@ -28,6 +46,7 @@ impl Default for WebhookMetrics {
             admissions: Family::default(),
             // 50 µs to ~0.8 s: an admission is sub-millisecond unless something is wrong.
             duration: Histogram::new(exponential_buckets(0.000_05, 2.0, 15)),
+            refusals: Family::default(),
         }
     }
 }
@@ -46,6 +65,15 @@ impl WebhookMetrics {
             "Time to decode, decide and encode one AdmissionReview",
             self.duration.clone(),
         );
+        registry.register(
+            "marin3r_webhook_refused",
+            "Connections and requests refused before they were read, by limit (Connections, ConnectionsPerAddress, RequestsPerAddress)",
+            self.refusals.clone(),
+        );
+    }
+
+    pub(crate) fn refused(&self, limit: Refusal) {
+        self.refusals.get_or_create(&RefusalLabels { limit }).inc();
     }
 
     pub(crate) fn observe(&self, webhook: &'static str, outcome: &'static str, took: Duration) {

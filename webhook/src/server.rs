@@ -8,7 +8,6 @@
 //! waits for one.
 
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,16 +17,14 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 
+use crate::clients::Clients;
 use crate::config::InjectionConfig;
-use crate::metrics::WebhookMetrics;
+use crate::conn::{Conn, ConnLimits, Slot};
+use crate::metrics::{Refusal, WebhookMetrics};
 use crate::review::{BadRequest, Outcome, review};
 use crate::tls::{TlsError, load_cert, server_config};
 use crate::validate::{EnvoyConfigValidator, review_envoy_config};
@@ -36,6 +33,14 @@ pub const MUTATE_PATH: &str = "/pod-v1-mutate";
 /// The path the original MARIN3R (controller-runtime) validates EnvoyConfigs at.
 pub const VALIDATE_ENVOY_CONFIG_PATH: &str = "/validate-marin3r-3scale-net-v1alpha1-envoyconfig";
 pub const HEALTHZ_PATH: &str = "/healthz";
+
+/// The default share of one client address: a quarter of the default 256 connection slots,
+/// and four times as many requests in flight as reviews are decided at once (the rest wait
+/// for a decision permit). The API server spreads its calls over few HTTP/2 connections; a
+/// burst of pod creations (a large Deployment scaled up) sends it a few hundred at once at
+/// most, and a request over the share fails its admission, so the share is generous.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
+pub const DEFAULT_MAX_REQUESTS_PER_ADDRESS: usize = 256;
 
 /// How the webhook server runs.
 #[derive(Debug, Clone)]
@@ -59,13 +64,21 @@ pub struct WebhookServerConfig {
     /// A new connection that finds every slot taken waits this long for one.
     pub handshake_timeout: Duration,
     /// A request whose body has not fully arrived by then gets 408. Keep it well under the
-    /// webhook's `timeoutSeconds` (10 s).
+    /// webhook's `timeoutSeconds` (10 s). A connection with requests in flight and none
+    /// finished for a tenth of it (at least 50 ms) is stalled: dropped at once while a new
+    /// connection waits for a slot.
     pub body_timeout: Duration,
     /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
     /// HTTP/2 alike). Idle connections are also closed at once while a new one waits for a slot.
     pub idle_timeout: Duration,
     /// HTTP/2 streams (requests) at once on one connection.
     pub max_concurrent_streams: u32,
+    /// Connections one client address may hold at once (slots and waits for one together);
+    /// more from it are closed at once, so one address never takes every slot.
+    pub max_connections_per_address: usize,
+    /// Requests one client address may have in flight at once, over all its connections;
+    /// more get `429` at once.
+    pub max_requests_per_address: usize,
     /// Where admissions are counted; register it with the process's Prometheus registry.
     pub metrics: Arc<WebhookMetrics>,
 }
@@ -85,6 +98,8 @@ impl WebhookServerConfig {
             body_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             max_concurrent_streams: 32,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_requests_per_address: DEFAULT_MAX_REQUESTS_PER_ADDRESS,
             metrics: Arc::default(),
         }
     }
@@ -260,6 +275,10 @@ pub async fn serve(
     let (pressure, _) = tokio::sync::watch::channel(0u64);
     let pressure = Arc::new(pressure);
     let limits = ConnLimits::from(&config);
+    let clients = Arc::new(Clients::new(
+        config.max_connections_per_address,
+        config.max_requests_per_address,
+    ));
     let (closing, _) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -275,8 +294,15 @@ pub async fn serve(
                 }
             },
         };
+        // An address at its share is refused before it may press idle connections to close.
+        let Some(place) = clients.connection(peer.ip()) else {
+            tracing::warn!(%peer, "too many connections from this address; closing this one");
+            config.metrics.refused(Refusal::ConnectionsPerAddress);
+            continue;
+        };
         let Some(slot) = Slot::offer(&slots, &waiting) else {
             tracing::warn!(%peer, "too many connections; closing this one");
+            config.metrics.refused(Refusal::Connections);
             continue;
         };
         let conn = Conn {
@@ -286,8 +312,10 @@ pub async fn serve(
             acceptor: acceptor.clone(),
             app: app.clone(),
             limits: limits.clone(),
+            clients: clients.clone(),
+            metrics: config.metrics.clone(),
         };
-        tokio::spawn(conn.run(tcp, peer, slot));
+        tokio::spawn(conn.run(tcp, peer, slot, place));
     }
     drop(listener);
     let _ = stop_tx.send(());
@@ -306,272 +334,5 @@ async fn all_closed(slots: &Semaphore, max_connections: usize) {
         .is_err()
     {
         tracing::warn!("requests still open after 10 s at shutdown");
-    }
-}
-
-/// How long a closing connection is given to acknowledge its GOAWAY.
-const CLOSE_ACK_WAIT: Duration = Duration::from_secs(1);
-
-#[derive(Clone)]
-struct ConnLimits {
-    handshake_timeout: Duration,
-    body_timeout: Duration,
-    idle_timeout: Duration,
-    max_concurrent_streams: u32,
-}
-
-impl From<&WebhookServerConfig> for ConnLimits {
-    fn from(c: &WebhookServerConfig) -> Self {
-        Self {
-            handshake_timeout: c.handshake_timeout,
-            body_timeout: c.body_timeout,
-            idle_timeout: c.idle_timeout,
-            max_concurrent_streams: c.max_concurrent_streams.max(1),
-        }
-    }
-}
-
-enum Slot {
-    Taken(OwnedSemaphorePermit),
-    /// Every slot was taken: this connection waits (holding a waiting permit) for one.
-    Wait(OwnedSemaphorePermit),
-}
-
-impl Slot {
-    /// A free slot, else a place among those waiting for one; None when both are full.
-    fn offer(slots: &Arc<Semaphore>, waiting: &Arc<Semaphore>) -> Option<Self> {
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => Some(Self::Taken(slot)),
-            Err(_) => waiting.clone().try_acquire_owned().ok().map(Self::Wait),
-        }
-    }
-}
-
-/// One accepted connection and what it shares with the server.
-struct Conn {
-    slots: Arc<Semaphore>,
-    pressure: Arc<watch::Sender<u64>>,
-    closing: watch::Receiver<bool>,
-    acceptor: TlsAcceptor,
-    app: Router,
-    limits: ConnLimits,
-}
-
-impl Conn {
-    /// Waits for a slot, completes the TLS handshake and serves HTTP until the connection
-    /// ends or is closed.
-    async fn run(self, tcp: TcpStream, peer: std::net::SocketAddr, slot: Slot) {
-        let Some(_slot) = self.take_slot(slot, peer).await else {
-            return;
-        };
-        let Some(tls) = self.handshake(tcp, peer).await else {
-            return;
-        };
-        self.serve(tls, peer).await;
-    }
-
-    /// The connection's slot: the one it was given, or one freed within the handshake
-    /// timeout after telling idle connections that someone waits.
-    async fn take_slot(
-        &self,
-        slot: Slot,
-        peer: std::net::SocketAddr,
-    ) -> Option<OwnedSemaphorePermit> {
-        match slot {
-            Slot::Taken(slot) => Some(slot),
-            Slot::Wait(_waiting) => {
-                self.pressure.send_modify(|n| *n = n.wrapping_add(1));
-                let wait = self.slots.clone().acquire_owned();
-                match tokio::time::timeout(self.limits.handshake_timeout, wait).await {
-                    Ok(Ok(slot)) => Some(slot),
-                    _ => {
-                        tracing::warn!(%peer, "too many connections; closing this one");
-                        None
-                    }
-                }
-            }
-        }
-    }
-
-    async fn handshake(
-        &self,
-        tcp: TcpStream,
-        peer: std::net::SocketAddr,
-    ) -> Option<TlsStream<TcpStream>> {
-        let accept = self.acceptor.accept(tcp);
-        match tokio::time::timeout(self.limits.handshake_timeout, accept).await {
-            Ok(Ok(tls)) => Some(tls),
-            Ok(Err(e)) => {
-                tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                None
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "TLS handshake timed out");
-                None
-            }
-        }
-    }
-
-    /// Serves HTTP/1 or HTTP/2 on the connection until the client closes it, or until it is
-    /// idle (or pressed, or the server stops) and then closed gracefully.
-    async fn serve(self, tls: TlsStream<TcpStream>, peer: std::net::SocketAddr) {
-        let Conn {
-            pressure,
-            mut closing,
-            app,
-            limits,
-            ..
-        } = self;
-        let (active, mut active_rx) = watch::channel(0usize);
-        let service = Tracked {
-            inner: TowerToHyperService::new(app),
-            active: Arc::new(active),
-        };
-        let builder = http_builder(&limits);
-        let conn = builder.serve_connection(TokioIo::new(tls), service);
-        tokio::pin!(conn);
-        let mut pressure_rx = pressure.subscribe();
-        pressure_rx.mark_unchanged();
-        // Once closing, open requests get this long (their body deadline and some) to finish.
-        let grace = limits.body_timeout.saturating_add(limits.handshake_timeout);
-        let mut closed_at: Option<tokio::time::Instant> = None;
-        loop {
-            let hard_stop = hard_stop(closed_at, grace, active_rx.clone());
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                    return;
-                }
-                () = hard_stop => {
-                    tracing::debug!(%peer, "connection still busy after closing; dropping it");
-                    return;
-                }
-                () = until_idle_or_pressed(
-                    &mut active_rx,
-                    &mut pressure_rx,
-                    &mut closing,
-                    limits.idle_timeout,
-                ), if closed_at.is_none() => {
-                    tracing::debug!(%peer, "closing an idle connection");
-                    conn.as_mut().graceful_shutdown();
-                    closed_at = Some(tokio::time::Instant::now());
-                }
-            }
-        }
-    }
-}
-
-/// The HTTP/1 and HTTP/2 settings of a connection.
-fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.handshake_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        // Pings find peers that vanished without closing.
-        .keep_alive_interval(Some(limits.idle_timeout))
-        .keep_alive_timeout(limits.handshake_timeout);
-    builder
-}
-
-/// A closing connection ends by itself once its client acknowledges the GOAWAY; one that
-/// does not is dropped when it has no request in flight (after a second for the
-/// acknowledgement), or after `grace` in any case. Never resolves before it is closed.
-async fn hard_stop(
-    closed_at: Option<tokio::time::Instant>,
-    grace: Duration,
-    mut in_flight: watch::Receiver<usize>,
-) {
-    let Some(at) = closed_at else {
-        return std::future::pending().await;
-    };
-    tokio::time::sleep_until(at + CLOSE_ACK_WAIT).await;
-    let _ = tokio::time::timeout_at(at + grace, in_flight.wait_for(|n| *n == 0)).await;
-}
-
-/// Resolves when the server shuts down, or when the connection has had no request in flight
-/// for `idle`, or is idle while another connection waits for a slot.
-async fn until_idle_or_pressed(
-    active: &mut watch::Receiver<usize>,
-    pressure: &mut watch::Receiver<u64>,
-    closing: &mut watch::Receiver<bool>,
-    idle: Duration,
-) {
-    let in_flight = active.clone();
-    let idle_for_long = async {
-        loop {
-            if active.wait_for(|n| *n == 0).await.is_err() {
-                return std::future::pending().await;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(idle) => return,
-                changed = active.changed() => if changed.is_err() {
-                    return std::future::pending().await;
-                },
-            }
-        }
-    };
-    let pressed_while_idle = async {
-        loop {
-            if pressure.changed().await.is_err() {
-                return std::future::pending().await;
-            }
-            if *in_flight.borrow() == 0 {
-                return;
-            }
-        }
-    };
-    let shutting_down = async {
-        if closing.wait_for(|c| *c).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = idle_for_long => {}
-        () = pressed_while_idle => {}
-        () = shutting_down => {}
-    }
-}
-
-/// Counts the connection's requests in flight, so that idleness can be told apart from a slow
-/// request.
-#[derive(Clone)]
-struct Tracked<S> {
-    inner: S,
-    active: Arc<watch::Sender<usize>>,
-}
-
-struct InFlight(Arc<watch::Sender<usize>>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.send_modify(|n| *n = n.saturating_sub(1));
-    }
-}
-
-impl<S, R> hyper::service::Service<R> for Tracked<S>
-where
-    S: hyper::service::Service<R>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
-
-    fn call(&self, req: R) -> Self::Future {
-        self.active.send_modify(|n| *n = n.saturating_add(1));
-        let guard = InFlight(self.active.clone());
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let response = fut.await;
-            drop(guard);
-            response
-        })
     }
 }

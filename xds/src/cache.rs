@@ -181,7 +181,29 @@ impl Snapshot {
         if let Some(r) = self.of_type(kind).resources().get(name) {
             return Some(r.clone());
         }
-        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(name))
+        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::from(name)))
+    }
+
+    /// [`Snapshot::requested`] for a name the caller keeps: a stand-in shares its string, so
+    /// a stream that remembers the stand-in it sent keeps no second copy of the name.
+    pub(crate) fn requested_shared(
+        &self,
+        kind: ResourceType,
+        name: &Arc<str>,
+    ) -> Option<VersionedResource> {
+        if let Some(r) = self.of_type(kind).resources().get(&**name) {
+            return Some(r.clone());
+        }
+        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::clone(name)))
+    }
+
+    /// The bytes of every resource's encoded body, every type together.
+    pub(crate) fn resource_bytes(&self) -> usize {
+        self.types
+            .values()
+            .flat_map(|t| t.resources.values())
+            .map(|r| r.resource.body.len())
+            .sum()
     }
 
     /// The versions of every type, for logs and status.
@@ -190,20 +212,20 @@ impl Snapshot {
     }
 }
 
-fn empty_runtime_layer(name: &str) -> VersionedResource {
+fn empty_runtime_layer(name: Arc<str>) -> VersionedResource {
     let body = Runtime {
-        name: name.to_owned(),
+        name: name.to_string(),
         layer: Some(Struct::default()),
     }
     .encode_to_vec();
     VersionedResource {
         version: short_hex(&Sha256::digest(&body)).into(),
-        name: name.into(),
         resource: Resource {
             kind: ResourceType::Runtime,
-            name: name.to_owned(),
+            name: name.to_string(),
             body: body.into(),
         },
+        name,
     }
 }
 
@@ -257,9 +279,9 @@ impl Cache {
     ) -> bool {
         let key = NodeKey::new(namespace, node_id);
         let published = Published {
+            encoded: Arc::new(Encoded::for_snapshot_of(snapshot.resource_bytes())),
             snapshot: Arc::new(snapshot),
             set_at: Instant::now(),
-            encoded: Arc::default(),
         };
         let mut slots = self.lock();
         let slot = slots.entry(key).or_insert_with(|| watch::Sender::new(None));

@@ -16,7 +16,7 @@ use crate::resource::ResourceType;
 
 use super::cache::{Snapshot, TypeSnapshot, VersionedResource};
 use super::limits::Limit;
-use super::protocol::{Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
+use super::protocol::{Bounds, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
 
 /// The parts of a `DeltaDiscoveryRequest` the protocol looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,6 +36,9 @@ pub struct DeltaResponse {
     pub nonce: String,
     pub resources: Vec<VersionedResource>,
     pub removed: Vec<String>,
+    /// Some resources are stand-ins made for names the snapshot lacks (empty runtime
+    /// layers): the response is the stream's own and is not remembered with the snapshot.
+    pub stand_ins: bool,
 }
 
 /// A change to what the proxy holds: a name and its new version, `None` for removed.
@@ -55,8 +58,12 @@ struct Held(Vec<(Arc<str>, Arc<str>)>);
 
 impl Held {
     /// What a proxy reports holding when its stream starts, sharing the snapshot's strings
-    /// where they are the same.
-    fn reported(versions: &BTreeMap<String, String>, typed: Option<&TypeSnapshot>) -> Self {
+    /// where they are the same; and the bytes of the strings that are the stream's own.
+    fn reported(
+        versions: &BTreeMap<String, String>,
+        typed: Option<&TypeSnapshot>,
+    ) -> (Self, usize) {
+        let mut own = 0usize;
         let held = versions
             .iter()
             .map(
@@ -64,13 +71,19 @@ impl Held {
                     Some(r) if *r.version == **version => {
                         (Arc::clone(&r.name), Arc::clone(&r.version))
                     }
-                    Some(r) => (Arc::clone(&r.name), Arc::from(version.as_str())),
-                    None => (Arc::from(name.as_str()), Arc::from(version.as_str())),
+                    Some(r) => {
+                        own = own.saturating_add(version.len());
+                        (Arc::clone(&r.name), Arc::from(version.as_str()))
+                    }
+                    None => {
+                        own = own.saturating_add(name.len() + version.len());
+                        (Arc::from(name.as_str()), Arc::from(version.as_str()))
+                    }
                 },
             )
             .collect();
         // A BTreeMap iterates in name order: the vector is sorted already.
-        Self(held)
+        (Self(held), own)
     }
 
     fn position(&self, name: &str) -> Result<usize, usize> {
@@ -132,6 +145,10 @@ struct TypeState {
     /// Names to send again even though the proxy holds their version: the endpoints of
     /// clusters just sent, since Envoy re-creates a changed cluster and waits for them.
     resend: BTreeSet<Arc<str>>,
+    /// The bytes of what the stream keeps of its own for this type: the subscribed names, and
+    /// the names and versions reported at the start that the snapshot did not share (counted
+    /// until the stream ends, though they may be dropped earlier).
+    bytes: usize,
 }
 
 impl TypeState {
@@ -142,7 +159,9 @@ impl TypeState {
     /// The first request of the type on this stream.
     fn start(&mut self, req: &DeltaRequest, typed: Option<&TypeSnapshot>) {
         // What the proxy kept from an earlier stream (or server) is what it holds now.
-        self.known = Held::reported(&req.initial_resource_versions, typed);
+        let (known, reported) = Held::reported(&req.initial_resource_versions, typed);
+        self.known = known;
+        self.bytes = reported;
         // The legacy wildcard: a first request naming nothing subscribes to everything.
         self.wildcard = req.subscribe.is_empty();
         self.owed = true;
@@ -172,6 +191,7 @@ impl TypeState {
                 self.wildcard = true;
             } else if !self.names.contains(name.as_str()) {
                 self.names.insert(shared_name(name, typed));
+                self.bytes = self.bytes.saturating_add(name.len());
                 if !self.known.contains(name) {
                     self.owed = true;
                 }
@@ -180,8 +200,8 @@ impl TypeState {
         for name in &req.unsubscribe {
             if name == "*" {
                 self.wildcard = false;
-            } else {
-                self.names.remove(name.as_str());
+            } else if self.names.remove(name.as_str()) {
+                self.bytes = self.bytes.saturating_sub(name.len());
             }
         }
     }
@@ -211,23 +231,33 @@ fn shared_name(name: &str, typed: Option<&TypeSnapshot>) -> Arc<str> {
 pub struct DeltaState {
     types: HashMap<ResourceType, TypeState>,
     nonces: Nonces,
-    /// Names a request may carry, and the subscription may hold, per type.
-    max_names: usize,
+    /// What a request may carry, and the subscription may hold, per type.
+    bounds: Bounds,
 }
 
 impl Default for DeltaState {
     fn default() -> Self {
-        Self::with_max_names(crate::limits::Limits::default().max_names_per_type)
+        Self::with_bounds(Bounds::of(&crate::limits::Limits::default()))
     }
 }
 
 impl DeltaState {
-    pub fn with_max_names(max_names: usize) -> Self {
+    pub fn with_bounds(bounds: Bounds) -> Self {
         Self {
             types: HashMap::new(),
             nonces: Nonces::default(),
-            max_names,
+            bounds,
         }
+    }
+
+    #[cfg(test)]
+    pub fn with_max_names(max_names: usize) -> Self {
+        Self::with_bounds(Bounds::with_max_names(max_names))
+    }
+
+    /// The bytes the stream keeps of its own, every type together.
+    pub fn held_bytes(&self) -> usize {
+        self.types.values().map(|st| st.bytes).sum()
     }
 
     /// Handles one request against the current snapshot (if any).
@@ -237,7 +267,12 @@ impl DeltaState {
         snapshot: Option<&Snapshot>,
     ) -> Outcome<DeltaResponse> {
         let names = req.subscribe.len().max(req.initial_resource_versions.len());
-        let kind = match admit(&req.type_url, names, self.max_names) {
+        let strings = req.subscribe.iter().map(String::as_str).chain(
+            req.initial_resource_versions
+                .iter()
+                .flat_map(|(n, v)| [n.as_str(), v.as_str()]),
+        );
+        let kind = match admit(&req.type_url, names, strings, &self.bounds) {
             Ok(kind) => kind,
             Err(why) => return why.into(),
         };
@@ -258,8 +293,12 @@ impl DeltaState {
         }
         st.change_subscription(req, typed);
         // The subscription grows across requests; it is bounded as a whole.
-        if st.names.len() > self.max_names {
+        if st.names.len() > self.bounds.max_names {
             out.exceeded = Some(Limit::NamesPerType);
+            return out;
+        }
+        if let Err(limit) = self.bounds.check_bytes(st.bytes) {
+            out.exceeded = Some(limit);
             return out;
         }
         st.forget_unsubscribed();
@@ -333,7 +372,7 @@ fn respond(
     if st.rejected.contains(typed.version()) {
         return None;
     }
-    let (resources, removed) = differences(st, kind, snapshot, typed);
+    let (resources, removed, stand_ins) = differences(st, kind, snapshot, typed);
     if !st.resend.is_empty() {
         for r in &resources {
             st.resend.remove(&r.name);
@@ -362,17 +401,19 @@ fn respond(
         nonce,
         resources,
         removed: removed.iter().map(|n| n.to_string()).collect(),
+        stand_ins,
     })
 }
 
 /// What a response of `kind` carries: the subscribed resources the proxy lacks, holds at
-/// another version or is to be sent again, and the names it holds that are gone.
+/// another version or is to be sent again, and the names it holds that are gone; and
+/// whether any resource sent is a stand-in.
 fn differences(
     st: &TypeState,
     kind: ResourceType,
     snapshot: &Snapshot,
     typed: &TypeSnapshot,
-) -> (Vec<VersionedResource>, Vec<Arc<str>>) {
+) -> (Vec<VersionedResource>, Vec<Arc<str>>, bool) {
     let resend = |st: &TypeState, name: &str| !st.resend.is_empty() && st.resend.contains(name);
     // One pass over the snapshot and what the proxy holds, both sorted by name: what it
     // lacks or holds at another version, and what it holds that the snapshot no longer has.
@@ -395,21 +436,23 @@ fn differences(
         .names
         .iter()
         .filter(|n| !typed.resources().contains_key(&***n))
-        .filter_map(|n| snapshot.requested(kind, n))
+        .filter_map(|n| snapshot.requested_shared(kind, n))
         .map(|r| (Arc::clone(&r.name), r))
         .collect();
+    let sent = resources.len();
     resources.extend(
         stand_ins
             .values()
             .filter(|r| st.known.get(&r.name) != Some(&r.version) || resend(st, &r.name))
             .cloned(),
     );
+    let sends_stand_ins = resources.len() > sent;
     let removed: Vec<Arc<str>> = gone
         .into_iter()
         .filter(|name| !stand_ins.contains_key(*name))
         .cloned()
         .collect();
-    (resources, removed)
+    (resources, removed, sends_stand_ins)
 }
 
 #[cfg(test)]

@@ -411,3 +411,69 @@ fn subscribe_versions_only(req: &DeltaRequest) -> DeltaRequest {
         ..req.clone()
     }
 }
+
+#[test]
+fn subscriptions_are_bounded_in_bytes_and_names_in_length() {
+    let empty = mk_snapshot(CDS, &[]);
+    let bounds = Bounds {
+        max_names: 1000,
+        max_name_bytes: 100,
+        max_bytes: 1000,
+    };
+    let name = |i: usize| format!("{i:03}-{}", "x".repeat(96));
+    let mut st = DeltaState::with_bounds(bounds);
+    let mut last = st.on_request(&mk_req(CDS, &[], ""), Some(&empty)).response;
+    // Ten names of 100 bytes fill the budget; unsubscribing gives bytes back.
+    for i in 0..10 {
+        let req = DeltaRequest {
+            subscribe: vec![name(i)],
+            ..last.as_ref().map(ack).unwrap_or_default()
+        };
+        let out = st.on_request(&req, Some(&empty));
+        assert_eq!(out.exceeded, None, "name {i}");
+        last = out.response.or(last);
+    }
+    assert_eq!(st.held_bytes(), 1000);
+    let req = DeltaRequest {
+        type_url: CDS.type_url().into(),
+        unsubscribe: vec![name(0)],
+        subscribe: vec![name(10)],
+        ..Default::default()
+    };
+    assert_eq!(st.on_request(&req, Some(&empty)).exceeded, None);
+    let over = mk_req(CDS, &[&name(11)], "");
+    assert_eq!(
+        st.on_request(&over, Some(&empty)).exceeded,
+        Some(Limit::SubscriptionBytesPerType)
+    );
+    // What a proxy reports holding counts too, and so does each string's length.
+    let mut st = DeltaState::with_bounds(bounds);
+    let reported = DeltaRequest {
+        type_url: CDS.type_url().into(),
+        initial_resource_versions: (0..11).map(|i| (name(i), "v".into())).collect(),
+        ..Default::default()
+    };
+    let out = st.on_request(&reported, Some(&empty));
+    assert_eq!(out.exceeded, Some(Limit::SubscriptionBytesPerType));
+    let long = mk_req(CDS, &[&format!("{}y", name(0))], "");
+    let out = DeltaState::with_bounds(bounds).on_request(&long, Some(&empty));
+    assert_eq!(out.exceeded, Some(Limit::NameSize));
+    assert_eq!(out.response, None);
+}
+
+#[test]
+fn a_stand_in_the_proxy_holds_shares_its_subscribed_name() {
+    let rtds = ResourceType::Runtime;
+    let empty = mk_snapshot(CDS, &[]);
+    let mut st = DeltaState::default();
+    let r = st
+        .on_request(&mk_req(rtds, &["layer"], ""), Some(&empty))
+        .response
+        .unwrap();
+    assert!(r.stand_ins, "an empty layer stands in for the name");
+    st.on_request(&ack(&r), Some(&empty));
+    let held = st.held(rtds);
+    let subscribed = st.types[&rtds].names.first().unwrap();
+    // The name bytes are counted once (in the subscription), so they are kept once.
+    assert!(Arc::ptr_eq(&held[0].0, subscribed));
+}

@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tonic::Status;
 use tonic::codec::{BufferSettings, DecodeBuf, Decoder};
@@ -32,6 +33,10 @@ const NONCE_TAG: u8 = (5 << 3) | 2;
 /// the same names, so a handful is the norm; a client asking for ever new combinations gets
 /// its responses encoded for it alone past this.
 const MAX_REMEMBERED: usize = 256;
+
+/// The bytes of bodies one published snapshot remembers beyond twice its resources' bytes:
+/// every type's full response, and as much again for subsets and deltas, fit in that.
+const MEMO_SLACK_BYTES: usize = 1 << 20;
 
 /// One response of one stream: its own head, then the body it shares with other streams.
 #[derive(Debug, Clone)]
@@ -73,29 +78,64 @@ impl Frame {
 }
 
 /// The encoded bodies of one published snapshot's responses, by what they contain.
-#[derive(Debug, Default)]
+///
+/// Keys are SHA-256 digests of what names a response (its names and versions), so an entry
+/// costs its body and 32 bytes however long the names a proxy asked for; and the bodies are
+/// bounded in bytes as well as in count, relative to the snapshot they come from.
+#[derive(Debug)]
 pub(crate) struct Encoded {
-    bodies: Mutex<HashMap<Vec<u8>, Bytes>>,
+    bodies: Mutex<Bodies>,
+    max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct Bodies {
+    by_key: HashMap<[u8; 32], Bytes>,
+    bytes: usize,
+}
+
+impl Default for Encoded {
+    fn default() -> Self {
+        Self::for_snapshot_of(0)
+    }
 }
 
 impl Encoded {
+    /// The memo of a snapshot whose resources take `resource_bytes`.
+    pub(crate) fn for_snapshot_of(resource_bytes: usize) -> Self {
+        Self {
+            bodies: Mutex::default(),
+            max_bytes: resource_bytes
+                .saturating_mul(2)
+                .saturating_add(MEMO_SLACK_BYTES),
+        }
+    }
+
     /// The body for `key` (a byte string naming the response's content exactly), encoding
     /// `message` only if no stream has yet.
     pub(crate) fn body(&self, key: Vec<u8>, message: impl FnOnce() -> Bytes) -> Bytes {
+        let key: [u8; 32] = Sha256::digest(&key).into();
         let mut bodies = self.bodies.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(body) = bodies.get(&key) {
+        if let Some(body) = bodies.by_key.get(&key) {
             return body.clone();
         }
         let body = message();
-        if bodies.len() < MAX_REMEMBERED {
-            bodies.insert(key, body.clone());
+        let bytes = bodies.bytes.saturating_add(body.len());
+        if bodies.by_key.len() < MAX_REMEMBERED && bytes <= self.max_bytes {
+            bodies.by_key.insert(key, body.clone());
+            bodies.bytes = bytes;
         }
         body
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.bodies.lock().map(|b| b.len()).unwrap_or(0)
+        self.bodies.lock().map(|b| b.by_key.len()).unwrap_or(0)
+    }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.bodies.lock().map(|b| b.bytes).unwrap_or(0)
     }
 }
 
@@ -259,6 +299,26 @@ mod tests {
         }
         assert_eq!(calls, 1 + MAX_REMEMBERED + 10);
         assert_eq!(memo.len(), MAX_REMEMBERED);
+    }
+
+    #[test]
+    fn the_memo_is_bounded_in_bytes_relative_to_its_snapshot() {
+        let memo = Encoded::for_snapshot_of(1000);
+        let budget = 2000 + MEMO_SLACK_BYTES;
+        let body = Bytes::from(vec![0u8; 64 << 10]);
+        for i in 0..MAX_REMEMBERED {
+            memo.body(format!("k{i}").into_bytes(), || body.clone());
+        }
+        assert!(memo.bytes() <= budget, "{} bytes remembered", memo.bytes());
+        assert_eq!(memo.len(), budget / body.len());
+        // Past the budget a body is still made, just not kept.
+        let mut made = false;
+        memo.body(b"another".to_vec(), || {
+            made = true;
+            body.clone()
+        });
+        assert!(made);
+        assert_eq!(memo.len(), budget / body.len());
     }
 
     #[test]

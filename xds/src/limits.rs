@@ -1,6 +1,7 @@
 //! What one client, or one namespace, may take of the shared xDS server: streams per
-//! connection and per namespace, time to the first request, request size and subscription
-//! size. A stream over a limit is closed with a gRPC status naming the limit and counted in
+//! connection and per namespace, time to the first request, request size, and what a
+//! subscription holds (names per type, a name's length, bytes per type per stream and bytes
+//! per namespace across its streams). A stream over a limit is closed with a gRPC status naming the limit and counted in
 //! `marin3r_xds_refused_streams_total{limit}`; other streams, and other namespaces, go on.
 
 use std::collections::HashMap;
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelValue;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// The limits; [`Limits::default`] suits a pod serving a few thousand proxies.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +26,14 @@ pub struct Limits {
     pub max_request_bytes: usize,
     /// Resource names one stream may subscribe to (or declare it holds) per type.
     pub max_names_per_type: usize,
+    /// The longest resource name (or version a proxy reports) a request may carry, in bytes.
+    pub max_name_bytes: usize,
+    /// The bytes of resource names (and of the versions a proxy reports holding) one stream
+    /// may make the server keep for one type: the count limit alone lets a stream keep
+    /// `max_names_per_type` names of up to a request's size each.
+    pub max_subscription_bytes_per_type: usize,
+    /// The same bytes summed over every stream of one namespace (one client certificate).
+    pub max_subscription_bytes_per_namespace: usize,
     /// A connection older than this is asked to go away (HTTP/2 GOAWAY) and closed
     /// [`CONNECTION_AGE_GRACE`] later; Envoy reconnects, so its certificate and namespace are
     /// checked again (a renewed CA, a disabled namespace) at least this often.
@@ -42,6 +52,9 @@ impl Default for Limits {
             first_request_timeout: Duration::from_secs(10),
             max_request_bytes: 1 << 20,
             max_names_per_type: 10_000,
+            max_name_bytes: 4096,
+            max_subscription_bytes_per_type: 4 << 20,
+            max_subscription_bytes_per_namespace: 128 << 20,
             max_connection_age: Duration::from_secs(30 * 60),
         }
     }
@@ -55,6 +68,9 @@ pub enum Limit {
     FirstRequestTimeout,
     RequestSize,
     NamesPerType,
+    NameSize,
+    SubscriptionBytesPerType,
+    SubscriptionBytesPerNamespace,
 }
 
 impl Limits {
@@ -80,6 +96,20 @@ impl Limits {
             Limit::NamesPerType => tonic::Status::resource_exhausted(format!(
                 "more than {} resource names of one type on one stream (--xds-max-names-per-type)",
                 self.max_names_per_type
+            )),
+            Limit::NameSize => tonic::Status::resource_exhausted(format!(
+                "a resource name or version longer than {} bytes (--xds-max-name-bytes)",
+                self.max_name_bytes
+            )),
+            Limit::SubscriptionBytesPerType => tonic::Status::resource_exhausted(format!(
+                "more than {} bytes of resource names of one type on one stream \
+                 (--xds-max-subscription-bytes-per-type)",
+                self.max_subscription_bytes_per_type
+            )),
+            Limit::SubscriptionBytesPerNamespace => tonic::Status::resource_exhausted(format!(
+                "more than {} bytes of resource names subscribed for this namespace \
+                 (--xds-max-subscription-bytes-per-namespace)",
+                self.max_subscription_bytes_per_namespace
             )),
         }
     }
@@ -156,6 +186,78 @@ impl Drop for StreamSlot {
     }
 }
 
+/// The bytes every stream of a namespace keeps of its own (see
+/// [`Limits::max_subscription_bytes_per_namespace`]), and their sum over every namespace
+/// (the gauge `marin3r_xds_subscription_bytes`).
+#[derive(Debug, Default)]
+pub(crate) struct NamespaceBytes(Mutex<HashMap<Arc<str>, usize>>, Gauge);
+
+/// What one stream has charged to its namespace's bytes; given back when it is dropped.
+#[derive(Debug)]
+pub(crate) struct BytesCharge {
+    namespace: Arc<str>,
+    counts: Arc<NamespaceBytes>,
+    charged: usize,
+}
+
+impl NamespaceBytes {
+    /// Counts, with their sum kept in `total`.
+    pub(crate) fn new(total: Gauge) -> Self {
+        Self(Mutex::default(), total)
+    }
+
+    /// A stream's charge, empty until it is [set](BytesCharge::set).
+    pub(crate) fn charge(self: &Arc<Self>, namespace: &Arc<str>) -> BytesCharge {
+        BytesCharge {
+            namespace: Arc::clone(namespace),
+            counts: Arc::clone(self),
+            charged: 0,
+        }
+    }
+
+    #[cfg(test)]
+    fn total(&self, namespace: &str) -> usize {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(namespace).copied().unwrap_or(0)
+    }
+}
+
+impl BytesCharge {
+    /// Makes the stream's charge `bytes`; when that grows the namespace's total past `max`,
+    /// names the limit instead and leaves the charge as it was.
+    pub(crate) fn set(&mut self, bytes: usize, max: usize) -> Result<(), Limit> {
+        if bytes == self.charged {
+            return Ok(());
+        }
+        let mut counts = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        let others = counts
+            .get(&self.namespace)
+            .copied()
+            .unwrap_or(0)
+            .saturating_sub(self.charged);
+        let total = others.saturating_add(bytes);
+        if bytes > self.charged && total > max {
+            return Err(Limit::SubscriptionBytesPerNamespace);
+        }
+        let change = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.counts.1.inc_by(change(bytes));
+        self.counts.1.dec_by(change(self.charged));
+        self.charged = bytes;
+        if total == 0 {
+            counts.remove(&self.namespace);
+        } else {
+            counts.insert(Arc::clone(&self.namespace), total);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BytesCharge {
+    fn drop(&mut self) {
+        let _ = self.set(0, usize::MAX);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,5 +299,31 @@ mod tests {
             "no entry is left behind"
         );
         assert_eq!(c1.0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn bytes_are_charged_per_namespace_refused_past_the_limit_and_given_back() {
+        let counts = Arc::new(NamespaceBytes::default());
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let (mut a1, mut a2, mut b1) = (counts.charge(&a), counts.charge(&a), counts.charge(&b));
+        a1.set(600, 1000).unwrap();
+        assert_eq!(
+            a2.set(500, 1000).unwrap_err(),
+            Limit::SubscriptionBytesPerNamespace
+        );
+        // The refusal charged nothing; other namespaces have their own total.
+        a2.set(400, 1000).unwrap();
+        b1.set(1000, 1000).unwrap();
+        assert_eq!((counts.total("a"), counts.total("b")), (1000, 1000));
+        assert_eq!(counts.1.get(), 2000, "the sum over namespaces");
+        // Shrinking is always allowed, even over the limit.
+        a1.set(100, 10).unwrap();
+        assert_eq!(counts.total("a"), 500);
+        drop((a1, a2, b1));
+        assert!(
+            counts.0.lock().unwrap().is_empty(),
+            "no entry is left behind"
+        );
+        assert_eq!(counts.1.get(), 0);
     }
 }

@@ -82,6 +82,9 @@ pub struct Metrics {
     pub refused_connections: Family<RefusalLabels, Counter>,
     pub refused_streams: Family<LimitLabels, Counter>,
     pub dropped_nack_events: Counter,
+    /// What the streams keep of their own (names, reported versions) in bytes, every
+    /// namespace together: what the subscription byte limits bound.
+    pub subscription_bytes: Gauge,
 }
 
 impl Metrics {
@@ -98,6 +101,7 @@ impl Metrics {
             refused_connections: Family::default(),
             refused_streams: Family::default(),
             dropped_nack_events: Counter::default(),
+            subscription_bytes: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("marin3r_xds");
         r.register(
@@ -141,6 +145,11 @@ impl Metrics {
             "dropped_nack_events",
             "NACK events dropped because their consumer fell behind",
             m.dropped_nack_events.clone(),
+        );
+        r.register(
+            "subscription_bytes",
+            "Bytes of resource names and versions the ADS streams keep of their own",
+            m.subscription_bytes.clone(),
         );
         m
     }

@@ -101,18 +101,66 @@ impl<R> From<Unadmitted> for Outcome<R> {
     }
 }
 
+/// What one stream's subscription of one type may hold: the parts of [`crate::Limits`] the
+/// pure protocol state checks itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Names a request may carry, and the subscription may hold.
+    pub max_names: usize,
+    /// The longest name (or reported version) a request may carry, in bytes.
+    pub max_name_bytes: usize,
+    /// The bytes of names (and reported versions) the subscription may hold.
+    pub max_bytes: usize,
+}
+
+impl Bounds {
+    pub fn of(limits: &crate::Limits) -> Self {
+        Self {
+            max_names: limits.max_names_per_type,
+            max_name_bytes: limits.max_name_bytes,
+            max_bytes: limits.max_subscription_bytes_per_type,
+        }
+    }
+
+    /// The default limits, with another name count.
+    #[cfg(test)]
+    pub fn with_max_names(max_names: usize) -> Self {
+        Self {
+            max_names,
+            ..Self::of(&crate::Limits::default())
+        }
+    }
+
+    /// Whether a subscription holding `bytes` is over the bytes bound.
+    pub fn check_bytes(&self, bytes: usize) -> Result<(), Limit> {
+        if bytes > self.max_bytes {
+            return Err(Limit::SubscriptionBytesPerType);
+        }
+        Ok(())
+    }
+}
+
 /// The prologue both protocols run on a request before they touch its type's state: the
 /// type it is about, or why the request ends there. A type marin3r does not serve is
-/// ignored; a request carrying more than `max_names` names (`names`: its longest list) is
-/// over a limit, checked before any work since it may carry hundreds of thousands.
-pub fn admit(type_url: &str, names: usize, max_names: usize) -> Result<ResourceType, Unadmitted> {
+/// ignored; a request carrying more than `max_names` names (`names`: its longest list), or a
+/// string longer than `max_name_bytes` (`strings`: its names and versions), is over a limit,
+/// checked before any work since it may carry hundreds of thousands.
+pub fn admit<'a>(
+    type_url: &str,
+    names: usize,
+    mut strings: impl Iterator<Item = &'a str>,
+    bounds: &Bounds,
+) -> Result<ResourceType, Unadmitted> {
     let Some(kind) = ResourceType::from_type_url(type_url) else {
         return Err(Unadmitted::Ignored(Ignored::UnknownType(
             type_url.to_owned(),
         )));
     };
-    if names > max_names {
+    if names > bounds.max_names {
         return Err(Unadmitted::Exceeded(Limit::NamesPerType));
+    }
+    if strings.any(|s| s.len() > bounds.max_name_bytes) {
+        return Err(Unadmitted::Exceeded(Limit::NameSize));
     }
     Ok(kind)
 }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::cache::Cache;
 use super::http;
-use super::limits::{Limits, NamespaceStreams};
+use super::limits::{Limits, NamespaceBytes, NamespaceStreams};
 use super::metrics::Metrics;
 use super::status::{NackEvent, StatusRegistry, SyncStatus};
 use super::stream::Shared;
@@ -86,6 +86,7 @@ impl ServerBuilder {
             .metrics
             .unwrap_or_else(|| Metrics::register(&mut Registry::default()));
         let (nacks, nack_rx) = mpsc::channel(self.nack_capacity);
+        let bytes = Arc::new(NamespaceBytes::new(metrics.subscription_bytes.clone()));
         let shared = Arc::new(Shared {
             cache: self.cache,
             metrics,
@@ -97,6 +98,7 @@ impl ServerBuilder {
             stop: CancellationToken::new(),
             limits: self.limits,
             streams: Arc::new(NamespaceStreams::default()),
+            bytes,
         });
         let server = Server {
             shared,

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 use crate::resource::{Resource, ResourceType};
 
 use super::cache::Snapshot;
-use super::protocol::{Ack, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
+use super::protocol::{Ack, Bounds, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
 
 /// The parts of a `DiscoveryRequest` the protocol looks at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,6 +28,9 @@ pub struct SotwResponse {
     pub version: String,
     pub nonce: String,
     pub resources: Vec<Resource>,
+    /// Some resources are stand-ins made for names the snapshot lacks (empty runtime
+    /// layers): the response is the stream's own and is not remembered with the snapshot.
+    pub stand_ins: bool,
 }
 
 /// What a proxy asked for of one type.
@@ -55,6 +58,8 @@ struct TypeState {
     /// clusters are sent, because Envoy re-creates a changed cluster and it waits (warming)
     /// for its endpoints, re-requesting the version it already has (Istio's AlwaysRespond).
     always_respond: bool,
+    /// The bytes of the subscription's names.
+    bytes: usize,
 }
 
 impl TypeState {
@@ -64,6 +69,7 @@ impl TypeState {
         if !self.subscription.is(names, may_be_legacy_wildcard) {
             self.subscription = subscription(names, may_be_legacy_wildcard);
             self.generation = self.generation.wrapping_add(1);
+            self.bytes = self.subscription.names.iter().map(String::len).sum();
         }
     }
 }
@@ -73,23 +79,33 @@ impl TypeState {
 pub struct SotwState {
     types: HashMap<ResourceType, TypeState>,
     nonces: Nonces,
-    /// Names a request may carry, and the subscription may hold, per type.
-    max_names: usize,
+    /// What a request may carry, and the subscription may hold, per type.
+    bounds: Bounds,
 }
 
 impl Default for SotwState {
     fn default() -> Self {
-        Self::with_max_names(crate::limits::Limits::default().max_names_per_type)
+        Self::with_bounds(Bounds::of(&crate::limits::Limits::default()))
     }
 }
 
 impl SotwState {
-    pub fn with_max_names(max_names: usize) -> Self {
+    pub fn with_bounds(bounds: Bounds) -> Self {
         Self {
             types: HashMap::new(),
             nonces: Nonces::default(),
-            max_names,
+            bounds,
         }
+    }
+
+    #[cfg(test)]
+    pub fn with_max_names(max_names: usize) -> Self {
+        Self::with_bounds(Bounds::with_max_names(max_names))
+    }
+
+    /// The bytes of names the stream's subscriptions hold, every type together.
+    pub fn held_bytes(&self) -> usize {
+        self.types.values().map(|st| st.bytes).sum()
     }
 
     /// Handles one request against the current snapshot (if any).
@@ -99,7 +115,8 @@ impl SotwState {
         snapshot: Option<&Snapshot>,
     ) -> Outcome<SotwResponse> {
         let names = req.resource_names.len();
-        let kind = match admit(&req.type_url, names, self.max_names) {
+        let strings = req.resource_names.iter().map(String::as_str);
+        let kind = match admit(&req.type_url, names, strings, &self.bounds) {
             Ok(kind) => kind,
             Err(why) => return why.into(),
         };
@@ -120,6 +137,10 @@ impl SotwState {
             }
         }
         st.resubscribe(&req.resource_names, first);
+        if let Err(limit) = self.bounds.check_bytes(st.bytes) {
+            out.exceeded = Some(limit);
+            return out;
+        }
         // A proxy back from a broken stream (to this replica or another: versions are
         // content hashes, the same on every replica) that already has the current version of
         // a wildcard type gets no response: it holds exactly what one would carry. It is
@@ -244,6 +265,7 @@ fn respond(
         return None;
     }
     st.always_respond = false;
+    let mut stand_ins = false;
     let resources = if st.subscription.wildcard {
         typed
             .resources()
@@ -256,7 +278,11 @@ fn respond(
             .iter()
             .filter_map(|n| match typed.resources().get(n.as_str()) {
                 Some(r) => Some(r.resource.clone()),
-                None => snapshot.requested(kind, n).map(|r| r.resource),
+                None => {
+                    let stand_in = snapshot.requested(kind, n).map(|r| r.resource);
+                    stand_ins |= stand_in.is_some();
+                    stand_in
+                }
             })
             .collect()
     };
@@ -269,6 +295,7 @@ fn respond(
         version: version.to_owned(),
         nonce,
         resources,
+        stand_ins,
     })
 }
 

@@ -426,3 +426,29 @@ fn a_request_naming_too_many_resources_is_refused() {
     assert_eq!(out.exceeded, None);
     assert_eq!(names(&out.response.unwrap()), ["a"]);
 }
+
+#[test]
+fn a_subscription_is_bounded_in_bytes_and_names_in_length() {
+    let s = mk_snapshot("listener", &["a"]);
+    let bounds = Bounds {
+        max_names: 1000,
+        max_name_bytes: 100,
+        max_bytes: 1000,
+    };
+    let name = |i: usize| format!("{i:03}-{}", "x".repeat(96));
+    let ten: Vec<String> = (0..10).map(name).collect();
+    let ten: Vec<&str> = ten.iter().map(String::as_str).collect();
+    let mut st = SotwState::with_bounds(bounds);
+    let out = st.on_request(&mk_req(RDS, &ten, ""), Some(&s));
+    assert_eq!(out.exceeded, None);
+    assert_eq!(st.held_bytes(), 1000);
+    let eleven = name(10);
+    let more: Vec<&str> = ten.iter().copied().chain([eleven.as_str()]).collect();
+    let mut st = SotwState::with_bounds(bounds);
+    let out = st.on_request(&mk_req(RDS, &more, ""), Some(&s));
+    assert_eq!(out.exceeded, Some(Limit::SubscriptionBytesPerType));
+    assert_eq!(out.response, None);
+    let long = format!("{}y", name(0));
+    let out = SotwState::with_bounds(bounds).on_request(&mk_req(RDS, &[&long], ""), Some(&s));
+    assert_eq!(out.exceeded, Some(Limit::NameSize));
+}

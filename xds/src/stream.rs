@@ -18,7 +18,7 @@ use crate::resource::ResourceType;
 
 use super::cache::{Cache, NodeKey, Published, Snapshot};
 use super::frame::{Encoded, Frame, Sent};
-use super::limits::{Limit, Limits, NamespaceStreams, StreamSlot};
+use super::limits::{BytesCharge, Limit, Limits, NamespaceBytes, NamespaceStreams, StreamSlot};
 use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
 use super::protocol::{Ack, Ignored, Outcome, Rejection};
 use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
@@ -35,6 +35,7 @@ pub(crate) struct Shared {
     pub stop: CancellationToken,
     pub limits: Limits,
     pub streams: Arc<NamespaceStreams>,
+    pub bytes: Arc<NamespaceBytes>,
 }
 
 impl Shared {
@@ -70,6 +71,8 @@ pub(crate) trait Flavour: Send + 'static {
     fn type_url(req: &Self::Req) -> &str;
     fn on_request(&mut self, req: Self::Req, snapshot: Option<&Snapshot>) -> Outcome<Self::Resp>;
     fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<Self::Resp>;
+    /// The bytes the stream's state keeps of its own (names the proxy brought).
+    fn held_bytes(&self) -> usize;
     fn describe(resp: &Self::Resp) -> (ResourceType, &str);
     fn frame(
         resp: Self::Resp,
@@ -297,6 +300,8 @@ struct StreamCtx<'a> {
     connected_at: Instant,
     /// The version per type whose convergence was already measured.
     converged: HashMap<ResourceType, String>,
+    /// The stream's share of its namespace's subscription bytes.
+    charge: BytesCharge,
     tx: &'a Outgoing,
     stop: &'a CancellationToken,
 }
@@ -327,6 +332,7 @@ impl<'a> StreamCtx<'a> {
             _connected: connected,
             connected_at,
             converged: HashMap::new(),
+            charge: shared.bytes.charge(&peer.namespace),
             tx,
             stop,
         }
@@ -356,7 +362,13 @@ impl StreamCtx<'_> {
             let requests = &self.shared.metrics.requests;
             requests.get_or_create(&Metrics::kind(kind)).inc();
         }
-        let out = state.on_request(*req, current.map(|p| &*p.snapshot));
+        let mut out = state.on_request(*req, current.map(|p| &*p.snapshot));
+        let max = self.shared.limits.max_subscription_bytes_per_namespace;
+        if out.exceeded.is_none()
+            && let Err(limit) = self.charge.set(state.held_bytes(), max)
+        {
+            out.exceeded = Some(limit);
+        }
         self.outcome::<F>(out, current).await
     }
 

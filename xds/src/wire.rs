@@ -19,7 +19,7 @@ use super::delta::{DeltaRequest, DeltaResponse, DeltaState};
 use super::frame::{self, Encoded, Frame, FrameBody, RequestDecoder, Sent, key_part};
 use super::limits::Limits;
 use super::metrics::Protocol;
-use super::protocol::Outcome;
+use super::protocol::{Bounds, Outcome};
 use super::sotw::{SotwRequest, SotwResponse, SotwState};
 use super::stream::{self, Flavour, Shared};
 use crate::resource::ResourceType;
@@ -140,7 +140,8 @@ pub(crate) fn sotw_frame(
             control_plane: Some(control_plane.clone()),
         })
     };
-    let body = match memo {
+    // A response with stand-ins holds names the proxy made up: it is the stream's own.
+    let body = match memo.filter(|_| !resp.stand_ins) {
         // Within one snapshot a name has one content, so the names and the version say
         // exactly what the response holds.
         Some(memo) => {
@@ -187,7 +188,7 @@ pub(crate) fn delta_frame(
             control_plane: Some(control_plane.clone()),
         })
     };
-    let body = match memo {
+    let body = match memo.filter(|_| !resp.stand_ins) {
         Some(memo) => {
             let mut key = Vec::with_capacity(64 + resp.resources.len() * 48);
             key_part(&mut key, "delta");
@@ -217,7 +218,7 @@ impl Flavour for SotwState {
     const PROTOCOL: Protocol = Protocol::Sotw;
 
     fn new(limits: &Limits) -> Self {
-        SotwState::with_max_names(limits.max_names_per_type)
+        SotwState::with_bounds(Bounds::of(limits))
     }
     fn node(req: &DiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
@@ -230,6 +231,9 @@ impl Flavour for SotwState {
     }
     fn on_snapshot(&mut self, s: &Snapshot) -> Vec<SotwResponse> {
         SotwState::on_snapshot(self, s)
+    }
+    fn held_bytes(&self) -> usize {
+        SotwState::held_bytes(self)
     }
     fn describe(resp: &SotwResponse) -> (ResourceType, &str) {
         (resp.kind, &resp.version)
@@ -249,7 +253,7 @@ impl Flavour for DeltaState {
     const PROTOCOL: Protocol = Protocol::Delta;
 
     fn new(limits: &Limits) -> Self {
-        DeltaState::with_max_names(limits.max_names_per_type)
+        DeltaState::with_bounds(Bounds::of(limits))
     }
     fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
@@ -266,6 +270,9 @@ impl Flavour for DeltaState {
     }
     fn on_snapshot(&mut self, s: &Snapshot) -> Vec<DeltaResponse> {
         DeltaState::on_snapshot(self, s)
+    }
+    fn held_bytes(&self) -> usize {
+        DeltaState::held_bytes(self)
     }
     fn describe(resp: &DeltaResponse) -> (ResourceType, &str) {
         (resp.kind, &resp.system_version)
@@ -445,6 +452,7 @@ mod tests {
                 name: "name".into(),
                 body: body.clone(),
             }],
+            stand_ins: false,
         };
         let frame = sotw_frame(resp("7"), &cp, Some(&memo)).unwrap();
         let decoded = DiscoveryResponse::decode(message(&frame).as_slice()).unwrap();
@@ -465,6 +473,14 @@ mod tests {
         assert_eq!(memo.len(), 1);
         let alone = sotw_frame(resp("7"), &cp, None).unwrap();
         assert_eq!(message(&alone), message(&frame));
+        // A response holding stand-ins (names the proxy made up) is not remembered.
+        let made_up = SotwResponse {
+            version: "v2".into(),
+            stand_ins: true,
+            ..resp("9")
+        };
+        sotw_frame(made_up, &cp, Some(&memo)).unwrap();
+        assert_eq!(memo.len(), 1);
 
         let snap = Snapshot::new([Resource {
             kind,
@@ -479,6 +495,7 @@ mod tests {
             nonce: "8".into(),
             resources: vec![versioned.clone()],
             removed: vec![removed.into()],
+            stand_ins: false,
         };
         let frame = delta_frame(delta("old"), &cp, Some(&memo)).unwrap();
         let d = DeltaDiscoveryResponse::decode(message(&frame).as_slice()).unwrap();

@@ -110,6 +110,20 @@ pub struct DiscoveryServiceArgs {
     debug: bool,
     #[command(flatten)]
     xds_limits: XdsLimitArgs,
+    #[command(flatten)]
+    webhook_limits: WebhookLimitArgs,
+}
+
+/// What one client address may take of the webhook, which anyone reaching its port can call
+/// without a certificate: its share leaves the API server's calls their slots.
+#[derive(Debug, Args)]
+struct WebhookLimitArgs {
+    /// Webhook connections one client address may hold at once; more are closed at once.
+    #[arg(long, value_name = "N", default_value_t = marin3r_webhook::server::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS)]
+    webhook_max_connections_per_address: usize,
+    /// Webhook requests one client address may have in flight at once; more get 429.
+    #[arg(long, value_name = "N", default_value_t = marin3r_webhook::server::DEFAULT_MAX_REQUESTS_PER_ADDRESS)]
+    webhook_max_requests_per_address: usize,
 }
 
 /// What one proxy, or one namespace, may take of the xDS server. A stream over a limit is
@@ -132,6 +146,15 @@ struct XdsLimitArgs {
     /// Resource names one stream may subscribe to per resource type.
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_names_per_type)]
     xds_max_names_per_type: usize,
+    /// The longest resource name (or reported version) a discovery request may carry, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_name_bytes)]
+    xds_max_name_bytes: usize,
+    /// Bytes of resource names one stream may subscribe to per resource type.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_subscription_bytes_per_type)]
+    xds_max_subscription_bytes_per_type: usize,
+    /// Bytes of resource names subscribed by every stream of one namespace together.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_subscription_bytes_per_namespace)]
+    xds_max_subscription_bytes_per_namespace: usize,
     /// Seconds after which a proxy's connection is closed (it reconnects at once), so its
     /// certificate and namespace are checked again.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().max_connection_age.as_secs())]
@@ -148,6 +171,12 @@ impl XdsLimitArgs {
             ),
             max_request_bytes: self.xds_max_request_bytes.max(1024),
             max_names_per_type: self.xds_max_names_per_type.max(1),
+            // Envoy's own names (a cluster's, a secret's) must always fit.
+            max_name_bytes: self.xds_max_name_bytes.max(256),
+            max_subscription_bytes_per_type: self.xds_max_subscription_bytes_per_type.max(4096),
+            max_subscription_bytes_per_namespace: self
+                .xds_max_subscription_bytes_per_namespace
+                .max(4096),
             max_connection_age: std::time::Duration::from_secs(self.xds_max_connection_age.max(10)),
         }
     }
@@ -374,6 +403,9 @@ fn webhook_config(
     webhook.envoy_config_validator = Some(crate::rules::validator(ALLOW_CROSS_NAMESPACE_SECRETS));
     webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
     webhook.injection.discovery_service = args.discovery_service_name.clone();
+    let limits = &args.webhook_limits;
+    webhook.max_connections_per_address = limits.webhook_max_connections_per_address.max(1);
+    webhook.max_requests_per_address = limits.webhook_max_requests_per_address.max(1);
     webhook.metrics.register(registry);
     webhook
 }

@@ -61,8 +61,16 @@ pub fn admission(scale: f64) -> anyhow::Result<Vec<Row>> {
     let listener = server_rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
     let addr = listener.local_addr()?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // Every client of the benchmark comes from one address, as the API server's calls do: its
+    // share of connections and requests must hold the highest concurrency with room to spare
+    // (connections of the previous level may still be closing).
+    let share = CONCURRENCY.iter().max().copied().unwrap_or(1) * 4;
     let server = server_rt.spawn(marin3r_webhook::serve(
-        WebhookServerConfig::new(&cert_path, &key_path),
+        WebhookServerConfig {
+            max_connections_per_address: share,
+            max_requests_per_address: share,
+            ..WebhookServerConfig::new(&cert_path, &key_path)
+        },
         listener,
         async {
             let _ = stopped.await;

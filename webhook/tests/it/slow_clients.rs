@@ -1,13 +1,20 @@
 //! Slow and idle clients cannot stall admissions: a trickled body holds no review permit and
 //! gets 408 after the body deadline; idle connections (HTTP/1 keep-alive, HTTP/2 after its
 //! preface, TLS with nothing after it) give their slot up after the idle timeout, and at once
-//! when a new connection needs it. With `failurePolicy: Fail`, a stalled webhook would block
-//! pod creation in every enabled namespace.
+//! when a new connection needs it. One client address holding slow requests on many HTTP/2
+//! connections takes at most its own share of connections and requests: the API server's
+//! calls from another address are answered at once. With `failurePolicy: Fail`, a stalled
+//! webhook would block pod creation in every enabled namespace.
 
 use crate::support;
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use hyper::body::{Bytes, Frame};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use marin3r_webhook::WebhookServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
@@ -163,5 +170,148 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
         assert_eq!(out["response"]["allowed"], true);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    server.stop().await;
+}
+
+/// The attacker's address and the API server's.
+const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
+const API_SERVER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+/// A request body that sends its first bytes and then nothing, ever.
+struct Trickle(Option<Bytes>);
+
+impl hyper::body::Body for Trickle {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
+            None => Poll::Pending,
+        }
+    }
+}
+
+type H2 = hyper::client::conn::http2::SendRequest<Trickle>;
+
+/// An HTTP/2 connection from `from`, or None when the server closes it first.
+async fn h2_from(from: IpAddr, addr: SocketAddr, ca_pem: &str) -> Option<H2> {
+    let tls = try_tls_stream(Some(from), addr, ca_pem, &[b"h2"])
+        .await
+        .ok()?;
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .ok()?;
+    tokio::spawn(conn);
+    Some(send)
+}
+
+/// Starts a review whose body never ends; the task yields its status, if it gets one.
+fn slow_review(send: &mut H2) -> tokio::task::JoinHandle<Option<u16>> {
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("https://{HOST}/pod-v1-mutate"))
+        .header("content-type", "application/json")
+        .header("content-length", "100000")
+        .body(Trickle(Some(Bytes::from_static(b"{\"apiVersion\":"))))
+        .unwrap();
+    let response = send.send_request(req);
+    tokio::spawn(async move { response.await.ok().map(|r| r.status().as_u16()) })
+}
+
+/// A valid review from the API server's address, answered within a second.
+async fn review_in_time(addr: SocketAddr, ca_pem: &str, uid: &str) {
+    let answered = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut client =
+            connect_from(Some(API_SERVER), addr, ca_pem, rustls::DEFAULT_VERSIONS).await;
+        client
+            .review(&admission_review(uid, &real_looking_pod()))
+            .await
+    })
+    .await
+    .expect("a valid review waited behind another address's slow requests");
+    assert_eq!(answered["response"]["uid"], uid);
+    assert_eq!(answered["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn slow_requests_on_many_connections_from_one_address_do_not_starve_another() {
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_connections: 8,
+        max_connections_per_address: 4,
+        ..config(&dir)
+    })
+    .await;
+    // Twice as many connections as there are slots, each always busy with a slow body: never
+    // idle, so none gives its slot up.
+    let mut attack = Vec::new();
+    for _ in 0..16 {
+        if let Some(mut send) = h2_from(ATTACKER, server.addr, &pki.ca_pem).await {
+            let pending = slow_review(&mut send);
+            attack.push((send, pending));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        attack.iter().filter(|(s, _)| !s.is_closed()).count() <= 4,
+        "one address kept more connections than its share"
+    );
+    review_in_time(server.addr, &pki.ca_pem, "uid-starved").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn requests_over_the_per_address_limit_are_refused_at_once() {
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_requests_per_address: 2,
+        ..config(&dir)
+    })
+    .await;
+    let mut send = h2_from(ATTACKER, server.addr, &pki.ca_pem).await.unwrap();
+    let _slow = [slow_review(&mut send), slow_review(&mut send)];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let third = tokio::time::timeout(Duration::from_secs(1), slow_review(&mut send))
+        .await
+        .expect("a request over the address's limit waited")
+        .unwrap();
+    assert_eq!(third, Some(429));
+    review_in_time(server.addr, &pki.ca_pem, "uid-other-address").await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn stalled_connections_from_several_addresses_make_room_for_a_new_one() {
+    let pki = Pki::new();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_connections: 8,
+        max_connections_per_address: 4,
+        // Stalled after a tenth of it: 200 ms without a request finished.
+        body_timeout: Duration::from_secs(2),
+        ..config(&dir)
+    })
+    .await;
+    // Three addresses within their shares, together more than every slot, each connection
+    // busy with a body that never ends.
+    let mut attack = Vec::new();
+    for last in [1, 3, 4] {
+        let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
+        for _ in 0..4 {
+            if let Some(mut send) = h2_from(from, server.addr, &pki.ca_pem).await {
+                let pending = slow_review(&mut send);
+                attack.push((send, pending));
+            }
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    review_in_time(server.addr, &pki.ca_pem, "uid-several").await;
     server.stop().await;
 }

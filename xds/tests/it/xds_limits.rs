@@ -1,6 +1,6 @@
 //! The xDS server's limits over real mutual TLS with a plain ADS client: streams per
-//! connection and per namespace, the first-request deadline, request size and subscription
-//! size. A stream over a limit is closed with a status naming the limit and counted by limit;
+//! connection and per namespace, the first-request deadline, request size, and subscription
+//! size in names and in bytes (per name, per stream and type, per namespace). A stream over a limit is closed with a status naming the limit and counted by limit;
 //! other namespaces keep being served.
 
 use std::time::Duration;
@@ -289,4 +289,213 @@ fn a_delta_subscription_over_the_name_limit_closes_its_stream() {
         );
     });
     assert_eq!(refused(&server, "NamesPerType"), 1.0);
+}
+
+/// Reads a stream's responses until it ends; the status it ended with.
+async fn closed_with(stream: &mut DeltaStream) -> tonic::Status {
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Err(e) = stream.recv().await {
+                break e;
+            }
+        }
+    })
+    .await
+    .expect("the stream was kept open");
+    status(&ended).clone()
+}
+
+/// `count` distinct names of `len` bytes each, starting at `from`.
+fn long_names(from: usize, count: usize, len: usize) -> Vec<String> {
+    (from..from + count)
+        .map(|i| format!("{i:08}-{}", "x".repeat(len - 9)))
+        .collect()
+}
+
+/// Subscribes a delta stream of `tls` to `count` CDS names of 64 KiB, eight per request
+/// (each request within the 1 MiB request limit), without reading the responses.
+async fn subscribe_long_names(server: &XdsServer, tls: &ClientTls, count: usize) -> DeltaStream {
+    let channel = connect(server.addr, tls).await.unwrap();
+    let mut stream = DeltaStream::open(channel, "node", None).await.unwrap();
+    for from in (0..count).step_by(8) {
+        let names = long_names(from, 8.min(count - from), 64 << 10);
+        let req = DeltaDiscoveryRequest {
+            type_url: CDS.into(),
+            resource_names_subscribe: names,
+            ..Default::default()
+        };
+        if stream.send(req).await.is_err() {
+            break;
+        }
+    }
+    stream
+}
+
+#[test]
+fn a_delta_subscription_over_its_bytes_closes_its_stream_and_no_other() {
+    let pki = Pki::new();
+    let server = start(
+        &pki,
+        Limits {
+            max_name_bytes: 128 << 10,
+            max_subscription_bytes_per_type: 1 << 20,
+            ..Limits::default()
+        },
+    );
+    let (a, b) = (tls(&pki, "team-a"), tls(&pki, "team-b"));
+    server.rt.block_on(async {
+        let mut other = served(connect(server.addr, &b).await.unwrap())
+            .await
+            .unwrap();
+        // 64 names of 64 KiB: 4 MiB, within the name count limit and each request's size.
+        let mut stream = subscribe_long_names(&server, &a, 64).await;
+        let s = closed_with(&mut stream).await;
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert_eq!(
+            s.message(),
+            "more than 1048576 bytes of resource names of one type on one stream \
+             (--xds-max-subscription-bytes-per-type)"
+        );
+        server
+            .cache
+            .set_snapshot("team-b", "node", snapshot(vec![eds_cluster("other")]));
+        let pushed = tokio::time::timeout(WAIT, other.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pushed.resources.len(), 1);
+    });
+    assert_eq!(refused(&server, "SubscriptionBytesPerType"), 1.0);
+}
+
+#[test]
+fn a_sotw_subscription_over_its_bytes_closes_its_stream() {
+    let pki = Pki::new();
+    let server = start(
+        &pki,
+        Limits {
+            max_name_bytes: 128 << 10,
+            max_subscription_bytes_per_type: 512 << 10,
+            ..Limits::default()
+        },
+    );
+    let tls = tls(&pki, "team-a");
+    server.rt.block_on(async {
+        let channel = connect(server.addr, &tls).await.unwrap();
+        let mut stream = SotwStream::open(channel.clone(), "node", None)
+            .await
+            .unwrap();
+        // 12 names of 64 KiB: 768 KiB, within the request limit, over the subscription's.
+        stream
+            .subscribe(CDS, &long_names(0, 12, 64 << 10))
+            .await
+            .unwrap();
+        let e = tokio::time::timeout(WAIT, stream.recv())
+            .await
+            .unwrap()
+            .expect_err("a response to a subscription over its bytes");
+        let s = status(&e);
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert_eq!(
+            s.message(),
+            "more than 524288 bytes of resource names of one type on one stream \
+             (--xds-max-subscription-bytes-per-type)"
+        );
+        served(channel).await.unwrap();
+    });
+    assert_eq!(refused(&server, "SubscriptionBytesPerType"), 1.0);
+}
+
+#[test]
+fn a_name_over_the_length_limit_closes_its_stream() {
+    let pki = Pki::new();
+    let server = start(&pki, Limits::default());
+    let tls = tls(&pki, "team-a");
+    server.rt.block_on(async {
+        let channel = connect(server.addr, &tls).await.unwrap();
+        let mut stream = DeltaStream::open(channel, "node", None).await.unwrap();
+        let req = DeltaDiscoveryRequest {
+            type_url: RTDS.into(),
+            resource_names_subscribe: long_names(0, 1, 4097),
+            ..Default::default()
+        };
+        stream.send(req).await.unwrap();
+        let s = closed_with(&mut stream).await;
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert_eq!(
+            s.message(),
+            "a resource name or version longer than 4096 bytes (--xds-max-name-bytes)"
+        );
+    });
+    assert_eq!(refused(&server, "NameSize"), 1.0);
+}
+
+#[test]
+fn one_namespace_over_its_subscription_bytes_does_not_stop_another() {
+    let pki = Pki::new();
+    let server = start(
+        &pki,
+        Limits {
+            max_name_bytes: 128 << 10,
+            max_subscription_bytes_per_namespace: 1 << 20,
+            ..Limits::default()
+        },
+    );
+    let (a, b) = (tls(&pki, "team-a"), tls(&pki, "team-b"));
+    server.rt.block_on(async {
+        // Two streams of 512 KiB each fit; a third stream of the namespace does not.
+        let mut first = subscribe_long_names(&server, &a, 7).await;
+        tokio::time::timeout(WAIT, first.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut second = subscribe_long_names(&server, &a, 7).await;
+        tokio::time::timeout(WAIT, second.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut third = subscribe_long_names(&server, &a, 7).await;
+        let s = closed_with(&mut third).await;
+        // The server's own accounting: two streams' names, not the refused one's.
+        let kept = server.metric("marin3r_xds_subscription_bytes");
+        assert!(
+            (2.0 * 7.0 * 65536.0..=1048576.0).contains(&kept),
+            "{kept} bytes kept"
+        );
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert_eq!(
+            s.message(),
+            "more than 1048576 bytes of resource names subscribed for this namespace \
+             (--xds-max-subscription-bytes-per-namespace)"
+        );
+        // Another namespace has its own budget.
+        let _b1 = subscribe_long_names(&server, &b, 7).await;
+        let mut b2 = subscribe_long_names(&server, &b, 7).await;
+        tokio::time::timeout(WAIT, b2.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        // A closed stream gives its bytes back.
+        drop(first);
+        let again = tokio::time::timeout(WAIT, async {
+            loop {
+                let mut s = subscribe_long_names(&server, &a, 7).await;
+                if s.recv().await.is_ok() {
+                    break s;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        let again = again.expect("the closed stream's bytes were not given back");
+        drop((again, second, b2, _b1));
+        let released = tokio::time::timeout(WAIT, async {
+            while server.metric("marin3r_xds_subscription_bytes") > 0.0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(released.is_ok(), "closed streams kept their bytes");
+    });
+    assert!(refused(&server, "SubscriptionBytesPerNamespace") >= 1.0);
 }

@@ -115,6 +115,30 @@ pub async fn connect(
     ca_pem: &str,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Client {
+    connect_from(None, addr, ca_pem, versions).await
+}
+
+/// A TCP connection to `addr` from the loopback address `from` (any of 127.0.0.0/8), so a
+/// test can be several clients by address.
+pub async fn tcp_from(
+    from: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let Some(from) = from else {
+        return TcpStream::connect(addr).await;
+    };
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(addr).await
+}
+
+/// [`connect`] from the loopback address `from`.
+pub async fn connect_from(
+    from: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    ca_pem: &str,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Client {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
@@ -126,7 +150,7 @@ pub async fn connect(
     .unwrap()
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tcp = tcp_from(from, addr).await.unwrap();
     let stream = TlsConnector::from(Arc::new(tls))
         .connect(ServerName::try_from(HOST).unwrap(), tcp)
         .await
@@ -277,6 +301,17 @@ pub async fn tls_stream(
     ca_pem: &str,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<TcpStream> {
+    try_tls_stream(None, addr, ca_pem, alpn).await.unwrap()
+}
+
+/// [`tls_stream`] from the loopback address `from`; an error when the server closes the
+/// connection before the handshake ends.
+pub async fn try_tls_stream(
+    from: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(c.unwrap()).unwrap();
@@ -289,9 +324,8 @@ pub async fn tls_stream(
     .with_root_certificates(roots)
     .with_no_client_auth();
     tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tcp = tcp_from(from, addr).await?;
     TlsConnector::from(Arc::new(tls))
         .connect(ServerName::try_from(HOST).unwrap(), tcp)
         .await
-        .unwrap()
 }
