@@ -240,7 +240,7 @@ async fn review_in_time(addr: SocketAddr, ca_pem: &str, uid: &str) {
 
 #[tokio::test]
 async fn slow_requests_on_many_connections_from_one_address_do_not_starve_another() {
-    let pki = Pki::new();
+    let pki = support::pki();
     let dir = SecretDir::new(&pki.server_cert());
     let server = Server::start(WebhookServerConfig {
         max_connections: 8,
@@ -252,7 +252,7 @@ async fn slow_requests_on_many_connections_from_one_address_do_not_starve_anothe
     // idle, so none gives its slot up.
     let mut attack = Vec::new();
     for _ in 0..16 {
-        if let Some(mut send) = h2_from(ATTACKER, server.addr, &pki.ca_pem).await {
+        if let Some(mut send) = h2_from(ATTACKER, server.addr, pki.ca_pem()).await {
             let pending = slow_review(&mut send);
             attack.push((send, pending));
         }
@@ -262,20 +262,20 @@ async fn slow_requests_on_many_connections_from_one_address_do_not_starve_anothe
         attack.iter().filter(|(s, _)| !s.is_closed()).count() <= 4,
         "one address kept more connections than its share"
     );
-    review_in_time(server.addr, &pki.ca_pem, "uid-starved").await;
+    review_in_time(server.addr, pki.ca_pem(), "uid-starved").await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn requests_over_the_per_address_limit_are_refused_at_once() {
-    let pki = Pki::new();
+    let pki = support::pki();
     let dir = SecretDir::new(&pki.server_cert());
     let server = Server::start(WebhookServerConfig {
         max_requests_per_address: 2,
         ..config(&dir)
     })
     .await;
-    let mut send = h2_from(ATTACKER, server.addr, &pki.ca_pem).await.unwrap();
+    let mut send = h2_from(ATTACKER, server.addr, pki.ca_pem()).await.unwrap();
     let _slow = [slow_review(&mut send), slow_review(&mut send)];
     tokio::time::sleep(Duration::from_millis(200)).await;
     let third = tokio::time::timeout(Duration::from_secs(1), slow_review(&mut send))
@@ -283,13 +283,13 @@ async fn requests_over_the_per_address_limit_are_refused_at_once() {
         .expect("a request over the address's limit waited")
         .unwrap();
     assert_eq!(third, Some(429));
-    review_in_time(server.addr, &pki.ca_pem, "uid-other-address").await;
+    review_in_time(server.addr, pki.ca_pem(), "uid-other-address").await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn stalled_connections_from_several_addresses_make_room_for_a_new_one() {
-    let pki = Pki::new();
+    let pki = support::pki();
     let dir = SecretDir::new(&pki.server_cert());
     let server = Server::start(WebhookServerConfig {
         max_connections: 8,
@@ -305,13 +305,13 @@ async fn stalled_connections_from_several_addresses_make_room_for_a_new_one() {
     for last in [1, 3, 4] {
         let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
         for _ in 0..4 {
-            if let Some(mut send) = h2_from(from, server.addr, &pki.ca_pem).await {
+            if let Some(mut send) = h2_from(from, server.addr, pki.ca_pem()).await {
                 let pending = slow_review(&mut send);
                 attack.push((send, pending));
             }
         }
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    review_in_time(server.addr, &pki.ca_pem, "uid-several").await;
+    review_in_time(server.addr, pki.ca_pem(), "uid-several").await;
     server.stop().await;
 }
