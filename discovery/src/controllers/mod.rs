@@ -162,8 +162,8 @@ impl Context {
             return Ok(true);
         };
         let store = index.store();
-        // Not listed yet (or shutting down): serving is the safe side, nothing is unloaded.
-        if store.wait_until_ready().await.is_err() {
+        // Shutting down: serving is the safe side, nothing is unloaded.
+        if !listed(&store).await {
             return Ok(true);
         }
         Ok(store
@@ -207,28 +207,31 @@ impl Readiness {
     }
 }
 
-/// Sets `flag` once `store` has listed its objects. kube's readiness future keeps only the
-/// waker of its last poller (the controller's own), so it is polled again every 100 ms
-/// rather than awaited once.
-pub(crate) async fn mark_ready<K>(store: kube::runtime::reflector::Store<K>, flag: Arc<AtomicBool>)
+/// Waits until `store` has listed its objects; false when its watch is gone. kube's readiness
+/// future wakes only its last poller, so several reconciles awaiting it at once would all but
+/// one sleep forever: each polls it again every 100 ms instead.
+pub(crate) async fn listed<K>(store: &kube::runtime::reflector::Store<K>) -> bool
 where
     K: kube::Resource + Clone + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone,
 {
     loop {
-        match tokio::time::timeout(
-            std::time::Duration::from_millis(100),
-            store.wait_until_ready(),
-        )
-        .await
-        {
-            Ok(Ok(())) => {
-                flag.store(true, Ordering::SeqCst);
-                return;
-            }
-            Ok(Err(_)) => return,
-            Err(_) => {}
+        let wait = store.wait_until_ready();
+        match tokio::time::timeout(std::time::Duration::from_millis(100), wait).await {
+            Ok(result) => return result.is_ok(),
+            Err(_) => continue,
         }
+    }
+}
+
+/// Sets `flag` once `store` has listed its objects.
+pub(crate) async fn mark_ready<K>(store: kube::runtime::reflector::Store<K>, flag: Arc<AtomicBool>)
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    if listed(&store).await {
+        flag.store(true, Ordering::SeqCst);
     }
 }
 
