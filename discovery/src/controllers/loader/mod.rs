@@ -60,14 +60,6 @@ pub(crate) async fn run(
     secrets.abort();
 }
 
-/// The (namespace, name) of every Secret a revision references.
-pub(super) fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
-    let own = r.namespace().unwrap_or_default();
-    convert::secret_sources(&r.spec.config())
-        .into_iter()
-        .map(move |s| (s.namespace.unwrap_or_else(|| own.clone()), s.secret_name))
-}
-
 pub(super) fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
     NodeKey::new(r.namespace().unwrap_or_default(), r.spec.node_id.clone())
 }

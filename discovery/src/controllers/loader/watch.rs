@@ -18,12 +18,13 @@ use marin3r_controller::{Note, patch_status, set_condition, status_patch};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use super::{endpoint_slices, key_of, secret_refs};
+use super::{endpoint_slices, key_of};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use crate::api::envoy_config_revision::{RESOURCES_OUT_OF_SYNC, RevisionReason};
 use crate::controllers::Publisher;
 use crate::controllers::{Context, Error};
+use crate::convert;
 
 /// Sets `ready` once every revision published when the store was first listed has been
 /// loaded, or has failed to load and says why in its status: a new discovery pod gets
@@ -247,4 +248,12 @@ impl Deletions {
             Event::Apply(_) => {}
         }
     }
+}
+
+/// The (namespace, name) of every Secret a revision references.
+fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
+    let own = r.namespace().unwrap_or_default();
+    convert::secret_sources(&r.spec.config())
+        .into_iter()
+        .map(move |s| (s.namespace.unwrap_or_else(|| own.clone()), s.secret_name))
 }
