@@ -4,14 +4,17 @@
 //! Pods and objects directly); `sync` drives it from the cluster's API through kube-rs.
 
 pub mod env;
+mod health;
 pub mod hosts;
 pub mod images;
 pub mod launcher;
+mod lifecycle;
 pub mod net;
 pub mod pod;
 pub mod probe;
 pub mod runtime;
 pub mod service_proxy;
+pub mod sidecars;
 mod supervisor;
 pub mod sync;
 pub mod volumes;

@@ -1,6 +1,6 @@
 //! One running Pod: its network namespace, volume and hosts files, and a supervisor task per
-//! container that starts the process, runs its probes, restarts it by the restart policy and
-//! stops it (SIGTERM, then SIGKILL after the grace period). Status is published on a watch
+//! container (`lifecycle` orders them: init containers and sidecars, then the app) that
+//! starts the process, runs its probes, restarts it and stops it. Status is published on a watch
 //! channel; the owner decides where it goes (the API server, or a test).
 
 use std::path::{Path, PathBuf};
@@ -14,9 +14,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::launcher::{self, Launch, Mount};
+use super::lifecycle::run_pod;
 use super::net::PodNetwork;
 use super::runtime::{self, ContainerRuntime, PodFacts, State};
-use super::supervisor::{run_pod, signal_group};
+use super::supervisor::signal_group;
 use super::{Node, Objects, env, hosts, volumes};
 
 /// A container of the pod: one of `spec.initContainers` or of `spec.containers`.
@@ -446,17 +447,6 @@ impl PodShared {
         let Some(container) = container.cloned() else {
             return Err(("CreateContainerError".into(), "no such container".into()));
         };
-        if matches!(which, Which::Init(_)) && container.restart_policy.as_deref() == Some("Always")
-        {
-            return Err((
-                "CreateContainerConfigError".into(),
-                format!(
-                    "init container {:?}: sidecar init containers (restartPolicy: Always) are not \
-                     supported by the local cluster",
-                    container.name
-                ),
-            ));
-        }
         let image_name = container.image.clone().unwrap_or_default();
         let image = self
             .node

@@ -32,6 +32,9 @@ pub struct ContainerRuntime {
     pub last: Option<Terminated>,
     pub restart_count: i32,
     pub ready: bool,
+    /// Past its startup probe (at once without one): what `started` shows, and what lets
+    /// the kubelet move on from a sidecar to the next init container.
+    pub started: bool,
 }
 
 impl ContainerRuntime {
@@ -47,6 +50,7 @@ impl ContainerRuntime {
             last: None,
             restart_count: 0,
             ready: false,
+            started: false,
         }
     }
 
@@ -104,7 +108,7 @@ fn container_status(c: &ContainerRuntime) -> ContainerStatus {
             .unwrap_or_default(),
         container_id: c.pid().map(|pid| format!("local://{pid}")),
         ready: c.ready && running,
-        started: Some(running),
+        started: Some(running && c.started),
         restart_count: c.restart_count,
         state: Some(state),
         last_state: c.last.as_ref().map(|t| ContainerState {
@@ -127,9 +131,36 @@ pub struct PodFacts<'a> {
     pub failure: Option<&'a str>,
 }
 
-/// The Pod status, keeping a condition's `lastTransitionTime` from `previous` while its
-/// status is unchanged (so a rewrite with nothing new is a no-op).
-pub fn pod_status(facts: &PodFacts<'_>, previous: Option<&PodStatus>) -> PodStatus {
+fn is_running(c: &ContainerRuntime) -> bool {
+    matches!(c.state, State::Running { .. })
+}
+
+fn succeeded(c: &ContainerRuntime) -> bool {
+    matches!(&c.state, State::Terminated(t) if t.exit_code == 0)
+}
+
+/// Initialized as kubelet sees it: every regular init container succeeded and every sidecar
+/// has started. Once the app containers have left `PodInitializing` it stays so: a sidecar
+/// restarting later does not take the pod back to initializing.
+fn is_initialized(facts: &PodFacts<'_>, sidecars: &[bool]) -> bool {
+    let done = facts.init_containers.iter().enumerate().all(|(i, c)| {
+        if sidecars.get(i).copied().unwrap_or(false) {
+            c.started && is_running(c)
+        } else {
+            succeeded(c)
+        }
+    });
+    let past = !facts.init_containers.is_empty()
+        && facts.containers.iter().any(
+            |c| !matches!(&c.state, State::Waiting { reason, .. } if reason == "PodInitializing"),
+        );
+    done || past
+}
+
+/// kubelet's `getPhase` with sidecars (KEP-753): only the app containers decide Succeeded
+/// or Failed (a sidecar's exit code never does), and a terminal phase is written only once
+/// no container runs any more (kubelet delays it until the pod's containers are stopped).
+fn phase(facts: &PodFacts<'_>, sidecars: &[bool], initialized: bool) -> &'static str {
     let restart_policy = facts
         .pod
         .spec
@@ -137,35 +168,49 @@ pub fn pod_status(facts: &PodFacts<'_>, previous: Option<&PodStatus>) -> PodStat
         .and_then(|s| s.restart_policy.as_deref())
         .unwrap_or("Always");
     let cs = facts.containers;
-    let all_ready = !cs.is_empty()
-        && cs
-            .iter()
-            .all(|c| c.ready && matches!(c.state, State::Running { .. }));
+    let any_running = facts.init_containers.iter().chain(cs).any(is_running);
     let all_terminated =
         !cs.is_empty() && cs.iter().all(|c| matches!(c.state, State::Terminated(_)));
     let ever_ran =
         |c: &ContainerRuntime| !matches!(c.state, State::Waiting { .. }) || c.last.is_some();
-    let succeeded =
-        |c: &ContainerRuntime| matches!(&c.state, State::Terminated(t) if t.exit_code == 0);
-    let initialized = facts.init_containers.iter().all(succeeded);
-    let init_failed = facts
-        .init_containers
-        .iter()
-        .any(|c| matches!(&c.state, State::Terminated(t) if t.exit_code != 0));
-    let phase = if facts.failure.is_some() || init_failed {
+    let init_failed = facts.init_containers.iter().enumerate().any(|(i, c)| {
+        !sidecars.get(i).copied().unwrap_or(false)
+            && matches!(&c.state, State::Terminated(t) if t.exit_code != 0)
+    });
+    if facts.failure.is_some() || (init_failed && !any_running) {
         "Failed"
     } else if !initialized {
         "Pending"
-    } else if all_terminated && restart_policy != "Always" {
-        let ok = cs
-            .iter()
-            .all(|c| matches!(&c.state, State::Terminated(t) if t.exit_code == 0));
-        if ok { "Succeeded" } else { "Failed" }
+    } else if all_terminated && restart_policy != "Always" && !any_running {
+        if cs.iter().all(succeeded) {
+            "Succeeded"
+        } else {
+            "Failed"
+        }
     } else if cs.iter().all(ever_ran) {
         "Running"
     } else {
         "Pending"
-    };
+    }
+}
+
+/// The Pod status, keeping a condition's `lastTransitionTime` from `previous` while its
+/// status is unchanged (so a rewrite with nothing new is a no-op). Sidecars count for
+/// readiness: the pod is Ready when its app containers and its sidecars are.
+pub fn pod_status(facts: &PodFacts<'_>, previous: Option<&PodStatus>) -> PodStatus {
+    let sidecars = super::sidecars::flags(facts.pod);
+    let cs = facts.containers;
+    let ready_and_running = |c: &ContainerRuntime| c.ready && is_running(c);
+    let all_ready = !cs.is_empty()
+        && cs.iter().all(ready_and_running)
+        && facts
+            .init_containers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| sidecars.get(*i).copied().unwrap_or(false))
+            .all(|(_, c)| ready_and_running(c));
+    let initialized = is_initialized(facts, &sidecars);
+    let phase = phase(facts, &sidecars, initialized);
     let now = jiff::Timestamp::now();
     let condition = |type_: &str, ok: bool, reason: Option<&str>| {
         let status = if ok { "True" } else { "False" };

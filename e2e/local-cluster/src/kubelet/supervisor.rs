@@ -1,18 +1,18 @@
 //! A pod's container supervisors: each starts its process, runs its probes, restarts it by
-//! the restart policy and stops it (its preStop hook, then SIGTERM, then SIGKILL when the
-//! grace period is over); init
-//! containers run one after the other, to completion, before the others start.
+//! the restart policy (sidecars always) and stops it (its preStop hook, a sidecar's turn,
+//! then SIGTERM, then SIGKILL when the grace period is over). The order in which they run is
+//! `lifecycle`'s.
 
 use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod, Probe};
+use k8s_openapi::api::core::v1::Probe;
 use tokio::sync::watch;
 
 use super::pod::{PodShared, Which, lock};
-use super::probe;
 use super::runtime::{State, Terminated};
+use super::{health, probe, sidecars};
 use crate::tasks::AbortOnDrop;
 
 pub(super) fn signal_group(pid: u32, signal: rustix::process::Signal) {
@@ -24,167 +24,140 @@ pub(super) fn signal_group(pid: u32, signal: rustix::process::Signal) {
     }
 }
 
-fn probes(pod: &Pod, index: usize) -> (Option<Container>, Option<Probe>, Option<Probe>) {
-    let c = pod
+/// How a container start went.
+enum Launch {
+    Running(Box<tokio::process::Child>, jiff::Timestamp),
+    /// Could not start; waited (a config error, a failed spawn) and may try again.
+    Retry,
+    Stopped,
+}
+
+/// Prepares and spawns one run of the container, publishing its Running state (or why it
+/// waits). A container with a startup probe is not `started` until the probe passes.
+async fn launch(
+    shared: &Arc<PodShared>,
+    which: Which,
+    stop: &mut watch::Receiver<Option<Duration>>,
+    backoff: Duration,
+) -> Launch {
+    let (mut cmd, image_path) = match shared.prepare(which) {
+        Ok(ok) => ok,
+        Err((reason, message)) => {
+            shared.set(which, |c| {
+                c.state = State::Waiting { reason, message };
+                c.ready = false;
+            });
+            // Retry: the missing Secret or ConfigMap may appear.
+            return match wait_or_stop(stop, Duration::from_secs(1)).await {
+                true => Launch::Stopped,
+                false => Launch::Retry,
+            };
+        }
+    };
+    let started_at = jiff::Timestamp::now();
+    let child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            shared.set(which, |c| {
+                c.state = State::Waiting {
+                    reason: "RunContainerError".into(),
+                    message: e.to_string(),
+                };
+            });
+            return match wait_or_stop(stop, backoff).await {
+                true => Launch::Stopped,
+                false => Launch::Retry,
+            };
+        }
+    };
+    let pid = child.id().unwrap_or_default();
+    let pod = lock(&shared.pod).clone();
+    let has_startup_probe =
+        health::container_of(&pod, which).is_some_and(|c| c.startup_probe.is_some());
+    shared.set(which, |c| {
+        c.state = State::Running {
+            since: started_at,
+            pid,
+        };
+        c.image_path = Some(image_path);
+        c.ready = false;
+        c.started = !has_startup_probe;
+    });
+    Launch::Running(Box::new(child), started_at)
+}
+
+/// Whether the container `which` is a sidecar (an init container with `restartPolicy:
+/// Always`).
+fn is_sidecar(shared: &PodShared, which: Which) -> bool {
+    let pod = lock(&shared.pod).clone();
+    matches!(which, Which::Init(_))
+        && health::container_of(&pod, which).is_some_and(|c| sidecars::is_sidecar(&c))
+}
+
+/// Whether a run that ended with `exit_code` is started again: a sidecar always (whatever
+/// the pod's restart policy), a regular init container until it succeeds (unless `Never`),
+/// an app container by the pod's restart policy.
+fn should_restart(shared: &PodShared, which: Which, exit_code: i32) -> bool {
+    if is_sidecar(shared, which) {
+        return true;
+    }
+    let policy = lock(&shared.pod)
         .spec
         .as_ref()
-        .and_then(|s| s.containers.get(index))
-        .cloned();
-    let readiness = c.as_ref().and_then(|c| c.readiness_probe.clone());
-    let liveness = c.as_ref().and_then(|c| c.liveness_probe.clone());
-    (c, readiness, liveness)
+        .and_then(|s| s.restart_policy.clone())
+        .unwrap_or_else(|| "Always".into());
+    match (policy.as_str(), which) {
+        ("Never", _) => false,
+        (_, Which::Init(_)) | ("OnFailure", _) => exit_code != 0,
+        _ => true,
+    }
 }
 
-/// Probes one container run: readiness flips `ready`; liveness failures kill the process.
-async fn run_probes(shared: Arc<PodShared>, index: usize, pid: u32) {
-    let pod = lock(&shared.pod).clone();
-    let (Some(container), readiness, liveness) = probes(&pod, index) else {
-        return;
+fn terminated(
+    status: &std::io::Result<std::process::ExitStatus>,
+    started_at: jiff::Timestamp,
+) -> Terminated {
+    let (exit_code, signal) = match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => (code, None),
+            (None, Some(sig)) => (128 + sig, Some(sig)),
+            _ => (-1, None),
+        },
+        Err(_) => (-1, None),
     };
-    let max = shared.node.config.max_probe_period;
-    if readiness.is_none() {
-        shared.set(Which::Main(index), |c| c.ready = true);
-    }
-    let readiness_task = readiness.map(|probe| {
-        let (shared, container) = (shared.clone(), container.clone());
-        AbortOnDrop(tokio::spawn(async move {
-            let t = probe::timing(&probe, max);
-            tokio::time::sleep(t.initial_delay).await;
-            let (mut ok, mut failed) = (0, 0);
-            loop {
-                match probe::run(&probe, &container, &shared.ip, pid, t.timeout).await {
-                    Ok(()) => {
-                        ok += 1;
-                        failed = 0;
-                        if ok >= t.success_threshold {
-                            shared.set(Which::Main(index), |c| c.ready = true);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(pod = %shared.name, container = %container.name, "readiness: {e}");
-                        failed += 1;
-                        ok = 0;
-                        if failed >= t.failure_threshold {
-                            shared.set(Which::Main(index), |c| c.ready = false);
-                        }
-                    }
-                }
-                tokio::time::sleep(t.period).await;
-            }
-        }))
-    });
-    if let Some(probe) = liveness {
-        let t = probe::timing(&probe, max);
-        tokio::time::sleep(t.initial_delay).await;
-        let mut failed = 0;
-        loop {
-            match probe::run(&probe, &container, &shared.ip, pid, t.timeout).await {
-                Ok(()) => failed = 0,
-                Err(e) => {
-                    failed += 1;
-                    if failed >= t.failure_threshold {
-                        tracing::info!(pod = %shared.name, container = %container.name, "liveness failed, killing: {e}");
-                        signal_group(pid, rustix::process::Signal::KILL);
-                        break;
-                    }
-                }
-            }
-            tokio::time::sleep(t.period).await;
-        }
-    }
-    if let Some(mut task) = readiness_task {
-        // Keep probing readiness until this run ends (the caller aborts us).
-        let _ = (&mut task.0).await;
+    Terminated {
+        exit_code,
+        signal,
+        reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
+        started_at,
+        finished_at: jiff::Timestamp::now(),
     }
 }
 
-/// Runs the init containers in order, each to success, then every other container until
-/// the pod stops. An init container that fails under `restartPolicy: Never` ends the pod.
-pub(super) async fn run_pod(
-    shared: Arc<PodShared>,
-    init: usize,
-    main: usize,
-    stop: watch::Receiver<Option<Duration>>,
-) {
-    for i in 0..init {
-        if !supervise(shared.clone(), Which::Init(i), stop.clone()).await {
-            return;
-        }
-    }
-    let tasks: Vec<AbortOnDrop> = (0..main)
-        .map(|i| {
-            let run = supervise(shared.clone(), Which::Main(i), stop.clone());
-            AbortOnDrop(tokio::spawn(async move {
-                run.await;
-            }))
-        })
-        .collect();
-    for mut task in tasks {
-        let _ = (&mut task.0).await;
-    }
-}
-
-/// Runs one container, restarting it by the restart policy: a regular container until the
-/// pod stops, an init container until it succeeds (`true`) or fails for good (`false`).
-async fn supervise(
+/// Runs one container, restarting it by its restart policy (with a capped back-off) until it
+/// is done for good or the pod stops it. `true` when its last run ended on its own with exit
+/// code 0: a regular init container's success.
+pub(super) async fn supervise(
     shared: Arc<PodShared>,
     which: Which,
     mut stop: watch::Receiver<Option<Duration>>,
 ) -> bool {
     let mut backoff = Duration::from_secs(1);
     let max_backoff = shared.node.config.max_restart_backoff;
+    // Regular init containers have no probes; app containers and sidecars do.
+    let probed = matches!(which, Which::Main(_)) || is_sidecar(&shared, which);
     loop {
         if stop.borrow().is_some() {
             return false;
         }
-        let (mut cmd, image_path) = match shared.prepare(which) {
-            Ok(ok) => ok,
-            Err((reason, message)) => {
-                shared.set(which, |c| {
-                    c.state = State::Waiting { reason, message };
-                    c.ready = false;
-                });
-                // Retry: the missing Secret or ConfigMap may appear.
-                if wait_or_stop(&mut stop, Duration::from_secs(1)).await {
-                    return false;
-                }
-                continue;
-            }
-        };
-        let started_at = jiff::Timestamp::now();
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                shared.set(which, |c| {
-                    c.state = State::Waiting {
-                        reason: "RunContainerError".into(),
-                        message: e.to_string(),
-                    };
-                });
-                if wait_or_stop(&mut stop, backoff).await {
-                    return false;
-                }
-                continue;
-            }
+        let (mut child, started_at) = match launch(&shared, which, &mut stop, backoff).await {
+            Launch::Running(child, at) => (child, at),
+            Launch::Retry => continue,
+            Launch::Stopped => return false,
         };
         let pid = child.id().unwrap_or_default();
-        shared.set(which, |c| {
-            c.state = State::Running {
-                since: started_at,
-                pid,
-            };
-            c.image_path = Some(image_path);
-            c.ready = false;
-        });
-        // Init containers have no probes.
-        let probes = match which {
-            Which::Main(index) => Some(AbortOnDrop(tokio::spawn(run_probes(
-                shared.clone(),
-                index,
-                pid,
-            )))),
-            Which::Init(_) => None,
-        };
+        let probes =
+            probed.then(|| AbortOnDrop(tokio::spawn(health::run(shared.clone(), which, pid))));
         let waited = tokio::select! {
             status = child.wait() => Some(status),
             _ = async { stop.wait_for(Option::is_some).await.is_ok() } => None,
@@ -193,103 +166,124 @@ async fn supervise(
         let status = match waited {
             Some(status) => status,
             None => {
-                let mut grace = stop.borrow().unwrap_or_default();
-                if let Which::Main(index) = which {
-                    grace = pre_stop(&shared, index, pid, grace).await;
-                }
-                signal_group(pid, rustix::process::Signal::TERM);
-                match tokio::time::timeout(grace, child.wait()).await {
-                    Ok(status) => status,
-                    Err(_) => {
-                        signal_group(pid, rustix::process::Signal::KILL);
-                        child.wait().await
-                    }
-                }
+                let grace = stop.borrow().unwrap_or_default();
+                stop_container(&shared, which, pid, &mut child, grace).await
             }
         };
         drop(probes);
         // Whatever the container started in its process group goes with it.
         signal_group(pid, rustix::process::Signal::KILL);
-        let (exit_code, signal) = match &status {
-            Ok(s) => match (s.code(), s.signal()) {
-                (Some(code), _) => (code, None),
-                (None, Some(sig)) => (128 + sig, Some(sig)),
-                _ => (-1, None),
-            },
-            Err(_) => (-1, None),
-        };
-        let finished = Terminated {
-            exit_code,
-            signal,
-            reason: if exit_code == 0 { "Completed" } else { "Error" }.into(),
-            started_at,
-            finished_at: jiff::Timestamp::now(),
-        };
-        let policy = lock(&shared.pod)
-            .spec
-            .as_ref()
-            .and_then(|s| s.restart_policy.clone())
-            .unwrap_or_else(|| "Always".into());
-        let is_init = matches!(which, Which::Init(_));
-        let restart = !stopping
-            && match policy.as_str() {
-                "Never" => false,
-                _ if is_init => exit_code != 0,
-                "OnFailure" => exit_code != 0,
-                _ => true,
-            };
-        if !restart {
+        let finished = terminated(&status, started_at);
+        if stopping || !should_restart(&shared, which, finished.exit_code) {
+            let ok = !stopping && finished.exit_code == 0;
             shared.set(which, |c| {
                 c.state = State::Terminated(finished);
                 c.ready = false;
             });
-            if stopping || is_init {
-                return !stopping && exit_code == 0;
-            }
-            let _ = async { stop.wait_for(Option::is_some).await.is_ok() }.await;
-            return true;
+            return ok;
         }
-        let ran_long = jiff::Timestamp::now().duration_since(started_at).as_secs() > 10;
-        if ran_long {
+        if jiff::Timestamp::now().duration_since(started_at).as_secs() > 10 {
             backoff = Duration::from_secs(1);
         }
-        let name = shared.name.clone();
-        shared.set(which, |c| {
-            c.state = State::Waiting {
-                reason: "CrashLoopBackOff".into(),
-                message: format!(
-                    "back-off {}s restarting failed container={} pod={name}",
-                    backoff.as_secs(),
-                    c.name
-                ),
-            };
-            c.last = Some(finished);
-            c.ready = false;
-            c.restart_count += 1;
-        });
+        back_off(&shared, which, finished, backoff);
         if wait_or_stop(&mut stop, backoff).await {
+            if is_sidecar(&shared, which) {
+                // A sidecar stopped while it waited to restart ends as its last run did.
+                shared.set(which, |c| {
+                    if let Some(last) = c.last.clone() {
+                        c.state = State::Terminated(last);
+                    }
+                });
+            }
             return false;
         }
         backoff = (backoff * 2).min(max_backoff);
     }
 }
 
+/// Publishes a crashed run and the restart's back-off (`CrashLoopBackOff`).
+fn back_off(shared: &PodShared, which: Which, finished: Terminated, backoff: Duration) {
+    let name = shared.name.clone();
+    shared.set(which, |c| {
+        c.state = State::Waiting {
+            reason: "CrashLoopBackOff".into(),
+            message: format!(
+                "back-off {}s restarting failed container={} pod={name}",
+                backoff.as_secs(),
+                c.name
+            ),
+        };
+        c.last = Some(finished);
+        c.ready = false;
+        c.restart_count += 1;
+    });
+}
+
+/// Stops a running container as kubelet's `killContainer` does: its preStop hook within the
+/// grace period; for a sidecar, then waiting for its turn (every app container and every
+/// later sidecar exited) for what is left of the grace period; then SIGTERM, and SIGKILL
+/// once the rest of the grace period is over (at least 2 s, kubelet's minimum).
+///
+/// As in kubelet, every container's preStop hook starts as soon as the pod stops, sidecars'
+/// included: only SIGTERM waits for the sidecar's turn. The grace period is one budget for
+/// the whole pod, so the last sidecar gets SIGTERM at the latest when it is over (plus the
+/// 2 s minimum), and the pod is gone within its `terminationGracePeriodSeconds` (+ 2 s).
+async fn stop_container(
+    shared: &Arc<PodShared>,
+    which: Which,
+    pid: u32,
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    const MIN_GRACE: Duration = Duration::from_secs(2);
+    let deadline = tokio::time::Instant::now() + grace;
+    pre_stop(shared, which, pid, grace).await;
+    if let Which::Init(index) = which
+        && is_sidecar(shared, which)
+    {
+        let _ = tokio::time::timeout_at(deadline, wait_for_turn(shared, index)).await;
+    }
+    let left = deadline
+        .saturating_duration_since(tokio::time::Instant::now())
+        .max(MIN_GRACE);
+    signal_group(pid, rustix::process::Signal::TERM);
+    match tokio::time::timeout(left, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            signal_group(pid, rustix::process::Signal::KILL);
+            child.wait().await
+        }
+    }
+}
+
+/// Waits until the sidecar at `index` may be sent SIGTERM (`sidecars::turn_to_stop`),
+/// re-checking at every status change of the pod.
+async fn wait_for_turn(shared: &PodShared, index: usize) {
+    let mut rx = shared.status_tx.subscribe();
+    let _ = rx
+        .wait_for(|_| {
+            let pod = lock(&shared.pod).clone();
+            let init = lock(&shared.init).clone();
+            let containers = lock(&shared.containers).clone();
+            sidecars::turn_to_stop(&pod, &init, &containers, index)
+        })
+        .await;
+}
+
 /// Runs the container's preStop hook (httpGet, exec or sleep) as kubelet does before SIGTERM:
-/// within the grace period, a failure only logged. Returns what is left of the grace period
-/// for SIGTERM, at least 2 s (kubelet's extension when the hook used it all).
-async fn pre_stop(shared: &Arc<PodShared>, index: usize, pid: u32, grace: Duration) -> Duration {
+/// within the grace period, a failure only logged.
+async fn pre_stop(shared: &Arc<PodShared>, which: Which, pid: u32, grace: Duration) {
     let pod = lock(&shared.pod).clone();
-    let Some(container) = pod.spec.as_ref().and_then(|s| s.containers.get(index)) else {
-        return grace;
+    let Some(container) = health::container_of(&pod, which) else {
+        return;
     };
     let Some(hook) = container
         .lifecycle
         .as_ref()
         .and_then(|l| l.pre_stop.as_ref())
     else {
-        return grace;
+        return;
     };
-    let started = tokio::time::Instant::now();
     let result = if let Some(sleep) = &hook.sleep {
         tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0).unsigned_abs()).min(grace))
             .await;
@@ -304,7 +298,7 @@ async fn pre_stop(shared: &Arc<PodShared>, index: usize, pid: u32, grace: Durati
         };
         probe::run(
             &as_probe,
-            container,
+            &container,
             &shared.ip,
             pid,
             grace.max(Duration::from_secs(1)),
@@ -319,9 +313,6 @@ async fn pre_stop(shared: &Arc<PodShared>, index: usize, pid: u32, grace: Durati
             tracing::warn!(pod = %shared.name, container = %container.name, "FailedPreStopHook: {e}")
         }
     }
-    grace
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_secs(2))
 }
 
 /// Sleeps, returning early with `true` when the pod is being stopped.

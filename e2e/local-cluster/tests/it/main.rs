@@ -14,6 +14,7 @@ mod apiserver_strict;
 mod apiserver_watch;
 mod kubelet_pods;
 mod kubelet_probes;
+mod kubelet_sidecars;
 mod local_cluster_bin;
 mod local_cluster_bin_pods;
 mod local_cluster_pods;
