@@ -270,8 +270,8 @@ async fn a_deleted_pod_stops_its_app_first_while_the_sidecar_still_serves() {
     // The app's preStop hook takes 2 s and asks the sidecar for a page at its end.
     let mut app = sh("app", &until_term("app-term", 0));
     app["lifecycle"] = json!({"preStop": {"exec": {"command": ["sh", "-c",
-        "date +%s%N > /w/app-prestop; sleep 2; curl -sf http://127.0.0.1:8080/ > /w/served \
-         && date +%s%N > /w/served-at"]}}});
+        "date +%s%N > /w/app-prestop; sleep 2; curl -sSf http://127.0.0.1:8080/ > /w/served \
+         2> /w/curl-error && date +%s%N > /w/served-at"]}}});
     let out = out_dir();
     let spec = mk_pod("term", "Always", json!([web]), json!([app]), out.path());
     let pod = PodHandle::start(&node, &spec, Arc::new(StaticObjects::default())).unwrap();
@@ -283,9 +283,15 @@ async fn a_deleted_pod_stops_its_app_first_while_the_sidecar_still_serves() {
     let took = stopped.elapsed();
     assert!(took < Duration::from_secs(10), "{took:?}");
     let served = std::fs::read_to_string(dir.join("served")).unwrap_or_default();
+    let log =
+        |c: &str| std::fs::read_to_string(node.log_path("side", "term", c)).unwrap_or_default();
     assert_eq!(
-        served, "ok term ",
-        "the sidecar answered during the app's preStop"
+        served,
+        "ok term ",
+        "the sidecar answered during the app's preStop; curl: {}; web: {}; app: {}",
+        std::fs::read_to_string(dir.join("curl-error")).unwrap_or_default(),
+        log("web"),
+        log("app")
     );
     let (app_prestop, served_at, app_term, web_term) = (
         stamp(dir, "app-prestop"),
