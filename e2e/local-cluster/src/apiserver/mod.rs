@@ -20,6 +20,7 @@ mod meta;
 mod openapi;
 mod patch;
 mod pod_security;
+mod pod_spec;
 mod portforward;
 mod priority;
 mod protobuf;

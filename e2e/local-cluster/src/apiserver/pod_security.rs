@@ -477,6 +477,22 @@ mod tests {
     }
 
     #[test]
+    fn sidecars_are_checked_like_every_other_container() {
+        let p = pod(json!({
+            "initContainers": [{"name": "proxy", "image": "x", "restartPolicy": "Always",
+                "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}}],
+            "containers": [{"name": "app", "image": "x", "securityContext": restricted_sc()}],
+        }));
+        assert_eq!(
+            violations(&p, Level::Restricted),
+            [
+                r#"allowPrivilegeEscalation != false (container "proxy" must set securityContext.allowPrivilegeEscalation=false)"#,
+                r#"unrestricted capabilities (container "proxy" must set securityContext.capabilities.drop=["ALL"])"#,
+            ]
+        );
+    }
+
+    #[test]
     fn unknown_levels_fail_closed() {
         assert_eq!(Level::from_label("strict"), Level::Restricted);
         assert_eq!(Level::from_label("baseline"), Level::Baseline);

@@ -14,6 +14,7 @@ use super::error::ApiError;
 use super::events;
 use super::hooks;
 use super::meta;
+use super::pod_spec;
 use super::registry::{Registry, ResourceInfo};
 use super::schema;
 use super::selectors::Selectors;
@@ -124,7 +125,7 @@ fn generate_suffix() -> String {
 
 /// What every write goes through before it is stored: `metadata` pruned to `ObjectMeta`;
 /// custom resources pruned, defaulted and validated against their version's schema; names,
-/// labels and annotations validated. Errors are 422 Invalid naming every bad field.
+/// labels, annotations and pod specs validated. Errors are 422 Invalid naming every bad field.
 fn admit_object(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     schema::prune_metadata(obj);
     let mut errors = Vec::new();
@@ -133,6 +134,7 @@ fn admit_object(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     }
     errors.extend(validation::object_meta(info, obj));
     errors.extend(validation::data_size(info, obj));
+    errors.extend(pod_spec::validate(info, obj));
     if errors.is_empty() {
         Ok(())
     } else {

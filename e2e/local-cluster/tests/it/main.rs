@@ -10,6 +10,7 @@ mod apiserver_kubectl;
 mod apiserver_pod_security;
 mod apiserver_portforward;
 mod apiserver_semantics;
+mod apiserver_sidecars;
 mod apiserver_strict;
 mod apiserver_watch;
 mod kubelet_pods;
