@@ -71,6 +71,7 @@ async fn launch(
         }
     };
     let pid = child.id().unwrap_or_default();
+    entered_namespaces(pid).await;
     let pod = lock(&shared.pod).clone();
     let has_startup_probe =
         health::container_of(&pod, which).is_some_and(|c| c.startup_probe.is_some());
@@ -84,6 +85,22 @@ async fn launch(
         c.started = !has_startup_probe;
     });
     Launch::Running(Box::new(child), started_at)
+}
+
+/// Waits (5 s at most) until a spawned container is in its own namespaces, as a runtime's
+/// container is once it runs: until then its pid is still the host-side `nsenter`, and an
+/// exec hook or probe entering "its" namespaces would run on the host. Returns at once if
+/// the process is gone.
+async fn entered_namespaces(pid: u32) {
+    let host = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        match std::fs::read_link(format!("/proc/{pid}/ns/mnt")) {
+            Ok(ns) if Some(&ns) != host.as_ref() => return,
+            Err(_) => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
 }
 
 /// Whether the container `which` is a sidecar (an init container with `restartPolicy:

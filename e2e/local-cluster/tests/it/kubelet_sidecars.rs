@@ -259,7 +259,8 @@ async fn a_deleted_pod_stops_its_app_first_while_the_sidecar_still_serves() {
     // runs every preStop hook as soon as the pod stops, only SIGTERM waits for its turn).
     let mut web = sidecar(
         "web",
-        "trap 'date +%s%N > /w/web-term; exit 0' TERM; python3 -c \"$SERVER\" & wait $!",
+        "readlink /proc/self/ns/net > /w/web-ns; \
+         trap 'date +%s%N > /w/web-term; exit 0' TERM; python3 -c \"$SERVER\" & wait $!",
     );
     web["env"] =
         json!([{"name": "POD_NAME", "value": "term"}, {"name": "SERVER", "value": SERVER}]);
@@ -267,11 +268,13 @@ async fn a_deleted_pod_stops_its_app_first_while_the_sidecar_still_serves() {
         "failureThreshold": 30});
     web["lifecycle"] =
         json!({"preStop": {"exec": {"command": ["sh", "-c", "date +%s%N > /w/web-prestop"]}}});
-    // The app's preStop hook takes 2 s and asks the sidecar for a page at its end.
+    // The app's preStop hook takes 2 s and asks the sidecar for a page at its end, over the
+    // pod's loopback (the hook runs in the app's namespaces, even right after its start).
     let mut app = sh("app", &until_term("app-term", 0));
     app["lifecycle"] = json!({"preStop": {"exec": {"command": ["sh", "-c",
-        "date +%s%N > /w/app-prestop; sleep 2; curl -sSf http://127.0.0.1:8080/ > /w/served \
-         2> /w/curl-error && date +%s%N > /w/served-at"]}}});
+        "date +%s%N > /w/app-prestop; readlink /proc/self/ns/net > /w/hook-ns; sleep 2; \
+         curl -sSf http://127.0.0.1:8080/ > /w/served 2> /w/curl-error \
+         && date +%s%N > /w/served-at"]}}});
     let out = out_dir();
     let spec = mk_pod("term", "Always", json!([web]), json!([app]), out.path());
     let pod = PodHandle::start(&node, &spec, Arc::new(StaticObjects::default())).unwrap();
@@ -282,16 +285,21 @@ async fn a_deleted_pod_stops_its_app_first_while_the_sidecar_still_serves() {
     tokio::time::timeout(LONG, stop).await.unwrap().unwrap();
     let took = stopped.elapsed();
     assert!(took < Duration::from_secs(10), "{took:?}");
-    let served = std::fs::read_to_string(dir.join("served")).unwrap_or_default();
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+    assert_eq!(
+        read("hook-ns"),
+        read("web-ns"),
+        "the hook ran in the pod's network"
+    );
     let log =
         |c: &str| std::fs::read_to_string(node.log_path("side", "term", c)).unwrap_or_default();
     assert_eq!(
-        served,
+        read("served"),
         "ok term ",
         "the sidecar answered during the app's preStop; curl: {}; web: {}; app: {}",
-        std::fs::read_to_string(dir.join("curl-error")).unwrap_or_default(),
+        read("curl-error"),
         log("web"),
-        log("app")
+        log("app"),
     );
     let (app_prestop, served_at, app_term, web_term) = (
         stamp(dir, "app-prestop"),
