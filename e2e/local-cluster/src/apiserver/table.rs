@@ -105,30 +105,81 @@ fn row(info: &ResourceInfo, obj: &Value, include: IncludeObject) -> Value {
     row
 }
 
-/// Cells kubectl's built-in printers compute rather than read: a pod's ready containers,
-/// status (a container's waiting reason, Terminating) and restarts; a deployment's ready
-/// replicas.
+fn array<'a>(obj: &'a Value, pointer: &str) -> &'a [Value] {
+    obj.pointer(pointer)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// The names of the pod's sidecars (init containers with `restartPolicy: Always`).
+fn sidecar_names(obj: &Value) -> Vec<&str> {
+    array(obj, "/spec/initContainers")
+        .iter()
+        .filter(|c| c.get("restartPolicy").and_then(Value::as_str) == Some("Always"))
+        .filter_map(|c| c.get("name").and_then(Value::as_str))
+        .collect()
+}
+
+/// kubectl's status of a pod still initializing: `Init:<reason>` for a failing or waiting
+/// init container, else `Init:<done>/<all>`; sidecars are passed over, as kubectl does.
+fn init_status(obj: &Value) -> Option<String> {
+    let sidecars = sidecar_names(obj);
+    let total = array(obj, "/spec/initContainers").len();
+    for (i, c) in array(obj, "/status/initContainerStatuses")
+        .iter()
+        .enumerate()
+    {
+        let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
+        if sidecars.contains(&name) {
+            continue;
+        }
+        if let Some(t) = c.pointer("/state/terminated") {
+            match t.get("exitCode").and_then(Value::as_i64) {
+                Some(0) => continue,
+                code => {
+                    let reason = t.get("reason").and_then(Value::as_str);
+                    return Some(reason.map_or_else(
+                        || format!("Init:ExitCode:{}", code.unwrap_or_default()),
+                        |r| format!("Init:{r}"),
+                    ));
+                }
+            }
+        }
+        let waiting = c.pointer("/state/waiting/reason").and_then(Value::as_str);
+        return Some(match waiting {
+            Some(r) if r != "PodInitializing" => format!("Init:{r}"),
+            _ => format!("Init:{i}/{total}"),
+        });
+    }
+    None
+}
+
+/// Cells kubectl's built-in printers compute rather than read: a pod's ready containers
+/// (sidecars included), status (initializing, a container's waiting reason, Terminating)
+/// and restarts; a deployment's ready replicas.
 fn computed(name: &str, obj: &Value) -> Option<Value> {
     let int = |p: &str| obj.pointer(p).and_then(Value::as_i64).unwrap_or(0);
-    let statuses: &[Value] = obj
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
-        .map_or(&[], Vec::as_slice);
+    let statuses = array(obj, "/status/containerStatuses");
+    let init_statuses = array(obj, "/status/initContainerStatuses");
+    let is_true = |c: &Value, key: &str| c.get(key).and_then(Value::as_bool) == Some(true);
     match name {
         "podReady" => {
-            let total = obj
-                .pointer("/spec/containers")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let ready = statuses
-                .iter()
-                .filter(|c| c.get("ready").and_then(Value::as_bool) == Some(true))
-                .count();
+            let sidecars = sidecar_names(obj);
+            let total = array(obj, "/spec/containers").len() + sidecars.len();
+            let ready_sidecars = init_statuses.iter().filter(|c| {
+                let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
+                sidecars.contains(&name) && is_true(c, "started") && is_true(c, "ready")
+            });
+            let ready =
+                statuses.iter().filter(|c| is_true(c, "ready")).count() + ready_sidecars.count();
             Some(json!(format!("{ready}/{total}")))
         }
         "podStatus" => {
             if meta::is_deleting(obj) {
                 return Some(json!("Terminating"));
+            }
+            if let Some(init) = init_status(obj) {
+                return Some(json!(init));
             }
             let waiting = statuses.iter().find_map(|c| {
                 c.pointer("/state/waiting/reason")
@@ -141,6 +192,7 @@ fn computed(name: &str, obj: &Value) -> Option<Value> {
         "podRestarts" => Some(json!(
             statuses
                 .iter()
+                .chain(init_statuses)
                 .filter_map(|c| c.get("restartCount").and_then(Value::as_i64))
                 .sum::<i64>()
         )),
@@ -237,6 +289,52 @@ mod tests {
         assert_eq!(computed("podRestarts", &pod), Some(json!(3)));
         let deploy = json!({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}});
         assert_eq!(computed("deploymentReady", &deploy), Some(json!("1/2")));
+    }
+
+    #[test]
+    fn pod_cells_count_sidecars_as_kubectl_does() {
+        let init = json!([
+            {"name": "proxy", "restartPolicy": "Always"},
+            {"name": "setup"},
+        ]);
+        let pod = |init_statuses: Value, statuses: Value| {
+            json!({"spec": {"initContainers": init, "containers": [{"name": "app"}]},
+                "status": {"phase": "Pending", "initContainerStatuses": init_statuses,
+                    "containerStatuses": statuses}})
+        };
+        let waiting = json!([{"name": "app", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "PodInitializing"}}}]);
+        let initializing = pod(
+            json!([
+                {"name": "proxy", "ready": true, "started": true, "restartCount": 2, "state": {"running": {}}},
+                {"name": "setup", "ready": false, "restartCount": 0, "state": {"running": {}}},
+            ]),
+            waiting.clone(),
+        );
+        assert_eq!(computed("podReady", &initializing), Some(json!("1/2")));
+        assert_eq!(
+            computed("podStatus", &initializing),
+            Some(json!("Init:1/2"))
+        );
+        assert_eq!(computed("podRestarts", &initializing), Some(json!(2)));
+        let failed = pod(
+            json!([
+                {"name": "proxy", "ready": false, "started": false, "restartCount": 0, "state": {"running": {}}},
+                {"name": "setup", "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 3, "reason": "Error"}}},
+            ]),
+            waiting,
+        );
+        assert_eq!(computed("podReady", &failed), Some(json!("0/2")));
+        assert_eq!(computed("podStatus", &failed), Some(json!("Init:Error")));
+        let running = pod(
+            json!([
+                {"name": "proxy", "ready": true, "started": true, "restartCount": 0, "state": {"running": {}}},
+                {"name": "setup", "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            ]),
+            json!([{"name": "app", "ready": true, "restartCount": 1, "state": {"running": {}}}]),
+        );
+        assert_eq!(computed("podReady", &running), Some(json!("2/2")));
+        assert_eq!(computed("podStatus", &running), Some(json!("Pending")));
     }
 
     #[test]
