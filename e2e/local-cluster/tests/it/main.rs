@@ -19,3 +19,4 @@ mod kubelet_sidecars;
 mod local_cluster_bin;
 mod local_cluster_bin_pods;
 mod local_cluster_pods;
+mod local_cluster_sidecars;
