@@ -232,6 +232,26 @@ pub fn field_value(pod: &Pod, path: &str, at: &Placement<'_>) -> Result<String, 
 /// The argv a container runs: `command` replaces the image's entrypoint, `args` its default
 /// arguments, and both are `$(VAR)`-expanded. A `command[0]` naming the image's binary (by
 /// file name) runs the mapped binary; any other command runs as given on this host.
+/// Whether `cmd` (a path inside the image, or a bare name) names the image's own binary,
+/// which the local cluster runs from the host.
+pub fn is_image_binary(cmd: &str, image: &ImageBinary) -> bool {
+    let name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
+    let binary = image.path.to_string_lossy();
+    name(cmd) == name(&binary)
+        || (image.envoy_entrypoint && name(cmd) == "envoy")
+        || name(cmd) == "marin3r" && name(&binary).starts_with("marin3r")
+}
+
+/// An exec handler's command (a probe's or a hook's) as it runs here: the image's binary,
+/// named by its path in the image, is the host binary the image maps to.
+pub fn exec_command(command: &[String], image: &ImageBinary) -> Vec<String> {
+    let mut command = command.to_vec();
+    if let Some(first) = command.first_mut().filter(|f| is_image_binary(f, image)) {
+        *first = image.path.to_string_lossy().into_owned();
+    }
+    command
+}
+
 pub fn argv(container: &Container, image: &ImageBinary, env: &[(String, String)]) -> Vec<String> {
     let map: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let lookup = |name: &str| map.get(name).map(|v| (*v).to_owned());
@@ -240,12 +260,7 @@ pub fn argv(container: &Container, image: &ImageBinary, env: &[(String, String)]
     let command = expand_all(container.command.as_deref().unwrap_or_default());
     let args = expand_all(container.args.as_deref().unwrap_or_default());
     let binary = image.path.to_string_lossy().into_owned();
-    let is_image_binary = |cmd: &str| {
-        let name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
-        name(cmd) == name(&binary)
-            || (image.envoy_entrypoint && name(cmd) == "envoy")
-            || name(cmd) == "marin3r" && name(&binary).starts_with("marin3r")
-    };
+    let is_image_binary = |cmd: &str| is_image_binary(cmd, image);
     let mut argv = if let Some((first, rest)) = command.split_first() {
         let first = if is_image_binary(first) {
             binary.clone()

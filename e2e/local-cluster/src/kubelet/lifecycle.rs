@@ -59,14 +59,18 @@ async fn run_containers(
 ) {
     let mut sidecar_tasks = Vec::new();
     if run_init(&shared, init, &stop, &mut sidecar_tasks).await {
-        let apps: Vec<AbortOnDrop> = (0..main)
-            .map(|i| {
-                let run = supervise(shared.clone(), Which::Main(i), stop.clone());
-                AbortOnDrop(tokio::spawn(async move {
-                    run.await;
-                }))
-            })
-            .collect();
+        // In order, each once the previous one is launched (its postStart hook returned):
+        // how kubelet starts a pod's containers, and what holds an app behind a hook.
+        let mut apps = Vec::new();
+        for i in 0..main {
+            let run = supervise(shared.clone(), Which::Main(i), stop.clone());
+            apps.push(AbortOnDrop(tokio::spawn(async move {
+                run.await;
+            })));
+            if !wait_launched(&shared, i, stop.clone()).await {
+                break;
+            }
+        }
         for mut task in apps {
             let _ = (&mut task.0).await;
         }
@@ -103,6 +107,25 @@ async fn run_init(
         }
     }
     true
+}
+
+/// Waits until the app container at `index` is launched, or its start failed (`false` if
+/// the pod stops first).
+async fn wait_launched(
+    shared: &PodShared,
+    index: usize,
+    mut stop: watch::Receiver<Option<Duration>>,
+) -> bool {
+    let mut status = shared.status_tx.subscribe();
+    let launched = status.wait_for(|_| {
+        lock(&shared.containers)
+            .get(index)
+            .is_none_or(|c| c.launched || matches!(c.state, super::runtime::State::Terminated(_)))
+    });
+    tokio::select! {
+        done = launched => done.is_ok(),
+        _ = stop.wait_for(Option::is_some) => false,
+    }
 }
 
 /// Waits until the sidecar at `index` has started (`false` if the pod stops first).

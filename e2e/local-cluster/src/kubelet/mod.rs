@@ -5,6 +5,7 @@
 
 pub mod env;
 mod health;
+mod hooks;
 pub mod hosts;
 pub mod images;
 pub mod launcher;

@@ -35,6 +35,9 @@ pub struct ContainerRuntime {
     /// Past its startup probe (at once without one): what `started` shows, and what lets
     /// the kubelet move on from a sidecar to the next init container.
     pub started: bool,
+    /// The kubelet is done starting the current run (its postStart hook returned), or the
+    /// start failed: what the next app container waits for. Not in the Pod's status.
+    pub launched: bool,
 }
 
 impl ContainerRuntime {
@@ -51,6 +54,7 @@ impl ContainerRuntime {
             restart_count: 0,
             ready: false,
             started: false,
+            launched: false,
         }
     }
 

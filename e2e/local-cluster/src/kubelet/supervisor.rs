@@ -7,12 +7,11 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Probe;
 use tokio::sync::watch;
 
 use super::pod::{PodShared, Which, lock};
 use super::runtime::{State, Terminated};
-use super::{health, probe, sidecars};
+use super::{health, hooks, sidecars};
 use crate::tasks::AbortOnDrop;
 
 pub(super) fn signal_group(pid: u32, signal: rustix::process::Signal) {
@@ -73,8 +72,11 @@ async fn launch(
     let pid = child.id().unwrap_or_default();
     entered_namespaces(pid).await;
     let pod = lock(&shared.pod).clone();
-    let has_startup_probe =
-        health::container_of(&pod, which).is_some_and(|c| c.startup_probe.is_some());
+    let container = health::container_of(&pod, which);
+    let has_startup_probe = container
+        .as_ref()
+        .is_some_and(|c| c.startup_probe.is_some());
+    let has_post_start = container.as_ref().is_some_and(hooks::has_post_start);
     shared.set(which, |c| {
         c.state = State::Running {
             since: started_at,
@@ -82,7 +84,9 @@ async fn launch(
         };
         c.image_path = Some(image_path);
         c.ready = false;
-        c.started = !has_startup_probe;
+        // Not started before its postStart hook returned.
+        c.started = !has_startup_probe && !has_post_start;
+        c.launched = false;
     });
     Launch::Running(Box::new(child), started_at)
 }
@@ -169,10 +173,18 @@ pub(super) async fn supervise(
         }
         let (mut child, started_at) = match launch(&shared, which, &mut stop, backoff).await {
             Launch::Running(child, at) => (child, at),
-            Launch::Retry => continue,
+            Launch::Retry => {
+                shared.set(which, |c| c.launched = true);
+                shared.status_tx.send_modify(|_| {});
+                continue;
+            }
             Launch::Stopped => return false,
         };
         let pid = child.id().unwrap_or_default();
+        if !after_start(&shared, which, pid, &mut child, &mut stop).await {
+            // kubelet kills a container whose postStart hook failed.
+            signal_group(pid, rustix::process::Signal::KILL);
+        }
         let probes =
             probed.then(|| AbortOnDrop(tokio::spawn(health::run(shared.clone(), which, pid))));
         let waited = tokio::select! {
@@ -218,6 +230,47 @@ pub(super) async fn supervise(
     }
 }
 
+/// The postStart hook of a run that just started, then the run counts as launched (the next
+/// container may start) and, without a startup probe, as started. `false` when the hook
+/// failed. A stop or the process's end cuts the hook short.
+async fn after_start(
+    shared: &Arc<PodShared>,
+    which: Which,
+    pid: u32,
+    child: &mut tokio::process::Child,
+    stop: &mut watch::Receiver<Option<Duration>>,
+) -> bool {
+    let hook = hooks::post_start(shared, which, pid);
+    let ok = tokio::select! {
+        result = hook => result.is_ok(),
+        _ = stop.wait_for(Option::is_some) => true,
+        // The process is gone: its exit is read by the caller.
+        _ = child_exited(child) => true,
+    };
+    let pod = lock(&shared.pod).clone();
+    let no_startup_probe =
+        health::container_of(&pod, which).is_some_and(|c| c.startup_probe.is_none());
+    shared.set(which, |c| {
+        c.launched = true;
+        if ok && no_startup_probe {
+            c.started = true;
+        }
+    });
+    // `launched` is not in the Pod's status: wake the waiters even if nothing shows.
+    shared.status_tx.send_modify(|_| {});
+    ok
+}
+
+/// Resolves once the child has exited, without reaping it (its status stays for `wait`).
+async fn child_exited(child: &mut tokio::process::Child) {
+    loop {
+        match child.try_wait() {
+            Ok(None) => tokio::time::sleep(Duration::from_millis(50)).await,
+            _ => return,
+        }
+    }
+}
+
 /// Publishes a crashed run and the restart's back-off (`CrashLoopBackOff`).
 fn back_off(shared: &PodShared, which: Which, finished: Terminated, backoff: Duration) {
     let name = shared.name.clone();
@@ -254,7 +307,7 @@ async fn stop_container(
 ) -> std::io::Result<std::process::ExitStatus> {
     const MIN_GRACE: Duration = Duration::from_secs(2);
     let deadline = tokio::time::Instant::now() + grace;
-    pre_stop(shared, which, pid, grace).await;
+    hooks::pre_stop(shared, which, pid, grace).await;
     if let Which::Init(index) = which
         && is_sidecar(shared, which)
     {
@@ -285,51 +338,6 @@ async fn wait_for_turn(shared: &PodShared, index: usize) {
             sidecars::turn_to_stop(&pod, &init, &containers, index)
         })
         .await;
-}
-
-/// Runs the container's preStop hook (httpGet, exec or sleep) as kubelet does before SIGTERM:
-/// within the grace period, a failure only logged.
-async fn pre_stop(shared: &Arc<PodShared>, which: Which, pid: u32, grace: Duration) {
-    let pod = lock(&shared.pod).clone();
-    let Some(container) = health::container_of(&pod, which) else {
-        return;
-    };
-    let Some(hook) = container
-        .lifecycle
-        .as_ref()
-        .and_then(|l| l.pre_stop.as_ref())
-    else {
-        return;
-    };
-    let result = if let Some(sleep) = &hook.sleep {
-        tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0).unsigned_abs()).min(grace))
-            .await;
-        Ok(())
-    } else {
-        // The hook's handler as a probe: the same httpGet, exec and tcpSocket code.
-        let as_probe = Probe {
-            http_get: hook.http_get.clone(),
-            exec: hook.exec.clone(),
-            tcp_socket: hook.tcp_socket.clone(),
-            ..Default::default()
-        };
-        probe::run(
-            &as_probe,
-            &container,
-            &shared.ip,
-            pid,
-            grace.max(Duration::from_secs(1)),
-        )
-        .await
-    };
-    match result {
-        Ok(()) => {
-            tracing::info!(pod = %shared.name, container = %container.name, "preStop hook done")
-        }
-        Err(e) => {
-            tracing::warn!(pod = %shared.name, container = %container.name, "FailedPreStopHook: {e}")
-        }
-    }
 }
 
 /// Sleeps, returning early with `true` when the pod is being stopped.

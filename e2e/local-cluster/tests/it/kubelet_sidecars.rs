@@ -14,7 +14,7 @@ use serde_json::json;
 const SERVER: &str = marin3r_local_cluster::kubelet::PROBE_SERVER_PY;
 const LONG: Duration = Duration::from_secs(30);
 
-fn node() -> Arc<Node> {
+pub(crate) fn node() -> Arc<Node> {
     let out = std::process::Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
@@ -29,7 +29,7 @@ fn node() -> Arc<Node> {
 
 /// A pod whose containers write to `out`, a host folder (containers see the host's files):
 /// every `/w/` in its commands and hooks is a path in `out`, still there after the pod goes.
-fn mk_pod(
+pub(crate) fn mk_pod(
     name: &str,
     policy: &str,
     init: serde_json::Value,
@@ -54,7 +54,7 @@ fn mk_pod(
     serde_json::from_str(&text).unwrap()
 }
 
-fn sh(name: &str, script: &str) -> serde_json::Value {
+pub(crate) fn sh(name: &str, script: &str) -> serde_json::Value {
     json!({"name": name, "command": ["sh", "-c", script]})
 }
 
@@ -70,7 +70,11 @@ fn until_term(file: &str, code: i32) -> String {
     format!("trap 'date +%s%N > /w/{file}; exit {code}' TERM; while :; do sleep 0.1; done")
 }
 
-async fn wait_status(pod: &PodHandle, what: &str, f: impl Fn(&PodStatus) -> bool) -> PodStatus {
+pub(crate) async fn wait_status(
+    pod: &PodHandle,
+    what: &str,
+    f: impl Fn(&PodStatus) -> bool,
+) -> PodStatus {
     let mut rx = pod.watch_status();
     match tokio::time::timeout(LONG, rx.wait_for(|s| f(s))).await {
         Ok(Ok(s)) => s.clone(),
@@ -90,7 +94,7 @@ fn init_status<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
         .unwrap_or_else(|| panic!("no init status {name}: {s:?}"))
 }
 
-fn app_status<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
+pub(crate) fn app_status<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
     s.container_statuses
         .iter()
         .flatten()
@@ -105,12 +109,12 @@ fn condition(s: &PodStatus, type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-fn running(c: &ContainerStatus) -> bool {
+pub(crate) fn running(c: &ContainerStatus) -> bool {
     c.state.as_ref().is_some_and(|s| s.running.is_some())
 }
 
 /// A nanosecond timestamp a container wrote.
-fn stamp(dir: &Path, file: &str) -> u128 {
+pub(crate) fn stamp(dir: &Path, file: &str) -> u128 {
     let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
     text.trim()
         .parse()
@@ -118,7 +122,7 @@ fn stamp(dir: &Path, file: &str) -> u128 {
 }
 
 /// Waits for a container to write `file` (polled: no status change tells).
-async fn wait_file(dir: &Path, file: &str) {
+pub(crate) async fn wait_file(dir: &Path, file: &str) {
     let deadline = tokio::time::Instant::now() + LONG;
     while !dir.join(file).exists() {
         assert!(
@@ -129,7 +133,7 @@ async fn wait_file(dir: &Path, file: &str) {
     }
 }
 
-fn out_dir() -> tempfile::TempDir {
+pub(crate) fn out_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("m3r-sidecars-")
         .tempdir()

@@ -13,6 +13,7 @@ mod apiserver_semantics;
 mod apiserver_sidecars;
 mod apiserver_strict;
 mod apiserver_watch;
+mod kubelet_hooks;
 mod kubelet_pods;
 mod kubelet_probes;
 mod kubelet_sidecars;
