@@ -6,6 +6,7 @@
 pub mod bundle;
 mod metrics;
 pub mod plan;
+mod report;
 pub mod rotation;
 pub mod triggers;
 

@@ -5,26 +5,25 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use marin3r_controller::{Note, set_condition};
+use marin3r_controller::Note;
 use time::OffsetDateTime;
 
 use super::bundle::{self, Cert, SecretUpdate};
 use super::rotation::{self, Ca, CaState, Step};
-use super::triggers::{
-    IssueReason, Readiness, TlsFiles, needs_issue, next_wakeup, readiness, renewal_due_at, until,
-};
+use super::triggers::{IssueReason, TlsFiles, needs_issue, until};
+use crate::CertificateAuthority;
 use crate::api::{
-    DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, READY_CONDITION,
-    RENEW_ANNOTATION, ValidSpec,
+    DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, RENEW_ANNOTATION, ValidSpec,
 };
-use crate::{CertificateAuthority, CertificateInfo};
+
+// The report half lives in its own module; callers and tests keep reaching it through here.
+pub use super::report::{not_ready, report, to_time};
 
 /// How long to wait before looking again for a CA Secret that is missing or unusable.
 const DEPENDENCY_RETRY: Duration = Duration::from_secs(15);
 /// The shortest wait before a wake-up at the renewal instant.
-const MIN_WAKEUP: Duration = Duration::from_millis(200);
+pub(super) const MIN_WAKEUP: Duration = Duration::from_millis(200);
 /// How often a CA rotation waiting on the certificates it signs looks again (a change to
 /// their Secrets wakes it sooner).
 const ROTATION_POLL: Duration = Duration::from_secs(5);
@@ -449,140 +448,6 @@ fn usable_ca(
             let msg = format!("CA Secret {ca_ns}/{ca_name} is not a usable CA: {e}");
             NotReady::new(Reason::CASecretInvalid, msg).retry()
         })
-}
-
-/// The status, Events and wake-up for the certificate now in the Secret (`issued`: why it
-/// was just issued).
-pub fn report(
-    obs: &Observed<'_>,
-    valid: &ValidSpec,
-    current: &Current,
-    issued: Option<&IssueReason>,
-) -> Outcome {
-    let info = match CertificateInfo::from_pem(&current.cert_pem) {
-        Ok(info) => info,
-        Err(e) => return not_ready(obs, NotReady::new(Reason::IssuanceFailed, e.to_string())),
-    };
-    let dsc = obs.dsc;
-    let mut status = dsc.status.clone().unwrap_or_default();
-    status.not_before = Some(to_time(info.not_before));
-    status.not_after = Some(to_time(info.not_after));
-    status.renewal_time = valid
-        .renewal_enabled
-        .then(|| to_time(renewal_due_at(&info, obs.min_renewal_interval)));
-    status.certificate_hash = Some(info.hash());
-    status.trust_bundle_hash = current
-        .ca_pem
-        .as_deref()
-        .and_then(|pem| crate::certificate_hash(pem).ok());
-    status.rotation = current.rotation.as_ref().and_then(|r| r.message.clone());
-    status.last_renewal_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
-    let (secret_ns, secret_name) = &valid.secret;
-    let secret_ref = format!("{secret_ns}/{secret_name}");
-    let (ready, reason, message) = ready_condition(readiness(&info, obs.now), &secret_ref);
-    status.ready = Some(ready);
-    set_ready_condition(&mut status, obs, ready, reason, &message);
-    let was_ready = dsc.status.as_ref().and_then(|s| s.ready) == Some(true);
-    let mut events = match issued {
-        Some(because) => vec![Note::normal(
-            Reason::Issued,
-            format!("issued into Secret {secret_ref}: {because}"),
-        )],
-        None if reason == Reason::Expired && was_ready => {
-            vec![Note::warning(Reason::Expired, message)]
-        }
-        None => Vec::new(),
-    };
-    let requeue = match &current.rotation {
-        // Mid-rotation the certificate is past its renewal instant: the rotation says when.
-        Some(rotation) => {
-            events.extend(rotation.event.clone());
-            Some(rotation.requeue)
-        }
-        None => next_wakeup(
-            &info,
-            valid.renewal_enabled,
-            obs.now,
-            obs.min_renewal_interval,
-        )
-        .map(|wait| wait.max(MIN_WAKEUP)),
-    };
-    Outcome {
-        status,
-        events,
-        requeue,
-    }
-}
-
-/// The Ready condition of an issued certificate: whether, its reason and its message.
-fn ready_condition(readiness: Readiness, secret_ref: &str) -> (bool, Reason, String) {
-    match readiness {
-        Readiness::Ready => (
-            true,
-            Reason::Issued,
-            format!("certificate is valid and stored in Secret {secret_ref}"),
-        ),
-        Readiness::NotYetValid => (
-            false,
-            Reason::NotYetValid,
-            "certificate is not valid yet".to_owned(),
-        ),
-        Readiness::Expired => (
-            false,
-            Reason::Expired,
-            "certificate expired and renewal is disabled".to_owned(),
-        ),
-    }
-}
-
-/// The status of a certificate that is not ready; a Warning when the problem is new.
-pub fn not_ready(obs: &Observed<'_>, not_ready: NotReady) -> Outcome {
-    let mut status = obs.dsc.status.clone().unwrap_or_default();
-    status.ready = Some(false);
-    let changed = set_ready_condition(
-        &mut status,
-        obs,
-        false,
-        not_ready.reason,
-        &not_ready.message,
-    );
-    // One Warning per new problem, not one per retry.
-    let events = if changed {
-        vec![Note::warning(not_ready.reason, not_ready.message)]
-    } else {
-        Vec::new()
-    };
-    Outcome {
-        status,
-        events,
-        requeue: not_ready.retry,
-    }
-}
-
-fn set_ready_condition(
-    status: &mut DiscoveryServiceCertificateStatus,
-    obs: &Observed<'_>,
-    ready: bool,
-    reason: Reason,
-    message: &str,
-) -> bool {
-    let generation = obs.dsc.metadata.generation;
-    status.observed_generation = generation;
-    set_condition(
-        &mut status.conditions,
-        READY_CONDITION,
-        ready,
-        reason,
-        message,
-        generation,
-        &to_time(obs.now),
-    )
-}
-
-pub fn to_time(t: OffsetDateTime) -> Time {
-    let ts = k8s_openapi::jiff::Timestamp::from_second(t.unix_timestamp())
-        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    Time(ts)
 }
 
 #[cfg(test)]
