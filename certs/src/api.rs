@@ -58,13 +58,14 @@ pub struct DiscoveryServiceCertificateSpec {
     pub signer: Signer,
     /// The Secret to write (`kubernetes.io/tls` with `tls.crt`, `tls.key`, `ca.crt`).
     pub secret_ref: SecretReference,
-    /// Renewal at 80% of the validity; enabled unless set to false.
+    /// Renewal at 80% of the validity; enabled unless set to false. With renewal off the
+    /// certificate is kept until it expires (then Ready=False, reason Expired), and is still
+    /// reissued when its Secret is missing or broken, the spec or the issuer changes, or a
+    /// renewal is asked for by hand (`marin3r certs renew`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_renewal: Option<CertificateRenewal>,
-    /// Accepted from the original MARIN3R v0.6 manifests, where it asked the operator to roll
-    /// the pods using the certificate after a renewal. marin3r always does what that asked
-    /// for its own certificates (a renewed server certificate rolls the discovery pod, a
-    /// renewed client certificate is reloaded by Envoy), so the value changes nothing.
+    /// The original MARIN3R v0.6 name of `certificateRenewal`, with the same meaning:
+    /// `enabled: false` turns renewal off. `certificateRenewal` wins when both are set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_renewal_notification: Option<CertificateRenewal>,
     /// `ecdsa-p256` (default), `rsa-2048` or `rsa-4096`.
@@ -212,8 +213,23 @@ impl DiscoveryServiceCertificateSpec {
             request,
             ca_secret,
             secret,
-            renewal_enabled: self.certificate_renewal.as_ref().is_none_or(|r| r.enabled),
+            renewal_enabled: self.renewal_disabled_by().is_none(),
         })
+    }
+
+    /// The field that turns renewal off, if one does: `certificateRenewal` when set, else the
+    /// v0.6 name `certificateRenewalNotification`; renewal is on when neither says false.
+    pub fn renewal_disabled_by(&self) -> Option<&'static str> {
+        match (
+            &self.certificate_renewal,
+            &self.certificate_renewal_notification,
+        ) {
+            (Some(r), _) => (!r.enabled).then_some("spec.certificateRenewal.enabled"),
+            (None, Some(n)) => {
+                (!n.enabled).then_some("spec.certificateRenewalNotification.enabled")
+            }
+            (None, None) => None,
+        }
     }
 }
 
@@ -273,6 +289,37 @@ mod tests {
         assert_eq!(valid.ca_secret, None);
         assert_eq!(valid.secret, ("ops".into(), "ca".into()));
         assert!(!valid.renewal_enabled);
+    }
+
+    #[test]
+    fn the_v0_6_renewal_field_is_the_switch_unless_certificate_renewal_is_set() {
+        let with = |renewal: serde_json::Value, notification: serde_json::Value| {
+            let mut s = serde_json::to_value(spec()).unwrap();
+            s["certificateRenewal"] = renewal;
+            s["certificateRenewalNotification"] = notification;
+            let s: DiscoveryServiceCertificateSpec = serde_json::from_value(s).unwrap();
+            let valid = s.validate("default").unwrap();
+            assert_eq!(valid.renewal_enabled, s.renewal_disabled_by().is_none());
+            s.renewal_disabled_by()
+        };
+        let (on, off) = (
+            serde_json::json!({"enabled": true}),
+            serde_json::json!({"enabled": false}),
+        );
+        let none = serde_json::Value::Null;
+        assert_eq!(with(none.clone(), none.clone()), None);
+        assert_eq!(
+            with(none.clone(), off.clone()),
+            Some("spec.certificateRenewalNotification.enabled")
+        );
+        assert_eq!(with(none.clone(), on.clone()), None);
+        assert_eq!(
+            with(off.clone(), none),
+            Some("spec.certificateRenewal.enabled")
+        );
+        // The HEAD field wins over the v0.6 one, either way.
+        assert_eq!(with(on.clone(), off.clone()), None);
+        assert_eq!(with(off, on), Some("spec.certificateRenewal.enabled"));
     }
 
     #[test]

@@ -39,14 +39,22 @@ pub fn report(
     status.last_renewal_request = dsc.annotations().get(RENEW_ANNOTATION).cloned();
     let (secret_ns, secret_name) = &valid.secret;
     let secret_ref = format!("{secret_ns}/{secret_name}");
-    let (ready, reason, message) = ready_condition(readiness(&info, obs.now), &secret_ref);
+    let renewal_off = dsc.spec.renewal_disabled_by();
+    let expiry = to_time(info.not_after).0;
+    let (ready, reason, message) =
+        ready_condition(readiness(&info, obs.now), &secret_ref, renewal_off, expiry);
     status.ready = Some(ready);
     set_ready_condition(&mut status, obs, ready, reason, &message);
     let was_ready = dsc.status.as_ref().and_then(|s| s.ready) == Some(true);
     let mut events = match issued {
         Some(because) => vec![Note::normal(
             Reason::Issued,
-            format!("issued into Secret {secret_ref}: {because}"),
+            match renewal_off {
+                None => format!("issued into Secret {secret_ref}: {because}"),
+                Some(field) => format!(
+                    "issued into Secret {secret_ref}: {because}; renewal is off ({field}: false)"
+                ),
+            },
         )],
         None if reason == Reason::Expired && was_ready => {
             vec![Note::warning(Reason::Expired, message)]
@@ -74,23 +82,43 @@ pub fn report(
     }
 }
 
-/// The Ready condition of an issued certificate: whether, its reason and its message.
-fn ready_condition(readiness: Readiness, secret_ref: &str) -> (bool, Reason, String) {
-    match readiness {
-        Readiness::Ready => (
+/// The Ready condition of an issued certificate: whether, its reason and its message, which
+/// says when renewal is off (`renewal_off`: the field that turned it off) and so when the
+/// certificate will expire for good.
+fn ready_condition(
+    readiness: Readiness,
+    secret_ref: &str,
+    renewal_off: Option<&str>,
+    expiry: k8s_openapi::jiff::Timestamp,
+) -> (bool, Reason, String) {
+    match (readiness, renewal_off) {
+        (Readiness::Ready, None) => (
             true,
             Reason::Issued,
             format!("certificate is valid and stored in Secret {secret_ref}"),
         ),
-        Readiness::NotYetValid => (
+        (Readiness::Ready, Some(field)) => (
+            true,
+            Reason::Issued,
+            format!(
+                "certificate is valid and stored in Secret {secret_ref}; renewal is off \
+                 ({field}: false), so it expires at {expiry} unless renewed by hand \
+                 (marin3r certs renew)"
+            ),
+        ),
+        (Readiness::NotYetValid, _) => (
             false,
             Reason::NotYetValid,
             "certificate is not valid yet".to_owned(),
         ),
-        Readiness::Expired => (
+        (Readiness::Expired, field) => (
             false,
             Reason::Expired,
-            "certificate expired and renewal is disabled".to_owned(),
+            format!(
+                "certificate expired at {expiry} and renewal is off ({}: false); renew it by \
+                 hand (marin3r certs renew) or turn renewal on",
+                field.unwrap_or("spec.certificateRenewal.enabled")
+            ),
         ),
     }
 }
