@@ -4,6 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
+use marin3r_controller::set_condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +22,13 @@ pub const ENVOY_API_LABEL: &str = "marin3r.3scale.net/envoy-api";
 pub const REVISION_PUBLISHED: &str = "RevisionPublished";
 /// Condition: Envoy rejected this revision; it is never published again while another can be.
 pub const REVISION_TAINTED: &str = "RevisionTainted";
-/// Condition: the revision's resources could not be (re)loaded into the xDS cache.
+/// Condition: the revision's resources could not be (re)loaded into the xDS cache (the
+/// original v0.6 name; kept, beside its opposite below, for tooling written for v0.6).
 pub const RESOURCES_OUT_OF_SYNC: &str = "ResourcesOutOfSync";
+/// Condition: the published revision's resources are in the xDS cache (the original HEAD
+/// name, the opposite of [`RESOURCES_OUT_OF_SYNC`] with the same reason and message). Only a
+/// published revision carries it, as in HEAD.
+pub const RESOURCES_IN_SYNC: &str = "ResourcesInSync";
 
 marin3r_controller::reasons! {
     /// The reasons of a revision's conditions and Events. Three writers share them: the
@@ -122,7 +128,8 @@ pub struct EnvoyConfigRevisionStatus {
     /// `version_info`; set when it is loaded into the xDS cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provides_versions: Option<VersionTracker>,
-    /// `RevisionPublished`, `RevisionTainted`, `ResourcesOutOfSync`.
+    /// `RevisionPublished`, `RevisionTainted`, `ResourcesInSync` (while published) and its
+    /// opposite `ResourcesOutOfSync`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// What each discovery replica saw of the NACKs of this revision, one entry per
@@ -186,6 +193,47 @@ pub struct VersionTracker {
     /// The version of the `TypedExtensionConfig`s served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extension_configs: Option<String>,
+}
+
+impl EnvoyConfigRevisionStatus {
+    /// Sets `ResourcesInSync` and `ResourcesOutOfSync` together, opposite to each other with
+    /// the same reason and message; true when `ResourcesOutOfSync` changed status or reason.
+    pub fn set_resources_sync(
+        &mut self,
+        in_sync: bool,
+        reason: RevisionReason,
+        message: &str,
+        generation: Option<i64>,
+        now: &Time,
+    ) -> bool {
+        let conditions = &mut self.conditions;
+        set_condition(
+            conditions,
+            RESOURCES_IN_SYNC,
+            in_sync,
+            reason,
+            message,
+            generation,
+            now,
+        );
+        set_condition(
+            conditions,
+            RESOURCES_OUT_OF_SYNC,
+            !in_sync,
+            reason,
+            message,
+            generation,
+            now,
+        )
+    }
+
+    /// Removes `ResourcesInSync`, which only a published revision carries; true when it was
+    /// there. `ResourcesOutOfSync` keeps its last value, as v0.6 left it.
+    pub fn clear_resources_in_sync(&mut self) -> bool {
+        let before = self.conditions.len();
+        self.conditions.retain(|c| c.type_ != RESOURCES_IN_SYNC);
+        self.conditions.len() != before
+    }
 }
 
 impl EnvoyConfigRevision {

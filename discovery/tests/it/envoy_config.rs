@@ -116,6 +116,24 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         .unwrap();
     assert!(c.message.contains("router"), "{}", c.message);
     proxy.wait_for_body(port, "v1");
+    // HEAD's `ResourcesInSync` is on the published revision only: the tainted one loses it,
+    // the one rolled back to has it.
+    let in_sync = |version: &str| {
+        let r = plane
+            .list_revisions(NS)
+            .into_iter()
+            .find(|r| r.spec.version == version)?;
+        r.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "ResourcesInSync")
+            .map(|c| c.status)
+    };
+    wait(
+        "ResourcesInSync on the published revision only",
+        Duration::from_secs(20),
+        || (in_sync(&bad).is_none() && in_sync(&v1).as_deref() == Some("True")).then_some(()),
+    );
     assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
     assert_eq!(
         plane.metric(r#"marin3r_envoyconfig_cache_state_changes_total{state="Rollback"}"#),

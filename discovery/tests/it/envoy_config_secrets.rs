@@ -192,6 +192,25 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         "{}",
         c.message
     );
+    // Tooling written for the original's HEAD waits on `ResourcesInSync` instead.
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    plane.api.write_kubeconfig(&kubeconfig).unwrap();
+    let k = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let kubectl_wait = |condition: &str| {
+        let ecr = format!("ecr/{name}");
+        let condition = format!("--for=condition={condition}");
+        let args = [
+            "wait",
+            ecr.as_str(),
+            "-n",
+            NS,
+            condition.as_str(),
+            "--timeout=20s",
+        ];
+        plane.rt.block_on(k.ok(&args)).unwrap();
+    };
+    kubectl_wait("ResourcesInSync=false");
     assert!(plane.cache.snapshot(NS, "late").is_none());
     // The EnvoyConfig says so too: its published version is not what the proxies get.
     let ec = plane.wait_status(NS, "late", "CacheOutOfSync ResourcesOutOfSync", |ec| {
@@ -230,6 +249,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         .unwrap();
     let c = out_of_sync("ResourcesLoaded");
     assert_eq!(c.status, "False");
+    kubectl_wait("ResourcesInSync");
     assert!(
         c.message.contains(&format!("secrets version {version}-")),
         "{}",

@@ -1,6 +1,6 @@
 //! What a revision becomes when it loads, decided without I/O: its xDS snapshot (the
 //! resources, the SDS secrets built from the Secrets it references, the endpoints built from
-//! the EndpointSlices it selects), the `ResourcesOutOfSync` condition, and the versions it
+//! the EndpointSlices it selects), the `ResourcesInSync`/`ResourcesOutOfSync` conditions, and the versions it
 //! provides.
 
 use std::collections::BTreeMap;
@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
-use marin3r_controller::{Note, set_condition};
+use marin3r_controller::Note;
 use marin3r_xds::Snapshot;
 use marin3r_xds::resource::ResourceType;
 use sha2::{Digest, Sha256};
 
 use crate::api::EnvoyConfigRevision;
 use crate::api::envoy_config_revision::{
-    EnvoyConfigRevisionStatus, RESOURCES_OUT_OF_SYNC, RevisionReason, VersionTracker,
+    EnvoyConfigRevisionStatus, RevisionReason, VersionTracker,
 };
 use crate::{convert, rules};
 
@@ -79,7 +79,7 @@ pub(super) fn snapshot_for(
     ))
 }
 
-/// The `ResourcesOutOfSync` condition after a load, and a Warning when the problem is new.
+/// The `ResourcesInSync` and `ResourcesOutOfSync` conditions after a load, and a Warning when the problem is new.
 pub(super) fn load_status(
     r: &EnvoyConfigRevision,
     loaded: &Result<(Snapshot, String), String>,
@@ -88,27 +88,20 @@ pub(super) fn load_status(
     if let Ok((snapshot, _)) = loaded {
         status.provides_versions = Some(provided_versions(snapshot));
     }
-    let (out_of_sync, reason, message) = match loaded {
+    let (in_sync, reason, message) = match loaded {
         Ok((_, secrets_version)) => (
-            false,
+            true,
             RevisionReason::ResourcesLoaded,
             format!(
                 "served to node {} (secrets version {secrets_version})",
                 r.spec.node_id
             ),
         ),
-        Err(message) => (true, RevisionReason::LoadFailed, message.clone()),
+        Err(message) => (false, RevisionReason::LoadFailed, message.clone()),
     };
-    let changed = set_condition(
-        &mut status.conditions,
-        RESOURCES_OUT_OF_SYNC,
-        out_of_sync,
-        reason,
-        &message,
-        r.metadata.generation,
-        &crate::controllers::now(),
-    );
-    let failure = (changed && out_of_sync).then(|| Note::warning(reason, message));
+    let now = crate::controllers::now();
+    let changed = status.set_resources_sync(in_sync, reason, &message, r.metadata.generation, &now);
+    let failure = (changed && !in_sync).then(|| Note::warning(reason, message));
     (status, failure)
 }
 
@@ -127,5 +120,65 @@ fn provided_versions(snapshot: &Snapshot) -> VersionTracker {
         secrets: version(ResourceType::Secret),
         runtimes: version(ResourceType::Runtime),
         extension_configs: version(ResourceType::ExtensionConfig),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::envoy_config_revision::{RESOURCES_IN_SYNC, RESOURCES_OUT_OF_SYNC};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    fn condition<'a>(status: &'a EnvoyConfigRevisionStatus, type_: &str) -> &'a Condition {
+        status.conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    /// HEAD tooling waits on `ResourcesInSync`, v0.6 tooling on `ResourcesOutOfSync`: both
+    /// are written on every load, opposite, with one reason and message.
+    #[test]
+    fn a_load_sets_both_sync_conditions_opposite_to_each_other() {
+        let mut r = EnvoyConfigRevision::new("gw-abc", Default::default());
+        r.spec.node_id = "gw".into();
+        r.spec.version = "abc".into();
+        let snapshot = Snapshot::new(Vec::new()).unwrap();
+        let (status, note) = load_status(&r, &Ok((snapshot, "abc-00".into())));
+        assert!(note.is_none());
+        let (in_sync, out) = (
+            condition(&status, RESOURCES_IN_SYNC),
+            condition(&status, RESOURCES_OUT_OF_SYNC),
+        );
+        assert_eq!(
+            (in_sync.status.as_str(), out.status.as_str()),
+            ("True", "False")
+        );
+        assert_eq!(
+            (&in_sync.reason, &in_sync.message),
+            (&out.reason, &out.message)
+        );
+        assert_eq!(in_sync.reason, "ResourcesLoaded");
+
+        r.status = Some(status);
+        let (mut status, note) = load_status(&r, &Err("Secret team-a/x not found".into()));
+        assert_eq!(note.unwrap().reason, "LoadFailed");
+        let (in_sync, out) = (
+            condition(&status, RESOURCES_IN_SYNC),
+            condition(&status, RESOURCES_OUT_OF_SYNC),
+        );
+        assert_eq!(
+            (in_sync.status.as_str(), out.status.as_str()),
+            ("False", "True")
+        );
+        assert_eq!(in_sync.message, "Secret team-a/x not found");
+
+        // Unpublished: only HEAD's condition goes, as in HEAD.
+        assert!(status.clear_resources_in_sync());
+        assert!(!status.clear_resources_in_sync());
+        assert!(
+            status
+                .conditions
+                .iter()
+                .all(|c| c.type_ != RESOURCES_IN_SYNC)
+        );
+        assert_eq!(condition(&status, RESOURCES_OUT_OF_SYNC).status, "True");
     }
 }

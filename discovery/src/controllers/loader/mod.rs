@@ -78,6 +78,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         if ctx.publisher.retire(&key, &uid) {
             info!(revision = %name, node = %key, "unpublished; served until its successor loads");
         }
+        clear_in_sync(&r, &ctx).await?;
         return Ok(Action::await_change());
     }
     if !ctx.serves(&key.namespace).await? {
@@ -134,6 +135,30 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         ctx.events.publish(&*r, &note).await;
     }
     Ok(action)
+}
+
+/// Takes `ResourcesInSync` off a revision that is no longer published: as in the original
+/// HEAD, only the published revision says whether its resources are in the cache.
+async fn clear_in_sync(r: &EnvoyConfigRevision, ctx: &Context) -> Result<(), Error> {
+    let Some(mut status) = r.status.clone() else {
+        return Ok(());
+    };
+    if !status.clear_resources_in_sync() {
+        return Ok(());
+    }
+    let api: Api<EnvoyConfigRevision> =
+        Api::namespaced(ctx.client.clone(), &r.namespace().unwrap_or_default());
+    // `conditions` is written even when empty; the resource version fails a stale write.
+    let rv = r.metadata.resource_version.as_deref();
+    let patch = status_patch(&status, &["conditions"], rv)?;
+    patch_status(
+        &api,
+        &r.name_any(),
+        patch,
+        crate::controllers::FIELD_MANAGER,
+    )
+    .await?;
+    Ok(())
 }
 
 /// When the published revision `r` cannot load and nothing is served to its node (this

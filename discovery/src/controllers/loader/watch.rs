@@ -14,14 +14,14 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
-use marin3r_controller::{Note, patch_status, set_condition, status_patch};
+use marin3r_controller::{Note, patch_status, status_patch};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{endpoint_slices, key_of};
 use crate::api::EnvoyConfigRevision;
 use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use crate::api::envoy_config_revision::{RESOURCES_OUT_OF_SYNC, RevisionReason};
+use crate::api::envoy_config_revision::RevisionReason;
 use crate::controllers::Publisher;
 use crate::controllers::{Context, Error};
 use crate::convert;
@@ -192,10 +192,8 @@ async fn mark_out_of_sync(
         return Ok(());
     };
     let mut status = fresh.status.clone().unwrap_or_default();
-    set_condition(
-        &mut status.conditions,
-        RESOURCES_OUT_OF_SYNC,
-        true,
+    status.set_resources_sync(
+        false,
         RevisionReason::SecretChanged,
         message,
         fresh.metadata.generation,
