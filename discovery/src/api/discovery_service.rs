@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DeploymentStatus;
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -98,6 +101,12 @@ pub struct DiscoveryServiceSpec {
     /// short of resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_priority_class: Option<String>,
+    /// The discovery pods' affinity (the original's v0.13.3 field), used as given. Unset:
+    /// a required node affinity to Linux nodes (`kubernetes.io/os In [linux]`), since the
+    /// image is a Linux binary. The pods also spread over nodes and zones when the scheduler
+    /// can (a preference, which never leaves a pod unscheduled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -187,6 +196,7 @@ pub struct Resolved {
     pub service_name: String,
     pub service_type: String,
     pub pod_priority_class: Option<String>,
+    pub affinity: Affinity,
 }
 
 impl DiscoveryService {
@@ -236,6 +246,7 @@ impl DiscoveryService {
             service_name: service.name.unwrap_or_else(|| self.owned_name()),
             service_type,
             pod_priority_class: spec.pod_priority_class.clone(),
+            affinity: spec.affinity.clone().unwrap_or_else(default_affinity),
         };
         resolved.check_names()?;
         resolved.check_ports()?;
@@ -312,6 +323,28 @@ fn enabled_namespaces(spec: &DiscoveryServiceSpec) -> Result<Vec<String>, String
     enabled.sort();
     enabled.dedup();
     Ok(enabled)
+}
+
+/// The affinity of a discovery service that sets none: Linux nodes only. Unlike the
+/// original, no `kubernetes.io/arch` term: the image is built for whatever architectures its
+/// builder chose, and a multi-arch image runs on all of them.
+fn default_affinity() -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/os".into(),
+                        operator: "In".into(),
+                        values: Some(vec!["linux".into()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
 fn replicas(replicas: Option<i32>) -> Result<i32, String> {
@@ -417,6 +450,21 @@ mod tests {
         assert_eq!(r.service_name, "marin3r-instance");
         assert_eq!(r.service_type, "ClusterIP");
         assert!(r.enabled_namespaces.is_empty());
+        assert_eq!(r.affinity, default_affinity());
+    }
+
+    #[test]
+    fn a_given_affinity_replaces_the_default_whole() {
+        let affinity = serde_json::json!({"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app": "marin3r"}},
+            }],
+        }});
+        let r = ds(serde_json::json!({"affinity": affinity.clone()}))
+            .resolve("i")
+            .unwrap();
+        assert_eq!(serde_json::to_value(&r.affinity).unwrap(), affinity);
     }
 
     #[test]

@@ -925,3 +925,64 @@ async fn the_standalone_certificate_example_is_issued() {
     assert!(info.server_auth);
     assert!(format!("{:?}", info.sans).contains("example.demo.svc"));
 }
+
+/// A DiscoveryService as written for the original v0.13.3, `affinity` included.
+const V0_13_3_DISCOVERY_SERVICE: &str = r#"
+apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryService
+metadata:
+  name: instance
+spec:
+  debug: true
+  resources:
+    requests: {cpu: 100m, memory: 64Mi}
+  serviceConfig: {name: marin3r-instance, type: ClusterIP}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+          - matchExpressions:
+              - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
+              - {key: node-role.kubernetes.io/infra, operator: Exists}
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm:
+            topologyKey: kubernetes.io/hostname
+            labelSelector: {matchLabels: {app: marin3r}}
+"#;
+
+/// `kubectl apply` of that manifest to an API server that prunes unknown fields, as a real
+/// one does: the affinity is kept and reaches the discovery pods' template unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_original_v0_13_3_affinity_reaches_the_discovery_pods() {
+    let op = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    op._server.write_kubeconfig(&kubeconfig).unwrap();
+    let kubectl = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    kubectl
+        .ok_with(&["apply", "-n", OPS, "-f", "-"], V0_13_3_DISCOVERY_SERVICE)
+        .await
+        .unwrap();
+    let manifest: serde_json::Value = serde_saphyr::from_str(V0_13_3_DISCOVERY_SERVICE).unwrap();
+    let want = &manifest["spec"]["affinity"];
+    let stored: serde_json::Value = serde_json::from_str(
+        &kubectl
+            .ok(&["get", "mds", "instance", "-n", OPS, "-o", "json"])
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        &stored["spec"]["affinity"], want,
+        "pruned by the CRD schema"
+    );
+    let deployments: Api<Deployment> = Api::namespaced(op.client.clone(), OPS);
+    let affinity = wait_for("the discovery Deployment", || async {
+        let d = deployments.get_opt("marin3r-instance").await.unwrap()?;
+        d.spec.template.spec?.affinity
+    })
+    .await;
+    assert_eq!(&serde_json::to_value(affinity).unwrap(), want);
+}

@@ -524,6 +524,47 @@ fn the_pod_priority_class_reaches_the_pod_and_must_be_a_class_name() {
 }
 
 #[test]
+fn the_affinity_reaches_the_pods_as_given_and_defaults_to_linux_nodes() {
+    let given = serde_json::json!({
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "node-role.kubernetes.io/infra", "operator": "Exists"},
+            ]}],
+        }},
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app": "marin3r"}},
+            },
+        }]},
+    });
+    let d = with(serde_json::json!({"affinity": given.clone()}), |c| {
+        c.deployment("h")
+    });
+    let pod = d.spec.template.spec.unwrap();
+    assert_eq!(serde_json::to_value(pod.affinity.unwrap()).unwrap(), given);
+    // The spread stays: a preference the scheduler weighs among the nodes allowed.
+    let spread = pod.topology_spread_constraints.unwrap();
+    assert!(
+        spread
+            .iter()
+            .all(|s| s.when_unsatisfiable == "ScheduleAnyway")
+    );
+
+    let d = with(serde_json::json!({}), |c| c.deployment("h"));
+    let affinity = serde_json::to_value(d.spec.template.spec.unwrap().affinity).unwrap();
+    assert_eq!(
+        affinity,
+        serde_json::json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+            ]}],
+        }}})
+    );
+}
+
+#[test]
 fn the_disruption_budget_lets_a_drain_take_one_discovery_pod() {
     let (pdb, d) = with(serde_json::json!({}), |c| {
         (c.pod_disruption_budget(), c.deployment("h"))

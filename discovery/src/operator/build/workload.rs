@@ -189,6 +189,10 @@ impl Children<'_> {
                             ..Default::default()
                         }),
                         containers: vec![container],
+                        affinity: Some(s.affinity.clone()),
+                        // Beside any affinity: a preference only, and it counts only the
+                        // nodes the affinity allows (the scheduler's default
+                        // `nodeAffinityPolicy: Honor`).
                         topology_spread_constraints: Some(self.spread()),
                         volumes: Some(vec![Volume {
                             name: "server-cert".into(),
