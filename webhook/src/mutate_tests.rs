@@ -84,7 +84,7 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
     assert_eq!(listener["name"], "marin3r_sidecar_readiness");
     assert_eq!(
         listener["address"],
-        json!({"socket_address": {"address": "0.0.0.0", "port_value": 9902}})
+        crate::sidecar::any_address(9902, crate::sidecar::ipv6_available())
     );
     let cluster = &statics["clusters"][0];
     assert_eq!(cluster["name"], "marin3r_sidecar_admin");

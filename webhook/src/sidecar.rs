@@ -145,18 +145,33 @@ pub fn admin_target(bind: IpAddr) -> IpAddr {
     }
 }
 
+/// Whether this process can open an IPv6 socket, asked once. The webhook renders every
+/// sidecar from the discovery pod, whose kernel stands for the cluster's nodes.
+pub fn ipv6_available() -> bool {
+    static IPV6: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IPV6.get_or_init(|| std::net::TcpListener::bind((Ipv6Addr::UNSPECIFIED, 0)).is_ok())
+}
+
+/// Every pod address on `port`, of both IP families: `::` with `ipv4_compat`, so kubelet's
+/// probe reaches it on the pod's IPv4 or IPv6 address whatever the cluster's family. Where
+/// there is no IPv6 Envoy refuses `::`, so `0.0.0.0` then.
+pub fn any_address(port: u16, ipv6: bool) -> serde_json::Value {
+    match ipv6 {
+        true => {
+            json!({"socket_address": {"address": "::", "ipv4_compat": true, "port_value": port}})
+        }
+        false => json!({"socket_address": {"address": "0.0.0.0", "port_value": port}}),
+    }
+}
+
 /// Every pod address on the readiness port; only `GET /ready` goes on, to the admin.
 fn readiness_listener(spec: &SidecarSpec) -> serde_json::Value {
-    let any = match spec.admin.bind_address {
-        IpAddr::V4(_) => "0.0.0.0",
-        IpAddr::V6(_) => "::",
-    };
     json!({
         "name": READINESS_LISTENER,
         // `listener.marin3r_sidecar_readiness.*`: the shutdown manager leaves kubelet's probe
         // connections out of the connections it waits for.
         "stat_prefix": READINESS_LISTENER,
-        "address": {"socket_address": {"address": any, "port_value": spec.readiness_port}},
+        "address": any_address(spec.readiness_port, ipv6_available()),
         "filter_chains": [{"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
             "typed_config": {
@@ -502,6 +517,18 @@ mod tests {
             ("POD_NAME".to_owned(), "web-7d4b9".to_owned()),
             ("POD_NAMESPACE".to_owned(), "shop".to_owned()),
         ])
+    }
+
+    #[test]
+    fn the_readiness_listener_takes_both_families_unless_there_is_no_ipv6() {
+        assert_eq!(
+            any_address(9902, true),
+            json!({"socket_address": {"address": "::", "ipv4_compat": true, "port_value": 9902}})
+        );
+        assert_eq!(
+            any_address(9902, false),
+            json!({"socket_address": {"address": "0.0.0.0", "port_value": 9902}})
+        );
     }
 
     #[test]

@@ -12,7 +12,6 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 /// `/metrics` and `/healthz`.
@@ -94,8 +93,7 @@ pub async fn serve(
     router: axum::Router,
     stop: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = super::listen::bind(addr)
         .map_err(|e| anyhow::anyhow!("binding the metrics address {addr}: {e}"))?;
     tracing::info!(%addr, "serving /metrics and /healthz");
     Ok(tokio::spawn(async move {

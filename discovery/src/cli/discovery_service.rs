@@ -97,8 +97,9 @@ pub struct DiscoveryServiceArgs {
     /// count before it taints. Without it, the fresh reports alone are counted.
     #[arg(long, value_name = "SELECTOR")]
     replica_selector: Option<String>,
-    /// Address to listen on (xDS, metrics, probe and webhook ports).
-    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::UNSPECIFIED))]
+    /// Address to listen on (xDS, metrics, probe and webhook ports). `::` (the default) is
+    /// every address of both IP families, or every IPv4 address where there is no IPv6.
+    #[arg(long, default_value_t = super::listen::ANY)]
     bind_address: IpAddr,
     /// The image of the shutdown manager the webhook injects for pods that set
     /// marin3r.3scale.net/shutdown-manager.enabled and no shutdown-manager.image (the
@@ -222,22 +223,19 @@ struct Listeners {
 
 impl Listeners {
     async fn bind(args: &DiscoveryServiceArgs) -> anyhow::Result<Self> {
-        let bind = |port, what: &'static str| async move {
+        let bind = |port, what: &'static str| {
             let addr = SocketAddr::new(args.bind_address, port);
-            TcpListener::bind(addr)
-                .await
+            super::listen::bind(addr)
                 .with_context(|| format!("listening on the {what} port {port}"))
         };
         Ok(Self {
-            xds: bind(args.xds_port, "xDS").await?,
-            metrics: bind(args.metrics_port, "metrics").await?,
-            probe: bind(args.probe_port, "probe").await?,
-            webhook: bind(args.webhook_port, "webhook").await?,
-            admin: TcpListener::bind(args.admin_address)
-                .await
-                .with_context(|| {
-                    format!("listening on the admin address {}", args.admin_address)
-                })?,
+            xds: bind(args.xds_port, "xDS")?,
+            metrics: bind(args.metrics_port, "metrics")?,
+            probe: bind(args.probe_port, "probe")?,
+            webhook: bind(args.webhook_port, "webhook")?,
+            admin: super::listen::bind(args.admin_address).with_context(|| {
+                format!("listening on the admin address {}", args.admin_address)
+            })?,
         })
     }
 }

@@ -8,6 +8,7 @@ mod cluster;
 mod crds;
 mod discovery_service;
 mod inject;
+mod listen;
 mod operator;
 mod proxy_status;
 mod shutdown_manager;

@@ -33,8 +33,9 @@ pub struct OperatorArgs {
     /// Run the controllers without leader election (one replica only).
     #[arg(long)]
     no_leader_election: bool,
-    /// Where to serve /metrics (the reconcile metrics) and /healthz.
-    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:8383")]
+    /// Where to serve /metrics (the reconcile metrics) and /healthz. `[::]` (the default) is
+    /// every address of both IP families, or every IPv4 address where there is no IPv6.
+    #[arg(long, value_name = "ADDR", default_value = "[::]:8383")]
     metrics_addr: SocketAddr,
     /// How long (seconds) a changed Secret may take to reach every pod that mounts it; each
     /// step of a CA rotation (trust the next CA, sign with it, drop the previous one) waits

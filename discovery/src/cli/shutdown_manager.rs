@@ -2,7 +2,7 @@
 //! the pod sets `marin3r.3scale.net/shutdown-manager.enabled`; see
 //! [`crate::sidecar::shutdown_manager`].
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,7 +11,6 @@ use clap::Args;
 use marin3r_webhook::config::{
     DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_TIME, DEFAULT_SHUTDOWN_MANAGER_PORT,
 };
-use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::sidecar::shutdown_manager::{Config, Manager, serve};
@@ -82,16 +81,10 @@ fn admin_address(value: &str) -> Result<SocketAddr, String> {
 }
 
 pub async fn run(args: ShutdownManagerArgs) -> anyhow::Result<()> {
-    // Every address of both families (kubelet calls the pod's address, IPv4 or IPv6); IPv4
-    // alone where the pod has no IPv6.
-    let any_v6 = SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), args.port);
-    let any_v4 = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), args.port);
-    let listener = match TcpListener::bind(any_v6).await {
-        Ok(listener) => listener,
-        Err(_) => TcpListener::bind(any_v4)
-            .await
-            .with_context(|| format!("listening on port {} (--port)", args.port))?,
-    };
+    // Every address of both families (kubelet calls the pod's address, IPv4 or IPv6), with
+    // IPV6_V6ONLY off whatever the node's sysctl says; IPv4 alone where the pod has no IPv6.
+    let listener = super::listen::bind(SocketAddr::new(super::listen::ANY, args.port))
+        .with_context(|| format!("listening on port {} (--port)", args.port))?;
     let manager = Manager::new(Config {
         envoy_admin: args.envoy_admin_address,
         drain_time: Duration::from_secs(args.drain_time.into()),
@@ -123,7 +116,7 @@ mod tests {
         assert_eq!(admin_address("http://127.0.0.1:9901/"), Ok(local));
         assert_eq!(
             admin_address("[::1]:9000"),
-            Ok(SocketAddr::from((Ipv6Addr::LOCALHOST, 9000)))
+            Ok(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, 9000)))
         );
         let resolved = admin_address("http://localhost:9901").unwrap();
         assert!(resolved.ip().is_loopback() && resolved.port() == 9901);

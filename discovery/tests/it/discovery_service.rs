@@ -373,9 +373,9 @@ struct Ports {
 }
 
 /// Starts `marin3r discovery-service` for `ds` with its log in `dir/<log>`.
-/// `GET path` over HTTPS to `127.0.0.1:port` as `localhost`, trusting only `ca_pem`: the
+/// `GET path` over HTTPS to `(ip, port)` as `localhost`, trusting only `ca_pem`: the
 /// answer's head and body.
-async fn https_get(ca_pem: &str, port: u16, path: &str) -> Result<String, String> {
+async fn https_get(ca_pem: &str, (ip, port): (&str, u16), path: &str) -> Result<String, String> {
     use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut roots = rustls::RootCertStore::empty();
@@ -391,7 +391,7 @@ async fn https_get(ca_pem: &str, port: u16, path: &str) -> Result<String, String
     .map_err(|e| e.to_string())?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let tcp = tokio::net::TcpStream::connect((ip, port))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
@@ -437,12 +437,8 @@ fn start_process(
         .args(["--admin-address", &format!("127.0.0.1:{}", ports.admin)])
         .args(["--shutdown-delay", &delay_seconds.to_string()])
         .args(["--shutdown-grace-period", &grace_seconds.to_string()])
-        .args([
-            "--discovery-service-name",
-            "ds",
-            "--bind-address",
-            "127.0.0.1",
-        ])
+        // No --bind-address: the default, both IP families.
+        .args(["--discovery-service-name", "ds"])
         .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::null())
         .stderr(log)
@@ -509,6 +505,25 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     assert_eq!(get_body(&probe_url("/readyz")).unwrap(), "ready\n");
     assert_eq!(get_body(&probe_url("/healthz")).unwrap(), "ok\n");
     assert_eq!(get_status(&probe_url("/metrics")), 404);
+    // The default bind address serves both IP families: kubelet and the API server reach the
+    // pod over IPv6 on IPv6-only and dual-stack clusters, over IPv4 elsewhere.
+    for host in ["127.0.0.1", "[::1]"] {
+        let get = |port: u16, path: &str| get_body(&format!("http://{host}:{port}{path}"));
+        assert_eq!(get(ports.probe, "/readyz").unwrap(), "ready\n", "{host}");
+        assert_eq!(get(ports.metrics, "/healthz").unwrap(), "ok\n", "{host}");
+        let ip = host.trim_matches(['[', ']']);
+        let webhook = rt.block_on(https_get(pki.ca_pem(), (ip, ports.webhook), "/healthz"));
+        assert!(
+            webhook
+                .as_ref()
+                .is_ok_and(|a| a.starts_with("HTTP/1.1 200")),
+            "the webhook on {host}: {webhook:?}"
+        );
+        assert!(
+            std::net::TcpStream::connect((ip, ports.xds)).is_ok(),
+            "xDS on {host}"
+        );
+    }
     let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "served");
     let apply = |name: &str, spec: serde_json::Value| {
         let body = json!({
@@ -569,7 +584,11 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     );
     // A webhook call arriving in the delay is still answered (HTTPS, as the API server
     // calls it), and a new proxy still connects.
-    let healthz = rt.block_on(https_get(pki.ca_pem(), ports.webhook, "/healthz"));
+    let healthz = rt.block_on(https_get(
+        pki.ca_pem(),
+        ("127.0.0.1", ports.webhook),
+        "/healthz",
+    ));
     assert!(
         healthz
             .as_ref()

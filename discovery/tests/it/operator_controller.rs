@@ -986,3 +986,59 @@ async fn an_original_v0_13_3_affinity_reaches_the_discovery_pods() {
     .await;
     assert_eq!(&serde_json::to_value(affinity).unwrap(), want);
 }
+
+/// The `marin3r operator` process serves `/healthz` (its probes) and `/metrics` on both IP
+/// families from `[::]`, its default, so an IPv6-only cluster's kubelet reaches it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_process_answers_over_ipv4_and_ipv6() {
+    let op = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    op._server.write_kubeconfig(&kubeconfig).unwrap();
+    let marin3r = env!("CARGO_BIN_EXE_marin3r");
+    let help = std::process::Command::new(marin3r)
+        .args(["operator", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("[default: [::]:8383]"), "{help}");
+    let port = std::net::TcpListener::bind("[::]:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = tokio::process::Command::new(marin3r)
+        .args([
+            "operator",
+            "--no-leader-election",
+            "--trusted-namespace",
+            OPS,
+        ])
+        .args(["--metrics-addr", &format!("[::]:{port}")])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", OPS)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for host in ["127.0.0.1", "[::1]"] {
+        let url = format!("http://{host}:{port}/healthz");
+        let body = wait_for(&format!("the operator's {url}"), || async {
+            let url = url.clone();
+            tokio::task::spawn_blocking(move || {
+                ureq::get(&url)
+                    .call()
+                    .ok()?
+                    .into_body()
+                    .read_to_string()
+                    .ok()
+            })
+            .await
+            .unwrap()
+        })
+        .await;
+        assert_eq!(body, "ok\n", "{host}");
+    }
+    drop(child);
+}

@@ -370,6 +370,12 @@ static_resources:
     );
     let mut envoy = Envoy::start(&bootstrap, &rest).unwrap();
     assert_eq!(envoy.admin_address(), format!("127.0.0.1:{admin}"));
+    // The overlay's readiness listener answers kubelet over either family of the pod's
+    // addresses (`::` with ipv4_compat), so IPv6-only and dual-stack pods pass their probes.
+    for host in ["127.0.0.1", "[::1]"] {
+        let (status, body) = request("GET", &format!("http://{host}:{readiness}/ready")).unwrap();
+        assert_eq!((status, body.trim()), (200, "LIVE"), "readiness on {host}");
+    }
     let info: serde_json::Value =
         serde_json::from_str(&envoy.admin_get("/server_info").unwrap()).unwrap();
     assert_eq!(info["command_line_options"]["drain_time"], "120s", "{info}");
@@ -398,6 +404,9 @@ static_resources:
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Its hooks and probe reach it over IPv6 too.
+    let healthz = request("GET", &format!("http://[::1]:{manager_port}/healthz")).unwrap();
+    assert_eq!(healthz.0, 200, "the shutdown manager on [::1]");
 
     let traffic = connect(listener_port(&envoy, "traffic"));
     // An idle connection to the readiness listener, as a slow probe would hold.
