@@ -3,6 +3,8 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use crate::annotations::Resources;
+
 /// The Envoy image a sidecar runs unless the pod asks for another (`envoy-image`).
 pub const DEFAULT_ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
 /// The shutdown manager's image when nothing else says (`marin3r inject` and tests): the
@@ -57,6 +59,14 @@ pub const VALIDATION_CONTEXT_SDS_FILE: &str = "validation_context_sds_secret.jso
 /// Where the client certificate Secret (`tls.crt`, `tls.key`, `ca.crt`) is mounted.
 pub const CLIENT_CERT_MOUNT_PATH: &str = "/etc/envoy/tls/client";
 
+/// The container that holds a classic-layout pod's applications until Envoy is ready
+/// (`hold-application-until-proxy-starts`): it runs `marin3r wait-for-proxy`, whose postStart
+/// hook returns once Envoy's readiness listener answers.
+pub const HOLD_CONTAINER: &str = "marin3r-hold";
+/// How long the hold container's postStart hook waits for Envoy before it gives up (kubelet
+/// then starts the applications anyway, after recording `FailedPostStartHook`).
+pub const HOLD_TIMEOUT_SECONDS: u32 = 120;
+
 /// Settings shared by every injection; pod annotations override the per-pod ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InjectionConfig {
@@ -80,6 +90,18 @@ pub struct InjectionConfig {
     /// The DiscoveryService this webhook belongs to; a pod whose `discovery-service.name`
     /// names another is denied. `None` (offline injection): any name is taken.
     pub discovery_service: Option<String>,
+    /// Envoy's requests and limits unless the pod's `resources.*` annotations say otherwise
+    /// (each quantity on its own).
+    pub resources: Resources,
+    /// Added to every injected pod's `imagePullSecrets` (Secrets of the pod's namespace), so
+    /// a private mirror of the Envoy image needs no annotation on every pod.
+    pub image_pull_secrets: Vec<String>,
+    /// Inject Envoy as a native sidecar (an init container with `restartPolicy: Always`,
+    /// Kubernetes 1.29+) unless the pod's `native-sidecar` annotation says otherwise.
+    pub native_sidecars: bool,
+    /// In the classic layout, start the pod's applications only once Envoy is ready, unless
+    /// the pod's `hold-application-until-proxy-starts` annotation says otherwise.
+    pub hold_application: bool,
 }
 
 impl Default for InjectionConfig {
@@ -101,6 +123,10 @@ impl Default for InjectionConfig {
             shutdown_manager_port: DEFAULT_SHUTDOWN_MANAGER_PORT,
             drain_time: DEFAULT_DRAIN_TIME,
             discovery_service: None,
+            resources: Resources::default(),
+            image_pull_secrets: Vec::new(),
+            native_sidecars: false,
+            hold_application: false,
         }
     }
 }

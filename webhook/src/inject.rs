@@ -101,6 +101,14 @@ fn inject_object(
                     .into_iter()
                     .map(|w| format!("{location}: warning: {w}")),
             );
+            if matches!(kind.as_str(), "Job" | "CronJob") && !has_native_sidecar(doc) {
+                notes.push(format!(
+                    "{location}: warning: with a classic sidecar the Job's pods never complete \
+                     (Envoy keeps running after the job's containers finish); inject native \
+                     sidecars (--native-sidecars, or the pod annotation \
+                     marin3r.3scale.net/native-sidecar: \"true\"; Kubernetes 1.29+)"
+                ));
+            }
             Ok(())
         }
         Ok((other, _)) => {
@@ -112,6 +120,17 @@ fn inject_object(
             message: denial.to_string(),
         }),
     }
+}
+
+/// Whether the object (a Job or CronJob, injected) has an init container that always restarts.
+fn has_native_sidecar(doc: &Value) -> bool {
+    let pointer = match doc.get("kind").and_then(Value::as_str) {
+        Some("CronJob") => format!("{CRON_JOB_TEMPLATE}/spec/initContainers"),
+        _ => "/spec/template/spec/initContainers".to_owned(),
+    };
+    doc.pointer(&pointer)
+        .and_then(Value::as_array)
+        .is_some_and(|list| list.iter().any(|c| c["restartPolicy"] == "Always"))
 }
 
 /// Injects into the pod template at `pointer` (e.g. `/spec/template`) by treating the
@@ -177,8 +196,27 @@ mod tests {
         for kind in TEMPLATED_KINDS {
             let out = inject_yaml(&workload(kind), &InjectionConfig::default()).unwrap();
             assert_eq!(sidecar_names(&out.yaml), ["db", "envoy-sidecar"], "{kind}");
-            assert!(out.notes.is_empty());
+            if kind == "Job" {
+                assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+                assert!(out.notes[0].contains("never complete"), "{:?}", out.notes);
+            } else {
+                assert!(out.notes.is_empty(), "{kind}: {:?}", out.notes);
+            }
         }
+    }
+
+    #[test]
+    fn a_jobs_native_sidecar_needs_no_warning() {
+        let native = InjectionConfig {
+            native_sidecars: true,
+            ..InjectionConfig::default()
+        };
+        let out = inject_yaml(&workload("Job"), &native).unwrap();
+        assert!(out.notes.is_empty(), "{:?}", out.notes);
+        let v: Value = serde_saphyr::from_str(&out.yaml).unwrap();
+        let init = &v["spec"]["template"]["spec"]["initContainers"][0];
+        assert_eq!(init["name"], "envoy-sidecar");
+        assert_eq!(init["restartPolicy"], "Always");
     }
 
     #[test]
@@ -198,6 +236,7 @@ mod tests {
             .collect();
         assert_eq!(names, ["db", "envoy-sidecar"]);
         assert_eq!(v["spec"]["schedule"], "@hourly");
+        assert!(out.notes[0].contains("never complete"), "{:?}", out.notes);
         // Without a job template: an error naming the field.
         let err = inject_yaml(
             "kind: CronJob\nmetadata: {name: x}\nspec: {schedule: '@hourly'}\n",

@@ -10,11 +10,13 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use serde_json::Value;
 
 use crate::annotations::{
-    self, AnnotationError, CONFIG_VOLUME, CONTAINER_NAME, HOST_PORT_MAPPINGS, INJECTED,
+    self, AnnotationError, CONFIG_VOLUME, CONTAINER_NAME, HOST_PORT_MAPPINGS, INJECTED, Layout,
     SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS, SHUTDOWN_MANAGER_PORT, STATUS_LABEL, ShutdownManager,
     SidecarSpec, TLS_VOLUME,
 };
-use crate::config::{DRAIN_GRACE_MARGIN, InjectionConfig, SHUTDOWN_MANAGER_CONTAINER};
+use crate::config::{
+    DRAIN_GRACE_MARGIN, HOLD_CONTAINER, InjectionConfig, SHUTDOWN_MANAGER_CONTAINER,
+};
 use crate::sidecar;
 
 /// Why a pod may not be created as it is. The message names what to fix.
@@ -150,19 +152,11 @@ pub fn mutation(pod: &Pod, config: &InjectionConfig) -> Result<Mutation, Denial>
     all_warnings.append(&mut spec.warnings);
     let mut warnings = all_warnings;
 
-    let container = sidecar::container(&spec);
+    // The drain's hooks name the pod's containers by index: before anything is inserted.
+    let mut ops = drain_patch(pod, &spec, &mut warnings)?;
+    ops.extend(placement(pod, &spec, config)?);
+    ops.extend(pull_secrets(pod, &spec)?);
     let volumes = sidecar::volumes(&spec);
-    let mut ops = vec![add(
-        &["spec", "containers", "-"],
-        serde_json::to_value(container),
-    )?];
-    if let Some(manager) = &spec.shutdown_manager {
-        ops.push(add(
-            &["spec", "containers", "-"],
-            serde_json::to_value(sidecar::shutdown_manager_container(&spec, manager)),
-        )?);
-        ops.extend(drain_patch(pod, &spec, &mut warnings)?);
-    }
     let pod_spec = pod.spec.as_ref();
     match pod_spec.and_then(|s| s.volumes.as_ref()) {
         Some(existing) if !existing.is_empty() => {
@@ -185,6 +179,84 @@ pub fn mutation(pod: &Pod, config: &InjectionConfig) -> Result<Mutation, Denial>
         patch: Patch(ops),
         warnings,
     })
+}
+
+/// Where Envoy, the shutdown manager and the hold container go, by the layout.
+fn placement(
+    pod: &Pod,
+    spec: &SidecarSpec,
+    config: &InjectionConfig,
+) -> Result<Vec<PatchOperation>, Denial> {
+    let envoy = serde_json::to_value(sidecar::container(spec));
+    let manager = spec
+        .shutdown_manager
+        .as_ref()
+        .map(|m| serde_json::to_value(sidecar::shutdown_manager_container(spec, m)));
+    let pod_spec = pod.spec.as_ref();
+    let mut ops = Vec::new();
+    match spec.layout {
+        Layout::Native => {
+            // First, so the pod's own init containers can use Envoy; the manager before
+            // Envoy, so kubelet stops it after Envoy (reverse order).
+            let first = [manager, Some(envoy)].into_iter().flatten();
+            let has_init = pod_spec.is_some_and(|s| s.init_containers.iter().flatten().count() > 0);
+            if has_init {
+                for (i, container) in first.enumerate() {
+                    let i = i.to_string();
+                    ops.push(add(&["spec", "initContainers", &i], container)?);
+                }
+            } else {
+                let list: Result<Vec<Value>, _> = first.collect();
+                ops.push(add(&["spec", "initContainers"], list.map(Value::Array))?);
+            }
+        }
+        Layout::Classic { hold } => {
+            if hold {
+                // Kubelet starts containers in order, each after the previous one's postStart.
+                let holder = sidecar::hold_container(spec, &config.shutdown_manager_image);
+                ops.push(add(&["spec", "containers", "0"], envoy)?);
+                ops.push(add(
+                    &["spec", "containers", "1"],
+                    serde_json::to_value(holder),
+                )?);
+            } else {
+                ops.push(add(&["spec", "containers", "-"], envoy)?);
+            }
+            if let Some(manager) = manager {
+                ops.push(add(&["spec", "containers", "-"], manager)?);
+            }
+        }
+    }
+    Ok(ops)
+}
+
+/// The cluster's image pull Secrets the pod does not list yet.
+fn pull_secrets(pod: &Pod, spec: &SidecarSpec) -> Result<Vec<PatchOperation>, Denial> {
+    let existing: Vec<&str> = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.image_pull_secrets.iter().flatten())
+        .map(|r| r.name.as_str())
+        .collect();
+    let missing: Vec<Value> = spec
+        .image_pull_secrets
+        .iter()
+        .filter(|name| !existing.contains(&name.as_str()))
+        .map(|name| serde_json::json!({ "name": name }))
+        .collect();
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    if existing.is_empty() {
+        return Ok(vec![add(
+            &["spec", "imagePullSecrets"],
+            Ok(Value::Array(missing)),
+        )?]);
+    }
+    missing
+        .into_iter()
+        .map(|secret| add(&["spec", "imagePullSecrets", "-"], Ok(secret)))
+        .collect()
 }
 
 /// With the shutdown manager: a termination grace period that covers the drain (never
@@ -270,6 +342,15 @@ fn check_conflicts(pod: &Pod, spec: &SidecarSpec) -> Result<(), Denial> {
     }
     if let Some(manager) = &spec.shutdown_manager {
         check_shutdown_manager_conflicts(pod_spec, manager)?;
+    }
+    if spec.layout == (Layout::Classic { hold: true })
+        && let Some(c) = all_containers(pod_spec).find(|c| c.name == HOLD_CONTAINER)
+    {
+        return Err(Denial::Conflict(format!(
+            "the pod already has a container named {:?}, the name of the container that holds \
+             the applications until Envoy is ready",
+            c.name
+        )));
     }
     for v in pod_spec.volumes.iter().flatten() {
         for (name, annotation) in [
@@ -374,3 +455,7 @@ pub fn inject_json(
 #[cfg(test)]
 #[path = "mutate_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "mutate_layout_tests.rs"]
+mod layout_tests;

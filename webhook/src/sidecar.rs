@@ -20,17 +20,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe,
+    ExecAction, HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, ObjectFieldSelector, Probe,
     ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::json;
 
-use crate::annotations::{Admin, ShutdownManager, SidecarSpec};
+use crate::annotations::{Admin, Layout, ShutdownManager, SidecarSpec};
 use crate::config::{
-    BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID,
-    SHUTDOWN_MANAGER_CONTAINER,
+    BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID, HOLD_CONTAINER,
+    HOLD_TIMEOUT_SECONDS, SHUTDOWN_MANAGER_CONTAINER,
 };
 
 /// The downward-API variables the sidecar gets, named in its `--config-yaml` node metadata.
@@ -272,9 +272,16 @@ pub fn container(spec: &SidecarSpec) -> Container {
     let probe = |initial_delay, period, failures| {
         ready_probe(spec.readiness_port, initial_delay, period, failures)
     };
+    let native = spec.layout == Layout::Native;
     Container {
         name: spec.container_name.clone(),
         image: Some(spec.envoy_image.clone()),
+        // A native sidecar: kept running (and restarted) for the pod's life, whatever the
+        // pod's restartPolicy, and stopped after the applications.
+        restart_policy: native.then(|| "Always".to_owned()),
+        // Kubelet starts the next container once this passes: Envoy has its first
+        // configuration (or gave up waiting for it, after its initial fetch timeout).
+        startup_probe: native.then(|| probe(0, 1, STARTUP_FAILURES)),
         command: Some(vec!["envoy".into()]),
         args: Some(sidecar_args(spec)),
         env: Some(vec![
@@ -301,6 +308,70 @@ pub fn container(spec: &SidecarSpec) -> Container {
         ..Default::default()
     }
 }
+
+/// Seconds (one probe each) a native Envoy sidecar has to get ready before kubelet restarts it.
+const STARTUP_FAILURES: i32 = 120;
+
+/// The URL of Envoy's readiness inside the pod: its readiness listener, on loopback of the
+/// listener's family.
+pub fn ready_url(spec: &SidecarSpec) -> String {
+    let host = match spec.admin.bind_address {
+        IpAddr::V4(_) => "127.0.0.1".to_owned(),
+        IpAddr::V6(_) => "[::1]".to_owned(),
+    };
+    format!("http://{host}:{}{READY_PATH}", spec.readiness_port)
+}
+
+/// The classic layout's hold (`hold-application-until-proxy-starts`): a container started
+/// right after Envoy whose postStart hook returns once Envoy is ready. Kubelet starts a pod's
+/// containers one by one, each after the previous one's postStart hook, so the applications
+/// after it start with Envoy ready. It then idles until the pod stops.
+pub fn hold_container(spec: &SidecarSpec, image: &str) -> Container {
+    let url = ready_url(spec);
+    let quantities = |cpu: &str, memory: &str| {
+        Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ]))
+    };
+    Container {
+        name: HOLD_CONTAINER.into(),
+        image: Some(image.to_owned()),
+        args: Some(vec![
+            "wait-for-proxy".into(),
+            format!("--url={url}"),
+            "--then-idle".into(),
+        ]),
+        lifecycle: Some(Lifecycle {
+            post_start: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        MARIN3R_BINARY.into(),
+                        "wait-for-proxy".into(),
+                        format!("--url={url}"),
+                        format!("--timeout={HOLD_TIMEOUT_SECONDS}"),
+                    ]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        resources: Some(ResourceRequirements {
+            requests: quantities("1m", "8Mi"),
+            limits: quantities("20m", "32Mi"),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            run_as_user: None,
+            run_as_group: None,
+            ..security_context()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Where the marin3r image keeps its binary (the Dockerfile's `COPY`): exec hooks name it.
+pub const MARIN3R_BINARY: &str = "/usr/local/bin/marin3r";
 
 /// An environment variable set from a field of the pod (the downward API).
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -400,6 +471,9 @@ pub fn shutdown_manager_container(spec: &SidecarSpec, manager: &ShutdownManager)
     Container {
         name: SHUTDOWN_MANAGER_CONTAINER.into(),
         image: Some(manager.image.clone()),
+        // Native: declared before Envoy, so kubelet stops it after Envoy, whose preStop
+        // calls it.
+        restart_policy: (spec.layout == Layout::Native).then(|| "Always".to_owned()),
         args: Some(vec![
             "shutdown-manager".into(),
             format!("--port={}", manager.port),

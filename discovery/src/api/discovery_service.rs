@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::duration::parse_go_duration;
+use super::sidecar_defaults::SidecarDefaults;
 
 pub const DEFAULT_XDS_PORT: u16 = 18000;
 pub const DEFAULT_METRICS_PORT: u16 = 8383;
@@ -101,6 +102,10 @@ pub struct DiscoveryServiceSpec {
     /// short of resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_priority_class: Option<String>,
+    /// Defaults for the sidecars this discovery service's webhook injects (Envoy image,
+    /// resources, image pull Secrets, native or classic layout); pod annotations win.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sidecar: Option<SidecarDefaults>,
     /// The discovery pods' affinity (the original's v0.13.3 field), used as given. Unset:
     /// a required node affinity to Linux nodes (`kubernetes.io/os In [linux]`), since the
     /// image is a Linux binary. The pods also spread over nodes and zones when the scheduler
@@ -196,6 +201,8 @@ pub struct Resolved {
     pub service_name: String,
     pub service_type: String,
     pub pod_priority_class: Option<String>,
+    /// The discovery pod's flags for `spec.sidecar`.
+    pub sidecar_args: Vec<String>,
     pub affinity: Affinity,
 }
 
@@ -246,6 +253,7 @@ impl DiscoveryService {
             service_name: service.name.unwrap_or_else(|| self.owned_name()),
             service_type,
             pod_priority_class: spec.pod_priority_class.clone(),
+            sidecar_args: spec.sidecar.clone().unwrap_or_default().args()?,
             affinity: spec.affinity.clone().unwrap_or_else(default_affinity),
         };
         resolved.check_names()?;

@@ -8,6 +8,7 @@ pub mod envoy_config;
 pub mod envoy_config_revision;
 pub mod reference;
 pub mod resources;
+pub mod sidecar_defaults;
 
 pub use envoy_config::{
     ConfigRevisionRef, EnvoyApi, EnvoyConfig, EnvoyConfigSpec, EnvoyConfigStatus, EnvoyResource,

@@ -113,6 +113,8 @@ pub struct DiscoveryServiceArgs {
     xds_limits: XdsLimitArgs,
     #[command(flatten)]
     webhook_limits: WebhookLimitArgs,
+    #[command(flatten)]
+    sidecar: super::sidecar_defaults::SidecarDefaultArgs,
 }
 
 /// What one client address may take of the webhook, which anyone reaching its port can call
@@ -295,7 +297,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         )
     })?;
     let mut registry = Registry::default();
-    let webhook = webhook_config(&args, &tls, &mut registry);
+    let mut webhook = webhook_config(&args, &tls, &mut registry);
+    args.sidecar.apply(&client, &mut webhook.injection).await;
     let controller_metrics = controllers::ControllerMetrics::default();
     controller_metrics.register(&mut registry);
     let cache = Cache::new();

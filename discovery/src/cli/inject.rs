@@ -22,6 +22,15 @@ pub struct InjectArgs {
     /// marin3r.3scale.net/shutdown-manager.image.
     #[arg(long, value_name = "IMAGE", default_value = crate::IMAGE)]
     shutdown_manager_image: String,
+    /// Inject Envoy as a native sidecar (an init container with restartPolicy Always,
+    /// Kubernetes 1.29+) unless a pod sets marin3r.3scale.net/native-sidecar: what a
+    /// DiscoveryService does on such a cluster. Without it, the classic layout.
+    #[arg(long)]
+    native_sidecars: bool,
+    /// In the classic layout, start the applications once Envoy is ready unless a pod sets
+    /// marin3r.3scale.net/hold-application-until-proxy-starts.
+    #[arg(long)]
+    hold_application_until_proxy_starts: bool,
 }
 
 pub fn run(args: InjectArgs) -> anyhow::Result<ExitCode> {
@@ -38,6 +47,8 @@ pub fn run(args: InjectArgs) -> anyhow::Result<ExitCode> {
     let config = InjectionConfig {
         envoy_image: args.envoy_image,
         shutdown_manager_image: args.shutdown_manager_image,
+        native_sidecars: args.native_sidecars,
+        hold_application: args.hold_application_until_proxy_starts,
         ..InjectionConfig::default()
     };
     let injected =

@@ -12,7 +12,9 @@ mod listen;
 mod operator;
 mod proxy_status;
 mod shutdown_manager;
+mod sidecar_defaults;
 pub(crate) mod validate;
+mod wait_for_proxy;
 
 use std::process::ExitCode;
 
@@ -41,7 +43,7 @@ pub enum Command {
     /// Run the discovery service: the xDS server, the EnvoyConfig and EnvoyConfigRevision
     /// controllers, the metrics/health HTTP server and the webhook (sidecar injection,
     /// EnvoyConfig validation).
-    DiscoveryService(discovery_service::DiscoveryServiceArgs),
+    DiscoveryService(Box<discovery_service::DiscoveryServiceArgs>),
     /// Run the operator's controllers against the cluster of the current kubeconfig (or the
     /// in-cluster configuration).
     Operator(operator::OperatorArgs),
@@ -55,6 +57,9 @@ pub enum Command {
     /// Drain an Envoy sidecar when its pod terminates (the container the webhook injects
     /// with marin3r.3scale.net/shutdown-manager.enabled): /healthz, /drain, /shutdown.
     ShutdownManager(shutdown_manager::ShutdownManagerArgs),
+    /// Wait until Envoy answers its readiness URL (the container the webhook injects with
+    /// marin3r.3scale.net/hold-application-until-proxy-starts, in the classic layout).
+    WaitForProxy(wait_for_proxy::WaitForProxyArgs),
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -65,7 +70,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
         Command::DiscoveryService(args) => {
             init_logging_at(if args.debug() { "debug" } else { "info" });
-            discovery_service::run(args)
+            discovery_service::run(*args)
                 .await
                 .map(|()| ExitCode::SUCCESS)
         }
@@ -82,6 +87,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 .map(|()| ExitCode::SUCCESS)
         }
         Command::Validate(args) => validate::run(args),
+        Command::WaitForProxy(args) => wait_for_proxy::run(args).await,
     };
     match result {
         Ok(code) => code,

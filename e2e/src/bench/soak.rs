@@ -956,7 +956,11 @@ async fn pod_life(
     let containers = created
         .spec
         .as_ref()
-        .map(|s| s.containers.clone())
+        .map(|s| {
+            let mut all = s.containers.clone();
+            all.extend(s.init_containers.iter().flatten().cloned());
+            all
+        })
         .unwrap_or_default();
     if !containers.iter().any(|c| c.name == SIDECAR) {
         bail!("pod {name} was admitted without the {SIDECAR} container");

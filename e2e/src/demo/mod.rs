@@ -436,9 +436,12 @@ pub fn in_sync_version(ec: &EnvoyConfig) -> anyhow::Result<Option<String>> {
 }
 
 fn has_sidecar(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .is_some_and(|s| s.containers.iter().any(|c| c.name == SIDECAR))
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| c.name == SIDECAR)
+    })
 }
 
 /// The pod's IP once its Ready condition is true.

@@ -269,7 +269,10 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
                 match pods.create(&dry_run, &pod).await {
                     Ok(p)
                         if p.spec.as_ref().is_some_and(|s| {
-                            s.containers.iter().any(|c| c.name == "envoy-sidecar")
+                            s.containers
+                                .iter()
+                                .chain(s.init_containers.iter().flatten())
+                                .any(|c| c.name == "envoy-sidecar")
                         }) =>
                     {
                         failures.admissions_ok.fetch_add(1, Ordering::Relaxed);

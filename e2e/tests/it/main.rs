@@ -8,6 +8,7 @@ mod certificate_controller;
 mod convert_envoy;
 mod demo;
 mod envoy_smoke;
+mod native_sidecars_e2e;
 mod operator_e2e;
 mod own_namespace_e2e;
 mod replicas_e2e;

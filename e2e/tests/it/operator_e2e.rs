@@ -469,15 +469,16 @@ async fn marin3r_end_to_end() {
         .await
         .unwrap();
     let pod = serving_pod(&cluster, &client, "demo").await;
-    let containers: Vec<&str> = pod
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers
-        .iter()
-        .map(|c| c.name.as_str())
-        .collect();
-    assert_eq!(containers, ["app", "envoy-sidecar"]);
+    // The local API server is 1.37: Envoy is a native sidecar, an init container.
+    let spec = pod.spec.as_ref().unwrap();
+    let names = |list: &[k8s_openapi::api::core::v1::Container]| -> Vec<String> {
+        list.iter().map(|c| c.name.clone()).collect()
+    };
+    assert_eq!(names(&spec.containers), ["app"]);
+    assert_eq!(
+        names(spec.init_containers.as_deref().unwrap_or_default()),
+        ["envoy-sidecar"]
+    );
 
     // A misspelt marin3r annotation: kubectl prints the webhook's warning naming it (and the
     // likely name), and the pod is injected all the same.
@@ -515,14 +516,12 @@ async fn marin3r_end_to_end() {
         .get("annotation-typo")
         .await
         .unwrap();
-    let names: Vec<String> = injected
-        .spec
-        .unwrap()
-        .containers
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
-    assert_eq!(names, ["app", "envoy-sidecar"]);
+    let spec = injected.spec.unwrap();
+    assert_eq!(names(&spec.containers), ["app"]);
+    assert_eq!(
+        names(spec.init_containers.as_deref().unwrap_or_default()),
+        ["envoy-sidecar"]
+    );
     Api::<Pod>::namespaced(client.clone(), "demo")
         .delete("annotation-typo", &DeleteParams::default())
         .await

@@ -191,19 +191,21 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
         },
     )
     .await;
-    let containers: Vec<String> = pod
-        .spec
-        .clone()
-        .unwrap()
-        .containers
-        .into_iter()
-        .map(|c| c.name)
-        .collect();
-    assert_eq!(containers, ["app", "envoy-sidecar"]);
+    // The local API server is 1.37: Envoy is a native sidecar, an init container.
+    let names = |list: &[k8s_openapi::api::core::v1::Container]| -> Vec<String> {
+        list.iter().map(|c| c.name.clone()).collect()
+    };
+    let injected = pod.spec.clone().unwrap();
+    assert_eq!(names(&injected.containers), ["app"]);
+    assert_eq!(
+        names(injected.init_containers.as_deref().unwrap_or_default()),
+        ["envoy-sidecar"]
+    );
 
     // Its webhook sees only its namespace: the same pod elsewhere is created as it is.
     let mut spec = pod.spec.clone().unwrap();
     spec.containers.retain(|c| c.name == "app");
+    spec.init_containers = None;
     spec.volumes = None;
     spec.node_name = None;
     let elsewhere: Pod = serde_json::from_value(json!({
@@ -226,7 +228,9 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
         )
         .await
         .unwrap();
-    assert_eq!(created.spec.unwrap().containers.len(), 1);
+    let created = created.spec.unwrap();
+    assert_eq!(created.containers.len(), 1);
+    assert!(created.init_containers.is_none());
 
     // Its discovery pod's identity reads its own namespace only.
     let sa = cluster.api().service_account_token(APP, "marin3r-instance");

@@ -119,6 +119,18 @@ pub struct ShutdownManager {
     pub token: String,
 }
 
+/// Where Envoy goes in the pod (`native-sidecar`, `hold-application-until-proxy-starts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Appended to `spec.containers`; `hold: true` puts Envoy first and holds the
+    /// applications until it is ready.
+    Classic { hold: bool },
+    /// Init containers with `restartPolicy: Always`: started (Envoy ready, by its startup
+    /// probe) before every other container, stopped after them, and not counted when the
+    /// applications finish, so a Job's pod completes.
+    Native,
+}
+
 /// Everything a pod's annotations say about its sidecar, defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidecarSpec {
@@ -139,6 +151,11 @@ pub struct SidecarSpec {
     /// The ConfigMap holding the bootstrap (`ads-configmap`).
     pub bootstrap_config_map: String,
     pub shutdown_manager: Option<ShutdownManager>,
+    /// Where Envoy goes in the pod.
+    pub layout: Layout,
+    /// Secrets added to the pod's `imagePullSecrets` (the cluster's default, see
+    /// [`InjectionConfig::image_pull_secrets`]).
+    pub image_pull_secrets: Vec<String>,
     /// Accepted annotations the user should hear about (admission warnings).
     pub warnings: Vec<String>,
 }
@@ -165,6 +182,7 @@ pub fn parse(
     let extra_args = read.extra_args(shutdown_manager.is_some());
     let resources = read.resources();
     let (admin, readiness_port) = read.admin_and_readiness(&ports, shutdown_manager.as_ref());
+    let layout = read.layout();
     read.envoy_api_version();
     let warnings = read.finish(&unmapped)?;
     Ok(SidecarSpec {
@@ -182,6 +200,8 @@ pub fn parse(
         readiness_port,
         bootstrap_config_map,
         shutdown_manager,
+        layout,
+        image_pull_secrets: config.image_pull_secrets.clone(),
         warnings,
     })
 }
@@ -420,32 +440,38 @@ impl<'a> Reader<'a> {
             .unwrap_or_default()
     }
 
-    /// The sidecar's requests and limits; a request may not exceed its limit.
+    /// The sidecar's requests and limits, each from its annotation or else the cluster's
+    /// default; a request may not exceed its limit.
     fn resources(&mut self) -> Resources {
-        let mut quantity = |name: &'static str| -> (Option<String>, Option<f64>) {
-            match self.value(name, parse_quantity) {
-                Some(q) => (self.get(name).map(str::to_owned), Some(q)),
-                None => (None, None),
-            }
+        let defaults = &self.config.resources;
+        let mut quantity = |name: &'static str, default: &Option<String>| match self.get(name) {
+            Some(_) => self.value(name, |v| parse_quantity(v).map(|q| (v.to_owned(), q))),
+            None => default
+                .as_ref()
+                .and_then(|d| parse_quantity(d).ok().map(|q| (d.clone(), q))),
         };
-        let (requests_cpu, req_cpu) = quantity(REQUESTS_CPU);
-        let (requests_memory, req_mem) = quantity(REQUESTS_MEMORY);
-        let (limits_cpu, lim_cpu) = quantity(LIMITS_CPU);
-        let (limits_memory, lim_mem) = quantity(LIMITS_MEMORY);
-        for (name, request, limit, limit_name) in [
-            (REQUESTS_CPU, req_cpu, lim_cpu, LIMITS_CPU),
-            (REQUESTS_MEMORY, req_mem, lim_mem, LIMITS_MEMORY),
+        let requests_cpu = quantity(REQUESTS_CPU, &defaults.requests_cpu);
+        let requests_memory = quantity(REQUESTS_MEMORY, &defaults.requests_memory);
+        let limits_cpu = quantity(LIMITS_CPU, &defaults.limits_cpu);
+        let limits_memory = quantity(LIMITS_MEMORY, &defaults.limits_memory);
+        for (request_name, request, limit, limit_name) in [
+            (REQUESTS_CPU, &requests_cpu, &limits_cpu, LIMITS_CPU),
+            (
+                REQUESTS_MEMORY,
+                &requests_memory,
+                &limits_memory,
+                LIMITS_MEMORY,
+            ),
         ] {
-            if let (Some(r), Some(l)) = (request, limit)
-                && r > l
+            if let (Some((r, rq)), Some((l, lq))) = (request, limit)
+                && rq > lq
             {
-                let reason = format!(
-                    "the request is greater than the limit {limit_name}={:?}",
-                    self.get(limit_name).unwrap_or_default()
-                );
-                self.reject(name, self.get(name).unwrap_or_default(), reason);
+                self.reject_request_over_limit((request_name, r), (limit_name, l));
             }
         }
+        let text = |q: Option<(String, f64)>| q.map(|(v, _)| v);
+        let (requests_cpu, requests_memory) = (text(requests_cpu), text(requests_memory));
+        let (limits_cpu, limits_memory) = (text(limits_cpu), text(limits_memory));
         Resources {
             requests_cpu,
             requests_memory,
@@ -530,6 +556,52 @@ impl<'a> Reader<'a> {
             .get(listener.annotation)
             .map_or_else(|| port.to_string(), str::to_owned);
         self.reject(listener.annotation, &value, reason);
+    }
+
+    /// A request over its limit, blamed on the annotation when one of the two is the
+    /// cluster's default (a DiscoveryService's `spec.sidecar.resources`).
+    fn reject_request_over_limit(
+        &mut self,
+        request: (&'static str, &str),
+        limit: (&'static str, &str),
+    ) {
+        let (request_name, request_value) = request;
+        let (limit_name, limit_value) = limit;
+        if self.get(request_name).is_some() {
+            let default = if self.get(limit_name).is_some() {
+                ""
+            } else {
+                " (the cluster default)"
+            };
+            let reason = format!(
+                "the request is greater than the limit {limit_name}={limit_value:?}{default}"
+            );
+            self.reject(request_name, request_value, reason);
+        } else {
+            let reason = format!(
+                "the limit is less than the request {request_name}={request_value:?} (the cluster default)"
+            );
+            self.reject(limit_name, limit_value, reason);
+        }
+    }
+
+    /// Native or classic, and in the classic layout whether the applications wait for Envoy.
+    fn layout(&mut self) -> Layout {
+        let config = self.config;
+        let native = self.value(NATIVE_SIDECAR, parse_bool);
+        let hold = self.value(HOLD_APPLICATION, parse_bool);
+        if native.unwrap_or(config.native_sidecars) {
+            if hold == Some(false) {
+                self.warnings.push(format!(
+                    "{HOLD_APPLICATION}=\"false\" has no effect on a native sidecar: Kubernetes \
+                     starts the applications once Envoy's startup probe passes"
+                ));
+            }
+            return Layout::Native;
+        }
+        Layout::Classic {
+            hold: hold.unwrap_or(config.hold_application),
+        }
     }
 
     /// A pod written for the original may still say `v2`; only `v3` exists today.

@@ -46,6 +46,14 @@ pub const SHUTDOWN_MANAGER_DRAIN_STRATEGY: &str =
     "marin3r.3scale.net/shutdown-manager.drain-strategy";
 pub const SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS: &str =
     "marin3r.3scale.net/shutdown-manager.extra-lifecycle-hooks";
+/// `true`: Envoy (and the shutdown manager) as native sidecars, init containers with
+/// `restartPolicy: Always` (Kubernetes 1.29+); `false`: the classic layout, appended to
+/// `spec.containers`. Default: the DiscoveryService's.
+pub const NATIVE_SIDECAR: &str = "marin3r.3scale.net/native-sidecar";
+/// `true`, in the classic layout: the pod's applications start only once Envoy is ready
+/// (Envoy first, then a container whose postStart hook waits for it). Native sidecars always
+/// start before the applications.
+pub const HOLD_APPLICATION: &str = "marin3r.3scale.net/hold-application-until-proxy-starts";
 /// Written by the webhook on every pod it injects; a pod carrying it is left alone.
 pub const INJECTED: &str = "marin3r.3scale.net/injected";
 /// The pod label (value `enabled`) that opts a pod into injection.
@@ -83,6 +91,8 @@ pub const KNOWN: &[&str] = &[
     SHUTDOWN_MANAGER_DRAIN_TIME,
     SHUTDOWN_MANAGER_DRAIN_STRATEGY,
     SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
+    NATIVE_SIDECAR,
+    HOLD_APPLICATION,
     INJECTED,
 ];
 

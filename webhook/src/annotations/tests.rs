@@ -68,6 +68,8 @@ fn defaults_fill_in_everything_but_the_node_id() {
             readiness_port: 9902,
             bootstrap_config_map: "envoy-sidecar-bootstrap".into(),
             shutdown_manager: None,
+            layout: Layout::Classic { hold: false },
+            image_pull_secrets: vec![],
             warnings: vec![],
         }
     );

@@ -126,6 +126,7 @@ impl Children<'_> {
         if self.scope == Scope::Namespace {
             args.push(format!("--watch-namespace={}", self.namespace));
         }
+        args.extend(s.sidecar_args.iter().cloned());
         if s.debug {
             args.push("--debug".into());
         }
