@@ -116,10 +116,20 @@ where
 /// Reads what the children depend on: the Namespaces and the client certificates, for a
 /// spec that passes the checks.
 async fn observe<'a>(ds: &'a DiscoveryService, ctx: &Context) -> Result<Observed<'a>, Error> {
-    let spec = plan::check(ds, &ctx.config);
+    let scope = plan::scope(ds, &ctx.config);
+    let mut spec = plan::check(ds, &ctx.config);
+    let ns = ds.namespace().unwrap_or_default();
+    if spec.is_ok() && scope == Scope::Namespace {
+        let others = Api::<DiscoveryService>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        if let Err(refused) = plan::first_in_namespace(ds, scope, &others) {
+            spec = Err(refused);
+        }
+    }
     let (mut namespaces, mut clients) = (Vec::new(), Vec::new());
     if spec.is_ok() {
-        let ns = ds.namespace().unwrap_or_default();
         namespaces = Api::<Namespace>::all(ctx.client.clone())
             .list(&ListParams::default())
             .await?
@@ -133,7 +143,7 @@ async fn observe<'a>(ds: &'a DiscoveryService, ctx: &Context) -> Result<Observed
     Ok(Observed {
         ds,
         spec,
-        scope: plan::scope(ds, &ctx.config),
+        scope,
         namespaces,
         clients,
         now: Time(k8s_openapi::jiff::Timestamp::now()),

@@ -28,6 +28,8 @@ const READY: &str = "Ready";
 /// How soon to look again while something is not ready yet (changes to owned objects
 /// usually wake the controller sooner).
 const NOT_READY_RETRY: Duration = Duration::from_secs(10);
+/// How often a discovery service refused for its namespace's older one looks again.
+const ALREADY_SERVED_RETRY: Duration = Duration::from_secs(30);
 /// How often a ready discovery service is looked at anyway.
 const READY_RESYNC: Duration = Duration::from_secs(300);
 
@@ -41,6 +43,7 @@ marin3r_controller::reasons! {
         DeploymentNotReady,
         NamespaceEnabled,
         NamespaceDisabled,
+        NamespaceAlreadyServed,
     }
 }
 
@@ -169,6 +172,43 @@ pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotRead
         }
     }
     Ok(resolved)
+}
+
+/// A namespace has one discovery service of its own: its EnvoyConfigs, their revisions and
+/// rollbacks, its client certificate and bootstrap have one owner. Of several
+/// namespace-scoped discovery services in one namespace, the oldest (then the first by name)
+/// serves it; the others are refused, naming it. `others`: the discovery services of the
+/// same namespace.
+pub fn first_in_namespace(
+    ds: &DiscoveryService,
+    scope: Scope,
+    others: &[DiscoveryService],
+) -> Result<(), NotReady> {
+    if scope != Scope::Namespace {
+        return Ok(());
+    }
+    let key = |d: &DiscoveryService| (d.metadata.creation_timestamp.clone(), d.name_any());
+    let mine = key(ds);
+    let Some(older) = others
+        .iter()
+        .filter(|o| o.name_any() != ds.name_any() && o.metadata.deletion_timestamp.is_none())
+        .filter(|o| key(o) < mine)
+        .min_by_key(|o| key(o))
+    else {
+        return Ok(());
+    };
+    let ns = ds.namespace().unwrap_or_default();
+    Err(NotReady {
+        reason: Reason::NamespaceAlreadyServed,
+        message: format!(
+            "namespace {ns} is already served by the DiscoveryService {:?}: marin3r serves a \
+             namespace from one DiscoveryService, which owns its EnvoyConfigs' revisions and \
+             rollbacks, so pods cannot choose another with \
+             marin3r.3scale.net/discovery-service.name as the original allowed. Delete this one, \
+             or move the workloads it was meant for to another namespace (docs/migrating.md)",
+            older.name_any()
+        ),
+    })
 }
 
 /// The children to apply, the Namespaces to patch and the namespaces to leave.
@@ -392,6 +432,8 @@ fn finish(
     let requeue = match result {
         Ok(()) => Some(READY_RESYNC),
         // Only a change by a user fixes these.
+        // Until the other discovery service goes, which wakes nothing here.
+        Err(n) if n.reason == Reason::NamespaceAlreadyServed => Some(ALREADY_SERVED_RETRY),
         Err(n) if !n.reason.is_progress() => None,
         Err(_) => Some(NOT_READY_RETRY),
     };
@@ -562,5 +604,48 @@ mod tests {
         assert_eq!(ready.requeue, Some(READY_RESYNC));
         assert_eq!(ready.status.conditions[0].status, "True");
         assert_eq!(ready.status.observed_generation, Some(2));
+    }
+
+    #[test]
+    fn the_oldest_discovery_service_of_a_namespace_serves_it_and_the_others_are_refused() {
+        let at = |name: &str, secs: i64| -> DiscoveryService {
+            let mut d: DiscoveryService = serde_json::from_value(serde_json::json!({
+                "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+                "kind": "DiscoveryService",
+                "metadata": {"name": name, "namespace": "shop"},
+                "spec": {},
+            }))
+            .unwrap();
+            let t = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + secs).unwrap();
+            d.metadata.creation_timestamp = Some(Time(t));
+            d
+        };
+        let all = [at("b", 0), at("a", 10), at("c", 10)];
+        assert_eq!(first_in_namespace(&all[0], Scope::Namespace, &all), Ok(()));
+        let refused = first_in_namespace(&all[1], Scope::Namespace, &all).unwrap_err();
+        assert_eq!(refused.reason, Reason::NamespaceAlreadyServed);
+        assert!(
+            refused
+                .message
+                .starts_with("namespace shop is already served by the DiscoveryService \"b\""),
+            "{}",
+            refused.message
+        );
+        // Created in the same second: the first by name.
+        let tied = [at("a", 10), at("c", 10)];
+        assert_eq!(
+            first_in_namespace(&tied[0], Scope::Namespace, &tied),
+            Ok(())
+        );
+        assert!(first_in_namespace(&tied[1], Scope::Namespace, &tied).is_err());
+        // One being deleted no longer holds the namespace.
+        let mut deleting = at("b", 0);
+        deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert_eq!(
+            first_in_namespace(&all[1], Scope::Namespace, &[deleting, at("a", 10)]),
+            Ok(())
+        );
+        // In a trusted namespace several serve other namespaces side by side.
+        assert_eq!(first_in_namespace(&all[1], Scope::Cluster, &all), Ok(()));
     }
 }

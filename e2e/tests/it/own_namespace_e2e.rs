@@ -70,6 +70,12 @@ subjects:
     )
 }
 
+/// `kubectl` with `args` (as the namespace admin), `manifest` on standard input.
+async fn apply_as_admin_text(kubectl: &Kubectl, args: &[String], manifest: &str) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    kubectl.ok_with(&args, manifest).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
     let images = marin3r_e2e::product::images();
@@ -231,6 +237,54 @@ async fn a_discovery_service_in_its_own_namespace_serves_that_namespace_only() {
     let created = created.spec.unwrap();
     assert_eq!(created.containers.len(), 1);
     assert!(created.init_containers.is_none());
+
+    // A second DiscoveryService in the namespace is refused, naming the one that serves it,
+    // and a pod cannot choose it: one owner for the namespace's configs and certificate.
+    apply_as_admin_text(
+        &kubectl,
+        &as_admin(&["apply", "--server-side", "-f", "-"]),
+        "apiVersion: operator.marin3r.3scale.net/v1alpha1\nkind: DiscoveryService\n\
+         metadata: {name: second, namespace: shop}\nspec: {}\n",
+    )
+    .await;
+    let (status, reason, message) = until(
+        "the second DiscoveryService to be refused",
+        Duration::from_secs(60),
+        || async { discovery_service_ready(&dss.get("second").await.ok()?) },
+    )
+    .await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "NamespaceAlreadyServed")
+    );
+    assert!(
+        message.contains("DiscoveryService \"instance\""),
+        "{message}"
+    );
+    let mut choosing = elsewhere.clone();
+    choosing.metadata.namespace = Some(APP.into());
+    choosing.annotations_mut().insert(
+        "marin3r.3scale.net/discovery-service.name".into(),
+        "second".into(),
+    );
+    let denied = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &choosing,
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        denied.contains("a namespace has one DiscoveryService"),
+        "{denied}"
+    );
+    dss.delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
 
     // Its discovery pod's identity reads its own namespace only.
     let sa = cluster.api().service_account_token(APP, "marin3r-instance");

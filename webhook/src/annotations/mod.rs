@@ -376,9 +376,12 @@ impl<'a> Reader<'a> {
             && v != serving
         {
             let reason = format!(
-                "the pod's namespace is served by the DiscoveryService {serving:?}; label the \
-                 namespace marin3r.3scale.net/discovery-service={v} to be served by {v:?}, or \
-                 remove the annotation"
+                "the pod's namespace is served by the DiscoveryService {serving:?}, and a \
+                 namespace has one DiscoveryService (it owns the namespace's EnvoyConfigs, \
+                 revisions and rollbacks; the original let pods choose among several, see \
+                 docs/migrating.md): remove the annotation, or serve the namespace from {v:?} \
+                 instead (for a central one, label the namespace \
+                 marin3r.3scale.net/discovery-service={v})"
             );
             self.reject(DISCOVERY_SERVICE_NAME, v, reason);
         }

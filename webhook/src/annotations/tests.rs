@@ -537,7 +537,7 @@ fn a_pod_naming_another_discovery_service_is_denied() {
     .unwrap_err();
     assert_eq!(
         errors[0].to_string(),
-        r#"marin3r.3scale.net/discovery-service.name: "internal": the pod's namespace is served by the DiscoveryService "edge"; label the namespace marin3r.3scale.net/discovery-service=internal to be served by "internal", or remove the annotation"#
+        r#"marin3r.3scale.net/discovery-service.name: "internal": the pod's namespace is served by the DiscoveryService "edge", and a namespace has one DiscoveryService (it owns the namespace's EnvoyConfigs, revisions and rollbacks; the original let pods choose among several, see docs/migrating.md): remove the annotation, or serve the namespace from "internal" instead (for a central one, label the namespace marin3r.3scale.net/discovery-service=internal)"#
     );
 }
 
