@@ -6,6 +6,7 @@ mod bootstrap;
 mod certs;
 mod cluster;
 mod crds;
+mod differences;
 mod discovery_service;
 mod inject;
 mod listen;

@@ -87,8 +87,11 @@ pub fn validate_files(
                         }
                     }
                 }
-                Document::Skipped { object } => {
+                Document::Skipped { object, notes } => {
                     writeln!(err, "{name}: {object}: skipped, not an {KIND}")?;
+                    for note in notes {
+                        writeln!(err, "{name}: {object}: note: {note}")?;
+                    }
                 }
             }
         }
@@ -106,8 +109,9 @@ pub enum Document {
         object: String,
         errors: Vec<Problem>,
     },
-    /// Another kind of object, e.g. a Secret in the same file.
-    Skipped { object: String },
+    /// Another kind of object, e.g. a Secret in the same file, with what marin3r does
+    /// differently from the original with it ([`super::differences`]).
+    Skipped { object: String, notes: Vec<String> },
 }
 
 /// One problem, with its line and column in the file when it can be placed there.
@@ -182,12 +186,34 @@ pub fn validate_manifests(text: &str) -> Vec<Document> {
         .ok()
         .filter(|spans: &Vec<Option<ValueSpans>>| spans.len() == documents.len())
         .unwrap_or_default();
+    let services: Vec<(usize, String, String)> = documents
+        .iter()
+        .enumerate()
+        .filter(|(_, doc)| doc["kind"] == "DiscoveryService")
+        .map(|(i, doc)| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                i,
+                text(&doc["metadata"]["namespace"]),
+                text(&doc["metadata"]["name"]),
+            )
+        })
+        .collect();
+    let mut shared_notes = super::differences::discovery_service_notes(&services);
     documents
         .into_iter()
         .enumerate()
         // `---` with nothing after it is an empty document, not an object.
         .filter(|(_, doc)| !doc.is_null())
         .map(|(i, doc)| {
+            let mut extra: Vec<String> = Vec::new();
+            shared_notes.retain(|(at, note)| {
+                let mine = *at == i;
+                if mine {
+                    extra.push(note.clone());
+                }
+                !mine
+            });
             let place = |e: &ConversionError| -> Option<(u64, u64)> {
                 let spans = spans
                     .get(i)?
@@ -198,7 +224,11 @@ pub fn validate_manifests(text: &str) -> Vec<Document> {
                     .as_ref()?;
                 file_position(text, spans, e)
             };
-            validate_document(i + 1, doc, &place)
+            let mut document = validate_document(i + 1, doc, &place);
+            if let Document::Skipped { notes, .. } = &mut document {
+                notes.append(&mut extra);
+            }
+            document
         })
         .collect()
 }
@@ -242,6 +272,11 @@ fn validate_document(
     doc: serde_json::Value,
     place: &dyn Fn(&ConversionError) -> Option<(u64, u64)>,
 ) -> Document {
+    let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+    let notes = match kind.as_str() {
+        KIND => Vec::new(),
+        other => super::differences::notes(other, &doc),
+    };
     let manifest = match serde_json::from_value::<Manifest>(doc) {
         Ok(manifest) => manifest,
         Err(e) => {
@@ -265,6 +300,7 @@ fn validate_document(
         };
         return Document::Skipped {
             object: format!("{kind} {name}"),
+            notes,
         };
     }
     let object = format!("{KIND} {name}");
@@ -387,7 +423,8 @@ mod tests {
                     summary: "node proxy, 1 resources: clusters 1".into()
                 },
                 Document::Skipped {
-                    object: "Secret s".into()
+                    object: "Secret s".into(),
+                    notes: vec![],
                 },
                 Document::Invalid {
                     object: "EnvoyConfig default/bad".into(),

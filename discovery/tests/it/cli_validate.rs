@@ -175,3 +175,73 @@ fn spec_resources_are_validated_as_the_controller_does() {
         ]
     );
 }
+
+const ORIGINAL_EXTRAS: &str = r#"
+apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryService
+metadata: {name: instance, namespace: shop}
+spec: {}
+---
+apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryService
+metadata: {name: internal, namespace: shop}
+spec: {}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: shop
+  labels: {marin3r.3scale.net/status: enabled}
+  annotations:
+    marin3r.3scale.net/node-id: web
+    marin3r.3scale.net/discovery-service.name: internal
+spec: {containers: [{name: app, image: app}]}
+---
+apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryServiceCertificate
+metadata: {name: cert, namespace: shop}
+spec:
+  commonName: cert
+  secretRef: {name: cert}
+  signer: {selfSigned: {}}
+  certificateRenewalNotification: {enabled: false}
+"#;
+
+/// Manifests written for the original MARIN3R: an EnvoyConfig beside what marin3r treats
+/// differently on purpose (two DiscoveryServices in one namespace, a pod choosing one, the
+/// v0.6 renewal switch). The config is judged; the rest is noted, not refused.
+#[test]
+fn deliberate_differences_from_the_original_are_noted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("original.yaml");
+    let good = std::fs::read_to_string(GOOD).unwrap();
+    let original = format!("{good}\n---\n{ORIGINAL_EXTRAS}");
+    std::fs::write(&path, original).unwrap();
+    let file = path.to_str().unwrap();
+    let out = marin3r(&["validate", "-f", file]);
+    assert!(out.status.success(), "{out:?}");
+    let notes: Vec<String> = lines(&out.stderr)
+        .into_iter()
+        .filter(|l| l.contains(": note: "))
+        .collect();
+    let about = |object: &str, words: &str| {
+        notes
+            .iter()
+            .any(|l| l.starts_with(&format!("{file}: {object}: note: ")) && l.contains(words))
+    };
+    assert!(
+        about("DiscoveryService shop/internal", "NamespaceAlreadyServed"),
+        "{notes:?}"
+    );
+    assert!(!about("DiscoveryService shop/instance", ""), "{notes:?}");
+    assert!(about("Pod shop/web", "native sidecar"), "{notes:?}");
+    assert!(
+        about("Pod shop/web", "a namespace has one DiscoveryService"),
+        "{notes:?}"
+    );
+    assert!(
+        about("DiscoveryServiceCertificate shop/cert", "still reissues"),
+        "{notes:?}"
+    );
+}
