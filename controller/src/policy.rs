@@ -4,10 +4,10 @@ use std::fmt::{Debug, Display};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tracing::{debug, warn};
@@ -88,7 +88,9 @@ pub async fn run<K, Ctx, E, Fut>(
     E: std::error::Error + Conflict + Send + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
 {
-    let results = controller.graceful_shutdown_on(shutdown).run(
+    let store = controller.store();
+    let shutdown = shutdown.shared();
+    let results = controller.graceful_shutdown_on(shutdown.clone()).run(
         move |obj, ctx| {
             let metrics = metrics.clone();
             let reconcile = reconcile(obj, ctx);
@@ -97,7 +99,30 @@ pub async fn run<K, Ctx, E, Fut>(
         move |obj, err, _| error_policy(name, &*obj, err),
         ctx,
     );
-    drain(results, name).await;
+    tokio::select! {
+        () = drain(results, name) => {}
+        () = never_listed(shutdown, store) => {
+            debug!(kind = name, "stopped before its first list: nothing to wait for");
+        }
+    }
+}
+
+/// Resolves when `shutdown` comes before `store` has listed its objects (the API server
+/// unreachable since the start). kube's runner holds every reconcile until then, and waits
+/// for it even to end, so the controller would outlive its shutdown; with nothing listed no
+/// reconcile has started, and there is nothing to wait for. Never resolves otherwise: the
+/// graceful shutdown lets the reconciles under way finish.
+async fn never_listed<K>(shutdown: impl Future<Output = ()>, store: Store<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    shutdown.await;
+    // Polled once, after the shutdown only: the readiness future keeps one waker, the
+    // runner's, which must not be taken while the controller runs.
+    if store.wait_until_ready().now_or_never().is_none() {
+        return;
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Runs a controller's result stream to its end, logging each result.
@@ -115,4 +140,95 @@ where
             }
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{reflector, watcher};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::sync::oneshot;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("never")]
+    struct Never;
+
+    impl Conflict for Never {
+        fn is_conflict(&self) -> bool {
+            false
+        }
+    }
+
+    fn mk_config_map() -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("cm".into());
+        cm.metadata.namespace = Some("ns".into());
+        cm
+    }
+
+    /// Issue 26, N11: the API server unreachable from the start, the store never lists.
+    #[tokio::test]
+    async fn a_controller_that_never_listed_stops_at_its_shutdown() {
+        let (store, _writer) = reflector::store::<ConfigMap>();
+        let controller = Controller::for_stream(futures::stream::pending(), store);
+        let running = run(
+            controller,
+            "test",
+            ReconcileMetrics::default(),
+            |_, _: Arc<()>| async { Ok::<_, Never>(Action::await_change()) },
+            Arc::new(()),
+            tokio::time::sleep(Duration::from_millis(50)),
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), running)
+                .await
+                .is_ok(),
+            "the controller outlived its shutdown"
+        );
+    }
+
+    struct Progress {
+        started: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+        finished: AtomicBool,
+    }
+
+    /// Stopping early is for a store that never listed: a listed one still lets the
+    /// reconcile under way finish.
+    #[tokio::test]
+    async fn a_reconcile_under_way_at_shutdown_finishes() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(mk_config_map()));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let trigger =
+            futures::stream::iter([Ok(mk_config_map())]).chain(futures::stream::pending());
+        let controller = Controller::for_stream(trigger, store);
+        let (started, shutdown) = oneshot::channel();
+        let progress = Arc::new(Progress {
+            started: std::sync::Mutex::new(Some(started)),
+            finished: AtomicBool::new(false),
+        });
+        let reconcile = |_, progress: Arc<Progress>| async move {
+            let started = progress.started.lock().ok().and_then(|mut s| s.take());
+            if let Some(started) = started {
+                let _ = started.send(());
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            progress.finished.store(true, Ordering::SeqCst);
+            Ok::<_, Never>(Action::await_change())
+        };
+        let running = run(
+            controller,
+            "test",
+            ReconcileMetrics::default(),
+            reconcile,
+            Arc::clone(&progress),
+            shutdown.map(|_| ()),
+        );
+        tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .unwrap();
+        assert!(progress.finished.load(Ordering::SeqCst));
+    }
 }

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod api_outage;
 mod bootstrap;
 mod certs_cluster;
 mod cli_certs;

@@ -1,0 +1,195 @@
+//! SIGTERM during an API server outage (issue 26, N11): `marin3r discovery-service` and
+//! `marin3r operator` must exit within their grace period even though their controllers never
+//! listed anything, whether the API server refuses connections (down) or accepts them and
+//! never answers (unreachable behind a black hole). Before the fix they stayed up until
+//! SIGKILL: kube's controller runner waits for its store to be ready before it ends.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::{Pki, free_port, wait_for};
+use marin3r_testkit::envoy::get_body;
+
+/// How the API server is missing.
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// Nothing listens on its port: every connection is refused at once.
+    Refused,
+    /// Its port accepts TCP connections (the kernel's backlog) but nothing ever answers.
+    Silent,
+}
+
+/// A kubeconfig naming an API server that is not there, and what keeps the silent one's port.
+struct DeadApi {
+    _dir: tempfile::TempDir,
+    kubeconfig: std::path::PathBuf,
+    _listener: Option<TcpListener>,
+}
+
+impl DeadApi {
+    fn new(outage: Outage) -> Self {
+        let (port, listener) = match outage {
+            Outage::Refused => (free_port(), None),
+            Outage::Silent => {
+                // Never accepted: connections complete in the backlog and then hang.
+                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                (listener.local_addr().unwrap().port(), Some(listener))
+            }
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\n\
+                 clusters: [{{name: c, cluster: {{server: 'https://127.0.0.1:{port}', \
+                 insecure-skip-tls-verify: true}}}}]\n\
+                 users: [{{name: u, user: {{token: t}}}}]\n\
+                 contexts: [{{name: x, context: {{cluster: c, user: u, namespace: ops}}}}]\n\
+                 current-context: x\n"
+            ),
+        )
+        .unwrap();
+        Self {
+            _dir: dir,
+            kubeconfig,
+            _listener: listener,
+        }
+    }
+}
+
+/// A process killed on drop if the test did not see it exit.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits for `health` to answer, sends SIGTERM, and asserts a clean exit within `limit`.
+fn terminate_within(mut process: Process, health: &str, limit: Duration, log: &Path) {
+    let read_log = || std::fs::read_to_string(log).unwrap_or_default();
+    wait_for(
+        "the process to serve its health",
+        Duration::from_secs(20),
+        || get_body(health).ok().filter(|b| b == "ok\n"),
+    );
+    // The signal handler is installed right after the servers start.
+    std::thread::sleep(Duration::from_millis(500));
+    let term = Instant::now();
+    let pid = process.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = loop {
+        if let Some(status) = process.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            term.elapsed() < limit,
+            "still running {:?} after SIGTERM\n{}",
+            term.elapsed(),
+            read_log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}\n{}", read_log());
+}
+
+fn discovery_service(outage: Outage, leader_election: bool) {
+    let api = DeadApi::new(outage);
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new();
+    let certs = dir.path().join("server-cert");
+    std::fs::create_dir(&certs).unwrap();
+    std::fs::write(certs.join("tls.crt"), &pki.server.cert_pem).unwrap();
+    std::fs::write(certs.join("tls.key"), &pki.server.key_pem).unwrap();
+    std::fs::write(certs.join("ca.crt"), pki.ca_pem()).unwrap();
+    let metrics = free_port();
+    let log = dir.path().join("log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_marin3r"));
+    command
+        .arg("discovery-service")
+        .arg("--server-cert-dir")
+        .arg(&certs)
+        .args(["--bind-address", "127.0.0.1"])
+        .args(["--xds-port", &free_port().to_string()])
+        .args(["--metrics-port", &metrics.to_string()])
+        .args(["--probe-port", &free_port().to_string()])
+        .args(["--webhook-port", &free_port().to_string()])
+        .args(["--admin-address", &format!("127.0.0.1:{}", free_port())])
+        .args(["--shutdown-delay", "0", "--shutdown-grace-period", "1"])
+        .args(["--discovery-service-name", "ds"])
+        // No API server to ask its version.
+        .args(["--native-sidecars", "true"])
+        .env("KUBECONFIG", &api.kubeconfig)
+        .env("POD_NAMESPACE", "ops")
+        .env("POD_NAME", "discovery-0")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if !leader_election {
+        command.arg("--no-leader-election");
+    }
+    let process = Process(command.spawn().unwrap());
+    // The delay (0) and the grace period (1 s), plus start-up slack.
+    terminate_within(
+        process,
+        &format!("http://127.0.0.1:{metrics}/healthz"),
+        Duration::from_secs(10),
+        &log,
+    );
+}
+
+#[test]
+fn the_discovery_service_exits_on_sigterm_while_the_api_refuses_connections() {
+    discovery_service(Outage::Refused, false);
+}
+
+#[test]
+fn the_discovery_service_exits_on_sigterm_while_the_api_never_answers() {
+    discovery_service(Outage::Silent, true);
+}
+
+fn operator(outage: Outage, leader_election: bool) {
+    let api = DeadApi::new(outage);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_marin3r"));
+    command
+        .arg("operator")
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", &api.kubeconfig)
+        .env("POD_NAMESPACE", "ops")
+        .env("POD_NAME", "operator-0")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    if !leader_election {
+        command.arg("--no-leader-election");
+    }
+    let process = Process(command.spawn().unwrap());
+    terminate_within(
+        process,
+        &format!("http://127.0.0.1:{port}/healthz"),
+        Duration::from_secs(10),
+        &log,
+    );
+}
+
+#[test]
+fn the_operator_exits_on_sigterm_while_the_api_refuses_connections() {
+    operator(Outage::Refused, false);
+}
+
+#[test]
+fn the_operator_exits_on_sigterm_while_the_api_never_answers() {
+    operator(Outage::Silent, true);
+}
