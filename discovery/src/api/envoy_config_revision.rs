@@ -261,6 +261,17 @@ impl EnvoyConfigRevision {
         })
     }
 
+    /// Whether its last load into the xDS cache succeeded (`ResourcesOutOfSync=False`, which
+    /// stays after it is unpublished): what a running replica still serves until a
+    /// successor loads.
+    pub fn is_loaded(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == RESOURCES_OUT_OF_SYNC && c.status == "False")
+        })
+    }
+
     /// The message of the `RevisionTainted` condition, when tainted.
     pub fn taint_message(&self) -> Option<&str> {
         self.status.as_ref()?.conditions.iter().find_map(|c| {

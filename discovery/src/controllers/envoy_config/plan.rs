@@ -125,7 +125,19 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .flat_map(|s| &s.revisions)
         .map(|r| r.version.clone())
         .collect();
-    let algorithm = revisions::plan(&current, &existing, &version, &tainted, MAX_REVISIONS);
+    let loaded: BTreeSet<String> = mine
+        .iter()
+        .filter(|r| r.is_loaded())
+        .map(|r| r.spec.version.clone())
+        .collect();
+    let algorithm = revisions::plan(
+        &current,
+        &existing,
+        &version,
+        &tainted,
+        &loaded,
+        MAX_REVISIONS,
+    );
     Plan::Publish(Box::new(Publish {
         stale: stale.iter().map(ResourceExt::name_any).collect(),
         create: algorithm.create.then(|| new_revision(ec, &version)),
@@ -480,5 +492,63 @@ mod tests {
             "{}",
             condition.message
         );
+    }
+
+    /// A revision of `ec`'s node at `version`, whose last load succeeded or failed.
+    fn mk_revision(ec: &EnvoyConfig, version: &str, loaded: bool) -> EnvoyConfigRevision {
+        let mut r = new_revision(ec, version);
+        r.spec.version = version.into();
+        let mut status = EnvoyConfigRevisionStatus::default();
+        let (reason, message) = match loaded {
+            true => (RevisionReason::ResourcesLoaded, "served"),
+            false => (RevisionReason::LoadFailed, "Secret ns/web not found"),
+        };
+        let now = Time("2026-01-01T00:00:00Z".parse().unwrap());
+        status.set_resources_sync(loaded, reason, message, None, &now);
+        r.status = Some(status);
+        r
+    }
+
+    /// Issue 26, N7, as the controller decides it: after v1..v9 each failed to load, the
+    /// tenth new version must not delete v0, which every running replica still serves.
+    #[test]
+    fn pruning_keeps_the_revision_served_while_newer_ones_fail_to_load() {
+        let mut ec = config("edge", "1", "2026-01-01T00:00:00Z");
+        ec.spec = serde_json::from_value(serde_json::json!({
+            "nodeID": "edge",
+            "resources": [{"type": "cluster", "value": {"name": "c"}}],
+        }))
+        .unwrap();
+        let versions: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
+        let mut revisions: Vec<EnvoyConfigRevision> = versions
+            .iter()
+            .map(|v| mk_revision(&ec, v, v == "v0"))
+            .collect();
+        if let Some(status) = revisions[9].status.as_mut() {
+            status.published = Some(true);
+        }
+        ec.status = Some(EnvoyConfigStatus {
+            revisions: versions
+                .iter()
+                .map(|v| ConfigRevisionRef {
+                    version: v.clone(),
+                    revision_ref: ObjectReference::default(),
+                })
+                .collect(),
+            ..Default::default()
+        });
+        let obs = Observed {
+            ec: &ec,
+            node_served_by: None,
+            allow_cross_namespace_secrets: false,
+            revisions,
+            now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
+        };
+        let Plan::Publish(publish) = decide(&obs) else {
+            panic!("a valid spec is published")
+        };
+        assert!(publish.create.is_some());
+        assert_eq!(publish.algorithm.delete, vec!["v1".to_owned()]);
+        assert_eq!(publish.algorithm.revisions[0], "v0");
     }
 }

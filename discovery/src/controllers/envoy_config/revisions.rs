@@ -27,12 +27,14 @@ pub struct Plan {
 /// - `current`: `status.revisions` in publication order (unknown or repeated entries are
 ///   tolerated: duplicates keep their last position);
 /// - `existing`: versions that have a revision object (a revision deleted by hand drops out);
-/// - `tainted`: versions Envoy rejected.
+/// - `tainted`: versions Envoy rejected;
+/// - `loaded`: versions whose last load into the xDS cache succeeded.
 pub fn plan(
     current: &[String],
     existing: &BTreeSet<String>,
     desired: &str,
     tainted: &BTreeSet<String>,
+    loaded: &BTreeSet<String>,
     limit: usize,
 ) -> Plan {
     let limit = limit.max(1);
@@ -58,10 +60,13 @@ pub fn plan(
         None => (desired.to_owned(), CacheState::RollbackFailed),
     };
 
-    // Drop the oldest revisions over the limit, but never the published or the desired one.
+    let served = served(&revisions, &publish, loaded).cloned();
+    // Drop the oldest revisions over the limit, but never the published, the desired or the
+    // served one.
+    let keep = |v: &String| *v == publish || v == desired || Some(v) == served.as_ref();
     let mut delete = Vec::new();
     while revisions.len() > limit {
-        let Some(index) = revisions.iter().position(|v| *v != publish && v != desired) else {
+        let Some(index) = revisions.iter().position(|v| !keep(v)) else {
             break;
         };
         delete.push(revisions.remove(index));
@@ -75,6 +80,20 @@ pub fn plan(
     }
 }
 
+/// The revision the proxies are served while `publish` has not loaded (its load failed, or
+/// it was published a moment ago): the newest whose last load succeeded. A running replica
+/// keeps serving it until a successor loads, and deleting it would unload it (issue 26, N7).
+fn served<'a>(
+    revisions: &'a [String],
+    publish: &str,
+    loaded: &BTreeSet<String>,
+) -> Option<&'a String> {
+    if loaded.contains(publish) {
+        return None;
+    }
+    revisions.iter().rev().find(|v| loaded.contains(*v))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +104,46 @@ mod tests {
 
     fn set(list: &[&str]) -> BTreeSet<String> {
         list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// The algorithm before any load has succeeded or failed: no revision is kept as served.
+    fn plan(
+        current: &[String],
+        existing: &BTreeSet<String>,
+        desired: &str,
+        tainted: &BTreeSet<String>,
+        limit: usize,
+    ) -> Plan {
+        super::plan(current, existing, desired, tainted, &BTreeSet::new(), limit)
+    }
+
+    /// Issue 26, N7: ten versions in a row that fail to load leave the last one that loaded
+    /// served by every running replica; the limit drops the next oldest instead of it.
+    #[test]
+    fn the_limit_never_drops_the_revision_still_served_after_failed_loads() {
+        let names: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+        let existing: BTreeSet<String> = names.iter().cloned().collect();
+        // r0 loaded; r1..r9 were published in turn and each failed to load; "new" comes.
+        let loaded = set(&["r0"]);
+        let p = super::plan(&names, &existing, "new", &set(&[]), &loaded, 10);
+        assert_eq!(p.publish, "new");
+        assert_eq!(p.delete, v(&["r1"]));
+        assert_eq!(p.revisions[0], "r0");
+        // Once the published revision has loaded, r0 is old news and goes first again.
+        let loaded = set(&["r0", "r9"]);
+        let p = super::plan(&names, &existing, "r9", &set(&[]), &loaded, 9);
+        assert_eq!(p.publish, "r9");
+        assert_eq!(p.delete, v(&["r0"]));
+        // The newest revision that loaded is the one served, not every one that did.
+        let loaded = set(&["r0", "r2"]);
+        let p = super::plan(&names, &existing, "new", &set(&[]), &loaded, 9);
+        assert_eq!(p.delete, v(&["r0", "r1"]));
+        assert!(p.revisions.contains(&"r2".to_owned()));
+        // r9 tainted, the rollback to r8 not loaded yet: r2 is served, and kept beyond the
+        // limit with the published and the desired revisions.
+        let p = super::plan(&names, &existing, "r9", &set(&["r9"]), &set(&["r2"]), 1);
+        assert_eq!(p.publish, "r8");
+        assert_eq!(p.revisions, v(&["r2", "r8", "r9"]));
     }
 
     #[test]
@@ -219,16 +278,21 @@ mod tests {
         for len in 0..=5usize {
             let current: Vec<String> = pool[..len].iter().map(|s| (*s).to_owned()).collect();
             let existing: BTreeSet<String> = current.iter().cloned().collect();
-            for mask in 0..(1u32 << (len + 1)) {
-                let tainted: BTreeSet<String> = pool[..=len]
+            let subset = |mask: u32| -> BTreeSet<String> {
+                pool[..=len]
                     .iter()
                     .enumerate()
                     .filter(|(i, _)| mask & (1 << i) != 0)
                     .map(|(_, s)| (*s).to_owned())
-                    .collect();
-                for desired in &pool[..=len] {
-                    for limit in 1..=5 {
-                        check(&current, &existing, desired, &tainted, limit);
+                    .collect()
+            };
+            for mask in 0..(1u32 << (len + 1)) {
+                let tainted = subset(mask);
+                for loaded in (0..(1u32 << (len + 1))).map(subset) {
+                    for desired in &pool[..=len] {
+                        for limit in 1..=5 {
+                            check(&current, &existing, desired, (&tainted, &loaded), limit);
+                        }
                     }
                 }
             }
@@ -239,18 +303,35 @@ mod tests {
         current: &[String],
         existing: &BTreeSet<String>,
         desired: &str,
-        tainted: &BTreeSet<String>,
+        (tainted, loaded): (&BTreeSet<String>, &BTreeSet<String>),
         limit: usize,
     ) {
-        let p = plan(current, existing, desired, tainted, limit);
-        let ctx = format!("{current:?} desired={desired} tainted={tainted:?} limit={limit}: {p:?}");
+        let p = super::plan(current, existing, desired, tainted, loaded, limit);
+        let ctx = format!(
+            "{current:?} desired={desired} tainted={tainted:?} loaded={loaded:?} \
+             limit={limit}: {p:?}"
+        );
         assert_eq!(
             p.revisions.last().map(String::as_str),
             Some(desired),
             "{ctx}"
         );
         assert!(p.revisions.contains(&p.publish), "{ctx}");
-        assert!(p.revisions.len() <= limit.max(2), "{ctx}");
+        // Beyond the limit only the published, the desired and the served revisions.
+        assert!(p.revisions.len() <= limit.max(3), "{ctx}");
+        // While the published revision has not loaded, the newest one that did (what the
+        // proxies are served) is never dropped.
+        if !loaded.contains(&p.publish) {
+            let desired = desired.to_owned();
+            let newest_loaded = current
+                .iter()
+                .chain([&desired])
+                .rev()
+                .find(|v| loaded.contains(*v) && (existing.contains(*v) || **v == desired));
+            if let Some(served) = newest_loaded {
+                assert!(p.revisions.contains(served), "{ctx}");
+            }
+        }
         let unique: BTreeSet<&String> = p.revisions.iter().collect();
         assert_eq!(unique.len(), p.revisions.len(), "{ctx}");
         assert!(p.delete.iter().all(|d| !p.revisions.contains(d)), "{ctx}");
