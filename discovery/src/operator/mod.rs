@@ -62,6 +62,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let metrics = config.metrics.clone();
+    let scopes = config.clone();
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = marin3r_controller::watch_all::<DiscoveryService>(&client);
     let store = controller.store();
@@ -72,15 +73,16 @@ pub async fn run(
             Api::<DiscoveryServiceCertificate>::all(client.clone()),
             owned(),
         )
-        // A namespace labelled or unlabelled by a user may change what any discovery
-        // service serves.
+        // A namespace labelled or unlabelled by a user changes what the discovery services
+        // it concerns serve, and only those.
         .watches(
             Api::<Namespace>::all(client),
             watcher::Config::default(),
-            move |_| {
+            move |ns| {
                 store
                     .state()
                     .iter()
+                    .filter(|ds| namespaces::concerns(ds, plan::scope(ds, &scopes), &ns))
                     .map(|ds| ObjectRef::from_obj(&**ds))
                     .collect::<Vec<_>>()
             },

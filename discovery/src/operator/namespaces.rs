@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::build::LABELLED_BY_ANNOTATION;
-use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, STATUS_LABEL};
+use super::build::{LABELLED_BY_ANNOTATION, Scope};
+use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService, STATUS_LABEL};
 
 /// The decisions for one reconcile.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -95,6 +95,35 @@ pub fn plan(
         leaving: leaving.into_iter().collect(),
         patches,
     }
+}
+
+/// Whether a change to the Namespace `ns` may change what `ds` (of `scope`) serves, so a
+/// Namespace event reconciles only the discovery services it concerns rather than every one
+/// (issue 26, N10). A namespace-scoped one is concerned by its own namespace only; a
+/// cluster-scoped one by a namespace it lists, one labelled for it (by a user, or by the
+/// operator on its behalf), or one it serves now, which may have to leave.
+pub fn concerns(ds: &DiscoveryService, scope: Scope, ns: &Namespace) -> bool {
+    let ds_ns = ds.namespace().unwrap_or_default();
+    let ns_name = ns.name_any();
+    if scope == Scope::Namespace {
+        return ns_name == ds_ns;
+    }
+    let name = ds.name_any();
+    let listed = ds
+        .spec
+        .enabled_namespaces
+        .iter()
+        .flatten()
+        .any(|n| *n == ns_name);
+    let labelled = ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(&name);
+    let owner = format!("{ds_ns}/{name}");
+    let labelled_by_operator = ns.annotations().get(LABELLED_BY_ANNOTATION) == Some(&owner);
+    let served = ds
+        .status
+        .iter()
+        .flat_map(|s| &s.enabled_namespaces)
+        .any(|n| *n == ns_name);
+    listed || labelled || labelled_by_operator || served
 }
 
 /// The labels an enabled namespace must carry; `disowned`: the operator labelled it for a
@@ -229,6 +258,60 @@ mod tests {
 
     fn set(items: &[&str]) -> BTreeSet<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// The discovery service `marin3r/ds`, listing `listed` and serving `serving`.
+    fn mk_ds(listed: &[&str], serving: &[&str]) -> DiscoveryService {
+        let mut ds = DiscoveryService::new("ds", Default::default());
+        ds.metadata.namespace = Some("marin3r".into());
+        ds.spec.enabled_namespaces = Some(listed.iter().map(|n| (*n).to_owned()).collect());
+        ds.status = Some(crate::api::discovery_service::DiscoveryServiceStatus {
+            enabled_namespaces: serving.iter().map(|n| (*n).to_owned()).collect(),
+            ..Default::default()
+        });
+        ds
+    }
+
+    #[test]
+    fn a_namespace_event_concerns_only_the_discovery_services_it_may_change() {
+        let ds = mk_ds(&["listed"], &["served"]);
+        let cluster = |n: &Namespace| concerns(&ds, Scope::Cluster, n);
+        assert!(cluster(&ns("listed", &[], &[])));
+        assert!(cluster(&ns(
+            "user",
+            &[(DISCOVERY_SERVICE_LABEL, "ds")],
+            &[]
+        )));
+        // Served until a moment ago: unlabelled, it must leave.
+        assert!(cluster(&ns("served", &[], &[])));
+        // The operator's label was removed by hand, its mark stays.
+        assert!(cluster(&ns(
+            "marked",
+            &[],
+            &[(LABELLED_BY_ANNOTATION, OWNER)]
+        )));
+        // Another discovery service's namespaces, and unrelated ones, are none of its business.
+        assert!(!cluster(&ns(
+            "other",
+            &[(DISCOVERY_SERVICE_LABEL, "ds2")],
+            &[]
+        )));
+        assert!(!cluster(&ns("plain", &[], &[])));
+        assert!(!cluster(&ns("marin3r", &[], &[])));
+        let theirs = ns("theirs", &[], &[(LABELLED_BY_ANNOTATION, "elsewhere/ds")]);
+        assert!(!cluster(&theirs));
+
+        // A namespace-scoped one: its own namespace only, whatever the others say.
+        let mut own = mk_ds(&[], &["team-a"]);
+        own.metadata.namespace = Some("team-a".into());
+        let namespaced = |n: &Namespace| concerns(&own, Scope::Namespace, n);
+        assert!(namespaced(&ns("team-a", &[], &[])));
+        assert!(!namespaced(&ns(
+            "team-b",
+            &[(DISCOVERY_SERVICE_LABEL, "ds")],
+            &[]
+        )));
+        assert!(!namespaced(&ns("listed", &[], &[])));
     }
 
     #[test]
