@@ -87,3 +87,64 @@ fn the_controllers_open_one_watch_per_kind() {
         assert_eq!(*n, 1, "{path} was watched {n} times: {watches:#?}");
     }
 }
+
+/// Issue 26, N9: the Secrets of a served namespace are listed and watched without the types
+/// no revision is served from (Helm releases, ServiceAccount tokens): the API server leaves
+/// them out, so a namespace full of them costs the discovery pod nothing.
+#[test]
+fn secret_watches_leave_out_helm_releases_and_service_account_tokens() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{ListParams, PostParams};
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(NS, "gw", spec("gateway", port, "v1"));
+    plane.wait_in_sync(NS, "gw");
+    let decode = |r: &str| {
+        r.replace("%21", "!")
+            .replace("%3D", "=")
+            .replace("%2F", "/")
+            .replace("%2C", ",")
+    };
+    let selector =
+        "fieldSelector=type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+    let secret_requests: Vec<String> = plane
+        .api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with(&format!("GET /api/v1/namespaces/{NS}/secrets?")))
+        .map(|r| decode(r))
+        .collect();
+    assert!(!secret_requests.is_empty());
+    for request in &secret_requests {
+        assert!(request.contains(selector), "{request}");
+    }
+    // ...which the local API server applies, as a real one does.
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(plane.client.clone(), NS);
+    for (name, type_) in [
+        ("release", "helm.sh/release.v1"),
+        ("token", "kubernetes.io/service-account-token"),
+        ("plain", "Opaque"),
+    ] {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations":
+                {"kubernetes.io/service-account.name": "default"}},
+            "type": type_,
+        }))
+        .unwrap();
+        plane
+            .rt
+            .block_on(secrets.create(&PostParams::default(), &secret))
+            .unwrap();
+    }
+    let fields = selector.trim_start_matches("fieldSelector=");
+    let listed = plane
+        .rt
+        .block_on(secrets.list(&ListParams::default().fields(fields)))
+        .unwrap();
+    let names: Vec<String> = listed
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["plain"]);
+}

@@ -146,9 +146,9 @@ async fn watch_secrets_in(
     api: Api<Secret>,
 ) {
     // Backed off: a namespace whose Role is not granted yet answers 403 to every retry.
-    let mut events = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let config = watcher::Config::default().fields(SECRET_FIELD_SELECTOR);
+    let mut events = watcher::watcher(api, config).default_backoff().boxed();
+    let cross_namespace = ctx.config.allow_cross_namespace_secrets;
     while let Some(event) = events.next().await {
         let (secret, changed) = match event {
             Ok(Event::Apply(secret) | Event::Delete(secret)) => (secret, true),
@@ -160,9 +160,9 @@ async fn watch_secrets_in(
             }
         };
         let (ns, name) = (secret.namespace().unwrap_or_default(), secret.name_any());
-        for r in store.state() {
-            if !r.is_published() || !secret_refs(&r).any(|(rns, rname)| rns == ns && rname == name)
-            {
+        let candidates = store.state_filter(|r| may_reference(r, &ns, cross_namespace));
+        for r in candidates {
+            if !references(&r, &ns, &name) {
                 continue;
             }
             if changed {
@@ -248,10 +248,81 @@ impl Deletions {
     }
 }
 
+/// The Secret types no revision is served from, left out by the API server (Istio's
+/// selector): Helm keeps every release of every chart in one, each ServiceAccount may have a
+/// token, and namespaces full of them would be listed, decoded and watched for nothing.
+pub(crate) const SECRET_FIELD_SELECTOR: &str =
+    "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+
+/// Whether the published revision `r` may reference a Secret of namespace `ns`, decided from
+/// its metadata alone: reading its Secrets clones its spec, which every Secret event would
+/// otherwise do for every published revision of the cluster. A revision references Secrets of
+/// its own namespace only, unless `cross_namespace` Secrets are allowed.
+fn may_reference(r: &EnvoyConfigRevision, ns: &str, cross_namespace: bool) -> bool {
+    r.is_published() && (cross_namespace || r.metadata.namespace.as_deref() == Some(ns))
+}
+
+/// Whether `r` references the Secret `ns/name`.
+fn references(r: &EnvoyConfigRevision, ns: &str, name: &str) -> bool {
+    secret_refs(r).any(|(rns, rname)| rns == ns && rname == name)
+}
+
 /// The (namespace, name) of every Secret a revision references.
 fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
     let own = r.namespace().unwrap_or_default();
     convert::secret_sources(&r.spec.config())
         .into_iter()
         .map(move |s| (s.namespace.unwrap_or_else(|| own.clone()), s.secret_name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::EnvoyConfigRevisionSpec;
+    use crate::api::envoy_config_revision::EnvoyConfigRevisionStatus;
+
+    /// A published revision in `ns` serving the Secret `secret` (of its own namespace).
+    fn mk_revision(ns: &str, secret: &str) -> EnvoyConfigRevision {
+        let spec = serde_json::from_value(serde_json::json!({
+            "nodeID": "gw",
+            "envoyResources": {"secrets": [{"name": secret}]},
+        }))
+        .unwrap();
+        let mut r = EnvoyConfigRevision::new("gw-abc", EnvoyConfigRevisionSpec::of(&spec, "abc"));
+        r.metadata.namespace = Some(ns.into());
+        r.status = Some(EnvoyConfigRevisionStatus {
+            published: Some(true),
+            ..Default::default()
+        });
+        r
+    }
+
+    /// Issue 26, N9: a Secret event looks at the revisions of its own namespace only (their
+    /// specs are not even read elsewhere), unless cross-namespace Secrets are allowed.
+    #[test]
+    fn a_secret_event_concerns_the_published_revisions_of_its_namespace() {
+        let mine = mk_revision("team-a", "web-cert");
+        let theirs = mk_revision("team-b", "web-cert");
+        assert!(may_reference(&mine, "team-a", false));
+        assert!(!may_reference(&theirs, "team-a", false));
+        assert!(may_reference(&theirs, "team-a", true));
+        let mut unpublished = mine.clone();
+        unpublished.status = None;
+        assert!(!may_reference(&unpublished, "team-a", false));
+        assert!(references(&mine, "team-a", "web-cert"));
+        assert!(!references(&mine, "team-a", "other"));
+        assert!(!references(&theirs, "team-a", "web-cert"));
+    }
+
+    #[test]
+    fn the_secret_watch_leaves_out_helm_releases_and_service_account_tokens() {
+        let excluded: Vec<&str> = SECRET_FIELD_SELECTOR
+            .split(',')
+            .filter_map(|req| req.strip_prefix("type!="))
+            .collect();
+        assert_eq!(
+            excluded,
+            ["helm.sh/release.v1", "kubernetes.io/service-account-token"]
+        );
+    }
 }

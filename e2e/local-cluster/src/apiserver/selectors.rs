@@ -232,6 +232,21 @@ mod tests {
         assert!(FieldSelector::parse("metadata.name").is_err());
     }
 
+    /// A Secret's `type` as Istio and marin3r's loader exclude it (`type!=`, comma-joined),
+    /// as a real API server supports it for Secrets.
+    #[test]
+    fn secret_type_exclusions() {
+        let selector = FieldSelector::parse(
+            "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token",
+        )
+        .unwrap();
+        let secret = |type_: &str| json!({"metadata": {"name": "s"}, "type": type_});
+        assert!(!selector.matches(&secret("helm.sh/release.v1")));
+        assert!(!selector.matches(&secret("kubernetes.io/service-account-token")));
+        assert!(selector.matches(&secret("kubernetes.io/tls")));
+        assert!(selector.matches(&secret("Opaque")));
+    }
+
     #[test]
     fn selector_objects() {
         let sel = LabelSelector::from_object(&json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["front"]}]})).unwrap();
