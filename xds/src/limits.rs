@@ -1,5 +1,5 @@
-//! What one client, or one namespace, may take of the shared xDS server: streams per
-//! connection and per namespace, time to the first request, request size, and what a
+//! What one client, or one namespace, may take of the shared xDS server: connections per
+//! namespace, streams per connection and per namespace, time to the first request, request size, and what a
 //! subscription holds (names per type, a name's length, bytes per type per stream and bytes
 //! per namespace across its streams). A stream over a limit is closed with a gRPC status naming the limit and counted in
 //! `marin3r_xds_refused_streams_total{limit}`; other streams, and other namespaces, go on.
@@ -20,6 +20,10 @@ pub struct Limits {
     /// ADS streams open at once for one namespace, across its connections: about one per
     /// proxy of the namespace.
     pub max_streams_per_namespace: usize,
+    /// Authenticated connections open at once for one namespace (one client certificate),
+    /// with or without streams: about one per proxy of the namespace. A connection over it
+    /// is closed right after its handshake.
+    pub max_connections_per_namespace: usize,
     /// A stream that sends no request within this is closed.
     pub first_request_timeout: Duration,
     /// The largest discovery request accepted, in bytes (encoded).
@@ -49,6 +53,7 @@ impl Default for Limits {
         Self {
             max_streams_per_connection: 16,
             max_streams_per_namespace: 4096,
+            max_connections_per_namespace: 4096,
             first_request_timeout: Duration::from_secs(10),
             max_request_bytes: 1 << 20,
             max_names_per_type: 10_000,
@@ -186,6 +191,56 @@ impl Drop for StreamSlot {
     }
 }
 
+/// Authenticated connections open per namespace (see
+/// [`Limits::max_connections_per_namespace`]).
+#[derive(Debug, Default)]
+pub(crate) struct NamespaceConnections(Mutex<HashMap<Arc<str>, usize>>);
+
+/// A connection's place in its namespace's count, given back when the connection closes.
+#[derive(Debug)]
+pub(crate) struct ConnectionSlot {
+    namespace: Arc<str>,
+    counts: Arc<NamespaceConnections>,
+}
+
+impl NamespaceConnections {
+    /// Takes a place for a new connection of `namespace`, unless it already has `max`.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        namespace: &Arc<str>,
+        max: usize,
+    ) -> Option<ConnectionSlot> {
+        let mut counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.get(namespace).copied().unwrap_or(0);
+        if count >= max {
+            return None;
+        }
+        counts.insert(Arc::clone(namespace), count.saturating_add(1));
+        Some(ConnectionSlot {
+            namespace: Arc::clone(namespace),
+            counts: Arc::clone(self),
+        })
+    }
+
+    #[cfg(test)]
+    fn count(&self, namespace: &str) -> usize {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(namespace).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = counts.get_mut(&self.namespace) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.namespace);
+            }
+        }
+    }
+}
+
 /// The bytes every stream of a namespace keeps of its own (see
 /// [`Limits::max_subscription_bytes_per_namespace`]), and their sum over every namespace
 /// (the gauge `marin3r_xds_subscription_bytes`).
@@ -299,6 +354,26 @@ mod tests {
             "no entry is left behind"
         );
         assert_eq!(c1.0.load(Ordering::SeqCst), 0);
+    }
+
+    /// Issue 26, N12: connections are capped per namespace, not only streams.
+    #[test]
+    fn connections_are_counted_per_namespace_and_given_back() {
+        let counts = Arc::new(NamespaceConnections::default());
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let a1 = counts.open(&a, 2).unwrap();
+        let a2 = counts.open(&a, 2).unwrap();
+        assert!(counts.open(&a, 2).is_none());
+        // Another namespace has its own count.
+        let b1 = counts.open(&b, 2).unwrap();
+        assert_eq!((counts.count("a"), counts.count("b")), (2, 1));
+        drop(a1);
+        let a3 = counts.open(&a, 2).unwrap();
+        drop((a2, a3, b1));
+        assert!(
+            counts.0.lock().unwrap().is_empty(),
+            "no entry is left behind"
+        );
     }
 
     #[test]

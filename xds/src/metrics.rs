@@ -49,6 +49,8 @@ pub enum RefusalReason {
     NoNamespaceIdentity,
     /// Any other TLS failure (plain text, timeout, protocol error).
     Handshake,
+    /// Its namespace already has `--xds-max-connections-per-namespace` connections open.
+    ConnectionsPerNamespace,
 }
 
 /// Which limit closed a stream (see [`crate::Limits`]).

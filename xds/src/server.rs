@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use super::cache::Cache;
 use super::http;
-use super::limits::{Limits, NamespaceBytes, NamespaceStreams};
+use super::limits::{Limits, NamespaceBytes, NamespaceConnections, NamespaceStreams};
 use super::metrics::Metrics;
 use super::status::{NackEvent, StatusRegistry, SyncStatus};
 use super::stream::Shared;
@@ -169,9 +169,13 @@ impl Server {
         if let Ok(addr) = listener.local_addr() {
             info!(%addr, "xDS server listening (mTLS)");
         }
+        let limit = tls::ConnectionLimit {
+            open: Arc::new(NamespaceConnections::default()),
+            max_per_namespace: self.shared.limits.max_connections_per_namespace,
+        };
         let accept = tokio::spawn(tls::accept_loop(
             listener,
-            tls,
+            (tls, limit),
             self.shared.metrics.clone(),
             conns,
             stop.clone(),

@@ -25,6 +25,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::limits::{ConnectionSlot, NamespaceConnections};
 use super::metrics::{Metrics, RefusalReason};
 
 /// The server certificate, its key and the CA that signs client certificates, as files (a
@@ -208,6 +209,35 @@ pub fn namespace_of(cert_der: &[u8]) -> Option<String> {
 pub struct TlsConn {
     io: TlsStream<TcpStream>,
     peer: PeerIdentity,
+    /// Its place in its namespace's connections, given back when it closes.
+    _slot: Option<ConnectionSlot>,
+}
+
+/// How many authenticated connections each namespace may have open at once.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionLimit {
+    pub open: Arc<NamespaceConnections>,
+    pub max_per_namespace: usize,
+}
+
+impl ConnectionLimit {
+    /// Gives `conn` a place in its namespace's count, or counts and logs its refusal (the
+    /// caller drops it, which closes it).
+    fn admit(&self, mut conn: TlsConn, metrics: &Metrics) -> Option<TlsConn> {
+        let Some(slot) = self.open.open(&conn.peer.namespace, self.max_per_namespace) else {
+            metrics.refused(RefusalReason::ConnectionsPerNamespace);
+            warn!(
+                namespace = %conn.peer.namespace,
+                remote_addr = %conn.peer.remote_addr,
+                max = self.max_per_namespace,
+                "xDS connection refused: its namespace has too many connections open \
+                 (--xds-max-connections-per-namespace)"
+            );
+            return None;
+        };
+        conn._slot = Some(slot);
+        Some(conn)
+    }
 }
 
 impl tonic::transport::server::Connected for TlsConn {
@@ -261,10 +291,11 @@ impl AsyncWrite for TlsConn {
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts connections until `stop` is cancelled, handshaking each in its own task (a slow
-/// client never holds up the others) and sending the authenticated ones to `out`.
-pub async fn accept_loop(
+/// client never holds up the others) and sending the authenticated ones its namespace has
+/// room for to `out`.
+pub(crate) async fn accept_loop(
     listener: TcpListener,
-    config: ServerTls,
+    (config, limit): (ServerTls, ConnectionLimit),
     metrics: Metrics,
     out: mpsc::Sender<Result<TlsConn, io::Error>>,
     stop: CancellationToken,
@@ -285,7 +316,7 @@ pub async fn accept_loop(
         let _ = tcp.set_nodelay(true);
         let acceptor = TlsAcceptor::from(config.current());
         let metrics = metrics.clone();
-        let out = out.clone();
+        let (out, limit) = (out.clone(), limit.clone());
         let stop = stop.clone();
         tokio::spawn(async move {
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
@@ -295,7 +326,9 @@ pub async fn accept_loop(
             };
             match authenticate(conn, remote_addr) {
                 Ok(conn) => {
-                    let _ = out.send(Ok(conn)).await;
+                    if let Some(conn) = limit.admit(conn, &metrics) {
+                        let _ = out.send(Ok(conn)).await;
+                    }
                 }
                 Err(reason) => metrics.refused(reason),
             }
@@ -348,6 +381,7 @@ fn authenticate(
             remote_addr,
             streams: Default::default(),
         },
+        _slot: None,
     })
 }
 

@@ -140,6 +140,10 @@ struct XdsLimitArgs {
     /// proxy).
     #[arg(long, value_name = "N", default_value_t = Limits::default().max_streams_per_namespace)]
     xds_max_streams_per_namespace: usize,
+    /// Authenticated xDS connections open at once for one namespace, idle ones included
+    /// (about one per proxy); more are closed right after their handshake.
+    #[arg(long, value_name = "N", default_value_t = Limits::default().max_connections_per_namespace)]
+    xds_max_connections_per_namespace: usize,
     /// Seconds a new ADS stream may take to send its first request.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().first_request_timeout.as_secs())]
     xds_first_request_timeout: u64,
@@ -169,6 +173,7 @@ impl XdsLimitArgs {
         Limits {
             max_streams_per_connection: self.xds_max_streams_per_connection.max(1),
             max_streams_per_namespace: self.xds_max_streams_per_namespace.max(1),
+            max_connections_per_namespace: self.xds_max_connections_per_namespace.max(1),
             first_request_timeout: std::time::Duration::from_secs(
                 self.xds_first_request_timeout.max(1),
             ),

@@ -162,6 +162,60 @@ fn one_namespace_at_its_limit_does_not_stop_another() {
     assert_eq!(refused(&server, "StreamsPerNamespace"), 1.0);
 }
 
+/// Issue 26, N12: a namespace's certificate holds at most so many connections, idle ones
+/// included; a connection over the cap is closed after its handshake and counted, another
+/// namespace is unaffected, and a closed connection gives its place back.
+#[test]
+fn connections_beyond_the_per_namespace_limit_are_refused() {
+    let pki = Pki::new();
+    let server = start(
+        &pki,
+        Limits {
+            max_connections_per_namespace: 2,
+            ..Limits::default()
+        },
+    );
+    let (a, b) = (tls(&pki, "team-a"), tls(&pki, "team-b"));
+    let refused_connections = || {
+        server.metric(r#"marin3r_xds_refused_connections_total{reason="ConnectionsPerNamespace"}"#)
+    };
+    server.rt.block_on(async {
+        // Two team-a connections, served once to be sure they are in, then idle.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let channel = connect(server.addr, &a).await.unwrap();
+            drop(served(channel.clone()).await.unwrap());
+            held.push(channel);
+        }
+        // A third is closed before it is served (the client may see it at connect time or
+        // at its first call).
+        let third = match connect(server.addr, &a).await {
+            Ok(channel) => served(channel).await.err(),
+            Err(e) => Some(e),
+        };
+        assert!(third.is_some(), "a 3rd team-a connection was served");
+        assert!(refused_connections() >= 1.0);
+        // team-b has its own count.
+        served(connect(server.addr, &b).await.unwrap())
+            .await
+            .unwrap();
+        // Closing a team-a connection makes room for another.
+        drop(held.pop());
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let attempt = match connect(server.addr, &a).await {
+                Ok(channel) => served(channel).await.map(drop),
+                Err(e) => Err(e),
+            };
+            if attempt.is_ok() {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{attempt:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
 #[test]
 fn a_stream_without_a_first_request_is_closed_after_the_deadline() {
     let pki = Pki::new();
