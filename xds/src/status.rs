@@ -27,7 +27,8 @@ pub struct NackEvent {
     pub message: String,
     /// When the NACK came: how many proxies of this (namespace, node id) connected to this
     /// server have rejected this version of this type as their latest NACK (this one
-    /// included), out of how many are connected. The revision controller taints on a share
+    /// included), out of how many are connected; proxies, not streams (see
+    /// [`StatusRegistry::tally`]). The revision controller taints on a share
     /// of the node's proxies, not on one outlier.
     pub rejecting: usize,
     pub connected: usize,
@@ -166,6 +167,10 @@ impl StatusRegistry {
     /// How many proxies of (namespace, node id) connected to this process have `version` of
     /// `kind` as their latest NACK, and how many are connected. What a replica reports when
     /// another replica saw a NACK of that version.
+    ///
+    /// Proxies, not streams: the streams of one [`proxy_identity`] count once (rejecting when
+    /// any of them rejected), so a holder of the namespace's certificate opening many
+    /// streams under a node id gets one vote, not one per stream (issue 26, N8).
     pub fn tally(
         &self,
         namespace: &str,
@@ -177,17 +182,32 @@ impl StatusRegistry {
         let peers = proxies
             .values()
             .filter(|p| p.namespace == namespace && p.node_id == node_id);
-        let (mut rejecting, mut connected) = (0, 0);
+        let mut by_proxy: BTreeMap<String, bool> = BTreeMap::new();
         for p in peers {
-            connected += 1;
             let nacked = p
                 .types
                 .get(kind.spec_field())
                 .and_then(|t| t.last_nack.as_ref())
                 .is_some_and(|n| n.version == version);
-            rejecting += usize::from(nacked);
+            *by_proxy.entry(proxy_identity(p)).or_default() |= nacked;
         }
-        (rejecting, connected)
+        let rejecting = by_proxy.values().filter(|nacked| **nacked).count();
+        (rejecting, by_proxy.len())
+    }
+}
+
+/// Who a stream speaks for when NACKs are counted: its pod (the node metadata `pod_name`),
+/// or without one its peer's IP address (not the port, which changes with each connection).
+fn proxy_identity(p: &ProxyStatus) -> String {
+    match &p.pod {
+        Some(pod) => format!("pod/{pod}"),
+        None => {
+            let ip = p.peer.parse::<std::net::SocketAddr>().map(|a| a.ip());
+            format!(
+                "address/{}",
+                ip.map_or_else(|_| p.peer.clone(), |ip| ip.to_string())
+            )
+        }
     }
 }
 
@@ -202,12 +222,16 @@ mod tests {
     use super::*;
 
     fn mk_proxy(ns: &str, node: &str) -> ProxyStatus {
+        mk_proxy_of(ns, node, Some("pod-1"), "127.0.0.1:1234")
+    }
+
+    fn mk_proxy_of(ns: &str, node: &str, pod: Option<&str>, peer: &str) -> ProxyStatus {
         ProxyStatus {
             namespace: ns.into(),
             node_id: node.into(),
-            pod: Some("pod-1".into()),
+            pod: pod.map(Into::into),
             protocol: "sotw".into(),
-            peer: "127.0.0.1:1234".into(),
+            peer: peer.into(),
             connected_at: now_rfc3339(),
             types: BTreeMap::new(),
         }
@@ -236,11 +260,43 @@ mod tests {
         assert!(reg.snapshot().proxies.is_empty());
     }
 
+    /// Issue 26, N8: one client opening several streams under a node id is one proxy,
+    /// whether it ACKs (to hold back a taint) or NACKs (to force one).
+    #[test]
+    fn a_nack_is_tallied_over_distinct_proxies_not_streams() {
+        let reg = StatusRegistry::default();
+        let real = reg.register(mk_proxy_of("ns", "node", Some("web-1"), "10.0.0.1:40000"));
+        real.nacked(ResourceType::Listener, "v2", "bad");
+        // Five ACKing streams of one pod: one proxy that did not reject.
+        let acking: Vec<ProxyHandle> = (0..5)
+            .map(|i| {
+                let peer = format!("10.0.0.9:{}", 40000 + i);
+                reg.register(mk_proxy_of("ns", "node", Some("intruder"), &peer))
+            })
+            .collect();
+        assert_eq!(real.tally(ResourceType::Listener, "v2"), (1, 2));
+        // Five NACKing streams without a pod name, from one address: one proxy.
+        let nacking: Vec<ProxyHandle> = (0..5)
+            .map(|i| {
+                let peer = format!("10.0.0.8:{}", 40000 + i);
+                let p = reg.register(mk_proxy_of("ns", "node", None, &peer));
+                p.nacked(ResourceType::Listener, "v2", "bad");
+                p
+            })
+            .collect();
+        assert_eq!(real.tally(ResourceType::Listener, "v2"), (2, 3));
+        // A proxy counts as rejecting when any of its streams did.
+        acking[0].nacked(ResourceType::Listener, "v2", "bad");
+        assert_eq!(real.tally(ResourceType::Listener, "v2"), (3, 3));
+        drop((acking, nacking));
+        assert_eq!(real.tally(ResourceType::Listener, "v2"), (1, 1));
+    }
+
     #[test]
     fn a_nack_is_tallied_over_the_connected_proxies_of_its_node() {
         let reg = StatusRegistry::default();
-        let one = reg.register(mk_proxy("ns", "node"));
-        let two = reg.register(mk_proxy("ns", "node"));
+        let one = reg.register(mk_proxy_of("ns", "node", Some("pod-1"), "10.0.0.1:1"));
+        let two = reg.register(mk_proxy_of("ns", "node", Some("pod-2"), "10.0.0.2:1"));
         let elsewhere = reg.register(mk_proxy("other", "node"));
         let other_node = reg.register(mk_proxy("ns", "gateway"));
         for p in [&elsewhere, &other_node] {

@@ -546,10 +546,17 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
     assert_eq!(plane.metric("marin3r_revision_taints_total"), 0.0);
     envoy.wait_for_body(port, "good");
 
-    // The accepting proxy leaves and a second real Envoy joins: it rejects the version too,
-    // now 2 of 2 have, and the revision is tainted and rolled back.
+    // The accepting proxy leaves and a second real Envoy joins (another pod: proxies are
+    // counted by pod, not by stream): it rejects the version too, now 2 of 2 have, and the
+    // revision is tainted and rolled back.
     accepting.abort();
-    let second = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    let second = crate::support::Proxy::start_on(
+        plane.xds_port,
+        &plane.client_cert(NS),
+        node,
+        "fleet-pod-2",
+        AdsMode::StateOfTheWorld,
+    );
     let ec = plane.wait_status(NS, "fleet", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
