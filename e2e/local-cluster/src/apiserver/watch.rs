@@ -201,7 +201,9 @@ async fn pump(
     mut drop: watch::Receiver<u64>,
     bookmark_every: Duration,
 ) {
-    drop.mark_unchanged();
+    // `drop` was subscribed when the request came in, before the client saw the response:
+    // a drop since then is for this watch too (marking it seen here lost drops that came
+    // before this task first ran, and left such a watch open).
     for e in &replay {
         if let Some((kind, obj)) = classify(&req, e)
             && tx.send(line(&render(&req, kind, obj, e.rv))).await.is_err()
