@@ -61,6 +61,84 @@ fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
 
 use marin3r_local_cluster::cluster::pod_ready as is_ready;
 
+/// Whether the object `name` exists.
+async fn present<K>(api: Api<K>, name: &str) -> bool
+where
+    K: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.unwrap().is_some()
+}
+
+/// What the DiscoveryService created that is still there, by kind and name.
+async fn leftovers(client: &Client) -> Vec<String> {
+    let c = || client.clone();
+    let ds_objects = "marin3r-instance";
+    let found = [
+        (
+            present(Api::<MutatingWebhookConfiguration>::all(c()), WEBHOOK).await,
+            "MutatingWebhookConfiguration",
+        ),
+        (
+            present(Api::<ValidatingWebhookConfiguration>::all(c()), WEBHOOK).await,
+            "ValidatingWebhookConfiguration",
+        ),
+        (
+            present(Api::<ClusterRole>::all(c()), WEBHOOK).await,
+            "ClusterRole",
+        ),
+        (
+            present(Api::<ClusterRoleBinding>::all(c()), WEBHOOK).await,
+            "ClusterRoleBinding",
+        ),
+        (
+            present(Api::<Deployment>::namespaced(c(), OPS), ds_objects).await,
+            "Deployment",
+        ),
+        (
+            present(Api::<Service>::namespaced(c(), OPS), ds_objects).await,
+            "Service",
+        ),
+        (
+            present(Api::<PodDisruptionBudget>::namespaced(c(), OPS), ds_objects).await,
+            "PodDisruptionBudget",
+        ),
+        (
+            secret_cert(client, "demo", "envoy-sidecar-client-cert")
+                .await
+                .is_some(),
+            "Secret demo/envoy-sidecar-client-cert",
+        ),
+        (
+            secret_cert(client, OPS, "marin3r-ca-cert-instance")
+                .await
+                .is_some(),
+            "Secret marin3r-ca-cert-instance",
+        ),
+        (
+            present(
+                Api::<ConfigMap>::namespaced(c(), "demo"),
+                "envoy-sidecar-bootstrap",
+            )
+            .await,
+            "ConfigMap demo/envoy-sidecar-bootstrap",
+        ),
+        (
+            Api::<Namespace>::all(c())
+                .get("demo")
+                .await
+                .unwrap()
+                .labels()
+                .contains_key(DISCOVERY_SERVICE_LABEL),
+            "the discovery-service label of Namespace demo",
+        ),
+    ];
+    found
+        .into_iter()
+        .filter(|(there, _)| *there)
+        .map(|(_, what)| what.to_owned())
+        .collect()
+}
+
 fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().unwrap().pod_ip.clone().unwrap()
 }
@@ -975,61 +1053,19 @@ async fn marin3r_end_to_end() {
 
     // 7. Deleting the DiscoveryService removes everything, cluster-scoped objects included.
     dss.delete(DS, &DeleteParams::default()).await.unwrap();
-    until(
-        "everything the DiscoveryService created to go",
-        Duration::from_secs(90),
-        || async {
-            let gone = webhooks.get_opt(WEBHOOK).await.unwrap().is_none()
-                && Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .get_opt(WEBHOOK)
-                    .await
-                    .unwrap()
-                    .is_none()
-                && Api::<ClusterRole>::all(client.clone())
-                    .get_opt(WEBHOOK)
-                    .await
-                    .unwrap()
-                    .is_none()
-                && Api::<ClusterRoleBinding>::all(client.clone())
-                    .get_opt(WEBHOOK)
-                    .await
-                    .unwrap()
-                    .is_none()
-                && deployments
-                    .get_opt("marin3r-instance")
-                    .await
-                    .unwrap()
-                    .is_none()
-                && Api::<Service>::namespaced(client.clone(), OPS)
-                    .get_opt("marin3r-instance")
-                    .await
-                    .unwrap()
-                    .is_none()
-                && Api::<PodDisruptionBudget>::namespaced(client.clone(), OPS)
-                    .get_opt("marin3r-instance")
-                    .await
-                    .unwrap()
-                    .is_none()
-                && secret_cert(&client, "demo", "envoy-sidecar-client-cert")
-                    .await
-                    .is_none()
-                && secret_cert(&client, OPS, "marin3r-ca-cert-instance")
-                    .await
-                    .is_none()
-                && Api::<ConfigMap>::namespaced(client.clone(), "demo")
-                    .get_opt("envoy-sidecar-bootstrap")
-                    .await
-                    .unwrap()
-                    .is_none()
-                && !nss
-                    .get("demo")
-                    .await
-                    .unwrap()
-                    .labels()
-                    .contains_key(DISCOVERY_SERVICE_LABEL);
-            gone.then_some(())
-        },
-    )
-    .await;
+    // Named, so a timeout says what stayed behind.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let left = leftovers(&client).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "90 s after the DiscoveryService was deleted, still there: {}",
+            left.join(", ")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     cluster.shutdown(Duration::from_secs(5)).await;
 }

@@ -98,6 +98,30 @@ impl Store {
         }
     }
 
+    /// A real garbage collector also deletes an object written with owner references none of
+    /// whose owners exists (any more): a child created, or re-applied, after its owner went.
+    /// Queues its owners' uids, so the collector deletes it as their dependent.
+    pub(super) fn collect_if_owners_gone(&self, inner: &mut Inner, object: &Value) {
+        let owners = meta::owner_uids(object);
+        if owners.is_empty() {
+            return;
+        }
+        let exists = |uid: &str| {
+            inner
+                .objects
+                .values()
+                .flat_map(|m| m.values())
+                .any(|o| o.pointer("/metadata/uid").and_then(Value::as_str) == Some(uid))
+        };
+        if owners.iter().any(|uid| exists(uid)) {
+            return;
+        }
+        inner
+            .gc_queue
+            .extend(owners.iter().map(|u| (*u).to_owned()));
+        self.gc.notify_one();
+    }
+
     /// Removes a terminating namespace or CRD once nothing is left in it and no finalizer.
     fn finish_if_done(&self, inner: &mut Inner, info: &ResourceInfo, name: &str, empty: bool) {
         let key = (String::new(), name.to_owned());

@@ -244,6 +244,9 @@ impl Store {
         object: Value,
         old: Option<Value>,
     ) {
+        if kind != EventType::Deleted {
+            self.collect_if_owners_gone(inner, &object);
+        }
         let event = Arc::new(Event {
             rv: inner.rv,
             group: info.group_resource().0,

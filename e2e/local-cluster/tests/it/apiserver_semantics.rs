@@ -155,6 +155,52 @@ async fn writes_deletes_and_dry_runs() {
     assert!(kept.metadata.owner_references.is_none(), "{kept:?}");
 }
 
+/// As a real garbage collector does: an object whose owners are all gone is deleted, also
+/// when it is written after they went (a controller re-applying a child of a deleted parent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependent_written_after_its_owner_went_is_collected() {
+    let (_server, client, ns) = setup().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let owner = cms
+        .create(
+            &PostParams::default(),
+            &cm(json!({"metadata": {"name": "owner"}})),
+        )
+        .await
+        .unwrap();
+    let owner_uid = owner.uid().unwrap();
+    cms.delete("owner", &DeleteParams::default()).await.unwrap();
+    let late = |name: &str, uids: &[&str]| {
+        let refs: Vec<serde_json::Value> = uids
+            .iter()
+            .map(
+                |uid| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid}),
+            )
+            .collect();
+        cm(json!({"metadata": {"name": name, "ownerReferences": refs}}))
+    };
+    cms.create(&PostParams::default(), &late("late", &[&owner_uid]))
+        .await
+        .unwrap();
+    let gone = await_condition(cms.clone(), "late", conditions::is_deleted(""));
+    tokio::time::timeout(Duration::from_secs(10), gone)
+        .await
+        .expect("the orphaned dependent is still there")
+        .unwrap();
+    // One live owner keeps it.
+    let live = cms
+        .create(
+            &PostParams::default(),
+            &cm(json!({"metadata": {"name": "live"}})),
+        )
+        .await
+        .unwrap();
+    let kept = late("kept", &[&owner_uid, &live.uid().unwrap()]);
+    cms.create(&PostParams::default(), &kept).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cms.get("kept").await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_crd_deletes_its_objects_and_stops_serving_them() {
     let (_server, client, ns) = setup().await;
