@@ -378,7 +378,7 @@ fn bytes_mutation() -> impl Strategy<Value = BytesMutation> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// AdmissionReview-shaped documents whose every field is valid, missing or any JSON value,
     /// sometimes cut short or with a byte changed: they get past the JSON parser into the

@@ -196,7 +196,7 @@ fn check_outcome<R>(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn sotw_sequences_keep_the_protocol_invariants(events in prop::collection::vec(event(), 1..40)) {

@@ -231,7 +231,7 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_shapes_never_panic(kind in kind(), doc in json_value(), ser in serialization()) {

@@ -584,7 +584,7 @@ fn a_mapping_is_not_blamed_for_a_bad_ports_annotation() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     /// Any string in any annotation is either accepted or refused with a message naming it.
     #[test]
