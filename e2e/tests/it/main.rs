@@ -14,4 +14,5 @@ mod own_namespace_e2e;
 mod replicas_e2e;
 mod shutdown_manager_e2e;
 mod soak_smoke;
+mod tenants_e2e;
 mod webhook_sidecar_envoy;
