@@ -66,3 +66,84 @@ pub fn discovery_service_ready(
         .find(|c| c.type_ == "Ready")?;
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
+
+/// The path of this machine's `python3`, which the local cluster runs for the pod images
+/// the tests map to it (`probe-server`); `python3` itself when it cannot be asked (the pod
+/// then fails to start, saying so).
+pub fn python3() -> String {
+    std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .map(|path| path.trim().to_owned())
+        .filter(|path| !path.is_empty())
+        .unwrap_or_else(|| "python3".into())
+}
+
+/// A local cluster with marin3r installed from `manifests/` as a user installs it, and
+/// kubectl pointed at it.
+pub struct Installed {
+    pub cluster: marin3r_local_cluster::cluster::LocalCluster,
+    pub client: kube::Client,
+    pub kubectl: marin3r_testkit::kubectl::Kubectl,
+    _kubeconfig: tempfile::TempDir,
+}
+
+/// Starts a local cluster running `images` (its pod logs in `MARIN3R_E2E_LOG_DIR` when set)
+/// and applies `manifests/` with kubectl.
+pub async fn install(images: ImageMap) -> anyhow::Result<Installed> {
+    use anyhow::Context as _;
+    images
+        .resolve(marin3r_discovery::IMAGE)
+        .map_err(anyhow::Error::msg)
+        .context("build the marin3r binary first: cargo build -p marin3r-discovery")?;
+    let cluster = marin3r_local_cluster::cluster::LocalCluster::start(
+        marin3r_local_cluster::cluster::LocalClusterConfig {
+            images,
+            log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
+            ..Default::default()
+        },
+    )
+    .await?;
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    cluster.api().write_kubeconfig(&kubeconfig)?;
+    let kubectl = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig)?;
+    let manifests = tools::repo_root().join("manifests");
+    kubectl
+        .ok(&["apply", "--server-side", "-k", &manifests.to_string_lossy()])
+        .await?;
+    Ok(Installed {
+        client: cluster.client(),
+        cluster,
+        kubectl,
+        _kubeconfig: dir,
+    })
+}
+
+impl Installed {
+    /// `kubectl apply --server-side` of a manifest text.
+    pub async fn apply(&self, manifest: &str) -> anyhow::Result<()> {
+        self.kubectl
+            .ok_with(&["apply", "--server-side", "-f", "-"], manifest)
+            .await
+            .map(|_| ())
+    }
+
+    /// Waits until the DiscoveryService `namespace/name` is Ready.
+    pub async fn discovery_service_ready(&self, namespace: &str, name: &str) {
+        use marin3r_discovery::api::discovery_service::DiscoveryService;
+        let dss: kube::Api<DiscoveryService> =
+            kube::Api::namespaced(self.client.clone(), namespace);
+        marin3r_testkit::wait::until(
+            "the DiscoveryService to be Ready",
+            std::time::Duration::from_secs(120),
+            || async {
+                let ds = dss.get(name).await.ok()?;
+                (discovery_service_ready(&ds)?.0 == "True").then_some(())
+            },
+        )
+        .await;
+    }
+}

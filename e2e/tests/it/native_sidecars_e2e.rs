@@ -6,19 +6,14 @@
 //! with `hold-application-until-proxy-starts`, the application's first request succeeds too.
 //! Needs root (pod runner), python3 and the built `marin3r` binary.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use marin3r_discovery::api::discovery_service::DiscoveryService;
-use marin3r_e2e::product::discovery_service_ready;
-use marin3r_local_cluster::cluster::{
-    LocalCluster, LocalClusterConfig, create_restricted_namespace,
-};
-use marin3r_testkit::kubectl::Kubectl;
+use marin3r_e2e::product::{install, python3};
+use marin3r_local_cluster::cluster::{LocalCluster, create_restricted_namespace};
 use marin3r_testkit::wait::until;
 use serde_json::json;
 
@@ -26,14 +21,6 @@ const NS: &str = "batch";
 const BODY: &str = "configured by marin3r";
 /// The sidecar image the DiscoveryService defaults to: a mirror of Envoy's.
 const MIRROR: &str = "mirror.local/envoyproxy/envoy:v1.40.0";
-
-fn python() -> String {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 is needed for the pod runner tests");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
 
 /// The application: one request through Envoy's listener, no retry. It exits 0 only when the
 /// answer is the EnvoyConfig's, so a request sent before Envoy had its config fails the pod.
@@ -158,46 +145,13 @@ async fn a_jobs_pod_with_a_native_sidecar_completes_and_its_first_request_is_ser
     let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
     let images = marin3r_e2e::product::images()
         .with(MIRROR, envoy)
-        .with("probe-server", python());
-    images
-        .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        images,
-        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let client = cluster.client();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
-    let manifests = marin3r_testkit::tools::repo_root().join("manifests");
-    kubectl
-        .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
-        .await
-        .unwrap();
+        .with("probe-server", python3());
+    let installed = install(images).await.unwrap();
+    let (cluster, client) = (&installed.cluster, installed.client.clone());
     create_restricted_namespace(&client, NS).await.unwrap();
-    kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], DISCOVERY_SERVICE)
-        .await
-        .unwrap();
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), NS);
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let ds = dss.get("instance").await.ok()?;
-            (discovery_service_ready(&ds)?.0 == "True").then_some(())
-        },
-    )
-    .await;
-    kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], ENVOY_CONFIG)
-        .await
-        .unwrap();
+    installed.apply(DISCOVERY_SERVICE).await.unwrap();
+    installed.discovery_service_ready(NS, "instance").await;
+    installed.apply(ENVOY_CONFIG).await.unwrap();
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let created = pods
@@ -246,13 +200,13 @@ async fn a_jobs_pod_with_a_native_sidecar_completes_and_its_first_request_is_ser
         panic!(
             "the pod failed: {:?}\n{}",
             p.status,
-            logs(&cluster, "native", &["app", "envoy-sidecar"])
+            logs(cluster, "native", &["app", "envoy-sidecar"])
         )
     });
     let s = done.status.unwrap();
     let app = status(s.container_statuses.as_ref(), "app");
     let envoy = status(s.init_container_statuses.as_ref(), "envoy-sidecar");
-    let app_log = logs(&cluster, "native", &["app"]);
+    let app_log = logs(cluster, "native", &["app"]);
     assert!(
         app_log.contains(&format!("first request answered: {BODY}")),
         "{app_log}"
@@ -301,7 +255,7 @@ async fn a_jobs_pod_with_a_native_sidecar_completes_and_its_first_request_is_ser
         exit,
         0,
         "the held application's first request failed:\n{}",
-        logs(&cluster, "held", &["app", "marin3r-hold", "envoy-sidecar"])
+        logs(cluster, "held", &["app", "marin3r-hold", "envoy-sidecar"])
     );
     pods.delete("held", &DeleteParams::default()).await.unwrap();
 }

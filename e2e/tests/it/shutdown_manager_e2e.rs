@@ -16,14 +16,6 @@ use marin3r_testkit::wait::until;
 use marin3r_webhook::{InjectionConfig, inject_json};
 use serde_json::json;
 
-fn python() -> String {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 is needed for the pod runner tests");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
 /// The application: echoes every connection on the pod's loopback, port 9000, and closes it
 /// when the client does (Envoy's TCP proxy forwards the half-close and waits for it).
 const ECHO_PY: &str = r#"
@@ -71,7 +63,8 @@ fn refused(addr: SocketAddr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_drains_its_envoy_through_the_prestop_hooks() {
     let cluster = LocalCluster::start(LocalClusterConfig {
-        images: marin3r_e2e::product::images().with("probe-server", python()),
+        images: marin3r_e2e::product::images()
+            .with("probe-server", marin3r_e2e::product::python3()),
         ..Default::default()
     })
     .await

@@ -8,19 +8,14 @@
 //! Needs root (pod runner), python3 and the built `marin3r` binary.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
-use marin3r_discovery::api::discovery_service::DiscoveryService;
-use marin3r_e2e::product::{discovery_service_ready, example_in};
-use marin3r_local_cluster::cluster::{
-    LocalCluster, LocalClusterConfig, create_restricted_namespace, pod_ready,
-};
-use marin3r_testkit::kubectl::Kubectl;
+use marin3r_e2e::product::{example_in, install, python3};
+use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready};
 use marin3r_testkit::wait::until;
 use marin3r_testkit::xds::client::{ClientTls, DeltaStream, connect};
 use serde_json::json;
@@ -31,14 +26,6 @@ const BODY: &str = "hello from marin3r";
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// The discovery pod's default budget for one namespace's subscribed names.
 const NAMESPACE_BUDGET: f64 = (128 << 20) as f64;
-
-fn python() -> String {
-    let out = std::process::Command::new("python3")
-        .args(["-c", "import sys; print(sys.executable)"])
-        .output()
-        .expect("python3 is needed for the pod runner tests");
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
 
 /// Tenant A's pod: 200 webhook connections, each a request whose body never ends, a byte a
 /// second; then it asks tenant B's shutdown manager to drain and to stop B's Envoy, and
@@ -176,55 +163,22 @@ fn metric(metrics: &str, name: &str, labels: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
-    let images = marin3r_e2e::product::images().with("probe-server", python());
-    images
-        .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        images,
-        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let client = cluster.client();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
-    let manifests = marin3r_testkit::tools::repo_root().join("manifests");
-    let apply = |text: String| {
-        let kubectl = &kubectl;
-        async move {
-            kubectl
-                .ok_with(&["apply", "--server-side", "-f", "-"], &text)
-                .await
-                .unwrap();
-        }
-    };
-    kubectl
-        .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
-        .await
-        .unwrap();
+    let images = marin3r_e2e::product::images().with("probe-server", python3());
+    let installed = install(images).await.unwrap();
+    let (cluster, client) = (&installed.cluster, installed.client.clone());
     for ns in [A, B] {
         create_restricted_namespace(&client, ns).await.unwrap();
     }
     let ds = example_in("discoveryservice.yaml", "marin3r-system")
         .unwrap()
         .replace("    - demo\n", &format!("    - {A}\n    - {B}\n"));
-    apply(ds).await;
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), "marin3r-system");
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let ds = dss.get("instance").await.ok()?;
-            (discovery_service_ready(&ds)?.0 == "True").then_some(())
-        },
-    )
-    .await;
+    installed.apply(&ds).await.unwrap();
+    installed
+        .discovery_service_ready("marin3r-system", "instance")
+        .await;
     for ns in [A, B] {
-        apply(example_in("envoyconfig.yaml", ns).unwrap()).await;
+        let config = example_in("envoyconfig.yaml", ns).unwrap();
+        installed.apply(&config).await.unwrap();
     }
     let pods_b: Api<Pod> = Api::namespaced(client.clone(), B);
     pods_b
