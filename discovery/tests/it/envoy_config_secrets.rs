@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use marin3r_certs::{CertificateRequest, Usage};
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use marin3r_xds::resource::ResourceType;
 use serde_json::json;
 use support::free_port;
 use support::plane::*;
@@ -376,4 +377,96 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
             .all(|path| to(path, &requests).iter().any(|r| r.contains("watch=true")))
             .then_some(())
     });
+}
+
+/// Issue 26, N5: the old revision A is re-loaded after its successor B while both are
+/// briefly published (here a Secret only A uses changes in that window), then A is
+/// unpublished. What the node is served must end up being B, the published revision, not A
+/// for good while the status names B. Revisions are written by hand, with no EnvoyConfig,
+/// so the window stays open as long as the test needs.
+#[test]
+fn a_retired_revision_reloaded_after_its_successor_gives_the_node_back() {
+    let plane = Plane::start(&[NS]);
+    let (port, node) = (free_port(), "raced");
+    let issue = |cn: &str| {
+        let request = CertificateRequest::new(cn, Usage::Server, Duration::from_secs(86_400));
+        plane
+            .pki
+            .ca
+            .issue(&request.with_hosts(["localhost"]))
+            .unwrap()
+    };
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    plane
+        .rt
+        .block_on(secrets.create(&PostParams::default(), &tls_secret("a-cert", &issue("a"))))
+        .unwrap();
+    let revision = |name: &str, body: &str, secrets: serde_json::Value| {
+        let spec = json!({
+            "nodeID": node, "version": name, "serialization": "yaml",
+            "envoyResources": {
+                "listeners": [{"name": "http", "value": listener_yaml(port, body, false)}],
+                "secrets": secrets,
+            },
+        });
+        let r = serde_json::from_value(json!({
+            "apiVersion": "marin3r.3scale.net/v1alpha1", "kind": "EnvoyConfigRevision",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec,
+        }))
+        .unwrap();
+        let api = plane.revisions(NS);
+        plane
+            .rt
+            .block_on(api.create(&PostParams::default(), &r))
+            .unwrap();
+    };
+    let publish = |name: &str, published: bool, at: &str| {
+        let status = json!({"status": {"published": published, "lastPublishedAt": at}});
+        let (api, patch) = (plane.revisions(NS), Patch::Merge(status));
+        retry(|| {
+            plane
+                .rt
+                .block_on(api.patch_status(name, &PatchParams::default(), &patch))
+        });
+    };
+    let listeners = || {
+        let snapshot = plane.cache.snapshot(NS, node)?;
+        Some(snapshot.version(ResourceType::Listener).to_owned())
+    };
+    let serves = |what: &str, version: &str| {
+        wait(what, Duration::from_secs(20), || {
+            (listeners().as_deref() == Some(version)).then_some(())
+        })
+    };
+
+    revision(
+        "a",
+        "a",
+        json!([{"name": "a-cert", "ref": {"name": "a-cert"}}]),
+    );
+    publish("a", true, "2026-01-01T00:00:00Z");
+    let a = wait("A loaded", Duration::from_secs(20), listeners);
+    revision("b", "b", json!([]));
+    publish("b", true, "2026-01-01T00:01:00Z");
+    let b = wait("B loaded", Duration::from_secs(20), || {
+        listeners().filter(|l| *l != a)
+    });
+
+    // Both published (A's unpublish not written yet): A's Secret changes, A reloads over B.
+    let mut changed = tls_secret("a-cert", &issue("a2"));
+    changed.metadata.resource_version = plane
+        .rt
+        .block_on(secrets.get("a-cert"))
+        .unwrap()
+        .metadata
+        .resource_version;
+    plane
+        .rt
+        .block_on(secrets.replace("a-cert", &PostParams::default(), &changed))
+        .unwrap();
+    serves("A re-loaded while both are published", &a);
+
+    // A's unpublish lands: the node is given back to B, the published revision.
+    publish("a", false, "2026-01-01T00:00:00Z");
+    serves("B served again once A is unpublished", &b);
 }

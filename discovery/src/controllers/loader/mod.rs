@@ -12,6 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::ListParams;
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use marin3r_controller::{patch_status, status_patch};
 use tokio::sync::mpsc;
@@ -55,6 +56,10 @@ pub(crate) async fn run(
     let controller = ctx.watch_namespaces(controller);
     // Secret changes reach the controller through `triggers` (see `watch_secrets`).
     let controller = controller.reconcile_on(ReceiverStream::new(triggers));
+    // A retired revision still served hands its node back to the published one (N5).
+    let (reloads_tx, reloads) = mpsc::channel(256);
+    let controller = controller.reconcile_on(ReceiverStream::new(reloads));
+    let reconcile = move |r, ctx| reconcile(r, ctx, reloads_tx.clone());
     let metrics = ctx.metrics.reconciles.clone();
     marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
     secrets.abort();
@@ -64,7 +69,11 @@ pub(super) fn key_of(r: &EnvoyConfigRevision) -> NodeKey {
     NodeKey::new(r.namespace().unwrap_or_default(), r.spec.node_id.clone())
 }
 
-async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile(
+    r: Arc<EnvoyConfigRevision>,
+    ctx: Arc<Context>,
+    reloads: Reloads,
+) -> Result<Action, Error> {
     let key = key_of(&r);
     let name = r.name_any();
     let uid = r.uid().unwrap_or_default();
@@ -77,6 +86,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     if !r.is_published() {
         if ctx.publisher.retire(&key, &uid) {
             info!(revision = %name, node = %key, "unpublished; served until its successor loads");
+            reload_successors(&r, &ctx, &reloads).await;
         }
         clear_in_sync(&r, &ctx).await?;
         return Ok(Action::await_change());
@@ -135,6 +145,32 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
         ctx.events.publish(&*r, &note).await;
     }
     Ok(action)
+}
+
+/// Where a reconcile asks for other revisions to be reconciled again.
+type Reloads = mpsc::Sender<ObjectRef<EnvoyConfigRevision>>;
+
+/// `r` is unpublished but is still what its node is served: reconciles the published
+/// revisions of its node again, which load over it. Usually the successor has not loaded
+/// yet and this is one reconcile more; but `r` may have loaded after its successor, while
+/// both were published for a moment (a Secret or EndpointSlice of `r` changed, or this
+/// replica started, between the successor's publication and `r`'s unpublication), and
+/// nothing else would reconcile the successor again: `r` would stay served while the
+/// status names the successor.
+async fn reload_successors(r: &EnvoyConfigRevision, ctx: &Context, reloads: &Reloads) {
+    let (ns, uid) = (r.namespace(), r.uid());
+    let successors = ctx.index.revisions.store().state().into_iter().filter(|s| {
+        s.namespace() == ns
+            && s.uid() != uid
+            && s.spec.node_id == r.spec.node_id
+            && s.is_published()
+            && s.metadata.deletion_timestamp.is_none()
+    });
+    for s in successors {
+        debug!(revision = %s.name_any(), retired = %r.name_any(), "reloading the published revision over the retired one");
+        // Closed only when the controller has stopped: nothing left to reload.
+        let _ = reloads.send(ObjectRef::from_obj(&*s)).await;
+    }
 }
 
 /// Takes `ResourcesInSync` off a revision that is no longer published: as in the original
