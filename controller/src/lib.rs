@@ -6,6 +6,7 @@
 //! election, which both marin3r processes use.
 
 mod act;
+pub mod client;
 mod condition;
 mod event;
 pub mod leader;
@@ -16,7 +17,10 @@ pub use act::{apply, delete_ignoring_missing, patch_status, status_patch};
 pub use condition::{Reason, set_condition};
 pub use event::{Context, Events, Note};
 pub use metrics::ReconcileMetrics;
-pub use policy::{Conflict, Error, drain, error_policy, is_conflict, retry_after, run};
+pub use policy::{
+    Conflict, DEFAULT_RECONCILE_TIMEOUT, Error, ReconcileError, drain, error_policy, is_conflict,
+    retry_after, run,
+};
 
 /// What a controller can watch: a typed Kubernetes object kube's runtime can reflect.
 pub trait Watched:

@@ -45,6 +45,43 @@ pub fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(e) if e.code == 409)
 }
 
+/// How long one reconcile may take before it is abandoned and retried: far more than any
+/// reconcile needs, but finite, so one request that never answers cannot stop its object
+/// from ever being reconciled again (kube never runs two reconciles of one object at once).
+pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A reconcile's failure as [`run`] sees it: the controller's own error, or the deadline.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError<E> {
+    #[error(transparent)]
+    Failed(E),
+    #[error(
+        "the reconcile did not finish within {0:?} (an API request that never answered?); abandoned, and retried with fresh requests"
+    )]
+    TimedOut(Duration),
+}
+
+impl<E: Conflict> Conflict for ReconcileError<E> {
+    fn is_conflict(&self) -> bool {
+        match self {
+            Self::Failed(e) => e.is_conflict(),
+            Self::TimedOut(_) => false,
+        }
+    }
+}
+
+/// Runs `reconcile` for at most `deadline`: past it the reconcile is dropped (its request
+/// with it, which closes that request's connection).
+pub async fn within<T, E>(
+    deadline: Duration,
+    reconcile: impl Future<Output = Result<T, E>>,
+) -> Result<T, ReconcileError<E>> {
+    match tokio::time::timeout(deadline, reconcile).await {
+        Ok(result) => result.map_err(ReconcileError::Failed),
+        Err(_) => Err(ReconcileError::TimedOut(deadline)),
+    }
+}
+
 /// Errors that can say whether they are a lost write race.
 pub trait Conflict {
     fn is_conflict(&self) -> bool;
@@ -73,11 +110,13 @@ where
     Action::requeue(retry_after(err))
 }
 
-/// Runs `controller` until `shutdown` resolves: each reconcile is measured into `metrics`,
-/// every failure goes through [`error_policy`], every result is logged.
+/// Runs `controller` until `shutdown` resolves: each reconcile has `deadline` (see
+/// [`within`]) and is measured into `metrics`, every failure (a missed deadline included)
+/// goes through [`error_policy`], every result is logged.
 pub async fn run<K, Ctx, E, Fut>(
     controller: Controller<K>,
     name: &'static str,
+    deadline: Duration,
     metrics: ReconcileMetrics,
     reconcile: impl Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
     ctx: Arc<Ctx>,
@@ -93,7 +132,7 @@ pub async fn run<K, Ctx, E, Fut>(
     let results = controller.graceful_shutdown_on(shutdown.clone()).run(
         move |obj, ctx| {
             let metrics = metrics.clone();
-            let reconcile = reconcile(obj, ctx);
+            let reconcile = within(deadline, reconcile(obj, ctx));
             async move { metrics.measure(name, reconcile).await }
         },
         move |obj, err, _| error_policy(name, &*obj, err),
@@ -167,6 +206,28 @@ mod tests {
         cm
     }
 
+    /// Issue 26, N6: a reconcile stuck on a request that never answers ends at its deadline
+    /// as an error the policy retries later (not as a conflict, retried at once).
+    #[tokio::test]
+    async fn a_stuck_reconcile_fails_at_its_deadline_and_is_retried() {
+        let stuck = std::future::pending::<Result<(), Never>>();
+        let deadline = Duration::from_millis(50);
+        let err = within(deadline, stuck).await.unwrap_err();
+        assert!(matches!(err, ReconcileError::TimedOut(d) if d == deadline));
+        assert!(
+            err.to_string().contains("did not finish within 50ms"),
+            "{err}"
+        );
+        let action = error_policy("test", &mk_config_map(), &err);
+        assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+        // A reconcile that finishes in time keeps its own result.
+        assert!(
+            within(Duration::from_secs(1), async { Ok::<_, Never>(()) })
+                .await
+                .is_ok()
+        );
+    }
+
     /// Issue 26, N11: the API server unreachable from the start, the store never lists.
     #[tokio::test]
     async fn a_controller_that_never_listed_stops_at_its_shutdown() {
@@ -175,6 +236,7 @@ mod tests {
         let running = run(
             controller,
             "test",
+            DEFAULT_RECONCILE_TIMEOUT,
             ReconcileMetrics::default(),
             |_, _: Arc<()>| async { Ok::<_, Never>(Action::await_change()) },
             Arc::new(()),
@@ -221,6 +283,7 @@ mod tests {
         let running = run(
             controller,
             "test",
+            DEFAULT_RECONCILE_TIMEOUT,
             ReconcileMetrics::default(),
             reconcile,
             Arc::clone(&progress),

@@ -20,7 +20,7 @@ use kube::runtime::finalizer::{Event as Finalize, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use marin3r_controller::{ReconcileMetrics, patch_status, status_patch};
+use marin3r_controller::{DEFAULT_RECONCILE_TIMEOUT, ReconcileMetrics, patch_status, status_patch};
 use time::OffsetDateTime;
 use tracing::info;
 
@@ -57,6 +57,9 @@ pub struct Config {
     pub metrics: ReconcileMetrics,
     /// Where the certificates' expiry and readiness are reported.
     pub certificates: CertificateMetrics,
+    /// How long one reconcile may take before it is abandoned and retried (`None`:
+    /// [`marin3r_controller::DEFAULT_RECONCILE_TIMEOUT`]).
+    pub reconcile_timeout: Option<std::time::Duration>,
 }
 
 impl Default for Config {
@@ -67,6 +70,7 @@ impl Default for Config {
             trust_propagation: rotation::DEFAULT_TRUST_PROPAGATION,
             metrics: ReconcileMetrics::default(),
             certificates: CertificateMetrics::default(),
+            reconcile_timeout: None,
         }
     }
 }
@@ -80,6 +84,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let metrics = config.metrics.clone();
+    let deadline = config
+        .reconcile_timeout
+        .unwrap_or(DEFAULT_RECONCILE_TIMEOUT);
     let certificates = config.certificates.clone();
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = marin3r_controller::watch_all::<DiscoveryServiceCertificate>(&client);
@@ -111,7 +118,10 @@ pub async fn run(
                 .collect::<Vec<_>>()
         },
     );
-    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+    marin3r_controller::run(
+        controller, CONTROLLER, deadline, metrics, reconcile, ctx, shutdown,
+    )
+    .await;
 }
 
 fn writes(dsc: &DiscoveryServiceCertificate, key: &(String, String)) -> bool {

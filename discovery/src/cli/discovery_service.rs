@@ -97,6 +97,10 @@ pub struct DiscoveryServiceArgs {
     /// count before it taints. Without it, the fresh reports alone are counted.
     #[arg(long, value_name = "SELECTOR")]
     replica_selector: Option<String>,
+    /// Seconds one reconcile may take before it is abandoned and retried with fresh API
+    /// requests (every API request also fails after 60 s without an answer).
+    #[arg(long, value_name = "SECONDS", default_value_t = marin3r_controller::DEFAULT_RECONCILE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    reconcile_timeout_seconds: u64,
     /// Address to listen on (xDS, metrics, probe and webhook ports). `::` (the default) is
     /// every address of both IP families, or every IPv4 address where there is no IPv6.
     #[arg(long, default_value_t = super::listen::ANY)]
@@ -289,7 +293,7 @@ impl Servers {
 }
 
 pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
+    let client = marin3r_controller::client::infer()
         .await
         .context("connecting to the Kubernetes API")?;
     let listeners = Listeners::bind(&args).await?;
@@ -456,6 +460,9 @@ fn controllers_config(
         proxies,
         replica_pods,
         leader_lease,
+        reconcile_timeout: Some(std::time::Duration::from_secs(
+            args.reconcile_timeout_seconds,
+        )),
     })
 }
 

@@ -42,12 +42,19 @@ pub struct OperatorArgs {
     /// this long after the step before reached every Secret.
     #[arg(long, value_name = "SECONDS", default_value_t = marin3r_certs::controller::rotation::DEFAULT_TRUST_PROPAGATION.as_secs())]
     trust_propagation_seconds: u64,
+    /// Seconds one reconcile may take before it is abandoned and retried with fresh API
+    /// requests (every API request also fails after 60 s without an answer).
+    #[arg(long, value_name = "SECONDS", default_value_t = marin3r_controller::DEFAULT_RECONCILE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    reconcile_timeout_seconds: u64,
 }
 
 const LEASE_NAME: &str = "marin3r-operator";
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_default().await?;
+    let client = marin3r_controller::client::infer().await?;
+    let reconcile_timeout = Some(std::time::Duration::from_secs(
+        args.reconcile_timeout_seconds,
+    ));
     let mut trusted: BTreeSet<String> = args.trusted_namespaces.into_iter().collect();
     if trusted.is_empty()
         && let Ok(ns) = std::env::var("POD_NAMESPACE")
@@ -83,6 +90,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                     trust_propagation: std::time::Duration::from_secs(
                         args.trust_propagation_seconds,
                     ),
+                    reconcile_timeout,
                     ..Default::default()
                 },
                 stop.clone().cancelled_owned(),
@@ -93,6 +101,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                     default_image: args.discovery_service_image,
                     trusted_namespaces: trusted,
                     metrics,
+                    reconcile_timeout,
                 },
                 stop.cancelled_owned(),
             );

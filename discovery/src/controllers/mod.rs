@@ -60,6 +60,9 @@ pub struct Config {
     /// Leader election: only the holder of this Lease runs the `EnvoyConfig` controller and
     /// the taint decision; `None`: this process always does (one replica only).
     pub leader_lease: Option<LeaseConfig>,
+    /// How long one reconcile may take before it is abandoned and retried (`None`:
+    /// [`marin3r_controller::DEFAULT_RECONCILE_TIMEOUT`]).
+    pub reconcile_timeout: Option<std::time::Duration>,
 }
 
 /// The one watch of each kind the controllers read (see [`index`]).
@@ -133,6 +136,13 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// How long one reconcile of any of these controllers may take.
+    pub fn reconcile_timeout(&self) -> std::time::Duration {
+        self.config
+            .reconcile_timeout
+            .unwrap_or(marin3r_controller::DEFAULT_RECONCILE_TIMEOUT)
+    }
+
     pub fn mark_attempted(&self, uid: &str) {
         if let Ok(mut set) = self.attempted.lock() {
             set.insert(uid.to_owned());

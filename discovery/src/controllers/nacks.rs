@@ -371,8 +371,11 @@ pub(crate) async fn run_decider(
     let controller =
         kube::runtime::Controller::for_shared_stream(revisions.changes(), revisions.store());
     let controller = ctx.watch_namespaces(controller);
-    let metrics = ctx.metrics.reconciles.clone();
-    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+    let (metrics, deadline) = (ctx.metrics.reconciles.clone(), ctx.reconcile_timeout());
+    marin3r_controller::run(
+        controller, CONTROLLER, deadline, metrics, reconcile, ctx, shutdown,
+    )
+    .await;
 }
 
 async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -26,7 +26,10 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_controller::{ReconcileMetrics, delete_ignoring_missing, patch_status, status_patch};
+use marin3r_controller::{
+    DEFAULT_RECONCILE_TIMEOUT, ReconcileMetrics, delete_ignoring_missing, patch_status,
+    status_patch,
+};
 use tracing::info;
 
 use crate::api::discovery_service::DiscoveryService;
@@ -51,6 +54,9 @@ pub struct Config {
     pub trusted_namespaces: BTreeSet<String>,
     /// Where reconciles are counted.
     pub metrics: ReconcileMetrics,
+    /// How long one reconcile may take before it is abandoned and retried (`None`:
+    /// [`marin3r_controller::DEFAULT_RECONCILE_TIMEOUT`]).
+    pub reconcile_timeout: Option<std::time::Duration>,
 }
 
 type Context = marin3r_controller::Context<Config>;
@@ -62,6 +68,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let metrics = config.metrics.clone();
+    let deadline = config
+        .reconcile_timeout
+        .unwrap_or(DEFAULT_RECONCILE_TIMEOUT);
     let scopes = config.clone();
     let ctx = Context::new(client.clone(), FIELD_MANAGER, config);
     let controller = marin3r_controller::watch_all::<DiscoveryService>(&client);
@@ -87,7 +96,10 @@ pub async fn run(
                     .collect::<Vec<_>>()
             },
         );
-    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+    marin3r_controller::run(
+        controller, CONTROLLER, deadline, metrics, reconcile, ctx, shutdown,
+    )
+    .await;
 }
 
 async fn reconcile(ds: Arc<DiscoveryService>, ctx: Arc<Context>) -> Result<Action, Error> {

@@ -3,6 +3,7 @@
 //! listed anything, whether the API server refuses connections (down) or accepts them and
 //! never answers (unreachable behind a black hole). Before the fix they stayed up until
 //! SIGKILL: kube's controller runner waits for its store to be ready before it ends.
+//! And the controllers' client against a request that is never answered (issue 26, N6).
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -192,4 +193,53 @@ fn the_operator_exits_on_sigterm_while_the_api_refuses_connections() {
 #[test]
 fn the_operator_exits_on_sigterm_while_the_api_never_answers() {
     operator(Outage::Silent, true);
+}
+
+/// Issue 26, N6: the controllers' client fails a request that is never answered after its
+/// read timeout instead of waiting for good, while a watch through the same client stays
+/// open past that timeout and still delivers (watches keep kube's idle deadline instead).
+#[test]
+fn the_controllers_client_times_out_requests_but_not_quiet_watches() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+
+    let rt = crate::support::plane::runtime();
+    rt.block_on(async {
+        let server = marin3r_local_cluster::apiserver::ApiServer::start(Default::default())
+            .await
+            .unwrap();
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig()).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        let timeout = Duration::from_secs(1);
+        let client = marin3r_controller::client::with_read_timeout(config, timeout).unwrap();
+        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+
+        let mut watch = maps
+            .watch(&WatchParams::default().timeout(30), "0")
+            .await
+            .unwrap()
+            .boxed();
+        server
+            .faults()
+            .never_answer("/api/v1/namespaces/default/configmaps/stuck", 1);
+        let sent = Instant::now();
+        let err = maps.get("stuck").await.unwrap_err();
+        let waited = sent.elapsed();
+        assert!(waited >= timeout && waited < timeout * 5, "{waited:?}: {err}");
+        // The watch has been quiet for longer than the read timeout: it still delivers.
+        tokio::time::sleep(timeout * 2).await;
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("late".into());
+        maps.create(&PostParams::default(), &cm).await.unwrap();
+        let event = tokio::time::timeout(Duration::from_secs(10), watch.next()).await;
+        assert!(
+            matches!(event, Ok(Some(Ok(WatchEvent::Added(ref c)))) if c.metadata.name.as_deref() == Some("late")),
+            "{event:?}"
+        );
+        // The request after the one never answered is served.
+        assert!(maps.get_opt("stuck").await.unwrap().is_none());
+    });
 }

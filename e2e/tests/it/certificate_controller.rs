@@ -30,6 +30,11 @@ struct Env {
 
 impl Env {
     async fn start(trusted: &[&str]) -> Self {
+        Self::start_with(trusted, |_| {}).await
+    }
+
+    /// As [`Env::start`], with the controller's configuration adjusted by `configure`.
+    async fn start_with(trusted: &[&str], configure: impl FnOnce(&mut Config)) -> Self {
         let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
         let client = server.kube_client().await.unwrap();
         server
@@ -44,7 +49,7 @@ impl Env {
             nss.create(&PostParams::default(), &obj).await.unwrap();
         }
         let (stop, stopped) = oneshot::channel::<()>();
-        let config = Config {
+        let mut config = Config {
             trusted_namespaces: trusted
                 .iter()
                 .map(|t| t.replace("{ns}", &ns))
@@ -55,6 +60,7 @@ impl Env {
             trust_propagation: PROPAGATION,
             ..Default::default()
         };
+        configure(&mut config);
         let certificates = config.certificates.clone();
         let task = tokio::spawn(controller::run(client.clone(), config, async move {
             let _ = stopped.await;
@@ -116,7 +122,18 @@ impl Env {
 
     /// Waits (10 s at most) until the certificate's Ready condition has `reason`.
     async fn wait_reason(&self, name: &str, reason: &str) -> DiscoveryServiceCertificate {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.wait_reason_for(name, reason, Duration::from_secs(10))
+            .await
+    }
+
+    /// Waits (`timeout` at most) until the certificate's Ready condition has `reason`.
+    async fn wait_reason_for(
+        &self,
+        name: &str,
+        reason: &str,
+        timeout: Duration,
+    ) -> DiscoveryServiceCertificate {
+        let deadline = Instant::now() + timeout;
         loop {
             // Errors are retried: some tests inject API faults.
             if let Ok(Some(dsc)) = self.dscs().get_opt(name).await
@@ -917,4 +934,27 @@ async fn converges_through_dropped_watches_and_api_errors() {
     let (_, info) = env.secret_cert(&env.ns, "server-cert").await.unwrap();
     env.assert_stable("server-cert", &info.serial, Duration::from_secs(1))
         .await;
+}
+
+/// Issue 26, N6: a request that is never answered (its connection died without a reset)
+/// holds its reconcile only until the reconcile's deadline; the retry, on a fresh request,
+/// issues the certificate. With no deadline the reconcile waits for good, and the object is
+/// never reconciled again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_never_answered_times_out_its_reconcile_and_the_retry_issues() {
+    let deadline = Duration::from_secs(1);
+    let env = Env::start_with(&[], |c| c.reconcile_timeout = Some(deadline)).await;
+    env.apply("ca", ca_spec(3600)).await;
+    env.wait_reason("ca", "Issued").await;
+    let path = format!("/api/v1/namespaces/{}/secrets/server-cert", env.ns);
+    env.server.faults().never_answer(&path, 1);
+    env.apply("server", leaf_spec(true, &["marin3r"], 600))
+        .await;
+    // The deadline, then the error policy's 5 s, then the retry.
+    let dsc = env
+        .wait_reason_for("server", "Issued", Duration::from_secs(30))
+        .await;
+    assert_eq!(dsc.status.unwrap().ready, Some(true));
+    assert_eq!(env.server.faults().swallowed(), 1);
+    assert!(env.secret_cert(&env.ns, "server-cert").await.is_some());
 }

@@ -53,8 +53,11 @@ pub(crate) async fn run(
                 .collect::<Vec<_>>()
         });
     let controller = ctx.watch_namespaces(controller);
-    let metrics = ctx.metrics.reconciles.clone();
-    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+    let (metrics, deadline) = (ctx.metrics.reconciles.clone(), ctx.reconcile_timeout());
+    marin3r_controller::run(
+        controller, CONTROLLER, deadline, metrics, reconcile, ctx, shutdown,
+    )
+    .await;
 }
 
 /// The name of the revision of `node_id` at `version`.

@@ -60,8 +60,11 @@ pub(crate) async fn run(
     let (reloads_tx, reloads) = mpsc::channel(256);
     let controller = controller.reconcile_on(ReceiverStream::new(reloads));
     let reconcile = move |r, ctx| reconcile(r, ctx, reloads_tx.clone());
-    let metrics = ctx.metrics.reconciles.clone();
-    marin3r_controller::run(controller, CONTROLLER, metrics, reconcile, ctx, shutdown).await;
+    let (metrics, deadline) = (ctx.metrics.reconciles.clone(), ctx.reconcile_timeout());
+    marin3r_controller::run(
+        controller, CONTROLLER, deadline, metrics, reconcile, ctx, shutdown,
+    )
+    .await;
     secrets.abort();
 }
 

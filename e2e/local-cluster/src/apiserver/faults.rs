@@ -1,7 +1,8 @@
 //! Fault injection, switched on through a handle on a running server: end every open watch,
 //! answer the next requests with an error code (optionally only one client's, e.g. a service
 //! account's), hang the requests for one resource, hold requests to a path until released,
-//! delay or fail webhook calls.
+//! never answer some requests at all (a connection that died silently), delay or fail
+//! webhook calls.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
@@ -63,6 +64,10 @@ struct State {
     request_delays: Vec<(String, Duration)>,
     /// Requests whose path starts with one of these answer this HTTP code, until allowed.
     denied: Vec<(String, u16)>,
+    /// How many of the next requests to each path are never answered.
+    unanswered: BTreeMap<String, usize>,
+    /// Requests left unanswered so far.
+    swallowed: u64,
 }
 
 /// The fault switches of one API server.
@@ -162,8 +167,12 @@ impl Faults {
         self.held.send_modify(|h| h.retain(|(p, _)| p != path));
     }
 
-    /// Waits while `path` is held for `user`.
+    /// Waits while `path` is held for `user`, or for good when the request is one never to
+    /// answer (until the client drops the connection).
     pub(super) async fn wait_if_held(&self, path: &str, user: &str) {
+        if self.swallow(path) {
+            std::future::pending::<()>().await;
+        }
         let mut rx = self.held.subscribe();
         let _ = rx
             .wait_for(|held| {
@@ -172,6 +181,29 @@ impl Faults {
                 })
             })
             .await;
+    }
+
+    /// Never answers the next `n` requests whose path is exactly `path`: each waits until its
+    /// client gives up, as on a connection whose peer vanished without a reset. The requests
+    /// after them are served normally.
+    pub fn never_answer(&self, path: &str, n: usize) {
+        *self.state().unanswered.entry(path.to_owned()).or_default() += n;
+    }
+
+    /// How many requests [`Self::never_answer`] has left unanswered.
+    pub fn swallowed(&self) -> u64 {
+        self.state().swallowed
+    }
+
+    /// Whether this request to `path` is one never to answer (and counts it).
+    fn swallow(&self, path: &str) -> bool {
+        let mut state = self.state();
+        let Some(left) = state.unanswered.get_mut(path).filter(|n| **n > 0) else {
+            return false;
+        };
+        *left -= 1;
+        state.swallowed += 1;
+        true
     }
 
     /// Holds every request for `resource` (a plural name such as `leases`) for `delay` before
@@ -300,6 +332,16 @@ mod tests {
         assert!(!held.is_finished());
         faults.release(path);
         tokio::time::timeout(quick, held).await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn only_the_next_n_requests_to_a_path_are_swallowed() {
+        let faults = Faults::default();
+        faults.never_answer("/api/v1/namespaces/a/secrets/web", 1);
+        assert!(!faults.swallow("/api/v1/namespaces/a/secrets"));
+        assert!(faults.swallow("/api/v1/namespaces/a/secrets/web"));
+        assert!(!faults.swallow("/api/v1/namespaces/a/secrets/web"));
+        assert_eq!(faults.swallowed(), 1);
     }
 
     #[test]
