@@ -43,6 +43,7 @@ pub fn parse(pem: &str) -> Vec<Ca<Cert>> {
                     der: info.der,
                     pem: block,
                 },
+                not_before: info.not_before,
                 not_after: info.not_after,
             })
         })

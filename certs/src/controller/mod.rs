@@ -4,6 +4,7 @@
 //! rotation in [`rotation`]) and [`plan::report`]; this module only reads and writes the API.
 
 pub mod bundle;
+mod immutable;
 mod metrics;
 pub mod plan;
 mod report;
@@ -247,17 +248,10 @@ async fn read_dependents(
         .list(&Default::default())
         .await?;
     let mut out = Vec::new();
-    for dsc in all {
-        let ns = dsc.namespace().unwrap_or_default();
-        let Ok(valid) = dsc.spec.validate(&ns) else {
-            continue;
-        };
-        if valid.ca_secret.as_ref() != Some(ca) {
-            continue;
-        }
-        let (secret_ns, secret_name) = &valid.secret;
-        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), secret_ns);
-        if let Some(secret) = api.get_opt(secret_name).await? {
+    let trusted = &ctx.config.trusted_namespaces;
+    for (secret_ns, secret_name) in all.iter().filter_map(|d| plan::dependent(d, ca, trusted)) {
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &secret_ns);
+        if let Some(secret) = api.get_opt(&secret_name).await? {
             out.push((
                 format!("{secret_ns}/{secret_name}"),
                 plan::tls_files(&secret),
@@ -288,7 +282,7 @@ async fn act(ctx: &Context, obs: &Observed<'_>) -> Result<plan::Outcome, Error> 
         Plan::NotReady(not_ready) => plan::not_ready(obs, not_ready),
         Plan::Keep(current) => plan::report(obs, valid, &current, None),
         Plan::Update { update, then } => {
-            patch_secret(ctx, valid, &update).await?;
+            patch_secret(ctx, obs.dsc, valid, &update).await?;
             plan::report(obs, valid, &then, None)
         }
         Plan::StartRotation {
@@ -339,7 +333,7 @@ async fn start_rotation(
         }
     };
     let update = bundle::start(state, &next, renew_request.as_deref());
-    patch_secret(ctx, valid, &update).await?;
+    patch_secret(ctx, obs.dsc, valid, &update).await?;
     let bundle_pem = update
         .data
         .get("ca.crt")
@@ -385,7 +379,7 @@ async fn issue(
     write_secret(ctx, dsc, valid, &issued, renew_request.as_deref()).await?;
     // A CA issued afresh starts no rotation where an earlier one stopped.
     if let Some(forget) = obs.secret.as_ref().and_then(bundle::forget_rotation) {
-        patch_secret(ctx, valid, &forget).await?;
+        patch_secret(ctx, dsc, valid, &forget).await?;
     }
     info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued certificate");
     let current = plan::Current {
@@ -437,26 +431,44 @@ async fn write_secret(
         ..Default::default()
     };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    marin3r_controller::apply::<_, Error>(&secrets, &secret, FIELD_MANAGER).await?;
-    Ok(())
+    match marin3r_controller::apply::<_, Error>(&secrets, &secret, FIELD_MANAGER).await {
+        Err(Error::Kube(e)) if immutable::refused_as_immutable(&e) => {
+            if immutable::unfreeze(&secrets, name, dsc).await?.is_none() {
+                return Err(Error::Kube(e));
+            }
+            marin3r_controller::apply::<_, Error>(&secrets, &secret, FIELD_MANAGER).await?;
+            Ok(())
+        }
+        result => result.map(|_| ()),
+    }
 }
 
-/// Changes some keys of the certificate's Secret (a merge patch).
+/// Changes some keys of the certificate's Secret (a merge patch); one `dsc` wrote that was
+/// made immutable is created again with the change (see [`immutable`]).
 async fn patch_secret(
     ctx: &Context,
+    dsc: &DiscoveryServiceCertificate,
     valid: &ValidSpec,
     update: &bundle::SecretUpdate,
 ) -> Result<(), Error> {
     let (ns, name) = &valid.secret;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    secrets
+    let patched = secrets
         .patch(
             name,
             &kube::api::PatchParams::apply(FIELD_MANAGER),
             &kube::api::Patch::Merge(update.merge_patch()),
         )
-        .await?;
-    Ok(())
+        .await;
+    match patched {
+        Err(e) if immutable::refused_as_immutable(&e) => {
+            let Some(old) = immutable::unfreeze(&secrets, name, dsc).await? else {
+                return Err(e.into());
+            };
+            immutable::recreate(&secrets, &old, update).await
+        }
+        result => result.map(|_| ()).map_err(Error::from),
+    }
 }
 
 async fn write_status(

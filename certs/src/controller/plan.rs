@@ -44,8 +44,16 @@ marin3r_controller::reasons! {
         NextCAIssued,
         NextCASigning,
         PreviousCADropped,
+        /// A CA rotation waits for, or went on without, certificates that do not trust
+        /// the next CA (the `RotationBlocked` condition and a Warning Event name them).
+        RotationBlocked,
+        /// Nothing holds the CA rotation (the `RotationBlocked` condition is False).
+        RotationProceeding,
     }
 }
+
+/// The condition a CA sets while certificates it signs do not take the next CA.
+pub const ROTATION_BLOCKED_CONDITION: &str = "RotationBlocked";
 
 /// Why a certificate is not ready, as the Ready condition's reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +151,8 @@ pub struct RotationNote {
     pub message: Option<String>,
     pub event: Option<Note>,
     pub requeue: Duration,
+    /// What holds the rotation (the `RotationBlocked` condition's message); None: nothing.
+    pub blocked: Option<String>,
 }
 
 impl RotationNote {
@@ -151,6 +161,7 @@ impl RotationNote {
             message,
             event,
             requeue,
+            blocked: None,
         }
     }
 }
@@ -161,6 +172,19 @@ pub struct Outcome {
     pub status: DiscoveryServiceCertificateStatus,
     pub events: Vec<Note>,
     pub requeue: Option<Duration>,
+}
+
+/// The Secret of `dsc` when the CA Secret `ca` signs it: a certificate whose spec the checks
+/// refuse (a cross-namespace reference from an untrusted namespace) is no dependent, or anyone
+/// allowed to create one could point it at the CA and hold its rotation.
+pub fn dependent(
+    dsc: &DiscoveryServiceCertificate,
+    ca: &(String, String),
+    trusted_namespaces: &std::collections::BTreeSet<String>,
+) -> Option<(String, String)> {
+    let ns = dsc.namespace().unwrap_or_default();
+    let valid = check_spec(dsc, trusted_namespaces.contains(&ns)).ok()?;
+    (valid.ca_secret.as_ref() == Some(ca)).then_some(valid.secret)
 }
 
 /// Checks the spec and that it names Secrets only where this certificate may. Observing
@@ -298,6 +322,7 @@ fn rotate(
         .collect();
     let cert_pem = state.signer.id.pem.clone();
     let trusted_pem = bundle::to_pem(&state.trusted);
+    let blocked = rotation::left_behind(&state, &leaves);
     let step = rotation::step(
         &state,
         &leaves,
@@ -318,8 +343,8 @@ fn rotate(
             },
             None => Plan::Keep(Current::plain(cert_pem, Some(trusted_pem))),
         },
-        Step::MarkDistributed => mark_distributed(obs, cert_pem, trusted_pem),
-        Step::Promote => promote(&state, secret, cert_pem, trusted_pem),
+        Step::MarkDistributed => mark_distributed(obs, cert_pem, trusted_pem, &blocked),
+        Step::Promote => promote(&state, secret, cert_pem, trusted_pem, &blocked),
         Step::Trust(cas) => trust(&state, &cas, cert_pem),
         Step::Wait { at, why } => {
             // Polled at least this often: the instant may be years away (the previous CA's
@@ -330,46 +355,91 @@ fn rotate(
             Plan::Keep(Current {
                 cert_pem,
                 ca_pem: Some(trusted_pem),
-                rotation: Some(RotationNote::new(Some(why), None, requeue)),
+                rotation: Some(waiting(obs, why, requeue, &blocked)),
             })
         }
     }
 }
 
+/// A rotation that waits: when certificates hold it, a Warning Event each time what holds
+/// it changes (not at every look), and the `RotationBlocked` condition.
+fn waiting(obs: &Observed<'_>, why: String, requeue: Duration, blocked: &[String]) -> RotationNote {
+    if blocked.is_empty() {
+        return RotationNote::new(Some(why), None, requeue);
+    }
+    let before = obs.dsc.status.as_ref().and_then(|s| s.rotation.as_ref());
+    let event = (before != Some(&why)).then(|| Note::warning(Reason::RotationBlocked, &why));
+    RotationNote {
+        blocked: Some(why.clone()),
+        ..RotationNote::new(Some(why), event, requeue)
+    }
+}
+
 /// Rotation step: every signed certificate trusts the next CA; it signs after the
 /// propagation time.
-fn mark_distributed(obs: &Observed<'_>, cert_pem: String, trusted_pem: String) -> Plan {
+fn mark_distributed(
+    obs: &Observed<'_>,
+    cert_pem: String,
+    trusted_pem: String,
+    blocked: &[String],
+) -> Plan {
     let at = rotation_deadline(obs.now, obs.trust_propagation);
-    let message = format!("every certificate the CA signs trusts the next CA; it signs from {at}");
     let requeue = obs.trust_propagation.clamp(MIN_WAKEUP, ROTATION_MAX_WAIT);
+    let note = if blocked.is_empty() {
+        let message =
+            format!("every certificate the CA signs trusts the next CA; it signs from {at}");
+        RotationNote::new(Some(message), None, requeue)
+    } else {
+        let message = format!(
+            "the next CA signs from {at}, without the certificates of {}, which never took it",
+            blocked.join(", ")
+        );
+        waiting(obs, message, requeue, blocked)
+    };
     Plan::Update {
         update: bundle::mark_distributed(obs.now),
         then: Current {
             cert_pem,
             ca_pem: Some(trusted_pem),
-            rotation: Some(RotationNote::new(Some(message), None, requeue)),
+            rotation: Some(note),
         },
     }
 }
 
-/// Rotation step: the next CA becomes the signer; the previous one stays trusted.
-fn promote(state: &CaState<Cert>, secret: &Secret, cert_pem: String, trusted_pem: String) -> Plan {
+/// Rotation step: the next CA becomes the signer; the previous one stays trusted. Past
+/// [`rotation::give_up_at`] it does so without the certificates in `blocked`, and says so.
+fn promote(
+    state: &CaState<Cert>,
+    secret: &Secret,
+    cert_pem: String,
+    trusted_pem: String,
+    blocked: &[String],
+) -> Plan {
     let Some((update, bundle_pem)) = bundle::promote(state, secret) else {
         return Plan::Keep(Current::plain(cert_pem, Some(trusted_pem)));
     };
     let cert_pem = state.next.as_ref().map_or(cert_pem, |n| n.id.pem.clone());
     let message = "the new CA signs; the previous CA stays trusted until every certificate it signed is reissued";
-    let event = Note::normal(Reason::NextCASigning, message);
+    let mut note = RotationNote::new(
+        Some(message.into()),
+        Some(Note::normal(Reason::NextCASigning, message)),
+        ROTATION_POLL,
+    );
+    if !blocked.is_empty() {
+        let text = format!(
+            "the new CA signs without the certificates of {}, which never took the next CA (an immutable Secret, or one nobody may write?): they stop trusting the discovery service until their Secrets are fixed",
+            blocked.join(", ")
+        );
+        note.event = Some(Note::warning(Reason::RotationBlocked, &text));
+        note.message = Some(text.clone());
+        note.blocked = Some(text);
+    }
     Plan::Update {
         update,
         then: Current {
             cert_pem,
             ca_pem: Some(bundle_pem),
-            rotation: Some(RotationNote::new(
-                Some(message.into()),
-                Some(event),
-                ROTATION_POLL,
-            )),
+            rotation: Some(note),
         },
     }
 }

@@ -350,3 +350,101 @@ fn an_intermediate_ca_secret_is_trusted_as_itself() {
     };
     assert_eq!(certs_in(&bundle::trust_bundle(&files).unwrap()).len(), 2);
 }
+
+/// Issue 26, N4: a certificate whose Secret never takes the bundle (immutable, or one nobody
+/// may write) holds step 1 only until 90% of the CA's life: the next CA then signs, well
+/// before the current one expires, and the CA says which certificate held it and was left
+/// behind (status, the RotationBlocked condition, Warning Events).
+#[test]
+fn a_leaf_that_never_takes_the_bundle_holds_the_rotation_only_until_nine_tenths_of_the_ca_life() {
+    let mut w = World::new();
+    let info = crate::CertificateInfo::from_pem(&text(&w.ca_secret, "tls.crt")).unwrap();
+    let t0 = OffsetDateTime::now_utc();
+    w.ca.metadata.annotations = Some([(RENEW_ANNOTATION.to_owned(), "now".to_owned())].into());
+    assert_eq!(w.ca_step(t0).0, "start");
+    let next_ca = text(&w.ca_secret, rotation::NEXT_CERT_KEY);
+    // The leaf's Secret never changes: no `leaf_step` from here on.
+    let (step, waiting) = w.ca_step(t0 + time::Duration::minutes(10));
+    assert_eq!(step, "keep");
+    // Said once: the next look, with that status written, adds no Event.
+    w.ca.status = Some(waiting.status.clone());
+    assert!(
+        w.ca_step(t0 + time::Duration::minutes(11))
+            .1
+            .events
+            .is_empty()
+    );
+
+    let life = info.not_after - info.not_before;
+    let nine_tenths = info.not_before + life * 9 / 10;
+    let mut t = nine_tenths - time::Duration::seconds(1);
+    assert_eq!(w.ca_step(t).0, "keep", "still waiting just before");
+    let mut promoted = None;
+    for _ in 0..5 {
+        t += D + time::Duration::seconds(1);
+        let (_, outcome) = w.ca_step(t);
+        if text(&w.ca_secret, "tls.crt") == next_ca {
+            promoted = Some((t, outcome));
+            break;
+        }
+    }
+    let (when, outcome) = promoted.expect("the rotation never promoted the next CA");
+    assert!(
+        when < info.not_after - life / 20,
+        "promoted too late: {when}"
+    );
+    // Said when it gave up, by name, as a Warning.
+    let left = outcome.status.rotation.unwrap();
+    assert!(
+        left.contains("signs without the certificates of ns/server"),
+        "{left}"
+    );
+    assert_eq!(outcome.events[0].reason, Reason::RotationBlocked.as_str());
+
+    // While it waited, what held it was said, by name.
+    let blocked = waiting
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ROTATION_BLOCKED_CONDITION)
+        .unwrap();
+    assert_eq!(blocked.status, "True");
+    assert!(blocked.message.contains("ns/server"), "{}", blocked.message);
+    assert_eq!(waiting.events[0].reason, Reason::RotationBlocked.as_str());
+    assert_eq!(
+        waiting.events[0].type_,
+        kube::runtime::events::EventType::Warning
+    );
+}
+
+/// Issue 26, N4: a certificate anyone may create elsewhere, pointed at the CA by a
+/// cross-namespace reference its namespace may not make, is refused, and so does not hold
+/// the CA's rotation; the old filter (`spec.validate`, no namespace check) counted it.
+#[test]
+fn a_refused_certificate_is_no_dependent_of_the_ca() {
+    let ca = ("ns".to_owned(), "ca".to_owned());
+    let none = std::collections::BTreeSet::new();
+    let w = World::new();
+    assert_eq!(
+        dependent(&w.leaf, &ca, &none),
+        Some(("ns".into(), "server".into()))
+    );
+    let mut evil = dsc(
+        "evil",
+        serde_json::json!({"caSigned": {"caSecretRef": {"name": "ca", "namespace": "ns"}}}),
+        false,
+    );
+    evil.metadata.namespace = Some("tenant".into());
+    assert!(
+        evil.spec.validate("tenant").is_ok(),
+        "what the old filter used"
+    );
+    assert_eq!(dependent(&evil, &ca, &none), None);
+    let trusted = std::collections::BTreeSet::from(["tenant".to_owned()]);
+    assert_eq!(
+        dependent(&evil, &ca, &trusted),
+        Some(("tenant".into(), "evil".into()))
+    );
+    // Not signed by this CA: not a dependent either.
+    assert_eq!(dependent(&w.ca, &ca, &none), None);
+}

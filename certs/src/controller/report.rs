@@ -6,7 +6,9 @@ use kube::ResourceExt;
 use marin3r_controller::{Note, set_condition};
 use time::OffsetDateTime;
 
-use super::plan::{Current, MIN_WAKEUP, NotReady, Observed, Outcome, Reason};
+use super::plan::{
+    Current, MIN_WAKEUP, NotReady, Observed, Outcome, ROTATION_BLOCKED_CONDITION, Reason,
+};
 use super::triggers::{IssueReason, Readiness, next_wakeup, readiness, renewal_due_at};
 use crate::CertificateInfo;
 use crate::api::{DiscoveryServiceCertificateStatus, READY_CONDITION, RENEW_ANNOTATION, ValidSpec};
@@ -45,6 +47,8 @@ pub fn report(
         ready_condition(readiness(&info, obs.now), &secret_ref, renewal_off, expiry);
     status.ready = Some(ready);
     set_ready_condition(&mut status, obs, ready, reason, &message);
+    let blocked = current.rotation.as_ref().and_then(|r| r.blocked.as_deref());
+    set_rotation_blocked(&mut status, obs, blocked);
     let was_ready = dsc.status.as_ref().and_then(|s| s.ready) == Some(true);
     let mut events = match issued {
         Some(because) => vec![Note::normal(
@@ -165,6 +169,39 @@ fn set_ready_condition(
         generation,
         &to_time(obs.now),
     )
+}
+
+/// `RotationBlocked` True with what holds the rotation; False once nothing does (absent on a
+/// CA never held up).
+fn set_rotation_blocked(
+    status: &mut DiscoveryServiceCertificateStatus,
+    obs: &Observed<'_>,
+    blocked: Option<&str>,
+) {
+    let had = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == ROTATION_BLOCKED_CONDITION);
+    let (value, reason, message) = match blocked {
+        Some(why) => (true, Reason::RotationBlocked, why),
+        None if had => (
+            false,
+            Reason::RotationProceeding,
+            "nothing holds a CA rotation",
+        ),
+        None => return,
+    };
+    let now = to_time(obs.now);
+    let generation = obs.dsc.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        ROTATION_BLOCKED_CONDITION,
+        value,
+        reason,
+        message,
+        generation,
+        &now,
+    );
 }
 
 pub fn to_time(t: OffsetDateTime) -> Time {

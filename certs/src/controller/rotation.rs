@@ -7,7 +7,9 @@
 //! long that takes):
 //! 1. **Start**: the next CA is issued into `next.crt`/`next.key` and added to the bundle;
 //!    the current CA keeps signing. Every certificate's `ca.crt` is rewritten to the bundle
-//!    (its key and certificate stay). Once all of them hold it, the time is recorded.
+//!    (its key and certificate stay). Once all of them hold it, the time is recorded; a
+//!    certificate whose Secret never takes it holds the rotation only until [`give_up_at`]
+//!    (90% of the current CA's life), after which the rotation goes on without it.
 //! 2. **Promote**, `propagation` after that: the next CA signs; the previous one stays in the
 //!    bundle, so certificates not yet reissued (or not yet reloaded) are still trusted.
 //! 3. **Drop**: once every certificate is signed by the new CA and the last one was issued
@@ -36,6 +38,7 @@ pub const DEFAULT_TRUST_PROPAGATION: Duration = Duration::from_secs(180);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ca<C> {
     pub id: C,
+    pub not_before: OffsetDateTime,
     pub not_after: OffsetDateTime,
 }
 
@@ -148,25 +151,75 @@ fn spread_next<C: Clone + PartialEq>(
         .iter()
         .filter(|l| !same_set(&l.trusts, bundle))
         .collect();
-    if !pending.is_empty() {
+    let give_up = give_up_at(ca, next, propagation);
+    if !pending.is_empty() && give_up.is_none_or(|at| now < at) {
+        let when = give_up
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_else(|| "never".into());
         return Step::Wait {
-            at: None,
+            at: give_up,
             why: format!(
-                "waiting for the certificates of {} to trust the next CA",
+                "waiting for the certificates of {} to trust the next CA; from {when} it signs without them",
                 names(&pending)
             ),
         };
     }
+    // Past `give_up` the certificates still pending are left behind (see `left_behind`).
     let Some(since) = ca.distributed_at else {
         return Step::MarkDistributed;
+    };
+    let without = match pending.is_empty() {
+        true => String::new(),
+        false => format!(
+            ", going on without the certificates of {}, which never took it",
+            names(&pending)
+        ),
     };
     match shifted(since, propagation) {
         Some(at) if now >= at => Step::Promote,
         at => Step::Wait {
             at,
-            why: "waiting for the bundle with the next CA to reach every reader".into(),
+            why: format!("waiting for the bundle with the next CA to reach every reader{without}"),
         },
     }
+}
+
+/// When step 1 stops waiting for certificates that do not take the bundle (an immutable
+/// Secret, one nobody may write): at 90% of the signing CA's life, so the rotation ends well
+/// before that CA expires, taking every other party with it; but not before the next CA has
+/// had a propagation to reach the cooperative ones, for a rotation started later than that.
+pub fn give_up_at<C>(
+    ca: &CaState<C>,
+    next: &Ca<C>,
+    propagation: Duration,
+) -> Option<OffsetDateTime> {
+    let (start, end) = (
+        ca.signer.not_before.unix_timestamp(),
+        ca.signer.not_after.unix_timestamp(),
+    );
+    let nine_tenths = end.checked_sub(start)?.checked_div(10)?.checked_mul(9)?;
+    let late = OffsetDateTime::from_unix_timestamp(start.checked_add(nine_tenths)?).ok()?;
+    let spread = shifted(next.not_before, propagation)?;
+    Some(late.max(spread))
+}
+
+/// The certificates that do not trust the bundle with the next CA: those step 1 waits for,
+/// and, past [`give_up_at`], those the rotation goes on without.
+pub fn left_behind<C: Clone + PartialEq>(ca: &CaState<C>, leaves: &[Leaf<C>]) -> Vec<String> {
+    if ca.next.is_none() {
+        return Vec::new();
+    }
+    let bundle: Vec<C> = ca.trusted.iter().map(|c| c.id.clone()).collect();
+    let mut names: Vec<String> = leaves
+        .iter()
+        .filter(|l| !same_set(&l.trusts, &bundle))
+        .map(|l| l.name.clone())
+        .collect();
+    names.sort_unstable();
+    names
 }
 
 /// Step 3: the `previous` CAs leave the bundle once nothing presents a certificate they

@@ -14,6 +14,7 @@ fn at(secs: i64) -> OffsetDateTime {
 fn ca(id: u32) -> Ca<u32> {
     Ca {
         id,
+        not_before: at(0),
         not_after: at(1_000_000),
     }
 }
@@ -53,10 +54,15 @@ fn a_rotation_trusts_then_signs_then_drops() {
     let mut ca = state(1, Some(2), &[1, 2]);
     let old = [leaf("ns/client", 1, &[1], 0), leaf("ns/server", 1, &[1], 0)];
     // A leaf still trusting only the signer waits, by name; a renewal does not restart it.
-    let Step::Wait { at: None, why } = step(&ca, &old, true, at(100), D) else {
+    let Step::Wait {
+        at: Some(give_up),
+        why,
+    } = step(&ca, &old, true, at(100), D)
+    else {
         panic!("must wait for the leaves")
     };
     assert!(why.contains("ns/client, ns/server"), "{why}");
+    assert_eq!(give_up, at(900_000), "90% of the signer's life");
     // Each leaf's ca.crt becomes the bundle; nothing is reissued (still signed by 1).
     assert_eq!(leaf_trust(&[1], &ca), Some(vec![1, 2]));
     let updated = [
@@ -104,6 +110,49 @@ fn a_rotation_trusts_then_signs_then_drops() {
     let done = state(2, None, &[2]);
     assert_eq!(leaf_trust(&[2, 1], &done), Some(vec![2]));
     assert_eq!(step(&done, &reissued, false, at(126), D), Step::Idle);
+}
+
+/// Issue 26, N4: a leaf that never takes the bundle holds step 1 until 90% of the signer's
+/// life only; then the rotation goes on without it, and promotes a propagation later.
+#[test]
+fn a_leaf_that_never_takes_the_bundle_holds_step_one_until_nine_tenths_of_the_life() {
+    let mut ca = state(1, Some(2), &[1, 2]);
+    let stuck = [
+        leaf("ns/immutable", 1, &[1], 0),
+        leaf("ns/ok", 1, &[1, 2], 0),
+    ];
+    assert!(matches!(
+        step(&ca, &stuck, false, at(899_999), D),
+        Step::Wait { .. }
+    ));
+    assert_eq!(left_behind(&ca, &stuck), ["ns/immutable"]);
+    assert_eq!(
+        step(&ca, &stuck, false, at(900_000), D),
+        Step::MarkDistributed
+    );
+    ca.distributed_at = Some(at(900_000));
+    let Step::Wait { at: Some(t), why } = step(&ca, &stuck, false, at(900_001), D) else {
+        panic!()
+    };
+    assert_eq!(t, at(900_010));
+    assert!(
+        why.contains("without the certificates of ns/immutable"),
+        "{why}"
+    );
+    assert_eq!(step(&ca, &stuck, false, at(900_010), D), Step::Promote);
+    // A rotation started after 90% still gives the cooperative leaves a propagation.
+    let mut late = state(1, Some(2), &[1, 2]);
+    late.next.as_mut().unwrap().not_before = at(950_000);
+    assert_eq!(
+        give_up_at(&late, late.next.as_ref().unwrap(), D),
+        Some(at(950_010))
+    );
+    assert!(matches!(
+        step(&late, &stuck, false, at(950_009), D),
+        Step::Wait { .. }
+    ));
+    // With no next CA, nothing is left behind.
+    assert!(left_behind(&state(2, None, &[2, 1]), &stuck).is_empty());
 }
 
 #[test]
