@@ -528,7 +528,25 @@ async fn each_trigger_reissues_exactly_once() {
     env.assert_stable("client-cert", &current.serial, quiet)
         .await;
 
-    events += 4;
+    // 5. The Secret made immutable (a namespace admin may): the renewal replaces it whole
+    //    rather than failing on it for ever (issue 26, N4).
+    let freeze = json!({"immutable": true});
+    env.secrets(&env.ns)
+        .patch("client-cert", &PatchParams::default(), &Patch::Merge(freeze))
+        .await
+        .unwrap();
+    let renew = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": "second"}}});
+    env.dscs()
+        .patch("client", &PatchParams::default(), &Patch::Merge(&renew))
+        .await
+        .unwrap();
+    current = env
+        .wait_new_serial("client-cert", &current.serial, Duration::from_secs(10))
+        .await;
+    env.assert_stable("client-cert", &current.serial, quiet)
+        .await;
+
+    events += 5;
     let all: Api<Event> = Api::namespaced(env.client.clone(), &env.ns);
     let notes: Vec<String> = all
         .list(&ListParams::default())

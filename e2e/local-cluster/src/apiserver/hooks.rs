@@ -88,10 +88,53 @@ pub fn on_update(info: &ResourceInfo, old: &Value, obj: &mut Value) -> Result<()
     if is_secret(info) {
         fold_string_data(obj);
     }
+    let errors = immutable_errors(info, old, obj);
+    if !errors.is_empty() {
+        return Err(ApiError::invalid_fields(info, meta::name(obj), &errors));
+    }
     if is_crd(info) {
         registry::from_crd(obj).map_err(|e| ApiError::invalid(info, meta::name(obj), e))?;
     }
     Ok(())
+}
+
+/// A Secret or ConfigMap stored with `immutable: true` keeps its content and stays
+/// immutable (only its metadata may change, or it is deleted), and a Secret keeps its type:
+/// kube-apiserver's `ValidateSecretUpdate` and `ValidateConfigMapUpdate`.
+fn immutable_errors(info: &ResourceInfo, old: &Value, new: &Value) -> Vec<String> {
+    let is_config_map = info.group.is_empty() && info.plural == "configmaps";
+    if !is_secret(info) && !is_config_map {
+        return Vec::new();
+    }
+    let mut errors = Vec::new();
+    if is_secret(info) && old.get("type") != new.get("type") {
+        let new_type = new.get("type").and_then(Value::as_str).unwrap_or_default();
+        errors.push(format!(
+            "type: Invalid value: {new_type:?}: field is immutable"
+        ));
+    }
+    if old.get("immutable") != Some(&Value::Bool(true)) {
+        return errors;
+    }
+    const FORBIDDEN: &str = "Forbidden: field is immutable when `immutable` is set";
+    if new.get("immutable") != Some(&Value::Bool(true)) {
+        errors.push(format!("immutable: {FORBIDDEN}"));
+    }
+    let fields: &[&str] = if is_config_map {
+        &["data", "binaryData"]
+    } else {
+        &["data"]
+    };
+    for field in fields {
+        let empty =
+            |v: Option<&Value>| v.is_none_or(|v| v.as_object().is_some_and(|o| o.is_empty()));
+        let same = old.get(*field) == new.get(*field)
+            || (empty(old.get(*field)) && empty(new.get(*field)));
+        if !same {
+            errors.push(format!("{field}: {FORBIDDEN}"));
+        }
+    }
+    errors
 }
 
 /// `stringData` is write-only: merged into `data` base64-encoded.

@@ -778,3 +778,62 @@ async fn endpoint_slices_are_defaulted_and_validated() {
         "{message}"
     );
 }
+
+/// An immutable Secret or ConfigMap keeps its content (only metadata changes, or deletion),
+/// and a Secret keeps its type, with kube-apiserver's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immutable_secrets_and_config_maps_keep_their_content() {
+    let (_server, client, ns) = setup().await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    create(
+        &secrets,
+        json!({"metadata": {"name": "frozen"}, "immutable": true, "stringData": {"k": "v"}}),
+    )
+    .await;
+    let patch = |body: Value| async {
+        let params = PatchParams::default();
+        match secrets.patch("frozen", &params, &Patch::Merge(body)).await {
+            Err(kube::Error::Api(s)) => (s.code, s.message),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    let (code, message) = patch(json!({"stringData": {"k": "changed"}})).await;
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        "Secret \"frozen\" is invalid: data: Forbidden: field is immutable when `immutable` is set"
+    );
+    let (_, message) = patch(json!({"immutable": false})).await;
+    assert!(message.contains("immutable: Forbidden"), "{message}");
+    let (_, message) = patch(json!({"type": "kubernetes.io/tls"})).await;
+    assert!(
+        message.contains("type: Invalid value: \"kubernetes.io/tls\": field is immutable"),
+        "{message}"
+    );
+    // Labels may change; the Secret may go.
+    secrets
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    secrets.delete("frozen", &Default::default()).await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    create(
+        &cms,
+        json!({"metadata": {"name": "frozen"}, "immutable": true, "data": {"k": "v"}}),
+    )
+    .await;
+    let err = cms
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "w"}})),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("data: Forbidden: field is immutable"), "{err}");
+}
