@@ -532,7 +532,11 @@ async fn each_trigger_reissues_exactly_once() {
     //    rather than failing on it for ever (issue 26, N4).
     let freeze = json!({"immutable": true});
     env.secrets(&env.ns)
-        .patch("client-cert", &PatchParams::default(), &Patch::Merge(freeze))
+        .patch(
+            "client-cert",
+            &PatchParams::default(),
+            &Patch::Merge(freeze),
+        )
         .await
         .unwrap();
     let renew = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": "second"}}});
@@ -619,7 +623,12 @@ async fn a_renewed_ca_is_trusted_before_it_signs_and_dropped_after_its_certifica
     let start = Instant::now();
     let (mut bundled_everywhere, mut switched, mut reissued) = (None, None, None);
     let mut saw_rotation_status = false;
+    // When each step is first seen, the start of the poll before (which did not see it yet)
+    // is when it happened at the earliest: measured from there, the time until the next step
+    // is never shorter than the controller's, however slow a poll is.
+    let mut before_this_poll = start;
     let new_ca_pem = loop {
+        let this_poll = Instant::now();
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the rotation did not finish: bundled {bundled_everywhere:?}, switched {switched:?}, reissued {reissued:?}"
@@ -666,7 +675,7 @@ async fn a_renewed_ca_is_trusted_before_it_signs_and_dropped_after_its_certifica
                 "a certificate was reissued before all trusted the next CA"
             );
             assert_eq!(ca.serial, old_ca.serial, "the next CA signs too early");
-            bundled_everywhere = Some(Instant::now());
+            bundled_everywhere = Some(before_this_poll);
         }
         if switched.is_none() && ca.serial != old_ca.serial {
             let since =
@@ -690,7 +699,7 @@ async fn a_renewed_ca_is_trusted_before_it_signs_and_dropped_after_its_certifica
             .iter()
             .all(|(s, _)| verify_signed_by(&text(s, "tls.crt").unwrap(), &ca_pem).is_ok());
         if switched.is_some() && all_new && reissued.is_none() {
-            reissued = Some(Instant::now());
+            reissued = Some(before_this_poll);
         }
         if ca_bundle.len() == 1 && switched.is_some() {
             let since =
@@ -700,6 +709,7 @@ async fn a_renewed_ca_is_trusted_before_it_signs_and_dropped_after_its_certifica
                 break ca_pem;
             }
         }
+        before_this_poll = this_poll;
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
