@@ -9,6 +9,18 @@ use std::sync::Mutex;
 /// Every port handed out in this process: tests sharing a process never get the same one.
 static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
+/// Whether `port` is free on IPv4 loopback and, where the host has IPv6, on `[::]` too:
+/// servers that bind every address of both families (the sidecar's readiness listener) need
+/// it free in both.
+fn free_in_both_families(port: u16) -> bool {
+    let v4 = TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let v6 = match TcpListener::bind(("::", port)) {
+        Ok(_) => true,
+        Err(e) => e.kind() != std::io::ErrorKind::AddrInUse,
+    };
+    v4 && v6
+}
+
 /// A free loopback port, below the kernel's ephemeral range: a port from `bind(:0)` is free
 /// only until someone else binds :0 (Envoy's admin, any client socket) and may be given it.
 #[expect(
@@ -30,7 +42,7 @@ pub fn free_port() -> u16 {
         let Ok(port) = u16::try_from(low + start.wrapping_add(i) % span) else {
             continue;
         };
-        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !handed_out.contains(&port) && free_in_both_families(port) {
             handed_out.insert(port);
             return port;
         }

@@ -31,10 +31,7 @@ fn the_sidecar_command_line_configures_a_real_envoy() {
 fn run_sidecar(bootstrap: &str) {
     let dir = tempfile::tempdir().unwrap();
     let access_log = dir.path().join("admin-access.log");
-    let free_port = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let free_port = marin3r_testkit::ports::free_port;
     let (admin_port, readiness_port) = (free_port(), free_port());
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {
