@@ -1,7 +1,8 @@
 //! marin3r's test helpers: the real tools `hack/install-tools` installs (`tools`), real Envoy
 //! processes (`envoy`), kubectl bound to a kubeconfig (`kubectl`), the one polling loop
 //! (`wait`) and free ports (`ports`); with the `pki` feature a throwaway PKI from marin3r-certs,
-//! with `xds` an ADS client, Envoy resources and the xDS server as a fixture. Without
+//! with `xds` an ADS client, Envoy resources and the xDS server as a fixture, with `webhook`
+//! clients of the webhook's HTTPS server (by loopback address, slow bodies). Without
 //! features it needs no marin3r crate, so the local cluster can test itself with it.
 
 pub mod envoy;
@@ -11,5 +12,7 @@ pub mod pki;
 pub mod ports;
 pub mod tools;
 pub mod wait;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 #[cfg(feature = "xds")]
 pub mod xds;

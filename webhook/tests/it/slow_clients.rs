@@ -9,12 +9,9 @@
 use crate::support;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use hyper::body::{Bytes, Frame};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use marin3r_testkit::webhook::{self, SlowH2, TlsClient};
 use marin3r_webhook::WebhookServerConfig;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
@@ -177,50 +174,15 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
 const ATTACKER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1));
 const API_SERVER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 
-/// A request body that sends its first bytes and then nothing, ever.
-struct Trickle(Option<Bytes>);
-
-impl hyper::body::Body for Trickle {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.0.take() {
-            Some(first) => Poll::Ready(Some(Ok(Frame::data(first)))),
-            None => Poll::Pending,
-        }
-    }
-}
-
-type H2 = hyper::client::conn::http2::SendRequest<Trickle>;
-
 /// An HTTP/2 connection from `from`, or None when the server closes it first.
-async fn h2_from(from: IpAddr, addr: SocketAddr, ca_pem: &str) -> Option<H2> {
-    let tls = try_tls_stream(Some(from), addr, ca_pem, &[b"h2"])
-        .await
-        .ok()?;
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .ok()?;
-    tokio::spawn(conn);
-    Some(send)
+async fn h2_from(from: IpAddr, addr: SocketAddr, ca_pem: &str) -> Option<SlowH2> {
+    let tls = TlsClient::new(ca_pem, HOST, &[b"h2"]).unwrap();
+    webhook::h2_from(&tls, Some(from), addr).await.ok()
 }
 
 /// Starts a review whose body never ends; the task yields its status, if it gets one.
-fn slow_review(send: &mut H2) -> tokio::task::JoinHandle<Option<u16>> {
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri(format!("https://{HOST}/pod-v1-mutate"))
-        .header("content-type", "application/json")
-        .header("content-length", "100000")
-        .body(Trickle(Some(Bytes::from_static(b"{\"apiVersion\":"))))
-        .unwrap();
-    let response = send.send_request(req);
-    tokio::spawn(async move { response.await.ok().map(|r| r.status().as_u16()) })
+fn slow_review(send: &mut SlowH2) -> tokio::task::JoinHandle<Option<u16>> {
+    webhook::slow_review(send, HOST)
 }
 
 /// A valid review from the API server's address, answered within a second.

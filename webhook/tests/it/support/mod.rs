@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -15,12 +14,10 @@ use hyper_util::rt::TokioIo;
 use marin3r_certs::{CertificateInfo, IssuedCertificate};
 use marin3r_local_cluster::kubelet::volumes::{secret_files, write_atomic};
 pub use marin3r_testkit::pki::Pki;
+use marin3r_testkit::webhook::TlsClient;
 use marin3r_webhook::WebhookServerConfig;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsConnector;
 
 pub const HOST: &str = "marin3r.marin3r-system.svc";
 
@@ -118,41 +115,17 @@ pub async fn connect(
     connect_from(None, addr, ca_pem, versions).await
 }
 
-/// A TCP connection to `addr` from the loopback address `from` (any of 127.0.0.0/8), so a
-/// test can be several clients by address.
-pub async fn tcp_from(
-    from: Option<std::net::IpAddr>,
-    addr: SocketAddr,
-) -> std::io::Result<TcpStream> {
-    let Some(from) = from else {
-        return TcpStream::connect(addr).await;
-    };
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(addr).await
-}
-
-/// [`connect`] from the loopback address `from`.
+/// [`connect`] from the loopback address `from` (any of 127.0.0.0/8), so a test can be
+/// several clients by address.
 pub async fn connect_from(
     from: Option<std::net::IpAddr>,
     addr: SocketAddr,
     ca_pem: &str,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Client {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(versions)
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tcp_from(from, addr).await.unwrap();
-    let stream = TlsConnector::from(Arc::new(tls))
-        .connect(ServerName::try_from(HOST).unwrap(), tcp)
+    let stream = TlsClient::with_versions(ca_pem, HOST, &[], versions)
+        .unwrap()
+        .connect(from, addr)
         .await
         .unwrap();
     let peer = stream.get_ref().1.peer_certificates().unwrap()[0].clone();
@@ -312,20 +285,8 @@ pub async fn try_tls_stream(
     ca_pem: &str,
     alpn: &[&[u8]],
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    let tcp = tcp_from(from, addr).await?;
-    TlsConnector::from(Arc::new(tls))
-        .connect(ServerName::try_from(HOST).unwrap(), tcp)
+    TlsClient::new(ca_pem, HOST, alpn)
+        .unwrap()
+        .connect(from, addr)
         .await
 }
