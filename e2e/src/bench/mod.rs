@@ -1,5 +1,6 @@
 //! The benchmarks `hack/bench` runs. Each returns rows of one table; the binary prints them.
 
+pub mod abuse;
 pub mod admission;
 pub mod certs;
 pub mod convert;
@@ -51,6 +52,22 @@ pub fn human(d: Duration) -> String {
     } else {
         format!("{:.2} s", us / 1e6)
     }
+}
+
+/// A `/proc/<pid>/status` field of a process, in bytes (`VmRSS`, `VmHWM`).
+pub fn process_memory(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {field} in /proc/{pid}/status"))?;
+    Ok(kb * 1024)
+}
+
+/// Bytes in MiB, for the tables.
+pub fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
 }
 
 /// Renders rows as a Markdown table.

@@ -165,13 +165,7 @@ impl ServerProcess {
 
     /// A `/proc/<pid>/status` field in bytes (`VmRSS`, `VmHWM`).
     fn memory(&self, field: &str) -> anyhow::Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-            .and_then(|v| v.trim().trim_end_matches(" kB").parse().ok())
-            .with_context(|| format!("no {field} in /proc status"))?;
-        Ok(kb * 1024)
+        super::process_memory(self.child.id(), field)
     }
 }
 

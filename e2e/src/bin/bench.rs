@@ -8,8 +8,9 @@ struct Args {
     /// Multiply every benchmark's sample count (e.g. 0.1 for a quick run).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Run only these benchmarks (comma separated: certs, convert, admission, xds, soak);
-    /// all but soak by default.
+    /// Run only these benchmarks (comma separated: certs, convert, admission, xds, soak,
+    /// abuse); all but soak and abuse by default. abuse mounts the review's N1 and N2 attacks
+    /// on the release `marin3r discovery-service` (issue 26; a few minutes).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// How long the soak churns pods, updates the EnvoyConfig and injects faults (e.g.
@@ -40,12 +41,13 @@ fn main() -> anyhow::Result<()> {
         return marin3r_e2e::bench::xds::run_server(dir);
     }
     anyhow::ensure!(args.scale > 0.0, "--scale must be positive");
-    // The soak needs root and minutes: only when asked for.
+    // The soak needs root and minutes, the attacks minutes: only when asked for.
     let wanted = |name: &str| {
-        (args.only.is_empty() && name != "soak") || args.only.iter().any(|o| o == name)
+        (args.only.is_empty() && !["soak", "abuse"].contains(&name))
+            || args.only.iter().any(|o| o == name)
     };
     let mut rows = Vec::new();
-    const ALL: [&str; 5] = ["certs", "convert", "admission", "xds", "soak"];
+    const ALL: [&str; 6] = ["certs", "convert", "admission", "xds", "soak", "abuse"];
     if let Some(unknown) = args.only.iter().find(|o| !ALL.contains(&o.as_str())) {
         anyhow::bail!(
             "unknown benchmark {unknown:?}: expected one of {}",
@@ -66,6 +68,9 @@ fn main() -> anyhow::Result<()> {
             args.scale,
             args.xds_max_streams,
         )?);
+    }
+    if wanted("abuse") {
+        rows.extend(marin3r_e2e::bench::abuse::abuse(args.scale)?);
     }
     let mut failures = Vec::new();
     if wanted("soak") {
