@@ -3,6 +3,7 @@
 
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
 
+mod abuse_smoke;
 mod ca_rotation_e2e;
 mod certificate_controller;
 mod convert_envoy;

@@ -1,0 +1,44 @@
+//! A small run of the attacks `hack/bench --only abuse` mounts at full scale
+//! (`src/bench/abuse/`): the harness works end to end against the built `marin3r` (the one
+//! beside this test binary, `cargo build -p marin3r-discovery`), and the limits the attacks
+//! meet do their part (the names refused by length and by the namespace's budget, the other
+//! namespace served, every valid admission answered). No memory or latency figure is
+//! asserted: those belong to BENCHMARKS.md. Needs no root.
+
+use marin3r_e2e::bench::abuse::abuse;
+
+#[test]
+fn a_small_abuse_run_is_refused_and_measured() {
+    let rows = abuse(0.05).unwrap();
+    let table = marin3r_e2e::bench::table(&rows);
+    let n1: Vec<_> = rows
+        .iter()
+        .filter(|r| r.benchmark.starts_with("N1"))
+        .collect();
+    assert_eq!(n1.len(), 2, "{table}");
+    assert!(
+        n1[0].result.contains("refused streams: NameSize=1"),
+        "{table}"
+    );
+    assert!(
+        n1[1].result.contains("SubscriptionBytesPerNamespace="),
+        "{table}"
+    );
+    let served = rows
+        .iter()
+        .filter(|r| r.case.contains("another namespace's proxy"))
+        .collect::<Vec<_>>();
+    assert_eq!(served.len(), 2, "{table}");
+    assert!(
+        served.iter().all(|r| r.result.starts_with("met")),
+        "{table}"
+    );
+    let n2: Vec<_> = rows
+        .iter()
+        .filter(|r| r.benchmark.starts_with("N2"))
+        .collect();
+    assert_eq!(n2.len(), 3, "{table}");
+    for row in n2.iter().filter(|r| !r.result.starts_with("skipped")) {
+        assert!(row.result.contains("10/10 answered"), "{table}");
+    }
+}
