@@ -107,7 +107,8 @@ impl Tally {
 
     fn summary(&self) -> String {
         format!(
-            "{} connections opened ({} attempts), at most {} open at once; {} slow requests: \
+            "{} connections opened ({} attempts), at most {} open at once as they saw it (a \
+             closed connection is noticed at its next request, within 2 s); {} slow requests: \
              {} got 408, {} got 429, {} dropped with their connection or still open",
             Self::get(&self.connected),
             Self::get(&self.attempts),

@@ -141,7 +141,7 @@ impl Measured {
             case,
             samples: a.names,
             result: format!(
-                "streams opened: {}; the client wrote {} names ({}) in {} before the server closed or \
+                "streams opened: {}; names written: {} ({}, in {}) before the server closed or \
                  kept each stream; streams kept: {}, ended: {}; server RSS \
                  {} before, peak {} (VmHWM); marin3r_xds_subscription_bytes peak {}, {} while \
                  the attack held; refused streams: {}; {BYSTANDER}'s proxy got its next config \
