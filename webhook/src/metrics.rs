@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -17,7 +17,7 @@ struct OutcomeLabels {
 
 /// Why a connection or request was refused before it was read: the `limit` label of
 /// `marin3r_webhook_refused_total`.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Refusal {
     /// Every connection slot stayed taken (`max_connections`).
     Connections,
@@ -25,6 +25,23 @@ pub enum Refusal {
     ConnectionsPerAddress,
     /// The client's address had its share of requests in flight.
     RequestsPerAddress,
+}
+
+impl Refusal {
+    /// Its `limit` label value: lowercase snake_case, as Prometheus label values are.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connections => "connections",
+            Self::ConnectionsPerAddress => "connections_per_address",
+            Self::RequestsPerAddress => "requests_per_address",
+        }
+    }
+}
+
+impl EncodeLabelValue for Refusal {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,7 +84,7 @@ impl WebhookMetrics {
         );
         registry.register(
             "marin3r_webhook_refused",
-            "Connections and requests refused before they were read, by limit (Connections, ConnectionsPerAddress, RequestsPerAddress)",
+            "Connections and requests refused before they were read, by limit (connections, connections_per_address, requests_per_address)",
             self.refusals.clone(),
         );
     }
@@ -81,5 +98,24 @@ impl WebhookMetrics {
             .get_or_create(&OutcomeLabels { webhook, outcome })
             .inc();
         self.duration.observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_label_values_are_snake_case() {
+        let metrics = WebhookMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        metrics.refused(Refusal::ConnectionsPerAddress);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("marin3r_webhook_refused_total{limit=\"connections_per_address\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelValue;
 use prometheus_client::metrics::gauge::Gauge;
 
 /// The limits; [`Limits::default`] suits a pod serving a few thousand proxies.
@@ -66,7 +65,7 @@ impl Default for Limits {
 }
 
 /// Which limit a stream went over: the `limit` label of `marin3r_xds_refused_streams_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Limit {
     StreamsPerConnection,
     StreamsPerNamespace,
@@ -77,6 +76,24 @@ pub enum Limit {
     SubscriptionBytesPerType,
     SubscriptionBytesPerNamespace,
 }
+
+impl Limit {
+    /// Its `limit` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StreamsPerConnection => "streams_per_connection",
+            Self::StreamsPerNamespace => "streams_per_namespace",
+            Self::FirstRequestTimeout => "first_request_timeout",
+            Self::RequestSize => "request_size",
+            Self::NamesPerType => "names_per_type",
+            Self::NameSize => "name_size",
+            Self::SubscriptionBytesPerType => "subscription_bytes_per_type",
+            Self::SubscriptionBytesPerNamespace => "subscription_bytes_per_namespace",
+        }
+    }
+}
+
+crate::metrics::label_value!(Limit);
 
 impl Limits {
     /// The message of the status a stream over `limit` is closed with.

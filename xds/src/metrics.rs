@@ -27,11 +27,39 @@ pub struct TypeLabels {
     pub resource_type: KindLabel,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Protocol {
     Sotw,
     Delta,
 }
+
+impl Protocol {
+    /// Its label value and its name in `/sync-status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sotw => "sotw",
+            Self::Delta => "delta",
+        }
+    }
+}
+
+/// Label values are lowercase snake_case, like `resource_type`'s (Prometheus convention); the
+/// derive would print the variant names.
+macro_rules! label_value {
+    ($($ty:ty),*) => {$(
+        impl ::prometheus_client::encoding::EncodeLabelValue for $ty {
+            fn encode(
+                &self,
+                encoder: &mut ::prometheus_client::encoding::LabelValueEncoder<'_>,
+            ) -> ::std::fmt::Result {
+                ::std::fmt::Write::write_str(encoder, self.as_str())
+            }
+        }
+    )*};
+}
+pub(crate) use label_value;
+
+label_value!(Protocol, RefusalReason);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ProtocolLabels {
@@ -39,7 +67,7 @@ pub struct ProtocolLabels {
 }
 
 /// Why a connection was refused before any xDS request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RefusalReason {
     /// The client presented no certificate.
     NoClientCertificate,
@@ -51,6 +79,19 @@ pub enum RefusalReason {
     Handshake,
     /// Its namespace already has `--xds-max-connections-per-namespace` connections open.
     ConnectionsPerNamespace,
+}
+
+impl RefusalReason {
+    /// Its `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoClientCertificate => "no_client_certificate",
+            Self::UntrustedClientCertificate => "untrusted_client_certificate",
+            Self::NoNamespaceIdentity => "no_namespace_identity",
+            Self::Handshake => "handshake",
+            Self::ConnectionsPerNamespace => "connections_per_namespace",
+        }
+    }
 }
 
 /// Which limit closed a stream (see [`crate::Limits`]).
@@ -210,9 +251,9 @@ mod tests {
         ));
         assert!(
             text.contains(
-                "marin3r_xds_refused_connections_total{reason=\"NoNamespaceIdentity\"} 1"
+                "marin3r_xds_refused_connections_total{reason=\"no_namespace_identity\"} 1"
             )
         );
-        assert!(text.contains("marin3r_xds_connected_proxies{protocol=\"Delta\"} 1"));
+        assert!(text.contains("marin3r_xds_connected_proxies{protocol=\"delta\"} 1"));
     }
 }

@@ -160,10 +160,7 @@ fn proxy_status(
         namespace: key.namespace.clone(),
         node_id: key.node_id.clone(),
         pod: pod.clone(),
-        protocol: match protocol {
-            Protocol::Sotw => "sotw".into(),
-            Protocol::Delta => "delta".into(),
-        },
+        protocol: protocol.as_str().into(),
         peer: peer.remote_addr.to_string(),
         connected_at: now_rfc3339(),
         types: Default::default(),

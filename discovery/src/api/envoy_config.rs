@@ -313,4 +313,14 @@ impl CacheState {
             Self::RollbackFailed => "RollbackFailed",
         }
     }
+
+    /// Its `state` label value in `marin3r_envoyconfig_cache_state_changes_total`: lowercase
+    /// snake_case, as Prometheus label values are.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::InSync => "in_sync",
+            Self::Rollback => "rollback",
+            Self::RollbackFailed => "rollback_failed",
+        }
+    }
 }

@@ -34,7 +34,7 @@ impl ControllerMetrics {
         self.reconciles.register(registry);
         registry.register(
             "marin3r_envoyconfig_cache_state_changes",
-            "EnvoyConfigs entering a cache state (InSync, Rollback, RollbackFailed)",
+            "EnvoyConfigs entering a cache state (in_sync, rollback, rollback_failed)",
             self.cache_state_changes.clone(),
         );
         registry.register(

@@ -136,7 +136,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     );
     assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
     assert_eq!(
-        plane.metric(r#"marin3r_envoyconfig_cache_state_changes_total{state="Rollback"}"#),
+        plane.metric(r#"marin3r_envoyconfig_cache_state_changes_total{state="rollback"}"#),
         1.0
     );
     // `kubectl describe` tells the user why.

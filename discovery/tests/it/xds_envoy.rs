@@ -107,8 +107,8 @@ fn updates_and_nacks(mode: AdsMode, flaw: ListenerFlaw, envoy_says: &str) {
         1.0
     );
     let protocol = match mode {
-        AdsMode::StateOfTheWorld => "Sotw",
-        AdsMode::Delta => "Delta",
+        AdsMode::StateOfTheWorld => "sotw",
+        AdsMode::Delta => "delta",
     };
     assert_eq!(
         server.metric(&format!(
@@ -516,8 +516,8 @@ fn envoy_with_a_foreign_or_namespace_less_certificate_gets_nothing() {
     // The proxy trusts the right server CA; only its own certificate is wrong.
     foreign.ca_pem = pki.ca_pem().to_owned();
     for (client, reason) in [
-        (foreign, "UntrustedClientCertificate"),
-        (pki.client(None), "NoNamespaceIdentity"),
+        (foreign, "untrusted_client_certificate"),
+        (pki.client(None), "no_namespace_identity"),
     ] {
         let proxy = Proxy::start_with(&server, &client, NODE, POD, AdsMode::Delta, Some("1s"));
         let sample = format!(r#"marin3r_xds_refused_connections_total{{reason="{reason}"}}"#);

@@ -273,12 +273,12 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
             let name = metric(
                 &m,
                 "marin3r_xds_refused_streams_total",
-                "limit=\"NameSize\"",
+                "limit=\"name_size\"",
             );
             let budget = metric(
                 &m,
                 "marin3r_xds_refused_streams_total",
-                "limit=\"SubscriptionBytesPerNamespace\"",
+                "limit=\"subscription_bytes_per_namespace\"",
             );
             (name >= 1.0 && budget >= 1.0).then_some(m)
         },

@@ -101,7 +101,7 @@ fn streams_beyond_the_per_connection_limit_are_refused() {
             "the closed stream's place was not given back"
         );
     });
-    assert!(refused(&server, "StreamsPerConnection") >= 1.0);
+    assert!(refused(&server, "streams_per_connection") >= 1.0);
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn one_namespace_at_its_limit_does_not_stop_another() {
             .unwrap();
         assert_eq!(pushed_b.resources.len(), 1);
     });
-    assert_eq!(refused(&server, "StreamsPerNamespace"), 1.0);
+    assert_eq!(refused(&server, "streams_per_namespace"), 1.0);
 }
 
 /// Issue 26, N12: a namespace's certificate holds at most so many connections, idle ones
@@ -177,7 +177,8 @@ fn connections_beyond_the_per_namespace_limit_are_refused() {
     );
     let (a, b) = (tls(&pki, "team-a"), tls(&pki, "team-b"));
     let refused_connections = || {
-        server.metric(r#"marin3r_xds_refused_connections_total{reason="ConnectionsPerNamespace"}"#)
+        server
+            .metric(r#"marin3r_xds_refused_connections_total{reason="connections_per_namespace"}"#)
     };
     server.rt.block_on(async {
         // Two team-a connections, served once to be sure they are in, then idle.
@@ -254,7 +255,7 @@ fn a_stream_without_a_first_request_is_closed_after_the_deadline() {
             .unwrap();
         assert_eq!(pushed.resources.len(), 1);
     });
-    assert_eq!(refused(&server, "FirstRequestTimeout"), 1.0);
+    assert_eq!(refused(&server, "first_request_timeout"), 1.0);
 }
 
 #[test]
@@ -288,7 +289,7 @@ fn an_oversized_request_closes_its_stream() {
         // The connection is fine: the next stream on it is served.
         served(channel).await.unwrap();
     });
-    assert_eq!(refused(&server, "RequestSize"), 1.0);
+    assert_eq!(refused(&server, "request_size"), 1.0);
 }
 
 #[test]
@@ -342,7 +343,7 @@ fn a_delta_subscription_over_the_name_limit_closes_its_stream() {
             "more than 100 resource names of one type on one stream (--xds-max-names-per-type)"
         );
     });
-    assert_eq!(refused(&server, "NamesPerType"), 1.0);
+    assert_eq!(refused(&server, "names_per_type"), 1.0);
 }
 
 /// Reads a stream's responses until it ends; the status it ended with.
@@ -419,7 +420,7 @@ fn a_delta_subscription_over_its_bytes_closes_its_stream_and_no_other() {
             .unwrap();
         assert_eq!(pushed.resources.len(), 1);
     });
-    assert_eq!(refused(&server, "SubscriptionBytesPerType"), 1.0);
+    assert_eq!(refused(&server, "subscription_bytes_per_type"), 1.0);
 }
 
 #[test]
@@ -457,7 +458,7 @@ fn a_sotw_subscription_over_its_bytes_closes_its_stream() {
         );
         served(channel).await.unwrap();
     });
-    assert_eq!(refused(&server, "SubscriptionBytesPerType"), 1.0);
+    assert_eq!(refused(&server, "subscription_bytes_per_type"), 1.0);
 }
 
 #[test]
@@ -481,7 +482,7 @@ fn a_name_over_the_length_limit_closes_its_stream() {
             "a resource name or version longer than 4096 bytes (--xds-max-name-bytes)"
         );
     });
-    assert_eq!(refused(&server, "NameSize"), 1.0);
+    assert_eq!(refused(&server, "name_size"), 1.0);
 }
 
 #[test]
@@ -551,5 +552,5 @@ fn one_namespace_over_its_subscription_bytes_does_not_stop_another() {
         .await;
         assert!(released.is_ok(), "closed streams kept their bytes");
     });
-    assert!(refused(&server, "SubscriptionBytesPerNamespace") >= 1.0);
+    assert!(refused(&server, "subscription_bytes_per_namespace") >= 1.0);
 }

@@ -73,9 +73,9 @@ fn clients_without_a_valid_namespace_certificate_are_refused() {
         assert_eq!(ok.type_url, CDS);
     });
     for reason in [
-        "NoClientCertificate",
-        "UntrustedClientCertificate",
-        "NoNamespaceIdentity",
+        "no_client_certificate",
+        "untrusted_client_certificate",
+        "no_namespace_identity",
     ] {
         let sample = format!(r#"marin3r_xds_refused_connections_total{{reason="{reason}"}}"#);
         // tonic may retry a refused handshake: at least one refusal per reason.
@@ -158,7 +158,7 @@ fn graceful_shutdown_ends_streams_and_stops_accepting() {
         s
     });
     assert_eq!(
-        server.metric(r#"marin3r_xds_connected_proxies{protocol="Sotw"}"#),
+        server.metric(r#"marin3r_xds_connected_proxies{protocol="sotw"}"#),
         1.0
     );
     let took = server.shutdown();

@@ -167,16 +167,17 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
 }
 
 fn report_state(ctx: &Context, ec: &EnvoyConfig, outcome: &Outcome, state: CacheState) {
-    let state = state.as_str();
     let published = outcome
         .status
         .published_version
         .as_deref()
         .unwrap_or_default();
-    info!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), %published, %state, "cache state changed");
+    info!(envoyconfig = %ec.name_any(), namespace = ?ec.namespace(), %published, state = state.as_str(), "cache state changed");
     ctx.metrics
         .cache_state_changes
-        .get_or_create(&super::metrics::StateLabels { state })
+        .get_or_create(&super::metrics::StateLabels {
+            state: state.label(),
+        })
         .inc();
 }
 
