@@ -15,6 +15,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -34,6 +38,62 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// How often the holder renews and candidates retry.
     pub retry_period: Duration,
+    /// Where this candidate says whether it holds the Lease.
+    pub metrics: LeaderMetrics,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    lease: String,
+}
+
+/// `marin3r_leader{lease}`: 1 while this replica holds the Lease, 0 otherwise. The label is
+/// the Lease's name, one per process, so it stays bounded. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct LeaderMetrics {
+    leader: Family<LeaseLabels, Gauge>,
+}
+
+impl LeaderMetrics {
+    /// Adds `marin3r_leader{lease}` to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "marin3r_leader",
+            "1 while this replica holds the leader Lease named by the label, else 0",
+            self.leader.clone(),
+        );
+    }
+
+    fn set(&self, lease: &str, leading: bool) {
+        self.leader
+            .get_or_create(&LeaseLabels {
+                lease: lease.to_owned(),
+            })
+            .set(i64::from(leading));
+    }
+}
+
+/// Sets the gauge to 1 for as long as it lives: whether the term ends by returning, by losing
+/// the Lease or by the caller dropping the election, the gauge goes back to 0.
+struct Leading {
+    metrics: LeaderMetrics,
+    lease: String,
+}
+
+impl Leading {
+    fn start(config: &LeaseConfig) -> Self {
+        config.metrics.set(&config.name, true);
+        Self {
+            metrics: config.metrics.clone(),
+            lease: config.name.clone(),
+        }
+    }
+}
+
+impl Drop for Leading {
+    fn drop(&mut self) {
+        self.metrics.set(&self.lease, false);
+    }
 }
 
 impl LeaseConfig {
@@ -46,7 +106,14 @@ impl LeaseConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            metrics: LeaderMetrics::default(),
         }
+    }
+
+    /// Reports in `metrics` whether this candidate holds the Lease.
+    pub fn with_metrics(mut self, metrics: LeaderMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The three durations must nest (retry < renew deadline < lease duration), or two
@@ -157,6 +224,8 @@ where
     F: Future<Output = ()>,
 {
     config.check()?;
+    // The series exists, at 0, from the first campaign.
+    config.metrics.set(&config.name, false);
     let mut candidate = Candidate {
         api: Api::namespaced(client, &config.namespace),
         key: format!("{}/{}", config.namespace, config.name),
@@ -180,6 +249,7 @@ where
         }
     };
     info!(lease = %candidate.key, identity = %candidate.config.identity, "became the leader");
+    let _leading = Leading::start(&candidate.config);
     let key = candidate.key.clone();
     let renew = async {
         loop {

@@ -11,8 +11,34 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    component: &'static str,
+}
+
+/// Adds `marin3r_build_info{version,component} 1` to `registry`: which release a process
+/// runs (`component` is `operator` or `discovery_service`), for joins such as
+/// `up * on(instance) group_left(version) marin3r_build_info`.
+pub fn register_build_info(registry: &mut Registry, component: &'static str) {
+    let info = Family::<BuildLabels, Gauge>::default();
+    info.get_or_create(&BuildLabels {
+        version: env!("CARGO_PKG_VERSION"),
+        component,
+    })
+    .set(1);
+    registry.register(
+        "marin3r_build_info",
+        "The marin3r version this process runs (always 1)",
+        info,
+    );
+}
 
 /// `/metrics` and `/healthz`.
 pub fn router(registry: Registry) -> axum::Router {
@@ -106,6 +132,19 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn build_info_names_the_version() {
+        let mut registry = Registry::default();
+        register_build_info(&mut registry, "operator");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let line = format!(
+            "marin3r_build_info{{version=\"{}\",component=\"operator\"}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(text.contains(&line), "{text}");
+    }
 
     #[tokio::test]
     async fn readyz_names_every_closed_gate_in_order() {

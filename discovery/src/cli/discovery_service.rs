@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use axum::response::IntoResponse as _;
 use clap::Args;
-use marin3r_controller::leader::LeaseConfig;
+use marin3r_controller::leader::{LeaderMetrics, LeaseConfig};
 use marin3r_webhook::server::WebhookServerConfig;
 use marin3r_xds::{Cache, Limits, Server, TlsFiles};
 use prometheus_client::registry::Registry;
@@ -306,6 +306,9 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         )
     })?;
     let mut registry = Registry::default();
+    admin::register_build_info(&mut registry, "discovery_service");
+    let leader_metrics = LeaderMetrics::default();
+    leader_metrics.register(&mut registry);
     let mut webhook = webhook_config(&args, &tls, &mut registry);
     args.sidecar.apply(&client, &mut webhook.injection).await;
     let controller_metrics = controllers::ControllerMetrics::default();
@@ -317,7 +320,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         .limits(args.xds_limits.limits())
         .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
-    let config = controllers_config(&args, controller_metrics, server.status_registry())?;
+    let metrics = (controller_metrics, leader_metrics);
+    let config = controllers_config(&args, metrics, server.status_registry())?;
     let gates = Gates::default();
     let health = admin::router_with_readiness(registry, gates.readiness(&server));
     info!(
@@ -426,7 +430,7 @@ const ALLOW_CROSS_NAMESPACE_SECRETS: bool = false;
 /// What the controllers serve, who this replica is, and how it elects its leader.
 fn controllers_config(
     args: &DiscoveryServiceArgs,
-    metrics: controllers::ControllerMetrics,
+    (metrics, leader_metrics): (controllers::ControllerMetrics, LeaderMetrics),
     proxies: marin3r_xds::StatusRegistry,
 ) -> anyhow::Result<controllers::Config> {
     let replica = std::env::var("POD_NAME").unwrap_or_else(|_| "discovery-service".into());
@@ -436,7 +440,9 @@ fn controllers_config(
         .or_else(|| std::env::var("POD_NAMESPACE").ok());
     let leader_lease = match args.no_leader_election {
         true => None,
-        false => Some(leader_lease(args, namespace.as_deref(), &replica)?),
+        false => {
+            Some(leader_lease(args, namespace.as_deref(), &replica)?.with_metrics(leader_metrics))
+        }
     };
     let replica_pods = match (&args.replica_selector, namespace) {
         (Some(selector), Some(namespace)) => Some(ReplicaPods {

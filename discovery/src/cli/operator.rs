@@ -64,9 +64,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let metrics = ReconcileMetrics::default();
     let certificate_metrics = certificates::CertificateMetrics::default();
+    let leader_metrics = leader::LeaderMetrics::default();
     let mut registry = Registry::default();
+    super::admin::register_build_info(&mut registry, "operator");
     metrics.register(&mut registry);
     certificate_metrics.register(&mut registry);
+    leader_metrics.register(&mut registry);
     let admin = super::admin::serve(
         args.metrics_addr,
         super::admin::router(registry),
@@ -119,7 +122,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         work.await;
         Ok(())
     } else {
-        lead(client, args.leader_election_namespace, stop.clone(), work).await
+        let namespace = args.leader_election_namespace;
+        lead(client, namespace, leader_metrics, stop.clone(), work).await
     };
     stop.cancel();
     admin.await??;
@@ -130,6 +134,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
 async fn lead(
     client: kube::Client,
     namespace: Option<String>,
+    metrics: leader::LeaderMetrics,
     stop: CancellationToken,
     work: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
@@ -137,6 +142,6 @@ async fn lead(
         .context("leader election needs a namespace: set POD_NAMESPACE or --leader-election-namespace, or pass --no-leader-election")?;
     let identity = std::env::var("POD_NAME")
         .unwrap_or_else(|_| format!("marin3r-operator-{}", std::process::id()));
-    let config = leader::LeaseConfig::new(&namespace, LEASE_NAME, &identity);
+    let config = leader::LeaseConfig::new(&namespace, LEASE_NAME, &identity).with_metrics(metrics);
     Ok(leader::run_as_leader(client, config, stop, work).await?)
 }
