@@ -114,6 +114,8 @@ pub struct DiscoveryServiceArgs {
     #[arg(long)]
     debug: bool,
     #[command(flatten)]
+    log: super::logging::LogArgs,
+    #[command(flatten)]
     xds_limits: XdsLimitArgs,
     #[command(flatten)]
     webhook_limits: WebhookLimitArgs,
@@ -197,6 +199,10 @@ impl XdsLimitArgs {
 impl DiscoveryServiceArgs {
     pub fn debug(&self) -> bool {
         self.debug
+    }
+
+    pub fn log_format(&self) -> super::logging::LogFormat {
+        self.log.log_format
     }
 }
 

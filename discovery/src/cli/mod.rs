@@ -10,6 +10,7 @@ mod differences;
 mod discovery_service;
 mod inject;
 mod listen;
+mod logging;
 mod operator;
 mod proxy_status;
 mod shutdown_manager;
@@ -70,19 +71,22 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Certs(cmd) => certs::run(cmd).await,
         Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
         Command::DiscoveryService(args) => {
-            init_logging_at(if args.debug() { "debug" } else { "info" });
+            logging::init(
+                if args.debug() { "debug" } else { "info" },
+                args.log_format(),
+            );
             discovery_service::run(*args)
                 .await
                 .map(|()| ExitCode::SUCCESS)
         }
         Command::Inject(args) => inject::run(args),
         Command::Operator(args) => {
-            init_logging();
+            logging::init("info", args.log.log_format);
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
         Command::ProxyStatus(args) => proxy_status::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::ShutdownManager(args) => {
-            init_logging();
+            logging::init("info", args.log.log_format);
             shutdown_manager::run(args)
                 .await
                 .map(|()| ExitCode::SUCCESS)
@@ -114,24 +118,6 @@ pub(crate) fn error_line(err: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line
-}
-
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
-fn init_logging() {
-    init_logging_at("info");
-}
-
-/// Logs to stderr at `default` unless `RUST_LOG` says otherwise; in colour only on a
-/// terminal (a container's stderr is a pipe or a file, where escape codes are noise).
-fn init_logging_at(default: &str) {
-    use std::io::IsTerminal as _;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// Resolves on SIGINT or SIGTERM.

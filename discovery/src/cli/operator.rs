@@ -46,6 +46,8 @@ pub struct OperatorArgs {
     /// requests (every API request also fails after 60 s without an answer).
     #[arg(long, value_name = "SECONDS", default_value_t = marin3r_controller::DEFAULT_RECONCILE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     reconcile_timeout_seconds: u64,
+    #[command(flatten)]
+    pub(super) log: super::logging::LogArgs,
 }
 
 const LEASE_NAME: &str = "marin3r-operator";

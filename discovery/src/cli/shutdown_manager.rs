@@ -17,6 +17,8 @@ use crate::sidecar::shutdown_manager::{Config, Manager, serve};
 
 #[derive(Debug, Args)]
 pub struct ShutdownManagerArgs {
+    #[command(flatten)]
+    pub(super) log: super::logging::LogArgs,
     /// Port of the HTTP server (/healthz, /drain, /shutdown) on every address: kubelet's
     /// preStop hooks call the pod's address.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_MANAGER_PORT)]

@@ -20,6 +20,7 @@ mod envoy_config_secrets;
 mod image;
 mod kubectl_explain;
 mod leader_election;
+mod log_format;
 mod metrics_conventions;
 mod operator_controller;
 mod proxy_status;
