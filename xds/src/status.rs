@@ -61,6 +61,10 @@ pub struct ProxyStatus {
     pub pod: Option<String>,
     /// `sotw` or `delta`.
     pub protocol: String,
+    /// The proxy's Envoy release (`1.34.1`), from its node's `user_agent_build_version`
+    /// (or `user_agent_version`), when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envoy_version: Option<String>,
     pub peer: String,
     pub connected_at: String,
     /// Keyed by the type's `spec.envoyResources` list name (`listeners`, `clusters`, ...).
@@ -231,6 +235,7 @@ mod tests {
             node_id: node.into(),
             pod: pod.map(Into::into),
             protocol: "sotw".into(),
+            envoy_version: None,
             peer: peer.into(),
             connected_at: now_rfc3339(),
             types: BTreeMap::new(),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
 use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
 use envoy_types::pb::google::protobuf::value::Kind;
 use tokio::sync::mpsc;
@@ -149,9 +150,23 @@ fn pod_name(node: &Node) -> Option<String> {
     }
 }
 
+/// The release the node runs: Envoy sends its semantic version in
+/// `user_agent_build_version`; other clients may send a free-form `user_agent_version`.
+fn envoy_version(node: &Node) -> Option<String> {
+    match node.user_agent_version_type.as_ref()? {
+        UserAgentVersionType::UserAgentBuildVersion(build) => {
+            let v = build.version.as_ref()?;
+            Some(format!("{}.{}.{}", v.major_number, v.minor_number, v.patch))
+        }
+        UserAgentVersionType::UserAgentVersion(v) if !v.is_empty() => Some(v.clone()),
+        UserAgentVersionType::UserAgentVersion(_) => None,
+    }
+}
+
 /// What the sync-status registry shows of a stream that just connected.
 fn proxy_status(
     key: &NodeKey,
+    node: &Node,
     pod: &Option<String>,
     peer: &PeerIdentity,
     protocol: Protocol,
@@ -161,6 +176,7 @@ fn proxy_status(
         node_id: key.node_id.clone(),
         pod: pod.clone(),
         protocol: protocol.as_str().into(),
+        envoy_version: envoy_version(node),
         peer: peer.remote_addr.to_string(),
         connected_at: now_rfc3339(),
         types: Default::default(),
@@ -320,7 +336,7 @@ impl<'a> StreamCtx<'a> {
         let connected = Connected::new(&shared.metrics, F::PROTOCOL);
         let handle = shared
             .status
-            .register(proxy_status(&key, &pod, peer, F::PROTOCOL));
+            .register(proxy_status(&key, node, &pod, peer, F::PROTOCOL));
         Self {
             shared,
             key,
@@ -494,6 +510,33 @@ mod tests {
     use super::*;
     use crate::delta::DeltaState;
     use crate::sotw::SotwState;
+
+    #[test]
+    fn the_envoy_version_comes_from_the_node() {
+        use envoy_types::pb::envoy::config::core::v3::BuildVersion;
+        use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
+        let node = |v: Option<UserAgentVersionType>| Node {
+            user_agent_version_type: v,
+            ..Default::default()
+        };
+        let build = UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
+            version: Some(SemanticVersion {
+                major_number: 1,
+                minor_number: 34,
+                patch: 1,
+            }),
+            metadata: None,
+        });
+        assert_eq!(envoy_version(&node(Some(build))).as_deref(), Some("1.34.1"));
+        let free = UserAgentVersionType::UserAgentVersion("custom-7".into());
+        assert_eq!(
+            envoy_version(&node(Some(free))).as_deref(),
+            Some("custom-7")
+        );
+        let empty = UserAgentVersionType::UserAgentVersion(String::new());
+        assert_eq!(envoy_version(&node(Some(empty))), None);
+        assert_eq!(envoy_version(&node(None)), None);
+    }
 
     /// The size of the future a stream-task function returns, without calling it.
     fn future_size<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {

@@ -437,6 +437,7 @@ mod tests {
                 node_id: "gw".into(),
                 pod: Some("gw-1".into()),
                 protocol: "delta".into(),
+                envoy_version: Some("1.34.1".into()),
                 peer: "10.0.0.1:4000".into(),
                 connected_at: "now".into(),
                 types: BTreeMap::from([
@@ -474,6 +475,7 @@ mod tests {
             node_id: node_id.into(),
             pod: Some(pod.into()),
             protocol: "sotw".into(),
+            envoy_version: None,
             peer: "10.0.0.1:4000".into(),
             connected_at: "now".into(),
             types: BTreeMap::from([("clusters".into(), ts(version, Some(version), None))]),
