@@ -9,8 +9,22 @@ pub async fn proxy_status(
     kubeconfig: &Path,
     args: &[&str],
 ) -> anyhow::Result<String> {
+    command(marin3r, "proxy-status", kubeconfig, args).await
+}
+
+/// `marin3r version --kubeconfig KUBECONFIG ARGS...`, as [`proxy_status`].
+pub async fn version(marin3r: &Path, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    command(marin3r, "version", kubeconfig, args).await
+}
+
+async fn command(
+    marin3r: &Path,
+    subcommand: &str,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> anyhow::Result<String> {
     let out = tokio::process::Command::new(marin3r)
-        .args(["proxy-status", "--kubeconfig"])
+        .args([subcommand, "--kubeconfig"])
         .arg(kubeconfig)
         .args(args)
         .output()
@@ -18,7 +32,7 @@ pub async fn proxy_status(
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     anyhow::ensure!(
         out.status.success(),
-        "marin3r proxy-status {args:?}: {}\n{stdout}\n{}",
+        "marin3r {subcommand} {args:?}: {}\n{stdout}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );

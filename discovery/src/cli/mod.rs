@@ -16,6 +16,7 @@ mod proxy_status;
 mod shutdown_manager;
 mod sidecar_defaults;
 pub(crate) mod validate;
+mod version;
 mod wait_for_proxy;
 
 use std::process::ExitCode;
@@ -59,6 +60,9 @@ pub enum Command {
     /// Drain an Envoy sidecar when its pod terminates (the container the webhook injects
     /// with marin3r.3scale.net/shutdown-manager.enabled): /healthz, /drain, /shutdown.
     ShutdownManager(shutdown_manager::ShutdownManagerArgs),
+    /// Print this client's version and, when a cluster is reachable, the operator's image,
+    /// each DiscoveryService's discovery image and the Envoy releases of connected proxies.
+    Version(version::VersionArgs),
     /// Wait until Envoy answers its readiness URL (the container the webhook injects with
     /// marin3r.3scale.net/hold-application-until-proxy-starts, in the classic layout).
     WaitForProxy(wait_for_proxy::WaitForProxyArgs),
@@ -92,6 +96,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 .map(|()| ExitCode::SUCCESS)
         }
         Command::Validate(args) => validate::run(args),
+        Command::Version(args) => version::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::WaitForProxy(args) => wait_for_proxy::run(args).await,
     };
     match result {

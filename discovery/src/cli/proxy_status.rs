@@ -20,7 +20,7 @@ use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
 use marin3r_xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
 
 /// The labels every discovery pod carries (the operator's Deployment template).
-const DISCOVERY_POD_SELECTOR: &str =
+pub(super) const DISCOVERY_POD_SELECTOR: &str =
     "app.kubernetes.io/name=marin3r,app.kubernetes.io/component=discovery-service";
 
 #[derive(Debug, Args)]
@@ -161,7 +161,7 @@ async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<Vec<anyhow
 
 /// GETs the sync status of one pod through a port-forward; returns what was asked (for
 /// messages) and the body.
-async fn sync_status_of(
+pub(super) async fn sync_status_of(
     client: kube::Client,
     ns: &str,
     pod: &str,

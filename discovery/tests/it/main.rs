@@ -27,5 +27,6 @@ mod proxy_status;
 mod reference;
 mod replicas;
 mod shutdown_manager;
+mod version;
 mod watches;
 mod xds_envoy;

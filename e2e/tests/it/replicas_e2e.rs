@@ -18,7 +18,7 @@ use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::EnvoyConfigRevision;
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_discovery::api::envoy_config::CacheState;
-use marin3r_e2e::cli::proxy_status;
+use marin3r_e2e::cli::{proxy_status, version};
 use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_local_cluster::kubelet::hosts::endpoint;
 use marin3r_testkit::kubectl::Kubectl;
@@ -289,6 +289,51 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         .collect();
     want.sort();
     assert_eq!(on, want, "{doc}");
+
+    // `marin3r version` reaches the same pods: the operator's and the discovery pods'
+    // image, and every sidecar's Envoy release (the Envoy these sidecars run).
+    let doc: serde_json::Value = serde_json::from_str(
+        &version(&marin3r, &kubeconfig, &["-o", "json"])
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(doc["client"]["version"], env!("CARGO_PKG_VERSION"), "{doc}");
+    assert_eq!(
+        doc["server"]["operators"][0]["image"],
+        marin3r_discovery::IMAGE,
+        "{doc}"
+    );
+    let ds = &doc["server"]["discoveryServices"][0];
+    assert_eq!(
+        (&ds["namespace"], &ds["name"]),
+        (&json!(OPS), &json!(DS)),
+        "{doc}"
+    );
+    assert_eq!(ds["images"], json!([marin3r_discovery::IMAGE]), "{doc}");
+    assert_eq!(ds["pods"], 2, "{doc}");
+    let envoy = std::process::Command::new("envoy")
+        .arg("--version")
+        .output()
+        .unwrap();
+    let envoy = String::from_utf8_lossy(&envoy.stdout);
+    let versions = ds["envoyVersions"].as_object().unwrap();
+    assert_eq!(versions.len(), 1, "{doc}");
+    let (release, proxies) = versions.iter().next().unwrap();
+    assert!(
+        envoy.contains(&format!("/{release}/")),
+        "{release} vs {envoy}"
+    );
+    assert_eq!(proxies.as_u64(), Some(sidecars.len() as u64), "{doc}");
+    let text = version(&marin3r, &kubeconfig, &[]).await.unwrap();
+    assert!(
+        text.contains(&format!(
+            "DiscoveryService {OPS}/{DS}: {} (2 pods); proxies: Envoy {release} ({})",
+            marin3r_discovery::IMAGE,
+            sidecars.len()
+        )),
+        "{text}"
+    );
 
     // A config every sidecar rejects: each replica reports its own sidecar, the leader
     // taints once, and both roll back.
