@@ -17,11 +17,11 @@ fn a_small_abuse_run_is_refused_and_measured() {
         .collect();
     assert_eq!(n1.len(), 2, "{table}");
     assert!(
-        n1[0].result.contains("refused streams: NameSize=1"),
+        n1[0].result.contains("refused streams: name_size=1"),
         "{table}"
     );
     assert!(
-        n1[1].result.contains("SubscriptionBytesPerNamespace="),
+        n1[1].result.contains("subscription_bytes_per_namespace="),
         "{table}"
     );
     let served = rows

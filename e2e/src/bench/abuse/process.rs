@@ -212,9 +212,9 @@ mod tests {
 
     const TEXT: &str = "# HELP x y\n\
         marin3r_xds_subscription_bytes 4096\n\
-        marin3r_xds_refused_streams_total{limit=\"NameSize\"} 1\n\
-        marin3r_xds_refused_streams_total{limit=\"RequestSize\"} 0\n\
-        marin3r_xds_refused_streams_total{limit=\"SubscriptionBytesPerNamespace\"} 3\n";
+        marin3r_xds_refused_streams_total{limit=\"name_size\"} 1\n\
+        marin3r_xds_refused_streams_total{limit=\"request_size\"} 0\n\
+        marin3r_xds_refused_streams_total{limit=\"subscription_bytes_per_namespace\"} 3\n";
 
     #[test]
     fn series_are_read_from_prometheus_text() {
@@ -222,7 +222,7 @@ mod tests {
         assert_eq!(metric(TEXT, "marin3r_xds_subscription"), None);
         assert_eq!(
             nonzero_by_label(TEXT, "marin3r_xds_refused_streams_total"),
-            "NameSize=1, SubscriptionBytesPerNamespace=3"
+            "name_size=1, subscription_bytes_per_namespace=3"
         );
         assert_eq!(
             nonzero_by_label(TEXT, "marin3r_webhook_refused_total"),
