@@ -24,10 +24,25 @@ pub fn notes(kind: &str, doc: &Value) -> Vec<String> {
     if kind == "DiscoveryServiceCertificate" {
         return certificate_notes(doc);
     }
+    if kind == "DiscoveryService" {
+        return discovery_service_spec_notes(doc);
+    }
     match POD_TEMPLATES.iter().find(|(k, _)| *k == kind) {
         Some((_, pointer)) => doc.pointer(pointer).map(pod_notes).unwrap_or_default(),
         None => Vec::new(),
     }
+}
+
+/// The default placement of the discovery pods, narrower in the original.
+fn discovery_service_spec_notes(doc: &Value) -> Vec<String> {
+    if !doc["spec"]["affinity"].is_null() {
+        return Vec::new();
+    }
+    vec![
+        "spec.affinity unset: the discovery pods go to Linux nodes of any architecture; the \
+         original also required amd64 or arm64"
+            .into(),
+    ]
 }
 
 /// The v0.6 renewal switch, honoured with one difference.
@@ -159,6 +174,13 @@ mod tests {
         // Not selected for injection: nothing to say.
         let plain = json!({"spec": {"template": {"metadata": {}, "spec": {}}}});
         assert!(super::notes("Deployment", &plain).is_empty());
+    }
+
+    #[test]
+    fn an_unset_affinity_is_noted() {
+        assert!(notes("DiscoveryService", &json!({"spec": {}}))[0].contains("amd64 or arm64"));
+        let set = json!({"spec": {"affinity": {"nodeAffinity": {}}}});
+        assert!(notes("DiscoveryService", &set).is_empty());
     }
 
     #[test]

@@ -234,7 +234,14 @@ fn deliberate_differences_from_the_original_are_noted() {
         about("DiscoveryService shop/internal", "NamespaceAlreadyServed"),
         "{notes:?}"
     );
-    assert!(!about("DiscoveryService shop/instance", ""), "{notes:?}");
+    assert!(
+        !about("DiscoveryService shop/instance", "NamespaceAlreadyServed"),
+        "{notes:?}"
+    );
+    assert!(
+        about("DiscoveryService shop/instance", "amd64 or arm64"),
+        "{notes:?}"
+    );
     assert!(about("Pod shop/web", "native sidecar"), "{notes:?}");
     assert!(
         about("Pod shop/web", "a namespace has one DiscoveryService"),
