@@ -113,8 +113,18 @@ pub(crate) fn running(c: &ContainerStatus) -> bool {
     c.state.as_ref().is_some_and(|s| s.running.is_some())
 }
 
-/// A nanosecond timestamp a container wrote.
+/// Whether a container has finished writing its line to `file`: `date > file` creates the
+/// file before `date` writes, so an existing file may still be empty.
+fn written(dir: &Path, file: &str) -> bool {
+    std::fs::read_to_string(dir.join(file)).is_ok_and(|text| text.ends_with('\n'))
+}
+
+/// A nanosecond timestamp a container wrote (waiting for the line to be complete).
 pub(crate) fn stamp(dir: &Path, file: &str) -> u128 {
+    let deadline = std::time::Instant::now() + LONG;
+    while !written(dir, file) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
     text.trim()
         .parse()
@@ -124,7 +134,7 @@ pub(crate) fn stamp(dir: &Path, file: &str) -> u128 {
 /// Waits for a container to write `file` (polled: no status change tells).
 pub(crate) async fn wait_file(dir: &Path, file: &str) {
     let deadline = tokio::time::Instant::now() + LONG;
-    while !dir.join(file).exists() {
+    while !written(dir, file) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no {file} after {LONG:?}"
