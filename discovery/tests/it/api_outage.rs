@@ -130,22 +130,35 @@ fn discovery_service(outage: Outage, leader_election: bool) {
         .args(["--shutdown-delay", "0", "--shutdown-grace-period", "1"])
         .args(["--discovery-service-name", "ds"])
         // No API server to ask its version.
-        .args(["--native-sidecars", "true"])
+        .args(["--native-sidecars", "true"]);
+    // The delay (0) and the grace period (1 s), plus start-up slack.
+    sigterm_within_10s(command, &api, "discovery-0", leader_election, metrics, &log);
+}
+
+/// Starts `command` against `api` as pod `pod`, then SIGTERM: it must exit within 10 s.
+fn sigterm_within_10s(
+    mut command: Command,
+    api: &DeadApi,
+    pod: &str,
+    leader_election: bool,
+    health_port: u16,
+    log: &std::path::Path,
+) {
+    command
         .env("KUBECONFIG", &api.kubeconfig)
         .env("POD_NAMESPACE", "ops")
-        .env("POD_NAME", "discovery-0")
+        .env("POD_NAME", pod)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
+        .stderr(std::fs::File::create(log).unwrap());
     if !leader_election {
         command.arg("--no-leader-election");
     }
     let process = Process(command.spawn().unwrap());
-    // The delay (0) and the grace period (1 s), plus start-up slack.
     terminate_within(
         process,
-        &format!("http://127.0.0.1:{metrics}/healthz"),
+        &format!("http://127.0.0.1:{health_port}/healthz"),
         Duration::from_secs(10),
-        &log,
+        log,
     );
 }
 
@@ -167,22 +180,8 @@ fn operator(outage: Outage, leader_election: bool) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_marin3r"));
     command
         .arg("operator")
-        .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .env("KUBECONFIG", &api.kubeconfig)
-        .env("POD_NAMESPACE", "ops")
-        .env("POD_NAME", "operator-0")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    if !leader_election {
-        command.arg("--no-leader-election");
-    }
-    let process = Process(command.spawn().unwrap());
-    terminate_within(
-        process,
-        &format!("http://127.0.0.1:{port}/healthz"),
-        Duration::from_secs(10),
-        &log,
-    );
+        .args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
+    sigterm_within_10s(command, &api, "operator-0", leader_election, port, &log);
 }
 
 #[test]
