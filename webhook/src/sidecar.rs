@@ -328,12 +328,6 @@ pub fn ready_url(spec: &SidecarSpec) -> String {
 /// after it start with Envoy ready. It then idles until the pod stops.
 pub fn hold_container(spec: &SidecarSpec, image: &str) -> Container {
     let url = ready_url(spec);
-    let quantities = |cpu: &str, memory: &str| {
-        Some(BTreeMap::from([
-            ("cpu".to_owned(), Quantity(cpu.to_owned())),
-            ("memory".to_owned(), Quantity(memory.to_owned())),
-        ]))
-    };
     Container {
         name: HOLD_CONTAINER.into(),
         image: Some(image.to_owned()),
@@ -368,6 +362,14 @@ pub fn hold_container(spec: &SidecarSpec, image: &str) -> Container {
         }),
         ..Default::default()
     }
+}
+
+/// A `cpu` and `memory` pair of requests or limits.
+fn quantities(cpu: &str, memory: &str) -> Option<BTreeMap<String, Quantity>> {
+    Some(BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpu.to_owned())),
+        ("memory".to_owned(), Quantity(memory.to_owned())),
+    ]))
 }
 
 /// Where the marin3r image keeps its binary (the Dockerfile's `COPY`): exec hooks name it.
@@ -462,12 +464,6 @@ fn manager_get(manager: &ShutdownManager, path: &str) -> HTTPGetAction {
 /// the drain, so it outlives it. Restricted Pod Security as the image's own non-root user.
 pub fn shutdown_manager_container(spec: &SidecarSpec, manager: &ShutdownManager) -> Container {
     let admin = std::net::SocketAddr::new(admin_target(spec.admin.bind_address), spec.admin.port);
-    let quantities = |cpu: &str, memory: &str| {
-        Some(BTreeMap::from([
-            ("cpu".to_owned(), Quantity(cpu.to_owned())),
-            ("memory".to_owned(), Quantity(memory.to_owned())),
-        ]))
-    };
     Container {
         name: SHUTDOWN_MANAGER_CONTAINER.into(),
         image: Some(manager.image.clone()),
