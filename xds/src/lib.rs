@@ -17,6 +17,7 @@
 //! ```
 
 mod cache;
+pub mod convergence;
 mod delta;
 mod frame;
 mod http;

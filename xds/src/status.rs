@@ -202,7 +202,7 @@ impl StatusRegistry {
 
 /// Who a stream speaks for when NACKs are counted: its pod (the node metadata `pod_name`),
 /// or without one its peer's IP address (not the port, which changes with each connection).
-fn proxy_identity(p: &ProxyStatus) -> String {
+pub(crate) fn proxy_identity(p: &ProxyStatus) -> String {
     match &p.pod {
         Some(pod) => format!("pod/{pod}"),
         None => {

@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Envoy API","type":"string","jsonPath":".spec.envoyAPI"}"#,
     printcolumn = r#"{"name":"Desired Version","type":"string","jsonPath":".status.desiredVersion"}"#,
     printcolumn = r#"{"name":"Published Version","type":"string","jsonPath":".status.publishedVersion"}"#,
-    printcolumn = r#"{"name":"Cache State","type":"string","jsonPath":".status.cacheState"}"#
+    printcolumn = r#"{"name":"Cache State","type":"string","jsonPath":".status.cacheState"}"#,
+    printcolumn = r#"{"name":"Synced","type":"string","jsonPath":".status.proxies.synced"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigSpec {
@@ -273,7 +274,8 @@ pub struct EnvoyConfigStatus {
     /// The version of the spec's resources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub desired_version: Option<String>,
-    /// `CacheOutOfSync`, `Ready` (its opposite) and `RollbackFailed`.
+    /// `CacheOutOfSync`, `Ready` (its opposite), `RollbackFailed` and `Synced` (every
+    /// connected proxy acknowledged the desired version).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The revisions in publication order; the last published one is last.
@@ -282,6 +284,15 @@ pub struct EnvoyConfigStatus {
     /// Why Envoy refused the desired version, when it did (its NACK's error text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_nack_message: Option<String>,
+    /// How many of the node's connected proxies acknowledged the published version, rejected
+    /// it, or have not answered yet, summed over every discovery replica by the leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxies: Option<super::proxy_sync::ProxySync>,
+    /// Each discovery replica's count of the node's proxies connected to it, one entry per
+    /// replica (keyed by `replica`); what `proxies` sums.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["replica"]))]
+    pub sync_reports: Vec<super::proxy_sync::SyncReport>,
 }
 
 /// One entry of `status.revisions`.

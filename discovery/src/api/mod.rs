@@ -6,6 +6,7 @@ pub mod discovery_service;
 pub mod duration;
 pub mod envoy_config;
 pub mod envoy_config_revision;
+pub mod proxy_sync;
 pub mod reference;
 pub mod resources;
 pub mod sidecar_defaults;

@@ -2,6 +2,7 @@
 //! `EnvoyConfigRevision` (loads the published one, with its Secrets, into the xDS cache) and
 //! the NACK consumer that taints rejected revisions. All run in `marin3r discovery-service`.
 
+pub mod convergence;
 pub mod envoy_config;
 mod index;
 pub mod loader;
@@ -300,6 +301,10 @@ pub async fn run_stepping_down(
         nacks,
         stop.clone().cancelled_owned(),
     ));
+    let sync_reports = tokio::spawn(convergence::report(
+        Arc::clone(&ctx),
+        stop.clone().cancelled_owned(),
+    ));
     let yielding = tokio_util::sync::CancellationToken::new();
     let leading = {
         let ctx = Arc::clone(&ctx);
@@ -326,22 +331,23 @@ pub async fn run_stepping_down(
     shutdown.await;
     stepping_down.abort();
     stop.cancel();
-    let _ = tokio::join!(ecr, nack, leading);
+    let _ = tokio::join!(ecr, nack, sync_reports, leading);
     for watch in watches {
         watch.abort();
     }
 }
 
-/// The leader's part: the `EnvoyConfig` controller (revisions, publication, rollback) and the
-/// taint decision, until `stop`.
+/// The leader's part: the `EnvoyConfig` controller (revisions, publication, rollback), the
+/// taint decision and the sum of the proxy counts, until `stop`.
 async fn lead(
     ctx: Arc<Context>,
     ready: Arc<AtomicBool>,
     stop: tokio_util::sync::CancellationToken,
 ) {
     let ec = envoy_config::run(Arc::clone(&ctx), ready, stop.clone().cancelled_owned());
-    let taints = nacks::run_decider(ctx, stop.cancelled_owned());
-    tokio::join!(ec, taints);
+    let taints = nacks::run_decider(Arc::clone(&ctx), stop.clone().cancelled_owned());
+    let counts = convergence::sum(ctx, stop.cancelled_owned());
+    tokio::join!(ec, taints, counts);
 }
 
 /// Campaigns for the Lease, leads while holding it, and campaigns again after losing it

@@ -413,7 +413,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
 }
 
 /// The names of the discovery pods that exist and are not terminating, when known.
-async fn live_replicas(ctx: &Context) -> Result<Option<BTreeSet<String>>, Error> {
+pub(super) async fn live_replicas(ctx: &Context) -> Result<Option<BTreeSet<String>>, Error> {
     let Some(pods) = &ctx.config.replica_pods else {
         return Ok(None);
     };

@@ -109,6 +109,8 @@ fn the_envoy_config_crds_have_the_original_names_columns_and_fields() {
                 "Desired Version",
                 "Published Version",
                 "Cache State",
+                // Ours: how many connected proxies acknowledged the published version.
+                "Synced",
             ][..],
         ),
         (

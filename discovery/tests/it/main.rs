@@ -11,6 +11,7 @@ mod certs_cluster;
 mod cli_certs;
 mod cli_inject;
 mod cli_validate;
+mod convergence;
 mod crds;
 mod discovery_service;
 mod docs_commands;

@@ -83,7 +83,7 @@ async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action
     }
     let obs = observe(&ec, &ctx).await?;
     let outcome = match plan::decide(&obs) {
-        Plan::Invalid(outcome) => outcome,
+        Plan::Invalid(outcome) => *outcome,
         Plan::Publish(plan) => publish(&ctx, &obs, *plan).await?,
     };
     // The status write fails on a stale read, so Events follow only a real change.

@@ -59,7 +59,7 @@ pub struct Observed<'a> {
 /// What to do about one config.
 pub enum Plan {
     /// The spec cannot be published: report why.
-    Invalid(Outcome),
+    Invalid(Box<Outcome>),
     Publish(Box<Publish>),
 }
 
@@ -96,7 +96,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         ));
     }
     if !problems.is_empty() {
-        return Plan::Invalid(invalid(obs, &version, &problems));
+        return Plan::Invalid(Box::new(invalid(obs, &version, &problems)));
     }
     let (mine, stale): (Vec<_>, Vec<_>) = obs
         .revisions
@@ -111,7 +111,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
             .iter()
             .find(|r| r.is_published() && r.spec.config().entries() > 0)
     {
-        return Plan::Invalid(refused_empty(obs, &version, served));
+        return Plan::Invalid(Box::new(refused_empty(obs, &version, served)));
     }
     let existing: BTreeSet<String> = mine.iter().map(|r| r.spec.version.clone()).collect();
     let tainted: BTreeSet<String> = mine

@@ -1,0 +1,123 @@
+//! How far the proxies of an `EnvoyConfig`'s node got with its published version: each
+//! discovery replica counts the proxies connected to it (`status.syncReports`, one entry per
+//! replica), and the leader sums the live replicas' counts into `status.proxies` and the
+//! `Synced` condition, which GitOps tools and `kubectl wait` read.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The condition that is True when every connected proxy of the node has acknowledged the
+/// desired version.
+pub const SYNCED: &str = "Synced";
+
+/// One discovery replica's count of the node's proxies connected to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncReport {
+    /// The discovery pod that counted (its name).
+    pub replica: String,
+    /// The revision version this replica serves the node (`spec.version` of the revision).
+    pub version: String,
+    /// The node's proxies connected to that replica.
+    pub connected: u32,
+    /// How many of them acknowledged every resource type of `version` they were sent.
+    pub acked: u32,
+    /// How many rejected a resource type of `version` (their latest answer was a NACK).
+    pub nacked: u32,
+    /// When the replica counted.
+    pub reported_at: Time,
+}
+
+/// `status.proxies`: the sum over the live discovery replicas, for the published version.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxySync {
+    /// The published version the counts are about.
+    pub version: String,
+    /// The node's proxies connected to any discovery replica.
+    pub connected: u32,
+    /// How many acknowledged the published version.
+    pub acked: u32,
+    /// How many rejected it.
+    pub nacked: u32,
+    /// How many have not answered it yet (connected, neither acked nor nacked).
+    pub pending: u32,
+    /// `acked/connected`, the `SYNCED` column of `kubectl get envoyconfigs`.
+    pub synced: String,
+}
+
+impl ProxySync {
+    /// The sum of `reports` (already restricted to live replicas) for `version`: a replica
+    /// still serving another version counts its proxies as pending.
+    pub fn sum<'a>(version: &str, reports: impl IntoIterator<Item = &'a SyncReport>) -> Self {
+        let mut sum = Self {
+            version: version.to_owned(),
+            ..Self::default()
+        };
+        for r in reports {
+            sum.connected = sum.connected.saturating_add(r.connected);
+            if r.version == version {
+                sum.acked = sum.acked.saturating_add(r.acked.min(r.connected));
+                let nacked = r.nacked.min(r.connected.saturating_sub(r.acked));
+                sum.nacked = sum.nacked.saturating_add(nacked);
+            }
+        }
+        sum.pending = sum.connected - sum.acked - sum.nacked;
+        sum.synced = format!("{}/{}", sum.acked, sum.connected);
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(replica: &str, version: &str, connected: u32, acked: u32, nacked: u32) -> SyncReport {
+        SyncReport {
+            replica: replica.into(),
+            version: version.into(),
+            connected,
+            acked,
+            nacked,
+            reported_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn replicas_are_summed_and_other_versions_are_pending() {
+        let reports = [
+            report("a", "v2", 3, 2, 1),
+            report("b", "v2", 2, 2, 0),
+            // A replica that has not loaded v2 yet: its proxies wait for it.
+            report("c", "v1", 4, 4, 0),
+        ];
+        let sum = ProxySync::sum("v2", &reports);
+        assert_eq!(
+            (sum.connected, sum.acked, sum.nacked, sum.pending),
+            (9, 4, 1, 4)
+        );
+        assert_eq!(sum.synced, "4/9");
+        let none = ProxySync::sum("v2", &[]);
+        assert_eq!(
+            (none.connected, none.pending, none.synced.as_str()),
+            (0, 0, "0/0")
+        );
+    }
+
+    #[test]
+    fn a_report_that_counts_more_than_it_has_cannot_underflow() {
+        // Written by hand, or by a broken replica: acked + nacked over connected.
+        let sum = ProxySync::sum("v", &[report("a", "v", 2, 5, 7)]);
+        assert_eq!(
+            (sum.connected, sum.acked, sum.nacked, sum.pending),
+            (2, 2, 0, 0)
+        );
+        let sum = ProxySync::sum(
+            "v",
+            &[report("a", "v", u32::MAX, 1, 0), report("b", "v", 9, 0, 0)],
+        );
+        assert_eq!(sum.connected, u32::MAX);
+        assert!(sum.acked + sum.nacked + sum.pending == sum.connected);
+    }
+}

@@ -1,0 +1,287 @@
+//! Convergence in `EnvoyConfig` status: whether the published version reached the fleet.
+//!
+//! Each discovery replica knows only the proxies connected to it, so the count goes through
+//! the API, as the NACK reports do: every replica, every [`PERIOD`], counts the proxies of
+//! each node it serves against the snapshot it serves them (acknowledged, rejected, not
+//! answered yet) and writes its own entry of the config's `status.syncReports` when the count
+//! changed; the leader sums the entries of the live replicas into `status.proxies` (the
+//! `SYNCED` column) and the `Synced` condition, and drops the entries of replicas that are
+//! gone. Writes happen only on change, at most [`WRITES_PER_PERIOD`] per period per replica,
+//! each guarded by the resourceVersion read, so concurrent writers never lose an entry.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::{Api, ResourceExt};
+use marin3r_controller::{patch_status, set_condition};
+use tracing::{debug, warn};
+
+use super::{Context, Error};
+use crate::api::EnvoyConfig;
+use crate::api::envoy_config::EnvoyConfigStatus;
+use crate::api::proxy_sync::{ProxySync, SYNCED, SyncReport};
+use marin3r_xds::NodeKey;
+use marin3r_xds::convergence::{self, Convergence};
+
+/// How often replicas count and the leader sums.
+pub const PERIOD: Duration = Duration::from_secs(2);
+
+/// The most status writes one replica (or the leader) makes per period; the rest wait for
+/// the next period, in turn, so a fleet that changes at once is paced, not dropped.
+const WRITES_PER_PERIOD: usize = 50;
+
+/// The most reports the leader reads on one config (one per replica; more means someone
+/// other than the replicas wrote them).
+const MAX_REPORTS: usize = 64;
+
+marin3r_controller::reasons! {
+    /// The reasons of the `Synced` condition.
+    pub enum SyncReason {
+        /// Every connected proxy acknowledged the desired version.
+        AllProxiesSynced,
+        /// The desired version is published and no proxy of the node is connected.
+        NoProxiesConnected,
+        /// Some connected proxies have not answered the desired version yet.
+        ProxiesPending,
+        /// Some connected proxies rejected the desired version.
+        ProxiesRejected,
+        /// The desired version is not what is published (invalid, rolled back, or not yet).
+        DesiredVersionNotPublished,
+    }
+}
+
+/// The `Synced` condition for a status and the sum of its reports: (status, reason, message).
+pub fn synced(
+    status: &EnvoyConfigStatus,
+    sum: &ProxySync,
+    node: &str,
+) -> (bool, SyncReason, String) {
+    let published = status.published_version.as_deref();
+    let desired = status.desired_version.as_deref();
+    let (Some(published), Some(desired)) = (published, desired) else {
+        let message = "no version is published yet".to_owned();
+        return (false, SyncReason::DesiredVersionNotPublished, message);
+    };
+    if published != desired {
+        let message = format!(
+            "the desired version {desired} is not published; proxies are served version {published}"
+        );
+        return (false, SyncReason::DesiredVersionNotPublished, message);
+    }
+    let of = |n: u32| format!("{n} of {} connected proxies", sum.connected);
+    if sum.nacked > 0 {
+        let message = format!("{} rejected version {published}", of(sum.nacked));
+        return (false, SyncReason::ProxiesRejected, message);
+    }
+    if sum.pending > 0 {
+        let message = format!(
+            "{} have not acknowledged version {published} yet",
+            of(sum.pending)
+        );
+        return (false, SyncReason::ProxiesPending, message);
+    }
+    if sum.connected == 0 {
+        let message =
+            format!("version {published} is published; no proxy of node {node} is connected");
+        return (true, SyncReason::NoProxiesConnected, message);
+    }
+    let message = format!(
+        "all {} connected proxies acknowledged version {published}",
+        sum.connected
+    );
+    (true, SyncReason::AllProxiesSynced, message)
+}
+
+/// Every replica: counts its proxies of each served node and writes its report where the
+/// count changed, until `stop`.
+pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut turn = 0usize;
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(PERIOD) => {}
+        }
+        let store = ctx.index.configs.store();
+        if !super::listed(&store).await {
+            return;
+        }
+        let status = ctx.config.proxies.snapshot();
+        let nodes = convergence::by_node(&status);
+        let mut configs = store.state();
+        configs.sort_by_key(|ec| (ec.namespace(), ec.name_any()));
+        let mut writes = 0;
+        // A different first config each period, so a cap reached never starves the same ones.
+        let start = turn % configs.len().max(1);
+        turn = turn.wrapping_add(WRITES_PER_PERIOD);
+        for ec in configs[start..].iter().chain(&configs[..start]) {
+            if writes == WRITES_PER_PERIOD {
+                break;
+            }
+            let ns = ec.namespace().unwrap_or_default();
+            let key = NodeKey::new(ns.clone(), ec.spec.node_id.clone());
+            let count = ctx.publisher.current(&key).and_then(|load| {
+                let proxies = nodes.get(&(ns.as_str(), ec.spec.node_id.as_str()))?;
+                let c = convergence::count(proxies.iter().copied(), &load.types);
+                (c.connected > 0).then_some((load.version, c))
+            });
+            let Some(reports) = reports_with(ec, &ctx.config.replica, count) else {
+                continue;
+            };
+            writes += 1;
+            if let Err(e) = write(&ctx, ec, serde_json::json!({ "syncReports": reports })).await {
+                debug!(error = %e, namespace = %ns, config = %ec.name_any(), "could not write this replica's sync report; next period");
+            }
+        }
+    }
+}
+
+/// The config's reports with this replica's entry replaced by `count` (removed when `None`);
+/// `None` when its entry already says so.
+fn reports_with(
+    ec: &EnvoyConfig,
+    me: &str,
+    count: Option<(String, Convergence)>,
+) -> Option<Vec<SyncReport>> {
+    let reports = ec
+        .status
+        .as_ref()
+        .map(|s| s.sync_reports.as_slice())
+        .unwrap_or_default();
+    let mine = reports.iter().find(|r| r.replica == me);
+    let entry = count.map(|(version, c)| SyncReport {
+        replica: me.to_owned(),
+        version,
+        connected: u32::try_from(c.connected).unwrap_or(u32::MAX),
+        acked: u32::try_from(c.acked).unwrap_or(u32::MAX),
+        nacked: u32::try_from(c.nacked).unwrap_or(u32::MAX),
+        reported_at: super::now(),
+    });
+    let same = match (mine, &entry) {
+        (None, None) => true,
+        (Some(old), Some(new)) => {
+            (&old.version, old.connected, old.acked, old.nacked)
+                == (&new.version, new.connected, new.acked, new.nacked)
+        }
+        _ => false,
+    };
+    if same {
+        return None;
+    }
+    let mut reports: Vec<SyncReport> = reports
+        .iter()
+        .filter(|r| r.replica != me)
+        .cloned()
+        .collect();
+    reports.extend(entry);
+    reports.sort_by(|a, b| a.replica.cmp(&b.replica));
+    Some(reports)
+}
+
+/// The leader: sums the live replicas' reports of every config into `status.proxies` and
+/// the `Synced` condition, until `stop`.
+pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(PERIOD) => {}
+        }
+        let store = ctx.index.configs.store();
+        if !super::listed(&store).await {
+            return;
+        }
+        let live = match super::nacks::live_replicas(&ctx).await {
+            Ok(live) => live,
+            Err(e) => {
+                warn!(error = %e, "could not list the discovery pods; proxy counts wait");
+                continue;
+            }
+        };
+        let mut writes = 0;
+        for ec in store.state() {
+            if writes == WRITES_PER_PERIOD {
+                break;
+            }
+            let Some(patch) = summed(&ec, live.as_ref(), &super::now()) else {
+                continue;
+            };
+            writes += 1;
+            if let Err(e) = write(&ctx, &ec, patch).await {
+                debug!(error = %e, namespace = ?ec.namespace(), config = %ec.name_any(), "could not write the proxy counts; next period");
+            }
+        }
+    }
+}
+
+/// The status fields the leader writes for `ec` (the sum, the condition, the reports of live
+/// replicas only), or `None` when they already say so. `live`: the discovery pods that exist
+/// (`None`: every report counts).
+fn summed(
+    ec: &EnvoyConfig,
+    live: Option<&BTreeSet<String>>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Option<serde_json::Value> {
+    let mut status = ec.status.clone().unwrap_or_default();
+    // Nothing was ever published (an invalid spec): the EnvoyConfig controller's conditions
+    // say why; no counts to write.
+    let published = status.published_version.clone()?;
+    let kept: Vec<SyncReport> = status
+        .sync_reports
+        .iter()
+        .filter(|r| live.is_none_or(|live| live.contains(&r.replica)))
+        .take(MAX_REPORTS)
+        .cloned()
+        .collect();
+    let pruned = kept.len() != status.sync_reports.len();
+    let sum = ProxySync::sum(&published, &kept);
+    let (value, reason, message) = synced(&status, &sum, &ec.spec.node_id);
+    let generation = ec.metadata.generation;
+    let mut conditions = status.conditions.clone();
+    set_condition(
+        &mut conditions,
+        SYNCED,
+        value,
+        reason,
+        &message,
+        generation,
+        now,
+    );
+    let condition_same =
+        |c: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition| c.type_ == SYNCED;
+    let before = status.conditions.iter().find(condition_same);
+    let after = conditions.iter().find(condition_same);
+    let condition_changed = before
+        .map(|c| (&c.status, &c.reason, &c.message, c.observed_generation))
+        != after.map(|c| (&c.status, &c.reason, &c.message, c.observed_generation));
+    if !pruned && !condition_changed && status.proxies.as_ref() == Some(&sum) {
+        return None;
+    }
+    status.proxies = Some(sum);
+    let mut patch = serde_json::json!({
+        "proxies": status.proxies,
+        "conditions": conditions,
+    });
+    if pruned {
+        patch["syncReports"] = serde_json::to_value(&kept).unwrap_or_default();
+    }
+    Some(patch)
+}
+
+/// Merges `fields` into the status of `ec` as read: a stale read is refused with a conflict,
+/// and the next period starts again from a fresh one.
+async fn write(ctx: &Context, ec: &EnvoyConfig, fields: serde_json::Value) -> Result<(), Error> {
+    let api: Api<EnvoyConfig> =
+        Api::namespaced(ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    let mut patch = serde_json::json!({ "status": fields });
+    if let Some(rv) = &ec.metadata.resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    patch_status(&api, &ec.name_any(), patch, super::FIELD_MANAGER).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "convergence_tests.rs"]
+mod tests;

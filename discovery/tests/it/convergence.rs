@@ -1,0 +1,163 @@
+//! Convergence in `EnvoyConfig` status with real Envoy processes: `status.proxies` counts the
+//! node's connected proxies that acknowledged the published version (the `SYNCED` column),
+//! the `Synced` condition is what `kubectl wait` and GitOps tools wait on, and with several
+//! discovery replicas each counts its own proxies while the leader sums them.
+
+use crate::support;
+
+use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use support::free_port;
+use support::plane::*;
+
+fn synced(ec: &marin3r_discovery::api::EnvoyConfig) -> Option<&str> {
+    Some(ec.status.as_ref()?.proxies.as_ref()?.synced.as_str())
+}
+
+fn synced_condition(ec: &marin3r_discovery::api::EnvoyConfig) -> Option<(String, String)> {
+    condition(ec, "Synced").map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[test]
+fn the_synced_column_and_condition_follow_the_fleet() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    let node = "gateway";
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    plane.api.write_kubeconfig(&kubeconfig).unwrap();
+    let k = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let kubectl_wait = |condition: &str| {
+        plane.rt.block_on(k.ok(&[
+            "wait",
+            "ec/gw",
+            "-n",
+            NS,
+            &format!("--for=condition={condition}"),
+            "--timeout=30s",
+        ]))
+    };
+
+    // Published with nobody connected: nothing to wait for.
+    plane.apply(NS, "gw", spec(node, port, "v1"));
+    plane.wait_in_sync(NS, "gw");
+    let ec = plane.wait_status(NS, "gw", "0/0 and Synced", |ec| {
+        synced(ec) == Some("0/0")
+            && synced_condition(ec) == Some(("True".into(), "NoProxiesConnected".into()))
+    });
+    let v1 = ec.spec.version();
+    assert_eq!(ec.status.unwrap().proxies.unwrap().version, v1);
+
+    // Two real Envoys of the node acknowledge it.
+    let one = plane.proxy_on(plane.xds_port, NS, node, "gw-1", AdsMode::StateOfTheWorld);
+    let two = plane.proxy_on(plane.xds_port, NS, node, "gw-2", AdsMode::Delta);
+    one.wait_for_body(port, "v1");
+    two.wait_for_body(port, "v1");
+    plane.wait_status(NS, "gw", "2/2 and AllProxiesSynced", |ec| {
+        synced(ec) == Some("2/2")
+            && synced_condition(ec) == Some(("True".into(), "AllProxiesSynced".into()))
+    });
+    kubectl_wait("Synced").unwrap();
+    let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", NS])).unwrap();
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap()
+        .split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect();
+    let column = header.iter().position(|c| *c == "SYNCED").expect(&table);
+    let row = table.lines().find(|l| l.starts_with("gw ")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[column], "2/2", "{table}");
+
+    // An update: both follow, and the count is about the new version.
+    plane.apply(NS, "gw", spec(node, port, "v2"));
+    let v2 = plane.wait_in_sync(NS, "gw").spec.version();
+    let ec = plane.wait_status(NS, "gw", "2/2 of v2", |ec| {
+        synced(ec) == Some("2/2")
+            && ec
+                .status
+                .as_ref()
+                .unwrap()
+                .proxies
+                .as_ref()
+                .unwrap()
+                .version
+                == v2
+    });
+    assert_eq!(synced_condition(&ec).unwrap().0, "True");
+
+    // A version Envoy rejects: rolled back, so the desired version did not reach the fleet,
+    // and the condition says so while the proxies are back in sync on the old one.
+    plane.apply(NS, "gw", nacked_spec(node, port, "bad"));
+    let ec = plane.wait_status(NS, "gw", "the rollback and Synced=False", |ec| {
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
+            && synced_condition(ec) == Some(("False".into(), "DesiredVersionNotPublished".into()))
+    });
+    let message = &condition(&ec, "Synced").unwrap().message;
+    assert!(message.contains(&v2), "{message}");
+    kubectl_wait("Synced=false").unwrap();
+    plane.wait_status(NS, "gw", "2/2 of the version rolled back to", |ec| {
+        synced(ec) == Some("2/2")
+    });
+
+    // A proxy leaves: counted out.
+    drop(two);
+    plane.apply(NS, "gw", spec(node, port, "v3"));
+    plane.wait_in_sync(NS, "gw");
+    one.wait_for_body(port, "v3");
+    plane.wait_status(NS, "gw", "1/1 after a proxy left", |ec| {
+        synced(ec) == Some("1/1")
+            && synced_condition(ec) == Some(("True".into(), "AllProxiesSynced".into()))
+    });
+    drop(one);
+    plane.wait_status(NS, "gw", "0/0 once everyone left", |ec| {
+        synced(ec) == Some("0/0")
+    });
+}
+
+#[test]
+fn proxies_on_every_replica_are_summed() {
+    let plane = Plane::start(&[NS]);
+    let replica = plane.replica("replica-b", |_| {});
+    let port = free_port();
+    let node = "web";
+    plane.apply(NS, "web", spec(node, port, "v1"));
+    plane.wait_in_sync(NS, "web");
+    let on_plane = plane.proxy_on(plane.xds_port, NS, node, "web-1", AdsMode::StateOfTheWorld);
+    let on_replica = plane.proxy_on(
+        replica.xds_port,
+        NS,
+        node,
+        "web-2",
+        AdsMode::StateOfTheWorld,
+    );
+    on_plane.wait_for_body(port, "v1");
+    on_replica.wait_for_body(port, "v1");
+    let ec = plane.wait_status(NS, "web", "both replicas' proxies summed", |ec| {
+        synced(ec) == Some("2/2")
+    });
+    let reports = &ec.status.as_ref().unwrap().sync_reports;
+    let replicas: Vec<&str> = reports.iter().map(|r| r.replica.as_str()).collect();
+    assert_eq!(replicas, ["plane-0", "replica-b"], "{reports:?}");
+    assert!(
+        reports.iter().all(|r| (r.connected, r.acked) == (1, 1)),
+        "{reports:?}"
+    );
+    // The replica's proxy leaves: its entry goes, and the sum follows.
+    drop(on_replica);
+    let ec = plane.wait_status(NS, "web", "the replica's entry removed", |ec| {
+        synced(ec) == Some("1/1")
+    });
+    let left: Vec<&str> = ec
+        .status
+        .as_ref()
+        .unwrap()
+        .sync_reports
+        .iter()
+        .map(|r| r.replica.as_str())
+        .collect();
+    assert_eq!(left, ["plane-0"]);
+}
