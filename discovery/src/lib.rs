@@ -5,6 +5,7 @@ pub mod cli;
 pub mod controllers;
 pub mod convert;
 pub mod operator;
+pub mod proxy_config;
 pub mod rules;
 pub mod sidecar;
 

@@ -123,6 +123,11 @@ pub async fn install(images: ImageMap) -> anyhow::Result<Installed> {
 }
 
 impl Installed {
+    /// The kubeconfig kubectl uses, for other clients (`marin3r`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self._kubeconfig.path().join("kubeconfig")
+    }
+
     /// `kubectl apply --server-side` of a manifest text.
     pub async fn apply(&self, manifest: &str) -> anyhow::Result<()> {
         self.kubectl

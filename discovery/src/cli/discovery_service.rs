@@ -46,7 +46,8 @@ pub struct DiscoveryServiceArgs {
     /// answers as on the metrics port).
     #[arg(long, default_value_t = DEFAULT_PROBE_PORT)]
     probe_port: u16,
-    /// Address of the admin HTTP server (/sync-status: every proxy of every namespace).
+    /// Address of the admin HTTP server (/sync-status: every proxy of every namespace;
+    /// /served-config: what one node is served, secrets redacted).
     /// Loopback by default, so only the pod itself reaches it (`marin3r proxy-status` does,
     /// through the API server's pod port-forward).
     #[arg(long, default_value_t = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_ADMIN_PORT))]
@@ -276,7 +277,9 @@ impl Servers {
         health: axum::Router,
         shutdown: &Shutdown,
     ) -> Self {
-        let admin_router = server.admin_router();
+        let admin_router = server
+            .admin_router()
+            .merge(crate::proxy_config::served::router(server.cache().clone()));
         let webhook = tokio::spawn(marin3r_webhook::serve(
             webhook,
             listeners.webhook,

@@ -4,6 +4,7 @@
 mod admin;
 mod bootstrap;
 mod certs;
+mod check;
 mod cluster;
 mod crds;
 mod differences;
@@ -12,6 +13,8 @@ mod inject;
 mod listen;
 mod logging;
 mod operator;
+mod port_forward;
+mod proxy_config;
 mod proxy_status;
 mod shutdown_manager;
 mod sidecar_defaults;
@@ -38,6 +41,10 @@ pub struct Cli {
 pub enum Command {
     /// Write an Envoy bootstrap (config.json and its SDS files) for a proxy.
     Bootstrap(bootstrap::BootstrapArgs),
+    /// Check the installation on the current cluster: CRDs, operator, discovery services,
+    /// webhooks, per-namespace certificates and bootstraps, expiring certificates, proxies
+    /// out of sync; each failure says what to do. Exit code 0 only when all pass.
+    Check(check::CheckArgs),
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -55,6 +62,9 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// Inject the Envoy sidecar into Pods and pod templates offline, as the webhook would.
     Inject(inject::InjectArgs),
+    /// Show the configuration a pod's Envoy holds (its /config_dump, secrets redacted) and
+    /// how it differs from what the control plane serves the pod's node.
+    ProxyConfig(proxy_config::ProxyConfigArgs),
     /// Show every proxy connected to a discovery service and its per-type sync state.
     ProxyStatus(proxy_status::ProxyStatusArgs),
     /// Drain an Envoy sidecar when its pod terminates (the container the webhook injects
@@ -73,6 +83,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
         Command::Certs(cmd) => certs::run(cmd).await,
+        Command::Check(args) => check::run(args).await,
         Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
         Command::DiscoveryService(args) => {
             logging::init(
@@ -88,6 +99,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             logging::init("info", args.log.log_format);
             operator::run(args).await.map(|()| ExitCode::SUCCESS)
         }
+        Command::ProxyConfig(args) => proxy_config::run(args).await,
         Command::ProxyStatus(args) => proxy_status::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::ShutdownManager(args) => {
             logging::init("info", args.log.log_format);

@@ -13,7 +13,6 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cluster::ClusterArgs;
 use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
@@ -146,16 +145,20 @@ fn get_url(url: &str) -> anyhow::Result<String> {
 /// a port-forward, all at once: per pod, its answer or the error naming it.
 async fn through_api_server(args: &ProxyStatusArgs) -> anyhow::Result<Vec<anyhow::Result<Answer>>> {
     let client = args.cluster.client().await?;
-    let asks = find_pods(&client, args)
-        .await?
-        .into_iter()
-        .map(|(ns, pod)| {
-            let client = client.clone();
-            async move {
-                let (source, body) = sync_status_of(client, &ns, &pod, args.admin_port).await?;
-                Answer::parse(Some(pod), &source, &body)
-            }
-        });
+    let asks = find_pods(
+        &client,
+        args.discovery_service.as_deref(),
+        args.pod.as_deref(),
+    )
+    .await?
+    .into_iter()
+    .map(|(ns, pod)| {
+        let client = client.clone();
+        async move {
+            let (source, body) = sync_status_of(client, &ns, &pod, args.admin_port).await?;
+            Answer::parse(Some(pod), &source, &body)
+        }
+    });
     Ok(futures::future::join_all(asks).await)
 }
 
@@ -167,69 +170,30 @@ pub(super) async fn sync_status_of(
     pod: &str,
     port: u16,
 ) -> anyhow::Result<(String, String)> {
-    let source = format!("pod {ns}/{pod} port {port}{SYNC_STATUS_PATH}");
-    let pods: Api<Pod> = Api::namespaced(client, ns);
-    let mut forwarder = pods
-        .portforward(pod, &[port])
-        .await
-        .with_context(|| format!("port-forwarding to pod {ns}/{pod} port {port}"))?;
-    let mut stream = forwarder
-        .take_stream(port)
-        .with_context(|| format!("no stream for port {port}"))?;
-    let error = forwarder.take_error(port);
-    // HTTP/1.0: the server closes the connection after its answer, which ends the stream.
-    let request = format!(
-        "GET {SYNC_STATUS_PATH} HTTP/1.0\r\nHost: localhost:{port}\r\nAccept: application/json\r\n\r\n"
-    );
-    let exchange = async {
-        stream.write_all(request.as_bytes()).await?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await?;
-        Ok::<_, std::io::Error>(answer)
-    };
-    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .with_context(|| format!("{source}: no answer within 10 s"))?
-        .with_context(|| format!("reading {source}"))?;
-    forwarder.abort();
-    if answer.is_empty() {
-        let reason = match error {
-            Some(e) => e.await.unwrap_or_default(),
-            None => String::new(),
-        };
-        bail!("{source}: the connection closed without an answer {reason}");
-    }
-    let answer = String::from_utf8_lossy(&answer);
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("{source}: not an HTTP answer"))?;
-    let status_line = head.lines().next().unwrap_or_default();
-    if status_line.split_whitespace().nth(1) != Some("200") {
-        bail!("{source}: {status_line}: {}", body.trim());
-    }
-    Ok((source, body.to_owned()))
+    super::port_forward::get(client, ns, pod, port, SYNC_STATUS_PATH).await
 }
 
 /// The discovery pods to ask: `--pod`, or every running pod of `--discovery-service`, or of
 /// the only discovery service there is.
-async fn find_pods(
+pub(super) async fn find_pods(
     client: &kube::Client,
-    args: &ProxyStatusArgs,
+    discovery_service: Option<&str>,
+    pod: Option<&str>,
 ) -> anyhow::Result<Vec<(String, String)>> {
-    if let Some(pod) = &args.pod {
+    if let Some(pod) = pod {
         let (ns, name) = pod
             .split_once('/')
             .with_context(|| format!("--pod {pod:?} must be NAMESPACE/NAME"))?;
         return Ok(vec![(ns.to_owned(), name.to_owned())]);
     }
     let mut selector = DISCOVERY_POD_SELECTOR.to_owned();
-    let api: Api<Pod> = match args.discovery_service.as_deref().map(|d| d.split_once('/')) {
+    let api: Api<Pod> = match discovery_service.map(|d| d.split_once('/')) {
         Some(Some((ns, name))) => {
             selector.push_str(&format!(",app.kubernetes.io/instance={name}"));
             Api::namespaced(client.clone(), ns)
         }
         Some(None) => {
-            let name = args.discovery_service.as_deref().unwrap_or_default();
+            let name = discovery_service.unwrap_or_default();
             selector.push_str(&format!(",app.kubernetes.io/instance={name}"));
             Api::all(client.clone())
         }

@@ -8,7 +8,7 @@ mod endpoints;
 mod error;
 mod parse;
 mod pgv;
-mod pool;
+pub(crate) mod pool;
 mod secret;
 mod sources;
 mod typed;

@@ -349,7 +349,7 @@ fn is_ours<K: Resource>(obj: &K, children: &Children<'_>) -> bool {
 
 /// What the webhook's `caBundle` must trust, from the CA's Secret once issued: the CA's
 /// trust bundle, which holds the next or the previous CA too while the CA is rotated.
-async fn ca_certificate_pem(
+pub(crate) async fn ca_certificate_pem(
     client: &Client,
     ns: &str,
     name: &str,

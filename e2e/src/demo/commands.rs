@@ -27,6 +27,11 @@ pub const RENEW_BY_ANNOTATION: &str =
 /// Through the API server (a pod port-forward to the discovery pod), with the current
 /// kubeconfig.
 pub const PROXY_STATUS: &str = "marin3r proxy-status -n demo";
+/// The listeners the demo pod's Envoy holds (its `/config_dump` through a port-forward),
+/// compared with what the discovery pod serves it.
+pub const PROXY_CONFIG: &str = "marin3r proxy-config -n demo deployment/demo listeners";
+/// The `SYNCED` column: how many connected proxies acknowledged the published version.
+pub const GET_CONFIG_SYNCED: &str = "kubectl get envoyconfig demo-proxy -n demo";
 
 /// Every command above.
 pub const ALL: &[&str] = &[
@@ -43,6 +48,8 @@ pub const ALL: &[&str] = &[
     RENEW,
     RENEW_BY_ANNOTATION,
     PROXY_STATUS,
+    PROXY_CONFIG,
+    GET_CONFIG_SYNCED,
 ];
 
 /// Runs one documented command from `repo` (whitespace-separated words, as in the docs),

@@ -288,6 +288,37 @@ impl Demo {
         if n.failed.is_empty() {
             self.certificates(n).await;
         }
+        if n.failed.is_empty() {
+            self.convergence(n).await;
+        }
+    }
+
+    /// The end: the sidecar's own configuration, in sync with what the control plane serves
+    /// it, and the `SYNCED` column of the EnvoyConfig.
+    async fn convergence(&self, n: &mut Narrator) {
+        let t = self.step_timeout;
+        n.step(
+            "what the sidecar holds (marin3r proxy-config) and the SYNCED column",
+            async {
+                // Exit code 0 only when the proxy holds what the discovery pod serves it.
+                let config = wait_for("the proxy's config in sync", t, || async {
+                    let out = self.doc(commands::PROXY_CONFIG).await?;
+                    Ok(out.contains("In sync").then_some(out))
+                })
+                .await?;
+                Narrator::show(&format!("$ {}", commands::PROXY_CONFIG));
+                Narrator::show(&config);
+                let table = wait_for("SYNCED 1/1", t, || async {
+                    let out = self.doc(commands::GET_CONFIG_SYNCED).await?;
+                    Ok((synced_column(&out).as_deref() == Some("1/1")).then_some(out))
+                })
+                .await?;
+                Narrator::show(&format!("$ {}", commands::GET_CONFIG_SYNCED));
+                Narrator::show(&table);
+                Ok(((), "the proxy holds what is served; SYNCED 1/1".to_owned()))
+            },
+        )
+        .await;
     }
 
     /// The user guide's certificate commands: a CA and a certificate it signs, issued,
@@ -453,6 +484,16 @@ pub fn ready_ip(pod: &Pod) -> Option<String> {
         .flatten()
         .any(|c| c.type_ == "Ready" && c.status == "True");
     ready.then(|| status.pod_ip.clone()).flatten()
+}
+
+/// The `SYNCED` cell of the first row of a `kubectl get envoyconfig` table.
+fn synced_column(table: &str) -> Option<String> {
+    let mut lines = table.lines();
+    let header = lines.next()?;
+    let start = header.find("SYNCED")?;
+    let row = lines.next()?;
+    let cell = row.get(start..)?.split_whitespace().next()?;
+    Some(cell.to_owned())
 }
 
 /// Whether `marin3r proxy-status` shows the demo proxy with every type acknowledged.

@@ -6,6 +6,7 @@
 mod abuse_smoke;
 mod ca_rotation_e2e;
 mod certificate_controller;
+mod check_e2e;
 mod convert_envoy;
 mod demo;
 mod envoy_smoke;

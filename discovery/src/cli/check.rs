@@ -1,0 +1,626 @@
+//! `marin3r check`: whether the installation on the current cluster works, part by part, each
+//! failure with what to do about it; exit code 0 only when every check passes. Warnings
+//! (a config rolled back, which is the user's config and not the installation) are printed
+//! and do not fail.
+
+use std::fmt::Write;
+use std::process::ExitCode;
+
+use clap::Args;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use time::OffsetDateTime;
+
+use super::cluster::ClusterArgs;
+use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
+use crate::api::{EnvoyConfig, crds};
+use crate::operator::build;
+use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
+
+/// How long past its renewal time a certificate may go before it counts as not renewed.
+const RENEWAL_GRACE: time::Duration = time::Duration::minutes(10);
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Where the operator runs.
+    #[arg(long, default_value = "marin3r-system")]
+    operator_namespace: String,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Pass(String),
+    Warn(String, String),
+    /// What is wrong, and what to do.
+    Fail(String, String),
+}
+
+#[derive(Debug, Default)]
+struct Report {
+    lines: Vec<(String, Verdict)>,
+}
+
+impl Report {
+    fn add(&mut self, check: impl Into<String>, verdict: Verdict) {
+        self.lines.push((check.into(), verdict));
+    }
+
+    fn pass(&mut self, check: impl Into<String>, detail: impl Into<String>) {
+        self.add(check, Verdict::Pass(detail.into()));
+    }
+
+    fn fail(&mut self, check: impl Into<String>, what: impl Into<String>, fix: impl Into<String>) {
+        self.add(check, Verdict::Fail(what.into(), fix.into()));
+    }
+
+    fn failures(&self) -> usize {
+        let failed = |(_, v): &&(String, Verdict)| matches!(v, Verdict::Fail(..));
+        self.lines.iter().filter(failed).count()
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (check, verdict) in &self.lines {
+            let _ = match verdict {
+                Verdict::Pass(detail) => writeln!(out, "[ok]   {check}: {detail}"),
+                Verdict::Warn(what, fix) => {
+                    writeln!(out, "[warn] {check}: {what}\n       -> {fix}")
+                }
+                Verdict::Fail(what, fix) => {
+                    writeln!(out, "[FAIL] {check}: {what}\n       -> {fix}")
+                }
+            };
+        }
+        let failures = self.failures();
+        let _ = if failures == 0 {
+            writeln!(out, "\nAll {} checks passed.", self.lines.len())
+        } else {
+            writeln!(out, "\n{failures} of {} checks failed.", self.lines.len())
+        };
+        out
+    }
+}
+
+pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let client = args.cluster.client().await?;
+    let mut report = Report::default();
+    check_crds(&client, &mut report).await;
+    check_operator(&client, &args.operator_namespace, &mut report).await;
+    let dss: Api<DiscoveryService> = Api::all(client.clone());
+    match dss.list(&ListParams::default()).await {
+        Ok(list) if list.items.is_empty() => report.fail(
+            "DiscoveryServices",
+            "none exists",
+            "create one: kubectl apply -f manifests/examples/discoveryservice.yaml",
+        ),
+        Ok(list) => {
+            for ds in &list.items {
+                check_discovery_service(&client, ds, &mut report).await;
+            }
+        }
+        Err(e) => report.fail(
+            "DiscoveryServices",
+            format!("cannot list them: {e}"),
+            "install the CRDs and check your RBAC",
+        ),
+    }
+    check_certificates(&client, &mut report).await;
+    check_proxies(&client, &mut report).await;
+    print!("{}", report.render());
+    Ok(if report.failures() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+const REINSTALL: &str = "apply this release's manifests: kubectl apply --server-side -k manifests/ (or its install.yaml)";
+
+async fn check_crds(client: &kube::Client, report: &mut Report) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for want in crds::all() {
+        let name = want.name_any();
+        let check = format!("CRD {name}");
+        match api.get_opt(&name).await {
+            Ok(None) => report.fail(check, "not installed", REINSTALL),
+            Ok(Some(have)) => {
+                let schema = |crd: &CustomResourceDefinition| {
+                    let versions = crd.spec.versions.iter();
+                    versions
+                        .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
+                        .collect::<Vec<_>>()
+                };
+                if schema(&have) == schema(&want) {
+                    report.pass(check, format!("current ({})", env!("CARGO_PKG_VERSION")));
+                } else {
+                    let what = format!(
+                        "not the schema marin3r {} serves",
+                        env!("CARGO_PKG_VERSION")
+                    );
+                    report.fail(check, what, REINSTALL);
+                }
+            }
+            Err(e) => report.fail(check, format!("cannot read it: {e}"), "check your RBAC"),
+        }
+    }
+}
+
+async fn check_operator(client: &kube::Client, ns: &str, report: &mut Report) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let params = ListParams::default().labels("app.kubernetes.io/component=operator");
+    match deployments.list(&params).await {
+        Ok(list) if list.items.is_empty() => report.fail(
+            "operator",
+            format!("no operator Deployment in namespace {ns}"),
+            format!("{REINSTALL}; or pass --operator-namespace"),
+        ),
+        Ok(list) => {
+            for d in &list.items {
+                let want = d.spec.replicas.unwrap_or(1);
+                let ready = d
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.ready_replicas)
+                    .unwrap_or(0);
+                let check = format!("operator {ns}/{}", d.name_any());
+                if ready > 0 {
+                    report.pass(check, format!("{ready}/{want} replicas ready"));
+                } else {
+                    let fix = format!(
+                        "kubectl -n {ns} describe deployment {} and its pods' logs",
+                        d.name_any()
+                    );
+                    report.fail(check, format!("0/{want} replicas ready"), fix);
+                }
+            }
+        }
+        Err(e) => report.fail(
+            "operator",
+            format!("cannot list Deployments in {ns}: {e}"),
+            "check your RBAC",
+        ),
+    }
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let check = "operator leader";
+    match leases.get_opt("marin3r-operator").await {
+        Ok(Some(lease)) => {
+            let spec = lease.spec.unwrap_or_default();
+            let holder = spec.holder_identity.unwrap_or_default();
+            let renewed = spec.renew_time.map(|t| t.0.as_second());
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            let now = OffsetDateTime::now_utc().unix_timestamp();
+            match renewed {
+                Some(at) if !holder.is_empty() && at + duration >= now => {
+                    report.pass(check, format!("{holder} holds the Lease"));
+                }
+                _ => report.fail(
+                    check,
+                    "nobody holds the Lease marin3r-operator (the operator is not leading)",
+                    format!("check the operator pods' logs in {ns}"),
+                ),
+            }
+        }
+        Ok(None) => report.fail(
+            check,
+            "no Lease marin3r-operator: no operator has ever led",
+            format!("check the operator pods' logs in {ns}"),
+        ),
+        Err(e) => report.fail(
+            check,
+            format!("cannot read the Lease: {e}"),
+            "check your RBAC",
+        ),
+    }
+}
+
+async fn check_discovery_service(
+    client: &kube::Client,
+    ds: &DiscoveryService,
+    report: &mut Report,
+) {
+    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+    let check = format!("DiscoveryService {ns}/{name}");
+    let ready = ds
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => report.pass(&check, "Ready"),
+        Some(c) => report.fail(
+            &check,
+            format!("not Ready ({}): {}", c.reason, c.message),
+            format!("kubectl describe discoveryservice {name} -n {ns}"),
+        ),
+        None => report.fail(
+            &check,
+            "no Ready condition yet",
+            "check that the operator runs (above)",
+        ),
+    }
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let owned = ds.owned_name();
+    let pods_check = format!("discovery pods of {ns}/{name}");
+    match deployments.get_opt(&owned).await {
+        Ok(Some(d)) => {
+            let want = d.spec.replicas.unwrap_or(1);
+            let ready = d
+                .status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0);
+            if ready > 0 {
+                report.pass(pods_check, format!("{ready}/{want} ready"));
+            } else {
+                let fix = format!(
+                    "kubectl -n {ns} get pods -l app.kubernetes.io/instance={name},app.kubernetes.io/component=discovery-service, then their logs"
+                );
+                report.fail(
+                    pods_check,
+                    format!("0/{want} ready: no sidecar gets config and no pod is injected"),
+                    fix,
+                );
+            }
+        }
+        Ok(None) => report.fail(
+            pods_check,
+            format!("no Deployment {owned}"),
+            "check that the operator runs (above)",
+        ),
+        Err(e) => report.fail(
+            pods_check,
+            format!("cannot read Deployment {owned}: {e}"),
+            "check your RBAC",
+        ),
+    }
+    let Ok(spec) = ds.resolve(crate::IMAGE) else {
+        return;
+    };
+    let ca = match crate::operator::ca_certificate_pem(client, &ns, &spec.ca_secret).await {
+        Ok(Some(ca)) => ca,
+        _ => {
+            let fix = format!("kubectl get dsc -n {ns}; the operator issues it");
+            report.fail(
+                format!("CA of {ns}/{name}"),
+                format!("Secret {} holds no CA certificate", spec.ca_secret),
+                fix,
+            );
+            return;
+        }
+    };
+    check_webhooks(client, ds, &ca, report).await;
+    check_namespaces(client, ds, &ca, report).await;
+}
+
+/// A webhook: its configuration and name, its caBundle, its Service (namespace, name).
+type Hook = (String, Option<Vec<u8>>, Option<(String, String)>);
+
+async fn check_webhooks(
+    client: &kube::Client,
+    ds: &DiscoveryService,
+    ca: &str,
+    report: &mut Report,
+) {
+    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+    let params = ListParams::default().labels(&build::owner_selector(&name, &ns));
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let mut hooks: Vec<Hook> = Vec::new();
+    let service = |s: &Option<k8s_openapi::api::admissionregistration::v1::ServiceReference>| {
+        s.as_ref().map(|s| (s.namespace.clone(), s.name.clone()))
+    };
+    match (mutating.list(&params).await, validating.list(&params).await) {
+        (Ok(m), Ok(v)) => {
+            for c in &m.items {
+                for w in c.webhooks.iter().flatten() {
+                    let bundle = w.client_config.ca_bundle.as_ref().map(|b| b.0.clone());
+                    hooks.push((
+                        format!("{} ({})", c.name_any(), w.name),
+                        bundle,
+                        service(&w.client_config.service),
+                    ));
+                }
+            }
+            for c in &v.items {
+                for w in c.webhooks.iter().flatten() {
+                    let bundle = w.client_config.ca_bundle.as_ref().map(|b| b.0.clone());
+                    hooks.push((
+                        format!("{} ({})", c.name_any(), w.name),
+                        bundle,
+                        service(&w.client_config.service),
+                    ));
+                }
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            report.fail(
+                format!("webhooks of {ns}/{name}"),
+                format!("cannot list them: {e}"),
+                "check your RBAC",
+            );
+            return;
+        }
+    }
+    if hooks.is_empty() {
+        report.fail(
+            format!("webhooks of {ns}/{name}"),
+            "no webhook configuration: pods are not injected",
+            "check that the operator runs (above)",
+        );
+    }
+    let fix = "the operator rewrites it: check its logs, or delete the webhook configuration for it to be created again".to_owned();
+    for (hook, bundle, svc) in hooks {
+        let check = format!("webhook {hook}");
+        if bundle.as_deref() != Some(ca.as_bytes()) {
+            report.fail(
+                check,
+                format!("its caBundle is not the CA of {ns}/{name}: the API server cannot call it"),
+                fix.clone(),
+            );
+            continue;
+        }
+        let Some((sns, sname)) = svc else {
+            report.fail(check, "it names no Service", fix.clone());
+            continue;
+        };
+        let ready = ready_backends(client, &sns, &sname).await;
+        match ready {
+            Ok(0) => report.fail(check, format!("Service {sns}/{sname} has no ready pod: pod creation in served namespaces fails"), format!("the discovery pods of {ns}/{name} are down (above)")),
+            Ok(n) => report.pass(check, format!("trusts the CA; {n} ready pod(s) behind {sns}/{sname}")),
+            Err(e) => report.fail(check, format!("cannot read the pods behind {sns}/{sname}: {e}"), "check your RBAC"),
+        }
+    }
+}
+
+/// How many ready pods the Service `ns/name` selects (what its endpoints are made of).
+async fn ready_backends(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<usize> {
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let service = services.get(name).await?;
+    let selector = service.spec.and_then(|s| s.selector).unwrap_or_default();
+    if selector.is_empty() {
+        return Ok(0);
+    }
+    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&labels.join(",")))
+        .await?;
+    let ready = |p: &Pod| {
+        let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
+        p.metadata.deletion_timestamp.is_none()
+            && conditions
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+    };
+    Ok(list.items.iter().filter(|p| ready(p)).count())
+}
+
+/// Each namespace the discovery service serves has its client certificate, valid and signed
+/// by the CA, and its bootstrap.
+async fn check_namespaces(
+    client: &kube::Client,
+    ds: &DiscoveryService,
+    ca: &str,
+    report: &mut Report,
+) {
+    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let params = ListParams::default().labels(&format!("{DISCOVERY_SERVICE_LABEL}={name}"));
+    let mut served: Vec<String> = match namespaces.list(&params).await {
+        Ok(l) => l.items.iter().map(ResourceExt::name_any).collect(),
+        // A namespace admin may not list Namespaces: the DiscoveryService's own namespace.
+        Err(_) => vec![ns.clone()],
+    };
+    served.sort();
+    served.dedup();
+    let now = OffsetDateTime::now_utc();
+    for served_ns in served {
+        let check = format!("namespace {served_ns}");
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &served_ns);
+        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &served_ns);
+        let fix = format!(
+            "the operator issues them for namespaces labelled {DISCOVERY_SERVICE_LABEL}={name}: check its logs"
+        );
+        let cert = match secrets.get_opt(DEFAULT_CLIENT_CERTIFICATE).await {
+            Ok(Some(s)) => s
+                .data
+                .unwrap_or_default()
+                .get("tls.crt")
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
+            Ok(None) => {
+                report.fail(&check, format!("no client certificate Secret {DEFAULT_CLIENT_CERTIFICATE}: injected sidecars cannot start"), fix);
+                continue;
+            }
+            Err(e) => {
+                report.fail(
+                    &check,
+                    format!("cannot read Secret {DEFAULT_CLIENT_CERTIFICATE}: {e}"),
+                    "check your RBAC",
+                );
+                continue;
+            }
+        };
+        let Some(cert) = cert else {
+            report.fail(
+                &check,
+                format!("Secret {DEFAULT_CLIENT_CERTIFICATE} has no tls.crt"),
+                fix,
+            );
+            continue;
+        };
+        // During a CA rotation the bundle holds two CAs; either may have signed it.
+        let signed = ca
+            .split_inclusive("-----END CERTIFICATE-----")
+            .filter(|block| block.contains("-----BEGIN CERTIFICATE-----"))
+            .any(|block| marin3r_certs::verify_signed_by(&cert, block).is_ok());
+        if !signed {
+            report.fail(&check, format!("the client certificate is not signed by the CA of {ns}/{name}: Envoy's TLS handshake fails"), fix);
+            continue;
+        }
+        if let Err(e) = marin3r_certs::check_validity(&cert, now) {
+            report.fail(
+                &check,
+                format!("the client certificate is not valid now: {e}"),
+                fix,
+            );
+            continue;
+        }
+        match maps.get_opt(DEFAULT_BOOTSTRAP_CONFIG_MAP).await {
+            Ok(Some(_)) => report.pass(
+                check,
+                "client certificate valid and signed by the CA; bootstrap present",
+            ),
+            Ok(None) => report.fail(
+                check,
+                format!("no bootstrap ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}"),
+                fix,
+            ),
+            Err(e) => report.fail(
+                check,
+                format!("cannot read ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}: {e}"),
+                "check your RBAC",
+            ),
+        }
+    }
+}
+
+/// Every DiscoveryServiceCertificate renewed on time and not expired.
+async fn check_certificates(client: &kube::Client, report: &mut Report) {
+    let api: Api<DiscoveryServiceCertificate> = Api::all(client.clone());
+    let list = match api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            report.fail(
+                "certificates",
+                format!("cannot list DiscoveryServiceCertificates: {e}"),
+                "check your RBAC",
+            );
+            return;
+        }
+    };
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    let mut late = Vec::new();
+    for dsc in &list {
+        let status = dsc.status.clone().unwrap_or_default();
+        let id = format!("{}/{}", dsc.namespace().unwrap_or_default(), dsc.name_any());
+        let (Some(renewal), Some(not_after)) = (status.renewal_time, status.not_after) else {
+            late.push(format!("{id} (not issued)"));
+            continue;
+        };
+        if not_after.0.as_second() <= now {
+            late.push(format!("{id} (expired)"));
+        } else if renewal.0.as_second() + RENEWAL_GRACE.whole_seconds() < now {
+            late.push(format!("{id} (past its renewal time, not renewed)"));
+        }
+    }
+    if late.is_empty() {
+        report.pass(
+            "certificates",
+            format!("{} issued, none near expiry without renewal", list.len()),
+        );
+    } else {
+        report.fail(
+            "certificates",
+            late.join(", "),
+            "kubectl describe dsc NAME -n NAMESPACE; marin3r certs renew NAME -n NAMESPACE",
+        );
+    }
+}
+
+/// Every EnvoyConfig's connected proxies hold its published version.
+async fn check_proxies(client: &kube::Client, report: &mut Report) {
+    let api: Api<EnvoyConfig> = Api::all(client.clone());
+    let list = match api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            report.fail(
+                "proxies",
+                format!("cannot list EnvoyConfigs: {e}"),
+                "check your RBAC",
+            );
+            return;
+        }
+    };
+    let mut behind = Vec::new();
+    for ec in &list {
+        let id = format!("{}/{}", ec.namespace().unwrap_or_default(), ec.name_any());
+        let Some(status) = &ec.status else { continue };
+        if let Some(p) = &status.proxies
+            && p.acked < p.connected
+        {
+            behind.push(format!(
+                "{id} ({}: {} rejected, {} not answered)",
+                p.synced, p.nacked, p.pending
+            ));
+        }
+        if status.published_version.is_some() && status.published_version != status.desired_version
+        {
+            let what = format!(
+                "its desired version is not published ({:?})",
+                status.cache_state.map(|s| s.as_str())
+            );
+            report.add(
+                format!("EnvoyConfig {id}"),
+                Verdict::Warn(
+                    what,
+                    format!(
+                        "kubectl describe ec {} -n {}",
+                        ec.name_any(),
+                        ec.namespace().unwrap_or_default()
+                    ),
+                ),
+            );
+        }
+    }
+    if behind.is_empty() {
+        report.pass(
+            "proxies",
+            format!(
+                "every connected proxy of {} EnvoyConfigs holds its published version",
+                list.len()
+            ),
+        );
+    } else {
+        report.fail(
+            "proxies",
+            format!("out of sync: {}", behind.join(", ")),
+            "marin3r proxy-status, then marin3r proxy-config POD for one of them",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_says_what_failed_and_what_to_do() {
+        let mut r = Report::default();
+        r.pass("CRD a", "current");
+        r.add(
+            "EnvoyConfig x",
+            Verdict::Warn("rolled back".into(), "describe it".into()),
+        );
+        assert_eq!(r.failures(), 0);
+        assert!(r.render().ends_with("All 2 checks passed.\n"));
+        r.fail("webhook w", "bad caBundle", "rewrite it");
+        assert_eq!(r.failures(), 1);
+        let out = r.render();
+        assert!(
+            out.contains("[FAIL] webhook w: bad caBundle\n       -> rewrite it\n"),
+            "{out}"
+        );
+        assert!(out.ends_with("1 of 3 checks failed.\n"), "{out}");
+    }
+}

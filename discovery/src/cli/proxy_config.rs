@@ -1,0 +1,309 @@
+//! `marin3r proxy-config POD [SECTION]`: the configuration a pod's Envoy holds, read from its
+//! admin `/config_dump` through the API server's pod port-forward (the admin listens on the
+//! pod's loopback), secret fields redacted; then, compared with what the control plane serves
+//! the pod's node (the `/served-config` of the discovery pod the proxy is connected to), the
+//! difference when there is one. Exit code 0 when they agree, 1 when they differ.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
+use marin3r_webhook::annotations::{ADMIN_PORT, NODE_ID};
+use marin3r_xds::{SYNC_STATUS_PATH, SyncStatus};
+
+use super::cluster::ClusterArgs;
+use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
+use crate::proxy_config::served::{SERVED_CONFIG_PATH, Served};
+use crate::proxy_config::{Entry, diff, dump};
+
+/// Envoy's admin port when the pod does not say.
+const ENVOY_ADMIN_PORT: u16 = 9901;
+
+#[derive(Debug, Args)]
+pub struct ProxyConfigArgs {
+    /// The pod, as NAME or pod/NAME, or deployment/NAME (deploy/NAME) for a running pod of
+    /// that Deployment; in --namespace.
+    pod: String,
+    /// What to show.
+    #[arg(value_enum, default_value_t = Section::All)]
+    section: Section,
+    /// The pod's namespace (default: the kubeconfig context's).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// The pod's Envoy admin port (default: its `marin3r.3scale.net/admin.port`
+    /// annotation, else 9901).
+    #[arg(long)]
+    admin_port: Option<u16>,
+    /// `table` (type, name, state, version), `json` or `yaml` (every resource in full).
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Only what the proxy holds: no comparison with what the control plane serves.
+    #[arg(long)]
+    no_compare: bool,
+    /// The DiscoveryService whose pods serve the proxy, as NAMESPACE/NAME or NAME (default:
+    /// the only one in the cluster).
+    #[arg(long, value_name = "[NAMESPACE/]NAME")]
+    discovery_service: Option<String>,
+    /// The discovery pods' admin port (their --admin-address).
+    #[arg(long, default_value_t = DEFAULT_ADMIN_PORT)]
+    discovery_admin_port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    Bootstrap,
+    Clusters,
+    Endpoints,
+    Listeners,
+    Routes,
+    Secrets,
+    All,
+}
+
+impl Section {
+    fn admits(self, kind: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Bootstrap => kind == "bootstrap",
+            Self::Clusters => kind == "clusters",
+            Self::Endpoints => kind == "endpoints",
+            Self::Listeners => kind == "listeners",
+            Self::Routes => kind == "routes",
+            Self::Secrets => kind == "secrets",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+    Yaml,
+}
+
+pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
+    let client = args.cluster.client().await?;
+    let ns = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let pod = find_pod(&client, &ns, &args.pod).await?;
+    let name = pod.name_any();
+    let annotations = pod.annotations();
+    let node = annotations.get(NODE_ID).cloned().with_context(|| {
+        format!("pod {ns}/{name} has no Envoy sidecar of marin3r (no {NODE_ID} annotation)")
+    })?;
+    let admin_port = match (args.admin_port, annotations.get(ADMIN_PORT)) {
+        (Some(port), _) => port,
+        (None, Some(port)) => port
+            .parse()
+            .with_context(|| format!("the pod's {ADMIN_PORT} annotation {port:?} is not a port"))?,
+        (None, None) => ENVOY_ADMIN_PORT,
+    };
+    let (_, body) = super::port_forward::get(
+        client.clone(),
+        &ns,
+        &name,
+        admin_port,
+        "/config_dump?include_eds",
+    )
+    .await
+    .context("reading the proxy's /config_dump")?;
+    let dump: serde_json::Value = serde_json::from_str(&body)
+        .with_context(|| format!("pod {ns}/{name} answered something else than a config dump"))?;
+    let held: Vec<Entry> = dump::entries(&dump)?
+        .into_iter()
+        .filter(|e| args.section.admits(&e.kind))
+        .collect();
+    print!("{}", render(&held, args.output)?);
+    if args.no_compare || args.section == Section::Bootstrap {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (replica, served) = served(&client, &args, &ns, &name, &node).await?;
+    let served: Vec<Entry> = served
+        .resources
+        .into_iter()
+        .filter(|e| args.section.admits(&e.kind))
+        .collect();
+    let comparison = diff::compare(&held, &served);
+    // The comparison goes to stderr with `-o json|yaml`, so stdout stays one document.
+    let report = format!(
+        "\nCompared with what discovery pod {replica} serves node {node}:\n{}",
+        comparison.render()
+    );
+    match args.output {
+        Output::Table => print!("{report}"),
+        Output::Json | Output::Yaml => eprint!("{report}"),
+    }
+    Ok(if comparison.in_sync() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The pod `target` names in `ns`: `NAME`, `pod/NAME`, or a running pod of
+/// `deployment/NAME` (the first by name, for a stable answer).
+async fn find_pod(client: &kube::Client, ns: &str, target: &str) -> anyhow::Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let (kind, name) = target.split_once('/').unwrap_or(("pod", target));
+    match kind {
+        "pod" | "pods" | "po" => pods
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading pod {ns}/{name}"))?
+            .with_context(|| format!("pod {ns}/{name} not found")),
+        "deployment" | "deployments" | "deploy" => {
+            let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+            let deployment = deployments
+                .get_opt(name)
+                .await
+                .with_context(|| format!("reading deployment {ns}/{name}"))?
+                .with_context(|| format!("deployment {ns}/{name} not found"))?;
+            let labels = deployment.spec.selector.match_labels.unwrap_or_default();
+            let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let mut running: Vec<Pod> = pods
+                .list(&ListParams::default().labels(&selector.join(",")))
+                .await
+                .with_context(|| format!("listing the pods of deployment {ns}/{name}"))?
+                .items
+                .into_iter()
+                .filter(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .collect();
+            running.sort_by_key(ResourceExt::name_any);
+            running
+                .into_iter()
+                .next()
+                .with_context(|| format!("deployment {ns}/{name} has no running pod"))
+        }
+        other => bail!("{target:?}: a pod is NAME, pod/NAME or deployment/NAME, not a {other}"),
+    }
+}
+
+/// What the control plane serves the pod's node: asked of the discovery pod the proxy is
+/// connected to (every replica serves the same revision, but one may lag), else of the first
+/// one; returns the pod asked and its answer.
+async fn served(
+    client: &kube::Client,
+    args: &ProxyConfigArgs,
+    ns: &str,
+    pod: &str,
+    node: &str,
+) -> anyhow::Result<(String, Served)> {
+    let discovery =
+        super::proxy_status::find_pods(client, args.discovery_service.as_deref(), None).await?;
+    let port = args.discovery_admin_port;
+    let mut connected_to = None;
+    for (dns, dpod) in &discovery {
+        let Ok((_, body)) =
+            super::port_forward::get(client.clone(), dns, dpod, port, SYNC_STATUS_PATH).await
+        else {
+            continue;
+        };
+        let status: SyncStatus = serde_json::from_str(&body).unwrap_or_default();
+        if status
+            .proxies
+            .iter()
+            .any(|p| p.namespace == ns && p.pod.as_deref() == Some(pod))
+        {
+            connected_to = Some((dns.clone(), dpod.clone()));
+            break;
+        }
+    }
+    let Some((dns, dpod)) = connected_to.or_else(|| discovery.first().cloned()) else {
+        bail!("no discovery pod to ask what node {node} is served");
+    };
+    let path = format!(
+        "{SERVED_CONFIG_PATH}?namespace={}&node={}",
+        query_escape(ns),
+        query_escape(node)
+    );
+    let (_, body) = super::port_forward::get(client.clone(), &dns, &dpod, port, &path)
+        .await
+        .with_context(|| format!("asking discovery pod {dns}/{dpod} what node {node} is served"))?;
+    let served = serde_json::from_str(&body)
+        .with_context(|| format!("discovery pod {dns}/{dpod} answered no served config"))?;
+    Ok((format!("{dns}/{dpod}"), served))
+}
+
+/// Percent-encodes everything but unreserved characters.
+fn query_escape(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn render(entries: &[Entry], output: Output) -> anyhow::Result<String> {
+    Ok(match output {
+        Output::Json => {
+            serde_json::to_string_pretty(&serde_json::json!({ "resources": entries }))? + "\n"
+        }
+        Output::Yaml => serde_saphyr::to_string(&serde_json::json!({ "resources": entries }))?,
+        Output::Table => table(entries),
+    })
+}
+
+fn table(entries: &[Entry]) -> String {
+    let mut rows = vec![["TYPE", "NAME", "STATE", "VERSION", "LAST UPDATED"].map(String::from)];
+    for e in entries {
+        rows.push([
+            e.kind.clone(),
+            e.name.clone(),
+            e.state.clone(),
+            e.version.clone().unwrap_or_else(|| "-".into()),
+            e.last_updated.clone().unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for row in &rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_lists_each_resource_and_queries_are_escaped() {
+        let e = Entry {
+            kind: "clusters".into(),
+            name: "app".into(),
+            state: "dynamic".into(),
+            version: Some("c1".into()),
+            last_updated: None,
+            config: serde_json::json!({"private_key": "[redacted]"}),
+        };
+        assert_eq!(
+            table(&[e]),
+            "TYPE       NAME   STATE     VERSION   LAST UPDATED\n\
+             clusters   app    dynamic   c1        -\n"
+        );
+        assert_eq!(query_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+}

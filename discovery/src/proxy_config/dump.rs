@@ -1,0 +1,251 @@
+//! Envoy's `/config_dump?include_eds` as entries: each `*ConfigDump` of its `configs` list
+//! taken apart into its static, dynamic, warming and rejected resources.
+
+use serde_json::Value;
+
+use super::Entry;
+use super::redact::redact;
+
+/// The entries of `dump` (the admin's JSON answer), secret fields redacted.
+pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
+    let configs = dump
+        .get("configs")
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow::anyhow!("not an Envoy config dump: no `configs` list"))?;
+    let mut out = Vec::new();
+    for config in configs {
+        let kind = config
+            .get("@type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let section = kind.rsplit('.').next().unwrap_or_default();
+        match section {
+            "BootstrapConfigDump" => out.push(Entry {
+                kind: "bootstrap".into(),
+                name: "bootstrap".into(),
+                state: "static".into(),
+                version: None,
+                last_updated: text(config, "last_updated"),
+                config: config.get("bootstrap").cloned().unwrap_or_default(),
+            }),
+            "ClustersConfigDump" => {
+                take(
+                    &mut out,
+                    config,
+                    "clusters",
+                    "static_clusters",
+                    "static",
+                    "cluster",
+                );
+                take(
+                    &mut out,
+                    config,
+                    "clusters",
+                    "dynamic_active_clusters",
+                    "dynamic",
+                    "cluster",
+                );
+                take(
+                    &mut out,
+                    config,
+                    "clusters",
+                    "dynamic_warming_clusters",
+                    "warming",
+                    "cluster",
+                );
+            }
+            "EndpointsConfigDump" => {
+                let (list, key) = ("endpoints", "endpoint_config");
+                take(
+                    &mut out,
+                    config,
+                    list,
+                    "static_endpoint_configs",
+                    "static",
+                    key,
+                );
+                take(
+                    &mut out,
+                    config,
+                    list,
+                    "dynamic_endpoint_configs",
+                    "dynamic",
+                    key,
+                );
+            }
+            "ListenersConfigDump" => {
+                take(
+                    &mut out,
+                    config,
+                    "listeners",
+                    "static_listeners",
+                    "static",
+                    "listener",
+                );
+                listeners(&mut out, config);
+            }
+            "RoutesConfigDump" => {
+                let (list, key) = ("routes", "route_config");
+                take(
+                    &mut out,
+                    config,
+                    list,
+                    "static_route_configs",
+                    "static",
+                    key,
+                );
+                take(
+                    &mut out,
+                    config,
+                    list,
+                    "dynamic_route_configs",
+                    "dynamic",
+                    key,
+                );
+            }
+            "SecretsConfigDump" => {
+                take(
+                    &mut out,
+                    config,
+                    "secrets",
+                    "static_secrets",
+                    "static",
+                    "secret",
+                );
+                take(
+                    &mut out,
+                    config,
+                    "secrets",
+                    "dynamic_active_secrets",
+                    "dynamic",
+                    "secret",
+                );
+                take(
+                    &mut out,
+                    config,
+                    "secrets",
+                    "dynamic_warming_secrets",
+                    "warming",
+                    "secret",
+                );
+            }
+            _ => {}
+        }
+    }
+    for entry in &mut out {
+        redact(&mut entry.config);
+    }
+    Ok(out)
+}
+
+fn text(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// The entries of `config[list]`, each holding its resource under `key`.
+fn take(out: &mut Vec<Entry>, config: &Value, kind: &str, list: &str, state: &str, key: &str) {
+    for item in config
+        .get(list)
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let Some(resource) = item.get(key) else {
+            continue;
+        };
+        out.push(entry(kind, item, resource, state));
+    }
+}
+
+fn entry(kind: &str, item: &Value, resource: &Value, state: &str) -> Entry {
+    let mut config = resource.clone();
+    // The dump wraps each resource as an `Any`; the served side is the bare message.
+    if let Some(map) = config.as_object_mut() {
+        map.remove("@type");
+    }
+    let name = text(resource, "name")
+        .or_else(|| text(resource, "cluster_name"))
+        .or_else(|| text(item, "name"))
+        .unwrap_or_default();
+    Entry {
+        kind: kind.to_owned(),
+        name,
+        state: state.to_owned(),
+        version: text(item, "version_info"),
+        last_updated: text(item, "last_updated"),
+        config,
+    }
+}
+
+/// `dynamic_listeners`: each with an active, warming, draining or error state.
+fn listeners(out: &mut Vec<Entry>, config: &Value) {
+    let items = config.get("dynamic_listeners").and_then(Value::as_array);
+    for item in items.into_iter().flatten() {
+        for (field, state) in [("active_state", "dynamic"), ("warming_state", "warming")] {
+            if let Some(s) = item.get(field)
+                && let Some(listener) = s.get("listener")
+            {
+                out.push(entry("listeners", s, listener, state));
+            }
+        }
+        if let Some(error) = item.get("error_state") {
+            let mut e = entry("listeners", error, error, "error");
+            e.name = text(item, "name").unwrap_or_default();
+            e.version = text(error, "version_info");
+            out.push(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_section_is_taken_apart_and_redacted() {
+        let dump = json!({"configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
+             "bootstrap": {"node": {"id": "gw"}}, "last_updated": "t0"},
+            {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+             "static_clusters": [{"cluster": {"@type": "x", "name": "xds"}, "last_updated": "t1"}],
+             "dynamic_active_clusters": [{"version_info": "c1", "cluster": {"@type": "x", "name": "app"}}]},
+            {"@type": "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
+             "dynamic_endpoint_configs": [{"version_info": "e1", "endpoint_config": {"cluster_name": "app"}}]},
+            {"@type": "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
+             "dynamic_listeners": [
+                {"name": "http", "active_state": {"version_info": "l1", "listener": {"name": "http"}}},
+                {"name": "bad", "error_state": {"details": "no router", "version_info": "l2"}}]},
+            {"@type": "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
+             "dynamic_active_secrets": [{"name": "tls", "version_info": "s1",
+                "secret": {"name": "tls", "tls_certificate": {"private_key": {"inline_bytes": "a2V5"}}}}]},
+        ]});
+        let entries = entries(&dump).unwrap();
+        let seen: Vec<(&str, &str, &str, Option<&str>)> = entries
+            .iter()
+            .map(|e| {
+                (
+                    e.kind.as_str(),
+                    e.name.as_str(),
+                    e.state.as_str(),
+                    e.version.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("bootstrap", "bootstrap", "static", None),
+                ("clusters", "xds", "static", None),
+                ("clusters", "app", "dynamic", Some("c1")),
+                ("endpoints", "app", "dynamic", Some("e1")),
+                ("listeners", "http", "dynamic", Some("l1")),
+                ("listeners", "bad", "error", Some("l2")),
+                ("secrets", "tls", "dynamic", Some("s1")),
+            ]
+        );
+        assert_eq!(entries[2].config, json!({"name": "app"}));
+        assert!(!serde_json::to_string(&entries).unwrap().contains("a2V5"));
+        assert!(super::entries(&json!({"nope": 1})).is_err());
+    }
+}
