@@ -6,6 +6,7 @@ use kube::CustomResourceExt;
 use marin3r_certs::api::DiscoveryServiceCertificate;
 
 use crate::api::discovery_service::DiscoveryService;
+use crate::api::envoy_deployment::EnvoyDeployment;
 use crate::api::{EnvoyConfig, EnvoyConfigRevision};
 
 /// All CRDs, in a stable order.
@@ -15,6 +16,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         DiscoveryServiceCertificate::crd(),
         EnvoyConfig::crd(),
         EnvoyConfigRevision::crd(),
+        EnvoyDeployment::crd(),
     ]
 }
 

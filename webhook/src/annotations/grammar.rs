@@ -179,6 +179,14 @@ pub(super) fn parse_port_number(value: &str) -> Result<u16, String> {
 /// sidecar owns (and, with the shutdown manager, the drain flags it sets).
 pub(super) fn parse_extra_args(value: &str, drain_flags_set: bool) -> Result<Vec<String>, String> {
     let args = split_extra_args(value);
+    check_extra_args(&args, drain_flags_set)?;
+    Ok(args)
+}
+
+/// Refuses extra Envoy arguments that repeat a flag the injector (or the EnvoyDeployment
+/// controller) sets: the bootstrap, node and cluster flags, and the drain flags when
+/// `drain_flags_set`.
+pub fn check_extra_args(args: &[String], drain_flags_set: bool) -> Result<(), String> {
     let owned = RESERVED_ARGS.iter().map(|r| (*r, None)).chain(
         DRAIN_ARGS
             .iter()
@@ -202,7 +210,7 @@ pub(super) fn parse_extra_args(value: &str, drain_flags_set: bool) -> Result<Vec
             });
         }
     }
-    Ok(args)
+    Ok(())
 }
 
 /// The original split the value on single spaces and passed every piece to Envoy as written,

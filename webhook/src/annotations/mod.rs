@@ -13,7 +13,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::config::InjectionConfig;
-pub use grammar::MAX_DRAIN_TIME;
+pub use grammar::{MAX_DRAIN_TIME, check_extra_args};
 use grammar::{
     absolute_path, apply_host_port_mappings, command_line_arg, dns_label, dns_subdomain,
     envoy_api_version, image_reference, node_id_value, parse_bind_address, parse_bool,
