@@ -1,4 +1,4 @@
-//! `marin3r operator`: the certificate and DiscoveryService controllers, run by the replica
+//! `marin3r operator`: the certificate, DiscoveryService and EnvoyDeployment controllers, run by the replica
 //! that holds the leader Lease, until SIGINT or SIGTERM; every replica serves `/metrics` and
 //! `/healthz`.
 
@@ -84,7 +84,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         async move {
             tracing::info!(
                 ?trusted,
-                "starting the certificate and DiscoveryService controllers"
+                "starting the certificate, DiscoveryService and EnvoyDeployment controllers"
             );
             let certs = certificates::run(
                 client.clone(),
@@ -100,6 +100,15 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 },
                 stop.clone().cancelled_owned(),
             );
+            let gateways = operator::gateway::run(
+                client.clone(),
+                operator::gateway::Config {
+                    marin3r_image: args.discovery_service_image.clone(),
+                    metrics: metrics.clone(),
+                    reconcile_timeout,
+                },
+                stop.clone().cancelled_owned(),
+            );
             let discovery_services = operator::run(
                 client,
                 operator::Config {
@@ -110,7 +119,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 },
                 stop.cancelled_owned(),
             );
-            tokio::join!(certs, discovery_services);
+            tokio::join!(certs, gateways, discovery_services);
         }
     };
     tokio::spawn({

@@ -5,6 +5,7 @@
 //! cannot reach: cluster-scoped objects and objects in the served namespaces.
 
 pub mod build;
+pub mod gateway;
 pub mod namespaces;
 pub mod plan;
 

@@ -446,7 +446,7 @@ fn finish(
 
 /// Whether the Deployment has rolled out its current template with every replica ready,
 /// and `ready/desired` for status.
-fn deployment_state(deployment: Option<&Deployment>) -> (bool, Option<String>) {
+pub(crate) fn deployment_state(deployment: Option<&Deployment>) -> (bool, Option<String>) {
     let Some(d) = deployment else {
         return (false, None);
     };
