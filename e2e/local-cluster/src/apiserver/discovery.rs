@@ -94,6 +94,17 @@ pub fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<
                 "verbs": ["get"],
             }));
         }
+        if info.group == "apps" && info.plural == "deployments" {
+            resources.push(json!({
+                "name": "deployments/scale",
+                "singularName": "",
+                "namespaced": true,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": ["get", "patch", "update"],
+            }));
+        }
         if info.status {
             resources.push(json!({
                 "name": format!("{}/status", info.plural),

@@ -24,6 +24,8 @@ use super::table::{self, IncludeObject};
 use super::watch::WatchStart;
 use super::watch::{self, WatchRequest};
 
+mod scale;
+
 /// A resource request, from its path.
 #[derive(Debug, Clone, PartialEq)]
 struct Route {
@@ -565,6 +567,9 @@ impl Request<'_> {
                 &self.query,
             )
             .await;
+        }
+        if self.route.subresource.as_deref() == Some("scale") && scale::serves_scale(&self.info) {
+            return self.scale(&name, method).await;
         }
         let target = self.target()?;
         match *method {

@@ -5,6 +5,7 @@
 //! `rbac`); requests without a token are `system:anonymous`.
 
 mod admission;
+mod autoscaling;
 mod crds;
 mod delete;
 mod discovery;

@@ -180,6 +180,15 @@ pub fn builtins() -> Vec<ResourceInfo> {
             &[],
         ),
         builtin(
+            "autoscaling",
+            "v2",
+            "horizontalpodautoscalers",
+            "HorizontalPodAutoscaler",
+            true,
+            true,
+            &["hpa"],
+        ),
+        builtin(
             "policy",
             "v1",
             "poddisruptionbudgets",

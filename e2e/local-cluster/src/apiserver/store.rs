@@ -135,6 +135,7 @@ fn admit_object(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     errors.extend(validation::object_meta(info, obj));
     errors.extend(validation::data_size(info, obj));
     errors.extend(pod_spec::validate(info, obj));
+    errors.extend(super::autoscaling::admit(info, obj));
     if errors.is_empty() {
         Ok(())
     } else {

@@ -4,6 +4,7 @@
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
 
 mod apiserver_admission;
+mod apiserver_autoscaling;
 mod apiserver_bad_input;
 mod apiserver_kube;
 mod apiserver_kubectl;
