@@ -2,7 +2,8 @@
 //! `README.md` and `docs/**/*.md` are fenced ```` ```console ```` blocks: a `$ ` line is a command,
 //! the lines below it (up to the next `$ `) its expected output. Offline `marin3r` commands are
 //! run here against the checked-in files and their output compared; every other command must
-//! be one that `hack/demo` runs, word for word (`marin3r_e2e::demo::commands`).
+//! be one that `hack/demo` (or, for the EnvoyDeployment guide, its end-to-end test) runs,
+//! word for word (`marin3r_e2e::demo::commands`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -23,10 +24,10 @@ const OFFLINE: &[&str] = &[
 /// The two scripts the README shows: `hack/test` runs every test, `hack/demo` the demo.
 const SCRIPTS: &[&str] = &["hack/demo", "hack/test"];
 
-/// Whether the demo runs this cluster command as the docs show it
-/// (`marin3r_e2e::demo::commands`).
+/// Whether the demo, or the EnvoyDeployment guide's end-to-end test, runs this cluster
+/// command as the docs show it (`marin3r_e2e::demo::commands`).
 fn run_by_the_demo(command: &str) -> bool {
-    commands::ALL.contains(&command)
+    commands::ALL.contains(&command) || commands::GATEWAY.contains(&command)
 }
 
 fn root() -> PathBuf {

@@ -33,7 +33,30 @@ pub const PROXY_CONFIG: &str = "marin3r proxy-config -n demo deployment/demo lis
 /// The `SYNCED` column: how many connected proxies acknowledged the published version.
 pub const GET_CONFIG_SYNCED: &str = "kubectl get envoyconfig demo-proxy -n demo";
 
-/// Every command above.
+/// The EnvoyDeployment guide's commands (`docs/envoydeployment.md`), run word for word by
+/// the gateway end-to-end test (`e2e/tests/it/envoy_deployment_e2e.rs`).
+pub const GATEWAY_APPLY_DISCOVERY_SERVICE: &str =
+    "kubectl apply -f docs/examples/gateway/discoveryservice.yaml";
+pub const GATEWAY_APPLY_ENVOY_CONFIG: &str =
+    "kubectl apply -f docs/examples/gateway/envoyconfig.yaml";
+pub const GATEWAY_APPLY_ENVOY_DEPLOYMENT: &str =
+    "kubectl apply -f docs/examples/gateway/envoydeployment.yaml";
+pub const GATEWAY_APPLY_SERVICE: &str = "kubectl apply -f docs/examples/gateway/service.yaml";
+pub const GATEWAY_GET: &str = "kubectl get envoydeployments -n gateway";
+pub const GATEWAY_GET_CHILDREN: &str =
+    "kubectl get deployments,poddisruptionbudgets,dsc -n gateway";
+
+/// Every command of the EnvoyDeployment guide, in its order.
+pub const GATEWAY: &[&str] = &[
+    GATEWAY_APPLY_DISCOVERY_SERVICE,
+    GATEWAY_APPLY_ENVOY_CONFIG,
+    GATEWAY_APPLY_ENVOY_DEPLOYMENT,
+    GATEWAY_APPLY_SERVICE,
+    GATEWAY_GET,
+    GATEWAY_GET_CHILDREN,
+];
+
+/// Every command above but the guide's.
 pub const ALL: &[&str] = &[
     INSTALL,
     APPLY_DISCOVERY_SERVICE,

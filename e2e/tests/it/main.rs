@@ -9,6 +9,7 @@ mod certificate_controller;
 mod check_e2e;
 mod convert_envoy;
 mod demo;
+mod envoy_deployment_e2e;
 mod envoy_smoke;
 mod native_sidecars_e2e;
 mod operator_e2e;
