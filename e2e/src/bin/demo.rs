@@ -21,6 +21,10 @@ struct Args {
     /// workspace's build).
     #[arg(long)]
     marin3r: Option<PathBuf>,
+    /// Install from this rendered install.yaml (`hack/render-install -o FILE`) instead of
+    /// `kubectl apply -k manifests/`.
+    #[arg(long, value_name = "FILE")]
+    install_yaml: Option<PathBuf>,
     /// Seconds one step may take.
     #[arg(long, default_value_t = 90)]
     step_timeout: u64,
@@ -80,6 +84,13 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         repo: repo.clone(),
         marin3r: marin3r.clone(),
         step_timeout: Duration::from_secs(args.step_timeout),
+        install_yaml: match &args.install_yaml {
+            Some(file) => Some(
+                std::fs::canonicalize(file)
+                    .with_context(|| format!("--install-yaml {}", file.display()))?,
+            ),
+            None => None,
+        },
     };
     let interrupted = tokio::select! {
         () = demo.story(&mut n) => false,

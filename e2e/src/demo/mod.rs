@@ -48,6 +48,9 @@ pub struct Demo {
     pub marin3r: PathBuf,
     /// How long one step may take.
     pub step_timeout: Duration,
+    /// Install from this rendered `install.yaml` (`hack/render-install`) instead of
+    /// `kubectl apply -k manifests/`.
+    pub install_yaml: Option<PathBuf>,
 }
 
 impl Demo {
@@ -75,19 +78,31 @@ impl Demo {
     /// Runs the whole story; every step is printed, the first failure ends it.
     pub async fn story(&self, n: &mut Narrator) {
         let t = self.step_timeout;
+        let what = match &self.install_yaml {
+            Some(file) => format!(
+                "installing {} (kubectl apply --server-side -f)",
+                file.display()
+            ),
+            None => "installing manifests/ (kubectl apply -k manifests/)".to_owned(),
+        };
         let installed = n
-            .step(
-                "installing manifests/ (kubectl apply -k manifests/)",
-                async {
-                    let out = self.doc(commands::INSTALL).await?;
-                    let objects = out.lines().count();
-                    let ready = wait_for("every Deployment available", t, || async {
-                        all_deployments_ready(&self.client).await
-                    })
-                    .await?;
-                    Ok(((), format!("{objects} objects; running {ready}")))
-                },
-            )
+            .step(&what, async {
+                let out = match &self.install_yaml {
+                    Some(file) => {
+                        let file = file.to_string_lossy();
+                        self.kubectl
+                            .ok(&["apply", "--server-side", "-f", &file])
+                            .await?
+                    }
+                    None => self.doc(commands::INSTALL).await?,
+                };
+                let objects = out.lines().count();
+                let ready = wait_for("every Deployment available", t, || async {
+                    all_deployments_ready(&self.client).await
+                })
+                .await?;
+                Ok(((), format!("{objects} objects; running {ready}")))
+            })
             .await;
         if installed.is_none() {
             return;

@@ -1,5 +1,7 @@
 //! `hack/demo --exit`: the quick start runs its whole story on the local cluster and exits 0
-//! only when every step succeeded. Needs root, like every local-cluster test.
+//! only when every step succeeded, installed from the versioned install.yaml that
+//! `hack/render-install` renders from `manifests/` (the other scenarios install with
+//! `kubectl apply -k manifests/`). Needs root, like every local-cluster test.
 
 use std::path::Path;
 use std::process::Command;
@@ -13,8 +15,25 @@ fn the_demo_story_succeeds_step_by_step() {
         tools.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    let dir = tempfile::tempdir().unwrap();
+    let install = dir.path().join("install.yaml");
+    let rendered = Command::new(repo.join("hack/render-install"))
+        .args(["-o", &install.to_string_lossy()])
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    assert!(
+        rendered.status.success(),
+        "hack/render-install failed: {}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let text = std::fs::read_to_string(&install).unwrap();
+    let tag = format!("image: marin3r:v{}", env!("CARGO_PKG_VERSION"));
+    assert!(text.contains(&tag), "{tag} not in install.yaml");
     let out = Command::new(env!("CARGO_BIN_EXE_demo"))
         .arg("--exit")
+        .arg("--install-yaml")
+        .arg(&install)
         .current_dir(&repo)
         .env("PATH", path)
         .output()
@@ -26,7 +45,7 @@ fn the_demo_story_succeeds_step_by_step() {
         "hack/demo --exit failed:\n{stdout}\n{stderr}"
     );
     for step in [
-        "installing manifests/",
+        "install.yaml (kubectl apply --server-side -f)",
         "creating the DiscoveryService",
         "enabling namespace demo",
         "applying the EnvoyConfig",
@@ -46,4 +65,66 @@ fn the_demo_story_succeeds_step_by_step() {
     assert!(stdout.contains("every step succeeded"), "{stdout}");
     assert!(stdout.contains("GET http://"), "{stdout}");
     assert!(stdout.contains("Rollback"), "{stdout}");
+}
+
+#[test]
+fn render_install_versions_every_image_and_refuses_bad_input() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let render = |args: &[&str]| {
+        Command::new(repo.join("hack/render-install"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = render(&[
+        "--image",
+        "registry.example:5000/team/marin3r",
+        "--version",
+        "v2.3.4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let image = "registry.example:5000/team/marin3r:v2.3.4";
+    // The operator's container and the image it gives the discovery pods it starts.
+    assert_eq!(
+        text.matches(&format!("image: {image}")).count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        text.matches(&format!("value: {image}")).count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        !text.contains("marin3r:v0."),
+        "an unversioned image is left:\n{text}"
+    );
+    for kind in [
+        "name: discoveryservices.operator.marin3r.3scale.net",
+        "name: envoyconfigs.marin3r.3scale.net",
+        "name: envoydeployments.operator.marin3r.3scale.net",
+        "kind: Namespace",
+        "kind: ClusterRole",
+    ] {
+        assert!(text.contains(kind), "{kind} missing");
+    }
+    assert!(text.contains("app.kubernetes.io/version: 2.3.4"));
+    for bad in [
+        &["--version", "latest"][..],
+        &["--image", "marin3r:v1"][..],
+        &["--image", "Not An Image"][..],
+        &["--unknown"][..],
+    ] {
+        let out = render(bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("render-install:"),
+            "{bad:?}"
+        );
+    }
 }
