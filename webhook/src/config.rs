@@ -102,6 +102,8 @@ pub struct InjectionConfig {
     /// In the classic layout, start the pod's applications only once Envoy is ready, unless
     /// the pod's `hold-application-until-proxy-starts` annotation says otherwise.
     pub hold_application: bool,
+    /// The xDS protocol of injected sidecars unless a pod's `xds-protocol` says otherwise.
+    pub xds_protocol: XdsProtocol,
 }
 
 impl Default for InjectionConfig {
@@ -127,6 +129,35 @@ impl Default for InjectionConfig {
             image_pull_secrets: Vec::new(),
             native_sidecars: false,
             hold_application: false,
+            xds_protocol: XdsProtocol::Sotw,
+        }
+    }
+}
+
+/// How an injected Envoy speaks ADS to the discovery service: state of the world (every
+/// resource of a type in each response) or delta (only what changed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum XdsProtocol {
+    #[default]
+    Sotw,
+    Delta,
+}
+
+impl XdsProtocol {
+    /// `sotw` or `delta`, as the annotation, the flag and the metrics' `protocol` label say.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sotw => "sotw",
+            Self::Delta => "delta",
+        }
+    }
+
+    /// Parses `sotw` or `delta`.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "sotw" => Ok(Self::Sotw),
+            "delta" => Ok(Self::Delta),
+            _ => Err("must be sotw (state of the world) or delta".into()),
         }
     }
 }

@@ -301,3 +301,65 @@ fn an_annotation_over_the_default_limit_is_denied_naming_the_default() {
          limit marin3r.3scale.net/resources.limits.cpu=\"200m\" (the cluster default)"
     );
 }
+
+/// The `--config-yaml` overlay of the injected Envoy, parsed.
+fn overlay(pod: &Value) -> Value {
+    let envoy = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .chain(pod["spec"]["containers"].as_array())
+        .flatten()
+        .find(|c| c["name"] == "envoy-sidecar")
+        .unwrap();
+    let args: Vec<&str> = envoy["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let at = args.iter().position(|a| *a == "--config-yaml").unwrap();
+    serde_json::from_str(args[at + 1]).unwrap()
+}
+
+#[test]
+fn the_xds_protocol_comes_from_the_annotation_else_the_cluster_default() {
+    use crate::annotations::XDS_PROTOCOL;
+    use crate::config::XdsProtocol;
+    let sotw = InjectionConfig::default();
+    let delta = InjectionConfig {
+        xds_protocol: XdsProtocol::Delta,
+        ..InjectionConfig::default()
+    };
+    let api_type =
+        |pod: &Value| overlay(pod)["dynamic_resources"]["ads_config"]["api_type"].clone();
+    // State of the world: the shared bootstrap's, nothing overlaid.
+    assert_eq!(
+        api_type(&injected(&pod(&[], json!({})), &sotw)),
+        Value::Null
+    );
+    assert_eq!(
+        api_type(&injected(&pod(&[], json!({})), &delta)),
+        json!("DELTA_GRPC")
+    );
+    assert_eq!(
+        api_type(&injected(
+            &pod(&[(XDS_PROTOCOL, "delta")], json!({})),
+            &sotw
+        )),
+        json!("DELTA_GRPC")
+    );
+    assert_eq!(
+        api_type(&injected(
+            &pod(&[(XDS_PROTOCOL, "sotw")], json!({})),
+            &delta
+        )),
+        Value::Null
+    );
+    // Anything else is refused, naming the annotation.
+    let bad: Pod = serde_json::from_value(pod(&[(XDS_PROTOCOL, "Delta")], json!({}))).unwrap();
+    let err = mutate(&bad, &sotw).unwrap_err().to_string();
+    assert!(
+        err.contains(XDS_PROTOCOL) && err.contains("must be sotw (state of the world) or delta"),
+        "{err}"
+    );
+}

@@ -30,7 +30,7 @@ use serde_json::json;
 use crate::annotations::{Admin, Layout, ShutdownManager, SidecarSpec};
 use crate::config::{
     BOOTSTRAP_FILE, BOOTSTRAP_MOUNT_PATH, CLIENT_CERT_MOUNT_PATH, ENVOY_UID, HOLD_CONTAINER,
-    HOLD_TIMEOUT_SECONDS, SHUTDOWN_MANAGER_CONTAINER,
+    HOLD_TIMEOUT_SECONDS, SHUTDOWN_MANAGER_CONTAINER, XdsProtocol,
 };
 
 /// The downward-API variables the sidecar gets, named in its `--config-yaml` node metadata.
@@ -84,21 +84,24 @@ pub fn sidecar_args(spec: &SidecarSpec) -> Vec<String> {
 /// thread keeps the last one it rendered.
 fn config_yaml(spec: &SidecarSpec) -> String {
     thread_local! {
-        static LAST: std::cell::RefCell<Option<((Admin, u16), String)>> =
+        static LAST: std::cell::RefCell<Option<(OverlayKey, String)>> =
             const { std::cell::RefCell::new(None) };
     }
+    let key = (spec.admin.clone(), spec.readiness_port, spec.xds_protocol);
     LAST.with_borrow_mut(|last| {
-        if let Some(((admin, port), yaml)) = last.as_ref()
-            && *admin == spec.admin
-            && *port == spec.readiness_port
+        if let Some((cached, yaml)) = last.as_ref()
+            && *cached == key
         {
             return yaml.clone();
         }
         let yaml = render_config_yaml(spec);
-        *last = Some(((spec.admin.clone(), spec.readiness_port), yaml.clone()));
+        *last = Some((key, yaml.clone()));
         yaml
     })
 }
+
+/// What the `--config-yaml` overlay depends on.
+type OverlayKey = (Admin, u16, XdsProtocol);
 
 fn render_config_yaml(spec: &SidecarSpec) -> String {
     let mut admin = json!({
@@ -119,7 +122,7 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
             }
         }]);
     }
-    json!({
+    let mut overlay = json!({
         "node": {
             "metadata": {
                 METADATA_POD_NAME: format!("$({POD_NAME_ENV})"),
@@ -131,8 +134,13 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
             "listeners": [readiness_listener(spec)],
             "clusters": [admin_cluster(spec)],
         },
-    })
-    .to_string()
+    });
+    // The shared bootstrap speaks state of the world; Envoy merges this scalar over it and
+    // keeps the bootstrap's gRPC service.
+    if spec.xds_protocol == XdsProtocol::Delta {
+        overlay["dynamic_resources"] = json!({"ads_config": {"api_type": "DELTA_GRPC"}});
+    }
+    overlay.to_string()
 }
 
 /// Where the readiness listener and the shutdown manager reach the admin: its own address, or

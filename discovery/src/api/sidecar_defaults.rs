@@ -33,6 +33,22 @@ pub struct SidecarDefaults {
     /// false). A pod's `marin3r.3scale.net/hold-application-until-proxy-starts` wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold_application_until_proxy_starts: Option<bool>,
+    /// How injected Envoys speak ADS: `sotw` (state of the world, the default) or `delta`
+    /// (incremental: only changed resources are sent). A pod's
+    /// `marin3r.3scale.net/xds-protocol` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xds_protocol: Option<XdsProtocol>,
+}
+
+/// How injected Envoys speak ADS: `sotw` (state of the world, the default) or `delta`
+/// (incremental). A pod's `marin3r.3scale.net/xds-protocol` wins.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum XdsProtocol {
+    /// State of the world: every resource of a type in each response.
+    Sotw,
+    /// Incremental: only the resources that changed, and the names of those removed.
+    Delta,
 }
 
 /// The two resources a sidecar default may set, as the webhook's annotations do.
@@ -66,6 +82,11 @@ impl SidecarDefaults {
         }
         if self.hold_application_until_proxy_starts == Some(true) {
             args.push("--hold-application-until-proxy-starts".into());
+        }
+        match self.xds_protocol {
+            Some(XdsProtocol::Delta) => args.push("--sidecar-xds-protocol=delta".into()),
+            Some(XdsProtocol::Sotw) => args.push("--sidecar-xds-protocol=sotw".into()),
+            None => {}
         }
         Ok(args)
     }
@@ -123,6 +144,7 @@ mod tests {
             "imagePullSecrets": [{"name": "mirror"}],
             "nativeSidecars": false,
             "holdApplicationUntilProxyStarts": true,
+            "xdsProtocol": "delta",
         }))
         .args()
         .unwrap();
@@ -135,6 +157,7 @@ mod tests {
                 "--sidecar-image-pull-secret=mirror",
                 "--native-sidecars=false",
                 "--hold-application-until-proxy-starts",
+                "--sidecar-xds-protocol=delta",
             ]
         );
         assert!(SidecarDefaults::default().args().unwrap().is_empty());

@@ -5,6 +5,7 @@
 use clap::{Args, ValueEnum};
 use marin3r_webhook::InjectionConfig;
 use marin3r_webhook::annotations::Resources;
+use marin3r_webhook::config::XdsProtocol;
 use tracing::{info, warn};
 
 #[derive(Debug, Args)]
@@ -35,6 +36,14 @@ pub struct SidecarDefaultArgs {
     /// marin3r.3scale.net/hold-application-until-proxy-starts.
     #[arg(long)]
     hold_application_until_proxy_starts: bool,
+    /// How injected Envoys speak ADS (sotw: state of the world; delta: incremental) unless a
+    /// pod sets marin3r.3scale.net/xds-protocol.
+    #[arg(long, value_name = "PROTOCOL", default_value = "sotw", value_parser = xds_protocol)]
+    sidecar_xds_protocol: XdsProtocol,
+}
+
+fn xds_protocol(value: &str) -> Result<XdsProtocol, String> {
+    XdsProtocol::parse(value)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -89,6 +98,7 @@ impl SidecarDefaultArgs {
         injection.image_pull_secrets = self.sidecar_image_pull_secret.clone();
         injection.hold_application = self.hold_application_until_proxy_starts;
         injection.native_sidecars = native;
+        injection.xds_protocol = self.sidecar_xds_protocol;
     }
 }
 
@@ -128,6 +138,7 @@ mod tests {
             "imagePullSecrets": [{"name": "mirror"}, {"name": "other"}],
             "nativeSidecars": false,
             "holdApplicationUntilProxyStarts": true,
+            "xdsProtocol": "delta",
         }))
         .unwrap();
         let mut argv = vec!["discovery-service".to_owned()];
@@ -148,6 +159,7 @@ mod tests {
         );
         assert_eq!(injection.image_pull_secrets, ["mirror", "other"]);
         assert!(injection.hold_application && !injection.native_sidecars);
+        assert_eq!(injection.xds_protocol, XdsProtocol::Delta);
         // Nothing set: the webhook's own defaults, and the layout left to the API server.
         let cli = <Cli as clap::Parser>::try_parse_from(["discovery-service"]).unwrap();
         assert_eq!(cli.args.native_sidecars, NativeSidecars::Auto);

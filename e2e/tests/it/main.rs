@@ -19,3 +19,4 @@ mod shutdown_manager_e2e;
 mod soak_smoke;
 mod tenants_e2e;
 mod webhook_sidecar_envoy;
+mod xds_protocol_e2e;

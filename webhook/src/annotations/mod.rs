@@ -153,6 +153,8 @@ pub struct SidecarSpec {
     pub shutdown_manager: Option<ShutdownManager>,
     /// Where Envoy goes in the pod.
     pub layout: Layout,
+    /// How Envoy speaks ADS (`xds-protocol`).
+    pub xds_protocol: crate::config::XdsProtocol,
     /// Secrets added to the pod's `imagePullSecrets` (the cluster's default, see
     /// [`InjectionConfig::image_pull_secrets`]).
     pub image_pull_secrets: Vec<String>,
@@ -183,6 +185,9 @@ pub fn parse(
     let resources = read.resources();
     let (admin, readiness_port) = read.admin_and_readiness(&ports, shutdown_manager.as_ref());
     let layout = read.layout();
+    let xds_protocol = read
+        .value(XDS_PROTOCOL, crate::config::XdsProtocol::parse)
+        .unwrap_or(config.xds_protocol);
     read.envoy_api_version();
     let warnings = read.finish(&unmapped)?;
     Ok(SidecarSpec {
@@ -201,6 +206,7 @@ pub fn parse(
         bootstrap_config_map,
         shutdown_manager,
         layout,
+        xds_protocol,
         image_pull_secrets: config.image_pull_secrets.clone(),
         warnings,
     })

@@ -54,6 +54,9 @@ pub const NATIVE_SIDECAR: &str = "marin3r.3scale.net/native-sidecar";
 /// (Envoy first, then a container whose postStart hook waits for it). Native sidecars always
 /// start before the applications.
 pub const HOLD_APPLICATION: &str = "marin3r.3scale.net/hold-application-until-proxy-starts";
+/// `sotw` or `delta`: how Envoy speaks ADS (state of the world, or incremental). Default: the
+/// DiscoveryService's (`spec.sidecar.xdsProtocol`), else `sotw`.
+pub const XDS_PROTOCOL: &str = "marin3r.3scale.net/xds-protocol";
 /// Written by the webhook on every pod it injects; a pod carrying it is left alone.
 pub const INJECTED: &str = "marin3r.3scale.net/injected";
 /// The pod label (value `enabled`) that opts a pod into injection.
@@ -93,6 +96,7 @@ pub const KNOWN: &[&str] = &[
     SHUTDOWN_MANAGER_EXTRA_LIFECYCLE_HOOKS,
     NATIVE_SIDECAR,
     HOLD_APPLICATION,
+    XDS_PROTOCOL,
     INJECTED,
 ];
 

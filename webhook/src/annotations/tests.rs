@@ -69,6 +69,7 @@ fn defaults_fill_in_everything_but_the_node_id() {
             bootstrap_config_map: "envoy-sidecar-bootstrap".into(),
             shutdown_manager: None,
             layout: Layout::Classic { hold: false },
+            xds_protocol: crate::config::XdsProtocol::Sotw,
             image_pull_secrets: vec![],
             warnings: vec![],
         }

@@ -189,6 +189,9 @@ impl<'a> Gateway<'a> {
                 token: self.inputs.shutdown_token.clone(),
             }),
             layout: Layout::Classic { hold: false },
+            // The original's EnvoyDeployment has no protocol field: state of the world, as
+            // its gateways always spoke.
+            xds_protocol: marin3r_webhook::config::XdsProtocol::Sotw,
             image_pull_secrets: Vec::new(),
             warnings: Vec::new(),
         }

@@ -1,0 +1,178 @@
+//! Which xDS protocol injected sidecars speak, on the local cluster through the operator: a
+//! DiscoveryService whose `spec.sidecar.xdsProtocol` is `delta` gets delta ADS streams from
+//! its sidecars, a pod annotated `marin3r.3scale.net/xds-protocol: sotw` a state-of-the-world
+//! one; `marin3r proxy-status` shows each, both real Envoys serve the EnvoyConfig and both
+//! follow an update. Needs root, python3 and the built `marin3r` binary.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::PostParams;
+use marin3r_e2e::product::{install, python3};
+use marin3r_local_cluster::cluster::create_restricted_namespace;
+use marin3r_testkit::wait::until;
+use serde_json::json;
+
+const NS: &str = "protocols";
+
+const DISCOVERY_SERVICE: &str = r#"
+apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryService
+metadata: {name: instance, namespace: protocols}
+spec:
+  sidecar:
+    xdsProtocol: delta
+"#;
+
+fn envoy_config(body: &str) -> String {
+    format!(
+        r#"
+apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {{name: web, namespace: protocols}}
+spec:
+  nodeID: web
+  resources:
+    - type: listener
+      value:
+        name: http
+        address: {{socket_address: {{address: 0.0.0.0, port_value: 8080}}}}
+        filter_chains:
+          - filters:
+              - name: envoy.filters.network.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                  stat_prefix: http
+                  route_config:
+                    name: local
+                    virtual_hosts:
+                      - name: web
+                        domains: ["*"]
+                        routes:
+                          - match: {{prefix: "/"}}
+                            direct_response: {{status: 200, body: {{inline_string: "{body}"}}}}
+                  http_filters:
+                    - name: envoy.filters.http.router
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
+    )
+}
+
+fn pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
+    let mut all = serde_json::Map::new();
+    all.insert("marin3r.3scale.net/node-id".into(), "web".into());
+    for (k, v) in annotations {
+        all.insert((*k).into(), (*v).into());
+    }
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": all,
+        },
+        "spec": {
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "app",
+                "image": "probe-server",
+                "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                "securityContext": {
+                    "runAsNonRoot": true,
+                    "runAsUser": 1000,
+                    "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+async fn body_of(ip: &str) -> Option<String> {
+    let url = format!("http://{ip}:8080/");
+    let answer = tokio::task::spawn_blocking(move || marin3r_testkit::envoy::request("GET", &url));
+    match answer.await.ok()? {
+        Ok((200, body)) => Some(body),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecars_speak_the_protocol_their_discovery_service_or_annotation_chooses() {
+    let images = marin3r_e2e::product::images().with("probe-server", python3());
+    let installed = install(images).await.unwrap();
+    let client = installed.client.clone();
+    create_restricted_namespace(&client, NS).await.unwrap();
+    installed.apply(DISCOVERY_SERVICE).await.unwrap();
+    installed.discovery_service_ready(NS, "instance").await;
+    installed.apply(&envoy_config("first")).await.unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let annotated = [("marin3r.3scale.net/xds-protocol", "sotw")];
+    for (name, annotations) in [("by-default", &[][..]), ("annotated", &annotated[..])] {
+        pods.create(&PostParams::default(), &pod(name, annotations))
+            .await
+            .unwrap();
+    }
+    let mut ips = Vec::new();
+    for name in ["by-default", "annotated"] {
+        let ip = until("the pod Ready", Duration::from_secs(120), || async {
+            marin3r_e2e::demo::ready_ip(&pods.get(name).await.ok()?)
+        })
+        .await;
+        until("the first body", Duration::from_secs(60), || async {
+            (body_of(&ip).await? == "first").then_some(())
+        })
+        .await;
+        ips.push(ip);
+    }
+
+    // What each Envoy speaks, as the discovery pod saw its stream.
+    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    let protocols = until(
+        "both proxies in proxy-status",
+        Duration::from_secs(30),
+        || async {
+            let out = tokio::process::Command::new(&marin3r)
+                .args(["proxy-status", "-n", NS, "-o", "json"])
+                .env("KUBECONFIG", installed.kubeconfig())
+                .output()
+                .await
+                .ok()?;
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let mut seen: Vec<(String, String)> = doc["proxies"]
+                .as_array()?
+                .iter()
+                .map(|p| {
+                    (
+                        p["pod"].as_str().unwrap_or_default().to_owned(),
+                        p["protocol"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect();
+            seen.sort();
+            (seen.len() == 2).then_some(seen)
+        },
+    )
+    .await;
+    assert_eq!(
+        protocols,
+        [
+            ("annotated".to_owned(), "sotw".to_owned()),
+            ("by-default".to_owned(), "delta".to_owned()),
+        ]
+    );
+
+    // Both follow an update.
+    installed.apply(&envoy_config("second")).await.unwrap();
+    for ip in &ips {
+        until("the updated body", Duration::from_secs(60), || async {
+            (body_of(ip).await? == "second").then_some(())
+        })
+        .await;
+    }
+}
