@@ -100,6 +100,10 @@ fn write_any(pool: &DescriptorPool, mut bytes: &[u8], out: &mut Vec<u8>) -> Resu
             _ => return Err(WireError),
         }
     }
+    // `{}` in the manifest: an empty Any, as Envoy's JSON parser makes it.
+    if type_url == super::parse::EMPTY_ANY_URL.as_bytes() {
+        return Ok(());
+    }
     let payload_desc = std::str::from_utf8(type_url)
         .ok()
         .and_then(|url| url.rsplit('/').next())

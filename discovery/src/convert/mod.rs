@@ -344,6 +344,8 @@ fn hint_other_type(
 }
 
 #[cfg(test)]
+mod envoy_agreement_tests;
+#[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
 mod tests;

@@ -3,13 +3,38 @@
 //! `serde_path_to_error`, so an error knows both its field path and its line and column.
 
 use base64::Engine as _;
-use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor};
+use prost_reflect::{DeserializeOptions, DynamicMessage, Kind, MessageDescriptor};
 
 use super::ValueError;
 use crate::api::Serialization;
 
+/// The type URL an empty `Any` (`{}`) is parsed as, and written back as an empty `Any` by the
+/// canonical encoder: what Envoy's own JSON parser makes of `{}` (a route's
+/// `typed_per_filter_config` entry `{"@type": ".../FilterConfig", "config": {}}` enables a
+/// filter the listener disabled this way).
+pub const EMPTY_ANY_URL: &str = "type.googleapis.com/marin3r.internal.EmptyAny";
+
 /// Parses `text` as one `desc` message written in `serialization`.
 pub fn parse(
+    desc: &MessageDescriptor,
+    text: &str,
+    serialization: Serialization,
+) -> Result<DynamicMessage, ValueError> {
+    match parse_streaming(desc, text, serialization) {
+        // An `Any` written `{}` (prost-reflect wants an "@type"): once more through a value in
+        // which every empty `Any` names the placeholder type.
+        Err(first) if first.message == "expected '@type' field" => {
+            match parse_with_empty_anys(desc, text, serialization) {
+                // A non-empty `Any` without "@type": the first error knows its line.
+                Err(again) if again.message == first.message => Err(first),
+                other => other,
+            }
+        }
+        other => other,
+    }
+}
+
+fn parse_streaming(
     desc: &MessageDescriptor,
     text: &str,
     serialization: Serialization,
@@ -30,6 +55,90 @@ pub fn parse(
                 ValueError::whole("the base64 value does not decode to UTF-8 JSON text")
             })?;
             parse_json(desc, &json)
+        }
+    }
+}
+
+fn parse_with_empty_anys(
+    desc: &MessageDescriptor,
+    text: &str,
+    serialization: Serialization,
+) -> Result<DynamicMessage, ValueError> {
+    let parsed: Result<serde_json::Value, String> = match serialization {
+        Serialization::Yaml => serde_saphyr::from_str(text).map_err(|e| e.to_string()),
+        Serialization::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
+        Serialization::B64json => {
+            let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(compact.as_bytes())
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+        }
+    };
+    let mut value = parsed.map_err(ValueError::whole)?;
+    mark_empty_anys(desc, &mut value);
+    let mut track = serde_path_to_error::Track::new();
+    DynamicMessage::deserialize_with_options(
+        desc.clone(),
+        serde_path_to_error::Deserializer::new(value, &mut track),
+        &options(),
+    )
+    .map_err(|err| value_error(text, track.path().to_string(), &err.to_string(), None))
+}
+
+/// Gives every empty object standing for an `Any` of `desc` the placeholder type, following
+/// the fields (by proto or JSON name), lists, maps and typed `Any` payloads.
+fn mark_empty_anys(desc: &MessageDescriptor, value: &mut serde_json::Value) {
+    let Some(map) = value.as_object_mut() else {
+        return;
+    };
+    if desc.full_name() == "google.protobuf.Any" {
+        if map.is_empty() {
+            map.insert("@type".into(), EMPTY_ANY_URL.into());
+            return;
+        }
+        let inner = map
+            .get("@type")
+            .and_then(serde_json::Value::as_str)
+            .and_then(|url| url.rsplit('/').next())
+            .and_then(|name| desc.parent_pool().get_message_by_name(name));
+        // Well-known types carry their JSON under "value"; they hold no Any to mark.
+        if let Some(inner) = inner.filter(|d| !d.full_name().starts_with("google.protobuf.")) {
+            mark_fields(&inner, map);
+        }
+        return;
+    }
+    mark_fields(desc, map);
+}
+
+fn mark_fields(desc: &MessageDescriptor, map: &mut serde_json::Map<String, serde_json::Value>) {
+    for (key, child) in map.iter_mut() {
+        let Some(field) = desc
+            .get_field_by_name(key)
+            .or_else(|| desc.get_field_by_json_name(key))
+        else {
+            continue;
+        };
+        let Kind::Message(sub) = field.kind() else {
+            continue;
+        };
+        if field.is_map() {
+            let Kind::Message(entry_value) = sub.map_entry_value_field().kind() else {
+                continue;
+            };
+            for v in child
+                .as_object_mut()
+                .into_iter()
+                .flat_map(|m| m.values_mut())
+            {
+                mark_empty_anys(&entry_value, v);
+            }
+        } else if field.is_list() {
+            for item in child.as_array_mut().into_iter().flatten() {
+                mark_empty_anys(&sub, item);
+            }
+        } else {
+            mark_empty_anys(&sub, child);
         }
     }
 }

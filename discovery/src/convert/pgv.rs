@@ -163,6 +163,9 @@ impl Validator {
         if desc.full_name().starts_with("google.protobuf.") {
             return;
         }
+        if let Some(why) = name_only_extension(message) {
+            errors.push(error(path, Some("typed_config"), why));
+        }
         let rules = self.rules(&desc);
         for oneof in &rules.required_oneofs {
             if !oneof.fields().any(|f| message.has_field(&f)) {
@@ -539,3 +542,33 @@ impl Bounds {
 #[cfg(test)]
 #[path = "pgv_tests.rs"]
 mod tests;
+
+/// Not a validation rule but Envoy's own behaviour, checked on the same walk: since 1.40 Envoy
+/// finds an extension (a filter, listener filter, access log, transport socket...) by the type
+/// of its `typed_config` only, so one given by `name` alone is refused by every proxy. Envoy
+/// skips it when it is an optional HTTP filter (`is_optional`), or when its config comes from
+/// discovery (`config_discovery`). Envoy's words, and what to do.
+fn name_only_extension(message: &DynamicMessage) -> Option<String> {
+    let desc = message.descriptor();
+    let typed_config = desc.get_field_by_name("typed_config")?;
+    let name = desc.get_field_by_name("name")?;
+    if !matches!(typed_config.kind(), Kind::Message(m) if m.full_name() == "google.protobuf.Any")
+        || message.has_field(&typed_config)
+    {
+        return None;
+    }
+    let set = |field: &str| {
+        desc.get_field_by_name(field)
+            .is_some_and(|f| message.has_field(&f))
+    };
+    if set("config_discovery") || set("is_optional") {
+        return None;
+    }
+    let Value::String(name) = message.get_field(&name).into_owned() else {
+        return None;
+    };
+    Some(format!(
+        "Didn't find a registered implementation for '{name}' with type URL: '' (Envoy finds \
+         extensions by the \"@type\" of typed_config only: add typed_config)"
+    ))
+}
