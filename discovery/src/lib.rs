@@ -4,6 +4,7 @@ pub mod api;
 pub mod cli;
 pub mod controllers;
 pub mod convert;
+pub mod judge;
 pub mod operator;
 pub mod proxy_config;
 pub mod rules;

@@ -14,6 +14,7 @@ use marin3r_xds::resource::{Resource, ResourceType};
 
 use crate::api::EnvoyConfigSpec;
 use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
+use crate::judge::EnvoyJudge;
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
 const KIND: &str = "EnvoyConfig";
@@ -23,14 +24,40 @@ pub struct ValidateArgs {
     /// Manifest files (YAML or JSON, several documents each); `-` reads standard input.
     #[arg(short = 'f', long = "filename", value_name = "FILE", required = true, num_args = 1..)]
     files: Vec<PathBuf>,
+    /// The Envoy binary that judges what passes marin3r's own checks (`envoy --mode
+    /// validate`); default: `envoy` on PATH, when there is one.
+    #[arg(long, value_name = "PATH", conflicts_with = "no_envoy")]
+    envoy: Option<PathBuf>,
+    /// marin3r's own checks only, even with an Envoy on PATH.
+    #[arg(long)]
+    no_envoy: bool,
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
-    let ok = validate_files(
+    let judge = if args.no_envoy {
+        None
+    } else {
+        EnvoyJudge::find(args.envoy.as_deref())
+    };
+    if let Some(judge) = &judge
+        && judge.version().is_none()
+    {
+        anyhow::bail!(
+            "{} does not run as Envoy (`--version` failed); pass --envoy PATH or --no-envoy",
+            judge.binary().display()
+        );
+    }
+    let ok = validate_files_with(
         &args.files,
+        judge.as_ref(),
         &mut io::stdout().lock(),
         &mut io::stderr().lock(),
     )?;
+    if judge.is_none() && !args.no_envoy {
+        eprintln!(
+            "note: no Envoy found on PATH (--envoy PATH): marin3r's own checks only; Envoy may still refuse what passed them"
+        );
+    }
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
@@ -39,9 +66,11 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Validates every file, printing one OK line per valid EnvoyConfig on `out` and every
-/// problem, prefixed with the file name, on `err`. Returns whether everything was valid.
-pub fn validate_files(
+/// problem, prefixed with the file name, on `err`; with `judge`, Envoy judges what passes
+/// marin3r's own checks. Returns whether everything was valid.
+pub fn validate_files_with(
     files: &[PathBuf],
+    judge: Option<&EnvoyJudge>,
     out: &mut impl Write,
     err: &mut impl Write,
 ) -> io::Result<bool> {
@@ -62,7 +91,7 @@ pub fn validate_files(
                 continue;
             }
         };
-        let reports = validate_manifests(&text);
+        let reports = validate_manifests_with(&text, judge);
         if !reports
             .iter()
             .any(|r| !matches!(r, Document::Skipped { .. }))
@@ -171,7 +200,14 @@ struct EntrySpan {
 }
 
 /// Validates every document of a YAML (or JSON) manifest text.
+#[cfg(test)]
 pub fn validate_manifests(text: &str) -> Vec<Document> {
+    validate_manifests_with(text, None)
+}
+
+/// [`validate_manifests`], with Envoy judging what passes marin3r's own checks.
+pub fn validate_manifests_with(text: &str, judge: Option<&EnvoyJudge>) -> Vec<Document> {
+    let version = judge.and_then(EnvoyJudge::version);
     let documents: Vec<serde_json::Value> = match serde_saphyr::from_multiple(text) {
         Ok(documents) => documents,
         Err(e) => {
@@ -224,7 +260,8 @@ pub fn validate_manifests(text: &str) -> Vec<Document> {
                     .as_ref()?;
                 file_position(text, spans, e)
             };
-            let mut document = validate_document(i + 1, doc, &place);
+            let envoy = judge.zip(version.as_deref());
+            let mut document = validate_document(i + 1, doc, &place, envoy);
             if let Document::Skipped { notes, .. } = &mut document {
                 notes.append(&mut extra);
             }
@@ -271,6 +308,7 @@ fn validate_document(
     number: usize,
     doc: serde_json::Value,
     place: &dyn Fn(&ConversionError) -> Option<(u64, u64)>,
+    envoy: Option<(&EnvoyJudge, &str)>,
 ) -> Document {
     let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
     let notes = match kind.as_str() {
@@ -320,9 +358,24 @@ fn validate_document(
         }
     };
     match validate_config(&spec) {
-        Ok(resources) if errors.is_empty() => Document::Valid {
-            object: name,
-            summary: summary(&spec, &resources),
+        Ok(resources) if errors.is_empty() => match envoy {
+            None => Document::Valid {
+                object: name,
+                summary: summary(&spec, &resources),
+            },
+            Some((judge, version)) => match judge.judge(&spec) {
+                Ok(()) => Document::Valid {
+                    object: name,
+                    summary: format!(
+                        "{}; accepted by Envoy {version}",
+                        summary(&spec, &resources)
+                    ),
+                },
+                Err(refused) => Document::Invalid {
+                    object,
+                    errors: refused.into_iter().map(Problem::from).collect(),
+                },
+            },
         },
         Ok(_) => Document::Invalid { object, errors },
         Err(more) => {

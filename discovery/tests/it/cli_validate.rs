@@ -12,9 +12,12 @@ const BAD: &str = concat!(
     "/tests/testdata/envoyconfig-bad.yaml"
 );
 
+/// Runs the built `marin3r` with the Envoy `hack/install-tools` installs first on PATH, as
+/// `hack/test` has it, so Envoy's verdict is part of every run.
 fn marin3r(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_marin3r"))
         .args(args)
+        .env("PATH", crate::support::path_with_envoy())
         .output()
         .expect("run marin3r")
 }
@@ -35,7 +38,7 @@ fn a_valid_config_prints_one_ok_line_and_exits_zero() {
         lines(&out.stdout),
         [format!(
             "{GOOD}: EnvoyConfig default/test: OK (node my-proxy, 3 resources: clusters 1, \
-             listeners 1, secrets 1)"
+             listeners 1, secrets 1; accepted by Envoy 1.40.0)"
         )]
     );
     // The Secret in the same file is not an EnvoyConfig: said, but not an error.
@@ -143,11 +146,11 @@ fn spec_resources_are_validated_as_the_controller_does() {
         [
             format!(
                 "{deployment}: EnvoyConfig kuard: OK (node kuard, 5 resources: endpoints 1, \
-                 clusters 1, routes 1, listeners 1, secrets 1)"
+                 clusters 1, routes 1, listeners 1, secrets 1; accepted by Envoy 1.40.0)"
             ),
             format!(
                 "{oauth2}: EnvoyConfig kuard: OK (node kuard, 8 resources: endpoints 1, \
-                 clusters 2, routes 1, listeners 1, secrets 3)"
+                 clusters 2, routes 1, listeners 1, secrets 3; accepted by Envoy 1.40.0)"
             ),
         ]
     );
@@ -250,5 +253,54 @@ fn deliberate_differences_from_the_original_are_noted() {
     assert!(
         about("DiscoveryServiceCertificate shop/cert", "still reissues"),
         "{notes:?}"
+    );
+}
+
+/// A route whose per-filter config is an empty `Any` straight in the map: it parses, and
+/// only Envoy knows it cannot find a filter for an empty type. `marin3r validate` says so,
+/// on the resource, in Envoy's words; with `--no-envoy` our checks alone pass it.
+#[test]
+fn envoy_judges_what_passes_our_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("route.yaml");
+    std::fs::write(
+        &file,
+        r#"apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {name: routes, namespace: shop}
+spec:
+  nodeID: shop
+  resources:
+    - type: cluster
+      value: {name: app, connect_timeout: 1s, type: STRICT_DNS, load_assignment: {cluster_name: app, endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: app, port_value: 80}}}}]}]}}
+    - type: route
+      value:
+        name: local
+        virtual_hosts:
+          - name: all
+            domains: ["*"]
+            routes:
+              - match: {prefix: "/"}
+                route: {cluster: app}
+                typed_per_filter_config:
+                  envoy.filters.http.buffer: {}
+"#,
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let out = marin3r(&["validate", "-f", file]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.resources[1].value: Envoy: Didn't find a registered implementation for 'envoy.filters.http.buffer' with type URL: ''"),
+        "{err}"
+    );
+    let out = marin3r(&["validate", "--no-envoy", "-f", file]);
+    assert!(out.status.success(), "{out:?}");
+    let out = marin3r(&["validate", "--envoy", "/nonexistent/envoy", "-f", file]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not run as Envoy"),
+        "{out:?}"
     );
 }

@@ -140,6 +140,7 @@ fn run(example: &Example, scratch: &Path) {
     let args: Vec<&str> = command.split_whitespace().skip(1).collect();
     let output = Command::new(env!("CARGO_BIN_EXE_marin3r"))
         .args(&args)
+        .env("PATH", crate::support::path_with_envoy())
         .current_dir(scratch)
         .output()
         .unwrap();

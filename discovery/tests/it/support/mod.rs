@@ -190,3 +190,12 @@ pub fn envoy_serial(cert: &IssuedCertificate) -> String {
         .replace(':', "")
         .to_lowercase()
 }
+
+/// `PATH` with the directory of the Envoy `hack/install-tools` installs first, for a `marin3r`
+/// child that looks for `envoy` there.
+pub fn path_with_envoy() -> std::ffi::OsString {
+    let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
+    let dir = envoy.parent().expect("envoy's directory").to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).expect("a PATH")
+}

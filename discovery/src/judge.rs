@@ -1,0 +1,328 @@
+//! Envoy as the last judge of an EnvoyConfig: our own checks first (fast, every problem with
+//! its path), then, when an Envoy binary is at hand, Envoy's validate mode on a bootstrap that
+//! holds the spec's resources as the user wrote them, its message mapped back to the entry.
+//!
+//! How the resources become one bootstrap Envoy can validate without any network: listeners,
+//! clusters and runtimes as static resources and layers; each route configuration inside a
+//! listener of its own on a pipe address (with `validate_clusters: false` unless it says
+//! otherwise, which is what Envoy assumes for one delivered by RDS); each set of endpoints
+//! as the load assignment of a static cluster of its own; an ADS config source whose cluster
+//! never connects, for the `ads: {}` references. Entries generated from Kubernetes objects
+//! (Secrets, EndpointSlices), scoped routes and extension configs are left to our own checks.
+//!
+//! Envoy stops at its first error: when the whole spec fails, each entry is judged alone so
+//! the error names it; one that fails only with the others (two listeners on one address) is
+//! reported on the spec.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use crate::api::{EnvoyConfigSpec, Serialization};
+use marin3r_xds::resource::ResourceType;
+
+/// How long one validation may take before Envoy is killed.
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The prefix of every name the judge adds to the bootstrap.
+const OWN: &str = "marin3r-judge";
+
+/// An Envoy binary that judges configs.
+#[derive(Debug, Clone)]
+pub struct EnvoyJudge {
+    binary: PathBuf,
+}
+
+/// One resource as the user wrote it, and where.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// `spec.resources[3].value`, `spec.envoyResources.listeners[0].value`.
+    pub path: String,
+    pub kind: ResourceType,
+    pub value: Value,
+}
+
+impl EnvoyJudge {
+    pub fn new(binary: impl Into<PathBuf>) -> Self {
+        Self {
+            binary: binary.into(),
+        }
+    }
+
+    /// `explicit`, else `envoy` on `PATH`; `None` when there is none.
+    pub fn find(explicit: Option<&Path>) -> Option<Self> {
+        if let Some(path) = explicit {
+            return Some(Self::new(path));
+        }
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("envoy"))
+            .find(|candidate| candidate.is_file())
+            .map(Self::new)
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// The Envoy release (`1.40.0`), from `envoy --version`.
+    pub fn version(&self) -> Option<String> {
+        let out = Command::new(&self.binary).arg("--version").output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        // "<path>  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
+        let (_, build) = text.split_once("version: ")?;
+        build.split('/').nth(1).map(str::to_owned)
+    }
+
+    /// Envoy's verdict on every entry of `spec`: each problem as `path: Envoy: message`.
+    pub fn judge(&self, spec: &EnvoyConfigSpec) -> Result<(), Vec<String>> {
+        let entries = entries(spec).map_err(|e| vec![e])?;
+        self.judge_entries(&entries)
+    }
+
+    /// Envoy's verdict on `entries`, attributed to the entry that fails.
+    pub fn judge_entries(&self, entries: &[Entry]) -> Result<(), Vec<String>> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let Err(whole) = self.validate(&bootstrap(entries)) else {
+            return Ok(());
+        };
+        if entries.len() == 1 {
+            return Err(vec![format!("{}: Envoy: {whole}", entries[0].path)]);
+        }
+        let alone: Vec<String> = std::thread::scope(|scope| {
+            let runs: Vec<_> = entries
+                .iter()
+                .map(|e| {
+                    scope.spawn(move || {
+                        self.validate(&bootstrap(std::slice::from_ref(e)))
+                            .err()
+                            .map(|m| format!("{}: Envoy: {m}", e.path))
+                    })
+                })
+                .collect();
+            runs.into_iter()
+                .filter_map(|r| r.join().ok().flatten())
+                .collect()
+        });
+        if alone.is_empty() {
+            Err(vec![format!(
+                "spec: Envoy, with every resource together: {whole}"
+            )])
+        } else {
+            Err(alone)
+        }
+    }
+
+    /// Runs `envoy --mode validate` on `bootstrap`: `Ok` or Envoy's message.
+    pub fn validate(&self, bootstrap: &Value) -> Result<(), String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("a temporary folder: {e}"))?;
+        let file = dir.path().join("bootstrap.json");
+        std::fs::write(&file, bootstrap.to_string()).map_err(|e| e.to_string())?;
+        let mut child = Command::new(&self.binary)
+            .args(["--mode", "validate", "--log-level", "critical", "-c"])
+            .arg(&file)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("running {}: {e}", self.binary.display()))?;
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "Envoy did not finish validating within {TIMEOUT:?}"
+                    ));
+                }
+            }
+        }
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("reading Envoy's output: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Err(message(&text, &file.to_string_lossy()))
+    }
+}
+
+/// Envoy's reason from its output: the text after `error initializing configuration '<file>':`,
+/// else the last line.
+fn message(output: &str, file: &str) -> String {
+    let marker = format!("error initializing configuration '{file}': ");
+    let found = output
+        .lines()
+        .find_map(|line| line.split_once(&marker).map(|(_, m)| m.trim().to_owned()));
+    found.unwrap_or_else(|| {
+        let last = output.lines().rev().find(|l| !l.trim().is_empty());
+        last.unwrap_or("Envoy refused the configuration")
+            .trim()
+            .to_owned()
+    })
+}
+
+/// The entries of `spec` Envoy can judge, as the user wrote them.
+pub fn entries(spec: &EnvoyConfigSpec) -> Result<Vec<Entry>, String> {
+    let mut out = Vec::new();
+    for (kind, list) in spec.envoy_resources.serialized() {
+        for (i, entry) in list.iter().enumerate() {
+            let path = format!("spec.envoyResources.{}[{i}].value", kind.spec_field());
+            let value =
+                text_value(&entry.value, spec.serialization).map_err(|e| format!("{path}: {e}"))?;
+            out.push(Entry { path, kind, value });
+        }
+    }
+    for (i, r) in spec.resources.iter().enumerate() {
+        if let Some(value) = &r.value {
+            out.push(Entry {
+                path: format!("spec.resources[{i}].value"),
+                kind: r.kind.resource_type(),
+                value: value.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn text_value(text: &str, serialization: Serialization) -> Result<Value, String> {
+    match serialization {
+        Serialization::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
+        Serialization::Yaml => serde_saphyr::from_str(text).map_err(|e| e.to_string()),
+        Serialization::B64json => {
+            let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(compact.as_bytes())
+                .map_err(|e| e.to_string())?;
+            serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// The bootstrap holding `entries` (see the module's documentation).
+pub fn bootstrap(entries: &[Entry]) -> Value {
+    let (mut listeners, mut clusters, mut layers) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, e) in entries.iter().enumerate() {
+        match e.kind {
+            ResourceType::Listener => listeners.push(e.value.clone()),
+            ResourceType::Cluster => clusters.push(e.value.clone()),
+            ResourceType::Route => listeners.push(route_listener(i, &e.value)),
+            ResourceType::Endpoint => clusters.push(json!({
+                "name": format!("{OWN}-endpoints-{i}"),
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "load_assignment": e.value,
+            })),
+            ResourceType::Runtime => layers.push(json!({
+                "name": format!("{OWN}-runtime-{i}"),
+                "static_layer": e.value.get("layer").cloned().unwrap_or(json!({})),
+            })),
+            ResourceType::Secret | ResourceType::ScopedRoute | ResourceType::ExtensionConfig => {}
+        }
+    }
+    clusters.push(json!({
+        "name": format!("{OWN}-xds"),
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": format!("{OWN}-xds"),
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 1}}}}]}],
+        },
+    }));
+    let mut bootstrap = json!({
+        "node": {"id": OWN, "cluster": OWN},
+        "static_resources": {"listeners": listeners, "clusters": clusters},
+        "dynamic_resources": {"ads_config": {
+            "api_type": "GRPC",
+            "transport_api_version": "V3",
+            "grpc_services": [{"envoy_grpc": {"cluster_name": format!("{OWN}-xds")}}],
+        }},
+    });
+    if !layers.is_empty() {
+        bootstrap["layered_runtime"] = json!({ "layers": layers });
+    }
+    bootstrap
+}
+
+/// A route configuration served by RDS, judged inside a listener of its own.
+fn route_listener(i: usize, route: &Value) -> Value {
+    let mut route = route.clone();
+    if let Some(map) = route.as_object_mut() {
+        map.entry("validate_clusters").or_insert(json!(false));
+    }
+    json!({
+        "name": format!("{OWN}-routes-{i}"),
+        "address": {"pipe": {"path": format!("/{OWN}/routes-{i}")}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": format!("{OWN}-routes-{i}"),
+                "route_config": route,
+                "http_filters": [{
+                    "name": "envoy.filters.http.router",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+                }],
+            },
+        }]}],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envoys_reason_is_found_in_its_output() {
+        let out = "[info] loading\n[critical][main] [server.cc:76] error initializing configuration '/tmp/x/b.json': Didn't find a registered implementation for 'r' with type URL: ''\n";
+        assert_eq!(
+            message(out, "/tmp/x/b.json"),
+            "Didn't find a registered implementation for 'r' with type URL: ''"
+        );
+        assert_eq!(message("a\nlast words\n\n", "/f"), "last words");
+    }
+
+    #[test]
+    fn routes_and_endpoints_are_wrapped_and_rds_keeps_its_default() {
+        let entries = [
+            Entry {
+                path: "spec.resources[0].value".into(),
+                kind: ResourceType::Route,
+                value: json!({"name": "local"}),
+            },
+            Entry {
+                path: "spec.resources[1].value".into(),
+                kind: ResourceType::Endpoint,
+                value: json!({"cluster_name": "app"}),
+            },
+        ];
+        let b = bootstrap(&entries);
+        let listener = &b["static_resources"]["listeners"][0];
+        let hcm = &listener["filter_chains"][0]["filters"][0]["typed_config"];
+        assert_eq!(hcm["route_config"]["validate_clusters"], false);
+        assert_eq!(
+            b["static_resources"]["clusters"][0]["load_assignment"]["cluster_name"],
+            "app"
+        );
+    }
+}
