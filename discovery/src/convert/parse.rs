@@ -21,16 +21,12 @@ pub fn parse(
     serialization: Serialization,
 ) -> Result<DynamicMessage, ValueError> {
     match parse_streaming(desc, text, serialization) {
-        // An `Any` written `{}` (prost-reflect wants an "@type"): once more through a value in
-        // which every empty `Any` names the placeholder type.
-        Err(first) if first.message == "expected '@type' field" => {
-            match parse_with_empty_anys(desc, text, serialization) {
-                // A non-empty `Any` without "@type": the first error knows its line.
-                Err(again) if again.message == first.message => Err(first),
-                other => other,
-            }
-        }
-        other => other,
+        // What Envoy's own parser takes beyond strict proto3 JSON (an `Any` written `{}`, an
+        // enum value in another case, a single object for a one-element list): once more
+        // through a value written the strict way. When that fails too, the first error is the
+        // one to report: it knows its line.
+        Err(first) => parse_like_envoy(desc, text, serialization).map_err(|_| first),
+        ok => ok,
     }
 }
 
@@ -59,7 +55,7 @@ fn parse_streaming(
     }
 }
 
-fn parse_with_empty_anys(
+fn parse_like_envoy(
     desc: &MessageDescriptor,
     text: &str,
     serialization: Serialization,
@@ -76,7 +72,7 @@ fn parse_with_empty_anys(
         }
     };
     let mut value = parsed.map_err(ValueError::whole)?;
-    mark_empty_anys(desc, &mut value);
+    normalize(desc, &mut value);
     let mut track = serde_path_to_error::Track::new();
     DynamicMessage::deserialize_with_options(
         desc.clone(),
@@ -86,9 +82,12 @@ fn parse_with_empty_anys(
     .map_err(|err| value_error(text, track.path().to_string(), &err.to_string(), None))
 }
 
-/// Gives every empty object standing for an `Any` of `desc` the placeholder type, following
-/// the fields (by proto or JSON name), lists, maps and typed `Any` payloads.
-fn mark_empty_anys(desc: &MessageDescriptor, value: &mut serde_json::Value) {
+/// Rewrites `value` (a `desc` message) the strict way where Envoy's parser is lenient: every
+/// empty object standing for an `Any` gets the placeholder type, every enum value written in
+/// another case its declared name, every single object given for a repeated message field a
+/// list around it; following the fields (by proto or JSON name), lists, maps and typed `Any`
+/// payloads.
+fn normalize(desc: &MessageDescriptor, value: &mut serde_json::Value) {
     let Some(map) = value.as_object_mut() else {
         return;
     };
@@ -104,14 +103,21 @@ fn mark_empty_anys(desc: &MessageDescriptor, value: &mut serde_json::Value) {
             .and_then(|name| desc.parent_pool().get_message_by_name(name));
         // Well-known types carry their JSON under "value"; they hold no Any to mark.
         if let Some(inner) = inner.filter(|d| !d.full_name().starts_with("google.protobuf.")) {
-            mark_fields(&inner, map);
+            normalize_fields(&inner, map);
         }
         return;
     }
-    mark_fields(desc, map);
+    // Well-known types have JSON forms of their own (a Struct is any object).
+    if desc.full_name().starts_with("google.protobuf.") {
+        return;
+    }
+    normalize_fields(desc, map);
 }
 
-fn mark_fields(desc: &MessageDescriptor, map: &mut serde_json::Map<String, serde_json::Value>) {
+fn normalize_fields(
+    desc: &MessageDescriptor,
+    map: &mut serde_json::Map<String, serde_json::Value>,
+) {
     for (key, child) in map.iter_mut() {
         let Some(field) = desc
             .get_field_by_name(key)
@@ -119,26 +125,44 @@ fn mark_fields(desc: &MessageDescriptor, map: &mut serde_json::Map<String, serde
         else {
             continue;
         };
-        let Kind::Message(sub) = field.kind() else {
-            continue;
-        };
-        if field.is_map() {
-            let Kind::Message(entry_value) = sub.map_entry_value_field().kind() else {
-                continue;
-            };
-            for v in child
-                .as_object_mut()
-                .into_iter()
-                .flat_map(|m| m.values_mut())
-            {
-                mark_empty_anys(&entry_value, v);
+        match field.kind() {
+            Kind::Enum(e) => {
+                let fix = |v: &mut serde_json::Value| {
+                    if let Some(name) = v.as_str()
+                        && e.get_value_by_name(name).is_none()
+                        && let Some(declared) =
+                            e.values().find(|d| d.name().eq_ignore_ascii_case(name))
+                    {
+                        *v = declared.name().into();
+                    }
+                };
+                match child.as_array_mut() {
+                    Some(items) if field.is_list() => items.iter_mut().for_each(fix),
+                    _ => fix(child),
+                }
             }
-        } else if field.is_list() {
-            for item in child.as_array_mut().into_iter().flatten() {
-                mark_empty_anys(&sub, item);
+            Kind::Message(sub) if field.is_map() => {
+                let Kind::Message(entry_value) = sub.map_entry_value_field().kind() else {
+                    continue;
+                };
+                for v in child
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|m| m.values_mut())
+                {
+                    normalize(&entry_value, v);
+                }
             }
-        } else {
-            mark_empty_anys(&sub, child);
+            Kind::Message(sub) if field.is_list() => {
+                if child.is_object() {
+                    *child = serde_json::Value::Array(vec![child.take()]);
+                }
+                for item in child.as_array_mut().into_iter().flatten() {
+                    normalize(&sub, item);
+                }
+            }
+            Kind::Message(sub) => normalize(&sub, child),
+            _ => {}
         }
     }
 }

@@ -13,6 +13,7 @@ mod cli_inject;
 mod cli_validate;
 mod convergence;
 mod crds;
+mod differential;
 mod discovery_service;
 mod docs_commands;
 mod envoy_config;
