@@ -1,4 +1,5 @@
-//! Finding the real Envoy and kubectl that `hack/install-tools` puts in `.tools/bin`.
+//! Finding the real Envoy, kubectl, Prometheus and promtool that `hack/install-tools` puts in
+//! `.tools/bin`.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +43,16 @@ pub fn envoy() -> anyhow::Result<PathBuf> {
 /// The real kubectl binary.
 pub fn kubectl() -> anyhow::Result<PathBuf> {
     find_tool("kubectl", "MARIN3R_KUBECTL")
+}
+
+/// The real Prometheus server (Debian's build).
+pub fn prometheus() -> anyhow::Result<PathBuf> {
+    find_tool("prometheus", "MARIN3R_PROMETHEUS")
+}
+
+/// The real promtool (Debian's build, beside Prometheus).
+pub fn promtool() -> anyhow::Result<PathBuf> {
+    find_tool("promtool", "MARIN3R_PROMTOOL")
 }
 
 #[cfg(test)]
