@@ -104,6 +104,9 @@ pub struct InjectionConfig {
     pub hold_application: bool,
     /// The xDS protocol of injected sidecars unless a pod's `xds-protocol` says otherwise.
     pub xds_protocol: XdsProtocol,
+    /// Annotate injected pods `prometheus.io/scrape|port|path` for Envoy's stats, unless the
+    /// pod's `prometheus-annotations` annotation says otherwise.
+    pub prometheus_annotations: bool,
 }
 
 impl Default for InjectionConfig {
@@ -130,6 +133,7 @@ impl Default for InjectionConfig {
             native_sidecars: false,
             hold_application: false,
             xds_protocol: XdsProtocol::Sotw,
+            prometheus_annotations: true,
         }
     }
 }

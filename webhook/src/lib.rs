@@ -11,6 +11,7 @@ pub mod inject;
 pub mod metrics;
 pub mod mutate;
 mod quantity;
+pub mod readiness;
 pub mod review;
 pub mod server;
 pub mod sidecar;

@@ -17,7 +17,7 @@ use crate::annotations::{
 use crate::config::{
     DRAIN_GRACE_MARGIN, HOLD_CONTAINER, InjectionConfig, SHUTDOWN_MANAGER_CONTAINER,
 };
-use crate::sidecar;
+use crate::{readiness, sidecar};
 
 /// Why a pod may not be created as it is. The message names what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -175,6 +175,7 @@ pub fn mutation(pod: &Pod, config: &InjectionConfig) -> Result<Mutation, Denial>
         &["metadata", "annotations", INJECTED],
         Ok(Value::String("true".into())),
     )?);
+    ops.extend(prometheus_patch(pod, &spec)?);
     Ok(Mutation {
         patch: Patch(ops),
         warnings,
@@ -318,6 +319,25 @@ fn drain_patch(
     Ok(ops)
 }
 
+/// `prometheus.io/scrape|port|path` for Envoy's stats, unless the pod or the cluster turned
+/// them off, or the pod has any of the three: then the user decides what is scraped (mixing
+/// their `scrape` with our `port` would silently move their application's scrape to Envoy).
+fn prometheus_patch(pod: &Pod, spec: &SidecarSpec) -> Result<Vec<PatchOperation>, Denial> {
+    let annotations = readiness::prometheus_annotations(spec.readiness_port);
+    let user_set = pod.metadata.annotations.as_ref().is_some_and(|existing| {
+        annotations
+            .iter()
+            .any(|(name, _)| existing.contains_key(*name))
+    });
+    if !spec.prometheus_annotations || user_set {
+        return Ok(Vec::new());
+    }
+    annotations
+        .into_iter()
+        .map(|(name, value)| add(&["metadata", "annotations", name], Ok(Value::String(value))))
+        .collect()
+}
+
 fn add(path: &[&str], value: Result<Value, serde_json::Error>) -> Result<PatchOperation, Denial> {
     let value = value.map_err(|e| Denial::NotAPod(format!("encoding the sidecar: {e}")))?;
     Ok(PatchOperation::Add(AddOperation {
@@ -459,3 +479,7 @@ mod tests;
 #[cfg(test)]
 #[path = "mutate_layout_tests.rs"]
 mod layout_tests;
+
+#[cfg(test)]
+#[path = "mutate_stats_tests.rs"]
+mod stats_tests;

@@ -130,6 +130,7 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
             "ports": [
                 {"name": "http", "containerPort": 8081, "hostPort": 30080, "protocol": "TCP"},
                 {"name": "stats", "containerPort": 9000, "protocol": "UDP"},
+                {"name": "envoy-stats", "containerPort": 9902, "protocol": "TCP"},
             ],
             "resources": {"requests": {"cpu": "50m"}, "limits": {"memory": "128Mi"}},
             "readinessProbe": with(&probe, json!({"initialDelaySeconds": 0, "periodSeconds": 5, "failureThreshold": 3})),

@@ -56,7 +56,8 @@ fn an_injected_pod_gets_a_base64_json_patch() {
     assert_eq!(response["patchType"], "JSONPatch");
     let patch = BASE64.decode(response["patch"].as_str().unwrap()).unwrap();
     let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
-    assert_eq!(patch.0.len(), 3);
+    // Envoy, its two volumes, the `injected` marker, the three `prometheus.io/*`.
+    assert_eq!(patch.0.len(), 6);
 }
 
 #[test]

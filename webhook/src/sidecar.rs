@@ -8,15 +8,16 @@
 //! `admin.bind-address`/`admin.port`, plus a file access log when `admin.access-log-path` is
 //! set). The bootstrap renderer should therefore leave `admin` out (or expect it overridden).
 //!
-//! Readiness: the admin binds loopback by default (its API can stop Envoy and dump its
-//! config), so kubelet cannot probe it. The overlay also adds, per pod, a static listener on
-//! the readiness port (every pod address) whose only route is `GET /ready`, proxied to the
-//! admin through a static cluster; anything else gets 404. Envoy merges the overlay's
+//! Readiness and stats: the admin binds loopback by default (its API can stop Envoy and dump
+//! its config), so neither kubelet nor Prometheus can reach it. The overlay also adds, per
+//! pod, a static listener on the readiness port (every pod address) whose only routes are
+//! `GET /ready` and `GET /stats/prometheus`, proxied to the admin through a static cluster
+//! (`crate::readiness`); anything else gets 404. Envoy merges the overlay's
 //! `static_resources` lists after the bootstrap's, so the shared bootstrap keeps its own.
 
 use std::collections::BTreeMap;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
@@ -39,11 +40,10 @@ pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
 /// The node-metadata keys the xDS server reads to name the pod behind a proxy.
 pub const METADATA_POD_NAME: &str = "pod_name";
 pub const METADATA_POD_NAMESPACE: &str = "pod_namespace";
-/// The admin path both probes use, the only one the readiness listener serves.
-pub const READY_PATH: &str = "/ready";
-/// The static listener and cluster the overlay adds (names an EnvoyConfig must not reuse).
-pub const READINESS_LISTENER: &str = "marin3r_sidecar_readiness";
-pub const ADMIN_CLUSTER: &str = "marin3r_sidecar_admin";
+pub use crate::readiness::{
+    ADMIN_CLUSTER, READINESS_LISTENER, READY_PATH, STATS_PATH, STATS_PORT_NAME, admin_target,
+    any_address, ipv6_available,
+};
 
 /// The shutdown manager's endpoints (`marin3r shutdown-manager`): liveness, "drain and wait
 /// for it" (the preStop of the manager and of `extra-lifecycle-hooks` containers), and "drain,
@@ -122,6 +122,10 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
             }
         }]);
     }
+    let admin_address =
+        std::net::SocketAddr::new(admin_target(spec.admin.bind_address), spec.admin.port);
+    let (listener, cluster) =
+        crate::readiness::listener_and_cluster(spec.readiness_port, admin_address);
     let mut overlay = json!({
         "node": {
             "metadata": {
@@ -131,8 +135,8 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
         },
         "admin": admin,
         "static_resources": {
-            "listeners": [readiness_listener(spec)],
-            "clusters": [admin_cluster(spec)],
+            "listeners": [listener],
+            "clusters": [cluster],
         },
     });
     // The shared bootstrap speaks state of the world; Envoy merges this scalar over it and
@@ -141,90 +145,6 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
         overlay["dynamic_resources"] = json!({"ads_config": {"api_type": "DELTA_GRPC"}});
     }
     overlay.to_string()
-}
-
-/// Where the readiness listener and the shutdown manager reach the admin: its own address, or
-/// loopback of the same family when it binds every address.
-pub fn admin_target(bind: IpAddr) -> IpAddr {
-    match bind {
-        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-        ip => ip,
-    }
-}
-
-/// Whether this process can open an IPv6 socket, asked once. The webhook renders every
-/// sidecar from the discovery pod, whose kernel stands for the cluster's nodes.
-pub fn ipv6_available() -> bool {
-    static IPV6: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *IPV6.get_or_init(|| std::net::TcpListener::bind((Ipv6Addr::UNSPECIFIED, 0)).is_ok())
-}
-
-/// Every pod address on `port`, of both IP families: `::` with `ipv4_compat`, so kubelet's
-/// probe reaches it on the pod's IPv4 or IPv6 address whatever the cluster's family. Where
-/// there is no IPv6 Envoy refuses `::`, so `0.0.0.0` then.
-pub fn any_address(port: u16, ipv6: bool) -> serde_json::Value {
-    match ipv6 {
-        true => {
-            json!({"socket_address": {"address": "::", "ipv4_compat": true, "port_value": port}})
-        }
-        false => json!({"socket_address": {"address": "0.0.0.0", "port_value": port}}),
-    }
-}
-
-/// Every pod address on the readiness port; only `GET /ready` goes on, to the admin.
-fn readiness_listener(spec: &SidecarSpec) -> serde_json::Value {
-    json!({
-        "name": READINESS_LISTENER,
-        // `listener.marin3r_sidecar_readiness.*`: the shutdown manager leaves kubelet's probe
-        // connections out of the connections it waits for.
-        "stat_prefix": READINESS_LISTENER,
-        "address": any_address(spec.readiness_port, ipv6_available()),
-        "filter_chains": [{"filters": [{
-            "name": "envoy.filters.network.http_connection_manager",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                "stat_prefix": READINESS_LISTENER,
-                "route_config": {
-                    "name": READINESS_LISTENER,
-                    "virtual_hosts": [{
-                        "name": READINESS_LISTENER,
-                        "domains": ["*"],
-                        "routes": [
-                            {
-                                "match": {
-                                    "path": READY_PATH,
-                                    "headers": [{"name": ":method", "string_match": {"exact": "GET"}}],
-                                },
-                                "route": {"cluster": ADMIN_CLUSTER, "timeout": "1s"},
-                            },
-                            {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
-                        ],
-                    }],
-                },
-                "http_filters": [{
-                    "name": "envoy.filters.http.router",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
-                }],
-            },
-        }]}],
-    })
-}
-
-/// The admin interface as an upstream of the readiness listener.
-fn admin_cluster(spec: &SidecarSpec) -> serde_json::Value {
-    json!({
-        "name": ADMIN_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "load_assignment": {
-            "cluster_name": ADMIN_CLUSTER,
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-                "address": admin_target(spec.admin.bind_address).to_string(),
-                "port_value": spec.admin.port,
-            }}}}]}],
-        },
-    })
 }
 
 /// Expands `$(VAR)` references in args the way kubelet does (`$$` is a literal `$`, unknown
@@ -266,7 +186,7 @@ fn expand_one(arg: &str, env: &BTreeMap<String, String>) -> String {
 
 /// The sidecar container.
 pub fn container(spec: &SidecarSpec) -> Container {
-    let ports: Vec<ContainerPort> = spec
+    let mut ports: Vec<ContainerPort> = spec
         .ports
         .iter()
         .map(|p| ContainerPort {
@@ -277,6 +197,13 @@ pub fn container(spec: &SidecarSpec) -> Container {
             ..Default::default()
         })
         .collect();
+    // The readiness listener, named for PodMonitors: it serves Envoy's stats.
+    ports.push(ContainerPort {
+        name: Some(STATS_PORT_NAME.into()),
+        container_port: i32::from(spec.readiness_port),
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    });
     let probe = |initial_delay, period, failures| {
         ready_probe(spec.readiness_port, initial_delay, period, failures)
     };
@@ -296,7 +223,7 @@ pub fn container(spec: &SidecarSpec) -> Container {
             field_env(POD_NAME_ENV, "metadata.name"),
             field_env(POD_NAMESPACE_ENV, "metadata.namespace"),
         ]),
-        ports: (!ports.is_empty()).then_some(ports),
+        ports: Some(ports),
         resources: resources(spec),
         // Ready once Envoy has its first configuration; a proxy that stays unready for
         // minutes (not merely waiting for xDS) is restarted.
@@ -595,18 +522,6 @@ mod tests {
             ("POD_NAME".to_owned(), "web-7d4b9".to_owned()),
             ("POD_NAMESPACE".to_owned(), "shop".to_owned()),
         ])
-    }
-
-    #[test]
-    fn the_readiness_listener_takes_both_families_unless_there_is_no_ipv6() {
-        assert_eq!(
-            any_address(9902, true),
-            json!({"socket_address": {"address": "::", "ipv4_compat": true, "port_value": 9902}})
-        );
-        assert_eq!(
-            any_address(9902, false),
-            json!({"socket_address": {"address": "0.0.0.0", "port_value": 9902}})
-        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `DiscoveryService.spec.sidecar`: the cluster's defaults for the sidecars its webhook
-//! injects (Envoy image, resources, image pull Secrets, layout), so an air-gapped cluster or
-//! a team's standard needs no annotation on every pod. A pod's annotations still win.
+//! injects (Envoy image, resources, image pull Secrets, layout, Prometheus annotations), so
+//! an air-gapped cluster or a team's standard needs no annotation on every pod. A pod's
+//! annotations still win.
 
 use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use schemars::JsonSchema;
@@ -38,6 +39,13 @@ pub struct SidecarDefaults {
     /// `marin3r.3scale.net/xds-protocol` wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xds_protocol: Option<XdsProtocol>,
+    /// Annotate injected pods `prometheus.io/scrape`, `prometheus.io/port` and
+    /// `prometheus.io/path` for Envoy's stats (`/stats/prometheus` on the sidecar's readiness
+    /// port, named `envoy-stats`), so an annotation-driven Prometheus scrapes every sidecar
+    /// (default true; never over a pod's own `prometheus.io/*`). A pod's
+    /// `marin3r.3scale.net/prometheus-annotations` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus_annotations: Option<bool>,
 }
 
 /// How injected Envoys speak ADS: `sotw` (state of the world, the default) or `delta`
@@ -87,6 +95,9 @@ impl SidecarDefaults {
             Some(XdsProtocol::Delta) => args.push("--sidecar-xds-protocol=delta".into()),
             Some(XdsProtocol::Sotw) => args.push("--sidecar-xds-protocol=sotw".into()),
             None => {}
+        }
+        if let Some(annotate) = self.prometheus_annotations {
+            args.push(format!("--sidecar-prometheus-annotations={annotate}"));
         }
         Ok(args)
     }
@@ -145,6 +156,7 @@ mod tests {
             "nativeSidecars": false,
             "holdApplicationUntilProxyStarts": true,
             "xdsProtocol": "delta",
+            "prometheusAnnotations": false,
         }))
         .args()
         .unwrap();
@@ -158,6 +170,7 @@ mod tests {
                 "--native-sidecars=false",
                 "--hold-application-until-proxy-starts",
                 "--sidecar-xds-protocol=delta",
+                "--sidecar-prometheus-annotations=false",
             ]
         );
         assert!(SidecarDefaults::default().args().unwrap().is_empty());

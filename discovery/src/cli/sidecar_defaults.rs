@@ -40,6 +40,10 @@ pub struct SidecarDefaultArgs {
     /// pod sets marin3r.3scale.net/xds-protocol.
     #[arg(long, value_name = "PROTOCOL", default_value = "sotw", value_parser = xds_protocol)]
     sidecar_xds_protocol: XdsProtocol,
+    /// Annotate injected pods prometheus.io/scrape|port|path for Envoy's stats, unless a pod
+    /// sets marin3r.3scale.net/prometheus-annotations (or has prometheus.io annotations).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    sidecar_prometheus_annotations: bool,
 }
 
 fn xds_protocol(value: &str) -> Result<XdsProtocol, String> {
@@ -97,6 +101,7 @@ impl SidecarDefaultArgs {
         };
         injection.image_pull_secrets = self.sidecar_image_pull_secret.clone();
         injection.hold_application = self.hold_application_until_proxy_starts;
+        injection.prometheus_annotations = self.sidecar_prometheus_annotations;
         injection.native_sidecars = native;
         injection.xds_protocol = self.sidecar_xds_protocol;
     }
@@ -139,6 +144,7 @@ mod tests {
             "nativeSidecars": false,
             "holdApplicationUntilProxyStarts": true,
             "xdsProtocol": "delta",
+            "prometheusAnnotations": false,
         }))
         .unwrap();
         let mut argv = vec!["discovery-service".to_owned()];
@@ -160,6 +166,7 @@ mod tests {
         assert_eq!(injection.image_pull_secrets, ["mirror", "other"]);
         assert!(injection.hold_application && !injection.native_sidecars);
         assert_eq!(injection.xds_protocol, XdsProtocol::Delta);
+        assert!(!injection.prometheus_annotations);
         // Nothing set: the webhook's own defaults, and the layout left to the API server.
         let cli = <Cli as clap::Parser>::try_parse_from(["discovery-service"]).unwrap();
         assert_eq!(cli.args.native_sidecars, NativeSidecars::Auto);

@@ -3,7 +3,8 @@
 //! admin address and admin access log) all reach Envoy as the webhook intends, over a bootstrap
 //! with and without an `admin` of its own (the rendered one has one; the overlay wins). And the
 //! command line with the real rendered bootstrap passes `envoy --mode validate`. The
-//! readiness listener answers `GET /ready` from the admin and nothing else. (That the admin is
+//! readiness listener answers `GET /ready` and `GET /stats/prometheus` from the admin and
+//! nothing else. (That the admin is
 //! unreachable from another pod is proven through the pod network in operator_e2e.rs.)
 
 use std::time::{Duration, Instant};
@@ -94,6 +95,12 @@ fn run_sidecar(bootstrap: &str) {
         "LIVE",
         "Envoy still up"
     );
+    scrape_stats(&host, readiness_port);
+    assert_eq!(
+        envoy.admin_get("/ready").unwrap().trim(),
+        "LIVE",
+        "Envoy still up"
+    );
 
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -108,6 +115,53 @@ fn run_sidecar(bootstrap: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Envoy's stats through the readiness listener: `GET /stats/prometheus` (a query string
+/// still reaches the same admin handler) and nothing near it; scrapes past the burst get 429
+/// while `/ready` stays unlimited.
+fn scrape_stats(host: &str, port: u16) {
+    let request = marin3r_testkit::envoy::request;
+    let url = |path: &str| format!("http://{host}:{port}{path}");
+    for path in [
+        "/stats/prometheus",
+        "/stats/prometheus?usedonly",
+        "/stats/prometheus?format=json",
+    ] {
+        let (status, body) = request("GET", &url(path)).unwrap();
+        assert_eq!(status, 200, "GET {path}: {body}");
+        // Prometheus' text format, from Envoy's own stats, whatever the query.
+        assert!(
+            body.contains("# TYPE envoy_server_live gauge"),
+            "GET {path}: {body}"
+        );
+        assert!(!body.trim_start().starts_with('{'), "GET {path}: {body}");
+    }
+    for (method, path) in [
+        ("POST", "/stats/prometheus"),
+        ("GET", "/stats"),
+        ("GET", "/stats?format=prometheus"),
+        ("GET", "/stats/prometheus/"),
+        ("GET", "/stats/prometheus/../../config_dump"),
+        ("GET", "/stats/prometheus/%2e%2e/%2e%2e/config_dump"),
+        ("GET", "/stats/prometheus%3F/../../quitquitquit"),
+        ("GET", "/STATS/PROMETHEUS"),
+        ("GET", "//stats/prometheus"),
+        ("POST", "/reset_counters"),
+        ("GET", "/config_dump?include_eds"),
+    ] {
+        let (status, body) = request(method, &url(path)).unwrap();
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    let mut limited = 0;
+    for _ in 0..30 {
+        let (status, body) = request("GET", &url("/stats/prometheus")).unwrap();
+        assert!(status == 200 || status == 429, "{status}: {body}");
+        limited += usize::from(status == 429);
+    }
+    assert!(limited > 0, "30 scrapes in a row, none rate limited");
+    let (status, body) = request("GET", &url("/ready")).unwrap();
+    assert_eq!((status, body.trim()), (200, "LIVE"));
 }
 
 /// A non-loopback address of this machine (the readiness listener binds every address),

@@ -13,6 +13,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::config::InjectionConfig;
+use crate::readiness::STATS_PORT_NAME;
 pub use grammar::{MAX_DRAIN_TIME, check_extra_args};
 use grammar::{
     absolute_path, apply_host_port_mappings, command_line_arg, dns_label, dns_subdomain,
@@ -155,6 +156,9 @@ pub struct SidecarSpec {
     pub layout: Layout,
     /// How Envoy speaks ADS (`xds-protocol`).
     pub xds_protocol: crate::config::XdsProtocol,
+    /// Annotate the pod `prometheus.io/scrape|port|path` for Envoy's stats (unless it has
+    /// any of them already).
+    pub prometheus_annotations: bool,
     /// Secrets added to the pod's `imagePullSecrets` (the cluster's default, see
     /// [`InjectionConfig::image_pull_secrets`]).
     pub image_pull_secrets: Vec<String>,
@@ -188,6 +192,7 @@ pub fn parse(
     let xds_protocol = read
         .value(XDS_PROTOCOL, crate::config::XdsProtocol::parse)
         .unwrap_or(config.xds_protocol);
+    let prometheus_annotations = read.prometheus_annotations();
     read.envoy_api_version();
     let warnings = read.finish(&unmapped)?;
     Ok(SidecarSpec {
@@ -207,6 +212,7 @@ pub fn parse(
         shutdown_manager,
         layout,
         xds_protocol,
+        prometheus_annotations,
         image_pull_secrets: config.image_pull_secrets.clone(),
         warnings,
     })
@@ -315,7 +321,17 @@ impl<'a> Reader<'a> {
         let mut ports_invalid = false;
         if let Some(v) = self.get(PORTS) {
             match parse_ports(v) {
-                Ok(p) => ports = p,
+                Ok(p) => {
+                    ports = p;
+                    if let Some(taken) = ports.iter().find(|p| p.name == STATS_PORT_NAME) {
+                        let entry = format!("{}:{}", taken.name, taken.port);
+                        let reason = format!(
+                            "{STATS_PORT_NAME:?} names the sidecar's own port for Envoy's stats \
+                             (its readiness listener); give this port another name"
+                        );
+                        self.reject(PORTS, &entry, reason);
+                    }
+                }
                 Err((entry, reason)) => {
                     ports_invalid = true;
                     self.reject(PORTS, &entry, reason);
@@ -457,8 +473,18 @@ impl<'a> Reader<'a> {
         shutdown_manager: Option<&ShutdownManager>,
     ) -> (Admin, u16) {
         let config = self.config;
+        let bind_address = self
+            .value(ADMIN_BIND_ADDRESS, parse_bind_address)
+            .unwrap_or(config.admin_bind_address);
         let admin = Listener::ADMIN;
-        let admin_port = self.listener_port(admin, config.admin_port, &[], ports);
+        // An admin on the pod's addresses may be declared in `ports` (the original's examples
+        // name it `envoy-metrics`); on loopback, a declared port there could only be another.
+        let declared = if bind_address.is_loopback() {
+            ports
+        } else {
+            &[]
+        };
+        let admin_port = self.listener_port(admin, config.admin_port, &[], declared);
         let readiness = Listener::READINESS;
         let earlier = [(admin_port, admin)];
         let readiness_port = self.listener_port(readiness, config.readiness_port, &earlier, ports);
@@ -468,9 +494,7 @@ impl<'a> Reader<'a> {
         }
         let admin = Admin {
             port: admin_port,
-            bind_address: self
-                .value(ADMIN_BIND_ADDRESS, parse_bind_address)
-                .unwrap_or(config.admin_bind_address),
+            bind_address,
             access_log_path: self
                 .value(ADMIN_ACCESS_LOG_PATH, |v| {
                     absolute_path(v).map(|()| v.to_owned())
@@ -517,7 +541,16 @@ impl<'a> Reader<'a> {
             .find(|p| p.port == port && p.protocol == Protocol::Tcp)
         {
             let name = &clash.name;
-            format!("{what} clashes with the port {name:?} declared in {PORTS}")
+            let hint = match listener {
+                Listener::ADMIN => format!(
+                    " (the admin listens on loopback, which no port of the pod can expose: \
+                     {ADMIN_BIND_ADDRESS} \"0.0.0.0\" puts it on the pod's addresses, where \
+                     any pod can reach the whole admin API; Envoy's stats alone are served \
+                     on the {STATS_PORT_NAME:?} port)"
+                ),
+                _ => String::new(),
+            };
+            format!("{what} clashes with the port {name:?} declared in {PORTS}{hint}")
         } else {
             return;
         };

@@ -57,6 +57,10 @@ pub const HOLD_APPLICATION: &str = "marin3r.3scale.net/hold-application-until-pr
 /// `sotw` or `delta`: how Envoy speaks ADS (state of the world, or incremental). Default: the
 /// DiscoveryService's (`spec.sidecar.xdsProtocol`), else `sotw`.
 pub const XDS_PROTOCOL: &str = "marin3r.3scale.net/xds-protocol";
+/// `false`: the webhook adds no `prometheus.io/scrape|port|path` annotations pointing at
+/// Envoy's stats (it never adds them to a pod that has any of the three). Default: the
+/// DiscoveryService's (`spec.sidecar.prometheusAnnotations`, true unless set).
+pub const PROMETHEUS_ANNOTATIONS: &str = "marin3r.3scale.net/prometheus-annotations";
 /// Written by the webhook on every pod it injects; a pod carrying it is left alone.
 pub const INJECTED: &str = "marin3r.3scale.net/injected";
 /// The pod label (value `enabled`) that opts a pod into injection.
@@ -97,6 +101,7 @@ pub const KNOWN: &[&str] = &[
     NATIVE_SIDECAR,
     HOLD_APPLICATION,
     XDS_PROTOCOL,
+    PROMETHEUS_ANNOTATIONS,
     INJECTED,
 ];
 

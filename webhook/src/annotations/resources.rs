@@ -1,6 +1,7 @@
 //! The sidecar's resources (each annotation, else the cluster's default) and its layout
-//! (native or classic, holding the applications or not): the parts of [`Reader`] that fall
-//! back on the cluster's defaults for the pod as a whole.
+//! (native or classic, holding the applications or not) and whether the pod is annotated for
+//! Prometheus: the parts of [`Reader`] that fall back on the cluster's defaults for the pod
+//! as a whole.
 
 use super::grammar::parse_bool;
 use super::names::*;
@@ -92,5 +93,12 @@ impl Reader<'_> {
         Layout::Classic {
             hold: hold.unwrap_or(config.hold_application),
         }
+    }
+
+    /// Whether the webhook annotates the pod for Prometheus (`prometheus.io/*`).
+    pub(super) fn prometheus_annotations(&mut self) -> bool {
+        let config = self.config;
+        self.value(PROMETHEUS_ANNOTATIONS, parse_bool)
+            .unwrap_or(config.prometheus_annotations)
     }
 }

@@ -23,6 +23,10 @@ use support::*;
 fn expected_pod() -> Value {
     let mut pod = real_looking_pod();
     pod["metadata"]["annotations"]["marin3r.3scale.net/injected"] = json!("true");
+    // Envoy's stats, on the readiness port, for annotation-driven Prometheus.
+    pod["metadata"]["annotations"]["prometheus.io/scrape"] = json!("true");
+    pod["metadata"]["annotations"]["prometheus.io/port"] = json!("9902");
+    pod["metadata"]["annotations"]["prometheus.io/path"] = json!("/stats/prometheus");
     let probe = |delay: u32, period: u32, failures: u32| {
         json!({
             "httpGet": {"path": "/ready", "port": 9902, "scheme": "HTTP"},
@@ -47,6 +51,7 @@ fn expected_pod() -> Value {
         "ports": [
             {"name": "http", "containerPort": 8081, "protocol": "TCP"},
             {"name": "https", "containerPort": 8443, "protocol": "TCP"},
+            {"name": "envoy-stats", "containerPort": 9902, "protocol": "TCP"},
         ],
         "readinessProbe": probe(0, 5, 3),
         "livenessProbe": probe(30, 10, 10),

@@ -192,6 +192,7 @@ impl<'a> Gateway<'a> {
             // The original's EnvoyDeployment has no protocol field: state of the world, as
             // its gateways always spoke.
             xds_protocol: marin3r_webhook::config::XdsProtocol::Sotw,
+            prometheus_annotations: true,
             image_pull_secrets: Vec::new(),
             warnings: Vec::new(),
         }
