@@ -18,7 +18,7 @@ pub struct KindLabel(pub ResourceType);
 
 impl EncodeLabelValue for KindLabel {
     fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), fmt::Error> {
-        encoder.write_str(self.0.spec_field())
+        encoder.write_str(self.0.label())
     }
 }
 

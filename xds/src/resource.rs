@@ -79,6 +79,18 @@ impl ResourceType {
     }
 }
 
+impl ResourceType {
+    /// Its `resource_type` label value in the metrics: [`Self::spec_field`] in lowercase
+    /// snake_case, as Prometheus label values are (`scoped_routes`, `extension_configs`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::ScopedRoute => "scoped_routes",
+            Self::ExtensionConfig => "extension_configs",
+            other => other.spec_field(),
+        }
+    }
+}
+
 impl fmt::Display for ResourceType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.spec_field())
