@@ -72,6 +72,24 @@ impl WebhookMetrics {
     /// Adds `marin3r_webhook_admissions_total{outcome}` and
     /// `marin3r_webhook_admission_duration_seconds` to `registry`.
     pub fn register(&self, registry: &mut Registry) {
+        // The error series from the start, at 0, so `increase()` counts the first error and
+        // the shipped alerts fire on it.
+        for webhook in [
+            crate::server::SIDECAR_INJECTION,
+            crate::server::ENVOY_CONFIG_VALIDATION,
+        ] {
+            let _ = self.admissions.get_or_create(&OutcomeLabels {
+                webhook,
+                outcome: crate::server::BAD_REQUEST,
+            });
+        }
+        for limit in [
+            Refusal::Connections,
+            Refusal::ConnectionsPerAddress,
+            Refusal::RequestsPerAddress,
+        ] {
+            let _ = self.refusals.get_or_create(&RefusalLabels { limit });
+        }
         registry.register(
             "marin3r_webhook_admissions",
             "AdmissionReviews answered, by webhook (sidecar-injection, envoyconfig-validation) and outcome (patched, unchanged, allowed, denied, bad_request)",
@@ -117,5 +135,21 @@ mod tests {
             text.contains("marin3r_webhook_refused_total{limit=\"connections_per_address\"} 1"),
             "{text}"
         );
+    }
+
+    /// The error series exist at 0 before the first error, so `increase()` sees it.
+    #[test]
+    fn error_series_start_at_zero() {
+        let mut registry = Registry::default();
+        WebhookMetrics::default().register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for series in [
+            r#"marin3r_webhook_admissions_total{webhook="sidecar-injection",outcome="bad_request"} 0"#,
+            r#"marin3r_webhook_admissions_total{webhook="envoyconfig-validation",outcome="bad_request"} 0"#,
+            r#"marin3r_webhook_refused_total{limit="requests_per_address"} 0"#,
+        ] {
+            assert!(text.contains(series), "no {series} in {text}");
+        }
     }
 }

@@ -161,8 +161,10 @@ async fn validate_handler(State(state): State<Arc<AppState>>, body: Body) -> Res
 }
 
 /// The `webhook` label of the admission metrics.
-const SIDECAR_INJECTION: &str = "sidecar-injection";
-const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
+pub(crate) const SIDECAR_INJECTION: &str = "sidecar-injection";
+pub(crate) const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
+/// The outcome of a request that is no AdmissionReview.
+pub(crate) const BAD_REQUEST: &str = "bad_request";
 
 /// Reads a review body within the limits, decides under a permit, and answers.
 async fn admit(
@@ -186,7 +188,7 @@ async fn admit(
         Ok((_, Outcome::Unchanged)) if webhook == ENVOY_CONFIG_VALIDATION => "allowed",
         Ok((_, Outcome::Unchanged)) => "unchanged",
         Ok((_, Outcome::Denied(_))) => "denied",
-        Err(_) => "bad_request",
+        Err(_) => BAD_REQUEST,
     };
     state.metrics.observe(webhook, outcome, started.elapsed());
     answer(webhook, result)

@@ -146,6 +146,11 @@ impl Metrics {
             dropped_nack_events: Counter::default(),
             subscription_bytes: Gauge::default(),
         };
+        // Every resource type's NACK series from the start, at 0: `increase()` sees the first
+        // NACK as one (a series born at 1 shows no increase), so alerts fire on it.
+        for kind in ResourceType::ALL {
+            let _ = m.nacks.get_or_create(&Self::kind(kind));
+        }
         let r = registry.sub_registry_with_prefix("marin3r_xds");
         r.register(
             "connected_proxies",
@@ -244,6 +249,11 @@ mod tests {
         encode(&mut text, &registry).unwrap();
         assert!(
             text.contains("marin3r_xds_acks_total{resource_type=\"listeners\"} 1"),
+            "{text}"
+        );
+        // NACK series exist before any NACK, at 0, for every type.
+        assert!(
+            text.contains("marin3r_xds_nacks_total{resource_type=\"secrets\"} 0"),
             "{text}"
         );
         assert!(text.contains(

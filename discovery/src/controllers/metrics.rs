@@ -7,6 +7,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+use crate::api::envoy_config::CacheState;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct StateLabels {
     pub state: &'static str,
@@ -32,6 +34,17 @@ impl ControllerMetrics {
     /// `marin3r_nack_events_dropped_total` to `registry`.
     pub fn register(&self, registry: &mut Registry) {
         self.reconciles.register(registry);
+        // Each state's series from the start, at 0, so `increase()` counts the first entry
+        // (an alert on `rollback_failed` fires on the first one).
+        for state in [
+            CacheState::InSync,
+            CacheState::Rollback,
+            CacheState::RollbackFailed,
+        ] {
+            let _ = self.cache_state_changes.get_or_create(&StateLabels {
+                state: state.label(),
+            });
+        }
         registry.register(
             "marin3r_envoyconfig_cache_state_changes",
             "EnvoyConfigs entering a cache state (in_sync, rollback, rollback_failed)",
