@@ -1,5 +1,5 @@
 //! What the certificates look like now, read from the controller's cache when Prometheus
-//! scrapes: when each expires and whether it is ready. One series per certificate (its
+//! scrapes: when each expires, when it is due for renewal, and whether it is ready. One series per certificate (its
 //! namespace and name), as cert-manager does, since an alert must say which one; they go
 //! with the object, so a deleted certificate leaves no stale series.
 
@@ -37,7 +37,8 @@ impl std::fmt::Debug for CertificateMetrics {
 }
 
 impl CertificateMetrics {
-    /// Adds `marin3r_certificate_expiration_timestamp_seconds{namespace,name}` and
+    /// Adds `marin3r_certificate_expiration_timestamp_seconds{namespace,name}`,
+    /// `marin3r_certificate_renewal_timestamp_seconds{namespace,name}` and
     /// `marin3r_certificate_ready{namespace,name}` to `registry`.
     pub fn register(&self, registry: &mut Registry) {
         registry.register_collector(Box::new(self.clone()));
@@ -48,9 +49,10 @@ impl CertificateMetrics {
         *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
     }
 
-    /// (expiry as Unix seconds, ready as 0 or 1) per certificate; expiry only once issued.
-    fn families(&self) -> (Gauges, Gauges) {
-        let (expiry, ready) = (Gauges::default(), Gauges::default());
+    /// (expiry and renewal as Unix seconds, ready as 0 or 1) per certificate; expiry only
+    /// once issued, renewal only while renewal is on.
+    fn families(&self) -> (Gauges, Gauges, Gauges) {
+        let (expiry, renewal, ready) = (Gauges::default(), Gauges::default(), Gauges::default());
         let store = self
             .store
             .lock()
@@ -65,21 +67,30 @@ impl CertificateMetrics {
             if let Some(not_after) = status.and_then(|s| s.not_after.as_ref()) {
                 expiry.get_or_create(&labels).set(not_after.0.as_second());
             }
+            if let Some(due) = status.and_then(|s| s.renewal_time.as_ref()) {
+                renewal.get_or_create(&labels).set(due.0.as_second());
+            }
             let is_ready = status.and_then(|s| s.ready) == Some(true);
             ready.get_or_create(&labels).set(i64::from(is_ready));
         }
-        (expiry, ready)
+        (expiry, renewal, ready)
     }
 }
 
 impl Collector for CertificateMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (expiry, ready) = self.families();
+        let (expiry, renewal, ready) = self.families();
         expiry.encode(encoder.encode_descriptor(
             "marin3r_certificate_expiration_timestamp_seconds",
             "When the certificate of a DiscoveryServiceCertificate expires (its status.notAfter), as Unix time",
             None,
             expiry.metric_type(),
+        )?)?;
+        renewal.encode(encoder.encode_descriptor(
+            "marin3r_certificate_renewal_timestamp_seconds",
+            "When a DiscoveryServiceCertificate is due for renewal (its status.renewalTime), as Unix time; a past value that stays says renewal is stuck",
+            None,
+            renewal.metric_type(),
         )?)?;
         ready.encode(encoder.encode_descriptor(
             "marin3r_certificate_ready",

@@ -362,28 +362,33 @@ async fn issues_a_ca_then_server_and_client_certificates_signed_by_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_certificate_reports_its_expiry_and_readiness_until_deleted() {
+async fn each_certificate_reports_its_expiry_renewal_and_readiness_until_deleted() {
     let env = Env::start(&[]).await;
     env.apply("ca", ca_spec(3600)).await;
     let mut orphan = leaf_spec(true, &["marin3r"], 600);
     orphan["signer"]["caSigned"]["caSecretRef"]["name"] = json!("no-such-ca");
     env.apply("orphan", orphan).await;
     let ca = env.wait_reason("ca", "Issued").await;
-    let not_after = ca.status.unwrap().not_after.unwrap().0.as_second();
+    let status = ca.status.unwrap();
+    let not_after = status.not_after.unwrap().0.as_second();
+    let renewal_time = status.renewal_time.unwrap().0.as_second();
     let ns = &env.ns;
     let series =
         |metric: &str, name: &str| format!("{metric}{{namespace=\"{ns}\",name=\"{name}\"}} ");
     let expiry = |name: &str| series("marin3r_certificate_expiration_timestamp_seconds", name);
+    let renewal = |name: &str| series("marin3r_certificate_renewal_timestamp_seconds", name);
     let ready = |name: &str| series("marin3r_certificate_ready", name);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = env.metrics();
         let done = text.contains(&format!("{}{not_after}\n", expiry("ca")))
+            && text.contains(&format!("{}{renewal_time}\n", renewal("ca")))
             && text.contains(&format!("{}1\n", ready("ca")))
             && text.contains(&format!("{}0\n", ready("orphan")));
         if done {
             // Never issued: no expiry to report.
             assert!(!text.contains(&expiry("orphan")), "{text}");
+            assert!(!text.contains(&renewal("orphan")), "{text}");
             break;
         }
         assert!(Instant::now() < deadline, "{text}");
