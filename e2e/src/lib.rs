@@ -6,4 +6,5 @@
 pub mod bench;
 pub mod cli;
 pub mod demo;
+pub mod monitoring;
 pub mod product;
