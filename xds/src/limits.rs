@@ -78,6 +78,18 @@ pub enum Limit {
 }
 
 impl Limit {
+    /// Every limit, each a series of `marin3r_xds_refused_streams_total` from the start.
+    pub const ALL: [Self; 8] = [
+        Self::StreamsPerConnection,
+        Self::StreamsPerNamespace,
+        Self::FirstRequestTimeout,
+        Self::RequestSize,
+        Self::NamesPerType,
+        Self::NameSize,
+        Self::SubscriptionBytesPerType,
+        Self::SubscriptionBytesPerNamespace,
+    ];
+
     /// Its `limit` label value.
     pub fn as_str(self) -> &'static str {
         match self {

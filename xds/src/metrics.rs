@@ -82,6 +82,15 @@ pub enum RefusalReason {
 }
 
 impl RefusalReason {
+    /// Every reason, each a series of `marin3r_xds_refused_connections_total` from the start.
+    pub const ALL: [Self; 5] = [
+        Self::NoClientCertificate,
+        Self::UntrustedClientCertificate,
+        Self::NoNamespaceIdentity,
+        Self::Handshake,
+        Self::ConnectionsPerNamespace,
+    ];
+
     /// Its `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -146,10 +155,19 @@ impl Metrics {
             dropped_nack_events: Counter::default(),
             subscription_bytes: Gauge::default(),
         };
-        // Every resource type's NACK series from the start, at 0: `increase()` sees the first
-        // NACK as one (a series born at 1 shows no increase), so alerts fire on it.
+        // The NACK and refusal series from the start, at 0: `increase()` sees the first
+        // event as one (a series born at 1 shows no increase), so alerts fire on it, and a
+        // dashboard shows 0 rather than no data.
         for kind in ResourceType::ALL {
             let _ = m.nacks.get_or_create(&Self::kind(kind));
+        }
+        for reason in RefusalReason::ALL {
+            let _ = m
+                .refused_connections
+                .get_or_create(&RefusalLabels { reason });
+        }
+        for limit in crate::limits::Limit::ALL {
+            let _ = m.refused_streams.get_or_create(&LimitLabels { limit });
         }
         let r = registry.sub_registry_with_prefix("marin3r_xds");
         r.register(
@@ -254,6 +272,14 @@ mod tests {
         // NACK series exist before any NACK, at 0, for every type.
         assert!(
             text.contains("marin3r_xds_nacks_total{resource_type=\"secrets\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("marin3r_xds_refused_connections_total{reason=\"handshake\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("marin3r_xds_refused_streams_total{limit=\"name_size\"} 0"),
             "{text}"
         );
         assert!(text.contains(

@@ -1,0 +1,343 @@
+//! A real Prometheus (Debian's 2.42, from `hack/install-tools`) scrapes the local cluster as
+//! `manifests/monitoring/` tells one to: the operator and the discovery pod on their `metrics`
+//! ports, and the injected Envoy on its `envoy-stats` port and `prometheus.io/*` annotations,
+//! found through the API as the PodMonitors and annotation-driven configurations find them.
+//! The targets are static (the pod IPs the test reads from the API: the local cluster has no
+//! service discovery Prometheus could use), labelled `job`, `namespace` and `pod` as the
+//! prometheus-operator labels a PodMonitor's targets. PromQL over its HTTP API then sees
+//! Envoy's own stats and the control plane's `marin3r_*`; every dashboard panel's query runs;
+//! the shipped rules (with `for:` shortened to `0s`, the only change) fire
+//! `Marin3rEnvoyConfigNacked` when the real Envoy NACKs a bad config from the real discovery
+//! service. Last, `spec.sidecar.prometheusAnnotations: false` reaches a new pod. Needs root
+//! (pod runner) and the built `marin3r` binary.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use marin3r_discovery::api::discovery_service::DiscoveryService;
+use marin3r_e2e::monitoring::{self, Job, Prometheus, address, grafana_to_promql};
+use marin3r_e2e::product::{example_in, images, install};
+use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready, ready_pods};
+use marin3r_testkit::wait::until;
+use serde_json::{Value, json};
+
+const OPS: &str = "marin3r-system";
+const NS: &str = "demo";
+const BODY: &str = "hello from marin3r";
+/// What the fixed config answers.
+const FIXED_BODY: &str = "fixed by marin3r";
+/// How often the test's Prometheus scrapes and evaluates, and the window its rates take
+/// (Grafana's `$__rate_interval` is at least four scrape intervals).
+const INTERVAL: &str = "2s";
+const RATE_WINDOW: &str = "30s";
+
+fn pod_ip(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default()
+}
+
+/// The container port named `name`, in any container of the pod (a native sidecar's is an
+/// init container's).
+fn named_port(pod: &Pod, name: &str) -> Option<i32> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .find(|p| p.name.as_deref() == Some(name))
+        .map(|p| p.container_port)
+}
+
+/// A static target for `pod`, labelled as a PodMonitor's targets are.
+fn target<'a>(pod: &Pod, port: impl std::fmt::Display) -> (String, Vec<(&'a str, String)>) {
+    (
+        address(&pod_ip(pod), port),
+        vec![
+            ("namespace", pod.namespace().unwrap_or_default()),
+            ("pod", pod.name_any()),
+        ],
+    )
+}
+
+async fn one_ready(client: &kube::Client, ns: &str, selector: &str) -> Pod {
+    until(
+        &format!("a ready pod {selector} in {ns}"),
+        Duration::from_secs(120),
+        || async { ready_pods(client, ns, selector).await.ok()?.pop() },
+    )
+    .await
+}
+
+/// The injected demo pod (not `not`), ready and answering `body`.
+async fn serving_pod(client: &kube::Client, not: Option<&str>, body: &str) -> Pod {
+    until(
+        "an injected demo pod serving",
+        Duration::from_secs(120),
+        || async {
+            let pods = ready_pods(client, NS, "app=demo").await.ok()?;
+            let pod = pods
+                .into_iter()
+                .find(|p| Some(p.name_any().as_str()) != not)?;
+            let got = marin3r_testkit::envoy::get_body(&format!("http://{}:8080/", pod_ip(&pod)));
+            (got.ok()?.as_str() == body).then_some(pod)
+        },
+    )
+    .await
+}
+
+/// Polls an instant query until it has a sample (rates need two scrapes).
+async fn samples(prometheus: &Prometheus, expr: &str) -> Vec<(Value, f64)> {
+    samples_where(prometheus, expr, |_| true).await
+}
+
+/// Polls an instant query until its first sample's value passes `wanted` (the next scrape
+/// may not have happened yet).
+async fn samples_where(
+    prometheus: &Prometheus,
+    expr: &str,
+    wanted: impl Fn(f64) -> bool,
+) -> Vec<(Value, f64)> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let found = match prometheus.values(expr) {
+            Ok(found) => found,
+            // A query Prometheus refuses is the dashboard's bug: no retry.
+            Err(e) => panic!("{expr}: {e:#}"),
+        };
+        if found.first().is_some_and(|(_, v)| wanted(*v)) {
+            return found;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let names = prometheus.api("label/__name__/values", &[]);
+            panic!("{expr}: {found:?} after 60 s; the metric names Prometheus has: {names:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
+    let installed = install(images()).await.unwrap();
+    let client = installed.client.clone();
+    create_restricted_namespace(&client, NS).await.unwrap();
+    let example = |file| example_in(file, NS).unwrap();
+    installed
+        .apply(&example("discoveryservice.yaml"))
+        .await
+        .unwrap();
+    installed.discovery_service_ready(OPS, "instance").await;
+    installed.apply(&example("envoyconfig.yaml")).await.unwrap();
+    installed.apply(&example("deployment.yaml")).await.unwrap();
+    let sidecar = serving_pod(&client, None, BODY).await;
+
+    // The webhook named the stats port and annotated the pod for it.
+    let stats_port = named_port(&sidecar, "envoy-stats").expect("an envoy-stats port");
+    assert_eq!(stats_port, 9902);
+    let annotations = sidecar.annotations();
+    let annotation = |name: &str| annotations.get(name).cloned().unwrap_or_default();
+    assert_eq!(annotation("prometheus.io/scrape"), "true");
+    assert_eq!(annotation("prometheus.io/port"), stats_port.to_string());
+    let stats_path = annotation("prometheus.io/path");
+    assert_eq!(stats_path, "/stats/prometheus");
+
+    let operator = one_ready(&client, OPS, "app.kubernetes.io/component=operator").await;
+    let discovery = one_ready(
+        &client,
+        OPS,
+        "app.kubernetes.io/component=discovery-service",
+    )
+    .await;
+    let metrics_port = |pod: &Pod| named_port(pod, "metrics").expect("a metrics port");
+    let jobs = [
+        Job {
+            name: "operator",
+            path: "/metrics",
+            targets: vec![target(&operator, metrics_port(&operator))],
+        },
+        Job {
+            name: "discovery-service",
+            path: "/metrics",
+            targets: vec![target(&discovery, metrics_port(&discovery))],
+        },
+        // What an annotation-driven configuration scrapes: the annotations' port and path.
+        Job {
+            name: "envoy-sidecar",
+            path: &stats_path,
+            targets: vec![target(&sidecar, annotation("prometheus.io/port"))],
+        },
+    ];
+    let objects = monitoring::render().unwrap();
+    let rules = monitoring::without_for(&monitoring::rules(&objects).unwrap());
+    let prometheus = Prometheus::start(&monitoring::config(&jobs, INTERVAL), &rules).unwrap();
+
+    until("the three targets up", Duration::from_secs(60), || async {
+        let up = prometheus.values("up").ok()?;
+        (up.len() == 3 && up.iter().all(|(_, v)| *v == 1.0)).then_some(())
+    })
+    .await;
+
+    // Envoy's own stats, from the sidecar.
+    let pod = sidecar.name_any();
+    let live = format!(r#"envoy_server_live{{job="envoy-sidecar",pod="{pod}"}}"#);
+    samples_where(&prometheus, &live, |v| v == 1.0).await;
+    let requests = r#"sum(envoy_cluster_upstream_rq_total{job="envoy-sidecar"})"#;
+    samples_where(&prometheus, requests, |v| v > 0.0).await;
+    samples_where(&prometheus, "envoy_control_plane_connected_state", |v| {
+        v == 1.0
+    })
+    .await;
+    // The control plane's, from the operator and the discovery pod.
+    for (expr, at_least) in [
+        (
+            r#"marin3r_build_info{job="operator",component="operator"}"#,
+            1.0,
+        ),
+        (
+            r#"marin3r_build_info{job="discovery-service",component="discovery_service"}"#,
+            1.0,
+        ),
+        (
+            r#"sum(marin3r_xds_connected_proxies{job="discovery-service"})"#,
+            1.0,
+        ),
+        (
+            r#"sum(marin3r_controller_reconciles_total{job="operator",result="ok"})"#,
+            1.0,
+        ),
+        (
+            r#"min(marin3r_certificate_expiration_timestamp_seconds{job="operator"}) - time()"#,
+            3600.0,
+        ),
+    ] {
+        samples_where(&prometheus, expr, |v| v >= at_least).await;
+    }
+
+    // Nothing fires on a healthy cluster.
+    let firing = |alerts: Vec<Value>| -> Vec<Value> {
+        alerts
+            .into_iter()
+            .filter(|a| a["state"] == "firing")
+            .collect()
+    };
+    // (Marin3rOperatorDown holds until the first scrape, which `for: 10m` hides outside.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = firing(prometheus.alerts().unwrap());
+        if now.is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{now:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // A config the real Envoy refuses (a second listener on the port of the first), served
+    // by the real discovery service: the NACK alert fires, naming the discovery pod.
+    let bad = example("envoyconfig.yaml").replace(
+        "    listeners:\n",
+        "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
+    );
+    installed.apply(&bad).await.unwrap();
+    let alert = until(
+        "Marin3rEnvoyConfigNacked to fire",
+        Duration::from_secs(90),
+        || async {
+            firing(prometheus.alerts().ok()?)
+                .into_iter()
+                .find(|a| a["labels"]["alertname"] == "Marin3rEnvoyConfigNacked")
+        },
+    )
+    .await;
+    let labels = &alert["labels"];
+    assert_eq!(labels["namespace"], OPS, "{alert}");
+    assert_eq!(labels["pod"], discovery.name_any().as_str(), "{alert}");
+    assert_eq!(labels["resource_type"], "listeners", "{alert}");
+    assert_eq!(labels["severity"], "warning", "{alert}");
+    // Envoy counted the rejection too, and kept serving.
+    let rejected = format!(r#"envoy_listener_manager_lds_update_rejected{{pod="{pod}"}}"#);
+    samples_where(&prometheus, &rejected, |v| v >= 1.0).await;
+    let body = marin3r_testkit::envoy::get_body(&format!("http://{}:8080/", pod_ip(&sidecar)));
+    assert_eq!(body.unwrap(), BODY);
+
+    // The fix reaches the proxy, which ACKs it.
+    installed
+        .apply(&example("envoyconfig.yaml").replace(BODY, FIXED_BODY))
+        .await
+        .unwrap();
+    serving_pod(&client, None, FIXED_BODY).await;
+
+    // Every dashboard panel's query runs, and has data on this cluster (the convergence
+    // histogram since the fix: a config Envoy ACKed while connected).
+    let queries = monitoring::dashboard_queries(&objects).unwrap();
+    for (title, expr) in &queries {
+        let expr = grafana_to_promql(expr, RATE_WINDOW);
+        let found = samples(&prometheus, &expr).await;
+        assert!(!found.is_empty(), "panel {title:?}: {expr}");
+    }
+    drop(prometheus);
+
+    cluster_default_turns_the_annotations_off(&installed, &sidecar).await;
+}
+
+/// `spec.sidecar.prometheusAnnotations: false` rolls the discovery pod with the flag, and the
+/// next injected pod has no `prometheus.io/*` (its `envoy-stats` port stays).
+async fn cluster_default_turns_the_annotations_off(
+    installed: &marin3r_e2e::product::Installed,
+    old_sidecar: &Pod,
+) {
+    let client = installed.client.clone();
+    let discovery_pods: Api<Pod> = Api::namespaced(client.clone(), OPS);
+    let selector = ListParams::default().labels("app.kubernetes.io/component=discovery-service");
+    let before: Vec<String> = discovery_pods
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    Api::<DiscoveryService>::namespaced(client.clone(), OPS)
+        .patch(
+            "instance",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sidecar": {"prometheusAnnotations": false}}})),
+        )
+        .await
+        .unwrap();
+    until(
+        "the discovery pod to roll with --sidecar-prometheus-annotations=false",
+        Duration::from_secs(120),
+        || async {
+            let pods = discovery_pods.list(&selector).await.ok()?.items;
+            let rolled = !pods.is_empty()
+                && pods
+                    .iter()
+                    .all(|p| !before.contains(&p.name_any()) && pod_ready(p));
+            let flag = pods.iter().all(|p| {
+                p.spec.as_ref().is_some_and(|s| {
+                    s.containers[0]
+                        .args
+                        .iter()
+                        .flatten()
+                        .any(|a| a == "--sidecar-prometheus-annotations=false")
+                })
+            });
+            (rolled && flag).then_some(())
+        },
+    )
+    .await;
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .delete(&old_sidecar.name_any(), &DeleteParams::default())
+        .await
+        .unwrap();
+    let replacement = serving_pod(&client, Some(&old_sidecar.name_any()), FIXED_BODY).await;
+    let annotations = replacement.annotations();
+    assert!(
+        !annotations.keys().any(|k| k.starts_with("prometheus.io/")),
+        "{annotations:?}"
+    );
+    assert_eq!(named_port(&replacement, "envoy-stats"), Some(9902));
+}
