@@ -6,18 +6,9 @@ use serde_json::json;
 
 use super::*;
 
+/// A labelled pod with `annotations` (its application container declares port 8080).
 fn mk_pod(annotations: Value) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "kuard",
-            "namespace": "shop",
-            "labels": {"marin3r.3scale.net/status": "enabled"},
-            "annotations": annotations,
-        },
-        "spec": {"containers": [{"name": "app", "image": "kuard:1"}]},
-    })
+    super::tests::mk_pod(annotations, json!({}))
 }
 
 fn patched(pod: &Value, config: &InjectionConfig) -> Value {
@@ -148,12 +139,7 @@ fn the_admin_port_may_be_declared_when_the_admin_is_off_loopback() {
         "marin3r.3scale.net/ports": "metrics:9902",
         "marin3r.3scale.net/admin.bind-address": "0.0.0.0",
     }));
-    let denial = mutate(
-        &serde_json::from_value(pod).unwrap(),
-        &InjectionConfig::default(),
-    )
-    .unwrap_err()
-    .to_string();
+    let denial = super::tests::denial(&pod);
     assert!(
         denial.contains("readiness listener's port clashes"),
         "{denial}"

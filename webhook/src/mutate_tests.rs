@@ -4,7 +4,7 @@ use serde_json::json;
 
 use super::*;
 
-fn mk_pod(annotations: Value, extra_spec: Value) -> Value {
+pub(super) fn mk_pod(annotations: Value, extra_spec: Value) -> Value {
     let mut spec = json!({
         "containers": [{"name": "app", "image": "kuard:1", "ports": [{"containerPort": 8080}]}],
     });
@@ -35,7 +35,7 @@ fn patched(v: &Value, config: &InjectionConfig) -> Value {
     out
 }
 
-fn denial(v: &Value) -> String {
+pub(super) fn denial(v: &Value) -> String {
     mutate(&typed(v), &InjectionConfig::default())
         .unwrap_err()
         .to_string()
