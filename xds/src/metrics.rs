@@ -282,6 +282,11 @@ mod tests {
             text.contains("marin3r_xds_refused_streams_total{limit=\"name_size\"} 0"),
             "{text}"
         );
+        // Multi-word resource types in snake_case, like every label value.
+        for kind in ["scoped_routes", "extension_configs"] {
+            let series = format!("marin3r_xds_nacks_total{{resource_type=\"{kind}\"}} 0");
+            assert!(text.contains(&series), "{text}");
+        }
         assert!(text.contains(
             "marin3r_xds_convergence_latency_seconds_count{resource_type=\"clusters\"} 1"
         ));
