@@ -1,5 +1,7 @@
 //! Deletion: delete options and preconditions, finalizers holding an object in a deleting
-//! state, removal with its DELETED event, delete-collection. What removal leaves to do
+//! state, a running pod's graceful deletion (it stays, terminating, until its kubelet has
+//! stopped it and deletes it with a zero grace period), removal with its DELETED event,
+//! delete-collection. What removal leaves to do
 //! (dependents, namespace content) is the garbage collector's (`gc`).
 
 use serde_json::{Value, json};
@@ -28,6 +30,9 @@ pub struct DeleteOptions {
     pub resource_version: Option<String>,
     pub propagation: Propagation,
     pub dry_run: bool,
+    /// `gracePeriodSeconds`: for a running pod, how long its kubelet has to stop it (the
+    /// pod's `terminationGracePeriodSeconds` when unset; zero removes it at once).
+    pub grace_period_seconds: Option<i64>,
 }
 
 impl Store {
@@ -113,6 +118,9 @@ impl Store {
         if opts.dry_run {
             return Ok(present(info, &obj));
         }
+        if let Some(grace) = graceful(info, &obj, opts) {
+            return Ok(self.terminate(inner, info, key, obj, grace));
+        }
         let waits = !meta::finalizers(&obj).is_empty() || crds::server_finalized(info);
         if !waits {
             return Ok(self.remove(inner, info, &key, obj, opts.propagation));
@@ -139,6 +147,41 @@ impl Store {
         Ok(present(info, &obj))
     }
 
+    /// Starts a running pod's graceful deletion, or shortens it: `deletionTimestamp` is when
+    /// its grace period ends; the pod stays until its kubelet deletes it.
+    fn terminate(
+        &self,
+        inner: &mut Inner,
+        info: &ResourceInfo,
+        key: (String, String),
+        obj: Value,
+        grace: i64,
+    ) -> Value {
+        let current = obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64);
+        if meta::is_deleting(&obj) && current.is_some_and(|c| c <= grace) {
+            return present(info, &obj);
+        }
+        let old = obj.clone();
+        let mut obj = obj;
+        meta::set(
+            &mut obj,
+            "deletionTimestamp",
+            json!(meta::in_seconds(grace)),
+        );
+        meta::set(&mut obj, "deletionGracePeriodSeconds", json!(grace));
+        inner.rv += 1;
+        meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
+        inner
+            .objects
+            .entry(info.group_resource())
+            .or_default()
+            .insert(key, obj.clone());
+        self.emit(inner, info, EventType::Modified, obj.clone(), Some(old));
+        present(info, &obj)
+    }
+
     /// Deletes every matching object of a resource in a namespace (or everywhere).
     pub fn delete_collection(
         &self,
@@ -160,4 +203,26 @@ impl Store {
             .filter_map(|(o_ns, name)| self.delete_locked(&mut inner, info, o_ns, name, opts).ok())
             .collect()
     }
+}
+
+/// The grace period of a pod's deletion, when it is graceful: the pod runs on a node (its
+/// kubelet wrote its `hostIP`) and has not ended, and the grace period is not zero. A pod no
+/// kubelet runs, or one that has ended, is removed at once, as a real API server does.
+fn graceful(info: &ResourceInfo, obj: &Value, opts: &DeleteOptions) -> Option<i64> {
+    if !hooks::is_pod(info) {
+        return None;
+    }
+    let text = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
+    if text("/status/hostIP").is_empty() || matches!(text("/status/phase"), "Succeeded" | "Failed")
+    {
+        return None;
+    }
+    let grace = opts
+        .grace_period_seconds
+        .or_else(|| {
+            obj.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+        })
+        .unwrap_or(30);
+    (grace > 0).then_some(grace)
 }

@@ -910,6 +910,11 @@ impl Request<'_> {
                     .get("dryRun")
                     .and_then(Value::as_array)
                     .is_some_and(|a| !a.is_empty()),
+            grace_period_seconds: body
+                .get("gracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .or_else(|| self.param("gracePeriodSeconds")?.parse().ok())
+                .map(|g| g.max(0)),
         })
     }
 

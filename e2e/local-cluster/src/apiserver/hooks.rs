@@ -13,6 +13,10 @@ pub fn is_namespace(info: &ResourceInfo) -> bool {
     info.group.is_empty() && info.plural == "namespaces"
 }
 
+pub fn is_pod(info: &ResourceInfo) -> bool {
+    info.group.is_empty() && info.plural == "pods"
+}
+
 pub fn is_crd(info: &ResourceInfo) -> bool {
     info.group == "apiextensions.k8s.io" && info.plural == "customresourcedefinitions"
 }

@@ -95,7 +95,12 @@ pub fn normalise(obj: &mut Value) {
 
 /// Now, as Kubernetes writes timestamps (RFC 3339, whole seconds, UTC).
 pub fn now() -> String {
-    let now = time::OffsetDateTime::now_utc();
+    in_seconds(0)
+}
+
+/// `seconds` from now, as [`now`] writes it.
+pub fn in_seconds(seconds: i64) -> String {
+    let now = time::OffsetDateTime::now_utc() + time::Duration::seconds(seconds);
     format!(
         "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
         now.year(),

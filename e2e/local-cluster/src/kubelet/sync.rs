@@ -1,5 +1,6 @@
 //! The kubelet's side of the API: watches Pods, Secrets, ConfigMaps and Services, runs every
-//! Pod on the `Node`, stops the ones deleted, rewrites volumes and hosts files when what they
+//! Pod on the `Node`, stops the ones deleted (and then removes from the API those whose
+//! deletion was graceful, as kubelet does once their containers have stopped), rewrites volumes and hosts files when what they
 //! show changes, and writes each Pod's status as a minimal merge patch.
 
 use std::collections::BTreeMap;
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
@@ -392,7 +393,21 @@ fn reconcile(
         for uid in uids {
             if let Some(r) = state.pods.remove(&uid) {
                 tracing::info!(pod = %r.handle.name(), "stopping");
-                state.stopping.push(tokio::spawn(r.handle.stop(r.grace)));
+                // A graceful deletion's own grace period, else the pod's.
+                let terminating = cached
+                    .pods
+                    .state()
+                    .into_iter()
+                    .find(|p| p.metadata.uid.as_ref() == Some(&uid));
+                let grace = terminating.as_deref().map_or(r.grace, grace_of);
+                let api: Api<Pod> = Api::namespaced(client.clone(), r.handle.namespace());
+                let name = r.handle.name().to_owned();
+                state.stopping.push(tokio::spawn(async move {
+                    r.handle.stop(grace).await;
+                    if terminating.is_some() {
+                        remove_stopped(&api, &name, uid).await;
+                    }
+                }));
             }
         }
         state.stopping.retain(|t| !t.is_finished());
@@ -456,6 +471,24 @@ fn reconcile(
                 });
             }
         }
+    }
+}
+
+/// Removes a pod whose graceful deletion this kubelet has carried out: a zero grace period,
+/// for exactly this pod (its uid), so a pod recreated under the same name is left alone.
+async fn remove_stopped(api: &Api<Pod>, name: &str, uid: String) {
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => tracing::info!(pod = %name, "stopped and removed"),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => tracing::warn!(pod = %name, "cannot remove the stopped pod: {e}"),
     }
 }
 

@@ -448,3 +448,67 @@ async fn pod_statuses_show_pull_errors_and_missing_secrets() {
     .await;
     cluster.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A running pod's deletion is graceful, as on a real cluster: the pod stays, terminating
+/// (`deletionTimestamp` at the end of its grace period), while its preStop hook runs and its
+/// processes stop, and the kubelet removes it then; a zero grace period removes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_pod_terminates_before_it_goes() {
+    let cluster = cluster().await;
+    let client = cluster.client();
+    namespace(&client, "grace").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "grace");
+    for name in ["slow", "forced"] {
+        let pod = json!({
+            "metadata": {"name": name},
+            "spec": {
+                "terminationGracePeriodSeconds": 20,
+                "containers": [{
+                    "name": "server", "image": "probe-server",
+                    "command": ["python3", "-c", PROBE_SERVER_PY],
+                    "lifecycle": {"preStop": {"sleep": {"seconds": 2}}},
+                }],
+            },
+        });
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(pod).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    until("both pods to run", Duration::from_secs(30), || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        (list.items.len() == 2 && list.items.iter().all(is_ready)).then_some(())
+    })
+    .await;
+    let started = std::time::Instant::now();
+    let deleted = pods.delete("slow", &Default::default()).await.unwrap();
+    let terminating = deleted.left().expect("the pod stays while it terminates");
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(20));
+    let pod = pods.get("slow").await.unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_some(), "{pod:?}");
+    // A second deletion does not restart the clock; `kubectl get` says Terminating.
+    pods.delete("slow", &Default::default()).await.unwrap();
+    assert_eq!(
+        pods.get("slow").await.unwrap().metadata.deletion_timestamp,
+        pod.metadata.deletion_timestamp
+    );
+    until("the pod to go", Duration::from_secs(30), || async {
+        pods.get_opt("slow").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "gone before its 2 s preStop hook ended: {:?}",
+        started.elapsed()
+    );
+    // A zero grace period (`kubectl delete --grace-period=0 --force`) removes it at once.
+    let forced = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete("forced", &forced).await.unwrap();
+    assert!(pods.get_opt("forced").await.unwrap().is_none());
+    cluster.shutdown(Duration::from_secs(5)).await;
+}
