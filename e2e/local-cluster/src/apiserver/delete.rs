@@ -128,10 +128,26 @@ impl Store {
         if meta::is_deleting(&obj) {
             return Ok(present(info, &obj));
         }
+        let obj = self.mark_deleting(inner, info, key, obj, 0);
+        self.gc.notify_one();
+        Ok(present(info, &obj))
+    }
+
+    /// Writes `obj` as deleting, with `grace` seconds until its `deletionTimestamp` (a
+    /// namespace turns `Terminating`), at a new version with its MODIFIED event.
+    fn mark_deleting(
+        &self,
+        inner: &mut Inner,
+        info: &ResourceInfo,
+        key: (String, String),
+        obj: Value,
+        grace: i64,
+    ) -> Value {
         let old = obj.clone();
         let mut obj = obj;
-        meta::set(&mut obj, "deletionTimestamp", json!(meta::now()));
-        meta::set(&mut obj, "deletionGracePeriodSeconds", json!(0));
+        let at = meta::in_seconds(grace);
+        meta::set(&mut obj, "deletionTimestamp", json!(at));
+        meta::set(&mut obj, "deletionGracePeriodSeconds", json!(grace));
         if hooks::is_namespace(info) {
             obj["status"] = json!({"phase": "Terminating"});
         }
@@ -143,8 +159,7 @@ impl Store {
             .or_default()
             .insert(key, obj.clone());
         self.emit(inner, info, EventType::Modified, obj.clone(), Some(old));
-        self.gc.notify_one();
-        Ok(present(info, &obj))
+        obj
     }
 
     /// Starts a running pod's graceful deletion, or shortens it: `deletionTimestamp` is when
@@ -163,22 +178,7 @@ impl Store {
         if meta::is_deleting(&obj) && current.is_some_and(|c| c <= grace) {
             return present(info, &obj);
         }
-        let old = obj.clone();
-        let mut obj = obj;
-        meta::set(
-            &mut obj,
-            "deletionTimestamp",
-            json!(meta::in_seconds(grace)),
-        );
-        meta::set(&mut obj, "deletionGracePeriodSeconds", json!(grace));
-        inner.rv += 1;
-        meta::set(&mut obj, "resourceVersion", json!(inner.rv.to_string()));
-        inner
-            .objects
-            .entry(info.group_resource())
-            .or_default()
-            .insert(key, obj.clone());
-        self.emit(inner, info, EventType::Modified, obj.clone(), Some(old));
+        let obj = self.mark_deleting(inner, info, key, obj, grace);
         present(info, &obj)
     }
 
