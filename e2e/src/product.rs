@@ -58,12 +58,14 @@ pub fn example_in(file: &str, ns: &str) -> std::io::Result<String> {
 pub fn discovery_service_ready(
     ds: &marin3r_discovery::api::discovery_service::DiscoveryService,
 ) -> Option<(String, String, String)> {
-    let c = ds
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
+    ready_condition(&ds.status.as_ref()?.conditions)
+}
+
+/// The `Ready` condition among `conditions`: (status, reason, message).
+pub fn ready_condition(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> Option<(String, String, String)> {
+    let c = conditions.iter().find(|c| c.type_ == "Ready")?;
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 

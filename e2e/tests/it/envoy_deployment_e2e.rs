@@ -19,120 +19,21 @@ use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_discovery::api::envoy_deployment::EnvoyDeployment;
 use marin3r_e2e::demo::commands;
-use marin3r_e2e::product::{Installed, install, python3};
+use marin3r_e2e::product::{Installed, install, python3, ready_condition};
 use marin3r_local_cluster::cluster::create_restricted_namespace;
+use marin3r_testkit::kubectl::Output;
 use marin3r_testkit::wait::until;
-use serde_json::json;
+
+use crate::gateway_traffic::{ClientLog, MODES, Mode, backend, client_pod, now_ms, pods};
 
 const NS: &str = "gateway";
 const GATEWAY_PODS: &str =
     "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=envoy";
 
-/// The backend: answers `upstream-a <path>` on 8080.
-const BACKEND_PY: &str = r#"
-import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = ("upstream-a " + self.path).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
-"#;
-
-/// The client: a request every 50 ms through the gateway's Service, each on a new
-/// connection; from its first answer on, every failure is counted and every count printed.
-const CLIENT_PY: &str = r#"
-import http.client, time
-ok = fail = 0
-last = ""
-while True:
-    try:
-        c = http.client.HTTPConnection("envoy", 8080, timeout=5)
-        c.request("GET", "/hello")
-        r = c.getresponse()
-        body = r.read().decode()
-        c.close()
-        if r.status == 200:
-            ok += 1
-            last = body
-        elif ok:
-            fail += 1
-            print("FAIL status", r.status, body, flush=True)
-    except Exception as e:
-        if ok:
-            fail += 1
-            print("FAIL", repr(e), flush=True)
-    if ok:
-        print(f"COUNT ok={ok} fail={fail} last={last}", flush=True)
-    time.sleep(0.05)
-"#;
-
-/// Pod Security `restricted` for the test's own pods.
-fn restricted_container(name: &str, script: &str) -> serde_json::Value {
-    json!({
-        "name": name,
-        "image": "probe-server",
-        "command": ["python3", "-c", script],
-        "ports": [{"name": "http", "containerPort": 8080}],
-        "securityContext": {
-            "runAsNonRoot": true, "runAsUser": 1000, "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
-        },
-    })
-}
-
-/// The backend Deployment and its headless Service, as kubectl would apply them.
-fn backend() -> String {
-    let deployment = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "upstream-a", "namespace": NS},
-        "spec": {
-            "selector": {"matchLabels": {"app": "upstream-a"}},
-            "template": {
-                "metadata": {"labels": {"app": "upstream-a"}},
-                "spec": {"containers": [restricted_container("app", BACKEND_PY)]},
-            },
-        },
-    });
-    let service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "upstream-a", "namespace": NS},
-        "spec": {"clusterIP": "None", "selector": {"app": "upstream-a"},
-                 "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]},
-    });
-    format!("{deployment}\n---\n{service}\n")
-}
-
-/// The client's latest count: (ok, fail, last body), and every FAIL line.
-fn counts(installed: &Installed) -> (u64, u64, String, Vec<String>) {
-    let path = installed.cluster.log_path(NS, "client", "client");
-    let log = path
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default();
-    let fails = log
-        .lines()
-        .filter(|l| l.starts_with("FAIL"))
-        .map(str::to_owned)
-        .collect();
-    let Some(line) = log.lines().rev().find(|l| l.starts_with("COUNT ")) else {
-        return (0, 0, String::new(), fails);
-    };
-    let field = |name: &str| {
-        line.split(' ')
-            .find_map(|w| w.strip_prefix(name))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let last = line
-        .split_once("last=")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (field("ok="), field("fail="), last, fails)
-}
+/// The backend's answer once the gateway rewrites the path (the updated EnvoyConfig).
+const V2: &str = "upstream-a /v2/hello";
+/// How long the client keeps being counted after the last old pod is gone.
+const AFTER_ROLLOUT_MS: u64 = 5_000;
 
 async fn run(installed: &Installed, command: &str) -> String {
     let repo = marin3r_testkit::tools::repo_root();
@@ -148,23 +49,161 @@ async fn run(installed: &Installed, command: &str) -> String {
     .unwrap()
 }
 
-fn ready(ed: &EnvoyDeployment) -> Option<(String, String, String)> {
-    let c = ed
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
-    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+/// `kubectl patch envoydeployment envoy --type=merge -p <patch>`.
+async fn patch(installed: &Installed, patch: &str) -> Output {
+    let args = [
+        "patch",
+        "envoydeployment",
+        "envoy",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        patch,
+    ];
+    installed.kubectl.run(&args).await.unwrap()
 }
 
-/// Waits for the client to have seen `body` as its latest answer.
+fn ready(ed: &EnvoyDeployment) -> Option<(String, String, String)> {
+    ready_condition(&ed.status.as_ref()?.conditions)
+}
+
+/// Waits for the client's new-connection loop to see `body` as its latest answer.
 async fn client_sees(installed: &Installed, what: &str, body: &str) {
     until(what, Duration::from_secs(60), || async {
-        let (_, _, last, _) = counts(installed);
-        (last == body).then_some(())
+        let log = ClientLog::read(installed, NS);
+        (log.last(Mode::Fresh)?.body == body).then_some(())
     })
     .await;
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// When the test saw the rollout's steps (Unix ms, the client's clock).
+#[derive(Debug)]
+struct Rollout {
+    /// Just before the spec change.
+    patched: u64,
+    /// Every new pod Ready.
+    new_ready: u64,
+    /// The first old pod terminating (its deletionTimestamp set).
+    terminating: u64,
+    /// Every old pod gone from the API (its processes ended).
+    gone: u64,
+}
+
+/// Changes the gateway's spec and follows its pods until every old one is gone.
+async fn roll(installed: &Installed, old: &BTreeSet<String>) -> Rollout {
+    let pods: Api<Pod> = Api::namespaced(installed.client.clone(), NS);
+    let patched = now_ms();
+    let out = patch(
+        installed,
+        r#"{"spec":{"extraArgs":["--log-level","info"]}}"#,
+    )
+    .await;
+    assert!(out.success, "{out:?}");
+    let (mut new_ready, mut terminating) = (None, None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rollout did not end within 180 s: {new_ready:?} {terminating:?}"
+        );
+        let Ok(list) = pods.list(&ListParams::default().labels(GATEWAY_PODS)).await else {
+            continue;
+        };
+        let now = now_ms();
+        let (olds, news): (Vec<&Pod>, Vec<&Pod>) =
+            list.iter().partition(|p| old.contains(&p.name_any()));
+        let serving = news
+            .iter()
+            .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .count();
+        if serving == old.len() {
+            new_ready.get_or_insert(now);
+        }
+        if olds.iter().any(|p| p.metadata.deletion_timestamp.is_some()) {
+            terminating.get_or_insert(now);
+        }
+        if olds.is_empty() {
+            let (Some(new_ready), Some(terminating)) = (new_ready, terminating) else {
+                panic!("the old pods went without being seen terminating or replaced");
+            };
+            return Rollout {
+                patched,
+                new_ready,
+                terminating,
+                gone: now,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The client's counts around a rollout: none failed; both loops were answered all along,
+/// from the new pods once the old ones were gone; the kept-alive connection was closed by a
+/// draining old pod (`Connection: close`) while the new pods already served, not cut.
+fn check_rollout(log: &ClientLog, old: &BTreeSet<String>, r: &Rollout) {
+    let failures = log.failures();
+    let end = r.gone + AFTER_ROLLOUT_MS;
+    for mode in MODES {
+        let during = log.answers(mode, r.patched, r.gone);
+        let after = log.answers(mode, r.gone, end);
+        println!(
+            "{mode:?}: {} answers during the rollout ({} ms, from {:?}), {} in the {AFTER_ROLLOUT_MS} ms after \
+             (from {:?}), {} failures in all",
+            during.len(),
+            r.gone - r.patched,
+            pods(&during),
+            after.len(),
+            pods(&after),
+            failures.len(),
+        );
+        // A request every 50 ms: at least 2 answers a second is a loop that never stalled.
+        assert!(
+            during.len() as u64 >= (r.gone - r.patched) / 500,
+            "{mode:?}: {} answers in {} ms",
+            during.len(),
+            r.gone - r.patched
+        );
+        assert!(
+            after.len() as u64 >= AFTER_ROLLOUT_MS / 500,
+            "{mode:?}: {after:?}"
+        );
+        assert!(after.iter().all(|(_, a)| a.body == V2), "{after:?}");
+        assert!(pods(&after).is_disjoint(old), "{after:?}");
+    }
+    assert!(failures.is_empty(), "requests dropped: {failures:?}");
+    // The old pods drained: the kept-alive connection was on one of them and it closed it.
+    let kept = log.answers(Mode::KeepAlive, r.patched, r.gone);
+    let closed_by_old = kept
+        .iter()
+        .find(|(_, a)| a.closed && old.contains(&a.pod))
+        .unwrap_or_else(|| panic!("no old pod closed the kept-alive connection: {kept:?}"));
+    let next = kept.iter().find(|(at, _)| *at > closed_by_old.0);
+    assert!(
+        next.is_some_and(|(_, a)| !old.contains(&a.pod)),
+        "after {closed_by_old:?}: {next:?}"
+    );
+    // ...while the new pods served new connections.
+    let overlap = log
+        .answers(Mode::Fresh, r.terminating, r.gone)
+        .into_iter()
+        .filter(|(_, a)| !old.contains(&a.pod))
+        .count();
+    println!(
+        "rollout {r:?}: the old pods drained for {} ms, {overlap} new connections served by \
+         new pods meanwhile; the kept-alive connection closed by {} at {}",
+        r.gone - r.terminating,
+        closed_by_old.1.pod,
+        closed_by_old.0,
+    );
+    assert!(r.new_ready <= r.gone && overlap >= 5, "{overlap}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,7 +213,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     let installed = install(images).await.unwrap();
     let client = installed.client.clone();
     create_restricted_namespace(&client, NS).await.unwrap();
-    installed.apply(&backend()).await.unwrap();
+    installed.apply(&backend(NS)).await.unwrap();
 
     // The guide's commands, word for word.
     run(&installed, commands::GATEWAY_APPLY_DISCOVERY_SERVICE).await;
@@ -218,13 +257,9 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
 
     // A client pod in the namespace loops through the Service.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let client_pod = json!({
-        "metadata": {"name": "client", "namespace": NS},
-        "spec": {"containers": [restricted_container("client", CLIENT_PY)]},
-    });
     pods.create(
         &PostParams::default(),
-        &serde_json::from_value(client_pod).unwrap(),
+        &serde_json::from_value(client_pod(NS)).unwrap(),
     )
     .await
     .unwrap();
@@ -235,24 +270,24 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     )
     .await;
 
-    // An EnvoyConfig update reaches the gateways.
+    // An EnvoyConfig update reaches the gateways; it also names the answering gateway pod.
     let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), NS);
     let v1 = std::fs::read_to_string(
         marin3r_testkit::tools::repo_root().join("docs/examples/gateway/envoyconfig.yaml"),
     )
     .unwrap();
-    let v2 = v1.replace(
-        "route: {cluster: upstream-a}",
-        "route: {cluster: upstream-a, prefix_rewrite: /v2/}",
-    );
-    assert_ne!(v1, v2);
+    let v2 = v1
+        .replace(
+            "route: {cluster: upstream-a}",
+            "route: {cluster: upstream-a, prefix_rewrite: /v2/}",
+        )
+        .replace(
+            "                    name: route\n",
+            "                    name: route\n                    response_headers_to_add:\n                      - header: {key: x-gateway-pod, value: \"%HOSTNAME%\"}\n",
+        );
+    assert_eq!(v2.lines().count(), v1.lines().count() + 2);
     installed.apply(&v2).await.unwrap();
-    client_sees(
-        &installed,
-        "the updated config's answer",
-        "upstream-a /v2/hello",
-    )
-    .await;
+    client_sees(&installed, "the updated config's answer", V2).await;
 
     // One Envoy rejects (two routers) is rolled back; the gateways keep serving v2.
     let rejected = v2.replace(
@@ -270,8 +305,20 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         },
     )
     .await;
-    let (ok_before, _, last, _) = counts(&installed);
-    assert_eq!(last, "upstream-a /v2/hello");
+    // Both loops are answered by a named gateway pod with v2 (the kept-alive one once the
+    // listener update has drained its connection to the old listener).
+    until(
+        "both loops to be answered with v2",
+        Duration::from_secs(60),
+        || async {
+            let log = ClientLog::read(&installed, NS);
+            MODES
+                .iter()
+                .all(|m| log.last(*m).is_some_and(|a| a.body == V2 && a.pod != "-"))
+                .then_some(())
+        },
+    )
+    .await;
 
     // A rolling update (a spec change) while the client loops: no request is dropped.
     let old_pods: BTreeSet<String> = pods
@@ -282,43 +329,31 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         .map(ResourceExt::name_any)
         .collect();
     assert_eq!(old_pods.len(), 2, "{old_pods:?}");
-    installed
-        .kubectl
-        .ok(&[
-            "patch",
-            "envoydeployment",
-            "envoy",
-            "-n",
-            NS,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"extraArgs":["--log-level","info"]}}"#,
-        ])
-        .await
-        .unwrap();
+    let rollout = roll(&installed, &old_pods).await;
     until(
-        "the rolling update to finish",
-        Duration::from_secs(180),
+        "the client to be counted after the rollout",
+        Duration::from_secs(60),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
-            let status = ed.status.as_ref()?;
-            let current = status.observed_generation == ed.metadata.generation;
-            let now: BTreeSet<String> = pods
-                .list(&ListParams::default().labels(GATEWAY_PODS))
-                .await
-                .ok()?
+            let log = ClientLog::read(&installed, NS);
+            let end = rollout.gone + AFTER_ROLLOUT_MS;
+            MODES
                 .iter()
-                .map(ResourceExt::name_any)
-                .collect();
-            (current && ready(&ed)?.0 == "True" && now.len() == 2 && now.is_disjoint(&old_pods))
+                .all(|m| log.latest(*m).is_some_and(|at| at >= end))
                 .then_some(())
         },
     )
     .await;
-    let (ok_after, fail, last, fails) = counts(&installed);
-    assert_eq!(fail, 0, "requests dropped during the rollout: {fails:?}");
-    assert!(ok_after > ok_before + 20, "{ok_before} -> {ok_after}");
-    assert_eq!(last, "upstream-a /v2/hello");
+    check_rollout(&ClientLog::read(&installed, NS), &old_pods, &rollout);
+    until(
+        "the EnvoyDeployment to be Ready after the rollout",
+        Duration::from_secs(60),
+        || async {
+            let ed = eds.get("envoy").await.ok()?;
+            let current = ed.status.as_ref()?.observed_generation == ed.metadata.generation;
+            (current && ready(&ed)?.0 == "True").then_some(())
+        },
+    )
+    .await;
     let d = deployments
         .get("marin3r-envoydeployment-envoy")
         .await
@@ -334,20 +369,12 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
 
     // A bad spec is a condition naming the field; the Deployment stays as it was.
     let generation = d.metadata.generation;
-    installed
-        .kubectl
-        .ok(&[
-            "patch",
-            "envoydeployment",
-            "envoy",
-            "-n",
-            NS,
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"ports":[{"name":"HTTP","port":8080}]}}"#,
-        ])
-        .await
-        .unwrap();
+    let out = patch(
+        &installed,
+        r#"{"spec":{"ports":[{"name":"HTTP","port":8080}]}}"#,
+    )
+    .await;
+    assert!(out.success, "{out:?}");
     let (_, reason, message) = until(
         "the bad spec to be reported",
         Duration::from_secs(60),
@@ -366,23 +393,10 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     assert_eq!(d.metadata.generation, generation);
     // ...and one the CRD refuses never reaches the controller.
     let both = r#"{"spec":{"replicas":{"static":1,"dynamic":{"maxReplicas":3}}}}"#;
-    let out = installed
-        .kubectl
-        .run(&[
-            "patch",
-            "envoydeployment",
-            "envoy",
-            "-n",
-            NS,
-            "--type=merge",
-            "-p",
-            both,
-        ])
-        .await
-        .unwrap();
+    let out = patch(&installed, both).await;
     assert!(!out.success, "{out:?}");
     assert!(out.stderr.contains("spec.replicas"), "{out:?}");
-    let (_, fail, _, fails) = counts(&installed);
-    assert_eq!(fail, 0, "{fails:?}");
+    let failures = ClientLog::read(&installed, NS).failures();
+    assert!(failures.is_empty(), "{failures:?}");
     installed.cluster.shutdown(Duration::from_secs(5)).await;
 }

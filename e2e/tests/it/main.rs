@@ -11,6 +11,7 @@ mod convert_envoy;
 mod demo;
 mod envoy_deployment_e2e;
 mod envoy_smoke;
+mod gateway_traffic;
 mod monitoring_e2e;
 mod monitoring_rules;
 mod native_sidecars_e2e;
