@@ -15,6 +15,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
+pub(crate) use super::envoy_deployment_resolve::fixture;
 pub use super::envoy_deployment_resolve::{
     DrainStrategy, Protocol, Replicas, Resolved, ResolvedPort, ResolvedShutdownManager,
 };

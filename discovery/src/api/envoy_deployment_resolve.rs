@@ -376,3 +376,22 @@ fn check_int_or_percent(field: &str, v: &IntOrString) -> Result<(), String> {
 #[cfg(test)]
 #[path = "envoy_deployment_tests.rs"]
 mod tests;
+
+/// The `EnvoyDeployment` `kuard` of namespace `shop` (uid `u-1`, generation 1) naming the
+/// EnvoyConfig `kuard` and the DiscoveryService `instance`, with `spec`'s fields on top:
+/// the tests' gateway.
+#[cfg(test)]
+pub(crate) fn fixture(spec: serde_json::Value) -> EnvoyDeployment {
+    let mut full =
+        serde_json::json!({"envoyConfigRef": "kuard", "discoveryServiceRef": "instance"});
+    for (k, v) in spec.as_object().into_iter().flatten() {
+        full[k] = v.clone();
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyDeployment",
+        "metadata": {"name": "kuard", "namespace": "shop", "uid": "u-1", "generation": 1},
+        "spec": full,
+    }))
+    .expect("a valid EnvoyDeployment")
+}

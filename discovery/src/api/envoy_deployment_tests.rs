@@ -1,20 +1,7 @@
 use serde_json::json;
 
+use super::fixture as ed;
 use super::*;
-
-fn ed(spec: serde_json::Value) -> EnvoyDeployment {
-    let mut full = json!({"envoyConfigRef": "kuard", "discoveryServiceRef": "instance"});
-    for (k, v) in spec.as_object().unwrap() {
-        full[k] = v.clone();
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
-        "kind": "EnvoyDeployment",
-        "metadata": {"name": "kuard", "namespace": "default"},
-        "spec": full,
-    }))
-    .unwrap()
-}
 
 #[test]
 fn defaults_are_the_originals() {

@@ -223,6 +223,8 @@ mod rbac;
 mod webhooks;
 mod workload;
 
+pub use workload::restricted_pod_security;
+
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;

@@ -181,14 +181,7 @@ impl Children<'_> {
                     spec: Some(PodSpec {
                         service_account_name: Some(self.owned_name()),
                         priority_class_name: s.pod_priority_class.clone(),
-                        security_context: Some(PodSecurityContext {
-                            run_as_non_root: Some(true),
-                            seccomp_profile: Some(SeccompProfile {
-                                type_: "RuntimeDefault".into(),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }),
+                        security_context: Some(restricted_pod_security()),
                         containers: vec![container],
                         affinity: Some(s.affinity.clone()),
                         // Beside any affinity: a preference only, and it counts only the
@@ -249,5 +242,18 @@ impl Children<'_> {
             }),
             ..Default::default()
         }
+    }
+}
+
+/// The pod-level part of Pod Security `restricted` that every pod the operator runs has (the
+/// discovery service's, the gateways'): no root, the runtime's default seccomp profile.
+pub fn restricted_pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }

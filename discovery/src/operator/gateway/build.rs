@@ -13,9 +13,7 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::api::autoscaling::v2::{
     CrossVersionObjectReference, HorizontalPodAutoscaler, HorizontalPodAutoscalerSpec,
 };
-use k8s_openapi::api::core::v1::{
-    ConfigMap, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, PodSpec, PodTemplateSpec, Probe};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -29,6 +27,7 @@ use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
 use crate::api::envoy_deployment::{EnvoyDeployment, ProbeSpec, Replicas, Resolved};
+use crate::operator::build::restricted_pod_security;
 use crate::sidecar::bootstrap::{BootstrapError, BootstrapOptions, render};
 
 /// The pod template label holding the bootstrap's hash (the original's key): a changed
@@ -242,14 +241,7 @@ impl<'a> Gateway<'a> {
                     spec: Some(PodSpec {
                         // Envoy and the shutdown manager never call the Kubernetes API.
                         automount_service_account_token: Some(false),
-                        security_context: Some(PodSecurityContext {
-                            run_as_non_root: Some(true),
-                            seccomp_profile: Some(SeccompProfile {
-                                type_: "RuntimeDefault".into(),
-                                ..Default::default()
-                            }),
-                            ..Default::default()
-                        }),
+                        security_context: Some(restricted_pod_security()),
                         termination_grace_period_seconds: s
                             .shutdown_manager
                             .as_ref()
@@ -347,6 +339,41 @@ fn timed(mut probe: Probe, spec: &ProbeSpec) -> Probe {
     probe.success_threshold = Some(spec.success_threshold);
     probe.failure_threshold = Some(spec.failure_threshold);
     probe
+}
+
+/// The field manager that keeps a Deployment's replica count when its gateway turns to
+/// dynamic replicas: the operator's own apply then leaves `spec.replicas` out, and a field
+/// no manager applies any more is removed by the API server (so defaulted to 1, scaling the
+/// gateway down until its autoscaler scales it back up). Applied once, with the count as it
+/// is, this manager keeps the field; the autoscaler's first change takes it over.
+pub const REPLICAS_HANDOVER_MANAGER: &str = "marin3r-operator-replicas-handover";
+
+/// The apply that hands `deployment`'s replica count over to [`REPLICAS_HANDOVER_MANAGER`],
+/// when `manager`'s own apply still owns it (the gateway had static replicas); `None`
+/// otherwise.
+pub fn replicas_handover(deployment: &Deployment, manager: &str) -> Option<serde_json::Value> {
+    let replicas = deployment.spec.replicas?;
+    let owned = deployment
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|e| {
+            e.manager.as_deref() == Some(manager)
+                && e.operation.as_deref() == Some("Apply")
+                && e.subresource.as_deref().unwrap_or_default().is_empty()
+                && e.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.pointer("/f:spec/f:replicas").is_some())
+        });
+    owned.then(|| {
+        serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": deployment.name_any(), "namespace": deployment.namespace()},
+            "spec": {"replicas": replicas},
+        })
+    })
 }
 
 /// The shutdown manager token a Deployment built here carries, if any.

@@ -14,6 +14,7 @@ use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -193,12 +194,24 @@ async fn apply(
         return Ok(Err(refused));
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-    let exists = deployments
-        .get_opt(&children.deployment.name_any())
-        .await?
-        .is_some();
-    if !crate::operator::plan::certificate_ready(&certificate) && !exists {
+    let live = deployments.get_opt(&children.deployment.name_any()).await?;
+    if !crate::operator::plan::certificate_ready(&certificate) && live.is_none() {
         return Ok(Ok((certificate, None)));
+    }
+    // Dynamic replicas: the count the Deployment has stays (see `REPLICAS_HANDOVER_MANAGER`).
+    if children.deployment.spec.replicas.is_none()
+        && let Some(handover) = live
+            .as_ref()
+            .and_then(|d| build::replicas_handover(d, FIELD_MANAGER))
+    {
+        let params = PatchParams::apply(build::REPLICAS_HANDOVER_MANAGER).force();
+        deployments
+            .patch(
+                &children.deployment.name_any(),
+                &params,
+                &Patch::Apply(handover),
+            )
+            .await?;
     }
     match invalid_as_not_ready(
         apply_object(&deployments, &children.deployment).await,

@@ -2,20 +2,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 use super::*;
-
-fn mk_ed(spec: serde_json::Value) -> EnvoyDeployment {
-    let mut full = json!({"envoyConfigRef": "kuard", "discoveryServiceRef": "instance"});
-    for (k, v) in spec.as_object().unwrap() {
-        full[k] = v.clone();
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
-        "kind": "EnvoyDeployment",
-        "metadata": {"name": "kuard", "namespace": "shop", "uid": "u-1", "generation": 1},
-        "spec": full,
-    }))
-    .unwrap()
-}
+use crate::api::envoy_deployment::fixture as mk_ed;
 
 fn mk_ds() -> DiscoveryService {
     serde_json::from_value(json!({
@@ -256,5 +243,39 @@ fn ready_once_the_certificate_is_issued_and_the_deployment_rolled_out() {
             .unwrap()
             .ready_replicas,
         Some(1)
+    );
+}
+
+#[test]
+fn turning_dynamic_hands_the_replica_count_over_once() {
+    let d = |manager: &str, fields: serde_json::Value| -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "marin3r-envoydeployment-kuard", "namespace": "shop",
+                "managedFields": [{"manager": manager, "operation": "Apply",
+                    "apiVersion": "apps/v1", "fieldsType": "FieldsV1", "fieldsV1": fields}]},
+            "spec": {"replicas": 3, "selector": {}, "template": {}},
+        }))
+        .unwrap()
+    };
+    let replicas = json!({"f:spec": {"f:replicas": {}, "f:template": {}}});
+    let handover = super::super::build::replicas_handover(
+        &d("marin3r-operator", replicas.clone()),
+        "marin3r-operator",
+    )
+    .expect("the operator's apply owns the count");
+    assert_eq!(handover["spec"], json!({"replicas": 3}));
+    assert_eq!(
+        handover["metadata"]["name"],
+        "marin3r-envoydeployment-kuard"
+    );
+    // Once handed over (or set by someone else), nothing more to do.
+    let without = json!({"f:spec": {"f:template": {}}});
+    assert!(
+        super::super::build::replicas_handover(&d("marin3r-operator", without), "marin3r-operator")
+            .is_none()
+    );
+    assert!(
+        super::super::build::replicas_handover(&d("kubectl", replicas), "marin3r-operator")
+            .is_none()
     );
 }
