@@ -254,6 +254,31 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         d.labels()["app.kubernetes.io/component"],
         "envoy-deployment"
     );
+    // Each gateway Envoy is scraped like a sidecar: annotated, its stats on the readiness port.
+    let gateway_pods = Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&kube::api::ListParams::default().labels(
+            "app.kubernetes.io/instance=envoy,app.kubernetes.io/component=envoy-deployment",
+        ))
+        .await
+        .unwrap();
+    assert!(!gateway_pods.items.is_empty());
+    for pod in &gateway_pods.items {
+        let annotations = pod.annotations();
+        assert_eq!(annotations["prometheus.io/port"], "9902", "{annotations:?}");
+        assert_eq!(annotations["prometheus.io/path"], "/stats/prometheus");
+        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
+        let url = format!("http://{ip}:9902/stats/prometheus");
+        let (code, body) =
+            tokio::task::spawn_blocking(move || marin3r_testkit::envoy::request("GET", &url))
+                .await
+                .unwrap()
+                .unwrap();
+        let live = body.lines().find(|l| l.starts_with("envoy_server_live"));
+        assert!(
+            code == 200 && live.is_some_and(|l| l.ends_with(" 1")),
+            "{code} {live:?}"
+        );
+    }
 
     // A client pod in the namespace loops through the Service.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);

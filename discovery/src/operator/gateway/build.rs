@@ -236,6 +236,13 @@ impl<'a> Gateway<'a> {
                 template: PodTemplateSpec {
                     metadata: Some(ObjectMeta {
                         labels: Some(pod_labels),
+                        // Scraped like every sidecar: Envoy's stats on the readiness port.
+                        annotations: Some(
+                            marin3r_webhook::readiness::prometheus_annotations(s.readiness_port)
+                                .into_iter()
+                                .map(|(k, v)| (k.to_owned(), v))
+                                .collect(),
+                        ),
                         ..Default::default()
                     }),
                     spec: Some(PodSpec {

@@ -93,9 +93,21 @@ fn the_deployment_has_the_originals_names_and_the_sidecars_envoy() {
         envoy["securityContext"]["capabilities"]["drop"],
         json!(["ALL"])
     );
+    // Envoy's stats, as every sidecar has them: the readiness port, named, and annotated.
     assert_eq!(
         envoy["ports"],
-        json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}])
+        json!([
+            {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+            {"name": "envoy-stats", "containerPort": 9902, "protocol": "TCP"},
+        ])
+    );
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["annotations"],
+        json!({
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": "9902",
+            "prometheus.io/path": "/stats/prometheus",
+        })
     );
     assert_eq!(
         pod["volumes"][0]["configMap"]["name"],
