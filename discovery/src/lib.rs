@@ -9,6 +9,7 @@ pub mod operator;
 pub mod proxy_config;
 pub mod rules;
 pub mod sidecar;
+pub mod warnings;
 
 /// The container image this `marin3r` binary ships in: the operator's default for discovery
 /// pods, the name `manifests/` deploy (kustomize `images:` overrides it) and `hack/image`

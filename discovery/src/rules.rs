@@ -78,11 +78,23 @@ pub fn envoy_config_problems(
     }
 }
 
-/// The validator the discovery service's webhook judges EnvoyConfigs with.
+/// The validator the discovery service's webhook judges EnvoyConfigs with, warning about
+/// what Envoy accepts but will not work ([`crate::warnings`]).
 pub fn validator(allow_cross_namespace_secrets: bool) -> EnvoyConfigValidator {
     EnvoyConfigValidator::new(move |namespace, object| {
         envoy_config_problems(namespace, object, allow_cross_namespace_secrets)
     })
+    .with_warnings(|_, object| envoy_config_warnings(object))
+}
+
+/// The warnings of an EnvoyConfig object whose spec reads (see [`crate::warnings`]).
+pub fn envoy_config_warnings(object: &Value) -> Vec<String> {
+    object
+        .get("spec")
+        .cloned()
+        .and_then(|spec| read_spec(spec).ok())
+        .map(|(spec, _)| crate::warnings::warnings(&spec))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -202,5 +214,21 @@ mod tests {
             .unwrap()
             .namespace = Some("mine".into());
         assert!(problems(&spec, "mine", false).is_empty());
+    }
+
+    /// The webhook warns with the same words `marin3r validate` prints.
+    #[test]
+    fn admission_warns_about_references_the_config_does_not_define() {
+        let obj = object(json!({"nodeID": "proxy", "resources": [
+            {"type": "route", "value": {"name": "r", "virtual_hosts": [{"name": "v", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "nowhere"}}]}]}},
+        ]}));
+        let v = validator(false);
+        assert!(v.problems("shop", &obj).is_empty());
+        let warnings = v.warnings("shop", &obj);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("spec.resources[0].value: virtual_hosts[0].routes[0].route.cluster: no cluster named \"nowhere\""),
+            "{warnings:?}"
+        );
     }
 }

@@ -22,17 +22,40 @@ const MAX_MESSAGE_BYTES: usize = 8 * 1024;
 /// every reason it cannot be served, each naming its field path (`spec.resources[2].value:
 /// ...`); empty when it is valid.
 #[derive(Clone)]
-pub struct EnvoyConfigValidator(Arc<ValidateFn>);
+pub struct EnvoyConfigValidator {
+    problems: Arc<ValidateFn>,
+    warnings: Option<Arc<ValidateFn>>,
+}
 
 type ValidateFn = dyn Fn(&str, &Value) -> Vec<String> + Send + Sync;
 
 impl EnvoyConfigValidator {
     pub fn new(validate: impl Fn(&str, &Value) -> Vec<String> + Send + Sync + 'static) -> Self {
-        Self(Arc::new(validate))
+        Self {
+            problems: Arc::new(validate),
+            warnings: None,
+        }
+    }
+
+    /// Also returns `warn`'s findings on an object it admits, as admission warnings (what
+    /// Envoy accepts but that will not do what the user meant).
+    pub fn with_warnings(
+        mut self,
+        warn: impl Fn(&str, &Value) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.warnings = Some(Arc::new(warn));
+        self
     }
 
     pub fn problems(&self, namespace: &str, object: &Value) -> Vec<String> {
-        (self.0)(namespace, object)
+        (self.problems)(namespace, object)
+    }
+
+    pub fn warnings(&self, namespace: &str, object: &Value) -> Vec<String> {
+        self.warnings
+            .as_ref()
+            .map(|w| w(namespace, object))
+            .unwrap_or_default()
     }
 }
 
@@ -85,7 +108,7 @@ fn decide(request: &Map<String, Value>, validator: &EnvoyConfigValidator) -> Dec
         .unwrap_or_default();
     let problems = validator.problems(namespace, object);
     if problems.is_empty() {
-        return Decision::Allow(None, Vec::new());
+        return Decision::Allow(None, validator.warnings(namespace, object));
     }
     let unchanged = operation == Some("UPDATE")
         && request

@@ -133,3 +133,27 @@ fn a_long_list_of_problems_is_cut_and_counted() {
     assert!(m.starts_with("spec.resources[0].value"), "{m}");
     assert!(m.ends_with("more problems"), "{m}");
 }
+
+#[test]
+fn an_admitted_config_carries_the_validators_warnings() {
+    let warning = validator().with_warnings(|namespace, object| {
+        let node = object.pointer("/spec/nodeID").and_then(Value::as_str);
+        vec![format!(
+            "spec.resources[0].value: route.cluster: no cluster named \"x\" ({namespace}, {node:?})"
+        )]
+    });
+    let body = request("CREATE", envoy_config("good"), Value::Null).to_string();
+    let (out, _) = review_envoy_config(body.as_bytes(), &warning).unwrap();
+    assert_eq!(out["response"]["allowed"], true);
+    assert_eq!(
+        out["response"]["warnings"],
+        json!([
+            "spec.resources[0].value: route.cluster: no cluster named \"x\" (shop, Some(\"good\"))"
+        ])
+    );
+    // A denial says why; the warnings of a refused object are not added.
+    let body = request("CREATE", envoy_config("bad"), Value::Null).to_string();
+    let (out, _) = review_envoy_config(body.as_bytes(), &warning).unwrap();
+    assert_eq!(out["response"]["allowed"], false);
+    assert!(out["response"].get("warnings").is_none());
+}

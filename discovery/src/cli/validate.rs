@@ -101,8 +101,15 @@ pub fn validate_files_with(
         }
         for report in reports {
             match report {
-                Document::Valid { object, summary } => {
+                Document::Valid {
+                    object,
+                    summary,
+                    warnings,
+                } => {
                     writeln!(out, "{name}: {KIND} {object}: OK ({summary})")?;
+                    for warning in warnings {
+                        writeln!(err, "{name}: {KIND} {object}: warning: {warning}")?;
+                    }
                 }
                 Document::Invalid { object, errors } => {
                     all_ok = false;
@@ -131,8 +138,13 @@ pub fn validate_files_with(
 /// The verdict on one document of a manifest file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Document {
-    /// An EnvoyConfig that converts cleanly; `summary` names its node and counts.
-    Valid { object: String, summary: String },
+    /// An EnvoyConfig that converts cleanly; `summary` names its node and counts, `warnings`
+    /// what Envoy accepts but will not do what the user meant ([`crate::warnings`]).
+    Valid {
+        object: String,
+        summary: String,
+        warnings: Vec<String>,
+    },
     /// An EnvoyConfig (or a document that cannot be read as one) with every problem found.
     Invalid {
         object: String,
@@ -362,6 +374,7 @@ fn validate_document(
             None => Document::Valid {
                 object: name,
                 summary: summary(&spec, &resources),
+                warnings: crate::warnings::warnings(&spec),
             },
             Some((judge, version)) => match judge.judge(&spec) {
                 Ok(()) => Document::Valid {
@@ -370,6 +383,7 @@ fn validate_document(
                         "{}; accepted by Envoy {version}",
                         summary(&spec, &resources)
                     ),
+                    warnings: crate::warnings::warnings(&spec),
                 },
                 Err(refused) => Document::Invalid {
                     object,
@@ -473,7 +487,8 @@ mod tests {
             [
                 Document::Valid {
                     object: "default/good".into(),
-                    summary: "node proxy, 1 resources: clusters 1".into()
+                    summary: "node proxy, 1 resources: clusters 1".into(),
+                    warnings: vec![],
                 },
                 Document::Skipped {
                     object: "Secret s".into(),

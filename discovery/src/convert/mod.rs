@@ -119,18 +119,8 @@ pub fn envoy_resources(
                     continue;
                 }
             };
-            if let Some(name) = entry.name.as_deref()
-                && name != resource.name
-            {
-                errors.push(ConversionError::new(
-                    format!("{at}.name"),
-                    format!(
-                        "\"{name}\" differs from the resource's own name \"{}\"; \
-                         remove it or make them equal",
-                        resource.name
-                    ),
-                ));
-            }
+            // A `name` that differs from the resource's own has no effect, as in the original
+            // (its HEAD documents it so): a warning (`crate::warnings`), not a refusal.
             if let Some(&first) = seen.get(&resource.name) {
                 errors.push(ConversionError::new(
                     at,

@@ -291,6 +291,12 @@ fn reword(message: &str) -> String {
         let key = key.split(", set DuplicateKeyPolicy").next().unwrap_or(key);
         return format!("duplicate key \"{key}\"");
     }
+    // prost-reflect's words for a Duration it cannot read say nothing of the format.
+    if message == "failed to parse duration" {
+        return "expected a duration in seconds ending in 's', such as \"0.25s\" or \"5s\" \
+                (Go-style units such as \"250ms\" are not protobuf JSON; Envoy refuses them too)"
+            .to_owned();
+    }
     if message == "invalid digit found in string" {
         return "expected an integer".to_owned();
     }

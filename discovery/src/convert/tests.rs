@@ -231,8 +231,9 @@ fn bad_values_are_reported_with_their_path() {
         bad(
             T::Cluster,
             CLUSTER.replace("0.25s", "forever"),
-            "spec.envoyResources.clusters[0].value: connect_timeout: failed to parse duration \
-             (line 2, column 18 of the value)",
+            "spec.envoyResources.clusters[0].value: connect_timeout: expected a duration in \
+             seconds ending in 's', such as \"0.25s\" or \"5s\" (Go-style units such as \"250ms\" \
+             are not protobuf JSON; Envoy refuses them too) (line 2, column 18 of the value)",
         ),
         bad(
             T::Cluster,
@@ -407,8 +408,6 @@ fn every_error_of_a_spec_is_collected() {
         messages(&validate_config(&spec).unwrap_err()),
         [
             "spec.nodeID: must not be empty",
-            "spec.envoyResources.clusters[0].name: \"other\" differs from the resource's own \
-             name \"backend\"; remove it or make them equal",
             "spec.envoyResources.listeners[1].value: filter_chains[0].filters[0].typed_config: \
              unknown field \"stat_prefx\" (line 8, column 11 of the value)",
             "spec.envoyResources.listeners[2]: duplicate name \"http\" (also in listeners[0])",

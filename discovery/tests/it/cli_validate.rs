@@ -304,3 +304,47 @@ spec:
         "{out:?}"
     );
 }
+
+/// What Envoy accepts but will not work is admitted with a warning naming its path: a route
+/// to a cluster the config does not define, and an `envoyResources[].name` that differs from
+/// the resource's own (the original's tests use such names; it has no effect).
+#[test]
+fn references_to_undefined_resources_and_differing_names_are_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("warned.yaml");
+    std::fs::write(
+        &file,
+        r#"apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {name: warned, namespace: shop}
+spec:
+  nodeID: shop
+  serialization: yaml
+  envoyResources:
+    clusters:
+      - name: not-the-name
+        value: "name: app\nconnect_timeout: 1s"
+    routes:
+      - value: |
+          name: local
+          virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+                - match: {prefix: "/"}
+                  route: {cluster: nowhere}
+"#,
+    )
+    .unwrap();
+    let out = marin3r(&["validate", "-f", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning: spec.envoyResources.clusters[0].name: \"not-the-name\" differs from the resource's own name \"app\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: spec.envoyResources.routes[0].value: virtual_hosts[0].routes[0].route.cluster: no cluster named \"nowhere\""),
+        "{err}"
+    );
+}

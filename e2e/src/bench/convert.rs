@@ -9,7 +9,7 @@ use marin3r_discovery::convert::{descriptor_pool, envoy_resources};
 use super::{Row, Stats, human};
 
 /// An HTTP connection manager listener with an inline route table, as users write them.
-fn listener(i: usize) -> String {
+pub(super) fn listener(i: usize) -> String {
     format!(
         r#"name: listener-{i}
 address: {{ socket_address: {{ address: 0.0.0.0, port_value: {port} }} }}
@@ -39,7 +39,7 @@ filter_chains:
     )
 }
 
-fn cluster(i: usize) -> String {
+pub(super) fn cluster(i: usize) -> String {
     format!(
         r#"name: cluster-{i}
 connect_timeout: 0.5s
@@ -55,7 +55,7 @@ load_assignment:
     )
 }
 
-fn route(i: usize) -> String {
+pub(super) fn route(i: usize) -> String {
     format!(
         r#"name: route-{i}
 virtual_hosts:

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod certs;
 pub mod convert;
 pub mod soak;
+pub mod validation;
 pub mod xds;
 
 use std::time::Duration;

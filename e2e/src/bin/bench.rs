@@ -47,7 +47,15 @@ fn main() -> anyhow::Result<()> {
             || args.only.iter().any(|o| o == name)
     };
     let mut rows = Vec::new();
-    const ALL: [&str; 6] = ["certs", "convert", "admission", "xds", "soak", "abuse"];
+    const ALL: [&str; 7] = [
+        "certs",
+        "convert",
+        "validation",
+        "admission",
+        "xds",
+        "soak",
+        "abuse",
+    ];
     if let Some(unknown) = args.only.iter().find(|o| !ALL.contains(&o.as_str())) {
         anyhow::bail!(
             "unknown benchmark {unknown:?}: expected one of {}",
@@ -59,6 +67,9 @@ fn main() -> anyhow::Result<()> {
     }
     if wanted("convert") {
         rows.extend(marin3r_e2e::bench::convert::conversion(args.scale)?);
+    }
+    if wanted("validation") {
+        rows.extend(marin3r_e2e::bench::validation::validation(args.scale)?);
     }
     if wanted("admission") {
         rows.extend(marin3r_e2e::bench::admission::admission(args.scale)?);

@@ -1,0 +1,88 @@
+//! What judging a 100-resource EnvoyConfig costs (issue 25): marin3r's own checks (what the
+//! validating webhook runs at admission), then the same with real Envoy as the last judge
+//! (what `marin3r validate` runs when an Envoy binary is at hand), before and after adding it.
+
+use std::time::Instant;
+
+use marin3r_discovery::judge::EnvoyJudge;
+use serde_json::{Value, json};
+
+use super::convert::{cluster, listener, route};
+use super::{Row, Stats, human};
+
+/// An EnvoyConfig of 34 listeners, 33 clusters and 33 routes in `spec.resources`.
+fn hundred_resources() -> anyhow::Result<Value> {
+    let mut resources = Vec::new();
+    for i in 0..100 {
+        let (kind, text) = match i % 3 {
+            0 => ("listener", listener(i)),
+            1 => ("cluster", cluster(i)),
+            _ => ("route", route(i)),
+        };
+        let value: Value = serde_saphyr::from_str(&text)?;
+        resources.push(json!({"type": kind, "value": value}));
+    }
+    Ok(json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "hundred", "namespace": "bench"},
+        "spec": {"nodeID": "hundred", "resources": resources},
+    }))
+}
+
+pub fn validation(scale: f64) -> anyhow::Result<Vec<Row>> {
+    let object = hundred_resources()?;
+    let samples = ((50.0 * scale).round() as usize).max(1);
+    let case = "100 resources (34 listeners, 33 clusters, 33 routes), spec.resources";
+    let mut rows = Vec::new();
+
+    // The webhook's verdict: every check of our own.
+    let own =
+        |object: &Value| marin3r_discovery::rules::envoy_config_problems("bench", object, false);
+    anyhow::ensure!(
+        own(&object).is_empty(),
+        "benchmark input is invalid: {:?}",
+        own(&object)
+    );
+    let mut timings = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        std::hint::black_box(own(&object));
+        timings.push(start.elapsed());
+    }
+    if let Some(s) = Stats::of(&timings) {
+        rows.push(Row {
+            benchmark: "EnvoyConfig validation, marin3r's own checks (admission, before)".into(),
+            case: case.into(),
+            samples,
+            result: format!("median {}, p99 {}", human(s.p50), human(s.p99)),
+        });
+    }
+
+    // With Envoy as the last judge, as `marin3r validate` runs it.
+    let envoy = marin3r_testkit::tools::envoy()?;
+    let judge = EnvoyJudge::new(&envoy);
+    let (spec, _) =
+        marin3r_discovery::rules::read_spec(object["spec"].clone()).map_err(anyhow::Error::msg)?;
+    let mut timings = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        let problems = own(&object);
+        let verdict = judge.judge(&spec);
+        timings.push(start.elapsed());
+        anyhow::ensure!(
+            problems.is_empty() && verdict.is_ok(),
+            "Envoy refused the benchmark input: {verdict:?}"
+        );
+    }
+    if let Some(s) = Stats::of(&timings) {
+        rows.push(Row {
+            benchmark: "EnvoyConfig validation, own checks then Envoy 1.40 validate mode (after)"
+                .into(),
+            case: case.into(),
+            samples,
+            result: format!("median {}, p99 {}", human(s.p50), human(s.p99)),
+        });
+    }
+    Ok(rows)
+}
