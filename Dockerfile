@@ -8,6 +8,11 @@
 # package manager). Both are public; override them with --build-arg for a mirror.
 ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
+# The Envoy the discovery pod's validating webhook runs (`envoy --mode validate`) as the last
+# judge of an EnvoyConfig: the release the sidecars run by default.
+ARG ENVOY_IMAGE=docker.io/envoyproxy/envoy:v1.40.0
+
+FROM ${ENVOY_IMAGE} AS envoy
 
 FROM ${RUST_IMAGE} AS build
 WORKDIR /src
@@ -19,6 +24,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM ${RUNTIME_IMAGE}
 COPY --from=build /marin3r /usr/local/bin/marin3r
+COPY --from=envoy /usr/local/bin/envoy /usr/local/bin/envoy
 # Numeric, so kubelet can check `runAsNonRoot` without reading /etc/passwd.
 # Keep in step with marin3r_discovery::IMAGE_USER (discovery/tests/it/image.rs checks).
 USER 65532:65532

@@ -27,6 +27,46 @@ use marin3r_xds::resource::ResourceType;
 /// How long one validation may take before Envoy is killed.
 const TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The most Envoy processes one `marin3r` process runs at once (each ~60 ms of CPU): a burst
+/// of admissions, or a failing config judged resource by resource, waits its turn.
+const MAX_PROCESSES: usize = 4;
+
+static RUNNING: (std::sync::Mutex<usize>, std::sync::Condvar) =
+    (std::sync::Mutex::new(0), std::sync::Condvar::new());
+
+/// One of the [`MAX_PROCESSES`] slots, released on drop.
+struct Slot;
+
+impl Slot {
+    fn take() -> Self {
+        let (count, freed) = &RUNNING;
+        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+        while *n >= MAX_PROCESSES {
+            n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
+        }
+        *n += 1;
+        Self
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let (count, freed) = &RUNNING;
+        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        freed.notify_one();
+    }
+}
+
+/// Why Envoy did not accept a config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JudgeError {
+    /// Envoy refused it: each problem as `path: Envoy: message`.
+    Refused(Vec<String>),
+    /// Envoy could not be run (missing binary, timeout): no verdict.
+    Unavailable(String),
+}
+
 /// The prefix of every name the judge adds to the bootstrap.
 const OWN: &str = "marin3r-judge";
 
@@ -77,59 +117,78 @@ impl EnvoyJudge {
         build.split('/').nth(1).map(str::to_owned)
     }
 
-    /// Envoy's verdict on every entry of `spec`: each problem as `path: Envoy: message`.
-    pub fn judge(&self, spec: &EnvoyConfigSpec) -> Result<(), Vec<String>> {
-        let entries = entries(spec).map_err(|e| vec![e])?;
+    /// Envoy's verdict on every entry of `spec`.
+    pub fn judge(&self, spec: &EnvoyConfigSpec) -> Result<(), JudgeError> {
+        let entries = entries(spec).map_err(|e| JudgeError::Refused(vec![e]))?;
         self.judge_entries(&entries)
     }
 
     /// Envoy's verdict on `entries`, attributed to the entry that fails.
-    pub fn judge_entries(&self, entries: &[Entry]) -> Result<(), Vec<String>> {
+    pub fn judge_entries(&self, entries: &[Entry]) -> Result<(), JudgeError> {
         if entries.is_empty() {
             return Ok(());
         }
-        let Err(whole) = self.validate(&bootstrap(entries)) else {
-            return Ok(());
+        let whole = match self.run(&bootstrap(entries)) {
+            Ok(()) => return Ok(()),
+            Err(Run::Unavailable(why)) => return Err(JudgeError::Unavailable(why)),
+            Err(Run::Refused(whole)) => whole,
         };
         if entries.len() == 1 {
-            return Err(vec![format!("{}: Envoy: {whole}", entries[0].path)]);
+            return Err(JudgeError::Refused(vec![format!(
+                "{}: Envoy: {whole}",
+                entries[0].path
+            )]));
         }
-        let alone: Vec<String> = std::thread::scope(|scope| {
-            let runs: Vec<_> = entries
-                .iter()
-                .map(|e| {
-                    scope.spawn(move || {
-                        self.validate(&bootstrap(std::slice::from_ref(e)))
-                            .err()
-                            .map(|m| format!("{}: Envoy: {m}", e.path))
+        // Each entry alone, a few at a time (the slots bound the processes anyway).
+        let mut alone = Vec::new();
+        for chunk in entries.chunks(MAX_PROCESSES) {
+            alone.extend(std::thread::scope(|scope| {
+                let runs: Vec<_> = chunk
+                    .iter()
+                    .map(|e| {
+                        scope.spawn(
+                            move || match self.run(&bootstrap(std::slice::from_ref(e))) {
+                                Err(Run::Refused(m)) => Some(format!("{}: Envoy: {m}", e.path)),
+                                _ => None,
+                            },
+                        )
                     })
-                })
-                .collect();
-            runs.into_iter()
-                .filter_map(|r| r.join().ok().flatten())
-                .collect()
-        });
-        if alone.is_empty() {
-            Err(vec![format!(
-                "spec: Envoy, with every resource together: {whole}"
-            )])
-        } else {
-            Err(alone)
+                    .collect();
+                runs.into_iter()
+                    .filter_map(|r| r.join().ok().flatten())
+                    .collect::<Vec<_>>()
+            }));
         }
+        if alone.is_empty() {
+            alone.push(format!(
+                "spec: Envoy, with every resource together: {whole}"
+            ));
+        }
+        Err(JudgeError::Refused(alone))
     }
 
-    /// Runs `envoy --mode validate` on `bootstrap`: `Ok` or Envoy's message.
+    /// Runs `envoy --mode validate` on `bootstrap`: `Ok` or Envoy's message (or why Envoy
+    /// could not run).
     pub fn validate(&self, bootstrap: &Value) -> Result<(), String> {
-        let dir = tempfile::tempdir().map_err(|e| format!("a temporary folder: {e}"))?;
+        self.run(bootstrap).map_err(|r| match r {
+            Run::Refused(m) | Run::Unavailable(m) => m,
+        })
+    }
+
+    fn run(&self, bootstrap: &Value) -> Result<(), Run> {
+        let _slot = Slot::take();
+        let unavailable = Run::Unavailable;
+        let dir =
+            tempfile::tempdir().map_err(|e| unavailable(format!("a temporary folder: {e}")))?;
         let file = dir.path().join("bootstrap.json");
-        std::fs::write(&file, bootstrap.to_string()).map_err(|e| e.to_string())?;
+        std::fs::write(&file, bootstrap.to_string()).map_err(|e| unavailable(e.to_string()))?;
         let mut child = Command::new(&self.binary)
             .args(["--mode", "validate", "--log-level", "critical", "-c"])
             .arg(&file)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .map_err(|e| format!("running {}: {e}", self.binary.display()))?;
+            .map_err(|e| unavailable(format!("running {}: {e}", self.binary.display())))?;
         let deadline = std::time::Instant::now() + TIMEOUT;
         loop {
             match child.try_wait() {
@@ -140,15 +199,15 @@ impl EnvoyJudge {
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!(
+                    return Err(unavailable(format!(
                         "Envoy did not finish validating within {TIMEOUT:?}"
-                    ));
+                    )));
                 }
             }
         }
         let out = child
             .wait_with_output()
-            .map_err(|e| format!("reading Envoy's output: {e}"))?;
+            .map_err(|e| unavailable(format!("reading Envoy's output: {e}")))?;
         if out.status.success() {
             return Ok(());
         }
@@ -157,8 +216,14 @@ impl EnvoyJudge {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        Err(message(&text, &file.to_string_lossy()))
+        Err(Run::Refused(message(&text, &file.to_string_lossy())))
     }
+}
+
+/// How one Envoy run ended, when not with `Ok`.
+enum Run {
+    Refused(String),
+    Unavailable(String),
 }
 
 /// Envoy's reason from its output: the text after `error initializing configuration '<file>':`,

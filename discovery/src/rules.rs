@@ -81,8 +81,32 @@ pub fn envoy_config_problems(
 /// The validator the discovery service's webhook judges EnvoyConfigs with, warning about
 /// what Envoy accepts but will not work ([`crate::warnings`]).
 pub fn validator(allow_cross_namespace_secrets: bool) -> EnvoyConfigValidator {
+    validator_with(allow_cross_namespace_secrets, None)
+}
+
+/// [`validator`], with `judge` (real Envoy) judging what passes our own checks. When Envoy
+/// cannot run (a timeout, a missing binary) the config is admitted on our checks alone, with
+/// a log line: the NACK and the rollback still protect the fleet, and admission stays up.
+pub fn validator_with(
+    allow_cross_namespace_secrets: bool,
+    judge: Option<crate::judge::EnvoyJudge>,
+) -> EnvoyConfigValidator {
     EnvoyConfigValidator::new(move |namespace, object| {
-        envoy_config_problems(namespace, object, allow_cross_namespace_secrets)
+        let problems = envoy_config_problems(namespace, object, allow_cross_namespace_secrets);
+        let Some(judge) = judge.as_ref().filter(|_| problems.is_empty()) else {
+            return problems;
+        };
+        let Some((spec, _)) = object.get("spec").cloned().and_then(|s| read_spec(s).ok()) else {
+            return problems;
+        };
+        match judge.judge(&spec) {
+            Ok(()) => Vec::new(),
+            Err(crate::judge::JudgeError::Refused(refused)) => refused,
+            Err(crate::judge::JudgeError::Unavailable(why)) => {
+                tracing::warn!(%namespace, %why, "Envoy could not judge an EnvoyConfig; admitted on marin3r's own checks");
+                Vec::new()
+            }
+        }
     })
     .with_warnings(|_, object| envoy_config_warnings(object))
 }

@@ -166,12 +166,16 @@ pub(crate) const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
 /// The outcome of a request that is no AdmissionReview.
 pub(crate) const BAD_REQUEST: &str = "bad_request";
 
-/// Reads a review body within the limits, decides under a permit, and answers.
+/// Reads a review body within the limits, decides under a permit, and answers. The
+/// EnvoyConfig validation may run Envoy (tens of milliseconds): it decides on a blocking
+/// thread, so the injections on the same runtime are never held up by it.
 async fn admit(
-    state: &AppState,
+    state: &Arc<AppState>,
     body: Body,
     webhook: &'static str,
-    decide: impl FnOnce(&[u8], &AppState) -> Result<(serde_json::Value, Outcome), BadRequest>,
+    decide: impl FnOnce(&[u8], &AppState) -> Result<(serde_json::Value, Outcome), BadRequest>
+    + Send
+    + 'static,
 ) -> Response {
     let body = match read_body(state, body).await {
         Ok(body) => body,
@@ -182,7 +186,18 @@ async fn admit(
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
     };
     let started = Instant::now();
-    let result = decide(&body, state);
+    let result = if webhook == ENVOY_CONFIG_VALIDATION {
+        let shared = Arc::clone(state);
+        match tokio::task::spawn_blocking(move || decide(&body, &shared)).await {
+            Ok(result) => result,
+            Err(_) => {
+                return (StatusCode::INTERNAL_SERVER_ERROR, "the decision failed\n")
+                    .into_response();
+            }
+        }
+    } else {
+        decide(&body, state)
+    };
     let outcome = match &result {
         Ok((_, Outcome::Patched)) => "patched",
         Ok((_, Outcome::Unchanged)) if webhook == ENVOY_CONFIG_VALIDATION => "allowed",

@@ -36,6 +36,10 @@ use crate::controllers::{self, Readiness};
 
 #[derive(Debug, Args)]
 pub struct DiscoveryServiceArgs {
+    /// The Envoy binary the validating webhook runs (`envoy --mode validate`) on what passes
+    /// marin3r's own checks (default: /usr/local/bin/envoy when the image carries it).
+    #[arg(long, value_name = "PATH")]
+    envoy_binary: Option<std::path::PathBuf>,
     /// Port of the xDS server (gRPC ADS over mutual TLS).
     #[arg(long, default_value_t = DEFAULT_XDS_PORT)]
     xds_port: u16,
@@ -423,7 +427,26 @@ fn webhook_config(
     registry: &mut Registry,
 ) -> WebhookServerConfig {
     let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
-    webhook.envoy_config_validator = Some(crate::rules::validator(ALLOW_CROSS_NAMESPACE_SECRETS));
+    let judge = args
+        .envoy_binary
+        .clone()
+        .or_else(|| {
+            let image_envoy = std::path::Path::new(IMAGE_ENVOY);
+            image_envoy.is_file().then(|| image_envoy.to_path_buf())
+        })
+        .map(crate::judge::EnvoyJudge::new);
+    match &judge {
+        Some(j) => {
+            tracing::info!(envoy = %j.binary().display(), "EnvoyConfigs are judged by Envoy after marin3r's own checks")
+        }
+        None => {
+            tracing::info!("no Envoy binary: EnvoyConfigs are judged by marin3r's own checks only")
+        }
+    }
+    webhook.envoy_config_validator = Some(crate::rules::validator_with(
+        ALLOW_CROSS_NAMESPACE_SECRETS,
+        judge,
+    ));
     webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
     webhook.injection.discovery_service = args.discovery_service_name.clone();
     let limits = &args.webhook_limits;
@@ -432,6 +455,9 @@ fn webhook_config(
     webhook.metrics.register(registry);
     webhook
 }
+
+/// Where the marin3r image carries Envoy (the `Dockerfile` copies it from Envoy's image).
+const IMAGE_ENVOY: &str = "/usr/local/bin/envoy";
 
 /// Secrets of other namespaces are refused, by the webhook and the controllers alike.
 const ALLOW_CROSS_NAMESPACE_SECRETS: bool = false;

@@ -14,7 +14,7 @@ use marin3r_xds::resource::{Resource, ResourceType};
 
 use crate::api::EnvoyConfigSpec;
 use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
-use crate::judge::EnvoyJudge;
+use crate::judge::{EnvoyJudge, JudgeError};
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
 const KIND: &str = "EnvoyConfig";
@@ -385,9 +385,15 @@ fn validate_document(
                     ),
                     warnings: crate::warnings::warnings(&spec),
                 },
-                Err(refused) => Document::Invalid {
+                Err(JudgeError::Refused(refused)) => Document::Invalid {
                     object,
                     errors: refused.into_iter().map(Problem::from).collect(),
+                },
+                Err(JudgeError::Unavailable(why)) => Document::Invalid {
+                    object,
+                    errors: vec![Problem::from(format!(
+                        "Envoy could not judge it: {why} (--no-envoy runs marin3r's own checks only)"
+                    ))],
                 },
             },
         },

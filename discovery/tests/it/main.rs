@@ -5,6 +5,7 @@
 
 mod support;
 
+mod admission_envoy;
 mod api_outage;
 mod bootstrap;
 mod certs_cluster;
