@@ -20,8 +20,13 @@ pub fn read_spec(spec: Value) -> Result<(EnvoyConfigSpec, Vec<String>), String> 
     let mut unknown = Vec::new();
     let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
     let lenient = serde_ignored::Deserializer::new(spec, &mut on_unknown);
-    let spec: EnvoyConfigSpec = serde_path_to_error::deserialize(lenient)
-        .map_err(|e| format!("spec.{}: {}", e.path(), e.inner()))?;
+    let spec: EnvoyConfigSpec = serde_path_to_error::deserialize(lenient).map_err(|e| {
+        // The root's path is "." (a field missing from `spec` itself).
+        match e.path().to_string().as_str() {
+            "." => format!("spec: {}", e.inner()),
+            path => format!("spec.{path}: {}", e.inner()),
+        }
+    })?;
     let unknown = unknown
         .into_iter()
         .map(|path| format!("spec.{path}: unknown field (the API server would drop it)"))
@@ -164,6 +169,9 @@ mod tests {
             json!({"nodeID": "proxy", "envoyResourcez": {}}),
             json!({"nodeID": 7}),
             json!({"nodeID": "proxy", "resources": [{"type": "listner", "value": {}}]}),
+            // The two the issue found apart: an empty spec, a Secret of another namespace.
+            json!({}),
+            json!({"nodeID": "proxy", "envoyResources": {"secrets": [{"name": "cert", "ref": {"name": "cert", "namespace": "other"}}]}}),
         ];
         for spec in cases {
             let obj = object(spec.clone());

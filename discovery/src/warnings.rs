@@ -153,10 +153,8 @@ fn references(v: &Value, at: &mut String, out: &mut Vec<(String, Ref, String)>) 
             }
             for (key, child) in map {
                 let len = at.len();
-                if !at.is_empty() {
-                    at.push('.');
-                }
-                at.push_str(key);
+                let first = at.is_empty();
+                at.push_str(&crate::convert::key_segment(key, first));
                 references(child, at, out);
                 at.truncate(len);
             }

@@ -369,6 +369,15 @@ fn validate_document(
             return Document::Invalid { object, errors };
         }
     };
+    // What only the discovery service's settings decide, as the webhook judges it: a Secret
+    // of another namespace (the manifest's namespace, else `default` as kubectl would use).
+    let namespace = manifest.metadata.namespace.as_deref().unwrap_or("default");
+    errors.extend(
+        secret_sources(&spec)
+            .iter()
+            .filter_map(|source| crate::rules::foreign_secret(source, namespace, false))
+            .map(Problem::from),
+    );
     match validate_config(&spec) {
         Ok(resources) if errors.is_empty() => match envoy {
             None => Document::Valid {

@@ -79,7 +79,7 @@ fn parse_like_envoy(
         serde_path_to_error::Deserializer::new(value, &mut track),
         &options(),
     )
-    .map_err(|err| value_error(text, track.path().to_string(), &err.to_string(), None))
+    .map_err(|err| value_error(text, path_text(&track.path()), &err.to_string(), None))
 }
 
 /// Rewrites `value` (a `desc` message) the strict way where Envoy's parser is lenient: every
@@ -167,6 +167,37 @@ fn normalize_fields(
     }
 }
 
+/// A field path as users read it: `a.b[0].c`, with a map key that holds a dot (or anything
+/// but letters, digits, `_` and `-`) quoted, `typed_per_filter_config["envoy.filters.http.buffer"]`,
+/// so the path stays unambiguous.
+fn path_text(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                out.push_str(&key_segment(key, out.is_empty()));
+            }
+            Segment::Unknown => out.push_str(if out.is_empty() { "?" } else { ".?" }),
+        }
+    }
+    if out.is_empty() { ".".to_owned() } else { out }
+}
+
+/// `.key`, or `["key"]` when the key is not a plain identifier; no dot at the start.
+pub fn key_segment(key: &str, first: bool) -> String {
+    let plain = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    match (plain, first) {
+        (true, true) => key.to_owned(),
+        (true, false) => format!(".{key}"),
+        (false, _) => format!("[{key:?}]"),
+    }
+}
+
 fn options() -> DeserializeOptions {
     DeserializeOptions::new().deny_unknown_fields(true)
 }
@@ -182,7 +213,7 @@ fn parse_json(desc: &MessageDescriptor, text: &str) -> Result<DynamicMessage, Va
     .and_then(|msg| de.end().map(|()| msg));
     result.map_err(|err| {
         let location = (err.line() > 0).then(|| (err.line() as u64, err.column() as u64));
-        value_error(text, track.path().to_string(), &err.to_string(), location)
+        value_error(text, path_text(&track.path()), &err.to_string(), location)
     })
 }
 
@@ -197,7 +228,7 @@ fn parse_yaml(desc: &MessageDescriptor, text: &str) -> Result<DynamicMessage, Va
             &options(),
         );
         if result.is_err() {
-            path = Some(track.path().to_string());
+            path = Some(path_text(&track.path()));
         }
         result
     });
@@ -331,6 +362,17 @@ mod tests {
         ));
         assert!(!is_v2_name("envoy.config.listener.v3.Listener"));
         assert!(!is_v2_name("google.protobuf.v2.Thing"));
+    }
+
+    #[test]
+    fn map_keys_with_dots_are_quoted_in_paths() {
+        assert_eq!(key_segment("routes", true), "routes");
+        assert_eq!(key_segment("routes", false), ".routes");
+        assert_eq!(
+            key_segment("envoy.filters.http.buffer", false),
+            "[\"envoy.filters.http.buffer\"]"
+        );
+        assert_eq!(key_segment("a key", true), "[\"a key\"]");
     }
 
     #[test]

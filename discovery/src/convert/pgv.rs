@@ -215,7 +215,11 @@ impl Validator {
                 Value::Map(map) => {
                     for (key, item) in map {
                         if let Value::Message(nested) = item {
-                            path.push(format!("{}.{}", field.name(), map_key(key)));
+                            path.push(format!(
+                                "{}{}",
+                                field.name(),
+                                super::parse::key_segment(&map_key(key), false)
+                            ));
                             self.check_message(nested, path, errors);
                             path.pop();
                         }
