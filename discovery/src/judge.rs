@@ -24,6 +24,9 @@ use serde_json::{Value, json};
 use crate::api::{EnvoyConfigSpec, Serialization};
 use marin3r_xds::resource::ResourceType;
 
+/// The largest bootstrap passed inline (`--config-yaml`): one argument may hold 128 KiB.
+const MAX_INLINE: usize = 120 * 1024;
+
 /// How long one validation may take before Envoy is killed.
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -178,13 +181,24 @@ impl EnvoyJudge {
     fn run(&self, bootstrap: &Value) -> Result<(), Run> {
         let _slot = Slot::take();
         let unavailable = Run::Unavailable;
-        let dir =
-            tempfile::tempdir().map_err(|e| unavailable(format!("a temporary folder: {e}")))?;
-        let file = dir.path().join("bootstrap.json");
-        std::fs::write(&file, bootstrap.to_string()).map_err(|e| unavailable(e.to_string()))?;
-        let mut child = Command::new(&self.binary)
-            .args(["--mode", "validate", "--log-level", "critical", "-c"])
-            .arg(&file)
+        let text = bootstrap.to_string();
+        let mut command = Command::new(&self.binary);
+        command.args(["--mode", "validate", "--log-level", "critical"]);
+        // Inline when it fits one argument (the discovery pod's root is read-only); a larger
+        // one goes through a temporary file.
+        let (_dir, source) = if text.len() <= MAX_INLINE {
+            command.arg("--config-yaml").arg(&text);
+            (None, String::new())
+        } else {
+            let dir =
+                tempfile::tempdir().map_err(|e| unavailable(format!("a temporary folder: {e}")))?;
+            let file = dir.path().join("bootstrap.json");
+            std::fs::write(&file, &text).map_err(|e| unavailable(e.to_string()))?;
+            command.arg("-c").arg(&file);
+            let source = file.to_string_lossy().into_owned();
+            (Some(dir), source)
+        };
+        let mut child = command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -211,12 +225,12 @@ impl EnvoyJudge {
         if out.status.success() {
             return Ok(());
         }
-        let text = format!(
+        let output = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        Err(Run::Refused(message(&text, &file.to_string_lossy())))
+        Err(Run::Refused(message(&output, &source)))
     }
 }
 

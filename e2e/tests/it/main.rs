@@ -11,6 +11,7 @@ mod convert_envoy;
 mod demo;
 mod envoy_deployment_e2e;
 mod envoy_deployment_replicas_e2e;
+mod envoy_judge_e2e;
 mod envoy_smoke;
 mod gateway_traffic;
 mod monitoring_e2e;

@@ -480,6 +480,7 @@ mod tests {
             },
             envoy_entrypoint: envoy,
             user: 0,
+            files: Vec::new(),
         }
     }
 

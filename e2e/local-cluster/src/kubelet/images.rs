@@ -17,6 +17,9 @@ pub struct ImageBinary {
     pub envoy_entrypoint: bool,
     /// The uid the image runs as when the pod sets no `runAsUser` (0: root).
     pub user: i64,
+    /// Other files the image holds, as (path in the image, local file): bind-mounted read-only
+    /// into each of its containers, as a multi-binary image carries them.
+    pub files: Vec<(PathBuf, PathBuf)>,
 }
 
 /// `envoyproxy/envoy` starts as root (its entrypoint drops to the `envoy` user itself);
@@ -29,6 +32,8 @@ pub struct ImageMap {
     pinned: Vec<Pinned>,
     envoy: Option<PathBuf>,
     extra: Vec<(String, PathBuf)>,
+    /// (image name, path in the image, local file): see [`ImageMap::with_file`].
+    files: Vec<(String, PathBuf, PathBuf)>,
 }
 
 /// The one image of its name the cluster runs (see [`ImageMap::pin`]).
@@ -102,6 +107,19 @@ impl ImageMap {
         self
     }
 
+    /// Puts the local file `source` at `path` in every container of image `name` (as written,
+    /// without its tag, or its last path segment), as an image holding more than its
+    /// entrypoint does (the marin3r image carries Envoy).
+    pub fn with_file(
+        mut self,
+        name: impl Into<String>,
+        path: impl Into<PathBuf>,
+        source: impl Into<PathBuf>,
+    ) -> Self {
+        self.files.push((name.into(), path.into(), source.into()));
+        self
+    }
+
     /// Maps an image (as written, without its tag, or its last path segment) to a binary.
     pub fn with(mut self, name: impl Into<String>, path: impl Into<PathBuf>) -> Self {
         self.extra.push((name.into(), path.into()));
@@ -124,6 +142,19 @@ impl ImageMap {
 
     /// The binary for an image, or the message a pull error shows.
     pub fn resolve(&self, image: &str) -> Result<ImageBinary, String> {
+        let mut binary = self.resolve_binary(image)?;
+        let repo = repository(image);
+        let last = repo.rsplit('/').next().unwrap_or(repo);
+        binary.files = self
+            .files
+            .iter()
+            .filter(|(name, _, _)| name == image || name == repo || name == last)
+            .map(|(_, path, source)| (path.clone(), source.clone()))
+            .collect();
+        Ok(binary)
+    }
+
+    fn resolve_binary(&self, image: &str) -> Result<ImageBinary, String> {
         let repo = repository(image);
         let last = repo.rsplit('/').next().unwrap_or(repo);
         // An image of unknown origin is taken to run as root, as most do.
@@ -132,6 +163,7 @@ impl ImageMap {
             default_args: Vec::new(),
             envoy_entrypoint: false,
             user,
+            files: Vec::new(),
         };
         if let Some((_, path)) = self
             .extra
@@ -167,6 +199,7 @@ impl ImageMap {
                     } else {
                         ENVOY_USER
                     },
+                    files: Vec::new(),
                 }),
                 None => Err(format!(
                     "image {image:?}: Envoy is not installed (run hack/install-tools)"

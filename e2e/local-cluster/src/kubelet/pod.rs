@@ -490,7 +490,12 @@ impl PodShared {
             vars.push(("PATH".into(), DEFAULT_PATH.into()));
         }
         let argv = env::argv(&container, &image, &vars);
-        let mounts = self.mounts(&pod, &container).map_err(config_error)?;
+        let mut mounts = self.mounts(&pod, &container).map_err(config_error)?;
+        mounts.extend(image.files.iter().map(|(path, source)| Mount {
+            source: std::fs::canonicalize(source).unwrap_or_else(|_| source.clone()),
+            target: path.clone(),
+            read_only: true,
+        }));
         let cdir = self.dir.join("containers").join(&container.name);
         let launch = Launch {
             mounts,

@@ -1,0 +1,87 @@
+//! The validating webhook with real Envoy as the last judge, on the local cluster through
+//! kubectl: the discovery pod runs the marin3r image, which carries Envoy (the local cluster
+//! puts the installed Envoy at /usr/local/bin/envoy in it, as the Dockerfile does), so an
+//! EnvoyConfig that passes marin3r's own checks and that Envoy refuses is refused at
+//! `kubectl apply`, in Envoy's words and on the resource; the way Envoy takes is admitted, with
+//! a warning for the route to a cluster the config does not define.
+
+use kube::Api;
+use marin3r_discovery::api::EnvoyConfig;
+use marin3r_e2e::product::install;
+use marin3r_local_cluster::cluster::create_restricted_namespace;
+
+const NS: &str = "judged";
+
+const DISCOVERY_SERVICE: &str = r#"
+apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryService
+metadata: {name: instance, namespace: judged}
+spec: {}
+"#;
+
+fn envoy_config(per_filter: &str) -> String {
+    format!(
+        r#"
+apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {{name: routes, namespace: judged}}
+spec:
+  nodeID: routes
+  resources:
+    - type: route
+      value:
+        name: local
+        virtual_hosts:
+          - name: all
+            domains: ["*"]
+            routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: app}}
+                typed_per_filter_config:
+                  envoy.filters.http.buffer: {per_filter}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_is_refused_in_envoys_words_for_what_only_envoy_refuses() {
+    let installed = install(marin3r_e2e::product::images()).await.unwrap();
+    create_restricted_namespace(&installed.client, NS)
+        .await
+        .unwrap();
+    installed.apply(DISCOVERY_SERVICE).await.unwrap();
+    installed.discovery_service_ready(NS, "instance").await;
+
+    // An empty Any straight in the map: Envoy finds no filter for an empty type.
+    let refused = installed
+        .kubectl
+        .run_with(&["apply", "--server-side", "-f", "-"], &envoy_config("{}"))
+        .await
+        .unwrap();
+    assert!(!refused.success, "{refused:?}");
+    let err = &refused.stderr;
+    assert!(
+        err.contains("spec.resources[0].value: Envoy: Didn't find a registered implementation for 'envoy.filters.http.buffer' with type URL: ''"),
+        "{err}"
+    );
+    let configs: Api<EnvoyConfig> = Api::namespaced(installed.client.clone(), NS);
+    assert!(configs.get_opt("routes").await.unwrap().is_none());
+
+    // Enabling the filter the way Envoy takes it: admitted, with a warning for the cluster.
+    let admitted = installed
+        .kubectl
+        .run_with(
+            &["apply", "--server-side", "-f", "-"],
+            &envoy_config(
+                r#"{"@type": type.googleapis.com/envoy.config.route.v3.FilterConfig, config: {}}"#,
+            ),
+        )
+        .await
+        .unwrap();
+    let err = &admitted.stderr;
+    assert!(admitted.success, "{admitted:?}");
+    assert!(
+        err.contains("Warning: spec.resources[0].value: virtual_hosts[0].routes[0].route.cluster: no cluster named \"app\""),
+        "{err}"
+    );
+}
