@@ -20,8 +20,7 @@ pub fn marin3r_bin() -> Option<PathBuf> {
     from_env.or(built).filter(|p| p.is_file())
 }
 
-/// What this machine has: the installed Envoy for `envoyproxy/envoy*` images (and inside the
-/// marin3r image, as the `Dockerfile` puts it there), and the given
+/// What this machine has: the installed Envoy for `envoyproxy/envoy*` images, and the given
 /// `marin3r` (else [`marin3r_bin`]) for exactly this build's image
 /// ([`marin3r_discovery::IMAGE`], the name `manifests/` and the operator use), run as the
 /// image's user; any other marin3r image fails to pull. Missing binaries leave their images
@@ -29,11 +28,7 @@ pub fn marin3r_bin() -> Option<PathBuf> {
 pub fn images_with(marin3r: Option<PathBuf>) -> ImageMap {
     let mut map = ImageMap::new();
     if let Ok(envoy) = tools::envoy() {
-        // The marin3r image carries Envoy at /usr/local/bin/envoy (the Dockerfile copies it),
-        // the judge its validating webhook runs.
-        map = map
-            .with_envoy(&envoy)
-            .with_file("marin3r", "/usr/local/bin/envoy", envoy);
+        map = map.with_envoy(envoy);
     }
     let binary = marin3r.or_else(marin3r_bin).ok_or_else(|| {
         "no marin3r binary configured for the local cluster (build it with \
@@ -45,6 +40,17 @@ pub fn images_with(marin3r: Option<PathBuf>) -> ImageMap {
         binary,
         marin3r_discovery::IMAGE_USER,
     )
+}
+
+/// [`images`] with the installed Envoy inside the marin3r image at /usr/local/bin/envoy, as the
+/// `Dockerfile` builds it: the validating webhook then judges with Envoy. The other scenarios
+/// run without it, since they need configs that pass admission and that Envoy then NACKs.
+pub fn images_with_envoy_judge() -> ImageMap {
+    let map = images();
+    match tools::envoy() {
+        Ok(envoy) => map.with_file("marin3r", "/usr/local/bin/envoy", envoy),
+        Err(_) => map,
+    }
 }
 
 /// [`images_with`] the built `marin3r`.

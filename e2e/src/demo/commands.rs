@@ -32,6 +32,8 @@ pub const PROXY_STATUS: &str = "marin3r proxy-status -n demo";
 pub const PROXY_CONFIG: &str = "marin3r proxy-config -n demo deployment/demo listeners";
 /// The `SYNCED` column: how many connected proxies acknowledged the published version.
 pub const GET_CONFIG_SYNCED: &str = "kubectl get envoyconfig demo-proxy -n demo";
+/// The installation checked part by part; exit code 0 only when every check passes.
+pub const CHECK: &str = "marin3r check";
 
 /// The EnvoyDeployment guide's commands (`docs/envoydeployment.md`), run word for word by
 /// the gateway end-to-end test (`e2e/tests/it/envoy_deployment_e2e.rs`).
@@ -73,6 +75,7 @@ pub const ALL: &[&str] = &[
     PROXY_STATUS,
     PROXY_CONFIG,
     GET_CONFIG_SYNCED,
+    CHECK,
 ];
 
 /// Runs one documented command from `repo` (whitespace-separated words, as in the docs),

@@ -330,6 +330,14 @@ impl Demo {
                 .await?;
                 Narrator::show(&format!("$ {}", commands::GET_CONFIG_SYNCED));
                 Narrator::show(&table);
+                // `marin3r check` passes on the demo's cluster (the rolled-back config is a
+                // warning, not a failure).
+                let checked = wait_for("marin3r check to pass", t, || async {
+                    Ok(Some(self.doc(commands::CHECK).await?))
+                })
+                .await?;
+                Narrator::show(&format!("$ {}", commands::CHECK));
+                Narrator::show(&checked);
                 Ok(((), "the proxy holds what is served; SYNCED 1/1".to_owned()))
             },
         )

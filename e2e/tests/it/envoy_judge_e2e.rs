@@ -45,7 +45,9 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_is_refused_in_envoys_words_for_what_only_envoy_refuses() {
-    let installed = install(marin3r_e2e::product::images()).await.unwrap();
+    let installed = install(marin3r_e2e::product::images_with_envoy_judge())
+        .await
+        .unwrap();
     create_restricted_namespace(&installed.client, NS)
         .await
         .unwrap();
