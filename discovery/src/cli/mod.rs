@@ -18,6 +18,7 @@ mod proxy_config;
 mod proxy_status;
 mod shutdown_manager;
 mod sidecar_defaults;
+mod table;
 pub(crate) mod validate;
 mod version;
 mod wait_for_proxy;

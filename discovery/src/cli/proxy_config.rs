@@ -269,20 +269,7 @@ fn table(entries: &[Entry]) -> String {
             e.last_updated.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
-    let widths: Vec<usize> = (0..5)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
-    out
+    super::table::aligned(&rows)
 }
 
 #[cfg(test)]

@@ -319,19 +319,7 @@ pub fn render(answers: &[Answer]) -> String {
         row.extend(columns.iter().map(|c| cell(p.types.get(*c))));
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
+    let mut out = super::table::aligned(&rows);
     let nacks: Vec<String> = proxies.iter().flat_map(|(_, p)| nack_lines(p)).collect();
     if !nacks.is_empty() {
         out.push_str("\nLast NACKs:\n");
