@@ -18,10 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::api::{EnvoyConfigSpec, Serialization};
+use crate::api::EnvoyConfigSpec;
 use marin3r_xds::resource::ResourceType;
 
 /// The largest bootstrap passed inline (`--config-yaml`): one argument may hold 128 KiB.
@@ -261,8 +260,8 @@ pub fn entries(spec: &EnvoyConfigSpec) -> Result<Vec<Entry>, String> {
     for (kind, list) in spec.envoy_resources.serialized() {
         for (i, entry) in list.iter().enumerate() {
             let path = format!("spec.envoyResources.{}[{i}].value", kind.spec_field());
-            let value =
-                text_value(&entry.value, spec.serialization).map_err(|e| format!("{path}: {e}"))?;
+            let value = crate::convert::value_of(&entry.value, spec.serialization)
+                .map_err(|e| format!("{path}: {e}"))?;
             out.push(Entry { path, kind, value });
         }
     }
@@ -276,20 +275,6 @@ pub fn entries(spec: &EnvoyConfigSpec) -> Result<Vec<Entry>, String> {
         }
     }
     Ok(out)
-}
-
-fn text_value(text: &str, serialization: Serialization) -> Result<Value, String> {
-    match serialization {
-        Serialization::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
-        Serialization::Yaml => serde_saphyr::from_str(text).map_err(|e| e.to_string()),
-        Serialization::B64json => {
-            let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(compact.as_bytes())
-                .map_err(|e| e.to_string())?;
-            serde_json::from_slice(&bytes).map_err(|e| e.to_string())
-        }
-    }
 }
 
 /// The bootstrap holding `entries` (see the module's documentation).

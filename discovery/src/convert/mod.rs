@@ -24,7 +24,7 @@ use marin3r_xds::resource::{Resource, ResourceType};
 
 pub use endpoints::endpoints_from_slices;
 pub use error::{ConversionError, ValueError};
-pub use parse::{is_v2_name, key_segment};
+pub use parse::{is_v2_name, key_segment, value_of};
 pub use pool::{PoolError, descriptor_pool};
 pub use secret::{SecretError, generic_secret, tls_secret, validation_context_secret};
 pub use sources::{

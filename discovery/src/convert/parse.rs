@@ -41,17 +41,27 @@ fn parse_streaming(
     match serialization {
         Serialization::Json => parse_json(desc, text),
         Serialization::Yaml => parse_yaml(desc, text),
-        Serialization::B64json => {
-            // Manifests often wrap long base64 strings; whitespace is not part of the data.
-            let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(compact.as_bytes())
-                .map_err(|e| ValueError::whole(format!("invalid base64: {e}")))?;
-            let json = String::from_utf8(bytes).map_err(|_| {
-                ValueError::whole("the base64 value does not decode to UTF-8 JSON text")
-            })?;
-            parse_json(desc, &json)
-        }
+        Serialization::B64json => parse_json(desc, &b64_json(text).map_err(ValueError::whole)?),
+    }
+}
+
+/// The JSON text a `b64json` value holds.
+fn b64_json(text: &str) -> Result<String, String> {
+    // Manifests often wrap long base64 strings; whitespace is not part of the data.
+    let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .map_err(|e| format!("invalid base64: {e}"))?;
+    String::from_utf8(bytes)
+        .map_err(|_| "the base64 value does not decode to UTF-8 JSON text".to_owned())
+}
+
+/// A serialized value as a JSON value, as written (no descriptor, no checks).
+pub fn value_of(text: &str, serialization: Serialization) -> Result<serde_json::Value, String> {
+    match serialization {
+        Serialization::Yaml => serde_saphyr::from_str(text).map_err(|e| e.to_string()),
+        Serialization::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
+        Serialization::B64json => serde_json::from_str(&b64_json(text)?).map_err(|e| e.to_string()),
     }
 }
 
@@ -60,18 +70,7 @@ fn parse_like_envoy(
     text: &str,
     serialization: Serialization,
 ) -> Result<DynamicMessage, ValueError> {
-    let parsed: Result<serde_json::Value, String> = match serialization {
-        Serialization::Yaml => serde_saphyr::from_str(text).map_err(|e| e.to_string()),
-        Serialization::Json => serde_json::from_str(text).map_err(|e| e.to_string()),
-        Serialization::B64json => {
-            let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
-            base64::engine::general_purpose::STANDARD
-                .decode(compact.as_bytes())
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-        }
-    };
-    let mut value = parsed.map_err(ValueError::whole)?;
+    let mut value = value_of(text, serialization).map_err(ValueError::whole)?;
     normalize(desc, &mut value);
     let mut track = serde_path_to_error::Track::new();
     DynamicMessage::deserialize_with_options(
