@@ -254,7 +254,8 @@ fn message(output: &str, file: &str) -> String {
     })
 }
 
-/// The entries of `spec` Envoy can judge, as the user wrote them.
+/// The entries of `spec` Envoy can judge, as the user wrote them: `envoyResources` first, in
+/// the order `EnvoyResources::serialized` lists them, then `resources`.
 pub fn entries(spec: &EnvoyConfigSpec) -> Result<Vec<Entry>, String> {
     let mut out = Vec::new();
     for (kind, list) in spec.envoy_resources.serialized() {

@@ -20,42 +20,35 @@ const MAX_WARNINGS: usize = 20;
 
 /// Every warning for `spec`, each with its field path.
 pub fn warnings(spec: &EnvoyConfigSpec) -> Vec<String> {
-    let mut out = name_warnings(spec);
-    if let Ok(entries) = entries(spec) {
-        out.extend(reference_warnings(spec, &entries));
-    }
+    let Ok(entries) = entries(spec) else {
+        return Vec::new();
+    };
+    let mut out = name_warnings(spec, &entries);
+    out.extend(reference_warnings(spec, &entries));
     out.truncate(MAX_WARNINGS);
     out
 }
 
-fn name_warnings(spec: &EnvoyConfigSpec) -> Vec<String> {
+/// `entries` holds the `envoyResources` values first, in the order `serialized` lists them.
+fn name_warnings(spec: &EnvoyConfigSpec, entries: &[Entry]) -> Vec<String> {
+    let listed = spec
+        .envoy_resources
+        .serialized()
+        .into_iter()
+        .flat_map(|(kind, list)| list.iter().enumerate().map(move |(i, e)| (kind, i, e)));
     let mut out = Vec::new();
-    for (kind, list) in spec.envoy_resources.serialized() {
-        let Ok(values) = entries_of(spec, kind) else {
-            continue;
-        };
-        for (i, (entry, value)) in list.iter().zip(values).enumerate() {
-            let own = own_name(kind, &value);
-            if let (Some(name), Some(own)) = (entry.name.as_deref(), own)
-                && name != own
-            {
-                out.push(format!(
-                    "spec.envoyResources.{}[{i}].name: \"{name}\" differs from the resource's own \
-                     name \"{own}\" and has no effect (the resource is served as \"{own}\")",
-                    kind.spec_field()
-                ));
-            }
+    for ((kind, i, entry), value) in listed.zip(entries) {
+        if let (Some(name), Some(own)) = (entry.name.as_deref(), own_name(kind, &value.value))
+            && name != own
+        {
+            out.push(format!(
+                "spec.envoyResources.{}[{i}].name: \"{name}\" differs from the resource's own \
+                 name \"{own}\" and has no effect (the resource is served as \"{own}\")",
+                kind.spec_field()
+            ));
         }
     }
     out
-}
-
-fn entries_of(spec: &EnvoyConfigSpec, kind: ResourceType) -> Result<Vec<Value>, String> {
-    Ok(entries(spec)?
-        .into_iter()
-        .filter(|e| e.kind == kind && e.path.starts_with("spec.envoyResources."))
-        .map(|e| e.value)
-        .collect())
 }
 
 fn own_name(kind: ResourceType, value: &Value) -> Option<&str> {
