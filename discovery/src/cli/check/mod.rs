@@ -6,13 +6,11 @@
 use std::fmt::Write;
 use std::process::ExitCode;
 
+mod served;
+
 use clap::Args;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
@@ -20,10 +18,9 @@ use marin3r_certs::api::DiscoveryServiceCertificate;
 use time::OffsetDateTime;
 
 use super::cluster::ClusterArgs;
-use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
+use crate::api::discovery_service::DiscoveryService;
 use crate::api::{EnvoyConfig, crds};
-use crate::operator::build;
-use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
+use served::{check_namespaces, check_webhooks};
 
 /// How long past its renewal time a certificate may go before it counts as not renewed.
 const RENEWAL_GRACE: time::Duration = time::Duration::minutes(10);
@@ -300,199 +297,6 @@ async fn check_discovery_service(
     };
     check_webhooks(client, ds, &ca, report).await;
     check_namespaces(client, ds, &ca, report).await;
-}
-
-/// A webhook: its configuration and name, its caBundle, its Service (namespace, name).
-type Hook = (String, Option<Vec<u8>>, Option<(String, String)>);
-
-async fn check_webhooks(
-    client: &kube::Client,
-    ds: &DiscoveryService,
-    ca: &str,
-    report: &mut Report,
-) {
-    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-    let params = ListParams::default().labels(&build::owner_selector(&name, &ns));
-    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let mut hooks: Vec<Hook> = Vec::new();
-    let service = |s: &Option<k8s_openapi::api::admissionregistration::v1::ServiceReference>| {
-        s.as_ref().map(|s| (s.namespace.clone(), s.name.clone()))
-    };
-    match (mutating.list(&params).await, validating.list(&params).await) {
-        (Ok(m), Ok(v)) => {
-            for c in &m.items {
-                for w in c.webhooks.iter().flatten() {
-                    let bundle = w.client_config.ca_bundle.as_ref().map(|b| b.0.clone());
-                    hooks.push((
-                        format!("{} ({})", c.name_any(), w.name),
-                        bundle,
-                        service(&w.client_config.service),
-                    ));
-                }
-            }
-            for c in &v.items {
-                for w in c.webhooks.iter().flatten() {
-                    let bundle = w.client_config.ca_bundle.as_ref().map(|b| b.0.clone());
-                    hooks.push((
-                        format!("{} ({})", c.name_any(), w.name),
-                        bundle,
-                        service(&w.client_config.service),
-                    ));
-                }
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            report.fail(
-                format!("webhooks of {ns}/{name}"),
-                format!("cannot list them: {e}"),
-                "check your RBAC",
-            );
-            return;
-        }
-    }
-    if hooks.is_empty() {
-        report.fail(
-            format!("webhooks of {ns}/{name}"),
-            "no webhook configuration: pods are not injected",
-            "check that the operator runs (above)",
-        );
-    }
-    let fix = "the operator rewrites it: check its logs, or delete the webhook configuration for it to be created again".to_owned();
-    for (hook, bundle, svc) in hooks {
-        let check = format!("webhook {hook}");
-        if bundle.as_deref() != Some(ca.as_bytes()) {
-            report.fail(
-                check,
-                format!("its caBundle is not the CA of {ns}/{name}: the API server cannot call it"),
-                fix.clone(),
-            );
-            continue;
-        }
-        let Some((sns, sname)) = svc else {
-            report.fail(check, "it names no Service", fix.clone());
-            continue;
-        };
-        let ready = ready_backends(client, &sns, &sname).await;
-        match ready {
-            Ok(0) => report.fail(check, format!("Service {sns}/{sname} has no ready pod: pod creation in served namespaces fails"), format!("the discovery pods of {ns}/{name} are down (above)")),
-            Ok(n) => report.pass(check, format!("trusts the CA; {n} ready pod(s) behind {sns}/{sname}")),
-            Err(e) => report.fail(check, format!("cannot read the pods behind {sns}/{sname}: {e}"), "check your RBAC"),
-        }
-    }
-}
-
-/// How many ready pods the Service `ns/name` selects (what its endpoints are made of).
-async fn ready_backends(client: &kube::Client, ns: &str, name: &str) -> anyhow::Result<usize> {
-    let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    let service = services.get(name).await?;
-    let selector = service.spec.and_then(|s| s.selector).unwrap_or_default();
-    if selector.is_empty() {
-        return Ok(0);
-    }
-    let labels: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let list = pods
-        .list(&ListParams::default().labels(&labels.join(",")))
-        .await?;
-    let ready = |p: &Pod| {
-        let conditions = p.status.as_ref().and_then(|s| s.conditions.as_ref());
-        p.metadata.deletion_timestamp.is_none()
-            && conditions
-                .into_iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-    };
-    Ok(list.items.iter().filter(|p| ready(p)).count())
-}
-
-/// Each namespace the discovery service serves has its client certificate, valid and signed
-/// by the CA, and its bootstrap.
-async fn check_namespaces(
-    client: &kube::Client,
-    ds: &DiscoveryService,
-    ca: &str,
-    report: &mut Report,
-) {
-    let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let params = ListParams::default().labels(&format!("{DISCOVERY_SERVICE_LABEL}={name}"));
-    let mut served: Vec<String> = match namespaces.list(&params).await {
-        Ok(l) => l.items.iter().map(ResourceExt::name_any).collect(),
-        // A namespace admin may not list Namespaces: the DiscoveryService's own namespace.
-        Err(_) => vec![ns.clone()],
-    };
-    served.sort();
-    served.dedup();
-    let now = OffsetDateTime::now_utc();
-    for served_ns in served {
-        let check = format!("namespace {served_ns}");
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &served_ns);
-        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &served_ns);
-        let fix = format!(
-            "the operator issues them for namespaces labelled {DISCOVERY_SERVICE_LABEL}={name}: check its logs"
-        );
-        let cert = match secrets.get_opt(DEFAULT_CLIENT_CERTIFICATE).await {
-            Ok(Some(s)) => s
-                .data
-                .unwrap_or_default()
-                .get("tls.crt")
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
-            Ok(None) => {
-                report.fail(&check, format!("no client certificate Secret {DEFAULT_CLIENT_CERTIFICATE}: injected sidecars cannot start"), fix);
-                continue;
-            }
-            Err(e) => {
-                report.fail(
-                    &check,
-                    format!("cannot read Secret {DEFAULT_CLIENT_CERTIFICATE}: {e}"),
-                    "check your RBAC",
-                );
-                continue;
-            }
-        };
-        let Some(cert) = cert else {
-            report.fail(
-                &check,
-                format!("Secret {DEFAULT_CLIENT_CERTIFICATE} has no tls.crt"),
-                fix,
-            );
-            continue;
-        };
-        // During a CA rotation the bundle holds two CAs; either may have signed it.
-        let signed = ca
-            .split_inclusive("-----END CERTIFICATE-----")
-            .filter(|block| block.contains("-----BEGIN CERTIFICATE-----"))
-            .any(|block| marin3r_certs::verify_signed_by(&cert, block).is_ok());
-        if !signed {
-            report.fail(&check, format!("the client certificate is not signed by the CA of {ns}/{name}: Envoy's TLS handshake fails"), fix);
-            continue;
-        }
-        if let Err(e) = marin3r_certs::check_validity(&cert, now) {
-            report.fail(
-                &check,
-                format!("the client certificate is not valid now: {e}"),
-                fix,
-            );
-            continue;
-        }
-        match maps.get_opt(DEFAULT_BOOTSTRAP_CONFIG_MAP).await {
-            Ok(Some(_)) => report.pass(
-                check,
-                "client certificate valid and signed by the CA; bootstrap present",
-            ),
-            Ok(None) => report.fail(
-                check,
-                format!("no bootstrap ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}"),
-                fix,
-            ),
-            Err(e) => report.fail(
-                check,
-                format!("cannot read ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}: {e}"),
-                "check your RBAC",
-            ),
-        }
-    }
 }
 
 /// Every DiscoveryServiceCertificate renewed on time and not expired.
