@@ -69,6 +69,9 @@ pub enum JudgeError {
     Unavailable(String),
 }
 
+/// Where the marin3r image carries Envoy (the `Dockerfile` copies it from Envoy's image).
+pub const IMAGE_ENVOY: &str = "/usr/local/bin/envoy";
+
 /// The prefix of every name the judge adds to the bootstrap.
 const OWN: &str = "marin3r-judge";
 
@@ -104,6 +107,24 @@ impl EnvoyJudge {
             .map(|dir| dir.join("envoy"))
             .find(|candidate| candidate.is_file())
             .map(Self::new)
+    }
+
+    /// The discovery pod's judge: `explicit`, else the Envoy the marin3r image carries
+    /// ([`IMAGE_ENVOY`]), else none (said in the log either way).
+    pub fn in_image(explicit: Option<&Path>) -> Option<Self> {
+        let image = Path::new(IMAGE_ENVOY);
+        let judge = explicit
+            .map(Self::new)
+            .or_else(|| image.is_file().then(|| Self::new(image)));
+        match &judge {
+            Some(j) => {
+                tracing::info!(envoy = %j.binary.display(), "EnvoyConfigs are judged by Envoy after marin3r's own checks")
+            }
+            None => tracing::info!(
+                "no Envoy binary: EnvoyConfigs are judged by marin3r's own checks only"
+            ),
+        }
+        judge
     }
 
     pub fn binary(&self) -> &Path {

@@ -427,22 +427,7 @@ fn webhook_config(
     registry: &mut Registry,
 ) -> WebhookServerConfig {
     let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
-    let judge = args
-        .envoy_binary
-        .clone()
-        .or_else(|| {
-            let image_envoy = std::path::Path::new(IMAGE_ENVOY);
-            image_envoy.is_file().then(|| image_envoy.to_path_buf())
-        })
-        .map(crate::judge::EnvoyJudge::new);
-    match &judge {
-        Some(j) => {
-            tracing::info!(envoy = %j.binary().display(), "EnvoyConfigs are judged by Envoy after marin3r's own checks")
-        }
-        None => {
-            tracing::info!("no Envoy binary: EnvoyConfigs are judged by marin3r's own checks only")
-        }
-    }
+    let judge = crate::judge::EnvoyJudge::in_image(args.envoy_binary.as_deref());
     webhook.envoy_config_validator = Some(crate::rules::validator_with(
         ALLOW_CROSS_NAMESPACE_SECRETS,
         judge,
@@ -455,9 +440,6 @@ fn webhook_config(
     webhook.metrics.register(registry);
     webhook
 }
-
-/// Where the marin3r image carries Envoy (the `Dockerfile` copies it from Envoy's image).
-const IMAGE_ENVOY: &str = "/usr/local/bin/envoy";
 
 /// Secrets of other namespaces are refused, by the webhook and the controllers alike.
 const ALLOW_CROSS_NAMESPACE_SECRETS: bool = false;
