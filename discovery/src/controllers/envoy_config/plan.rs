@@ -130,8 +130,13 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .filter(|r| r.is_loaded())
         .map(|r| r.spec.version.clone())
         .collect();
+    let order: Vec<String> = current
+        .iter()
+        .cloned()
+        .chain(since_status(&mine, &current))
+        .collect();
     let algorithm = revisions::plan(
-        &current,
+        &order,
         &existing,
         &version,
         &tainted,
@@ -144,6 +149,42 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         mine,
         algorithm,
     }))
+}
+
+/// The revisions acted on after the status was last written, oldest first: they come after
+/// every version `status.revisions` lists. A status write can fail after its revision was
+/// created and published (a 409 because the spec changed meanwhile, a 500); the next run
+/// then reads a status without it, and a rollback must still return to the revision the
+/// proxies were served, not to an older one. So: revisions the status does not list (by
+/// when they were last published, then created), then the published one (what proxies
+/// get now: the newest before the desired version, whatever the status says).
+fn since_status(mine: &[EnvoyConfigRevision], current: &[String]) -> Vec<String> {
+    let published_at = |r: &EnvoyConfigRevision| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.last_published_at.as_ref())
+            .map(|t| t.0)
+    };
+    let key = |r: &&EnvoyConfigRevision| {
+        (
+            published_at(r),
+            r.creation_timestamp().map(|t| t.0),
+            r.name_any(),
+        )
+    };
+    let mut unlisted: Vec<&EnvoyConfigRevision> = mine
+        .iter()
+        .filter(|r| !current.contains(&r.spec.version))
+        .collect();
+    unlisted.sort_by_key(key);
+    let mut published: Vec<&EnvoyConfigRevision> =
+        mine.iter().filter(|r| r.is_published()).collect();
+    published.sort_by_key(key);
+    unlisted
+        .into_iter()
+        .chain(published)
+        .map(|r| r.spec.version.clone())
+        .collect()
 }
 
 /// Of two configs of one node id, the one that serves it: the older, or on the same second
@@ -440,115 +481,5 @@ fn revision_ref(
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)] // test code
-
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
-    use super::*;
-
-    fn config(name: &str, uid: &str, created: &str) -> EnvoyConfig {
-        let mut ec = EnvoyConfig::new(name, Default::default());
-        ec.metadata = ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("ns".into()),
-            uid: Some(uid.into()),
-            creation_timestamp: Some(Time(created.parse().unwrap())),
-            ..Default::default()
-        };
-        ec
-    }
-
-    #[test]
-    fn the_older_config_of_a_node_serves_it_then_the_first_by_name() {
-        let old = config("zeta", "1", "2026-01-01T00:00:00Z");
-        let new = config("alpha", "2", "2026-01-01T00:00:01Z");
-        assert!(comes_first(&old, &new) && !comes_first(&new, &old));
-        let same_second = config("beta", "3", "2026-01-01T00:00:01Z");
-        assert!(comes_first(&new, &same_second) && !comes_first(&same_second, &new));
-        assert!(
-            !comes_first(&old, &old),
-            "a config never comes before itself"
-        );
-    }
-
-    #[test]
-    fn a_config_whose_node_is_served_by_another_is_invalid_naming_it() {
-        let ec = config("second", "2", "2026-01-01T00:00:01Z");
-        let obs = Observed {
-            ec: &ec,
-            node_served_by: Some("first".into()),
-            allow_cross_namespace_secrets: false,
-            revisions: Vec::new(),
-            now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
-        };
-        let Plan::Invalid(outcome) = decide(&obs) else {
-            panic!("a node served by another config must not be published")
-        };
-        let condition = &outcome.status.conditions[0];
-        assert_eq!(condition.reason, "InvalidSpec");
-        assert!(
-            condition.message.contains("spec.nodeID") && condition.message.contains("first"),
-            "{}",
-            condition.message
-        );
-    }
-
-    /// A revision of `ec`'s node at `version`, whose last load succeeded or failed.
-    fn mk_revision(ec: &EnvoyConfig, version: &str, loaded: bool) -> EnvoyConfigRevision {
-        let mut r = new_revision(ec, version);
-        r.spec.version = version.into();
-        let mut status = EnvoyConfigRevisionStatus::default();
-        let (reason, message) = match loaded {
-            true => (RevisionReason::ResourcesLoaded, "served"),
-            false => (RevisionReason::LoadFailed, "Secret ns/web not found"),
-        };
-        let now = Time("2026-01-01T00:00:00Z".parse().unwrap());
-        status.set_resources_sync(loaded, reason, message, None, &now);
-        r.status = Some(status);
-        r
-    }
-
-    /// Issue 26, N7, as the controller decides it: after v1..v9 each failed to load, the
-    /// tenth new version must not delete v0, which every running replica still serves.
-    #[test]
-    fn pruning_keeps_the_revision_served_while_newer_ones_fail_to_load() {
-        let mut ec = config("edge", "1", "2026-01-01T00:00:00Z");
-        ec.spec = serde_json::from_value(serde_json::json!({
-            "nodeID": "edge",
-            "resources": [{"type": "cluster", "value": {"name": "c"}}],
-        }))
-        .unwrap();
-        let versions: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
-        let mut revisions: Vec<EnvoyConfigRevision> = versions
-            .iter()
-            .map(|v| mk_revision(&ec, v, v == "v0"))
-            .collect();
-        if let Some(status) = revisions[9].status.as_mut() {
-            status.published = Some(true);
-        }
-        ec.status = Some(EnvoyConfigStatus {
-            revisions: versions
-                .iter()
-                .map(|v| ConfigRevisionRef {
-                    version: v.clone(),
-                    revision_ref: ObjectReference::default(),
-                })
-                .collect(),
-            ..Default::default()
-        });
-        let obs = Observed {
-            ec: &ec,
-            node_served_by: None,
-            allow_cross_namespace_secrets: false,
-            revisions,
-            now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
-        };
-        let Plan::Publish(publish) = decide(&obs) else {
-            panic!("a valid spec is published")
-        };
-        assert!(publish.create.is_some());
-        assert_eq!(publish.algorithm.delete, vec!["v1".to_owned()]);
-        assert_eq!(publish.algorithm.revisions[0], "v0");
-    }
-}
+#[path = "plan_tests.rs"]
+mod tests;
