@@ -107,6 +107,9 @@ pub struct InjectionConfig {
     /// Annotate injected pods `prometheus.io/scrape|port|path` for Envoy's stats, unless the
     /// pod's `prometheus-annotations` annotation says otherwise.
     pub prometheus_annotations: bool,
+    /// Injected shutdown managers log one JSON object per line (`--log-format json`): the
+    /// discovery pod passes its own log format on.
+    pub json_logs: bool,
 }
 
 impl Default for InjectionConfig {
@@ -134,6 +137,7 @@ impl Default for InjectionConfig {
             hold_application: false,
             xds_protocol: XdsProtocol::Sotw,
             prometheus_annotations: true,
+            json_logs: false,
         }
     }
 }

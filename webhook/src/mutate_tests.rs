@@ -516,6 +516,14 @@ fn the_drain_follows_the_admin_address_and_keeps_a_longer_grace_period() {
         ]
     );
     assert_eq!(out["spec"]["terminationGracePeriodSeconds"], 900);
+    // A discovery pod logging JSON passes it on to the managers it injects.
+    let json_logs = InjectionConfig {
+        json_logs: true,
+        ..config.clone()
+    };
+    let out = patched(&pod, &json_logs);
+    let args = out["spec"]["containers"][2]["args"].as_array().unwrap();
+    assert_eq!(args.last().unwrap(), "--log-format=json");
     // Without the manager nothing of it is added.
     let plain = patched(
         &mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"}), json!({})),

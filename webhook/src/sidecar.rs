@@ -405,12 +405,17 @@ pub fn shutdown_manager_container(spec: &SidecarSpec, manager: &ShutdownManager)
         // Native: declared before Envoy, so kubelet stops it after Envoy, whose preStop
         // calls it.
         restart_policy: (spec.layout == Layout::Native).then(|| "Always".to_owned()),
-        args: Some(vec![
-            "shutdown-manager".into(),
-            format!("--port={}", manager.port),
-            format!("--envoy-admin-address={admin}"),
-            format!("--drain-time={}", manager.drain_time),
-        ]),
+        args: Some(
+            [
+                "shutdown-manager".into(),
+                format!("--port={}", manager.port),
+                format!("--envoy-admin-address={admin}"),
+                format!("--drain-time={}", manager.drain_time),
+            ]
+            .into_iter()
+            .chain(manager.json_logs.then(|| "--log-format=json".into()))
+            .collect(),
+        ),
         env: (!manager.token.is_empty()).then(|| {
             vec![EnvVar {
                 name: SHUTDOWN_TOKEN_ENV.into(),

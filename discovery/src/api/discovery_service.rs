@@ -204,6 +204,9 @@ pub struct Resolved {
     /// The discovery pod's flags for `spec.sidecar`.
     pub sidecar_args: Vec<String>,
     pub affinity: Affinity,
+    /// The discovery pod logs JSON (`--log-format json`). Not a spec field: the operator's
+    /// own log format, so that one installation logs one way.
+    pub json_logs: bool,
 }
 
 impl DiscoveryService {
@@ -255,6 +258,7 @@ impl DiscoveryService {
             pod_priority_class: spec.pod_priority_class.clone(),
             sidecar_args: spec.sidecar.clone().unwrap_or_default().args()?,
             affinity: spec.affinity.clone().unwrap_or_else(default_affinity),
+            json_logs: false,
         };
         resolved.check_names()?;
         resolved.check_ports()?;

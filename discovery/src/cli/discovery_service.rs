@@ -433,6 +433,7 @@ fn webhook_config(
         judge,
     ));
     webhook.injection.shutdown_manager_image = args.shutdown_manager_image.clone();
+    webhook.injection.json_logs = args.log_format() == super::logging::LogFormat::Json;
     webhook.injection.discovery_service = args.discovery_service_name.clone();
     let limits = &args.webhook_limits;
     webhook.max_connections_per_address = limits.webhook_max_connections_per_address.max(1);

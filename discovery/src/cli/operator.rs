@@ -63,6 +63,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     {
         trusted.insert(ns);
     }
+    // The pods the operator runs log as it does.
+    let json_logs = args.log.log_format == super::logging::LogFormat::Json;
     let stop = CancellationToken::new();
     let metrics = ReconcileMetrics::default();
     let certificate_metrics = certificates::CertificateMetrics::default();
@@ -104,6 +106,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 client.clone(),
                 operator::gateway::Config {
                     marin3r_image: args.discovery_service_image.clone(),
+                    json_logs,
                     metrics: metrics.clone(),
                     reconcile_timeout,
                 },
@@ -113,6 +116,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 client,
                 operator::Config {
                     default_image: args.discovery_service_image,
+                    json_logs,
                     trusted_namespaces: trusted,
                     metrics,
                     reconcile_timeout,

@@ -49,6 +49,9 @@ pub use marin3r_controller::Error;
 pub struct Config {
     /// The discovery pod's image when a `DiscoveryService` names none.
     pub default_image: String,
+    /// The operator logs JSON (`--log-format json`): so do the discovery pods it runs (and
+    /// they pass it on to the shutdown managers they inject).
+    pub json_logs: bool,
     /// Namespaces whose certificates may write Secrets elsewhere (see the certificate
     /// controller); a `DiscoveryService` in one serves other namespaces too, one anywhere
     /// else serves its own namespace only (`plan::scope`).

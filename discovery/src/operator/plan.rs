@@ -153,7 +153,8 @@ pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotRead
             "metadata.name {name:?} is longer than 63 characters; it is used as a label value"
         )));
     }
-    let resolved = ds.resolve(&config.default_image).map_err(invalid)?;
+    let mut resolved = ds.resolve(&config.default_image).map_err(invalid)?;
+    resolved.json_logs = config.json_logs;
     if scope(ds, config) == Scope::Namespace {
         let listed = ds.spec.enabled_namespaces.as_deref().unwrap_or_default();
         if let Some((i, other)) = listed.iter().enumerate().find(|(_, n)| **n != ns) {

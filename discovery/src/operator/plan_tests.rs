@@ -184,3 +184,29 @@ fn the_oldest_discovery_service_of_a_namespace_serves_it_and_the_others_are_refu
     // In a trusted namespace several serve other namespaces side by side.
     assert_eq!(first_in_namespace(&all[1], Scope::Cluster, &all), Ok(()));
 }
+
+/// An operator run with `--log-format json` runs discovery pods that log JSON too (and pass
+/// it on to the shutdown managers they inject); one logging text adds no flag.
+#[test]
+fn the_discovery_pods_log_as_the_operator_does() {
+    let ds = ds();
+    let args_with = |json_logs| {
+        let config = Config {
+            json_logs,
+            ..Default::default()
+        };
+        let obs = observe(&ds, &config);
+        let Plan::Apply(apply) = decide(&obs) else {
+            panic!("a default spec is served")
+        };
+        let deployment = apply.children.deployment("hash");
+        let pod = deployment.spec.template.spec.unwrap();
+        pod.containers[0].args.clone().unwrap()
+    };
+    assert!(args_with(true).contains(&"--log-format=json".to_owned()));
+    assert!(
+        !args_with(false)
+            .iter()
+            .any(|a| a.starts_with("--log-format"))
+    );
+}

@@ -118,6 +118,9 @@ pub struct ShutdownManager {
     /// no other pod can drain or stop this pod's Envoy. Drawn at injection
     /// ([`crate::sidecar::shutdown_token`]); empty here.
     pub token: String,
+    /// The manager logs one JSON object per line (`--log-format json`), as the process that
+    /// injected it.
+    pub json_logs: bool,
 }
 
 /// Where Envoy goes in the pod (`native-sidecar`, `hold-application-until-proxy-starts`).
@@ -456,6 +459,7 @@ impl<'a> Reader<'a> {
             drain_strategy: drain_strategy.unwrap_or(DrainStrategy::Gradual),
             extra_lifecycle_hooks: hooks.unwrap_or_default(),
             token: String::new(),
+            json_logs: config.json_logs,
         }
     }
 

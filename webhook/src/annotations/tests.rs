@@ -272,6 +272,7 @@ fn good_values_are_read() {
                         drain_strategy: DrainStrategy::Gradual,
                         extra_lifecycle_hooks: vec![],
                         token: String::new(),
+                        json_logs: false,
                     })
                 );
                 assert!(s.warnings.is_empty(), "{:?}", s.warnings);
@@ -296,6 +297,7 @@ fn good_values_are_read() {
                         drain_strategy: DrainStrategy::Immediate,
                         extra_lifecycle_hooks: vec!["app".into(), "worker".into()],
                         token: String::new(),
+                        json_logs: false,
                     })
                 )
             }),

@@ -130,6 +130,9 @@ impl Children<'_> {
         if s.debug {
             args.push("--debug".into());
         }
+        if s.json_logs {
+            args.push("--log-format=json".into());
+        }
         args
     }
 

@@ -52,6 +52,8 @@ pub struct Inputs {
     pub ca_secret: String,
     /// The shutdown manager's image unless the spec names one: the operator's own.
     pub marin3r_image: String,
+    /// The shutdown manager logs JSON lines, as the operator.
+    pub json_logs: bool,
     /// The shutdown manager's token: the one the current Deployment carries, so the pods
     /// do not roll at every reconcile, else a new one.
     pub shutdown_token: String,
@@ -186,6 +188,7 @@ impl<'a> Gateway<'a> {
                 drain_strategy: m.drain_strategy,
                 extra_lifecycle_hooks: Vec::new(),
                 token: self.inputs.shutdown_token.clone(),
+                json_logs: self.inputs.json_logs,
             }),
             layout: Layout::Classic { hold: false },
             // The original's EnvoyDeployment has no protocol field: state of the world, as

@@ -42,6 +42,8 @@ pub struct Config {
     /// The operator's own image: the shutdown manager's unless the spec names one, and the
     /// image a DiscoveryService without one runs (for resolving its spec).
     pub marin3r_image: String,
+    /// The operator logs JSON (`--log-format json`): so do the shutdown managers it runs.
+    pub json_logs: bool,
     pub metrics: ReconcileMetrics,
     /// How long one reconcile may take before it is abandoned and retried.
     pub reconcile_timeout: Option<std::time::Duration>,
@@ -145,6 +147,7 @@ async fn observe<'a>(ed: &'a EnvoyDeployment, ctx: &Context) -> Result<Observed<
         envoy_config,
         deployment,
         marin3r_image: ctx.config.marin3r_image.clone(),
+        json_logs: ctx.config.json_logs,
         now: Time(k8s_openapi::jiff::Timestamp::now()),
     })
 }

@@ -77,6 +77,8 @@ pub struct Observed<'a> {
     pub deployment: Option<Deployment>,
     /// The operator's image: the DiscoveryService's default and the shutdown manager's.
     pub marin3r_image: String,
+    /// The operator logs JSON: so do the shutdown managers.
+    pub json_logs: bool,
     pub now: Time,
 }
 
@@ -135,6 +137,7 @@ pub fn decide(
         xds_port: ds_spec.xds_port,
         ca_secret: ds_spec.ca_secret.clone(),
         marin3r_image: obs.marin3r_image.clone(),
+        json_logs: obs.json_logs,
         shutdown_token,
     };
     let gateway = Gateway::new(obs.ed, spec, &inputs);

@@ -32,6 +32,7 @@ fn observed(ed: &EnvoyDeployment) -> Observed<'_> {
         envoy_config: Some(mk_ec()),
         deployment: None,
         marin3r_image: "marin3r:v0.1.0".into(),
+        json_logs: false,
         now: Time(Timestamp::UNIX_EPOCH),
     }
 }
@@ -186,6 +187,13 @@ fn the_shutdown_manager_keeps_its_token_across_reconciles() {
     obs.deployment = Some(first.deployment.clone());
     let again = decide(&obs, || Err("no new token may be drawn".into())).unwrap();
     assert_eq!(again.deployment, first.deployment);
+    // An operator logging JSON runs shutdown managers that do too.
+    let mut obs = observed(&ed);
+    obs.json_logs = true;
+    let json = decide(&obs, token).unwrap();
+    let pod = json_of(&json.deployment.spec.template.spec);
+    let args = pod["containers"][1]["args"].as_array().unwrap();
+    assert_eq!(args.last().unwrap(), "--log-format=json");
 }
 
 #[test]
