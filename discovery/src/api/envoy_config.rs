@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Desired Version","type":"string","jsonPath":".status.desiredVersion"}"#,
     printcolumn = r#"{"name":"Published Version","type":"string","jsonPath":".status.publishedVersion"}"#,
     printcolumn = r#"{"name":"Cache State","type":"string","jsonPath":".status.cacheState"}"#,
-    printcolumn = r#"{"name":"Synced","type":"string","jsonPath":".status.proxies.synced"}"#
+    printcolumn = r#"{"name":"Synced","type":"string","jsonPath":".status.proxies.synced"}"#,
+    // kube-apiserver adds Age only to a CRD that declares no printer columns.
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EnvoyConfigSpec {

@@ -111,6 +111,8 @@ fn the_envoy_config_crds_have_the_original_names_columns_and_fields() {
                 "Cache State",
                 // Ours: how many connected proxies acknowledged the published version.
                 "Synced",
+                // A CRD with printer columns gets no Age unless it declares one.
+                "Age",
             ][..],
         ),
         (

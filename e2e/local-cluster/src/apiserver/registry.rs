@@ -338,9 +338,19 @@ pub fn from_crd(crd: &Value) -> Result<Vec<ResourceInfo>, String> {
                             .into(),
                         priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
                     })
-                    .collect()
+                    .collect::<Vec<_>>()
             })
-            .unwrap_or_default();
+            .filter(|cols| !cols.is_empty())
+            // kube-apiserver's default for a version that declares none: Age alone. One
+            // that declares some gets those only, so a CRD wanting Age says so.
+            .unwrap_or_else(|| {
+                vec![PrinterColumn {
+                    description: "CreationTimestamp is a timestamp representing the server \
+                                  time when this object was created."
+                        .into(),
+                    ..column("Age", "date", ".metadata.creationTimestamp")
+                }]
+            });
         out.push(ResourceInfo {
             group: group.clone(),
             version,
@@ -417,5 +427,41 @@ impl Registry {
             }
         }
         groups
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    /// kube-apiserver's columns for a custom resource: those its version declares, or Age
+    /// alone when it declares none.
+    #[test]
+    fn a_crd_version_without_printer_columns_gets_age_alone() {
+        let crd = |columns: serde_json::Value| {
+            json!({
+                "metadata": {"name": "gadgets.test.marin3r.io"},
+                "spec": {
+                    "group": "test.marin3r.io",
+                    "scope": "Namespaced",
+                    "names": {"plural": "gadgets", "kind": "Gadget"},
+                    "versions": [{"name": "v1", "served": true, "storage": true,
+                        "additionalPrinterColumns": columns}],
+                },
+            })
+        };
+        let names = |c: serde_json::Value| -> Vec<String> {
+            super::from_crd(&crd(c)).unwrap()[0]
+                .columns
+                .iter()
+                .map(|c| format!("{} {}", c.name, c.json_path))
+                .collect()
+        };
+        assert_eq!(names(json!([])), ["Age .metadata.creationTimestamp"]);
+        assert_eq!(names(json!(null)), ["Age .metadata.creationTimestamp"]);
+        assert_eq!(
+            names(json!([{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}])),
+            ["Size .spec.size"]
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! `meta.k8s.io/v1` Table output, which kubectl asks for (`Accept: ...;as=Table`): a Name
-//! column, the resource's printer columns (a CRD's `additionalPrinterColumns`), and Age.
+//! column, the resource's printer columns, and Age for a built-in kind. A custom resource's
+//! columns are its CRD's `additionalPrinterColumns` (Age alone when it declares none, see
+//! `registry`), with no Age added: as kube-apiserver serves them.
 
 use serde_json::{Value, json};
 
@@ -33,6 +35,15 @@ pub fn wants_table(accept: &str) -> bool {
         .is_some_and(|first| first.contains("as=Table"))
 }
 
+/// A built-in kind (no CRD schema) whose columns here leave out the Age its real table has.
+fn builtin_without_age(info: &ResourceInfo) -> bool {
+    info.schema.is_none()
+        && !info
+            .columns
+            .iter()
+            .any(|c| c.json_path == ".metadata.creationTimestamp")
+}
+
 fn column_definitions(info: &ResourceInfo) -> Vec<Value> {
     let mut cols = vec![
         json!({"name": "Name", "type": "string", "format": "name", "description": "Name must be unique within a namespace.", "priority": 0}),
@@ -40,11 +51,7 @@ fn column_definitions(info: &ResourceInfo) -> Vec<Value> {
     for c in &info.columns {
         cols.push(json!({"name": c.name, "type": c.type_, "format": c.format, "description": c.description, "priority": c.priority}));
     }
-    if !info
-        .columns
-        .iter()
-        .any(|c| c.json_path == ".metadata.creationTimestamp")
-    {
+    if builtin_without_age(info) {
         cols.push(json!({"name": "Age", "type": "date", "format": "", "description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "priority": 0}));
     }
     cols
@@ -79,11 +86,7 @@ fn row(info: &ResourceInfo, obj: &Value, include: IncludeObject) -> Value {
             (_, Some(v)) => v,
         });
     }
-    if !info
-        .columns
-        .iter()
-        .any(|c| c.json_path == ".metadata.creationTimestamp")
-    {
+    if builtin_without_age(info) {
         let created = obj
             .pointer("/metadata/creationTimestamp")
             .and_then(Value::as_str)
