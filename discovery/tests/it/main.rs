@@ -29,6 +29,7 @@ mod operator_controller;
 mod proxy_status;
 mod reference;
 mod replicas;
+mod runtime_rejection;
 mod shutdown_manager;
 mod version;
 mod watches;
