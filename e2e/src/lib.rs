@@ -8,3 +8,4 @@ pub mod cli;
 pub mod demo;
 pub mod monitoring;
 pub mod product;
+pub mod rejected;

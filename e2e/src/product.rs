@@ -1,9 +1,10 @@
 //! What ties the product to the local cluster, which knows no product: the image map that
-//! runs this build's `marin3r` image (and no other marin3r image) and the installed Envoy,
-//! the example manifests, and reading a DiscoveryService's readiness.
+//! runs this build's `marin3r` image (and no other marin3r image), carrying the installed
+//! Envoy as the product's image does, and the installed Envoy, the example manifests, and reading a DiscoveryService's readiness.
 
 use std::path::PathBuf;
 
+use marin3r_discovery::judge::IMAGE_ENVOY;
 use marin3r_local_cluster::kubelet::ImageMap;
 use marin3r_testkit::tools;
 
@@ -25,10 +26,16 @@ pub fn marin3r_bin() -> Option<PathBuf> {
 /// ([`marin3r_discovery::IMAGE`], the name `manifests/` and the operator use), run as the
 /// image's user; any other marin3r image fails to pull. Missing binaries leave their images
 /// failing to pull, saying why.
+///
+/// The marin3r image carries the installed Envoy at [`IMAGE_ENVOY`], as the `Dockerfile`
+/// builds it, so the validating webhook judges with Envoy in every scenario; a scenario that needs a config Envoy NACKs applies one only a running
+/// Envoy refuses ([`crate::rejected`]).
 pub fn images_with(marin3r: Option<PathBuf>) -> ImageMap {
     let mut map = ImageMap::new();
     if let Ok(envoy) = tools::envoy() {
-        map = map.with_envoy(envoy);
+        map = map
+            .with_envoy(&envoy)
+            .with_file("marin3r", IMAGE_ENVOY, envoy);
     }
     let binary = marin3r.or_else(marin3r_bin).ok_or_else(|| {
         "no marin3r binary configured for the local cluster (build it with \
@@ -40,17 +47,6 @@ pub fn images_with(marin3r: Option<PathBuf>) -> ImageMap {
         binary,
         marin3r_discovery::IMAGE_USER,
     )
-}
-
-/// [`images`] with the installed Envoy inside the marin3r image at /usr/local/bin/envoy, as the
-/// `Dockerfile` builds it: the validating webhook then judges with Envoy. The other scenarios
-/// run without it, since they need configs that pass admission and that Envoy then NACKs.
-pub fn images_with_envoy_judge() -> ImageMap {
-    let map = images();
-    match tools::envoy() {
-        Ok(envoy) => map.with_file("marin3r", "/usr/local/bin/envoy", envoy),
-        Err(_) => map,
-    }
 }
 
 /// [`images_with`] the built `marin3r`.

@@ -9,7 +9,8 @@
 //!   just killed; `failurePolicy: Fail`) is retried as a ReplicaSet controller would, and
 //!   counted;
 //! - **EnvoyConfig updates** every second, each a new good config (the listener answers
-//!   `soak revision <n>`), and now and then one Envoy rejects (two router filters): the
+//!   `soak revision <n>`), and now and then one every proxy rejects (its listener on an
+//!   address no pod has, which Envoy's validate mode, the webhook's judge, admits): the
 //!   revision must be rolled back while every Envoy keeps serving the last good one;
 //! - **API faults** for the product's own clients (the service accounts of `marin3r-system`:
 //!   the operator and the discovery pod): 500 on any request, 409 on writes, 410 Gone inside
@@ -134,20 +135,18 @@ fn revision_of(body: &str) -> Option<u64> {
     body.strip_prefix("soak revision ")?.parse().ok()
 }
 
-/// The listener of update `n`: answers `soak revision <n>`; when `bad`, it carries a second
-/// router filter after the first, which passes validation but Envoy rejects.
+/// The listener of update `n`: answers `soak revision <n>`; when `bad`, it listens on an
+/// address no pod has, which passes validation, Envoy's judge included, but every proxy
+/// rejects ([`crate::rejected`]).
 fn listener(n: u64, bad: bool) -> anyhow::Result<String> {
-    let router = |name: &str| {
-        json!({"name": name, "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
+    let address = if bad {
+        crate::rejected::NO_POD_ADDRESS
+    } else {
+        "0.0.0.0"
     };
-    let mut filters = vec![router("envoy.filters.http.router")];
-    if bad {
-        filters.push(router("second-router"));
-    }
     let listener = json!({
         "name": "http",
-        "address": {"socket_address": {"address": "0.0.0.0", "port_value": LISTENER_PORT}},
+        "address": {"socket_address": {"address": address, "port_value": LISTENER_PORT}},
         "filter_chains": [{"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
             "typed_config": {
@@ -157,7 +156,8 @@ fn listener(n: u64, bad: bool) -> anyhow::Result<String> {
                     "name": "soak", "domains": ["*"],
                     "routes": [{"match": {"prefix": "/"}, "direct_response": {
                         "status": 200, "body": {"inline_string": body(n)}}}]}]},
-                "http_filters": filters,
+                "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
             }}]}],
     });
     Ok(serde_json::to_string(&listener)?)
@@ -1096,7 +1096,10 @@ mod tests {
 
     #[test]
     fn good_and_bad_listeners_pass_validation() {
-        // Both reach Envoy (the bad one is refused by Envoy, not by marin3r validate).
+        // Both reach Envoy (the bad one is refused by the proxy, not by marin3r validate nor
+        // by Envoy's validate mode, which the webhook runs).
+        let judge =
+            marin3r_discovery::judge::EnvoyJudge::new(marin3r_testkit::tools::envoy().unwrap());
         for bad in [false, true] {
             let mut ec = envoy_config(7).unwrap();
             ec.spec.envoy_resources.listeners[0].value = listener(7, bad).unwrap();
@@ -1106,6 +1109,7 @@ mod tests {
                 spec.serialization,
             );
             assert_eq!(converted.unwrap().len(), 1);
+            assert_eq!(judge.judge(spec), Ok(()), "bad: {bad}");
         }
     }
 }

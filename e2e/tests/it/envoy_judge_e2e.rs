@@ -1,13 +1,14 @@
 //! The validating webhook with real Envoy as the last judge, on the local cluster through
 //! kubectl: the discovery pod runs the marin3r image, which carries Envoy (the local cluster
-//! puts the installed Envoy at /usr/local/bin/envoy in it, as the Dockerfile does), so an
-//! EnvoyConfig that passes marin3r's own checks and that Envoy refuses is refused at
-//! `kubectl apply`, in Envoy's words and on the resource; the way Envoy takes is admitted, with
+//! puts the installed Envoy at /usr/local/bin/envoy in it in every scenario, as the
+//! Dockerfile does), so an EnvoyConfig that passes marin3r's own checks and that Envoy refuses
+//! is refused at `kubectl apply`, in Envoy's words and on the resource: the classic bad
+//! config (a second router filter) and an empty `Any`; the way Envoy takes is admitted, with
 //! a warning for the route to a cluster the config does not define.
 
 use kube::Api;
 use marin3r_discovery::api::EnvoyConfig;
-use marin3r_e2e::product::install;
+use marin3r_e2e::product::{example_in, install};
 use marin3r_local_cluster::cluster::create_restricted_namespace;
 
 const NS: &str = "judged";
@@ -45,14 +46,32 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_is_refused_in_envoys_words_for_what_only_envoy_refuses() {
-    let installed = install(marin3r_e2e::product::images_with_envoy_judge())
-        .await
-        .unwrap();
+    let installed = install(marin3r_e2e::product::images()).await.unwrap();
     create_restricted_namespace(&installed.client, NS)
         .await
         .unwrap();
     installed.apply(DISCOVERY_SERVICE).await.unwrap();
     installed.discovery_service_ready(NS, "instance").await;
+
+    // The router followed by another filter: Envoy's own rule, which our checks leave to it.
+    let second_router = example_in("envoyconfig.yaml", NS).unwrap().replace(
+        "                        \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n",
+        "                        \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n                    - name: second-router\n                      typed_config:\n                        \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n",
+    );
+    assert!(second_router.contains("second-router"));
+    let refused = installed
+        .kubectl
+        .run_with(&["apply", "--server-side", "-f", "-"], &second_router)
+        .await
+        .unwrap();
+    assert!(!refused.success, "{refused:?}");
+    assert!(
+        refused.stderr.contains("spec.envoyResources.listeners[0].value: Envoy: Error: terminal filter named envoy.filters.http.router of type envoy.filters.http.router must be the last filter in a http filter chain."),
+        "{}",
+        refused.stderr
+    );
+    let configs: Api<EnvoyConfig> = Api::namespaced(installed.client.clone(), NS);
+    assert!(configs.get_opt("demo-proxy").await.unwrap().is_none());
 
     // An empty Any straight in the map: Envoy finds no filter for an empty type.
     let refused = installed
@@ -66,7 +85,6 @@ async fn kubectl_apply_is_refused_in_envoys_words_for_what_only_envoy_refuses() 
         err.contains("spec.resources[0].value: Envoy: Didn't find a registered implementation for 'envoy.filters.http.buffer' with type URL: ''"),
         "{err}"
     );
-    let configs: Api<EnvoyConfig> = Api::namespaced(installed.client.clone(), NS);
     assert!(configs.get_opt("routes").await.unwrap().is_none());
 
     // Enabling the filter the way Envoy takes it: admitted, with a warning for the cluster.

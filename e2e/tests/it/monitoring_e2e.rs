@@ -19,6 +19,7 @@ use kube::{Api, ResourceExt};
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_e2e::monitoring::{self, Job, Prometheus, address, grafana_to_promql};
 use marin3r_e2e::product::{example_in, images, install};
+use marin3r_e2e::rejected::nacked_by_proxies;
 use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready, ready_pods};
 use marin3r_testkit::wait::until;
 use serde_json::{Value, json};
@@ -234,12 +235,10 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
-    // A config the real Envoy refuses (a second listener on the port of the first), served
-    // by the real discovery service: the NACK alert fires, naming the discovery pod.
-    let bad = example("envoyconfig.yaml").replace(
-        "    listeners:\n",
-        "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
-    );
+    // A config the real Envoy refuses (its listener on an address the pod lacks; the webhook's
+    // Envoy judge binds nothing and admits it), served by the real discovery service: the
+    // NACK alert fires, naming the discovery pod.
+    let bad = nacked_by_proxies(&example("envoyconfig.yaml")).unwrap();
     installed.apply(&bad).await.unwrap();
     let alert = until(
         "Marin3rEnvoyConfigNacked to fire",

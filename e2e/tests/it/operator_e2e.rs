@@ -30,6 +30,7 @@ use marin3r_discovery::api::discovery_service::{
 };
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_e2e::product::{discovery_service_ready, example_in};
+use marin3r_e2e::rejected::nacked_by_proxies;
 use marin3r_local_cluster::cluster::create_restricted_namespace;
 use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_testkit::kubectl::Kubectl;
@@ -1031,10 +1032,7 @@ async fn marin3r_end_to_end() {
     let ip = pod_ip(&pod);
 
     // 6. A config Envoy refuses is rolled back and reported; the pod keeps serving.
-    let bad = example_in("envoyconfig.yaml", "demo").unwrap().replace(
-        "    listeners:\n",
-        "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
-    );
+    let bad = nacked_by_proxies(&example_in("envoyconfig.yaml", "demo").unwrap()).unwrap();
     kubectl
         .ok_with(&["apply", "--server-side", "-f", "-"], &bad)
         .await

@@ -19,6 +19,7 @@ use marin3r_discovery::api::EnvoyConfigRevision;
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_e2e::cli::{proxy_status, version};
+use marin3r_e2e::rejected::nacked_by_proxies;
 use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_local_cluster::kubelet::hosts::endpoint;
 use marin3r_testkit::kubectl::Kubectl;
@@ -337,10 +338,7 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
 
     // A config every sidecar rejects: each replica reports its own sidecar, the leader
     // taints once, and both roll back.
-    let bad = example_in("envoyconfig.yaml", "demo").replace(
-        "    listeners:\n",
-        "    listeners:\n      - name: clash\n        value: |\n          name: clash\n          address: { socket_address: { address: 0.0.0.0, port_value: 8080 }}\n          filter_chains: [{ filters: [{ name: envoy.filters.network.tcp_proxy, typed_config: { \"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: clash, cluster: none }}]}]\n",
-    );
+    let bad = nacked_by_proxies(&example_in("envoyconfig.yaml", "demo")).unwrap();
     kubectl
         .ok_with(&["apply", "--server-side", "-f", "-"], &bad)
         .await
