@@ -28,7 +28,8 @@ pub fn marin3r_bin() -> Option<PathBuf> {
 /// failing to pull, saying why.
 ///
 /// The marin3r image carries the installed Envoy at [`IMAGE_ENVOY`], as the `Dockerfile`
-/// builds it, so the validating webhook judges with Envoy in every scenario; a scenario that needs a config Envoy NACKs applies one only a running
+/// builds it, so the validating webhook and the EnvoyConfig controller judge with Envoy in
+/// every scenario; a scenario that needs a config Envoy NACKs applies one only a running
 /// Envoy refuses ([`crate::rejected`]).
 pub fn images_with(marin3r: Option<PathBuf>) -> ImageMap {
     let mut map = ImageMap::new();

@@ -1,7 +1,7 @@
 //! A configuration Envoy's validate mode accepts and every running Envoy rejects, for the
 //! scenarios that show a NACK and the rollback: its listeners on an address no pod has.
-//! Validate mode binds no socket, so the judge (the validating webhook, `marin3r validate`)
-//! admits it; a proxy served it fails to bind
+//! Validate mode binds no socket, so the judge (the validating webhook, the EnvoyConfig
+//! controller, `marin3r validate`) admits it; a proxy served it fails to bind
 //! (`cannot bind '203.0.113.1:8080': Cannot assign requested address`), NACKs, and keeps
 //! serving its previous listeners. (A second router filter, say, no longer gets that far:
 //! the judge refuses it at `kubectl apply`.)

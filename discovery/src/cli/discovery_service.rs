@@ -36,8 +36,9 @@ use crate::controllers::{self, Readiness};
 
 #[derive(Debug, Args)]
 pub struct DiscoveryServiceArgs {
-    /// The Envoy binary the validating webhook runs (`envoy --mode validate`) on what passes
-    /// marin3r's own checks (default: /usr/local/bin/envoy when the image carries it).
+    /// The Envoy binary the validating webhook and the EnvoyConfig controller run (`envoy
+    /// --mode validate`) on what passes marin3r's own checks (default: /usr/local/bin/envoy
+    /// when the image carries it).
     #[arg(long, value_name = "PATH")]
     envoy_binary: Option<std::path::PathBuf>,
     /// Port of the xDS server (gRPC ADS over mutual TLS).
@@ -322,7 +323,8 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     admin::register_build_info(&mut registry, "discovery_service");
     let leader_metrics = LeaderMetrics::default();
     leader_metrics.register(&mut registry);
-    let mut webhook = webhook_config(&args, &tls, &mut registry);
+    let judge = crate::judge::EnvoyJudge::in_image(args.envoy_binary.as_deref());
+    let mut webhook = webhook_config(&args, &tls, judge.clone(), &mut registry);
     args.sidecar.apply(&client, &mut webhook.injection).await;
     let controller_metrics = controllers::ControllerMetrics::default();
     controller_metrics.register(&mut registry);
@@ -334,7 +336,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
         .drain_period(Duration::from_secs(args.shutdown_grace_period))
         .build();
     let metrics = (controller_metrics, leader_metrics);
-    let config = controllers_config(&args, metrics, server.status_registry())?;
+    let config = controllers_config(&args, metrics, server.status_registry(), judge)?;
     let gates = Gates::default();
     let health = admin::router_with_readiness(registry, gates.readiness(&server));
     info!(
@@ -424,10 +426,10 @@ impl Gates {
 fn webhook_config(
     args: &DiscoveryServiceArgs,
     tls: &TlsFiles,
+    judge: Option<crate::judge::EnvoyJudge>,
     registry: &mut Registry,
 ) -> WebhookServerConfig {
     let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
-    let judge = crate::judge::EnvoyJudge::in_image(args.envoy_binary.as_deref());
     webhook.envoy_config_validator = Some(crate::rules::validator_with(
         ALLOW_CROSS_NAMESPACE_SECRETS,
         judge,
@@ -450,6 +452,7 @@ fn controllers_config(
     args: &DiscoveryServiceArgs,
     (metrics, leader_metrics): (controllers::ControllerMetrics, LeaderMetrics),
     proxies: marin3r_xds::StatusRegistry,
+    judge: Option<crate::judge::EnvoyJudge>,
 ) -> anyhow::Result<controllers::Config> {
     let replica = std::env::var("POD_NAME").unwrap_or_else(|_| "discovery-service".into());
     let namespace = args
@@ -487,6 +490,7 @@ fn controllers_config(
         reconcile_timeout: Some(std::time::Duration::from_secs(
             args.reconcile_timeout_seconds,
         )),
+        judge,
     })
 }
 

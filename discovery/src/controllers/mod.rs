@@ -64,6 +64,9 @@ pub struct Config {
     /// How long one reconcile may take before it is abandoned and retried (`None`:
     /// [`marin3r_controller::DEFAULT_RECONCILE_TIMEOUT`]).
     pub reconcile_timeout: Option<std::time::Duration>,
+    /// Envoy, the last judge of a new version before it gets its revision (`None`: our own
+    /// checks only).
+    pub judge: Option<crate::judge::EnvoyJudge>,
 }
 
 /// The one watch of each kind the controllers read (see [`index`]).
@@ -134,6 +137,8 @@ pub(crate) struct Context {
     /// Uids of the revisions the revision controller has tried to load since start (what
     /// readiness waits for).
     pub attempted: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Envoy's last verdict on each EnvoyConfig.
+    pub verdicts: envoy_config::verdicts::Verdicts,
 }
 
 impl Context {
@@ -288,6 +293,7 @@ pub async fn run_stepping_down(
         config,
         publisher: Publisher::new(cache),
         attempted: Default::default(),
+        verdicts: Default::default(),
     });
     let watches = Indexes::run(&ctx);
     let stop = tokio_util::sync::CancellationToken::new();

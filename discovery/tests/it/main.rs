@@ -18,6 +18,7 @@ mod differential;
 mod discovery_service;
 mod docs_commands;
 mod envoy_config;
+mod envoy_config_judged;
 mod envoy_config_resources;
 mod envoy_config_secrets;
 mod image;

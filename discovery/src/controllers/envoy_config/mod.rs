@@ -1,9 +1,12 @@
-//! The `EnvoyConfig` controller: validates the spec, keeps one owned `EnvoyConfigRevision`
-//! per version (at most ten), runs the revision algorithm (`revisions::plan`) with the
-//! revisions Envoy tainted, marks the chosen one published and writes the status.
+//! The `EnvoyConfig` controller: validates the spec (with Envoy as the last judge, when the
+//! discovery pod has one, before a new version gets its revision), keeps one owned
+//! `EnvoyConfigRevision` per version (at most ten), runs the revision algorithm
+//! (`revisions::plan`) with the revisions Envoy tainted, marks the chosen one published and
+//! writes the status.
 
 pub mod plan;
 pub mod revisions;
+pub mod verdicts;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -68,6 +71,7 @@ pub fn revision_name(node_id: &str, version: &str) -> String {
 async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = cached.namespace().unwrap_or_default();
     if cached.meta().deletion_timestamp.is_some() || !ctx.serves(&ns).await? {
+        ctx.verdicts.forget(&cached.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     // Decide from a fresh read, never from the cache: a cached spec can be older than the
@@ -76,6 +80,7 @@ async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action
     // from it would publish an old revision over the newest one, sending every proxy back.
     let api: Api<EnvoyConfig> = Api::namespaced(ctx.client.clone(), &ns);
     let Some(ec) = api.get_opt(&cached.name_any()).await? else {
+        ctx.verdicts.forget(&cached.uid().unwrap_or_default());
         return Ok(Action::await_change());
     };
     if ec.uid() != cached.uid() || ec.meta().deletion_timestamp.is_some() {
@@ -95,7 +100,8 @@ async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action
     Ok(Action::await_change())
 }
 
-/// Reads the revisions the config owns, and the other configs of its node id.
+/// Reads the revisions the config owns and the other configs of its node id, and asks Envoy
+/// about a version that has no revision yet.
 async fn observe<'a>(ec: &'a EnvoyConfig, ctx: &Context) -> Result<Observed<'a>, Error> {
     let ns = ec.namespace().unwrap_or_default();
     let configs: Api<EnvoyConfig> = Api::namespaced(ctx.client.clone(), &ns);
@@ -109,20 +115,47 @@ async fn observe<'a>(ec: &'a EnvoyConfig, ctx: &Context) -> Result<Observed<'a>,
         .min();
     let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = ec.uid().unwrap_or_default();
-    let revisions = api
+    let revisions: Vec<EnvoyConfigRevision> = api
         .list(&ListParams::default())
         .await?
         .items
         .into_iter()
         .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
         .collect();
+    let envoy_refusal = envoy_refusal(ec, ctx, node_served_by.is_some(), &revisions).await;
     Ok(Observed {
         ec,
         node_served_by,
         allow_cross_namespace_secrets: ctx.config.allow_cross_namespace_secrets,
         revisions,
+        envoy_refusal,
         now: super::now(),
     })
+}
+
+/// Envoy's reasons for refusing the desired version, asked only when the discovery pod has
+/// an Envoy and the version would get its revision now: none yet, our own checks pass, and
+/// the node is this config's. A config can get here without the webhook's verdict (created
+/// before the webhook was registered, or while it was removed).
+async fn envoy_refusal(
+    ec: &EnvoyConfig,
+    ctx: &Context,
+    node_taken: bool,
+    revisions: &[EnvoyConfigRevision],
+) -> Vec<String> {
+    let Some(judge) = &ctx.config.judge else {
+        return Vec::new();
+    };
+    let version = ec.spec.version();
+    let exists = revisions
+        .iter()
+        .any(|r| r.spec.node_id == ec.spec.node_id && r.spec.version == version);
+    let ns = ec.namespace().unwrap_or_default();
+    let allow = ctx.config.allow_cross_namespace_secrets;
+    if node_taken || exists || !crate::rules::problems(&ec.spec, &ns, allow).is_empty() {
+        return Vec::new();
+    }
+    ctx.verdicts.refusal(judge, ec, &version).await
 }
 
 /// Deletes stale revisions, creates the desired one, publishes the chosen one before
@@ -306,6 +339,7 @@ mod tests {
             node_served_by: None,
             allow_cross_namespace_secrets: false,
             revisions: vec![theirs],
+            envoy_refusal: Vec::new(),
             now: super::super::now(),
         };
         let Plan::Publish(publish) = plan::decide(&obs) else {
@@ -330,6 +364,7 @@ mod tests {
             node_served_by: None,
             allow_cross_namespace_secrets: false,
             revisions,
+            envoy_refusal: Vec::new(),
             now: super::super::now(),
         };
         let Plan::Publish(publish) = plan::decide(&obs) else {
@@ -372,6 +407,7 @@ mod tests {
             node_served_by: None,
             allow_cross_namespace_secrets: false,
             revisions: vec![served.clone()],
+            envoy_refusal: Vec::new(),
             now: super::super::now(),
         };
         let Plan::Invalid(outcome) = plan::decide(&obs) else {

@@ -53,6 +53,10 @@ pub struct Observed<'a> {
     pub allow_cross_namespace_secrets: bool,
     /// The revisions it owns.
     pub revisions: Vec<EnvoyConfigRevision>,
+    /// Envoy's reasons for refusing the desired version (`path: Envoy: message`); empty when
+    /// Envoy accepted it, could not judge it, or was not asked (it has a revision already,
+    /// or the discovery pod has no Envoy).
+    pub envoy_refusal: Vec<String>,
     pub now: Time,
 }
 
@@ -95,6 +99,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
             ec.spec.node_id
         ));
     }
+    problems.extend(obs.envoy_refusal.iter().cloned());
     if !problems.is_empty() {
         return Plan::Invalid(Box::new(invalid(obs, &version, &problems)));
     }

@@ -39,6 +39,7 @@ fn a_config_whose_node_is_served_by_another_is_invalid_naming_it() {
         node_served_by: Some("first".into()),
         allow_cross_namespace_secrets: false,
         revisions: Vec::new(),
+        envoy_refusal: Vec::new(),
         now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
     };
     let Plan::Invalid(outcome) = decide(&obs) else {
@@ -101,6 +102,7 @@ fn pruning_keeps_the_revision_served_while_newer_ones_fail_to_load() {
         node_served_by: None,
         allow_cross_namespace_secrets: false,
         revisions,
+        envoy_refusal: Vec::new(),
         now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
     };
     let Plan::Publish(publish) = decide(&obs) else {
@@ -157,6 +159,7 @@ fn a_rollback_returns_to_the_served_revision_even_when_the_status_missed_it() {
         node_served_by: None,
         allow_cross_namespace_secrets: false,
         revisions,
+        envoy_refusal: Vec::new(),
         now: at(6),
     };
     let Plan::Publish(publish) = decide(&obs) else {
@@ -212,6 +215,7 @@ fn the_published_revision_is_the_newest_before_the_desired_one() {
         node_served_by: None,
         allow_cross_namespace_secrets: false,
         revisions,
+        envoy_refusal: Vec::new(),
         now: Time("2026-01-01T00:00:09Z".parse().unwrap()),
     };
     let Plan::Publish(publish) = decide(&obs) else {
@@ -226,4 +230,72 @@ fn the_published_revision_is_the_newest_before_the_desired_one() {
             versions[2].clone()
         ]
     );
+}
+
+/// A new version Envoy refuses (it reached the controller without the webhook's verdict) is
+/// invalid in Envoy's words, naming the resource: no revision is created, nothing is
+/// (un)published, and the status keeps saying which version is served.
+#[test]
+fn a_version_envoy_refuses_is_invalid_and_the_served_one_stays() {
+    let mut ec = config("edge", "1", "2026-01-01T00:00:00Z");
+    ec.spec = serde_json::from_value(serde_json::json!({
+        "nodeID": "edge",
+        "resources": [{"type": "cluster", "value": {"name": "c"}}],
+    }))
+    .unwrap();
+    let mut served = mk_revision(&ec, "v1", true);
+    if let Some(status) = served.status.as_mut() {
+        status.published = Some(true);
+    }
+    ec.status = Some(EnvoyConfigStatus {
+        published_version: Some("v1".into()),
+        cache_state: Some(CacheState::InSync),
+        revisions: vec![ConfigRevisionRef {
+            version: "v1".into(),
+            revision_ref: ObjectReference::default(),
+        }],
+        ..Default::default()
+    });
+    let refusal = "spec.resources[0].value: Envoy: Error: terminal filter named \
+                   envoy.filters.http.router of type envoy.filters.http.router must be the \
+                   last filter in a http filter chain.";
+    let mut obs = Observed {
+        ec: &ec,
+        node_served_by: None,
+        allow_cross_namespace_secrets: false,
+        revisions: vec![served],
+        envoy_refusal: vec![refusal.to_owned()],
+        now: Time("2026-01-01T00:00:02Z".parse().unwrap()),
+    };
+    let Plan::Invalid(outcome) = decide(&obs) else {
+        panic!("a version Envoy refuses must not be published")
+    };
+    let version = ec.spec.version();
+    let status = &outcome.status;
+    assert_eq!(status.desired_version.as_deref(), Some(version.as_str()));
+    assert_eq!(status.published_version.as_deref(), Some("v1"));
+    assert_eq!(status.cache_state, Some(CacheState::InSync));
+    assert_eq!(status.revisions.len(), 1);
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CACHE_OUT_OF_SYNC)
+        .unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("True", "InvalidSpec")
+    );
+    assert_eq!(
+        condition.message,
+        format!("version {version} is invalid and was not published: {refusal}")
+    );
+    assert_eq!(outcome.events.len(), 1);
+    assert_eq!(outcome.state_change, None);
+
+    // Accepted by Envoy (or not asked): the same observation publishes a new revision.
+    obs.envoy_refusal.clear();
+    let Plan::Publish(publish) = decide(&obs) else {
+        panic!("a valid spec is published")
+    };
+    assert_eq!(publish.create.map(|r| r.spec.version), Some(version));
 }
