@@ -20,35 +20,14 @@ const NODE: &str = "proxy-1";
 const NOT_LOCAL: &str = "203.0.113.1";
 
 fn spec(address: &str, port: u16, body: &str) -> EnvoyConfigSpec {
-    let spec = format!(
-        r#"
-nodeID: {NODE}
-serialization: yaml
-envoyResources:
-  listeners:
-    - value: |
-        name: http
-        address: {{ socket_address: {{ address: {address}, port_value: {port} }} }}
-        filter_chains:
-          - filters:
-              - name: envoy.filters.network.http_connection_manager
-                typed_config:
-                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                  stat_prefix: http
-                  route_config:
-                    virtual_hosts:
-                      - name: all
-                        domains: ["*"]
-                        routes:
-                          - match: {{ prefix: "/" }}
-                            direct_response: {{ status: 200, body: {{ inline_string: "{body}" }} }}
-                  http_filters:
-                    - name: envoy.filters.http.router
-                      typed_config:
-                        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#
-    );
-    serde_saphyr::from_str(&spec).unwrap()
+    serde_json::from_value(serde_json::json!({
+        "nodeID": NODE,
+        "serialization": "yaml",
+        "envoyResources": {"listeners": [{
+            "value": support::plane::listener_yaml_on(address, port, body, false),
+        }]},
+    }))
+    .unwrap()
 }
 
 #[test]

@@ -412,6 +412,11 @@ pub fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 
 /// A listener on 127.0.0.1:`port` answering `body`, in YAML as users write it.
 pub fn listener_yaml(port: u16, body: &str, router_not_last: bool) -> String {
+    listener_yaml_on("127.0.0.1", port, body, router_not_last)
+}
+
+/// [`listener_yaml`] on `address`.
+pub fn listener_yaml_on(address: &str, port: u16, body: &str, router_not_last: bool) -> String {
     let extra = if router_not_last {
         "\n        - name: second_router\n          typed_config:\n            \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
     } else {
@@ -419,7 +424,7 @@ pub fn listener_yaml(port: u16, body: &str, router_not_last: bool) -> String {
     };
     format!(
         r#"name: http
-address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+address: {{ socket_address: {{ address: {address}, port_value: {port} }} }}
 filter_chains:
   - filters:
     - name: envoy.filters.network.http_connection_manager
