@@ -436,6 +436,66 @@ fn the_controllers_recover_from_dropped_watches_and_failed_requests() {
     assert_eq!(plane.list_revisions(NS).len(), 2);
 }
 
+/// The soak's lost config (an Envoy back from revision 3 to 1): a publication is two
+/// writes, and when the second fails, two revisions of one node were published at once; any
+/// reload of the older one then (a watch relisted, a Secret changed, a replica restarted)
+/// served it over the newer. Here the old revision's status cannot be written while the
+/// watches are dropped again and again: what the node is served never goes back.
+#[test]
+fn a_failed_unpublication_never_serves_the_older_revision_again() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    plane.apply(NS, "pair", spec("pair", port, "old"));
+    let ec = plane.wait_in_sync(NS, "pair");
+    let old = format!("pair-{}", ec.spec.version());
+    let listeners = || {
+        plane
+            .cache
+            .snapshot(NS, "pair")
+            .map(|s| s.version(ResourceType::Listener).to_owned())
+    };
+    let old_listeners = listeners().expect("the first revision is served");
+
+    let faults = plane.api.faults();
+    let status = format!(
+        "/apis/marin3r.3scale.net/v1alpha1/namespaces/{NS}/envoyconfigrevisions/{old}/status"
+    );
+    faults.deny(&status, 500);
+    plane.apply(NS, "pair", spec("pair", port, "new"));
+    // Served versions in order, while every watch is relisted again and again.
+    let mut seen = vec![old_listeners.clone()];
+    let observe = |seen: &mut Vec<String>| {
+        if let Some(v) = listeners()
+            && seen.last() != Some(&v)
+        {
+            seen.push(v);
+        }
+    };
+    for round in 0..40 {
+        if round % 8 == 0 {
+            // Ended, and answered 410 when resumed: relisted.
+            faults.fail_next(4, 410, FaultScope::Watch);
+            faults.drop_watches();
+        }
+        observe(&mut seen);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    faults.allow(&status);
+    plane.wait_in_sync(NS, "pair");
+    wait("the new revision served", Duration::from_secs(20), || {
+        listeners().filter(|v| *v != old_listeners)
+    });
+    for _ in 0..20 {
+        observe(&mut seen);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let back = seen.iter().skip(1).any(|v| *v == old_listeners);
+    assert!(
+        !back && seen.len() == 2,
+        "the node went back to the old revision: listener versions served in turn {seen:?}"
+    );
+}
+
 #[test]
 fn a_published_revision_deleted_by_hand_is_recreated_and_served_again() {
     let plane = Plane::start(&[NS]);

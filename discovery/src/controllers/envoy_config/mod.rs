@@ -158,9 +158,8 @@ async fn envoy_refusal(
     ctx.verdicts.refusal(judge, ec, &version).await
 }
 
-/// Deletes stale revisions, creates the desired one, publishes the chosen one before
-/// unpublishing the others (so the node is never left without a revision), deletes the ones
-/// over the limit, and reports.
+/// Deletes stale revisions, creates the desired one, unpublishes the others before
+/// publishing the chosen one, deletes the ones over the limit, and reports.
 async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Outcome, Error> {
     let api: Api<EnvoyConfigRevision> =
         Api::namespaced(ctx.client.clone(), &obs.ec.namespace().unwrap_or_default());
@@ -176,9 +175,13 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
     let unpublished = mine.iter().filter(|r| {
         r.spec.version != algorithm.publish && !algorithm.delete.contains(&r.spec.version)
     });
-    for (revision, value) in published
-        .map(|r| (r, true))
-        .chain(unpublished.map(|r| (r, false)))
+    // The others first: a publication is several writes, and if one fails, one revision
+    // published at a time or none, never two. With two, any reload of the older (a relisted
+    // watch, a changed Secret, a replica starting) would serve it over the newer. With none,
+    // every replica keeps serving what it served until the retry publishes the chosen one.
+    for (revision, value) in unpublished
+        .map(|r| (r, false))
+        .chain(published.map(|r| (r, true)))
     {
         if let Some(status) = plan::publication(revision, value, &obs.now) {
             let patch = status_patch(&status, &[], revision.metadata.resource_version.as_deref())?;
