@@ -18,6 +18,7 @@ fn a_short_soak_loses_nothing() {
     config.pod_lifetime = Duration::from_secs(5);
     config.discovery_kills = 1;
     config.fault_every = Duration::from_millis(500);
+    config.log_dir = std::env::var_os("MARIN3R_E2E_LOG_DIR").map(std::path::PathBuf::from);
     let outcome = soak(&config).unwrap();
     let table = marin3r_e2e::bench::table(&outcome.rows);
     assert!(
