@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -26,8 +26,13 @@ use marin3r_xds::resource::ResourceType;
 /// The largest bootstrap passed inline (`--config-yaml`): one argument may hold 128 KiB.
 const MAX_INLINE: usize = 120 * 1024;
 
-/// How long one validation may take before Envoy is killed.
-const TIMEOUT: Duration = Duration::from_secs(20);
+/// How long one verdict may take by default (`marin3r validate`), every Envoy run included.
+const BUDGET: Duration = Duration::from_secs(20);
+
+/// How long a verdict may take in the discovery pod: well inside the webhooks' 10 s timeout
+/// (`failurePolicy: Fail`), so that a slow or hung Envoy makes the config admitted on our own
+/// checks rather than refused by the API server for want of an answer.
+pub const ADMISSION_BUDGET: Duration = Duration::from_secs(6);
 
 /// The most Envoy processes one `marin3r` process runs at once (each ~60 ms of CPU): a burst
 /// of admissions, or a failing config judged resource by resource, waits its turn.
@@ -40,14 +45,19 @@ static RUNNING: (std::sync::Mutex<usize>, std::sync::Condvar) =
 struct Slot;
 
 impl Slot {
-    fn take() -> Self {
+    /// A slot, or `None` when none frees up before `deadline`.
+    fn take(deadline: Instant) -> Option<Self> {
         let (count, freed) = &RUNNING;
         let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
         while *n >= MAX_PROCESSES {
-            n = freed.wait(n).unwrap_or_else(|e| e.into_inner());
+            let left = deadline.checked_duration_since(Instant::now())?;
+            n = freed
+                .wait_timeout(n, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         *n += 1;
-        Self
+        Some(Self)
     }
 }
 
@@ -72,6 +82,12 @@ pub enum JudgeError {
 /// Where the marin3r image carries Envoy (the `Dockerfile` copies it from Envoy's image).
 pub const IMAGE_ENVOY: &str = "/usr/local/bin/envoy";
 
+/// The clusters every injected sidecar's bootstrap defines, which a route may name.
+pub const SIDECAR_CLUSTERS: [&str; 2] = [
+    crate::sidecar::bootstrap::XDS_CLUSTER,
+    marin3r_webhook::readiness::ADMIN_CLUSTER,
+];
+
 /// The prefix of every name the judge adds to the bootstrap.
 const OWN: &str = "marin3r-judge";
 
@@ -79,6 +95,9 @@ const OWN: &str = "marin3r-judge";
 #[derive(Debug, Clone)]
 pub struct EnvoyJudge {
     binary: PathBuf,
+    /// The longest one verdict may take, every Envoy run included; past it there is no
+    /// verdict ([`JudgeError::Unavailable`]), or only the whole spec's when Envoy refused it.
+    budget: Duration,
 }
 
 /// One resource as the user wrote it, and where.
@@ -94,7 +113,15 @@ impl EnvoyJudge {
     pub fn new(binary: impl Into<PathBuf>) -> Self {
         Self {
             binary: binary.into(),
+            budget: BUDGET,
         }
+    }
+
+    /// The same judge, giving each verdict at most `budget`.
+    #[must_use]
+    pub fn with_budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// `explicit`, else `envoy` on `PATH`; `None` when there is none.
@@ -115,7 +142,8 @@ impl EnvoyJudge {
         let image = Path::new(IMAGE_ENVOY);
         let judge = explicit
             .map(Self::new)
-            .or_else(|| image.is_file().then(|| Self::new(image)));
+            .or_else(|| image.is_file().then(|| Self::new(image)))
+            .map(|j| j.with_budget(ADMISSION_BUDGET));
         match &judge {
             Some(j) => {
                 tracing::info!(envoy = %j.binary.display(), "EnvoyConfigs are judged by Envoy after marin3r's own checks")
@@ -151,7 +179,8 @@ impl EnvoyJudge {
         if entries.is_empty() {
             return Ok(());
         }
-        let whole = match self.run(&bootstrap(entries)) {
+        let deadline = Instant::now() + self.budget;
+        let whole = match self.run(&bootstrap(entries), deadline) {
             Ok(()) => return Ok(()),
             Err(Run::Unavailable(why)) => return Err(JudgeError::Unavailable(why)),
             Err(Run::Refused(whole)) => whole,
@@ -162,45 +191,84 @@ impl EnvoyJudge {
                 entries[0].path
             )]));
         }
-        // Each entry alone, a few at a time (the slots bound the processes anyway).
-        let mut alone = Vec::new();
-        for chunk in entries.chunks(MAX_PROCESSES) {
-            alone.extend(std::thread::scope(|scope| {
-                let runs: Vec<_> = chunk
-                    .iter()
-                    .map(|e| {
-                        scope.spawn(
-                            move || match self.run(&bootstrap(std::slice::from_ref(e))) {
-                                Err(Run::Refused(m)) => Some(format!("{}: Envoy: {m}", e.path)),
-                                _ => None,
-                            },
-                        )
-                    })
-                    .collect();
-                runs.into_iter()
-                    .filter_map(|r| r.join().ok().flatten())
-                    .collect::<Vec<_>>()
-            }));
-        }
-        if alone.is_empty() {
-            alone.push(format!(
+        // Which entry Envoy refuses: the clusters alone first (they name nothing the spec
+        // defines), then every other entry beside the clusters that passed, since listeners
+        // and routes name clusters. A run the budget cuts short blames nobody.
+        let (clusters, others): (Vec<&Entry>, Vec<&Entry>) = entries
+            .iter()
+            .partition(|e| e.kind == ResourceType::Cluster);
+        let verdicts = self.each_beside(&clusters, &[], deadline);
+        let good: Vec<Entry> = clusters
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| v.is_ok())
+            .map(|(e, _)| (*e).clone())
+            .collect();
+        let verdicts = verdicts.into_iter().zip(&clusters).chain(
+            self.each_beside(&others, &good, deadline)
+                .into_iter()
+                .zip(&others),
+        );
+        let mut refused: Vec<String> = verdicts
+            .filter_map(|(v, e)| match v {
+                Err(Run::Refused(m)) => Some(format!("{}: Envoy: {m}", e.path)),
+                _ => None,
+            })
+            .collect();
+        if refused.is_empty() {
+            refused.push(format!(
                 "spec: Envoy, with every resource together: {whole}"
             ));
         }
-        Err(JudgeError::Refused(alone))
+        Err(JudgeError::Refused(refused))
+    }
+
+    /// Envoy's verdict on each of `entries` with `context` beside it, a few at a time (the
+    /// slots bound the processes anyway), in order.
+    fn each_beside(
+        &self,
+        entries: &[&Entry],
+        context: &[Entry],
+        deadline: Instant,
+    ) -> Vec<Result<(), Run>> {
+        let mut out = Vec::with_capacity(entries.len());
+        for chunk in entries.chunks(MAX_PROCESSES) {
+            out.extend(std::thread::scope(|scope| {
+                let runs: Vec<_> = chunk
+                    .iter()
+                    .map(|e| {
+                        let mut together = context.to_vec();
+                        together.push((*e).clone());
+                        scope.spawn(move || self.run(&bootstrap(&together), deadline))
+                    })
+                    .collect();
+                runs.into_iter()
+                    .map(|r| {
+                        r.join().unwrap_or_else(|_| {
+                            Err(Run::Unavailable("a validation thread panicked".into()))
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            }));
+        }
+        out
     }
 
     /// Runs `envoy --mode validate` on `bootstrap`: `Ok` or Envoy's message (or why Envoy
     /// could not run).
     pub fn validate(&self, bootstrap: &Value) -> Result<(), String> {
-        self.run(bootstrap).map_err(|r| match r {
+        let deadline = Instant::now() + self.budget;
+        self.run(bootstrap, deadline).map_err(|r| match r {
             Run::Refused(m) | Run::Unavailable(m) => m,
         })
     }
 
-    fn run(&self, bootstrap: &Value) -> Result<(), Run> {
-        let _slot = Slot::take();
+    fn run(&self, bootstrap: &Value, deadline: Instant) -> Result<(), Run> {
         let unavailable = Run::Unavailable;
+        let late = || unavailable(format!("Envoy gave no verdict within {:?}", self.budget));
+        let Some(_slot) = Slot::take(deadline) else {
+            return Err(late());
+        };
         let text = bootstrap.to_string();
         let mut command = Command::new(&self.binary);
         command.args(["--mode", "validate", "--log-level", "critical"]);
@@ -223,19 +291,16 @@ impl EnvoyJudge {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| unavailable(format!("running {}: {e}", self.binary.display())))?;
-        let deadline = std::time::Instant::now() + TIMEOUT;
         loop {
             match child.try_wait() {
                 Ok(Some(_)) => break,
-                Ok(None) if std::time::Instant::now() < deadline => {
+                Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 _ => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(unavailable(format!(
-                        "Envoy did not finish validating within {TIMEOUT:?}"
-                    )));
+                    return Err(late());
                 }
             }
         }
@@ -320,21 +385,14 @@ pub fn bootstrap(entries: &[Entry]) -> Value {
             ResourceType::Secret | ResourceType::ScopedRoute | ResourceType::ExtensionConfig => {}
         }
     }
-    clusters.push(json!({
-        "name": format!("{OWN}-xds"),
-        "type": "STATIC",
-        "connect_timeout": "1s",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        "load_assignment": {
-            "cluster_name": format!("{OWN}-xds"),
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 1}}}}]}],
-        },
-    }));
+    // What the sidecar's bootstrap defines, which routes may name: stand-ins, unless the
+    // spec defines a cluster of that name itself.
+    for name in SIDECAR_CLUSTERS {
+        if !clusters.iter().any(|c| c.get("name") == Some(&json!(name))) {
+            clusters.push(static_cluster(name, false));
+        }
+    }
+    clusters.push(static_cluster(&format!("{OWN}-xds"), true));
     let mut bootstrap = json!({
         "node": {"id": OWN, "cluster": OWN},
         "static_resources": {"listeners": listeners, "clusters": clusters},
@@ -348,6 +406,28 @@ pub fn bootstrap(entries: &[Entry]) -> Value {
         bootstrap["layered_runtime"] = json!({ "layers": layers });
     }
     bootstrap
+}
+
+/// A static cluster `name` that never connects (port 1), speaking HTTP/2 when `grpc`.
+fn static_cluster(name: &str, grpc: bool) -> Value {
+    let mut cluster = json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 1}}}}]}],
+        },
+    });
+    if grpc {
+        cluster["typed_extension_protocol_options"] = json!({
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        });
+    }
+    cluster
 }
 
 /// A route configuration served by RDS, judged inside a listener of its own.

@@ -9,11 +9,8 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use crate::api::EnvoyConfigSpec;
-use crate::judge::{Entry, entries};
+use crate::judge::{Entry, SIDECAR_CLUSTERS, entries};
 use marin3r_xds::resource::ResourceType;
-
-/// Clusters every injected Envoy has in its bootstrap, which routes may name.
-const BOOTSTRAP_CLUSTERS: [&str; 2] = ["xds_cluster", "marin3r_sidecar_admin"];
 
 /// The most warnings reported for one config (kubectl prints each on its own line).
 const MAX_WARNINGS: usize = 20;
@@ -70,7 +67,7 @@ fn reference_warnings(spec: &EnvoyConfigSpec, entries: &[Entry]) -> Vec<String> 
             .collect()
     };
     let mut clusters = defined(ResourceType::Cluster);
-    clusters.extend(BOOTSTRAP_CLUSTERS.iter().map(|c| (*c).to_owned()));
+    clusters.extend(SIDECAR_CLUSTERS.iter().map(|c| (*c).to_owned()));
     let routes = defined(ResourceType::Route);
     let mut secrets = defined(ResourceType::Secret);
     secrets.extend(

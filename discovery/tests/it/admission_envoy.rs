@@ -63,3 +63,110 @@ fn envoy_judges_at_admission_what_passes_our_checks() {
     let broken = validator_with(false, Some(EnvoyJudge::new("/nonexistent/envoy")));
     assert_eq!(decide(&broken, &review(json!({})))["allowed"], true);
 }
+
+/// A spec's entries as `judge::entries` reads them.
+fn spec(resources: Value) -> marin3r_discovery::api::EnvoyConfigSpec {
+    serde_json::from_value(json!({"nodeID": "shop", "resources": resources})).unwrap()
+}
+
+/// Envoy refuses the whole spec; which entries get the blame. A listener whose inline route
+/// names a cluster of another entry is judged beside the clusters that pass, so it is not
+/// blamed for a bad cluster, nor for a good one it needs.
+#[test]
+fn only_the_entries_envoy_refuses_are_blamed() {
+    let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
+    let judge = EnvoyJudge::new(&envoy);
+    let listener = |name: &str, port: u16, router: Value| {
+        json!({"type": "listener", "value": {
+            "name": name,
+            "address": {"socket_address": {"address": "0.0.0.0", "port_value": port}},
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": name,
+                    "route_config": {"name": name, "virtual_hosts": [{"name": "all", "domains": ["*"],
+                        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "app"}}]}]},
+                    "http_filters": [router],
+                }}]}],
+        }})
+    };
+    let router = json!({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}});
+    let name_only = json!({"name": "envoy.filters.http.router"});
+    let good_cluster =
+        json!({"type": "cluster", "value": {"name": "app", "connect_timeout": "1s"}});
+    // A bad listener beside a good one that routes to a cluster of its own entry.
+    let s = spec(json!([
+        good_cluster,
+        listener("good", 8080, router.clone()),
+        listener("bad", 8081, name_only),
+    ]));
+    let Err(marin3r_discovery::judge::JudgeError::Refused(blamed)) = judge.judge(&s) else {
+        panic!("Envoy refuses a name-only router");
+    };
+    assert_eq!(blamed.len(), 1, "{blamed:#?}");
+    assert!(
+        blamed[0].starts_with("spec.resources[2].value: Envoy: Didn't find a registered implementation for 'envoy.filters.http.router'"),
+        "{blamed:#?}"
+    );
+    // A bad cluster: the listeners that name the other cluster are not blamed with it.
+    let s = spec(json!([
+        good_cluster,
+        {"type": "cluster", "value": {"name": "broken", "connect_timeout": "1s", "type": "ORIGINAL_DST", "lb_policy": "ROUND_ROBIN"}},
+        listener("one", 8080, router.clone()),
+        listener("two", 8081, router.clone()),
+    ]));
+    let Err(marin3r_discovery::judge::JudgeError::Refused(blamed)) = judge.judge(&s) else {
+        panic!("Envoy refuses an original-destination cluster balanced round robin");
+    };
+    assert!(
+        blamed.len() == 1 && blamed[0].starts_with("spec.resources[1].value: Envoy: "),
+        "{blamed:#?}"
+    );
+    // A route to the cluster every sidecar's bootstrap defines is what a sidecar takes.
+    let admin = json!([{"type": "listener", "value": {
+        "name": "admin-proxy",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8080}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "admin",
+                "route_config": {"name": "admin", "virtual_hosts": [{"name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/ready"}, "route": {"cluster": "marin3r_sidecar_admin"}}]}]},
+                "http_filters": [router],
+            }}]}],
+    }}]);
+    assert_eq!(judge.judge(&spec(admin)), Ok(()));
+}
+
+/// An Envoy that never answers costs a verdict its budget, not the webhook's timeout: the
+/// discovery pod's judge gives up well before the API server would, and the config is
+/// admitted on marin3r's own checks.
+#[test]
+fn a_hung_envoy_is_given_up_on_within_the_budget() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let hung = dir.path().join("envoy");
+    std::fs::write(&hung, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    std::fs::set_permissions(&hung, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(marin3r_discovery::judge::ADMISSION_BUDGET < Duration::from_secs(10));
+    let judge = EnvoyJudge::new(&hung).with_budget(Duration::from_millis(800));
+    let started = Instant::now();
+    let verdict = judge.judge(&spec(json!([
+        {"type": "cluster", "value": {"name": "a", "connect_timeout": "1s"}},
+        {"type": "cluster", "value": {"name": "b", "connect_timeout": "1s"}},
+    ])));
+    let took = started.elapsed();
+    assert!(
+        matches!(&verdict, Err(marin3r_discovery::judge::JudgeError::Unavailable(why)) if why.contains("no verdict within")),
+        "{verdict:?}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let validator = validator_with(false, Some(judge));
+    let started = Instant::now();
+    assert_eq!(decide(&validator, &review(json!({})))["allowed"], true);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
