@@ -182,10 +182,17 @@ async fn report(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
         debug!(namespace = %nack.namespace, node = %nack.node_id, version = %nack.version, "NACK of a version no revision served; ignored");
         return Ok(());
     };
+    let now = ctx.config.proxies.tally(
+        &nack.namespace,
+        &nack.node_id,
+        nack.resource_type,
+        &nack.version,
+    );
+    let (rejecting, connected) = counted(now, (nack.rejecting, nack.connected));
     let entry = NackReport {
         replica: ctx.config.replica.clone(),
-        connected_proxies: count(nack.connected),
-        rejecting_proxies: count(nack.rejecting),
+        connected_proxies: count(connected),
+        rejecting_proxies: count(rejecting),
         resource_type: nack.resource_type.spec_field().to_owned(),
         version: nack.version.clone(),
         message: nack.message.clone(),
@@ -193,6 +200,17 @@ async fn report(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
         reported_at: super::now(),
     };
     write_report(ctx, &nack.namespace, &load.revision, &load.version, entry).await
+}
+
+/// The (rejecting, connected) proxies a report carries: this replica's count when it is
+/// written (`now`), not the one taken when the NACK came. NACKs of several proxies arrive
+/// at once, and their events can reach the queue out of order (the proxy that made it 3 of 3
+/// before the one that made it 2 of 3), or a write be retried after a later one: a report
+/// written with its event's count would leave the last word to an older count, and the
+/// revision untainted for good. When no proxy rejecting it is connected any more, the event's
+/// count stands (a proxy gone since still rejected it).
+fn counted(now: (usize, usize), event: (usize, usize)) -> (usize, usize) {
+    if now.0 == 0 { event } else { now }
 }
 
 fn count(n: usize) -> u32 {

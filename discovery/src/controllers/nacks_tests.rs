@@ -204,3 +204,19 @@ async fn a_stuck_namespace_does_not_delay_or_drop_another() {
     stop.cancel();
     task.await.unwrap();
 }
+
+/// A report carries the count when it is written: three proxies rejecting at once, whose
+/// events came 1, 3, 2 of 3, leave 3 of 3 as the last word, not 2.
+#[test]
+fn a_report_carries_the_count_when_written_not_when_the_nack_came() {
+    let threshold = TaintThreshold::default();
+    let now = (3, 3);
+    let written: Vec<(usize, usize)> = [(1, 3), (3, 3), (2, 3)]
+        .into_iter()
+        .map(|event| counted(now, event))
+        .collect();
+    let last_written = written[2];
+    assert!(threshold.reached(last_written.0, last_written.1));
+    // A proxy that rejected and has gone since still counts, as its event said.
+    assert_eq!(counted((0, 2), (1, 3)), (1, 3));
+}
