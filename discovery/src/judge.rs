@@ -12,7 +12,8 @@
 //!
 //! Envoy stops at its first error: when the whole spec fails, each entry is judged alone so
 //! the error names it; one that fails only with the others (two listeners on one address) is
-//! reported on the spec.
+//! reported on the spec. A refusal naming a file the config reads (`filename:` a Lua module,
+//! a certificate on a volume) is no refusal: that file is in the proxy's pod, not here.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -185,6 +186,13 @@ impl EnvoyJudge {
             Err(Run::Unavailable(why)) => return Err(JudgeError::Unavailable(why)),
             Err(Run::Refused(whole)) => whole,
         };
+        let everything: Vec<&Entry> = entries.iter().collect();
+        if reads_a_file(&whole, &everything) {
+            // A file the proxy's pod may have (a Lua module, a certificate on a volume) is
+            // not here: not a refusal, and whatever else Envoy would say is hidden behind it.
+            tracing::info!(reason = %whole, "Envoy could not judge a config that reads files of the proxy's pod; left to marin3r's own checks");
+            return Ok(());
+        }
         if entries.len() == 1 {
             return Err(JudgeError::Refused(vec![format!(
                 "{}: Envoy: {whole}",
@@ -211,7 +219,9 @@ impl EnvoyJudge {
         );
         let mut refused: Vec<String> = verdicts
             .filter_map(|(v, e)| match v {
-                Err(Run::Refused(m)) => Some(format!("{}: Envoy: {m}", e.path)),
+                Err(Run::Refused(m)) if !reads_a_file(&m, &[e]) => {
+                    Some(format!("{}: Envoy: {m}", e.path))
+                }
                 _ => None,
             })
             .collect();
@@ -317,6 +327,28 @@ impl EnvoyJudge {
         );
         Err(Run::Refused(message(&output, &source)))
     }
+}
+
+/// Whether Envoy's `reason` is a file one of `entries` names (`filename: ...`), which the
+/// judge cannot have: it lives in the proxy's pod.
+fn reads_a_file(reason: &str, entries: &[&Entry]) -> bool {
+    fn names(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    match (key.as_str(), value) {
+                        ("filename", Value::String(f)) => out.push(f.clone()),
+                        _ => names(value, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|i| names(i, out)),
+            _ => {}
+        }
+    }
+    let mut files = Vec::new();
+    entries.iter().for_each(|e| names(&e.value, &mut files));
+    files.iter().any(|f| reason.contains(f.as_str()))
 }
 
 /// How one Envoy run ended, when not with `Ok`.

@@ -348,3 +348,85 @@ spec:
         "{err}"
     );
 }
+
+/// Issue 25's "Done when", through the command a user runs: a listener configuring a filter
+/// with `xds.type.v3.TypedStruct` and a route enabling a filter with an empty per-route
+/// `Any` are accepted (by our checks and by Envoy), and an HTTP router given by name only is
+/// refused with Envoy's reason.
+#[test]
+fn typed_structs_and_empty_per_route_anys_pass_and_a_name_only_router_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, router: &str| {
+        let file = dir.path().join(name);
+        let manifest = format!(
+            r#"apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {{name: edge, namespace: shop}}
+spec:
+  nodeID: edge
+  resources:
+    - type: cluster
+      value: {{name: app, connect_timeout: 1s, load_assignment: {{cluster_name: app, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 8080}}}}}}}}]}}]}}}}
+    - type: listener
+      value:
+        name: http
+        address: {{socket_address: {{address: 0.0.0.0, port_value: 8000}}}}
+        filter_chains:
+          - filters:
+              - name: envoy.filters.network.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                  stat_prefix: http
+                  route_config:
+                    name: local
+                    virtual_hosts:
+                      - name: all
+                        domains: ["*"]
+                        routes:
+                          - match: {{prefix: /}}
+                            route: {{cluster: app}}
+                            typed_per_filter_config:
+                              envoy.filters.http.buffer:
+                                "@type": type.googleapis.com/envoy.config.route.v3.FilterConfig
+                                config: {{}}
+                  http_filters:
+                    - name: envoy.filters.http.buffer
+                      disabled: true
+                      typed_config:
+                        "@type": type.googleapis.com/xds.type.v3.TypedStruct
+                        type_url: type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer
+                        value: {{max_request_bytes: 1024}}
+{router}
+"#
+        );
+        std::fs::write(&file, manifest).unwrap();
+        file.to_str().unwrap().to_owned()
+    };
+    let good = write(
+        "good.yaml",
+        r#"                    - name: envoy.filters.http.router
+                      typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}"#,
+    );
+    let out = marin3r(&["validate", "-f", &good]);
+    assert!(out.status.success(), "{out:?}");
+    let ok = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        ok.contains(": OK (") && ok.contains("accepted by Envoy 1.40"),
+        "{ok}"
+    );
+
+    let name_only = write(
+        "name-only.yaml",
+        "                    - name: envoy.filters.http.router",
+    );
+    let out = marin3r(&["validate", "-f", &name_only]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("spec.resources[1].value")
+            && err.contains(
+                "Didn't find a registered implementation for 'envoy.filters.http.router' with type URL: ''"
+            ),
+        "{err}"
+    );
+}

@@ -4,8 +4,10 @@
 //! duplicated, extensions given by name only, a single object for a one-element list); each
 //! case judged by marin3r (its own checks, then Envoy as the last judge, as `marin3r validate`
 //! runs them) and by a real Envoy 1.40 loading the same resources as written in a bootstrap of
-//! this test's own, `envoy --mode validate`. Every verdict must agree; the counts are printed,
-//! with how often marin3r's own checks alone agree.
+//! this test's own, `envoy --mode validate`. Every verdict must agree; the counts are printed
+//! (past the harness's capture, so `hack/test` shows them), with how often marin3r's own
+//! checks alone agree, and the cases listed apart: resources without a name, and configs
+//! reading files only the proxy's pod has.
 
 use std::collections::BTreeSet;
 
@@ -280,7 +282,49 @@ fn corpus() -> Vec<Case> {
         }
         out.push(base);
     }
+    out.extend(reading_files());
     out
+}
+
+/// The name every case of [`reading_files`] ends with.
+const READS_FILES: &str = " (reads a file of the proxy's pod)";
+
+/// Configs that read files only the proxy's pod has (a Lua module, certificates on a
+/// volume): Envoy here refuses them for the missing file, a proxy whose pod mounts it takes
+/// them. Listed apart, not counted as agreements.
+fn reading_files() -> Vec<Case> {
+    let direct = json!({"route_config": {"name": "local", "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "direct_response": {"status": 200}}]}]}});
+    let lua = json!({"name": "envoy.filters.http.lua", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "default_source_code": {"filename": "/etc/envoy/lua/headers.lua"}}});
+    let tls = |context: &str| {
+        json!({"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": format!("type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.{context}"),
+            "common_tls_context": {"tls_certificates": [{
+                "certificate_chain": {"filename": "/etc/envoy/tls/tls.crt"},
+                "private_key": {"filename": "/etc/envoy/tls/tls.key"}}]}}})
+    };
+    let mut https = listener("https", 8443, hcm(direct.clone(), json!([router()])));
+    https["filter_chains"][0]["transport_socket"] = tls("DownstreamTlsContext");
+    let mut upstream = json!({"name": "secure", "connect_timeout": "1s", "load_assignment": endpoints("secure", "127.0.0.1")});
+    upstream["transport_socket"] = tls("UpstreamTlsContext");
+    [
+        (
+            "a Lua module",
+            vec![(
+                "listener",
+                listener("lua", 8080, hcm(direct, json!([lua, router()]))),
+            )],
+        ),
+        ("a listener's certificate", vec![("listener", https)]),
+        ("a client certificate", vec![("cluster", upstream)]),
+    ]
+    .into_iter()
+    .map(|(name, resources)| Case {
+        name: format!("{name}{READS_FILES}"),
+        resources,
+    })
+    .collect()
 }
 
 fn spec(case: &Case) -> EnvoyConfigSpec {
@@ -349,7 +393,6 @@ fn marin3rs_verdict_is_envoys_on_every_case_of_the_corpus() {
     let corpus = corpus();
     let names: BTreeSet<&str> = corpus.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names.len(), corpus.len(), "case names are unique");
-    assert!(corpus.len() >= 500, "only {} cases", corpus.len());
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
     let chunks: Vec<&[Case]> = corpus.chunks(corpus.len().div_ceil(workers)).collect();
     let results: Vec<(String, bool, bool, bool)> = std::thread::scope(|scope| {
@@ -372,29 +415,55 @@ fn marin3rs_verdict_is_envoys_on_every_case_of_the_corpus() {
         runs.into_iter().flat_map(|r| r.join().unwrap()).collect()
     });
     let accepted = results.iter().filter(|r| r.1).count();
-    let agree = results.iter().filter(|r| r.1 == r.3).count();
     assert!(
         results.len() - accepted >= 100 && accepted >= 100,
         "the corpus must hold both verdicts"
     );
-    let own_agree = results.iter().filter(|r| r.1 == r.2).count();
-    println!(
-        "differential: {} cases ({accepted} accepted by Envoy, {} refused); marin3r agrees with Envoy on {agree}; marin3r's own checks alone on {own_agree}",
-        results.len(),
-        results.len() - accepted
-    );
     // Listed apart: a static bootstrap names an unnamed listener or cluster itself, but xDS
     // serves resources by name, so marin3r cannot serve one without (and says so).
-    let apart: Vec<&str> = results
+    let unnamed: Vec<&str> = results
         .iter()
         .filter(|r| r.1 && !r.2 && r.0.ends_with(" remove /name"))
         .map(|r| r.0.as_str())
         .collect();
-    println!(
-        "differential: listed apart ({}), a resource without a name, which xDS cannot serve: {}",
-        apart.len(),
-        apart.join("; ")
+    // And what reads files of the proxy's pod: Envoy here refuses it for the missing file,
+    // marin3r leaves it to its own checks.
+    let files: Vec<&str> = results
+        .iter()
+        .filter(|r| r.0.ends_with(READS_FILES))
+        .map(|r| r.0.as_str())
+        .collect();
+    assert!(
+        results
+            .iter()
+            .filter(|r| files.contains(&r.0.as_str()))
+            .all(|r| !r.1 && r.3),
+        "Envoy here refuses every config reading a missing file, marin3r's judge none: {results:?}"
     );
+    let apart: Vec<&str> = unnamed.iter().chain(&files).copied().collect();
+    let counted: Vec<_> = results
+        .iter()
+        .filter(|r| !apart.contains(&r.0.as_str()))
+        .collect();
+    assert!(counted.len() >= 500, "only {} cases", counted.len());
+    let accepted = counted.iter().filter(|r| r.1).count();
+    let agree = counted.iter().filter(|r| r.1 == r.3).count();
+    let own_agree = counted.iter().filter(|r| r.1 == r.2).count();
+    // Straight to the standard error, past the test harness's capture: `hack/test` shows it.
+    let summary = format!(
+        "differential: {} cases ({accepted} accepted by Envoy, {} refused); marin3r agrees with \
+         Envoy on {agree}; marin3r's own checks alone on {own_agree}\n\
+         differential: listed apart ({}), a resource without a name, which xDS cannot serve: \
+         {}\n\
+         differential: listed apart ({}), reading files only the proxy's pod has: {}\n",
+        counted.len(),
+        counted.len() - accepted,
+        unnamed.len(),
+        unnamed.join("; "),
+        files.len(),
+        files.join("; ")
+    );
+    std::io::Write::write_all(&mut std::io::stderr(), summary.as_bytes()).unwrap();
     let disagreements: Vec<String> = results
         .iter()
         .filter(|r| r.1 != r.3 && !apart.contains(&r.0.as_str()))
