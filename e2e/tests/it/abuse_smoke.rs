@@ -2,8 +2,8 @@
 //! (`src/bench/abuse/`): the harness works end to end against the built `marin3r` (the one
 //! beside this test binary, `cargo build -p marin3r-discovery`), and the limits the attacks
 //! meet do their part (the names refused by length and by the namespace's budget, the other
-//! namespace served, every valid admission answered). No memory or latency figure is
-//! asserted: those belong to BENCHMARKS.md. Needs no root.
+//! namespace served, every valid admission answered, during N1 as during N2). No memory or
+//! latency figure is asserted: those belong to BENCHMARKS.md. Needs no root.
 
 use marin3r_e2e::bench::abuse::abuse;
 
@@ -31,6 +31,18 @@ fn a_small_abuse_run_is_refused_and_measured() {
     assert_eq!(served.len(), 2, "{table}");
     assert!(
         served.iter().all(|r| r.result.starts_with("met")),
+        "{table}"
+    );
+    // Valid admissions are measured during each N1 case too, every one answered.
+    let admitted = rows
+        .iter()
+        .filter(|r| r.case.starts_with("N1") && r.case.contains("valid admissions"))
+        .collect::<Vec<_>>();
+    assert_eq!(admitted.len(), 2, "{table}");
+    assert!(
+        admitted
+            .iter()
+            .all(|r| r.result.contains(": 10/10 answered")),
         "{table}"
     );
     let n2: Vec<_> = rows

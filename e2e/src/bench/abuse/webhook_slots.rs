@@ -23,7 +23,7 @@ use crate::bench::{Row, Stats, human, mib};
 const API_SERVER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 const NEW_SLOW_REQUEST_EVERY: Duration = Duration::from_secs(2);
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
-const REVIEW_EVERY: Duration = Duration::from_millis(200);
+pub(super) const REVIEW_EVERY: Duration = Duration::from_millis(200);
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(15);
 
 fn attacker(i: usize) -> IpAddr {
@@ -74,6 +74,32 @@ pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Resul
 }
 
 /// Whether a socket can be bound to 127.0.0.3 (Linux routes all of 127/8 to loopback).
+/// The valid reviews' answers against the goal: (all answered and p99 under the goal, what
+/// was measured, for a row and a goal).
+pub(super) fn admissions(results: &[Result<Duration, String>]) -> (bool, String) {
+    let latencies: Vec<Duration> = results.iter().filter_map(|r| r.clone().ok()).collect();
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    let stats = Stats::of(&latencies);
+    let p99 = stats.as_ref().map(|s| s.p99);
+    let measured = format!(
+        "{}/{} answered, {}{}",
+        latencies.len(),
+        results.len(),
+        stats.map_or("none answered".into(), |s| format!(
+            "p50 {}, p99 {}, max {}",
+            human(s.p50),
+            human(s.p99),
+            human(s.max)
+        )),
+        match failed.first() {
+            Some(f) => format!(" ({} failed, first: {f})", failed.len()),
+            None => String::new(),
+        }
+    );
+    let met = failed.is_empty() && p99.is_some_and(|p| p < ADMISSION_P99_GOAL);
+    (met, measured)
+}
+
 fn several_addresses_work() -> bool {
     std::net::TcpListener::bind((attacker(1), 0)).is_ok()
 }
@@ -259,7 +285,7 @@ fn measure(
 /// `count` valid reviews from [`API_SERVER`], one every [`REVIEW_EVERY`], each on a new
 /// connection, on a runtime of their own (the attack's tasks do not delay them there): each
 /// one's time to the answer, or why it failed.
-fn valid_reviews(
+pub(super) fn valid_reviews(
     tls: TlsClient,
     addr: SocketAddr,
     count: usize,

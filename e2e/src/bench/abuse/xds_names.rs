@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use marin3r_testkit::webhook::TlsClient;
 use marin3r_testkit::xds::client::{ClientTls, DeltaStream, SotwStream, connect};
 use marin3r_xds::resource::ResourceType;
 use tokio::task::JoinHandle;
 
 use super::process::{Discovery, metric, nonzero_by_label};
-use super::{ATTACKER, BYSTANDER, Goals, NODE, Setup};
+use super::{ADMISSION_P99_GOAL, ATTACKER, BYSTANDER, Goals, NODE, Setup, WEBHOOK_HOST};
 use crate::bench::{Row, human, mib};
 
 const SUBSCRIPTION_BYTES: &str = "marin3r_xds_subscription_bytes";
@@ -90,6 +91,7 @@ impl Case {
 
 pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Result<Vec<Row>> {
     let limits = ByteLimits::at(scale);
+    let reviews = ((50.0 * scale).round() as usize).max(10);
     let count = ((600.0 * scale).round() as usize).clamp(10, 600);
     let cases = [
         (
@@ -105,7 +107,8 @@ pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Resul
     for (generation, (label, case)) in (2u64..).step_by(2).zip(cases) {
         let name = format!("n{}", rows.len() + 1);
         let process = setup.discovery(&name, &limits.flags())?;
-        let measured = measure(setup, &process, &limits, case, generation).context(label)?;
+        let measured =
+            measure(setup, &process, &limits, case, generation, reviews).context(label)?;
         let budget = ("the namespace's byte budget", limits.per_namespace as u64);
         goals.rss(label, budget, measured.baseline_rss, measured.peak_rss);
         goals.check(
@@ -113,6 +116,16 @@ pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Resul
             "another namespace's proxy gets its next config during the attack",
             measured.bystander_during.clone(),
             measured.bystander_served,
+        );
+        let (met, admitted) = super::webhook_slots::admissions(&measured.admissions);
+        goals.check(
+            label,
+            &format!(
+                "valid admissions during the attack, p99 < {}",
+                human(ADMISSION_P99_GOAL)
+            ),
+            admitted,
+            met,
         );
         rows.push(measured.row(case.describe(&limits)));
     }
@@ -131,6 +144,9 @@ struct Measured {
     bystander_before: String,
     bystander_during: String,
     bystander_served: bool,
+    /// Valid AdmissionReviews sent while the attack's streams were held: each one's time to
+    /// its answer, or why it failed.
+    admissions: Vec<Result<Duration, String>>,
 }
 
 impl Measured {
@@ -170,6 +186,7 @@ fn measure(
     limits: &ByteLimits,
     case: Case,
     generation: u64,
+    reviews: usize,
 ) -> anyhow::Result<Measured> {
     let (attacker, bystander_tls) = (setup.xds_tls(ATTACKER)?, setup.xds_tls(BYSTANDER)?);
     let mut bystander = setup
@@ -189,6 +206,8 @@ fn measure(
     })?;
     let attack_time = started.elapsed();
     let during = setup.rt.block_on(bystander.next(setup, generation + 1))?;
+    let http1 = TlsClient::new(setup.pki.ca_pem(), WEBHOOK_HOST, &[b"http/1.1"])?;
+    let admissions = super::webhook_slots::valid_reviews(http1, process.webhook, reviews)?;
     setup.rt.block_on(attack.settle());
     let accounted_while_held = metric(&process.metrics()?, SUBSCRIPTION_BYTES).unwrap_or(0.0);
     std::thread::sleep(Duration::from_secs(1));
@@ -207,6 +226,7 @@ fn measure(
         bystander_before: describe(before),
         bystander_during: describe(during),
         bystander_served: during.is_some(),
+        admissions,
     })
 }
 
