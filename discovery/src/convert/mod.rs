@@ -9,6 +9,7 @@ mod error;
 mod parse;
 mod pgv;
 pub(crate) mod pool;
+mod recover;
 mod secret;
 mod sources;
 mod typed;
@@ -234,14 +235,20 @@ fn resource(
     let message = match parse::parse(&desc, value, serialization) {
         Ok(message) => message,
         Err(err) => {
-            return Err(vec![hint_other_type(
-                pool,
-                kind,
+            let hinted = hint_other_type(pool, kind, value, serialization, listing, err.clone());
+            // A value of another type (or in another serialization) is one problem: that.
+            if hinted != err {
+                return Err(vec![hinted]);
+            }
+            let check =
+                |m: &DynamicMessage| VALIDATOR.as_ref().map_or_else(Vec::new, |v| v.check(m));
+            return Err(recover::every_problem(
+                &desc,
                 value,
                 serialization,
-                listing,
                 err,
-            )]);
+                check,
+            ));
         }
     };
     let name = resource_name(kind, &message);
@@ -341,3 +348,7 @@ mod fuzz_tests;
 mod tests;
 #[cfg(test)]
 mod typed_tests;
+
+#[cfg(test)]
+#[path = "recover_tests.rs"]
+mod recover_tests;

@@ -6,6 +6,7 @@ use base64::Engine as _;
 use prost_reflect::{DeserializeOptions, DynamicMessage, Kind, MessageDescriptor};
 
 use super::ValueError;
+use super::recover::Step;
 use crate::api::Serialization;
 
 /// The type URL an empty `Any` (`{}`) is parsed as, and written back as an empty `Any` by the
@@ -81,12 +82,44 @@ fn parse_like_envoy(
     .map_err(|err| value_error(text, path_text(&track.path()), &err.to_string(), None))
 }
 
+/// Parses `value` (already [`normalize`]d) as a `desc` message; on error, the steps to the
+/// field it is about and the error (its path left empty, for the caller to write).
+pub(super) fn parse_value(
+    desc: &MessageDescriptor,
+    value: &serde_json::Value,
+) -> Result<DynamicMessage, (Vec<Step>, ValueError)> {
+    use serde_path_to_error::Segment;
+    let mut track = serde_path_to_error::Track::new();
+    DynamicMessage::deserialize_with_options(
+        desc.clone(),
+        serde_path_to_error::Deserializer::new(value, &mut track),
+        &options(),
+    )
+    .map_err(|err| {
+        let steps = track
+            .path()
+            .iter()
+            .filter_map(|segment| match segment {
+                Segment::Seq { index } => Some(Step::Index(*index)),
+                Segment::Map { key } | Segment::Enum { variant: key } => {
+                    Some(Step::Key(key.clone()))
+                }
+                Segment::Unknown => None,
+            })
+            .collect();
+        (
+            steps,
+            value_error("", String::new(), &err.to_string(), None),
+        )
+    })
+}
+
 /// Rewrites `value` (a `desc` message) the strict way where Envoy's parser is lenient: every
 /// empty object standing for an `Any` gets the placeholder type, every enum value written in
 /// another case its declared name, every single object given for a repeated message field a
 /// list around it; following the fields (by proto or JSON name), lists, maps and typed `Any`
 /// payloads.
-fn normalize(desc: &MessageDescriptor, value: &mut serde_json::Value) {
+pub(super) fn normalize(desc: &MessageDescriptor, value: &mut serde_json::Value) {
     let Some(map) = value.as_object_mut() else {
         return;
     };

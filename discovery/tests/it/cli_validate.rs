@@ -74,6 +74,13 @@ fn every_error_of_every_file_is_printed_and_the_exit_is_non_zero() {
                  v3 (\"@type\" names \
                  envoy.config.filter.network.http_connection_manager.v2.HttpConnectionManager)"
             ),
+            // The same value's next problem too, not only its first (found on the value
+            // once the first is taken out, so without a line).
+            &format!(
+                "{BAD}: EnvoyConfig default/bad: spec.envoyResources.listeners[0].value: \
+                 filter_chains[0].transport_socket.typed_config: Envoy's v2 API is not \
+                 supported; use v3 (\"@type\" names envoy.api.v2.auth.DownstreamTlsContext)"
+            ),
         ]
     );
     assert!(
