@@ -199,31 +199,25 @@ impl EnvoyJudge {
                 entries[0].path
             )]));
         }
-        // Which entry Envoy refuses: the clusters alone first (they name nothing the spec
-        // defines), then every other entry beside the clusters that passed, since listeners
-        // and routes name clusters. A run the budget cuts short blames nobody.
+        // Which entries Envoy refuses: the clusters first, without the rest (they name
+        // nothing the spec defines), then every other entry beside the clusters that passed,
+        // since listeners and routes name clusters. Each by halving: a group Envoy accepts
+        // holds no culprit, a refused one is split until single entries are left, so one bad
+        // resource among a hundred costs a dozen runs, not a hundred. A run the budget cuts
+        // short blames nobody.
         let (clusters, others): (Vec<&Entry>, Vec<&Entry>) = entries
             .iter()
             .partition(|e| e.kind == ResourceType::Cluster);
-        let verdicts = self.each_beside(&clusters, &[], deadline);
+        let mut refused = self.culprits(&clusters, &[], deadline);
         let good: Vec<Entry> = clusters
             .iter()
-            .zip(&verdicts)
-            .filter(|(_, v)| v.is_ok())
-            .map(|(e, _)| (*e).clone())
+            .filter(|c| !refused.iter().any(|(r, _)| std::ptr::eq(*r, **c)))
+            .map(|c| (*c).clone())
             .collect();
-        let verdicts = verdicts.into_iter().zip(&clusters).chain(
-            self.each_beside(&others, &good, deadline)
-                .into_iter()
-                .zip(&others),
-        );
-        let mut refused: Vec<String> = verdicts
-            .filter_map(|(v, e)| match v {
-                Err(Run::Refused(m)) if !reads_a_file(&m, &[e]) => {
-                    Some(format!("{}: Envoy: {m}", e.path))
-                }
-                _ => None,
-            })
+        refused.extend(self.culprits(&others, &good, deadline));
+        let mut refused: Vec<String> = refused
+            .into_iter()
+            .map(|(e, m)| format!("{}: Envoy: {m}", e.path))
             .collect();
         if refused.is_empty() {
             refused.push(format!(
@@ -233,35 +227,37 @@ impl EnvoyJudge {
         Err(JudgeError::Refused(refused))
     }
 
-    /// Envoy's verdict on each of `entries` with `context` beside it, a few at a time (the
-    /// slots bound the processes anyway), in order.
-    fn each_beside(
+    /// The entries of `group` Envoy refuses beside `context`, each with Envoy's reason, in
+    /// order: the group judged whole, and when refused, each half likewise (in parallel).
+    /// A refusal naming a file the entry reads blames nobody (see [`reads_a_file`]).
+    fn culprits<'e>(
         &self,
-        entries: &[&Entry],
+        group: &[&'e Entry],
         context: &[Entry],
         deadline: Instant,
-    ) -> Vec<Result<(), Run>> {
-        let mut out = Vec::with_capacity(entries.len());
-        for chunk in entries.chunks(MAX_PROCESSES) {
-            out.extend(std::thread::scope(|scope| {
-                let runs: Vec<_> = chunk
-                    .iter()
-                    .map(|e| {
-                        let mut together = context.to_vec();
-                        together.push((*e).clone());
-                        scope.spawn(move || self.run(&bootstrap(&together), deadline))
-                    })
-                    .collect();
-                runs.into_iter()
-                    .map(|r| {
-                        r.join().unwrap_or_else(|_| {
-                            Err(Run::Unavailable("a validation thread panicked".into()))
-                        })
-                    })
-                    .collect::<Vec<_>>()
-            }));
+    ) -> Vec<(&'e Entry, String)> {
+        if group.is_empty() {
+            return Vec::new();
         }
-        out
+        let mut together = context.to_vec();
+        together.extend(group.iter().map(|e| (*e).clone()));
+        let reason = match self.run(&bootstrap(&together), deadline) {
+            Err(Run::Refused(reason)) => reason,
+            Ok(()) | Err(Run::Unavailable(_)) => return Vec::new(),
+        };
+        if let [one] = group {
+            return match reads_a_file(&reason, &[one]) {
+                true => Vec::new(),
+                false => vec![(*one, reason)],
+            };
+        }
+        let (left, right) = group.split_at(group.len() / 2);
+        std::thread::scope(|scope| {
+            let right = scope.spawn(|| self.culprits(right, context, deadline));
+            let mut found = self.culprits(left, context, deadline);
+            found.extend(right.join().unwrap_or_default());
+            found
+        })
     }
 
     /// Runs `envoy --mode validate` on `bootstrap`: `Ok` or Envoy's message (or why Envoy

@@ -8,8 +8,8 @@ struct Args {
     /// Multiply every benchmark's sample count (e.g. 0.1 for a quick run).
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
-    /// Run only these benchmarks (comma separated: certs, convert, admission, xds, soak,
-    /// abuse); all but soak and abuse by default. abuse mounts the review's N1 and N2 attacks
+    /// Run only these benchmarks (comma separated: certs, convert, validation, admission, xds,
+    /// soak, abuse); all but soak and abuse by default. abuse mounts the review's N1 and N2 attacks
     /// on the release `marin3r discovery-service` (issue 26; a few minutes).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
