@@ -95,29 +95,13 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let pod = find_pod(&client, &ns, &args.pod).await?;
     let name = pod.name_any();
-    let annotations = pod.annotations();
-    let node = annotations.get(NODE_ID).cloned().with_context(|| {
-        format!("pod {ns}/{name} has no Envoy sidecar of marin3r (no {NODE_ID} annotation)")
+    let all = config_dump(&client, &ns, &pod, args.admin_port).await?;
+    let node = node_of(pod.annotations().get(NODE_ID), &all).with_context(|| {
+        format!(
+            "pod {ns}/{name}: no {NODE_ID} annotation, and its Envoy's bootstrap names no node.id"
+        )
     })?;
-    let admin_port = match (args.admin_port, annotations.get(ADMIN_PORT)) {
-        (Some(port), _) => port,
-        (None, Some(port)) => port
-            .parse()
-            .with_context(|| format!("the pod's {ADMIN_PORT} annotation {port:?} is not a port"))?,
-        (None, None) => ENVOY_ADMIN_PORT,
-    };
-    let (_, body) = super::port_forward::get(
-        client.clone(),
-        &ns,
-        &name,
-        admin_port,
-        "/config_dump?include_eds",
-    )
-    .await
-    .context("reading the proxy's /config_dump")?;
-    let dump: serde_json::Value = serde_json::from_str(&body)
-        .with_context(|| format!("pod {ns}/{name} answered something else than a config dump"))?;
-    let held: Vec<Entry> = dump::entries(&dump)?
+    let held: Vec<Entry> = all
         .into_iter()
         .filter(|e| args.section.admits(&e.kind))
         .collect();
@@ -150,6 +134,48 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The node the proxy is served as: the pod's `node-id` annotation (what the webhook
+/// injected), else the node id in its Envoy's bootstrap (an `EnvoyDeployment` gateway's pods
+/// have no annotation; their Envoy gets its node on its command line).
+fn node_of(annotation: Option<&String>, dump: &[Entry]) -> Option<String> {
+    annotation
+        .filter(|id| !id.is_empty())
+        .cloned()
+        .or_else(|| dump::node_id(dump))
+}
+
+/// Every entry of the pod's Envoy's `/config_dump` (with endpoints), read through a
+/// port-forward to its admin port: `admin_port`, else the pod's annotation, else 9901.
+async fn config_dump(
+    client: &kube::Client,
+    ns: &str,
+    pod: &Pod,
+    admin_port: Option<u16>,
+) -> anyhow::Result<Vec<Entry>> {
+    let name = pod.name_any();
+    let admin_port = match (admin_port, pod.annotations().get(ADMIN_PORT)) {
+        (Some(port), _) => port,
+        (None, Some(port)) => port
+            .parse()
+            .with_context(|| format!("the pod's {ADMIN_PORT} annotation {port:?} is not a port"))?,
+        (None, None) => ENVOY_ADMIN_PORT,
+    };
+    let (_, body) = super::port_forward::get(
+        client.clone(),
+        ns,
+        &name,
+        admin_port,
+        "/config_dump?include_eds",
+    )
+    .await
+    .with_context(|| {
+        format!("reading the /config_dump of pod {ns}/{name}'s Envoy (admin port {admin_port})")
+    })?;
+    let dump: serde_json::Value = serde_json::from_str(&body)
+        .with_context(|| format!("pod {ns}/{name} answered something else than a config dump"))?;
+    dump::entries(&dump)
 }
 
 /// The pod `target` names in `ns`: `NAME`, `pod/NAME`, or a running pod of
@@ -296,5 +322,25 @@ mod tests {
              clusters   app    dynamic   c1        -\n"
         );
         assert_eq!(query_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+
+    #[test]
+    fn the_node_is_the_annotation_else_the_bootstrap_node_id() {
+        let dump = serde_json::json!({"configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
+             "bootstrap": {"node": {"id": "gateway", "cluster": "c"}}},
+        ]});
+        let entries = dump::entries(&dump).unwrap();
+        let annotated = "sidecar".to_owned();
+        assert_eq!(
+            node_of(Some(&annotated), &entries).as_deref(),
+            Some("sidecar")
+        );
+        assert_eq!(node_of(None, &entries).as_deref(), Some("gateway"));
+        assert_eq!(
+            node_of(Some(&String::new()), &entries).as_deref(),
+            Some("gateway")
+        );
+        assert_eq!(node_of(None, &[]), None);
     }
 }
