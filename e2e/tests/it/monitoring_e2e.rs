@@ -220,6 +220,12 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
             r#"min(marin3r_certificate_expiration_timestamp_seconds{job="operator"}) - time()"#,
             3600.0,
         ),
+        // The leader's count of the demo config's proxies, labelled with the config's
+        // namespace (honored over the discovery pod's).
+        (
+            r#"marin3r_envoyconfig_proxies{job="discovery-service",namespace="demo",name="demo-proxy",state="synced"}"#,
+            1.0,
+        ),
     ] {
         samples_where(&prometheus, expr, |v| v >= at_least).await;
     }
