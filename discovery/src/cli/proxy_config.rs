@@ -95,12 +95,20 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let pod = find_pod(&client, &ns, &args.pod).await?;
     let name = pod.name_any();
-    let all = config_dump(&client, &ns, &pod, args.admin_port).await?;
-    let node = node_of(pod.annotations().get(NODE_ID), &all).with_context(|| {
-        format!(
-            "pod {ns}/{name}: no {NODE_ID} annotation, and its Envoy's bootstrap names no node.id"
-        )
-    })?;
+    let admin_port = admin_port(&pod, args.admin_port)?;
+    let dump = admin_get(&client, &ns, &name, admin_port, "/config_dump?include_eds").await?;
+    let all = dump::entries(&dump)?;
+    let node = match pod.annotations().get(NODE_ID).filter(|id| !id.is_empty()) {
+        Some(id) => id.clone(),
+        // Pods of an EnvoyDeployment gateway have no annotation: the node Envoy runs as
+        // (its --service-node, or its bootstrap's) is in its /server_info.
+        None => {
+            let info = admin_get(&client, &ns, &name, admin_port, "/server_info").await?;
+            server_node_id(&info).with_context(|| {
+                format!("pod {ns}/{name}: no {NODE_ID} annotation, and its Envoy's /server_info names no node id")
+            })?
+        }
+    };
     let held: Vec<Entry> = all
         .into_iter()
         .filter(|e| args.section.admits(&e.kind))
@@ -136,46 +144,39 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The node the proxy is served as: the pod's `node-id` annotation (what the webhook
-/// injected), else the node id in its Envoy's bootstrap (an `EnvoyDeployment` gateway's pods
-/// have no annotation; their Envoy gets its node on its command line).
-fn node_of(annotation: Option<&String>, dump: &[Entry]) -> Option<String> {
-    annotation
-        .filter(|id| !id.is_empty())
-        .cloned()
-        .or_else(|| dump::node_id(dump))
+/// The node id in Envoy's admin `/server_info` answer: the node it runs as, from its
+/// command line (`--service-node`) or its bootstrap.
+fn server_node_id(info: &serde_json::Value) -> Option<String> {
+    let id = info.get("node")?.get("id")?.as_str()?;
+    (!id.is_empty()).then(|| id.to_owned())
 }
 
-/// Every entry of the pod's Envoy's `/config_dump` (with endpoints), read through a
-/// port-forward to its admin port: `admin_port`, else the pod's annotation, else 9901.
-async fn config_dump(
-    client: &kube::Client,
-    ns: &str,
-    pod: &Pod,
-    admin_port: Option<u16>,
-) -> anyhow::Result<Vec<Entry>> {
-    let name = pod.name_any();
-    let admin_port = match (admin_port, pod.annotations().get(ADMIN_PORT)) {
+/// The pod's Envoy admin port: `flag`, else the pod's annotation, else 9901.
+fn admin_port(pod: &Pod, flag: Option<u16>) -> anyhow::Result<u16> {
+    Ok(match (flag, pod.annotations().get(ADMIN_PORT)) {
         (Some(port), _) => port,
         (None, Some(port)) => port
             .parse()
             .with_context(|| format!("the pod's {ADMIN_PORT} annotation {port:?} is not a port"))?,
         (None, None) => ENVOY_ADMIN_PORT,
-    };
-    let (_, body) = super::port_forward::get(
-        client.clone(),
-        ns,
-        &name,
-        admin_port,
-        "/config_dump?include_eds",
-    )
-    .await
-    .with_context(|| {
-        format!("reading the /config_dump of pod {ns}/{name}'s Envoy (admin port {admin_port})")
-    })?;
-    let dump: serde_json::Value = serde_json::from_str(&body)
-        .with_context(|| format!("pod {ns}/{name} answered something else than a config dump"))?;
-    dump::entries(&dump)
+    })
+}
+
+/// The JSON answer of the pod's Envoy admin to `GET path`, through a port-forward.
+async fn admin_get(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    port: u16,
+    path: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let (_, body) = super::port_forward::get(client.clone(), ns, name, port, path)
+        .await
+        .with_context(|| {
+            format!("reading {path} of pod {ns}/{name}'s Envoy (admin port {port})")
+        })?;
+    serde_json::from_str(&body)
+        .with_context(|| format!("pod {ns}/{name} answered {path} with something else than JSON"))
 }
 
 /// The pod `target` names in `ns`: `NAME`, `pod/NAME`, or a running pod of
@@ -325,22 +326,19 @@ mod tests {
     }
 
     #[test]
-    fn the_node_is_the_annotation_else_the_bootstrap_node_id() {
-        let dump = serde_json::json!({"configs": [
-            {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
-             "bootstrap": {"node": {"id": "gateway", "cluster": "c"}}},
-        ]});
-        let entries = dump::entries(&dump).unwrap();
-        let annotated = "sidecar".to_owned();
+    fn the_node_id_is_read_from_envoys_server_info() {
+        // The shape Envoy 1.40 answers, trimmed: `node` is what it runs as.
+        let info = serde_json::json!({
+            "version": "9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL",
+            "state": "LIVE",
+            "command_line_options": {"service_node": "gateway"},
+            "node": {"id": "gateway", "cluster": "marin3r", "user_agent_name": "envoy"},
+        });
+        assert_eq!(server_node_id(&info).as_deref(), Some("gateway"));
         assert_eq!(
-            node_of(Some(&annotated), &entries).as_deref(),
-            Some("sidecar")
+            server_node_id(&serde_json::json!({"node": {"id": ""}})),
+            None
         );
-        assert_eq!(node_of(None, &entries).as_deref(), Some("gateway"));
-        assert_eq!(
-            node_of(Some(&String::new()), &entries).as_deref(),
-            Some("gateway")
-        );
-        assert_eq!(node_of(None, &[]), None);
+        assert_eq!(server_node_id(&serde_json::json!({"state": "LIVE"})), None);
     }
 }

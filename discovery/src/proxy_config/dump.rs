@@ -138,14 +138,6 @@ pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
     Ok(out)
 }
 
-/// The node id in the bootstrap of `entries` (`node.id`: what Envoy was started with, from
-/// its bootstrap file or its `--service-node`), the one its control plane serves it by.
-pub fn node_id(entries: &[Entry]) -> Option<String> {
-    let bootstrap = entries.iter().find(|e| e.kind == "bootstrap")?;
-    let id = bootstrap.config.get("node")?.get("id")?.as_str()?;
-    (!id.is_empty()).then(|| id.to_owned())
-}
-
 fn text(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_owned)
 }
@@ -253,8 +245,6 @@ mod tests {
             ]
         );
         assert_eq!(entries[2].config, json!({"name": "app"}));
-        assert_eq!(node_id(&entries).as_deref(), Some("gw"));
-        assert_eq!(node_id(&entries[1..]), None);
         assert!(!serde_json::to_string(&entries).unwrap().contains("a2V5"));
         assert!(super::entries(&json!({"nope": 1})).is_err());
     }
