@@ -219,6 +219,8 @@ impl Drop for Prometheus {
 pub struct Job<'a> {
     pub name: &'a str,
     pub path: &'a str,
+    /// The scraped labels win over the target's (a PodMonitor endpoint's `honorLabels`).
+    pub honor_labels: bool,
     pub targets: Vec<(String, Vec<(&'a str, String)>)>,
 }
 
@@ -229,8 +231,8 @@ pub fn config(jobs: &[Job], interval: &str) -> String {
     );
     for job in jobs {
         out.push_str(&format!(
-            "  - job_name: {}\n    metrics_path: {}\n    static_configs:\n",
-            job.name, job.path
+            "  - job_name: {}\n    metrics_path: {}\n    honor_labels: {}\n    static_configs:\n",
+            job.name, job.path, job.honor_labels
         ));
         for (address, labels) in &job.targets {
             let labels: Vec<String> = labels

@@ -95,29 +95,21 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| client.default_namespace().to_owned());
     let pod = find_pod(&client, &ns, &args.pod).await?;
     let name = pod.name_any();
-    let annotations = pod.annotations();
-    let node = annotations.get(NODE_ID).cloned().with_context(|| {
-        format!("pod {ns}/{name} has no Envoy sidecar of marin3r (no {NODE_ID} annotation)")
-    })?;
-    let admin_port = match (args.admin_port, annotations.get(ADMIN_PORT)) {
-        (Some(port), _) => port,
-        (None, Some(port)) => port
-            .parse()
-            .with_context(|| format!("the pod's {ADMIN_PORT} annotation {port:?} is not a port"))?,
-        (None, None) => ENVOY_ADMIN_PORT,
+    let admin_port = admin_port(&pod, args.admin_port)?;
+    let dump = admin_get(&client, &ns, &name, admin_port, "/config_dump?include_eds").await?;
+    let all = dump::entries(&dump)?;
+    let node = match pod.annotations().get(NODE_ID).filter(|id| !id.is_empty()) {
+        Some(id) => id.clone(),
+        // Pods of an EnvoyDeployment gateway have no annotation: the node Envoy runs as
+        // (its --service-node, or its bootstrap's) is in its /server_info.
+        None => {
+            let info = admin_get(&client, &ns, &name, admin_port, "/server_info").await?;
+            server_node_id(&info).with_context(|| {
+                format!("pod {ns}/{name}: no {NODE_ID} annotation, and its Envoy's /server_info names no node id")
+            })?
+        }
     };
-    let (_, body) = super::port_forward::get(
-        client.clone(),
-        &ns,
-        &name,
-        admin_port,
-        "/config_dump?include_eds",
-    )
-    .await
-    .context("reading the proxy's /config_dump")?;
-    let dump: serde_json::Value = serde_json::from_str(&body)
-        .with_context(|| format!("pod {ns}/{name} answered something else than a config dump"))?;
-    let held: Vec<Entry> = dump::entries(&dump)?
+    let held: Vec<Entry> = all
         .into_iter()
         .filter(|e| args.section.admits(&e.kind))
         .collect();
@@ -141,11 +133,50 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
         Output::Table => print!("{report}"),
         Output::Json | Output::Yaml => eprint!("{report}"),
     }
-    Ok(if comparison.in_sync() {
+    // Nothing served at all is a node without config (a wrong node id?); nothing of one
+    // chosen type is just that.
+    let agreed =
+        comparison.in_sync() || (comparison.nothing_served() && args.section != Section::All);
+    Ok(if agreed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// The node id in Envoy's admin `/server_info` answer: the node it runs as, from its
+/// command line (`--service-node`) or its bootstrap.
+fn server_node_id(info: &serde_json::Value) -> Option<String> {
+    let id = info.get("node")?.get("id")?.as_str()?;
+    (!id.is_empty()).then(|| id.to_owned())
+}
+
+/// The pod's Envoy admin port: `flag`, else the pod's annotation, else 9901.
+fn admin_port(pod: &Pod, flag: Option<u16>) -> anyhow::Result<u16> {
+    Ok(match (flag, pod.annotations().get(ADMIN_PORT)) {
+        (Some(port), _) => port,
+        (None, Some(port)) => port
+            .parse()
+            .with_context(|| format!("the pod's {ADMIN_PORT} annotation {port:?} is not a port"))?,
+        (None, None) => ENVOY_ADMIN_PORT,
+    })
+}
+
+/// The JSON answer of the pod's Envoy admin to `GET path`, through a port-forward.
+async fn admin_get(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    port: u16,
+    path: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let (_, body) = super::port_forward::get(client.clone(), ns, name, port, path)
+        .await
+        .with_context(|| {
+            format!("reading {path} of pod {ns}/{name}'s Envoy (admin port {port})")
+        })?;
+    serde_json::from_str(&body)
+        .with_context(|| format!("pod {ns}/{name} answered {path} with something else than JSON"))
 }
 
 /// The pod `target` names in `ns`: `NAME`, `pod/NAME`, or a running pod of
@@ -292,5 +323,22 @@ mod tests {
              clusters   app    dynamic   c1        -\n"
         );
         assert_eq!(query_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+
+    #[test]
+    fn the_node_id_is_read_from_envoys_server_info() {
+        // The shape Envoy 1.40 answers, trimmed: `node` is what it runs as.
+        let info = serde_json::json!({
+            "version": "9e5580933739775e8bce696a57a2e1bc99368f23/1.40.0/Clean/RELEASE/BoringSSL",
+            "state": "LIVE",
+            "command_line_options": {"service_node": "gateway"},
+            "node": {"id": "gateway", "cluster": "marin3r", "user_agent_name": "envoy"},
+        });
+        assert_eq!(server_node_id(&info).as_deref(), Some("gateway"));
+        assert_eq!(
+            server_node_id(&serde_json::json!({"node": {"id": ""}})),
+            None
+        );
+        assert_eq!(server_node_id(&serde_json::json!({"state": "LIVE"})), None);
     }
 }

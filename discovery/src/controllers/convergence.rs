@@ -180,9 +180,11 @@ fn reports_with(
 }
 
 /// The leader: sums the live replicas' reports of every config into `status.proxies` and
-/// the `Synced` condition, until `stop`.
+/// the `Synced` condition, and exports them as `marin3r_envoyconfig_proxies`, until `stop`.
 pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
+    // `marin3r_envoyconfig_proxies` reports the sums while this replica writes them.
+    let _reporting = ctx.metrics.proxies.report(ctx.index.configs.store());
     loop {
         tokio::select! {
             () = &mut stop => return,

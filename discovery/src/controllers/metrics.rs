@@ -1,5 +1,6 @@
 //! Prometheus metrics of the discovery service's controllers. Labels are fixed sets (the
-//! controller, the result, the cache state), never an object name or an error text.
+//! controller, the result, the cache state), never an object name or an error text; the one
+//! exception, the proxy counts per EnvoyConfig, is [`super::proxy_metrics`].
 
 use marin3r_controller::ReconcileMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -24,6 +25,8 @@ pub struct ControllerMetrics {
     pub(crate) nacks_below_threshold: Counter,
     /// NACK events dropped because their namespace's queue was full.
     pub(crate) nacks_dropped: Counter,
+    /// The leader's proxy counts per EnvoyConfig.
+    pub(crate) proxies: super::proxy_metrics::ProxyMetrics,
 }
 
 impl ControllerMetrics {
@@ -31,9 +34,11 @@ impl ControllerMetrics {
     /// `marin3r_controller_reconcile_duration_seconds{controller}`,
     /// `marin3r_envoyconfig_cache_state_changes_total{state}` and
     /// `marin3r_revision_taints_total`, `marin3r_nacks_below_threshold_total` and
-    /// `marin3r_nack_events_dropped_total` to `registry`.
+    /// `marin3r_nack_events_dropped_total`, and `marin3r_envoyconfig_proxies{namespace,name,state}`
+    /// to `registry`.
     pub fn register(&self, registry: &mut Registry) {
         self.reconciles.register(registry);
+        self.proxies.register(registry);
         // Each state's series from the start, at 0, so `increase()` counts the first entry
         // (an alert on `rollback_failed` fires on the first one).
         for state in [

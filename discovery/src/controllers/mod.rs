@@ -8,6 +8,7 @@ mod index;
 pub mod loader;
 pub mod metrics;
 pub mod nacks;
+mod proxy_metrics;
 pub mod publisher;
 
 use std::sync::Arc;

@@ -22,13 +22,30 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    /// Both sides hold the same resources, and there is at least one.
     pub fn in_sync(&self) -> bool {
+        self.agree() && !self.same.is_empty()
+    }
+
+    /// Both sides agree because neither holds anything: nothing to be in sync with.
+    pub fn nothing_served(&self) -> bool {
+        self.agree() && self.same.is_empty()
+    }
+
+    fn agree(&self) -> bool {
         self.differ.is_empty() && self.not_held.is_empty() && self.not_served.is_empty()
     }
 
     /// The report `proxy-config` prints after the proxy's config.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        if self.nothing_served() {
+            let _ = writeln!(
+                out,
+                "Nothing served: the control plane serves this node no resource of this kind, and the proxy holds none from xDS."
+            );
+            return out;
+        }
         if self.in_sync() {
             let _ = writeln!(
                 out,
@@ -167,5 +184,15 @@ mod tests {
             alike.render(),
             "In sync: the proxy holds the 1 resource(s) the control plane serves its node.\n"
         );
+        // Nothing on either side (the bootstrap's static resources are the proxy's own) is
+        // not "in sync".
+        let nothing = compare(&proxy[..1], &[]);
+        assert!(!nothing.in_sync() && nothing.nothing_served());
+        assert!(
+            nothing.render().starts_with("Nothing served: "),
+            "{}",
+            nothing.render()
+        );
+        assert!(!c.nothing_served());
     }
 }

@@ -132,10 +132,43 @@ pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
             _ => {}
         }
     }
+    // Secrets the bootstrap reads from files (the sidecar's client certificate and CA) are
+    // listed as dynamic, but are the proxy's own: no control plane serves them.
+    let mut from_files = std::collections::BTreeSet::new();
+    if let Some(bootstrap) = out.iter().find(|e| e.kind == "bootstrap") {
+        file_secrets(&bootstrap.config, &mut from_files);
+    }
     for entry in &mut out {
+        if entry.kind == "secrets" && entry.state == "dynamic" && from_files.contains(&entry.name) {
+            entry.state = "file".into();
+        }
         redact(&mut entry.config);
     }
     Ok(out)
+}
+
+/// The names of the SDS secrets `config` asks for from a file (`sds_config` with `path` or
+/// `path_config_source`), at any depth.
+fn file_secrets(config: &Value, names: &mut std::collections::BTreeSet<String>) {
+    match config {
+        Value::Object(map) => {
+            let from_file = map
+                .get("sds_config")
+                .is_some_and(|c| c.get("path").is_some() || c.get("path_config_source").is_some());
+            if from_file && let Some(name) = map.get("name").and_then(Value::as_str) {
+                names.insert(name.to_owned());
+            }
+            for value in map.values() {
+                file_secrets(value, names);
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                file_secrets(item, names);
+            }
+        }
+        _ => {}
+    }
 }
 
 fn text(v: &Value, key: &str) -> Option<String> {
@@ -206,7 +239,10 @@ mod tests {
     fn every_section_is_taken_apart_and_redacted() {
         let dump = json!({"configs": [
             {"@type": "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
-             "bootstrap": {"node": {"id": "gw"}}, "last_updated": "t0"},
+             "bootstrap": {"node": {"id": "gw"}, "static_resources": {"clusters": [{"transport_socket":
+                {"typed_config": {"common_tls_context": {"tls_certificate_sds_secret_configs": [
+                  {"name": "client", "sds_config": {"path_config_source": {"path": "/etc/sds.json"}}}]}}}}]}},
+             "last_updated": "t0"},
             {"@type": "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
              "static_clusters": [{"cluster": {"@type": "x", "name": "xds"}, "last_updated": "t1"}],
              "dynamic_active_clusters": [{"version_info": "c1", "cluster": {"@type": "x", "name": "app"}}]},
@@ -218,7 +254,8 @@ mod tests {
                 {"name": "bad", "error_state": {"details": "no router", "version_info": "l2"}}]},
             {"@type": "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
              "dynamic_active_secrets": [{"name": "tls", "version_info": "s1",
-                "secret": {"name": "tls", "tls_certificate": {"private_key": {"inline_bytes": "a2V5"}}}}]},
+                "secret": {"name": "tls", "tls_certificate": {"private_key": {"inline_bytes": "a2V5"}}}},
+                {"name": "client", "secret": {"name": "client"}}]},
         ]});
         let entries = entries(&dump).unwrap();
         let seen: Vec<(&str, &str, &str, Option<&str>)> = entries
@@ -242,6 +279,8 @@ mod tests {
                 ("listeners", "http", "dynamic", Some("l1")),
                 ("listeners", "bad", "error", Some("l2")),
                 ("secrets", "tls", "dynamic", Some("s1")),
+                // Read from a file, as the bootstrap says: not from xDS.
+                ("secrets", "client", "file", None),
             ]
         );
         assert_eq!(entries[2].config, json!({"name": "app"}));

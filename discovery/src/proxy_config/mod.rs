@@ -29,7 +29,8 @@ pub struct Entry {
     pub kind: String,
     pub name: String,
     /// `static` (in the bootstrap), `dynamic` (from xDS, in use), `warming` (from xDS, not in
-    /// use yet), `error` (rejected); `served` for what the control plane serves.
+    /// use yet), `error` (rejected), `file` (a secret the bootstrap reads from a file);
+    /// `served` for what the control plane serves.
     pub state: String,
     /// The xDS version it came with, when dynamic.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -161,3 +161,87 @@ fn proxies_on_every_replica_are_summed() {
         .collect();
     assert_eq!(left, ["plane-0"]);
 }
+
+/// `marin3r_envoyconfig_proxies{namespace,name,state}` as the leader's registry encodes it for
+/// `/metrics`: `None` when the series is absent.
+fn proxies_gauge(plane: &Plane, name: &str, state: &str) -> Option<f64> {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &plane.registry).unwrap();
+    let sample = format!(
+        "marin3r_envoyconfig_proxies{{namespace=\"{NS}\",name=\"{name}\",state=\"{state}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&sample)?.trim().parse().ok())
+}
+
+fn counts(plane: &Plane, name: &str) -> [Option<f64>; 3] {
+    ["synced", "nacked", "pending"].map(|state| proxies_gauge(plane, name, state))
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to a real Envoy.
+fn signal(proxy: &support::Proxy, signal: &str) {
+    let pid = proxy.envoy.pid().to_string();
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// The leader exports the sums it writes into `status.proxies` per EnvoyConfig: acknowledged,
+/// rejected (a version with nothing to roll back to), not answered (a frozen Envoy, still
+/// connected); a deleted config's series go with it.
+#[test]
+fn the_leader_exports_the_proxy_counts_by_state() {
+    let plane = Plane::start(&[NS]);
+    let port = free_port();
+    let node = "gateway";
+    plane.apply(NS, "gw", spec(node, port, "v1"));
+    plane.wait_in_sync(NS, "gw");
+    let one = plane.proxy_on(plane.xds_port, NS, node, "gw-1", AdsMode::StateOfTheWorld);
+    let two = plane.proxy_on(plane.xds_port, NS, node, "gw-2", AdsMode::Delta);
+    one.wait_for_body(port, "v1");
+    two.wait_for_body(port, "v1");
+    let timeout = std::time::Duration::from_secs(30);
+    let want = |name: &str, synced: f64, nacked: f64, pending: f64| {
+        let want = [Some(synced), Some(nacked), Some(pending)];
+        wait(&format!("{name}: {want:?}"), timeout, || {
+            (counts(&plane, name) == want).then_some(())
+        });
+    };
+    want("gw", 2.0, 0.0, 0.0);
+
+    // A connected Envoy that does not answer the next version: pending, until it does.
+    signal(&two, "STOP");
+    plane.apply(NS, "gw", spec(node, port, "v2"));
+    plane.wait_in_sync(NS, "gw");
+    want("gw", 1.0, 0.0, 1.0);
+    signal(&two, "CONT");
+    two.wait_for_body(port, "v2");
+    want("gw", 2.0, 0.0, 0.0);
+
+    // The only version of a config rejected: nothing to roll back to, so it stays published
+    // and its proxy is counted as rejecting it.
+    let edge_port = free_port();
+    plane.apply(NS, "edge", nacked_spec("edge", edge_port, "bad"));
+    plane.wait_status(NS, "edge", "the bad version published", |ec| {
+        ec.status
+            .as_ref()
+            .and_then(|s| s.published_version.as_ref())
+            .is_some()
+    });
+    let edge = plane.proxy_on(plane.xds_port, NS, "edge", "edge-1", AdsMode::Delta);
+    want("edge", 0.0, 1.0, 0.0);
+    assert_eq!(counts(&plane, "gw"), [Some(2.0), Some(0.0), Some(0.0)]);
+
+    // Deleted: its series go, the other config's stay.
+    plane
+        .rt
+        .block_on(plane.configs(NS).delete("edge", &Default::default()))
+        .unwrap();
+    wait("the deleted config's series to go", timeout, || {
+        (counts(&plane, "edge") == [None, None, None]).then_some(())
+    });
+    assert_eq!(counts(&plane, "gw"), [Some(2.0), Some(0.0), Some(0.0)]);
+    drop(edge);
+}

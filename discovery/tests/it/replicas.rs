@@ -164,6 +164,21 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
         );
     }
     on_a.wait_for_body(port, "good");
+    // Only the leader exports the sums it writes: the follower has no series.
+    let synced = format!(
+        "marin3r_envoyconfig_proxies{{namespace=\"{NS}\",name=\"fleet\",state=\"synced\"}}"
+    );
+    wait(
+        "the leader to export 2 synced",
+        Duration::from_secs(20),
+        || (b.metric(&synced) == 2.0).then_some(()),
+    );
+    let mut follower = String::new();
+    prometheus_client::encoding::text::encode(&mut follower, &plane.registry).unwrap();
+    assert!(
+        !follower.contains("marin3r_envoyconfig_proxies{"),
+        "{follower}"
+    );
 
     // Both reject the next version.
     plane.apply(NS, "fleet", nacked_spec(node, port, "bad"));

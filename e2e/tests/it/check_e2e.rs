@@ -1,5 +1,5 @@
 //! `marin3r check` on the local cluster, installed as a user installs it: every check passes,
-//! then, with the operator stopped so nothing is repaired behind the test's back, each part a
+//! a certificate with renewal off included until it is near expiry; then, with the operator stopped so nothing is repaired behind the test's back, each part a
 //! test breaks is named with what to do (the webhook's CA bundle, a namespace's client
 //! certificate Secret, the discovery pods); once the operator runs again and repairs them,
 //! every check passes again. Needs root and the built `marin3r` binary.
@@ -48,6 +48,22 @@ async fn check_until(kubeconfig: &std::path::Path, success: bool, names: &[&str]
     })
 }
 
+/// A self-signed DiscoveryServiceCertificate in [`NS`] with renewal off.
+fn certificate(name: &str, valid_for: u32) -> String {
+    format!(
+        "apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryServiceCertificate
+metadata: {{name: {name}, namespace: {NS}}}
+spec:
+  commonName: {name}
+  validFor: {valid_for}
+  signer: {{selfSigned: {{}}}}
+  secretRef: {{name: {name}}}
+  certificateRenewal: {{enabled: false}}
+"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_passes_then_names_each_broken_part() {
     let installed = install(marin3r_e2e::product::images()).await.unwrap();
@@ -85,6 +101,33 @@ async fn check_passes_then_names_each_broken_part() {
     ] {
         assert!(out.contains(part), "{part} not checked:\n{out}");
     }
+
+    // Certificates with renewal off have no renewal time: issued, they pass; one with less
+    // than a fifth of its lifetime left fails as near expiry, renewal off or not.
+    installed
+        .apply(&certificate("long-lived", 86400))
+        .await
+        .unwrap();
+    let out = check_until(&kubeconfig, true, &["All "]).await;
+    assert!(!out.contains("long-lived"), "{out}");
+    installed
+        .apply(&certificate("short-lived", 30))
+        .await
+        .unwrap();
+    check_until(
+        &kubeconfig,
+        false,
+        &[&format!(
+            "[FAIL] certificate {NS}/short-lived: near expiry: "
+        )],
+    )
+    .await;
+    installed
+        .kubectl
+        .ok(&["delete", "dsc", "short-lived", "-n", NS])
+        .await
+        .unwrap();
+    check_until(&kubeconfig, true, &["All "]).await;
 
     // The operator stopped (the Deployment's replicas patched; `kubectl scale` needs the scale
     // subresource): nothing repairs what follows.

@@ -55,6 +55,12 @@ fn the_demo_story_succeeds_step_by_step() {
         "updating the EnvoyConfig",
         "waiting for the rollback",
         "renewing it with the annotation",
+        "what the sidecar holds (marin3r proxy-config) and the SYNCED column",
+        "$ marin3r proxy-config -n demo deployment/demo listeners",
+        "In sync: the proxy holds the 1 resource(s) the control plane serves its node.",
+        "$ kubectl get envoyconfig demo-proxy -n demo",
+        "the proxy holds what is served; SYNCED 1/1",
+        "$ marin3r check",
     ] {
         assert!(
             stdout.contains(step),

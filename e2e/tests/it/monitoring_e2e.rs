@@ -153,25 +153,32 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     )
     .await;
     let metrics_port = |pod: &Pod| named_port(pod, "metrics").expect("a metrics port");
+    let objects = monitoring::render().unwrap();
+    let honor = |monitor: &str| {
+        let monitor = monitoring::object(&objects, "PodMonitor", monitor).unwrap();
+        monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] == true
+    };
     let jobs = [
         Job {
             name: "operator",
             path: "/metrics",
+            honor_labels: honor("marin3r-operator"),
             targets: vec![target(&operator, metrics_port(&operator))],
         },
         Job {
             name: "discovery-service",
             path: "/metrics",
+            honor_labels: honor("marin3r-discovery-service"),
             targets: vec![target(&discovery, metrics_port(&discovery))],
         },
         // What an annotation-driven configuration scrapes: the annotations' port and path.
         Job {
             name: "envoy-sidecar",
             path: &stats_path,
+            honor_labels: honor("marin3r-envoy-sidecars"),
             targets: vec![target(&sidecar, annotation("prometheus.io/port"))],
         },
     ];
-    let objects = monitoring::render().unwrap();
     let rules = monitoring::without_for(&monitoring::rules(&objects).unwrap());
     let prometheus = Prometheus::start(&monitoring::config(&jobs, INTERVAL), &rules).unwrap();
 
@@ -212,6 +219,12 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
         (
             r#"min(marin3r_certificate_expiration_timestamp_seconds{job="operator"}) - time()"#,
             3600.0,
+        ),
+        // The leader's count of the demo config's proxies, labelled with the config's
+        // namespace (honored over the discovery pod's).
+        (
+            r#"marin3r_envoyconfig_proxies{job="discovery-service",namespace="demo",name="demo-proxy",state="synced"}"#,
+            1.0,
         ),
     ] {
         samples_where(&prometheus, expr, |v| v >= at_least).await;

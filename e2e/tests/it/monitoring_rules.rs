@@ -13,10 +13,16 @@ use serde_json::{Value, json};
 #[test]
 fn the_component_renders_podmonitors_rules_and_a_dashboard() {
     let objects = render().unwrap();
-    for (name, port, path) in [
-        ("marin3r-operator", "metrics", "/metrics"),
-        ("marin3r-discovery-service", "metrics", "/metrics"),
-        ("marin3r-envoy-sidecars", "envoy-stats", "/stats/prometheus"),
+    // The control plane's per-object gauges carry the object's `namespace`: honored.
+    for (name, port, path, honor) in [
+        ("marin3r-operator", "metrics", "/metrics", true),
+        ("marin3r-discovery-service", "metrics", "/metrics", true),
+        (
+            "marin3r-envoy-sidecars",
+            "envoy-stats",
+            "/stats/prometheus",
+            false,
+        ),
     ] {
         let monitor = object(&objects, "PodMonitor", name).unwrap();
         assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
@@ -25,6 +31,7 @@ fn the_component_renders_podmonitors_rules_and_a_dashboard() {
             (&endpoint["port"], &endpoint["path"]),
             (&json!(port), &json!(path))
         );
+        assert_eq!(endpoint["honorLabels"] == true, honor, "{name}");
     }
     let dashboard = object(&objects, "ConfigMap", "marin3r-grafana-dashboard").unwrap();
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");

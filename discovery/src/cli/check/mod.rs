@@ -6,6 +6,7 @@
 use std::fmt::Write;
 use std::process::ExitCode;
 
+mod certificates;
 mod served;
 
 use clap::Args;
@@ -21,9 +22,6 @@ use super::cluster::ClusterArgs;
 use crate::api::discovery_service::DiscoveryService;
 use crate::api::{EnvoyConfig, crds};
 use served::{check_namespaces, check_webhooks};
-
-/// How long past its renewal time a certificate may go before it counts as not renewed.
-const RENEWAL_GRACE: time::Duration = time::Duration::minutes(10);
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -299,7 +297,8 @@ async fn check_discovery_service(
     check_namespaces(client, ds, &ca, report).await;
 }
 
-/// Every DiscoveryServiceCertificate renewed on time and not expired.
+/// Every DiscoveryServiceCertificate issued, ready, renewed on time and not near expiry:
+/// one line per certificate with a problem, each with what to do.
 async fn check_certificates(client: &kube::Client, report: &mut Report) {
     let api: Api<DiscoveryServiceCertificate> = Api::all(client.clone());
     let list = match api.list(&ListParams::default()).await {
@@ -314,30 +313,21 @@ async fn check_certificates(client: &kube::Client, report: &mut Report) {
         }
     };
     let now = OffsetDateTime::now_utc().unix_timestamp();
-    let mut late = Vec::new();
+    let mut problems = 0;
     for dsc in &list {
-        let status = dsc.status.clone().unwrap_or_default();
-        let id = format!("{}/{}", dsc.namespace().unwrap_or_default(), dsc.name_any());
-        let (Some(renewal), Some(not_after)) = (status.renewal_time, status.not_after) else {
-            late.push(format!("{id} (not issued)"));
-            continue;
-        };
-        if not_after.0.as_second() <= now {
-            late.push(format!("{id} (expired)"));
-        } else if renewal.0.as_second() + RENEWAL_GRACE.whole_seconds() < now {
-            late.push(format!("{id} (past its renewal time, not renewed)"));
+        if let Some(p) = certificates::problem(dsc, now) {
+            let id = format!("{}/{}", dsc.namespace().unwrap_or_default(), dsc.name_any());
+            report.fail(format!("certificate {id}"), p.what, p.fix);
+            problems += 1;
         }
     }
-    if late.is_empty() {
+    if problems == 0 {
         report.pass(
             "certificates",
-            format!("{} issued, none near expiry without renewal", list.len()),
-        );
-    } else {
-        report.fail(
-            "certificates",
-            late.join(", "),
-            "kubectl describe dsc NAME -n NAMESPACE; marin3r certs renew NAME -n NAMESPACE",
+            format!(
+                "{} issued and ready, none expired, late for renewal or near expiry",
+                list.len()
+            ),
         );
     }
 }

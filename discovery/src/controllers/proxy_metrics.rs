@@ -1,0 +1,100 @@
+//! `marin3r_envoyconfig_proxies{namespace,name,state}`: the leader's sum of every replica's
+//! sync reports (an EnvoyConfig's `status.proxies`), read from the watch's store when
+//! Prometheus scrapes. One series per EnvoyConfig and state, as cert-manager exports one per
+//! certificate, since an alert must name the config; they go with the object, so a deleted
+//! config leaves no stale series. Only the leader reports (it writes the sums), so take
+//! `max by (namespace, name, state)` over the discovery pods.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::api::EnvoyConfig;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProxyLabels {
+    namespace: String,
+    name: String,
+    state: &'static str,
+}
+
+/// The gauge's source: the EnvoyConfig store while this replica leads, nothing otherwise.
+#[derive(Clone, Default)]
+pub struct ProxyMetrics {
+    store: Arc<Mutex<Option<Store<EnvoyConfig>>>>,
+}
+
+impl std::fmt::Debug for ProxyMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyMetrics").finish_non_exhaustive()
+    }
+}
+
+/// Reports while it lives: dropped when the leader's term ends, however it ends.
+pub(crate) struct Reporting(ProxyMetrics);
+
+impl Drop for Reporting {
+    fn drop(&mut self) {
+        *self.0.store.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+impl ProxyMetrics {
+    /// Adds `marin3r_envoyconfig_proxies{namespace,name,state}` to `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(self.clone()));
+    }
+
+    /// Reports the sums in the configs of `store` until the returned guard is dropped.
+    pub(crate) fn report(&self, store: Store<EnvoyConfig>) -> Reporting {
+        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
+        Reporting(self.clone())
+    }
+
+    fn family(&self) -> Family<ProxyLabels, Gauge> {
+        let family = Family::<ProxyLabels, Gauge>::default();
+        let store = self
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for ec in store.iter().flat_map(Store::state) {
+            let Some(sum) = ec.status.as_ref().and_then(|s| s.proxies.as_ref()) else {
+                continue;
+            };
+            let (namespace, name) = (ec.namespace().unwrap_or_default(), ec.name_any());
+            for (state, n) in [
+                ("synced", sum.acked),
+                ("nacked", sum.nacked),
+                ("pending", sum.pending),
+            ] {
+                let labels = ProxyLabels {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    state,
+                };
+                family.get_or_create(&labels).set(i64::from(n));
+            }
+        }
+        family
+    }
+}
+
+impl Collector for ProxyMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = self.family();
+        family.encode(encoder.encode_descriptor(
+            "marin3r_envoyconfig_proxies",
+            "Connected proxies of an EnvoyConfig's node by state for its published version (synced: acknowledged, nacked: rejected, pending: not answered yet), summed over every discovery replica; reported by the leader",
+            None,
+            family.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
