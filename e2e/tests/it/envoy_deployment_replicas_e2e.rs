@@ -1,6 +1,6 @@
 //! An EnvoyDeployment's replicas and disruption budget on the local cluster, driven with
-//! kubectl as a user drives them, from manifests in the shape of the original MARIN3R's
-//! gateway examples (`kubectl apply -f`, client-side): dynamic replicas become an
+//! kubectl as a user drives them, from manifests of our own in the original MARIN3R's API
+//! (`kubectl apply -f`, client-side): dynamic replicas become an
 //! autoscaling/v2 HorizontalPodAutoscaler of the Deployment with the original's name, and
 //! the operator leaves the replica count to it (`kubectl scale`, as an autoscaler would,
 //! sticks across reconciles and spec changes); static replicas remove the autoscaler and set
@@ -14,122 +14,108 @@ use marin3r_local_cluster::cluster::create_restricted_namespace;
 use marin3r_testkit::wait::until;
 use serde_json::Value;
 
-const NS: &str = "edge";
-const OWNED: &str = "marin3r-envoydeployment-edge";
-const DEPLOYMENT: &str = "deployment/marin3r-envoydeployment-edge";
-const HPA: &str = "hpa/marin3r-envoydeployment-edge";
-const PDB: &str = "pdb/marin3r-envoydeployment-edge";
+const NS: &str = "shop";
+const OWNED: &str = "marin3r-envoydeployment-checkout";
+const DEPLOYMENT: &str = "deployment/marin3r-envoydeployment-checkout";
+const HPA: &str = "hpa/marin3r-envoydeployment-checkout";
+const PDB: &str = "pdb/marin3r-envoydeployment-checkout";
+const GATEWAY_NAME: &str = "envoydeployment/checkout";
 
-/// The discovery service and the gateway's config: a listener on 8443 answering itself.
+/// The discovery service and the gateway's config: a listener on 7070 that answers
+/// `checkout` itself.
 const SETUP: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: DiscoveryService
 metadata:
   name: instance
-  namespace: edge
-spec:
-  debug: true
+  namespace: shop
+spec: {}
 ---
 apiVersion: marin3r.3scale.net/v1alpha1
 kind: EnvoyConfig
 metadata:
-  name: edge
-  namespace: edge
+  name: checkout
+  namespace: shop
 spec:
-  nodeID: edge
+  nodeID: checkout-gw
   resources:
     - type: listener
       value:
-        name: https
+        name: web
         address:
-          socket_address:
-            address: 0.0.0.0
-            port_value: 8443
+          socket_address: {address: 0.0.0.0, port_value: 7070}
         filter_chains:
           - filters:
               - name: envoy.filters.network.http_connection_manager
                 typed_config:
                   "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                  stat_prefix: edge
+                  stat_prefix: checkout_web
                   http_filters:
                     - name: envoy.filters.http.router
                       typed_config:
                         "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
                   route_config:
-                    name: edge
+                    name: checkout-direct
                     virtual_hosts:
-                      - name: all
+                      - name: checkout-hosts
                         domains: ["*"]
                         routes:
-                          - match:
-                              prefix: "/"
-                            direct_response:
-                              status: 200
+                          - match: {path: /healthz}
+                            direct_response: {status: 204}
 "#;
 
-/// The gateway, shaped as the original's autoscaled gateway example: resources, extra
-/// arguments, an admin access log, dynamic replicas with a CPU metric and a behavior, and a
-/// budget.
+/// An autoscaled gateway using every field of that shape: resources, extra arguments, an
+/// admin access log, dynamic replicas with two metrics and a behavior, and a budget.
 const GATEWAY: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: EnvoyDeployment
 metadata:
-  name: edge
-  namespace: edge
+  name: checkout
+  namespace: shop
 spec:
   discoveryServiceRef: instance
-  envoyConfigRef: edge
+  envoyConfigRef: checkout
   ports:
-    - name: https
-      port: 8443
-  extraArgs:
-    - --component-log-level
-    - http:debug
-  adminAccessLogPath: /dev/stdout
+    - name: web
+      port: 7070
+  extraArgs: ["--concurrency", "2"]
+  adminAccessLogPath: /dev/stderr
   resources:
-    requests:
-      memory: "64Mi"
-      cpu: "100m"
-    limits:
-      memory: "128Mi"
-      cpu: "500m"
+    requests: {cpu: 75m, memory: 40Mi}
+    limits: {cpu: "1", memory: 200Mi}
   replicas:
     dynamic:
       minReplicas: 2
-      maxReplicas: 6
+      maxReplicas: 5
       metrics:
         - type: Resource
           resource:
+            name: memory
+            target: {type: AverageValue, averageValue: 150Mi}
+        - type: Resource
+          resource:
             name: cpu
-            target:
-              type: Utilization
-              averageUtilization: 50
+            target: {type: Utilization, averageUtilization: 70}
       behavior:
         scaleUp:
-          stabilizationWindowSeconds: 0
-          selectPolicy: Max
+          stabilizationWindowSeconds: 30
           policies:
-            - type: Pods
-              value: 2
-              periodSeconds: 15
-            - type: Percent
-              value: 100
-              periodSeconds: 15
+            - {type: Pods, value: 1, periodSeconds: 20}
         scaleDown:
-          stabilizationWindowSeconds: 300
+          stabilizationWindowSeconds: 180
+          selectPolicy: Min
           policies:
-            - type: Percent
-              value: 50
-              periodSeconds: 60
+            - {type: Pods, value: 1, periodSeconds: 90}
+            - {type: Percent, value: 25, periodSeconds: 90}
   podDisruptionBudget:
-    minAvailable: 1
+    minAvailable: "50%"
 "#;
 
 async fn kubectl(installed: &Installed, args: &[&str]) -> String {
     installed.kubectl.ok(args).await.unwrap()
 }
 
-/// `kubectl get <what> -n edge -o json`, or `None` when it is not found.
+/// `kubectl get <what> -n shop -o json`, or `None` when it is not found.
 async fn get(installed: &Installed, what: &str) -> Option<Value> {
     let out = installed
         .kubectl
@@ -143,12 +129,12 @@ async fn get(installed: &Installed, what: &str) -> Option<Value> {
     Some(serde_json::from_str(&out.stdout).unwrap())
 }
 
-/// `kubectl patch envoydeployment edge` with a patch of `kind` (merge or json).
+/// `kubectl patch envoydeployment checkout` with a patch of `kind` (merge or json).
 async fn patch(installed: &Installed, kind: &str, patch: &str) {
     let args = [
         "patch",
         "envoydeployment",
-        "edge",
+        "checkout",
         "-n",
         NS,
         &format!("--type={kind}"),
@@ -186,7 +172,7 @@ async fn reconciled(installed: &Installed) -> Value {
         "the EnvoyDeployment's current generation to be reconciled",
         Duration::from_secs(120),
         || async {
-            let ed = get(installed, "envoydeployment/edge").await?;
+            let ed = get(installed, GATEWAY_NAME).await?;
             (ed["status"]["observedGeneration"] == ed["metadata"]["generation"]).then_some(ed)
         },
     )
@@ -261,19 +247,19 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
         serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": OWNED})
     );
     assert_eq!(hpa["spec"]["minReplicas"], 2);
-    assert_eq!(hpa["spec"]["maxReplicas"], 6);
+    assert_eq!(hpa["spec"]["maxReplicas"], 5);
     assert_within(&dynamic["metrics"], &hpa["spec"]["metrics"], "metrics");
     assert_within(&dynamic["behavior"], &hpa["spec"]["behavior"], "behavior");
     assert_eq!(
         hpa["metadata"]["labels"]["app.kubernetes.io/instance"],
-        "edge"
+        "checkout"
     );
     assert_eq!(
         hpa["metadata"]["ownerReferences"][0]["kind"],
         "EnvoyDeployment"
     );
     let pdb = get(&installed, PDB).await.unwrap();
-    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert_eq!(
         pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
         "envoy-deployment"
@@ -294,7 +280,7 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
         "the status to show the scaled Deployment",
         Duration::from_secs(60),
         || async {
-            let ed = get(&installed, "envoydeployment/edge").await?;
+            let ed = get(&installed, GATEWAY_NAME).await?;
             (ed["status"]["deploymentStatus"]["readyReplicas"] == 3).then_some(())
         },
     )
@@ -302,13 +288,13 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
     patch(
         &installed,
         "merge",
-        r#"{"spec":{"extraArgs":["--component-log-level","http:info"]}}"#,
+        r#"{"spec":{"extraArgs":["--concurrency","1"]}}"#,
     )
     .await;
     reconciled(&installed).await;
     let d = runs(&installed, 3).await;
     let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
-    assert!(args.contains("http:info"), "{args}");
+    assert!(args.ends_with(r#""--concurrency","1"]"#), "{args}");
 
     // No budget asked for: none; a different one: that one.
     patch(
@@ -321,11 +307,11 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
     patch(
         &installed,
         "merge",
-        r#"{"spec":{"podDisruptionBudget":{"maxUnavailable":"50%"}}}"#,
+        r#"{"spec":{"podDisruptionBudget":{"maxUnavailable":1}}}"#,
     )
     .await;
     let pdb = appears(&installed, "the new budget", PDB).await;
-    assert_eq!(pdb["spec"]["maxUnavailable"], "50%");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
     assert!(pdb["spec"].get("minAvailable").is_none(), "{pdb}");
 
     // Static replicas: the autoscaler goes and the operator sets the count.
