@@ -29,10 +29,10 @@ use crate::gateway_traffic::{ClientLog, MODES, Mode, backend, client_pod, now_ms
 
 const NS: &str = "gateway";
 const GATEWAY_PODS: &str =
-    "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=envoy";
+    "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=front-door";
 
 /// The backend's answer once the gateway rewrites the path (the updated EnvoyConfig).
-const V2: &str = "upstream-a /v2/hello";
+const V2: &str = "greeter /v2/hello";
 /// How long the client keeps being counted after the last old pod is gone.
 const AFTER_ROLLOUT_MS: u64 = 5_000;
 
@@ -50,12 +50,12 @@ async fn run(installed: &Installed, command: &str) -> String {
     .unwrap()
 }
 
-/// `kubectl patch envoydeployment envoy --type=merge -p <patch>`.
+/// `kubectl patch envoydeployment front-door --type=merge -p <patch>`.
 async fn patch(installed: &Installed, patch: &str) -> Output {
     let args = [
         "patch",
         "envoydeployment",
-        "envoy",
+        "front-door",
         "-n",
         NS,
         "--type=merge",
@@ -231,23 +231,26 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the EnvoyDeployment to be Ready",
         Duration::from_secs(120),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
+            let ed = eds.get("front-door").await.ok()?;
             (ready(&ed)?.0 == "True").then_some(())
         },
     )
     .await;
     let table = run(&installed, commands::GATEWAY_GET).await;
     assert!(
-        table.contains("READY") && table.contains("marin3r-envoydeployment-envoy"),
+        table.contains("READY") && table.contains("marin3r-envoydeployment-front-door"),
         "{table}"
     );
     let children = run(&installed, commands::GATEWAY_GET_CHILDREN).await;
-    for child in ["marin3r-envoydeployment-envoy", "envoy-client-cert-envoy"] {
+    for child in [
+        "marin3r-envoydeployment-front-door",
+        "envoy-client-cert-front-door",
+    ] {
         assert!(children.contains(child), "{children}");
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let d = deployments
-        .get("marin3r-envoydeployment-envoy")
+        .get("marin3r-envoydeployment-front-door")
         .await
         .unwrap();
     assert_eq!(d.spec.replicas, Some(2));
@@ -258,7 +261,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     // Each gateway Envoy is scraped like a sidecar: annotated, its stats on the readiness port.
     let gateway_pods = Api::<Pod>::namespaced(client.clone(), NS)
         .list(&kube::api::ListParams::default().labels(
-            "app.kubernetes.io/instance=envoy,app.kubernetes.io/component=envoy-deployment",
+            "app.kubernetes.io/instance=front-door,app.kubernetes.io/component=envoy-deployment",
         ))
         .await
         .unwrap();
@@ -292,7 +295,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     client_sees(
         &installed,
         "the backend's answer through the gateway",
-        "upstream-a /hello",
+        "greeter /hello",
     )
     .await;
 
@@ -304,12 +307,12 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     .unwrap();
     let v2 = v1
         .replace(
-            "route: {cluster: upstream-a}",
-            "route: {cluster: upstream-a, prefix_rewrite: /v2/}",
+            "route: {cluster: greeter}",
+            "route: {cluster: greeter, prefix_rewrite: /v2/}",
         )
         .replace(
-            "                    name: route\n",
-            "                    name: route\n                    response_headers_to_add:\n                      - header: {key: x-gateway-pod, value: \"%HOSTNAME%\"}\n",
+            "                    name: front-door-routes\n",
+            "                    name: front-door-routes\n                    response_headers_to_add:\n                      - header: {key: x-gateway-pod, value: \"%HOSTNAME%\"}\n",
         );
     assert_eq!(v2.lines().count(), v1.lines().count() + 2);
     installed.apply(&v2).await.unwrap();
@@ -323,7 +326,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the rejected config to be rolled back",
         Duration::from_secs(90),
         || async {
-            let ec = ecs.get("envoy").await.ok()?;
+            let ec = ecs.get("front-door").await.ok()?;
             (ec.status?.cache_state == Some(CacheState::Rollback)).then_some(())
         },
     )
@@ -371,14 +374,14 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the EnvoyDeployment to be Ready after the rollout",
         Duration::from_secs(60),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
+            let ed = eds.get("front-door").await.ok()?;
             let current = ed.status.as_ref()?.observed_generation == ed.metadata.generation;
             (current && ready(&ed)?.0 == "True").then_some(())
         },
     )
     .await;
     let d = deployments
-        .get("marin3r-envoydeployment-envoy")
+        .get("marin3r-envoydeployment-front-door")
         .await
         .unwrap();
     let args = d.spec.template.spec.unwrap().containers[0]
@@ -402,7 +405,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the bad spec to be reported",
         Duration::from_secs(60),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
+            let ed = eds.get("front-door").await.ok()?;
             ready(&ed).filter(|r| r.0 == "False")
         },
     )
@@ -410,7 +413,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("spec.ports[0].name"), "{message}");
     let d = deployments
-        .get("marin3r-envoydeployment-envoy")
+        .get("marin3r-envoydeployment-front-door")
         .await
         .unwrap();
     assert_eq!(d.metadata.generation, generation);

@@ -1,4 +1,4 @@
-//! The traffic of the gateway e2e tests: a backend pod answering `upstream-a <path>`, and a
+//! The traffic of the gateway e2e tests: a backend pod answering `greeter <path>`, and a
 //! client pod with two loops through the gateway's Service, a request every 50 ms each: one
 //! opens a new connection per request, the other keeps one connection open (HTTP/1.1
 //! keep-alive) as long as the gateway lets it, as most HTTP clients do. Every answer is one
@@ -11,12 +11,12 @@ use std::collections::BTreeSet;
 use marin3r_e2e::product::Installed;
 use serde_json::json;
 
-/// The backend: answers `upstream-a <path>` on 8080.
+/// The backend: answers `greeter <path>` on 8080.
 const BACKEND_PY: &str = r#"
 import http.server
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = ("upstream-a " + self.path).encode()
+        body = ("greeter " + self.path).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -40,7 +40,7 @@ def loop(mode):
         at = int(time.time() * 1000)
         try:
             if conn is None:
-                conn = http.client.HTTPConnection("envoy", 8080, timeout=5)
+                conn = http.client.HTTPConnection("front-door", 8080, timeout=5)
             conn.request("GET", "/hello")
             r = conn.getresponse()
             body = r.read().decode()
@@ -81,19 +81,19 @@ pub fn restricted_container(name: &str, script: &str) -> serde_json::Value {
 pub fn backend(ns: &str) -> String {
     let deployment = json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "upstream-a", "namespace": ns},
+        "metadata": {"name": "greeter", "namespace": ns},
         "spec": {
-            "selector": {"matchLabels": {"app": "upstream-a"}},
+            "selector": {"matchLabels": {"app": "greeter"}},
             "template": {
-                "metadata": {"labels": {"app": "upstream-a"}},
+                "metadata": {"labels": {"app": "greeter"}},
                 "spec": {"containers": [restricted_container("app", BACKEND_PY)]},
             },
         },
     });
     let service = json!({
         "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "upstream-a", "namespace": ns},
-        "spec": {"clusterIP": "None", "selector": {"app": "upstream-a"},
+        "metadata": {"name": "greeter", "namespace": ns},
+        "spec": {"clusterIP": "None", "selector": {"app": "greeter"},
                  "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]},
     });
     format!("{deployment}\n---\n{service}\n")
@@ -231,8 +231,8 @@ fn client_lines_are_read_back() {
     let log = ClientLog {
         requests: [
             "1 fresh FAIL ConnectionRefusedError()",
-            "2 fresh OK pod-a keep upstream-a /v2/hello",
-            "3 keepalive OK pod-b close upstream-a /hello",
+            "2 fresh OK pod-a keep greeter /v2/hello",
+            "3 keepalive OK pod-b close greeter /hello",
             "4 fresh FAIL RemoteDisconnected('x y')",
             "garbage",
         ]
@@ -241,7 +241,7 @@ fn client_lines_are_read_back() {
         .collect(),
     };
     assert_eq!(log.requests.len(), 4);
-    assert_eq!(log.last(Mode::Fresh).unwrap().body, "upstream-a /v2/hello");
+    assert_eq!(log.last(Mode::Fresh).unwrap().body, "greeter /v2/hello");
     let keepalive = log.last(Mode::KeepAlive).unwrap();
     assert!(keepalive.closed && keepalive.pod == "pod-b");
     assert_eq!(log.failures(), ["4 Fresh: RemoteDisconnected('x y')"]);
