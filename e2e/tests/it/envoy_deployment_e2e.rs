@@ -6,7 +6,8 @@
 //! change) with the shutdown manager drops no request of the loop, counted. A bad spec is a
 //! Ready=False condition naming the field and leaves the running Deployment alone; one the
 //! CRD refuses never reaches the controller. Needs root (pod runner), python3 and the built
-//! `marin3r` binary.
+//! `marin3r` binary. The namespace, the backend and a client showing the backend's answer
+//! come from the guide's commands too, so the guide works on a cluster with nothing else.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -21,11 +22,10 @@ use marin3r_discovery::api::envoy_deployment::EnvoyDeployment;
 use marin3r_e2e::demo::commands;
 use marin3r_e2e::product::{Installed, install, python3, ready_condition};
 use marin3r_e2e::rejected::nacked_by_proxies;
-use marin3r_local_cluster::cluster::create_restricted_namespace;
 use marin3r_testkit::kubectl::Output;
 use marin3r_testkit::wait::until;
 
-use crate::gateway_traffic::{ClientLog, MODES, Mode, backend, client_pod, now_ms, pods};
+use crate::gateway_traffic::{ClientLog, MODES, Mode, client_pod, now_ms, pods};
 
 const NS: &str = "gateway";
 const GATEWAY_PODS: &str =
@@ -74,6 +74,20 @@ async fn client_sees(installed: &Installed, what: &str, body: &str) {
     until(what, Duration::from_secs(60), || async {
         let log = ClientLog::read(installed, NS);
         (log.last(Mode::Fresh)?.body == body).then_some(())
+    })
+    .await;
+}
+
+/// Waits for the guide's client to print `line` as its latest (`kubectl logs --tail=1`).
+async fn guide_client_sees(installed: &Installed, line: &str) {
+    let repo = marin3r_testkit::tools::repo_root();
+    let marin3r = marin3r_e2e::product::marin3r_bin().unwrap();
+    let kubeconfig = installed.kubeconfig();
+    let what = format!("the guide's client to print {line:?}");
+    until(&what, Duration::from_secs(60), || async {
+        let command = commands::GATEWAY_CLIENT_LOGS;
+        let out = commands::run(command, &repo, &installed.kubectl, &kubeconfig, &marin3r).await;
+        (out.ok()?.trim_end() == line).then_some(())
     })
     .await;
 }
@@ -210,15 +224,23 @@ fn check_rollout(log: &ClientLog, old: &BTreeSet<String>, r: &Rollout) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without_dropping_requests()
 {
-    let images = marin3r_e2e::product::images().with("probe-server", python3());
+    // The guide's backend and client run a `python` image, as does the test's own client.
+    let images = marin3r_e2e::product::images().with("python", python3());
     let installed = install(images).await.unwrap();
     let client = installed.client.clone();
-    create_restricted_namespace(&client, NS).await.unwrap();
-    installed.apply(&backend(NS)).await.unwrap();
 
-    // The guide's commands, word for word.
-    run(&installed, commands::GATEWAY_APPLY_DISCOVERY_SERVICE).await;
+    // The guide's commands, word for word, on a cluster with only `manifests/` installed.
+    for command in [
+        commands::GATEWAY_APPLY_NAMESPACE,
+        commands::GATEWAY_APPLY_BACKEND,
+        commands::GATEWAY_APPLY_DISCOVERY_SERVICE,
+    ] {
+        run(&installed, command).await;
+    }
+    // The guide's wait gives up after 120 s; `commands::run` after 30 s: wait here first.
     installed.discovery_service_ready(NS, "instance").await;
+    let waited = run(&installed, commands::GATEWAY_WAIT_DISCOVERY_SERVICE).await;
+    assert!(waited.contains("condition met"), "{waited}");
     for command in [
         commands::GATEWAY_APPLY_ENVOY_CONFIG,
         commands::GATEWAY_APPLY_ENVOY_DEPLOYMENT,
@@ -284,7 +306,11 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         );
     }
 
-    // A client pod in the namespace loops through the Service.
+    // The guide's client shows the backend's answer through the gateway's Service.
+    run(&installed, commands::GATEWAY_APPLY_CLIENT).await;
+    guide_client_sees(&installed, "200 greeter /hello").await;
+
+    // The test's own client pod loops through the Service, counting every answer.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.create(
         &PostParams::default(),
