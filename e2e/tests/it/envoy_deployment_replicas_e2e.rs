@@ -5,7 +5,8 @@
 //! the operator leaves the replica count to it (`kubectl scale`, as an autoscaler would,
 //! sticks across reconciles and spec changes); static replicas remove the autoscaler and set
 //! the count, and turning dynamic again keeps the count; the PodDisruptionBudget follows
-//! `spec.podDisruptionBudget`. Needs root (pod runner) and the built `marin3r` binary.
+//! `spec.podDisruptionBudget`; the autoscaler, budget and bootstrap, deleted or edited by hand,
+//! are back within seconds. Needs root (pod runner) and the built `marin3r` binary.
 
 use std::time::Duration;
 
@@ -207,6 +208,56 @@ async fn gone(installed: &Installed, what: &str) {
     .await;
 }
 
+/// How soon a deleted or edited child must be back: far under the Ready gateway's 300 s
+/// resync, so only a watch of that kind can have woken the operator.
+const RESTORED_WITHIN: Duration = Duration::from_secs(20);
+
+/// Waits until `check` holds for `name`, within [`RESTORED_WITHIN`].
+async fn restored(installed: &Installed, name: &str, check: impl Fn(&Value) -> bool) {
+    let started = std::time::Instant::now();
+    until(
+        &format!("{name} to be restored"),
+        RESTORED_WITHIN,
+        || async { get(installed, name).await.filter(|v| check(v)).map(|_| ()) },
+    )
+    .await;
+    println!("{name} restored in {:?}", started.elapsed());
+}
+
+/// The autoscaler, the budget and the bootstrap of a Ready gateway, deleted or edited by
+/// hand, are put back by the operator within seconds: it watches them as it watches the
+/// Deployment.
+async fn children_come_back(installed: &Installed) {
+    until(
+        "the gateway to be Ready",
+        Duration::from_secs(120),
+        || async {
+            let ed = get(installed, GATEWAY_NAME).await?;
+            let conditions = ed["status"]["conditions"].as_array()?.clone();
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        },
+    )
+    .await;
+    for child in [HPA, PDB] {
+        kubectl(installed, &["delete", child, "-n", NS]).await;
+        restored(installed, child, |_| true).await;
+    }
+    let config_map = format!("configmap/{OWNED}");
+    let before = get(installed, &config_map).await.unwrap();
+    let data = before["data"].as_object().unwrap();
+    let key = data.keys().next().unwrap().clone();
+    let edit = serde_json::json!({"data": {&key: "edited by hand"}}).to_string();
+    kubectl(
+        installed,
+        &["patch", &config_map, "-n", NS, "--type=merge", "-p", &edit],
+    )
+    .await;
+    restored(installed, &config_map, |cm| cm["data"][&key] == data[&key]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budgets_follow() {
     let installed = install(marin3r_e2e::product::images()).await.unwrap();
@@ -271,6 +322,8 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
         &envoy["resources"],
         "resources",
     );
+
+    children_come_back(&installed).await;
 
     // The autoscaler's job, done by hand: the count sticks through the operator's reconciles
     // (the scale wakes it: it owns the Deployment) and through a spec change.
