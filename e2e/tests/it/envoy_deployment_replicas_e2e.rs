@@ -6,7 +6,8 @@
 //! sticks across reconciles and spec changes); static replicas remove the autoscaler and set
 //! the count, and turning dynamic again keeps the count; the PodDisruptionBudget follows
 //! `spec.podDisruptionBudget`; the autoscaler, budget and bootstrap, deleted or edited by hand,
-//! are back within seconds. Needs root (pod runner) and the built `marin3r` binary.
+//! are back within seconds; the gateway's own `marin3r.3scale.net/prometheus-annotations`
+//! decides its pods' `prometheus.io/*` annotations. Needs root (pod runner) and the built `marin3r` binary.
 
 use std::time::Duration;
 
@@ -389,5 +390,62 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
     appears(&installed, "the autoscaler again", HPA).await;
     let d = runs(&installed, 2).await;
     assert_eq!(d["status"]["replicas"], 2, "{d}");
+    prometheus_annotations_follow_the_gateway(&installed).await;
     installed.cluster.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `kubectl annotate envoydeployment checkout -n shop <annotation>`.
+async fn annotate(installed: &Installed, annotation: &str) {
+    let args = [
+        "annotate",
+        GATEWAY_NAME,
+        "-n",
+        NS,
+        "--overwrite",
+        annotation,
+    ];
+    kubectl(installed, &args).await;
+}
+
+/// Waits for the pod template's `prometheus.io/scrape` to be `want` (`None`: absent).
+async fn template_scrape(installed: &Installed, want: Option<&str>) {
+    until(
+        &format!("the pod template's prometheus.io/scrape to be {want:?}"),
+        Duration::from_secs(60),
+        || async {
+            let d = get(installed, DEPLOYMENT).await?;
+            let got = &d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"];
+            (got.as_str() == want).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The gateway's own `marin3r.3scale.net/prometheus-annotations` turns its pods'
+/// `prometheus.io/*` annotations off and on again; a value that is not a boolean is a
+/// condition naming the annotation.
+async fn prometheus_annotations_follow_the_gateway(installed: &Installed) {
+    const KEY: &str = "marin3r.3scale.net/prometheus-annotations";
+    template_scrape(installed, Some("true")).await;
+    annotate(installed, &format!("{KEY}=false")).await;
+    template_scrape(installed, None).await;
+    annotate(installed, &format!("{KEY}=maybe")).await;
+    let message = until(
+        "the bad annotation to be reported",
+        Duration::from_secs(60),
+        || async {
+            let ed = get(installed, GATEWAY_NAME).await?;
+            let conditions = ed["status"]["conditions"].as_array()?.clone();
+            let ready = conditions.into_iter().find(|c| c["type"] == "Ready")?;
+            (ready["status"] == "False" && ready["reason"] == "InvalidSpec")
+                .then(|| ready["message"].as_str().unwrap_or_default().to_owned())
+        },
+    )
+    .await;
+    assert!(
+        message.contains(&format!("metadata.annotations[{KEY}]: \"maybe\"")),
+        "{message}"
+    );
+    annotate(installed, &format!("{KEY}-")).await;
+    template_scrape(installed, Some("true")).await;
 }
