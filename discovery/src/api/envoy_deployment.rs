@@ -30,7 +30,7 @@ pub use super::envoy_deployment_resolve::{
     namespaced,
     shortname = "envoydep",
     category = "marin3r",
-    doc = "Envoy run as a Deployment of its own (an edge proxy or gateway): the operator runs the Envoy pods, issues their client certificate from the referenced DiscoveryService's CA and writes their bootstrap; the discovery service configures them from the referenced EnvoyConfig, with revisions and rollback as for sidecars.",
+    doc = "Envoy run as a Deployment of its own (an edge proxy or gateway): the operator runs the Envoy pods, issues their client certificate from the referenced DiscoveryService's CA and writes their bootstrap; the discovery service configures them from the referenced EnvoyConfig, with revisions and rollback as for sidecars. The pods are annotated `prometheus.io/*` for Envoy's stats unless the EnvoyDeployment's annotation `marin3r.3scale.net/prometheus-annotations` (else the DiscoveryService's `spec.sidecar.prometheusAnnotations`) says false.",
     status = "EnvoyDeploymentStatus",
     derive = "PartialEq",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,

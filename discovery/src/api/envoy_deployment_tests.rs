@@ -21,30 +21,34 @@ fn defaults_are_the_originals() {
 }
 
 #[test]
-fn the_originals_gateway_example_resolves() {
+fn a_spec_setting_every_optional_field_resolves() {
     let r = ed(json!({
-        "ports": [{"name": "https", "port": 8443}],
-        "extraArgs": ["--component-log-level", "http:debug"],
-        "adminAccessLogPath": "/dev/stdout",
-        "resources": {"requests": {"memory": "64Mi", "cpu": "100m"}, "limits": {"memory": "128Mi", "cpu": "500m"}},
-        "replicas": {"dynamic": {"minReplicas": 1, "maxReplicas": 10, "metrics": [{
+        "ports": [{"name": "grpc", "port": 9443}, {"name": "metrics-udp", "port": 9125, "protocol": "UDP"}],
+        "extraArgs": ["--concurrency", "4"],
+        "adminAccessLogPath": "/dev/stderr",
+        "resources": {"requests": {"memory": "32Mi", "cpu": "20m"}, "limits": {"memory": "96Mi"}},
+        "replicas": {"dynamic": {"minReplicas": 3, "maxReplicas": 7, "metrics": [{
             "type": "Resource",
-            "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}},
+            "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "80Mi"}},
         }]}},
-        "podDisruptionBudget": {"minAvailable": 1},
-        "shutdownManager": {"drainTime": 60, "drainStrategy": "immediate", "serverPort": 8091},
-        "initManager": {"image": "quay.io/3scale/marin3r:v0.13.3"},
+        "podDisruptionBudget": {"maxUnavailable": "30%"},
+        "shutdownManager": {"drainTime": 45, "drainStrategy": "immediate", "serverPort": 8095},
+        "initManager": {"image": "registry.example.com/tools/init:2.1"},
     }))
     .resolve()
     .unwrap();
-    assert_eq!(r.ports[0].port, 8443);
+    assert_eq!(r.ports[0].port, 9443);
     assert_eq!(r.ports[0].protocol, Protocol::Tcp);
-    assert_eq!(r.admin_access_log_path.as_deref(), Some("/dev/stdout"));
-    assert!(matches!(r.replicas, Replicas::Dynamic(ref d) if d.max_replicas == 10));
+    assert_eq!(r.ports[1].protocol, Protocol::Udp);
+    assert_eq!(r.extra_args, ["--concurrency", "4"]);
+    assert_eq!(r.admin_access_log_path.as_deref(), Some("/dev/stderr"));
+    assert!(
+        matches!(r.replicas, Replicas::Dynamic(ref d) if d.min_replicas == Some(3) && d.max_replicas == 7)
+    );
     let m = r.shutdown_manager.unwrap();
     assert_eq!(
         (m.port, m.drain_time, m.drain_strategy),
-        (8091, 60, DrainStrategy::Immediate)
+        (8095, 45, DrainStrategy::Immediate)
     );
     assert!(r.init_manager);
 }

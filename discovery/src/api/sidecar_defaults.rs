@@ -43,7 +43,9 @@ pub struct SidecarDefaults {
     /// `prometheus.io/path` for Envoy's stats (`/stats/prometheus` on the sidecar's readiness
     /// port, named `envoy-stats`), so an annotation-driven Prometheus scrapes every sidecar
     /// (default true; never over a pod's own `prometheus.io/*`). A pod's
-    /// `marin3r.3scale.net/prometheus-annotations` wins.
+    /// `marin3r.3scale.net/prometheus-annotations` wins. Also the default for the pods of
+    /// the EnvoyDeployments naming this discovery service, where the EnvoyDeployment's own
+    /// `marin3r.3scale.net/prometheus-annotations` annotation wins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus_annotations: Option<bool>,
 }

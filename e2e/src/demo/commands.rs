@@ -36,9 +36,14 @@ pub const GET_CONFIG_SYNCED: &str = "kubectl get envoyconfig demo-proxy -n demo"
 pub const CHECK: &str = "marin3r check";
 
 /// The EnvoyDeployment guide's commands (`docs/envoydeployment.md`), run word for word by
-/// the gateway end-to-end test (`e2e/tests/it/envoy_deployment_e2e.rs`).
+/// the gateway end-to-end test (`e2e/tests/it/envoy_deployment_e2e.rs`) on a cluster with
+/// nothing but `manifests/` installed.
+pub const GATEWAY_APPLY_NAMESPACE: &str = "kubectl apply -f docs/examples/gateway/namespace.yaml";
+pub const GATEWAY_APPLY_BACKEND: &str = "kubectl apply -f docs/examples/gateway/backend.yaml";
 pub const GATEWAY_APPLY_DISCOVERY_SERVICE: &str =
     "kubectl apply -f docs/examples/gateway/discoveryservice.yaml";
+pub const GATEWAY_WAIT_DISCOVERY_SERVICE: &str =
+    "kubectl wait discoveryservice/instance -n gateway --for=condition=Ready --timeout=120s";
 pub const GATEWAY_APPLY_ENVOY_CONFIG: &str =
     "kubectl apply -f docs/examples/gateway/envoyconfig.yaml";
 pub const GATEWAY_APPLY_ENVOY_DEPLOYMENT: &str =
@@ -47,15 +52,23 @@ pub const GATEWAY_APPLY_SERVICE: &str = "kubectl apply -f docs/examples/gateway/
 pub const GATEWAY_GET: &str = "kubectl get envoydeployments -n gateway";
 pub const GATEWAY_GET_CHILDREN: &str =
     "kubectl get deployments,poddisruptionbudgets,dsc -n gateway";
+pub const GATEWAY_APPLY_CLIENT: &str = "kubectl apply -f docs/examples/gateway/client.yaml";
+/// The client's latest line: the backend's answer through the gateway's Service.
+pub const GATEWAY_CLIENT_LOGS: &str = "kubectl logs hello-client -n gateway --tail=1";
 
 /// Every command of the EnvoyDeployment guide, in its order.
 pub const GATEWAY: &[&str] = &[
+    GATEWAY_APPLY_NAMESPACE,
+    GATEWAY_APPLY_BACKEND,
     GATEWAY_APPLY_DISCOVERY_SERVICE,
+    GATEWAY_WAIT_DISCOVERY_SERVICE,
     GATEWAY_APPLY_ENVOY_CONFIG,
     GATEWAY_APPLY_ENVOY_DEPLOYMENT,
     GATEWAY_APPLY_SERVICE,
     GATEWAY_GET,
     GATEWAY_GET_CHILDREN,
+    GATEWAY_APPLY_CLIENT,
+    GATEWAY_CLIENT_LOGS,
 ];
 
 /// Every command above but the guide's.

@@ -6,7 +6,8 @@
 //! change) with the shutdown manager drops no request of the loop, counted. A bad spec is a
 //! Ready=False condition naming the field and leaves the running Deployment alone; one the
 //! CRD refuses never reaches the controller. Needs root (pod runner), python3 and the built
-//! `marin3r` binary.
+//! `marin3r` binary. The namespace, the backend and a client showing the backend's answer
+//! come from the guide's commands too, so the guide works on a cluster with nothing else.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -21,18 +22,17 @@ use marin3r_discovery::api::envoy_deployment::EnvoyDeployment;
 use marin3r_e2e::demo::commands;
 use marin3r_e2e::product::{Installed, install, python3, ready_condition};
 use marin3r_e2e::rejected::nacked_by_proxies;
-use marin3r_local_cluster::cluster::create_restricted_namespace;
 use marin3r_testkit::kubectl::Output;
 use marin3r_testkit::wait::until;
 
-use crate::gateway_traffic::{ClientLog, MODES, Mode, backend, client_pod, now_ms, pods};
+use crate::gateway_traffic::{ClientLog, MODES, Mode, client_pod, now_ms, pods};
 
 const NS: &str = "gateway";
 const GATEWAY_PODS: &str =
-    "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=envoy";
+    "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=front-door";
 
 /// The backend's answer once the gateway rewrites the path (the updated EnvoyConfig).
-const V2: &str = "upstream-a /v2/hello";
+const V2: &str = "greeter /v2/hello";
 /// How long the client keeps being counted after the last old pod is gone.
 const AFTER_ROLLOUT_MS: u64 = 5_000;
 
@@ -50,12 +50,12 @@ async fn run(installed: &Installed, command: &str) -> String {
     .unwrap()
 }
 
-/// `kubectl patch envoydeployment envoy --type=merge -p <patch>`.
+/// `kubectl patch envoydeployment front-door --type=merge -p <patch>`.
 async fn patch(installed: &Installed, patch: &str) -> Output {
     let args = [
         "patch",
         "envoydeployment",
-        "envoy",
+        "front-door",
         "-n",
         NS,
         "--type=merge",
@@ -74,6 +74,20 @@ async fn client_sees(installed: &Installed, what: &str, body: &str) {
     until(what, Duration::from_secs(60), || async {
         let log = ClientLog::read(installed, NS);
         (log.last(Mode::Fresh)?.body == body).then_some(())
+    })
+    .await;
+}
+
+/// Waits for the guide's client to print `line` as its latest (`kubectl logs --tail=1`).
+async fn guide_client_sees(installed: &Installed, line: &str) {
+    let repo = marin3r_testkit::tools::repo_root();
+    let marin3r = marin3r_e2e::product::marin3r_bin().unwrap();
+    let kubeconfig = installed.kubeconfig();
+    let what = format!("the guide's client to print {line:?}");
+    until(&what, Duration::from_secs(60), || async {
+        let command = commands::GATEWAY_CLIENT_LOGS;
+        let out = commands::run(command, &repo, &installed.kubectl, &kubeconfig, &marin3r).await;
+        (out.ok()?.trim_end() == line).then_some(())
     })
     .await;
 }
@@ -210,15 +224,23 @@ fn check_rollout(log: &ClientLog, old: &BTreeSet<String>, r: &Rollout) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without_dropping_requests()
 {
-    let images = marin3r_e2e::product::images().with("probe-server", python3());
+    // The guide's backend and client run a `python` image, as does the test's own client.
+    let images = marin3r_e2e::product::images().with("python", python3());
     let installed = install(images).await.unwrap();
     let client = installed.client.clone();
-    create_restricted_namespace(&client, NS).await.unwrap();
-    installed.apply(&backend(NS)).await.unwrap();
 
-    // The guide's commands, word for word.
-    run(&installed, commands::GATEWAY_APPLY_DISCOVERY_SERVICE).await;
+    // The guide's commands, word for word, on a cluster with only `manifests/` installed.
+    for command in [
+        commands::GATEWAY_APPLY_NAMESPACE,
+        commands::GATEWAY_APPLY_BACKEND,
+        commands::GATEWAY_APPLY_DISCOVERY_SERVICE,
+    ] {
+        run(&installed, command).await;
+    }
+    // The guide's wait gives up after 120 s; `commands::run` after 30 s: wait here first.
     installed.discovery_service_ready(NS, "instance").await;
+    let waited = run(&installed, commands::GATEWAY_WAIT_DISCOVERY_SERVICE).await;
+    assert!(waited.contains("condition met"), "{waited}");
     for command in [
         commands::GATEWAY_APPLY_ENVOY_CONFIG,
         commands::GATEWAY_APPLY_ENVOY_DEPLOYMENT,
@@ -231,23 +253,26 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the EnvoyDeployment to be Ready",
         Duration::from_secs(120),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
+            let ed = eds.get("front-door").await.ok()?;
             (ready(&ed)?.0 == "True").then_some(())
         },
     )
     .await;
     let table = run(&installed, commands::GATEWAY_GET).await;
     assert!(
-        table.contains("READY") && table.contains("marin3r-envoydeployment-envoy"),
+        table.contains("READY") && table.contains("marin3r-envoydeployment-front-door"),
         "{table}"
     );
     let children = run(&installed, commands::GATEWAY_GET_CHILDREN).await;
-    for child in ["marin3r-envoydeployment-envoy", "envoy-client-cert-envoy"] {
+    for child in [
+        "marin3r-envoydeployment-front-door",
+        "envoy-client-cert-front-door",
+    ] {
         assert!(children.contains(child), "{children}");
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let d = deployments
-        .get("marin3r-envoydeployment-envoy")
+        .get("marin3r-envoydeployment-front-door")
         .await
         .unwrap();
     assert_eq!(d.spec.replicas, Some(2));
@@ -258,7 +283,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     // Each gateway Envoy is scraped like a sidecar: annotated, its stats on the readiness port.
     let gateway_pods = Api::<Pod>::namespaced(client.clone(), NS)
         .list(&kube::api::ListParams::default().labels(
-            "app.kubernetes.io/instance=envoy,app.kubernetes.io/component=envoy-deployment",
+            "app.kubernetes.io/instance=front-door,app.kubernetes.io/component=envoy-deployment",
         ))
         .await
         .unwrap();
@@ -281,7 +306,11 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         );
     }
 
-    // A client pod in the namespace loops through the Service.
+    // The guide's client shows the backend's answer through the gateway's Service.
+    run(&installed, commands::GATEWAY_APPLY_CLIENT).await;
+    guide_client_sees(&installed, "200 greeter /hello").await;
+
+    // The test's own client pod loops through the Service, counting every answer.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.create(
         &PostParams::default(),
@@ -292,7 +321,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     client_sees(
         &installed,
         "the backend's answer through the gateway",
-        "upstream-a /hello",
+        "greeter /hello",
     )
     .await;
 
@@ -304,12 +333,12 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     .unwrap();
     let v2 = v1
         .replace(
-            "route: {cluster: upstream-a}",
-            "route: {cluster: upstream-a, prefix_rewrite: /v2/}",
+            "route: {cluster: greeter}",
+            "route: {cluster: greeter, prefix_rewrite: /v2/}",
         )
         .replace(
-            "                    name: route\n",
-            "                    name: route\n                    response_headers_to_add:\n                      - header: {key: x-gateway-pod, value: \"%HOSTNAME%\"}\n",
+            "                    name: front-door-routes\n",
+            "                    name: front-door-routes\n                    response_headers_to_add:\n                      - header: {key: x-gateway-pod, value: \"%HOSTNAME%\"}\n",
         );
     assert_eq!(v2.lines().count(), v1.lines().count() + 2);
     installed.apply(&v2).await.unwrap();
@@ -323,7 +352,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the rejected config to be rolled back",
         Duration::from_secs(90),
         || async {
-            let ec = ecs.get("envoy").await.ok()?;
+            let ec = ecs.get("front-door").await.ok()?;
             (ec.status?.cache_state == Some(CacheState::Rollback)).then_some(())
         },
     )
@@ -371,14 +400,14 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the EnvoyDeployment to be Ready after the rollout",
         Duration::from_secs(60),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
+            let ed = eds.get("front-door").await.ok()?;
             let current = ed.status.as_ref()?.observed_generation == ed.metadata.generation;
             (current && ready(&ed)?.0 == "True").then_some(())
         },
     )
     .await;
     let d = deployments
-        .get("marin3r-envoydeployment-envoy")
+        .get("marin3r-envoydeployment-front-door")
         .await
         .unwrap();
     let args = d.spec.template.spec.unwrap().containers[0]
@@ -402,7 +431,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "the bad spec to be reported",
         Duration::from_secs(60),
         || async {
-            let ed = eds.get("envoy").await.ok()?;
+            let ed = eds.get("front-door").await.ok()?;
             ready(&ed).filter(|r| r.0 == "False")
         },
     )
@@ -410,7 +439,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     assert_eq!(reason, "InvalidSpec");
     assert!(message.contains("spec.ports[0].name"), "{message}");
     let d = deployments
-        .get("marin3r-envoydeployment-envoy")
+        .get("marin3r-envoydeployment-front-door")
         .await
         .unwrap();
     assert_eq!(d.metadata.generation, generation);

@@ -1,7 +1,8 @@
-//! The traffic of the gateway e2e tests: a backend pod answering `upstream-a <path>`, and a
-//! client pod with two loops through the gateway's Service, a request every 50 ms each: one
-//! opens a new connection per request, the other keeps one connection open (HTTP/1.1
-//! keep-alive) as long as the gateway lets it, as most HTTP clients do. Every answer is one
+//! The traffic of the gateway e2e tests: a client pod with two loops through the gateway's
+//! Service to the guide's backend (`docs/examples/gateway/backend.yaml`, answering `greeter
+//! <path>`), a request every 50 ms each: one opens a new connection per request, the other
+//! keeps one connection open (HTTP/1.1 keep-alive) as long as the gateway lets it, as most
+//! HTTP clients do. Every answer is one
 //! timestamped line of the client's log, with the gateway pod that answered (the
 //! `x-gateway-pod` header the gateway's config adds) and whether it closed the connection
 //! (`Connection: close`, what a draining Envoy answers); [`ClientLog`] reads them back.
@@ -10,21 +11,6 @@ use std::collections::BTreeSet;
 
 use marin3r_e2e::product::Installed;
 use serde_json::json;
-
-/// The backend: answers `upstream-a <path>` on 8080.
-const BACKEND_PY: &str = r#"
-import http.server
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = ("upstream-a " + self.path).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer(("0.0.0.0", 8080), H).serve_forever()
-"#;
 
 /// The client: one line per request, `<unix ms> <mode> OK <pod> <close|keep> <body>` or
 /// `<unix ms> <mode> FAIL <what>`; a request that gets no complete answer within 5 s fails.
@@ -40,7 +26,7 @@ def loop(mode):
         at = int(time.time() * 1000)
         try:
             if conn is None:
-                conn = http.client.HTTPConnection("envoy", 8080, timeout=5)
+                conn = http.client.HTTPConnection("front-door", 8080, timeout=5)
             conn.request("GET", "/hello")
             r = conn.getresponse()
             body = r.read().decode()
@@ -64,10 +50,10 @@ loop("fresh")
 "#;
 
 /// Pod Security `restricted` for the test's own pods.
-pub fn restricted_container(name: &str, script: &str) -> serde_json::Value {
+fn restricted_container(name: &str, script: &str) -> serde_json::Value {
     json!({
         "name": name,
-        "image": "probe-server",
+        "image": "python:3.13-alpine",
         "command": ["python3", "-c", script],
         "ports": [{"name": "http", "containerPort": 8080}],
         "securityContext": {
@@ -75,28 +61,6 @@ pub fn restricted_container(name: &str, script: &str) -> serde_json::Value {
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
         },
     })
-}
-
-/// The backend Deployment and its headless Service in `ns`, as kubectl would apply them.
-pub fn backend(ns: &str) -> String {
-    let deployment = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "upstream-a", "namespace": ns},
-        "spec": {
-            "selector": {"matchLabels": {"app": "upstream-a"}},
-            "template": {
-                "metadata": {"labels": {"app": "upstream-a"}},
-                "spec": {"containers": [restricted_container("app", BACKEND_PY)]},
-            },
-        },
-    });
-    let service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "upstream-a", "namespace": ns},
-        "spec": {"clusterIP": "None", "selector": {"app": "upstream-a"},
-                 "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]},
-    });
-    format!("{deployment}\n---\n{service}\n")
 }
 
 /// The client pod in `ns`.
@@ -231,8 +195,8 @@ fn client_lines_are_read_back() {
     let log = ClientLog {
         requests: [
             "1 fresh FAIL ConnectionRefusedError()",
-            "2 fresh OK pod-a keep upstream-a /v2/hello",
-            "3 keepalive OK pod-b close upstream-a /hello",
+            "2 fresh OK pod-a keep greeter /v2/hello",
+            "3 keepalive OK pod-b close greeter /hello",
             "4 fresh FAIL RemoteDisconnected('x y')",
             "garbage",
         ]
@@ -241,7 +205,7 @@ fn client_lines_are_read_back() {
         .collect(),
     };
     assert_eq!(log.requests.len(), 4);
-    assert_eq!(log.last(Mode::Fresh).unwrap().body, "upstream-a /v2/hello");
+    assert_eq!(log.last(Mode::Fresh).unwrap().body, "greeter /v2/hello");
     let keepalive = log.last(Mode::KeepAlive).unwrap();
     assert!(keepalive.closed && keepalive.pod == "pod-b");
     assert_eq!(log.failures(), ["4 Fresh: RemoteDisconnected('x y')"]);

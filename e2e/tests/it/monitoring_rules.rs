@@ -4,7 +4,7 @@
 //! drive every alert. That the alerts fire on real metrics, and that the dashboard's queries
 //! run, is monitoring_e2e.rs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use marin3r_e2e::monitoring::{self, object, render, rules, run_promtool};
 use marin3r_testkit::tools::repo_root;
@@ -19,6 +19,12 @@ fn the_component_renders_podmonitors_rules_and_a_dashboard() {
         ("marin3r-discovery-service", "metrics", "/metrics", true),
         (
             "marin3r-envoy-sidecars",
+            "envoy-stats",
+            "/stats/prometheus",
+            false,
+        ),
+        (
+            "marin3r-envoy-gateways",
             "envoy-stats",
             "/stats/prometheus",
             false,
@@ -38,6 +44,61 @@ fn the_component_renders_podmonitors_rules_and_a_dashboard() {
     assert!(monitoring::dashboard_queries(&objects).unwrap().len() > 10);
     // The base is still all there.
     object(&objects, "Deployment", "marin3r-operator").unwrap();
+}
+
+/// Whether a PodMonitor's `matchLabels` select a pod labelled `labels`.
+fn selects(monitor: &Value, labels: &BTreeMap<String, String>) -> bool {
+    let wanted = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap();
+    wanted
+        .iter()
+        .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str())
+}
+
+#[test]
+fn gateway_pods_are_scraped_by_their_own_podmonitor_on_their_stats_port() {
+    let objects = render().unwrap();
+    let gateways = object(&objects, "PodMonitor", "marin3r-envoy-gateways").unwrap();
+    let sidecars = object(&objects, "PodMonitor", "marin3r-envoy-sidecars").unwrap();
+    // The labels the operator gives every gateway pod (the Deployment's selector).
+    let pod = marin3r_discovery::operator::gateway::build::labels("front-door");
+    assert!(selects(gateways, &pod), "{gateways}");
+    assert!(!selects(sidecars, &pod), "{sidecars}");
+    // ...and only them: not the operator's or a discovery pod's labels.
+    for component in ["operator", "discovery-service"] {
+        let other = BTreeMap::from([
+            ("app.kubernetes.io/name".to_owned(), "marin3r".to_owned()),
+            (
+                "app.kubernetes.io/component".to_owned(),
+                component.to_owned(),
+            ),
+        ]);
+        assert!(!selects(gateways, &other), "{component}");
+    }
+    assert_eq!(gateways["spec"]["namespaceSelector"]["any"], true);
+    let endpoint = &gateways["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(
+        endpoint["port"],
+        marin3r_webhook::readiness::STATS_PORT_NAME
+    );
+    assert_eq!(endpoint["relabelings"][0]["replacement"], "envoy-gateway");
+    // The proxies' alert watches the gateways' job too.
+    let spec = rules(&objects).unwrap();
+    let not_in_sync = spec["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .find(|r| r["alert"] == "Marin3rProxyNotInSync")
+        .unwrap();
+    assert!(
+        not_in_sync["expr"]
+            .as_str()
+            .unwrap()
+            .contains("envoy-gateway"),
+        "{not_in_sync}"
+    );
 }
 
 #[test]

@@ -72,7 +72,7 @@ pub(super) fn envoy_api_version(value: &str) -> Result<(), String> {
 }
 
 /// The forms Go's `strconv.ParseBool` takes, as the original read the annotation.
-pub(super) fn parse_bool(value: &str) -> Result<bool, String> {
+pub fn parse_bool(value: &str) -> Result<bool, String> {
     match value {
         "1" | "t" | "T" | "true" | "True" | "TRUE" => Ok(true),
         "0" | "f" | "F" | "false" | "False" | "FALSE" => Ok(false),

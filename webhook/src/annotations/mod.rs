@@ -14,12 +14,11 @@ use std::net::IpAddr;
 
 use crate::config::InjectionConfig;
 use crate::readiness::STATS_PORT_NAME;
-pub use grammar::{MAX_DRAIN_TIME, check_extra_args};
+pub use grammar::{MAX_DRAIN_TIME, check_extra_args, parse_bool};
 use grammar::{
     absolute_path, apply_host_port_mappings, command_line_arg, dns_label, dns_subdomain,
-    envoy_api_version, image_reference, node_id_value, parse_bind_address, parse_bool,
-    parse_container_names, parse_drain_strategy, parse_drain_time, parse_extra_args,
-    parse_port_number, parse_ports,
+    envoy_api_version, image_reference, node_id_value, parse_bind_address, parse_container_names,
+    parse_drain_strategy, parse_drain_time, parse_extra_args, parse_port_number, parse_ports,
 };
 pub use names::*;
 

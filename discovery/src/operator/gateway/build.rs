@@ -57,6 +57,8 @@ pub struct Inputs {
     /// The shutdown manager's token: the one the current Deployment carries, so the pods
     /// do not roll at every reconcile, else a new one.
     pub shutdown_token: String,
+    /// Annotate the pods `prometheus.io/*` for Envoy's stats (see `plan::prometheus_annotations`).
+    pub prometheus_annotations: bool,
 }
 
 /// The children of one `EnvoyDeployment`.
@@ -194,7 +196,7 @@ impl<'a> Gateway<'a> {
             // The original's EnvoyDeployment has no protocol field: state of the world, as
             // its gateways always spoke.
             xds_protocol: marin3r_webhook::config::XdsProtocol::Sotw,
-            prometheus_annotations: true,
+            prometheus_annotations: self.inputs.prometheus_annotations,
             image_pull_secrets: Vec::new(),
             warnings: Vec::new(),
         }
@@ -240,12 +242,12 @@ impl<'a> Gateway<'a> {
                     metadata: Some(ObjectMeta {
                         labels: Some(pod_labels),
                         // Scraped like every sidecar: Envoy's stats on the readiness port.
-                        annotations: Some(
+                        annotations: sidecar_spec.prometheus_annotations.then(|| {
                             marin3r_webhook::readiness::prometheus_annotations(s.readiness_port)
                                 .into_iter()
                                 .map(|(k, v)| (k.to_owned(), v))
-                                .collect(),
-                        ),
+                                .collect()
+                        }),
                         ..Default::default()
                     }),
                     spec: Some(PodSpec {

@@ -66,12 +66,17 @@ pub async fn run(
     let store = controller.store();
     let owned = || watcher::Config::default().labels(build::CHILDREN_SELECTOR);
     let by_config = store.clone();
+    // Every child is watched: one deleted or edited by hand is put back at once, not at the
+    // next resync.
     let controller = controller
         .owns(Api::<Deployment>::all(client.clone()), owned())
         .owns(
             Api::<DiscoveryServiceCertificate>::all(client.clone()),
             owned(),
         )
+        .owns(Api::<ConfigMap>::all(client.clone()), owned())
+        .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned())
+        .owns(Api::<PodDisruptionBudget>::all(client.clone()), owned())
         // The gateways naming a config or a discovery service look again when it changes
         // (its node id, its address or CA) or appears.
         .watches(

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_controller::{Note, set_condition};
+use marin3r_webhook::annotations::{PROMETHEUS_ANNOTATIONS, parse_bool};
 
 use super::build::{Gateway, Inputs, bootstrap_hash, current_token};
 use crate::api::EnvoyConfig;
@@ -132,6 +133,7 @@ pub fn decide(
         None => String::new(),
     };
     let inputs = Inputs {
+        prometheus_annotations: prometheus_annotations(obs.ed, ds)?,
         node_id: ec.spec.node_id.clone(),
         xds_host: format!("{}.{}.svc", ds_spec.service_name, ns),
         xds_port: ds_spec.xds_port,
@@ -163,6 +165,29 @@ pub fn decide(
         pod_disruption_budget: gateway.pod_disruption_budget(),
         events,
     })
+}
+
+/// Whether the gateway's pods get the `prometheus.io/*` annotations: as the sidecar's pod
+/// annotation decides for a pod, the EnvoyDeployment's own
+/// `marin3r.3scale.net/prometheus-annotations` decides for its pods; without it, the
+/// DiscoveryService's `spec.sidecar.prometheusAnnotations`; without that, yes.
+pub fn prometheus_annotations(
+    ed: &EnvoyDeployment,
+    ds: &DiscoveryService,
+) -> Result<bool, NotReady> {
+    match ed.annotations().get(PROMETHEUS_ANNOTATIONS) {
+        Some(value) => parse_bool(value).map_err(|e| {
+            NotReady::invalid(format!(
+                "metadata.annotations[{PROMETHEUS_ANNOTATIONS}]: {value:?}: {e}"
+            ))
+        }),
+        None => Ok(ds
+            .spec
+            .sidecar
+            .as_ref()
+            .and_then(|s| s.prometheus_annotations)
+            .unwrap_or(true)),
+    }
 }
 
 /// What to write after acting.

@@ -299,3 +299,51 @@ fn turning_dynamic_hands_the_replica_count_over_once() {
             .is_none()
     );
 }
+
+/// The pod template's annotations for a gateway annotated `annotation` (if any) whose
+/// DiscoveryService has `spec.sidecar` `sidecar`.
+fn template_annotations(
+    annotation: Option<&str>,
+    sidecar: serde_json::Value,
+) -> Result<serde_json::Value, NotReady> {
+    let mut ed = mk_ed(json!({}));
+    if let Some(value) = annotation {
+        ed.metadata.annotations =
+            Some([(PROMETHEUS_ANNOTATIONS.to_owned(), value.to_owned())].into());
+    }
+    let mut obs = observed(&ed);
+    let mut ds = json_of(&mk_ds());
+    ds["spec"]["sidecar"] = sidecar;
+    obs.discovery_service = Some(serde_json::from_value(ds).unwrap());
+    let children = decide(&obs, token)?;
+    Ok(json_of(&children.deployment)["spec"]["template"]["metadata"]["annotations"].clone())
+}
+
+#[test]
+fn prometheus_annotations_follow_the_gateway_then_its_discovery_service() {
+    let annotated = json!({
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9902",
+        "prometheus.io/path": "/stats/prometheus",
+    });
+    let off = json!({"prometheusAnnotations": false});
+    let on = json!({"prometheusAnnotations": true});
+    for (annotation, sidecar, want) in [
+        (None, json!({}), &annotated),
+        (None, on.clone(), &annotated),
+        (None, off.clone(), &serde_json::Value::Null),
+        (Some("false"), json!({}), &serde_json::Value::Null),
+        (Some("false"), on, &serde_json::Value::Null),
+        (Some("true"), off.clone(), &annotated),
+        (Some("1"), off, &annotated),
+    ] {
+        let got = template_annotations(annotation, sidecar.clone()).unwrap();
+        assert_eq!(&got, want, "{annotation:?} {sidecar}");
+    }
+    let err = template_annotations(Some("no"), json!({})).unwrap_err();
+    assert_eq!(err.reason, Reason::InvalidSpec);
+    assert_eq!(
+        err.message,
+        r#"metadata.annotations[marin3r.3scale.net/prometheus-annotations]: "no": must be true or false"#
+    );
+}

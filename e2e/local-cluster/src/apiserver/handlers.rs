@@ -701,13 +701,23 @@ impl Request<'_> {
         Ok(json_response(StatusCode::CREATED, &created))
     }
 
-    /// `fieldValidation=Strict` (kubectl's default): fields the server would drop are an
-    /// error instead, as a real server's strict decoding answers.
+    /// Fields the server drops (pruned from a custom resource, or not in a built-in kind's
+    /// type): with `fieldValidation=Strict` (kubectl's default) an error, as a real server's
+    /// strict decoding answers; with `Warn` (the server's default) a warning each; with
+    /// `Ignore`, nothing. Keys of strategic merge patch directives (`$patch`,
+    /// `$setElementOrder/...`) are not fields.
     fn check_unknown_fields(&self, obj: &Value) -> Result<(), ApiError> {
-        if self.param("fieldValidation") != Some("Strict") {
+        let mode = self.param("fieldValidation").unwrap_or("Warn");
+        if mode == "Ignore" {
             return Ok(());
         }
-        let unknown = super::schema::unknown_fields(self.info.schema.as_deref(), obj);
+        let schema = match &self.info.schema {
+            Some(s) => Some(&**s),
+            None => super::builtin_schema::for_kind(&self.info),
+        };
+        let mut obj = obj.clone();
+        patch::without_directives(&mut obj);
+        let unknown = super::schema::unknown_fields(schema, &obj);
         if unknown.is_empty() {
             return Ok(());
         }
@@ -715,6 +725,10 @@ impl Request<'_> {
             .iter()
             .map(|f| format!("unknown field {f:?}"))
             .collect();
+        if mode != "Strict" {
+            self.warn(list);
+            return Ok(());
+        }
         Err(ApiError::bad_request(format!(
             "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
             list.join(", "),
@@ -830,7 +844,7 @@ impl Request<'_> {
                 return Err(super::rbac::forbidden(&self.user, &attrs));
             }
         }
-        if kind == PatchKind::Merge
+        if matches!(kind, PatchKind::Merge | PatchKind::Strategic)
             && let Ok(merge) = patch::parse_json_or_yaml(&body)
         {
             self.check_unknown_fields(&merge)?;

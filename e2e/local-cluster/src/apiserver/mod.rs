@@ -6,6 +6,7 @@
 
 mod admission;
 mod autoscaling;
+mod builtin_schema;
 mod crds;
 mod delete;
 mod discovery;

@@ -84,6 +84,19 @@ fn tolerate_null_tests(doc: &Value, ops: Value) -> Result<Value, String> {
     Ok(Value::Array(kept))
 }
 
+/// `value` without the keys of strategic merge patch directives (`$patch`, `$retainKeys`,
+/// `$setElementOrder/<list>`, `$deleteFromPrimitiveList/<list>`), at any depth.
+pub fn without_directives(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|k, _| !k.starts_with('$'));
+            map.values_mut().for_each(without_directives);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_directives),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

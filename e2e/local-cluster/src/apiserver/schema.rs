@@ -55,7 +55,7 @@ pub fn admit(schema: &Value, obj: &mut Value) -> Vec<String> {
 }
 
 /// Prunes the root: apiVersion, kind and metadata stay (metadata down to ObjectMeta).
-fn prune_root(schema: &Value, obj: &mut Value) {
+pub fn prune_root(schema: &Value, obj: &mut Value) {
     prune_metadata(obj);
     let Some(map) = obj.as_object_mut() else {
         return;

@@ -124,13 +124,17 @@ fn generate_suffix() -> String {
 }
 
 /// What every write goes through before it is stored: `metadata` pruned to `ObjectMeta`;
-/// custom resources pruned, defaulted and validated against their version's schema; names,
+/// custom resources pruned, defaulted and validated against their version's schema, built-in
+/// kinds pruned to their type's fields (`builtin_schema`); names,
 /// labels, annotations and pod specs validated. Errors are 422 Invalid naming every bad field.
 fn admit_object(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
     schema::prune_metadata(obj);
     let mut errors = Vec::new();
     if let Some(s) = &info.schema {
         errors = schema::admit(s, obj);
+    } else if let Some(s) = super::builtin_schema::for_kind(info) {
+        // Decoding into the kind's type drops what it lacks.
+        schema::prune_root(s, obj);
     }
     errors.extend(validation::object_meta(info, obj));
     errors.extend(validation::data_size(info, obj));

@@ -131,3 +131,128 @@ spec:
         .await
         .unwrap();
 }
+
+/// An autoscaler with two misspelt fields, one nested.
+const MISSPELT_HPA: &str = r#"
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: typo, namespace: default}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: web}
+  minReplica: 2
+  maxReplicas: 4
+  behavior:
+    scaleUp: {stabilisationWindowSeconds: 30}
+"#;
+
+const MISSPELT: [&str; 2] = [
+    r#"unknown field "spec.behavior.scaleUp.stabilisationWindowSeconds""#,
+    r#"unknown field "spec.minReplica""#,
+];
+
+async fn get_json(kubectl: &Kubectl, what: &str) -> serde_json::Value {
+    let out = kubectl.ok(&["get", what, "-o", "json"]).await.unwrap();
+    serde_json::from_str(&out).unwrap()
+}
+
+/// kubectl asks for `fieldValidation=Strict` by default: a misspelt field of a built-in kind
+/// is refused on create, client-side apply (a strategic merge patch once the object exists)
+/// and server-side apply, as a real server's strict decoding refuses it; `--validate=warn`
+/// stores the object without it and says so; `--validate=false` drops it silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_refuses_misspelt_fields_of_built_in_kinds() {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let kubectl = Kubectl::new(&kubeconfig).unwrap();
+    let strict = [
+        vec!["create", "-f", "-"],
+        vec!["apply", "-f", "-"],
+        vec!["apply", "--server-side", "-f", "-"],
+    ];
+    for args in &strict {
+        let out = kubectl.run_with(args, MISSPELT_HPA).await.unwrap();
+        assert!(!out.success, "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains(
+                "HorizontalPodAutoscaler in version \"v2\" cannot be handled as a \
+                 HorizontalPodAutoscaler: strict decoding error: "
+            ) && MISSPELT.iter().all(|m| out.stderr.contains(m)),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    let out = kubectl.run(&["get", "hpa", "typo"]).await.unwrap();
+    assert!(!out.success, "nothing was stored: {out:?}");
+
+    // Warn: stored without the fields, one warning each.
+    let out = kubectl
+        .run_with(&["apply", "--validate=warn", "-f", "-"], MISSPELT_HPA)
+        .await
+        .unwrap();
+    assert!(out.success, "{out:?}");
+    for m in MISSPELT {
+        assert!(
+            out.stderr.contains(&format!("Warning: {m}")),
+            "{}",
+            out.stderr
+        );
+    }
+    let hpa = get_json(&kubectl, "hpa/typo").await;
+    assert_eq!(hpa["spec"]["minReplicas"], 1, "defaulted, not 2: {hpa}");
+    assert!(hpa["spec"].get("minReplica").is_none(), "{hpa}");
+    assert!(
+        hpa["spec"]["behavior"]["scaleUp"]
+            .get("stabilisationWindowSeconds")
+            .is_none()
+    );
+
+    // Client-side apply to the existing object sends a strategic merge patch: still strict.
+    let out = kubectl
+        .run_with(&["apply", "-f", "-"], MISSPELT_HPA)
+        .await
+        .unwrap();
+    assert!(!out.success, "{out:?}");
+    assert!(out.stderr.contains(MISSPELT[1]), "{}", out.stderr);
+
+    // Ignore: dropped without a word.
+    let budget = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: typo, \
+                  namespace: default}\nspec:\n  maxUnavailible: 1\n  selector: {matchLabels: \
+                  {app: web}}\n";
+    let out = kubectl
+        .run_with(&["apply", "-f", "-"], budget)
+        .await
+        .unwrap();
+    assert!(!out.success, "{out:?}");
+    assert!(
+        out.stderr
+            .contains(r#"unknown field "spec.maxUnavailible""#),
+        "{}",
+        out.stderr
+    );
+    let out = kubectl
+        .run_with(&["apply", "--validate=false", "-f", "-"], budget)
+        .await
+        .unwrap();
+    assert!(out.success && !out.stderr.contains("Warning"), "{out:?}");
+    let pdb = get_json(&kubectl, "pdb/typo").await;
+    assert!(pdb["spec"].get("maxUnavailible").is_none(), "{pdb}");
+
+    // Every built-in kind with a type: a Deployment's pod template too.
+    let deployment = DEPLOYMENT.replace(
+        "image: probe-server",
+        "image: probe-server, imagePullPolice: Always",
+    );
+    let out = kubectl
+        .run_with(&["apply", "-f", "-"], &deployment)
+        .await
+        .unwrap();
+    assert!(!out.success, "{out:?}");
+    assert!(
+        out.stderr
+            .contains(r#"unknown field "spec.template.spec.containers[0].imagePullPolice""#),
+        "{}",
+        out.stderr
+    );
+}
