@@ -109,7 +109,9 @@ enum Ref {
 fn references(v: &Value, at: &mut String, out: &mut Vec<(String, Ref, String)>) {
     match v {
         Value::Object(map) => {
-            let text = |k: &str| map.get(k).and_then(Value::as_str).map(str::to_owned);
+            // A field under either of its JSON names (`route_config_name`, `routeConfigName`).
+            let field = |k: &str| map.get(k).or_else(|| map.get(&camel(k)));
+            let text = |k: &str| field(k).and_then(Value::as_str).map(str::to_owned);
             let here = |field: &str| {
                 if at.is_empty() {
                     field.to_owned()
@@ -123,12 +125,12 @@ fn references(v: &Value, at: &mut String, out: &mut Vec<(String, Ref, String)>) 
             if let Some(r) = text("route_config_name") {
                 out.push((here("route_config_name"), Ref::Route, r));
             }
-            if map.contains_key("sds_config")
+            if field("sds_config").is_some()
                 && let Some(s) = text("name")
             {
                 out.push((here("name"), Ref::Secret, s));
             }
-            if let Some(Value::Array(weighted)) = map.get("clusters")
+            if let Some(Value::Array(weighted)) = field("clusters")
                 && at.ends_with("weighted_clusters")
             {
                 for (i, w) in weighted.iter().enumerate() {
@@ -144,7 +146,7 @@ fn references(v: &Value, at: &mut String, out: &mut Vec<(String, Ref, String)>) 
             for (key, child) in map {
                 let len = at.len();
                 let first = at.is_empty();
-                at.push_str(&crate::convert::key_segment(key, first));
+                at.push_str(&crate::convert::key_segment(&snake(key), first));
                 references(child, at, out);
                 at.truncate(len);
             }
@@ -159,6 +161,44 @@ fn references(v: &Value, at: &mut String, out: &mut Vec<(String, Ref, String)>) 
         }
         _ => {}
     }
+}
+
+/// A proto field name's JSON name: `route_config_name` -> `routeConfigName`.
+fn camel(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.extend(c.to_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A field's proto name from its JSON name (`socketAddress` -> `socket_address`), for paths
+/// in one casing; any other key (a map's, with dots or dashes) as it is.
+fn snake(key: &str) -> String {
+    let json_name = key.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && key.chars().all(|c| c.is_ascii_alphanumeric())
+        && key.chars().any(|c| c.is_ascii_uppercase());
+    if !json_name {
+        return key.to_owned();
+    }
+    let mut out = String::with_capacity(key.len() + 4);
+    for c in key.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -204,6 +244,22 @@ mod tests {
                     .contains("rds.route_config_name: no route configuration named \"nowhere\"")),
             "{w:#?}"
         );
+    }
+
+    /// The same references written with the fields' JSON names are warned too, at the
+    /// same paths (proto names).
+    #[test]
+    fn references_written_in_camel_case_are_warned_at_proto_paths() {
+        let s = spec(json!({"nodeID": "n", "resources": [
+            {"type": "listener", "value": {"name": "l", "filterChains": [{
+                "transportSocket": {"name": "tls", "typedConfig": {"commonTlsContext": {"tlsCertificateSdsSecretConfigs": [{"name": "cert", "sdsConfig": {"ads": {}}}]}}},
+                "filters": [{"name": "hcm", "typedConfig": {"rds": {"routeConfigName": "nowhere", "configSource": {"ads": {}}}}}],
+            }]}},
+        ]}));
+        let w = warnings(&s);
+        assert_eq!(w.len(), 2, "{w:#?}");
+        assert!(w.iter().any(|x| x.contains("spec.resources[0].value: filter_chains[0].transport_socket.typed_config.common_tls_context.tls_certificate_sds_secret_configs[0].name: no secret named \"cert\"")), "{w:#?}");
+        assert!(w.iter().any(|x| x.contains("filter_chains[0].filters[0].typed_config.rds.route_config_name: no route configuration named \"nowhere\"")), "{w:#?}");
     }
 
     #[test]
