@@ -2,10 +2,12 @@
 //! A's client certificate (a Secret of their namespace) and may run pods on the pod network;
 //! they try what the reliability review found, all at once: webhook connections held with
 //! slow bodies from several pods, reopened as the webhook closes them, for the whole test
-//! (N2); tenant B's shutdown manager asked to drain and stop B's Envoy (N3); and xDS
-//! subscriptions that would make the discovery pod hold gigabytes (N1). Meanwhile B's Envoy
-//! keeps its config and takes an update, B's pods keep being admitted and injected, each
-//! within a second, and the discovery pod's own accounting stays within its bounds.
+//! (N2); tenant B's shutdown manager asked to drain and stop B's Envoy (N3); xDS
+//! subscriptions that would make the discovery pod hold gigabytes (N1); and more xDS
+//! connections than the namespace may have, held idle (N12, against a cap lowered for the
+//! test: see [`attacks::marin3r_with_lowered_cap`]). Meanwhile B's Envoy keeps its config
+//! and takes an update, B's pods keep being admitted and injected, each within a second, no
+//! connection of B is refused, and the discovery pod's own accounting stays within its bounds.
 //! Needs root (pod runner), python3 and the built `marin3r` binary.
 
 mod attacks;
@@ -15,14 +17,17 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
-use marin3r_e2e::product::{example_in, images, install, python3};
+use kube::{Api, Client, ResourceExt};
+use marin3r_e2e::product::{example_in, images_with, install, python3};
 use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready, ready_pods};
 use marin3r_testkit::wait::until;
 use marin3r_testkit::xds::client::ClientTls;
 use serde_json::json;
 
-use attacks::{ATTACKERS, SLOW_CONNECTIONS, attack, attacker_log, attacker_pod, subscribe};
+use attacks::{
+    ATTACKERS, SLOW_CONNECTIONS, XDS_CAP, XDS_EXCESS, attack, attacker_log, attacker_pod,
+    idle_connection, marin3r_with_lowered_cap, rustls_config, subscribe,
+};
 
 const A: &str = "tenant-a";
 const B: &str = "tenant-b";
@@ -30,6 +35,7 @@ const OPS: &str = "marin3r-system";
 const BODY: &str = "hello from marin3r";
 const UPDATED_BODY: &str = "hello again from marin3r";
 const CLIENT_CERT: &str = "envoy-sidecar-client-cert";
+const XDS_SERVER_NAME: &str = "marin3r-instance.marin3r-system.svc";
 /// The discovery pod's default budget for one namespace's subscribed names.
 const NAMESPACE_BUDGET: f64 = (128 << 20) as f64;
 /// The longest a pod creation of B may take, webhook included, while A attacks.
@@ -119,7 +125,7 @@ async fn client_tls(client: &Client, ns: &str) -> ClientTls {
     ClientTls {
         ca_pem: text(&secret, "ca.crt"),
         identity: Some((text(&secret, "tls.crt"), text(&secret, "tls.key"))),
-        server_name: "marin3r-instance.marin3r-system.svc".into(),
+        server_name: XDS_SERVER_NAME.into(),
     }
 }
 
@@ -140,7 +146,9 @@ fn metric(metrics: &str, name: &str, labels: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     let started = Instant::now();
-    let images = images().with("probe-server", python3());
+    let wrapper = tempfile::tempdir().unwrap();
+    let images =
+        images_with(Some(marin3r_with_lowered_cap(wrapper.path()))).with("probe-server", python3());
     let installed = install(images).await.unwrap();
     let (cluster, client) = (&installed.cluster, installed.client.clone());
     for ns in [A, B] {
@@ -233,6 +241,35 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     );
     admissions.push(admit(&pods_b, "b-dry-2", false).await);
 
+    // N12: tenant A opens more connections than the namespace may have, and keeps them.
+    let refused_connections = || {
+        metric(
+            &metrics(),
+            "marin3r_xds_refused_connections_total",
+            "reason=\"connections_per_namespace\"",
+        )
+    };
+    let refused_before = refused_connections();
+    let config_a = rustls_config(&tls_a);
+    let mut flood = Vec::new();
+    for _ in 0..XDS_CAP + XDS_EXCESS {
+        flood.extend(idle_connection(xds, XDS_SERVER_NAME, &config_a).await);
+    }
+    let refused = XDS_CAP + XDS_EXCESS - flood.len();
+    println!(
+        "N12: {} of A's connections served, {refused} refused, at {:?}",
+        flood.len(),
+        started.elapsed()
+    );
+    assert!(
+        !flood.is_empty() && flood.len() <= XDS_CAP && refused >= XDS_EXCESS,
+        "{} served",
+        flood.len()
+    );
+    let refused_counted = refused_connections() - refused_before;
+    assert!(refused_counted >= refused as f64, "{refused_counted}");
+    admissions.push(admit(&pods_b, "b-dry-3", false).await);
+
     // Meanwhile B's Envoy takes a config update, and a new pod of B is admitted and serves.
     let update_b = example_in("envoyconfig.yaml", B)
         .unwrap()
@@ -306,7 +343,21 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
         held_bytes <= NAMESPACE_BUDGET + (1 << 20) as f64,
         "the discovery pod holds {held_bytes} bytes of names"
     );
-    drop(held);
+    // B's proxies (b-1 updated, b-2 new) connected while A held its cap: none was refused.
+    let discovery_log = cluster
+        .log_path(OPS, &discovery.name_any(), "marin3r")
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap();
+    let refusals = |ns: &str| {
+        let namespace = format!("namespace={ns} ");
+        discovery_log
+            .lines()
+            .filter(|l| l.contains("too many connections open") && l.contains(&namespace))
+            .count()
+    };
+    assert!(refusals(A) >= XDS_EXCESS, "{discovery_log}");
+    assert_eq!(refusals(B), 0);
+    drop((held, flood));
     let pods = pods_b
         .list(&ListParams::default().labels("app=b"))
         .await

@@ -1,13 +1,24 @@
 //! What tenant A's namespace admin attacks with: pods on the pod network that hold the
 //! webhook's connections with slow bodies and call another tenant's shutdown manager, and
-//! A's client certificate used to subscribe to more than the discovery pod may hold.
+//! A's client certificate used to subscribe to more than the discovery pod may hold and to
+//! open more connections than the namespace may have.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use http_body_util::Empty;
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Pod;
+use marin3r_e2e::product::marin3r_bin;
 use marin3r_local_cluster::cluster::LocalCluster;
 use marin3r_testkit::xds::client::{ClientTls, DeltaStream, connect};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
 
 use super::{A, restricted_container};
@@ -16,6 +27,9 @@ use super::{A, restricted_container};
 /// more than the webhook's 64 per client address, and together more than its 256 slots.
 pub const ATTACKERS: usize = 5;
 pub const SLOW_CONNECTIONS: usize = 72;
+/// `--xds-max-connections-per-namespace` in this test, and how many more A opens.
+pub const XDS_CAP: usize = 64;
+pub const XDS_EXCESS: usize = 16;
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// Tenant A's pod: `slots` threads, each holding a webhook connection with a request whose
@@ -159,4 +173,83 @@ pub async fn subscribe(
         stream.send(req).await.ok()?;
     }
     Some(stream)
+}
+
+/// A script standing in for the marin3r image: `marin3r discovery-service` with the xDS
+/// connection cap lowered to [`XDS_CAP`], every other subcommand as built. The
+/// DiscoveryService has no field for the cap, and its default, 4,096, would take minutes of
+/// handshakes to go over here.
+pub fn marin3r_with_lowered_cap(dir: &Path) -> PathBuf {
+    let real = marin3r_bin().expect("build marin3r first: cargo build -p marin3r-discovery");
+    let real = real.to_string_lossy();
+    let script = dir.join("marin3r");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = discovery-service ]; then\n  exec '{real}' \"$@\" \
+             --xds-max-connections-per-namespace={XDS_CAP}\nfi\nexec '{real}' \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    // The image runs as a non-root user, which must reach the script.
+    for path in [dir, script.as_path()] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    script
+}
+
+/// rustls's client configuration for `tls`, offering HTTP/2 as gRPC clients do.
+pub fn rustls_config(tls: &ClientTls) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(tls.ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let (cert, key) = tls.identity.clone().unwrap();
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let provider = rustls::crypto::ring::default_provider();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.into())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(config)
+}
+
+/// An HTTP/2 connection to the xDS server, kept open without a stream while it lives.
+pub type Idle = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+/// One more xDS connection, idle: `Some` when the server serves it (it answers a request for
+/// a method it does not have), `None` when it closes it after the handshake instead.
+pub async fn idle_connection(
+    xds: SocketAddr,
+    server_name: &str,
+    config: &Arc<rustls::ClientConfig>,
+) -> Option<Idle> {
+    let name = ServerName::try_from(server_name.to_owned()).unwrap();
+    let attempt = async {
+        let tcp = tokio::net::TcpStream::connect(xds).await.ok()?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::clone(config))
+            .connect(name, tcp)
+            .await
+            .ok()?;
+        let (mut send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .ok()?;
+        tokio::spawn(conn);
+        let request = hyper::Request::post(format!("https://{xds}/marin3r.e2e.NoSuch/Method"))
+            .header("content-type", "application/grpc")
+            .body(Empty::new())
+            .unwrap();
+        send.send_request(request).await.ok()?;
+        Some(send)
+    };
+    tokio::time::timeout(Duration::from_secs(20), attempt)
+        .await
+        .expect("an xDS connection neither served nor closed in 20 s")
 }
