@@ -3,12 +3,18 @@
 //! they try what the reliability review found, all at once: webhook connections held with
 //! slow bodies from several pods, reopened as the webhook closes them, for the whole test
 //! (N2); tenant B's shutdown manager asked to drain and stop B's Envoy (N3); xDS
-//! subscriptions that would make the discovery pod hold gigabytes (N1); and more xDS
-//! connections than the namespace may have, held idle (N12, against a cap lowered for the
-//! test: see [`attacks::marin3r_with_lowered_cap`]). Meanwhile B's Envoy keeps its config
-//! and takes an update, B's pods keep being admitted and injected, each within a second, no
-//! connection of B is refused, and the discovery pod's own accounting stays within its bounds.
-//! Needs root (pod runner), python3 and the built `marin3r` binary.
+//! subscriptions that would make the discovery pod hold gigabytes (N1); more xDS connections
+//! than the namespace may have, held idle (N12, against a cap lowered for the test: see
+//! [`attacks::marin3r_with_lowered_cap`]); and A's client-certificate Secret made immutable,
+//! which stalled renewals and CA rotations (N4). Meanwhile B's Envoy keeps its config and
+//! takes an update, B's pods keep being admitted and injected, each within a second, no
+//! connection of B is refused, B's certificate is left alone, A's frozen one is renewed all
+//! the same, and the discovery pod's own accounting stays within its bounds.
+//!
+//! Not tried: holding B's NACK tally (N8). A tally is kept per namespace and node id, and
+//! A's certificate names namespace A, so no stream of A reports for B's proxies; what A's
+//! streams claim stays within A. Needs root (pod runner), python3 and the built `marin3r`
+//! binary.
 
 mod attacks;
 
@@ -16,8 +22,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use marin3r_certs::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION};
 use marin3r_e2e::product::{example_in, images_with, install, python3};
 use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready, ready_pods};
 use marin3r_testkit::wait::until;
@@ -182,6 +189,9 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     let metrics_url = format!("http://{discovery_ip}:8383/metrics");
     let metrics = || marin3r_testkit::envoy::get_body(&metrics_url).unwrap();
     let xds: SocketAddr = format!("{discovery_ip}:18000").parse().unwrap();
+    let secrets_a: Api<Secret> = Api::namespaced(client.clone(), A);
+    let secrets_b: Api<Secret> = Api::namespaced(client.clone(), B);
+    let b_cert_before = secrets_b.get(CLIENT_CERT).await.unwrap();
     println!("set up in {:?}", started.elapsed());
 
     // N2 and N3: tenant A's pods hold slow webhook connections; the first calls B's manager.
@@ -270,6 +280,33 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     assert!(refused_counted >= refused as f64, "{refused_counted}");
     admissions.push(admit(&pods_b, "b-dry-3", false).await);
 
+    // N4: A's admin freezes A's certificate Secret, then A's certificate is renewed (asked
+    // for here as `marin3r certs renew` asks: the renewal that would have stalled).
+    let a_cert_before = text(&secrets_a.get(CLIENT_CERT).await.unwrap(), "tls.crt");
+    let freeze = json!({"immutable": true});
+    secrets_a
+        .patch(CLIENT_CERT, &PatchParams::default(), &Patch::Merge(&freeze))
+        .await
+        .unwrap();
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), OPS);
+    let dsc_a = dscs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|d| d.spec.secret_ref.namespace.as_deref() == Some(A))
+        .expect("tenant A's client certificate");
+    let renew = json!({"metadata": {"annotations": {RENEW_ANNOTATION: "tenants-e2e"}}});
+    dscs.patch(
+        &dsc_a.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&renew),
+    )
+    .await
+    .unwrap();
+    admissions.push(admit(&pods_b, "b-dry-4", false).await);
+
     // Meanwhile B's Envoy takes a config update, and a new pod of B is admitted and serves.
     let update_b = example_in("envoyconfig.yaml", B)
         .unwrap()
@@ -316,6 +353,46 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
         "limit=\"connections_per_address\"",
     );
     assert!(per_address >= 1.0, "{per_address}");
+
+    // N4: A's frozen Secret was replaced by its renewal; B's was not touched and is valid,
+    // and neither the operator nor the discovery pod ever restarted.
+    let a_cert = until(
+        "A's frozen certificate Secret to be renewed",
+        Duration::from_secs(30),
+        || async {
+            let s = secrets_a.get(CLIENT_CERT).await.ok()?;
+            (text(&s, "tls.crt") != a_cert_before).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(a_cert.immutable, None);
+    println!("N4: A's frozen Secret renewed by {:?}", started.elapsed());
+    let b_cert = secrets_b.get(CLIENT_CERT).await.unwrap();
+    assert_eq!(b_cert.resource_version(), b_cert_before.resource_version());
+    assert_eq!(b_cert.data, b_cert_before.data);
+    let (b_tls, b_ca) = (text(&b_cert, "tls.crt"), text(&b_cert, "ca.crt"));
+    marin3r_certs::check_validity(&b_tls, time::OffsetDateTime::now_utc()).unwrap();
+    marin3r_certs::verify_signed_by(&b_tls, &b_ca).unwrap();
+    let ops = Api::<Pod>::namespaced(client.clone(), OPS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let restarts: Vec<(String, bool, i32)> = ops
+        .iter()
+        .map(|p| {
+            let statuses = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref());
+            let restarts = statuses.into_iter().flatten().map(|c| c.restart_count);
+            (p.name_any(), pod_ready(p), restarts.sum())
+        })
+        .collect();
+    assert!(
+        restarts.len() == 2 && restarts.iter().all(|(_, ready, n)| *ready && *n == 0),
+        "{restarts:?}"
+    );
 
     // The discovery pod's own accounting: A's names refused past the bounds, and never more
     // held than the namespace's budget.
