@@ -249,16 +249,16 @@ enum Close {
     Now,
 }
 
-/// Whether a connection with requests in flight has finished none for `after` (`progress`:
-/// when one last finished, or when the connection last became busy).
+/// Whether a connection has had no request finish or start for `after` (`progress`: when
+/// one last finished, when the connection last became busy, or when it was accepted).
 fn stalled((progress, after): (&Mutex<tokio::time::Instant>, Duration)) -> bool {
     let since = *progress.lock().unwrap_or_else(|e| e.into_inner());
     since.elapsed() > after
 }
 
 /// Resolves when the server shuts down, or when the connection has had no request in flight
-/// for `idle`, or is idle while another connection waits for a slot (to close gracefully);
-/// or is stalled (see [`stalled`]) while another waits (to close now).
+/// for `idle`; or, while another connection waits for a slot, when it has been idle (to close
+/// gracefully) or stalled (to close now) for the stall time (see [`stalled`]).
 async fn until_idle_or_pressed(
     active: &mut watch::Receiver<usize>,
     pressure: &mut watch::Receiver<u64>,
@@ -285,12 +285,16 @@ async fn until_idle_or_pressed(
             if pressure.changed().await.is_err() {
                 return std::future::pending().await;
             }
+            // Idle, or stalled, for a while: a connection just accepted, or one that has just
+            // answered, gets that long for its next request (the API server's call on a new
+            // connection would fail if closed between its handshake and its request).
+            if !stalled(progress) {
+                continue;
+            }
             if *in_flight.borrow() == 0 {
                 return Close::Gracefully;
             }
-            if stalled(progress) {
-                return Close::Now;
-            }
+            return Close::Now;
         }
     };
     let shutting_down = async {

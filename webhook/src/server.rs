@@ -69,7 +69,9 @@ pub struct WebhookServerConfig {
     /// connection waits for a slot.
     pub body_timeout: Duration,
     /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
-    /// HTTP/2 alike). Idle connections are also closed at once while a new one waits for a slot.
+    /// HTTP/2 alike). While a new one waits for a slot, a connection is also closed once it
+    /// has been idle for a tenth of `body_timeout`: not before, so that a client that has just
+    /// connected, or just been answered, can send its request.
     pub idle_timeout: Duration,
     /// HTTP/2 streams (requests) at once on one connection.
     pub max_concurrent_streams: u32,

@@ -1,64 +1,55 @@
 //! One discovery service, two tenants, one of them hostile. Tenant A's namespace admin holds
-//! A's client certificate (it is a Secret of their namespace) and a pod on the pod network,
-//! and tries what the reliability review found: xDS subscriptions that would make the
-//! discovery pod hold gigabytes (N1), webhook connections held open with slow bodies (N2),
-//! and draining tenant B's Envoy through its shutdown manager (N3). Meanwhile tenant B's
-//! Envoy keeps serving its config, B's new pods keep being admitted and injected, and the
-//! discovery pod's own accounting of what it holds stays within its budget.
-//! Needs root (pod runner), python3 and the built `marin3r` binary.
+//! A's client certificate (a Secret of their namespace) and may run pods on the pod network;
+//! they try what the reliability review found, all at once: webhook connections held with
+//! slow bodies from several pods, reopened as the webhook closes them, for the whole test
+//! (N2); tenant B's shutdown manager asked to drain and stop B's Envoy (N3); xDS
+//! subscriptions that would make the discovery pod hold gigabytes (N1); more xDS connections
+//! than the namespace may have, held idle (N12, against a cap lowered for the test: see
+//! [`attacks::marin3r_with_lowered_cap`]); and A's client-certificate Secret made immutable,
+//! which stalled renewals and CA rotations (N4). Meanwhile B's Envoy keeps its config and
+//! takes an update, B's pods keep being admitted and injected, each within a second, no
+//! connection of B is refused, B's certificate is left alone, A's frozen one is renewed all
+//! the same, and the discovery pod's own accounting stays within its bounds.
+//!
+//! Not tried: holding B's NACK tally (N8). A tally is kept per namespace and node id, and
+//! A's certificate names namespace A, so no stream of A reports for B's proxies; what A's
+//! streams claim stays within A. Needs root (pod runner), python3 and the built `marin3r`
+//! binary.
+
+mod attacks;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client};
-use marin3r_e2e::product::{example_in, install, python3};
-use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use marin3r_certs::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION};
+use marin3r_e2e::product::{example_in, images_with, install, python3};
+use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready, ready_pods};
 use marin3r_testkit::wait::until;
-use marin3r_testkit::xds::client::{ClientTls, DeltaStream, connect};
+use marin3r_testkit::xds::client::ClientTls;
 use serde_json::json;
+
+use attacks::{
+    ATTACKERS, HELD_AT_LEAST, SLOW_CONNECTIONS, XDS_CAP, XDS_EXCESS, attack, attacker_log,
+    attacker_pod, idle_connection, marin3r_with_lowered_cap, rustls_config, subscribe,
+};
 
 const A: &str = "tenant-a";
 const B: &str = "tenant-b";
+const OPS: &str = "marin3r-system";
 const BODY: &str = "hello from marin3r";
-const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const UPDATED_BODY: &str = "hello again from marin3r";
+const CLIENT_CERT: &str = "envoy-sidecar-client-cert";
+const XDS_SERVER_NAME: &str = "marin3r-instance.marin3r-system.svc";
 /// The discovery pod's default budget for one namespace's subscribed names.
 const NAMESPACE_BUDGET: f64 = (128 << 20) as f64;
-
-/// Tenant A's pod: 200 webhook connections, each a request whose body never ends, a byte a
-/// second; then it asks tenant B's shutdown manager to drain and to stop B's Envoy, and
-/// prints what it was answered.
-const ATTACKER_PY: &str = r#"
-import socket, ssl, sys, time, urllib.request, urllib.error
-webhook, victim = sys.argv[1], sys.argv[2]
-ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
-held = []
-for i in range(200):
-    try:
-        s = ctx.wrap_socket(socket.create_connection((webhook, 8443), timeout=5))
-        s.sendall(b"POST /pod-v1-mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{")
-        held.append(s)
-    except Exception:
-        pass
-print("slow connections opened:", len(held), flush=True)
-for path in ("/drain", "/shutdown"):
-    try:
-        code = urllib.request.urlopen("http://%s:8090%s" % (victim, path), timeout=5).status
-    except urllib.error.HTTPError as e:
-        code = e.code
-    except Exception as e:
-        code = repr(e)
-    print("victim", path, code, flush=True)
-while True:
-    for s in list(held):
-        try:
-            s.sendall(b" ")
-        except Exception:
-            held.remove(s)
-    time.sleep(1)
-"#;
+/// The longest a pod creation of B may take, webhook included, while A attacks.
+const ADMISSION_BOUND: Duration = Duration::from_secs(1);
+/// How long B's pods keep being created under the attack: two of the webhook's 5 s body
+/// deadlines, so no slow connection of the attack's start is left.
+const ATTACK_AT_LEAST: Duration = Duration::from_secs(12);
 
 fn restricted_container(name: &str, command: serde_json::Value) -> serde_json::Value {
     json!({
@@ -97,59 +88,57 @@ fn pod_ip(p: &Pod) -> String {
     p.status.as_ref().unwrap().pod_ip.clone().unwrap()
 }
 
-async fn serving(client: &Client, ns: &str, name: &str) -> Pod {
+async fn serving(client: &Client, ns: &str, name: &str, body: &str) -> Pod {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     until(
-        &format!("{ns}/{name} to serve its config"),
+        &format!("{ns}/{name} to serve {body:?}"),
         Duration::from_secs(120),
         || async {
             let p = pods.get(name).await.ok()?;
             let ip = p.status.as_ref()?.pod_ip.clone()?;
-            let body = marin3r_testkit::envoy::get_body(&format!("http://{ip}:8080/"));
-            (pod_ready(&p) && body.ok().as_deref() == Some(BODY)).then_some(p)
+            let got = marin3r_testkit::envoy::get_body(&format!("http://{ip}:8080/"));
+            (pod_ready(&p) && got.ok().as_deref() == Some(body)).then_some(p)
         },
     )
     .await
 }
 
-/// Tenant A's client certificate, as A's namespace admin can read it.
-async fn tenant_a_tls(client: &Client) -> ClientTls {
-    let secret = Api::<Secret>::namespaced(client.clone(), A)
-        .get("envoy-sidecar-client-cert")
+/// Creates a pod of B (a dry run unless `run`: the admission happens, nothing starts);
+/// asserts it came back injected within [`ADMISSION_BOUND`], and returns how long it took.
+async fn admit(pods: &Api<Pod>, name: &str, run: bool) -> Duration {
+    let params = PostParams {
+        dry_run: !run,
+        ..Default::default()
+    };
+    let asked = Instant::now();
+    let created = pods.create(&params, &tenant_b_pod(name)).await.unwrap();
+    let took = asked.elapsed();
+    let injected = created.spec.unwrap().init_containers.unwrap_or_default();
+    assert!(
+        injected.iter().any(|c| c.name == "envoy-sidecar"),
+        "{injected:?}"
+    );
+    println!("admission of {B}/{name} during the attacks: {took:?}");
+    assert!(took < ADMISSION_BOUND, "admission of {name} took {took:?}");
+    took
+}
+
+/// The client certificate of namespace `ns`, as its namespace admin can read it.
+async fn client_tls(client: &Client, ns: &str) -> ClientTls {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(CLIENT_CERT)
         .await
         .unwrap();
-    let data = secret.data.unwrap();
-    let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
     ClientTls {
-        ca_pem: text("ca.crt"),
-        identity: Some((text("tls.crt"), text("tls.key"))),
-        server_name: "marin3r-instance.marin3r-system.svc".into(),
+        ca_pem: text(&secret, "ca.crt"),
+        identity: Some((text(&secret, "tls.crt"), text(&secret, "tls.key"))),
+        server_name: XDS_SERVER_NAME.into(),
     }
 }
 
-/// A delta stream under tenant A's identity subscribing `count` CDS names of `len` bytes, a
-/// few per request (each within the request size limit). Kept open by the caller.
-async fn subscribe(
-    xds: SocketAddr,
-    tls: &ClientTls,
-    from: usize,
-    count: usize,
-    len: usize,
-) -> Option<DeltaStream> {
-    let channel = connect(xds, tls).await.ok()?;
-    let mut stream = DeltaStream::open(channel, "demo-proxy", None).await.ok()?;
-    let names: Vec<String> = (from..from + count)
-        .map(|i| format!("{i:09}-{}", "x".repeat(len - 10)))
-        .collect();
-    for chunk in names.chunks(200) {
-        let req = DeltaDiscoveryRequest {
-            type_url: CDS.into(),
-            resource_names_subscribe: chunk.to_vec(),
-            ..Default::default()
-        };
-        stream.send(req).await.ok()?;
-    }
-    Some(stream)
+fn text(secret: &Secret, key: &str) -> String {
+    let data = secret.data.as_ref().unwrap();
+    String::from_utf8(data[key].0.clone()).unwrap()
 }
 
 /// One value of the discovery pod's metrics, summed over its label sets matching `labels`.
@@ -163,111 +152,271 @@ fn metric(metrics: &str, name: &str, labels: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
-    let images = marin3r_e2e::product::images().with("probe-server", python3());
+    let started = Instant::now();
+    let wrapper = tempfile::tempdir().unwrap();
+    let images =
+        images_with(Some(marin3r_with_lowered_cap(wrapper.path()))).with("probe-server", python3());
     let installed = install(images).await.unwrap();
     let (cluster, client) = (&installed.cluster, installed.client.clone());
     for ns in [A, B] {
         create_restricted_namespace(&client, ns).await.unwrap();
     }
-    let ds = example_in("discoveryservice.yaml", "marin3r-system")
+    let ds = example_in("discoveryservice.yaml", OPS)
         .unwrap()
         .replace("    - demo\n", &format!("    - {A}\n    - {B}\n"));
     installed.apply(&ds).await.unwrap();
-    installed
-        .discovery_service_ready("marin3r-system", "instance")
-        .await;
+    installed.discovery_service_ready(OPS, "instance").await;
     for ns in [A, B] {
         let config = example_in("envoyconfig.yaml", ns).unwrap();
         installed.apply(&config).await.unwrap();
     }
+    let pods_a: Api<Pod> = Api::namespaced(client.clone(), A);
     let pods_b: Api<Pod> = Api::namespaced(client.clone(), B);
     pods_b
         .create(&PostParams::default(), &tenant_b_pod("b-1"))
         .await
         .unwrap();
-    let victim = serving(&client, B, "b-1").await;
-    let discovery = marin3r_local_cluster::cluster::ready_pods(
+    let victim = serving(&client, B, "b-1", BODY).await;
+    let discovery = ready_pods(
         &client,
-        "marin3r-system",
+        OPS,
         "app.kubernetes.io/component=discovery-service",
     )
-    .await;
-    let discovery_ip = pod_ip(discovery.unwrap().first().expect("a ready discovery pod"));
-    let metrics_url = format!("http://{discovery_ip}:8383/metrics");
-    let xds: SocketAddr = format!("{discovery_ip}:18000").parse().unwrap();
-
-    // N2 and N3: tenant A's pod holds slow webhook connections and calls B's manager.
-    let attacker: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "attacker", "namespace": A},
-        "spec": {
-            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [restricted_container(
-                "attack",
-                json!(["python3", "-c", ATTACKER_PY, discovery_ip, pod_ip(&victim)]),
-            )],
-        },
-    }))
+    .await
     .unwrap();
-    Api::<Pod>::namespaced(client.clone(), A)
-        .create(&PostParams::default(), &attacker)
-        .await
-        .unwrap();
-    let attack_log = || {
+    let discovery = discovery.first().expect("a ready discovery pod");
+    let discovery_ip = pod_ip(discovery);
+    let metrics_url = format!("http://{discovery_ip}:8383/metrics");
+    let metrics = || marin3r_testkit::envoy::get_body(&metrics_url).unwrap();
+    let xds: SocketAddr = format!("{discovery_ip}:18000").parse().unwrap();
+    let discovery_log = || {
         cluster
-            .log_path(A, "attacker", "attack")
+            .log_path(OPS, &discovery.name_any(), "marin3r")
             .and_then(|p| std::fs::read_to_string(p).ok())
-            .unwrap_or_default()
+            .unwrap()
     };
+    let evictions = || {
+        discovery_log()
+            .matches("dropping a stalled connection")
+            .count()
+    };
+    let secrets_a: Api<Secret> = Api::namespaced(client.clone(), A);
+    let secrets_b: Api<Secret> = Api::namespaced(client.clone(), B);
+    let b_cert_before = secrets_b.get(CLIENT_CERT).await.unwrap();
+    println!("set up in {:?}", started.elapsed());
+
+    // N2 and N3: tenant A's pods hold slow webhook connections; the first calls B's manager.
+    let attack_began = Instant::now();
+    for i in 0..ATTACKERS {
+        let attacker = attacker_pod(i, &discovery_ip, &pod_ip(&victim));
+        pods_a
+            .create(&PostParams::default(), &attacker)
+            .await
+            .unwrap();
+    }
     until(
         "the attacker to call B's shutdown manager",
-        Duration::from_secs(90),
-        || async { attack_log().contains("victim /shutdown").then_some(()) },
+        Duration::from_secs(60),
+        || async {
+            attacker_log(cluster, 0)
+                .contains("victim /shutdown")
+                .then_some(())
+        },
     )
     .await;
-    let log = attack_log();
+    let log = attacker_log(cluster, 0);
     assert!(
         log.contains("victim /drain 401") && log.contains("victim /shutdown 401"),
         "{log}"
     );
+    // The attack is under way: the webhook has closed (evicted, or timed out) connections
+    // and the attackers have opened them again.
+    let pressing = until(
+        "the attackers to reopen the connections the webhook closed",
+        Duration::from_secs(30),
+        || async {
+            let a = attack(cluster)?;
+            (a.ended >= SLOW_CONNECTIONS as u64 && a.held() >= HELD_AT_LEAST).then_some(a)
+        },
+    )
+    .await;
+    println!("attack under way at {:?}: {pressing:?}", started.elapsed());
+    let evicted_before = evictions();
+    let mut admissions = vec![admit(&pods_b, "b-dry-1", false).await];
 
     // N1: tenant A's subscriptions, over the name size and over the namespace's budget.
-    let tls = tenant_a_tls(&client).await;
+    let tls_a = client_tls(&client, A).await;
     let mut held = Vec::new();
-    if let Some(s) = subscribe(xds, &tls, 0, 1, 5000).await {
+    if let Some(s) = subscribe(xds, &tls_a, 0, 1, 5000).await {
         held.push(s);
     }
     // 36 streams of about 3.8 MiB each: 137 MiB, over the 128 MiB of one namespace.
     for i in 0..36 {
-        if let Some(s) = subscribe(xds, &tls, (i + 1) * 1000, 950, 4000).await {
+        if let Some(s) = subscribe(xds, &tls_a, (i + 1) * 1000, 950, 4000).await {
             held.push(s);
         }
     }
+    println!(
+        "N1: {} of A's streams held at {:?}",
+        held.len(),
+        started.elapsed()
+    );
+    admissions.push(admit(&pods_b, "b-dry-2", false).await);
 
-    // Meanwhile: B's pod keeps serving, and a new pod of B is admitted and injected.
-    let asked = Instant::now();
-    let created = pods_b
-        .create(&PostParams::default(), &tenant_b_pod("b-2"))
+    // N12: tenant A opens more connections than the namespace may have, and keeps them.
+    let refused_connections = || {
+        metric(
+            &metrics(),
+            "marin3r_xds_refused_connections_total",
+            "reason=\"connections_per_namespace\"",
+        )
+    };
+    let refused_before = refused_connections();
+    let config_a = rustls_config(&tls_a);
+    let mut flood = Vec::new();
+    for _ in 0..XDS_CAP + XDS_EXCESS {
+        flood.extend(idle_connection(xds, XDS_SERVER_NAME, &config_a).await);
+    }
+    let refused = XDS_CAP + XDS_EXCESS - flood.len();
+    println!(
+        "N12: {} of A's connections served, {refused} refused, at {:?}",
+        flood.len(),
+        started.elapsed()
+    );
+    assert!(
+        !flood.is_empty() && flood.len() <= XDS_CAP && refused >= XDS_EXCESS,
+        "{} served",
+        flood.len()
+    );
+    let refused_counted = refused_connections() - refused_before;
+    assert!(refused_counted >= refused as f64, "{refused_counted}");
+    admissions.push(admit(&pods_b, "b-dry-3", false).await);
+
+    // N4: A's admin freezes A's certificate Secret, then A's certificate is renewed (asked
+    // for here as `marin3r certs renew` asks: the renewal that would have stalled).
+    let a_cert_before = text(&secrets_a.get(CLIENT_CERT).await.unwrap(), "tls.crt");
+    let freeze = json!({"immutable": true});
+    secrets_a
+        .patch(CLIENT_CERT, &PatchParams::default(), &Patch::Merge(&freeze))
         .await
         .unwrap();
-    let admitted_in = asked.elapsed();
-    assert!(
-        admitted_in < Duration::from_secs(5),
-        "admission took {admitted_in:?}"
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), OPS);
+    let dsc_a = dscs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|d| d.spec.secret_ref.namespace.as_deref() == Some(A))
+        .expect("tenant A's client certificate");
+    let renew = json!({"metadata": {"annotations": {RENEW_ANNOTATION: "tenants-e2e"}}});
+    dscs.patch(
+        &dsc_a.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&renew),
+    )
+    .await
+    .unwrap();
+    admissions.push(admit(&pods_b, "b-dry-4", false).await);
+
+    // Meanwhile B's Envoy takes a config update, and a new pod of B is admitted and serves.
+    let update_b = example_in("envoyconfig.yaml", B)
+        .unwrap()
+        .replace(BODY, UPDATED_BODY);
+    installed.apply(&update_b).await.unwrap();
+    admissions.push(admit(&pods_b, "b-2", true).await);
+    serving(&client, B, "b-1", UPDATED_BODY).await;
+    serving(&client, B, "b-2", UPDATED_BODY).await;
+    println!("B updated and b-2 serving at {:?}", started.elapsed());
+
+    // More of B's pods, each after the attackers have opened another round of connections,
+    // until the attack has lasted two of the webhook's body deadlines.
+    let mut last = attack(cluster).unwrap();
+    while attack_began.elapsed() < ATTACK_AT_LEAST {
+        last = until(
+            "the attackers to open another round of connections",
+            Duration::from_secs(30),
+            || async {
+                let now = attack(cluster)?;
+                (now.opened >= last.opened + SLOW_CONNECTIONS as u64).then_some(now)
+            },
+        )
+        .await;
+        let name = format!("b-dry-{}", admissions.len());
+        admissions.push(admit(&pods_b, &name, false).await);
+    }
+    let slowest = admissions.iter().max().unwrap();
+    println!(
+        "B's {} admissions during {:?} of attack, slowest {slowest:?}: {admissions:?}",
+        admissions.len(),
+        attack_began.elapsed()
     );
-    let injected = created.spec.unwrap().init_containers.unwrap_or_default();
-    assert!(
-        injected.iter().any(|c| c.name == "envoy-sidecar"),
-        "{injected:?}"
+
+    // The attack went on through all of it, with every slot wanted (the webhook kept closing
+    // stalled connections for waiting ones), and the webhook counted what it refused.
+    let after = attack(cluster).unwrap();
+    let evicted = evictions() - evicted_before;
+    println!(
+        "attack at the end, {:?}: {after:?}, {evicted} stalled connections closed meanwhile",
+        started.elapsed()
     );
-    serving(&client, B, "b-2").await;
-    let body = marin3r_testkit::envoy::get_body(&format!("http://{}:8080/", pod_ip(&victim)));
-    assert_eq!(body.ok().as_deref(), Some(BODY));
+    let reopened = after.opened > pressing.opened + SLOW_CONNECTIONS as u64;
+    assert!(
+        reopened && after.held() >= HELD_AT_LEAST && evicted >= SLOW_CONNECTIONS,
+        "{pressing:?} then {after:?}, {evicted} evicted"
+    );
+    let per_address = metric(
+        &metrics(),
+        "marin3r_webhook_refused_total",
+        "limit=\"connections_per_address\"",
+    );
+    assert!(per_address >= 1.0, "{per_address}");
+
+    // N4: A's frozen Secret was replaced by its renewal; B's was not touched and is valid,
+    // and neither the operator nor the discovery pod ever restarted.
+    let a_cert = until(
+        "A's frozen certificate Secret to be renewed",
+        Duration::from_secs(30),
+        || async {
+            let s = secrets_a.get(CLIENT_CERT).await.ok()?;
+            (text(&s, "tls.crt") != a_cert_before).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(a_cert.immutable, None);
+    println!("N4: A's frozen Secret renewed by {:?}", started.elapsed());
+    let b_cert = secrets_b.get(CLIENT_CERT).await.unwrap();
+    assert_eq!(b_cert.resource_version(), b_cert_before.resource_version());
+    assert_eq!(b_cert.data, b_cert_before.data);
+    let (b_tls, b_ca) = (text(&b_cert, "tls.crt"), text(&b_cert, "ca.crt"));
+    marin3r_certs::check_validity(&b_tls, time::OffsetDateTime::now_utc()).unwrap();
+    marin3r_certs::verify_signed_by(&b_tls, &b_ca).unwrap();
+    let ops = Api::<Pod>::namespaced(client.clone(), OPS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let restarts: Vec<(String, bool, i32)> = ops
+        .iter()
+        .map(|p| {
+            let statuses = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref());
+            let restarts = statuses.into_iter().flatten().map(|c| c.restart_count);
+            (p.name_any(), pod_ready(p), restarts.sum())
+        })
+        .collect();
+    assert!(
+        restarts.len() == 2 && restarts.iter().all(|(_, ready, n)| *ready && *n == 0),
+        "{restarts:?}"
+    );
 
     // The discovery pod's own accounting: A's names refused past the bounds, and never more
     // held than the namespace's budget.
     let metrics = until(
         "the refusals to be counted",
-        Duration::from_secs(60),
+        Duration::from_secs(30),
         || async {
             let m = marin3r_testkit::envoy::get_body(&metrics_url).ok()?;
             let name = metric(
@@ -289,10 +438,22 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
         held_bytes <= NAMESPACE_BUDGET + (1 << 20) as f64,
         "the discovery pod holds {held_bytes} bytes of names"
     );
-    drop(held);
-    let pods = Api::<Pod>::namespaced(client.clone(), B)
+    // B's proxies (b-1 updated, b-2 new) connected while A held its cap: none was refused.
+    let discovery_log = discovery_log();
+    let refusals = |ns: &str| {
+        let namespace = format!("namespace={ns} ");
+        discovery_log
+            .lines()
+            .filter(|l| l.contains("too many connections open") && l.contains(&namespace))
+            .count()
+    };
+    assert!(refusals(A) >= XDS_EXCESS, "{discovery_log}");
+    assert_eq!(refusals(B), 0);
+    drop((held, flood));
+    let pods = pods_b
         .list(&ListParams::default().labels("app=b"))
         .await
         .unwrap();
     assert_eq!(pods.items.len(), 2);
+    println!("done in {:?}", started.elapsed());
 }

@@ -1,7 +1,7 @@
 //! Slow and idle clients cannot stall admissions: a trickled body holds no review permit and
 //! gets 408 after the body deadline; idle connections (HTTP/1 keep-alive, HTTP/2 after its
-//! preface, TLS with nothing after it) give their slot up after the idle timeout, and at once
-//! when a new connection needs it. One client address holding slow requests on many HTTP/2
+//! preface, TLS with nothing after it) give their slot up after the idle timeout, and soon
+//! (a tenth of the body deadline after they last did anything) when a new connection needs it. One client address holding slow requests on many HTTP/2
 //! connections takes at most its own share of connections and requests: the API server's
 //! calls from another address are answered at once. With `failurePolicy: Fail`, a stalled
 //! webhook would block pod creation in every enabled namespace.
@@ -275,5 +275,47 @@ async fn stalled_connections_from_several_addresses_make_room_for_a_new_one() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     review_in_time(server.addr, pki.ca_pem(), "uid-several").await;
+    server.stop().await;
+}
+
+/// A connection just accepted has not had time to send its first request: it is not idle to
+/// a connection waiting for its slot. The local API server opens one connection per call;
+/// while attackers kept every slot wanted, one was closed between its handshake and its
+/// request, and the pod creation failed (found by the tenants e2e test, issue 26 N2).
+#[tokio::test]
+async fn a_new_connection_keeps_its_slot_for_its_first_request() {
+    let pki = support::pki();
+    let dir = SecretDir::new(&pki.server_cert());
+    let server = Server::start(WebhookServerConfig {
+        max_connections: 1,
+        idle_timeout: Duration::from_secs(60),
+        ..config(&dir)
+    })
+    .await;
+    let mut api = connect_from(
+        Some(API_SERVER),
+        server.addr,
+        pki.ca_pem(),
+        rustls::DEFAULT_VERSIONS,
+    )
+    .await;
+    // Another address's connection now waits for the only slot, and the request comes a
+    // moment after the handshake.
+    let (addr, ca_pem) = (server.addr, pki.ca_pem().to_owned());
+    let waiting =
+        tokio::spawn(async move { try_tls_stream(Some(ATTACKER), addr, &ca_pem, &[]).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let answered = tokio::time::timeout(
+        Duration::from_secs(2),
+        api.review(&admission_review("uid-first", &real_looking_pod())),
+    )
+    .await
+    .expect("the review was not answered");
+    assert_eq!(answered["response"]["uid"], "uid-first");
+    // Once the connection has been idle for a while, the waiting one gets its slot.
+    let waited = tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiting connection never got the slot");
+    assert!(waited.unwrap().is_ok());
     server.stop().await;
 }
