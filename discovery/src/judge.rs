@@ -10,10 +10,11 @@
 //! never connects, for the `ads: {}` references. Entries generated from Kubernetes objects
 //! (Secrets, EndpointSlices), scoped routes and extension configs are left to our own checks.
 //!
-//! Envoy stops at its first error: when the whole spec fails, each entry is judged alone so
-//! the error names it; one that fails only with the others (two listeners on one address) is
-//! reported on the spec. A refusal naming a file the config reads (`filename:` a Lua module,
-//! a certificate on a volume) is no refusal: that file is in the proxy's pod, not here.
+//! Envoy stops at its first error: when the whole spec fails, its entries are judged in
+//! halves until the ones that fail are found, so the error names them; one that fails only
+//! with the others (two listeners on one address) is reported on the spec. A refusal naming
+//! a file the config reads (`filename:` a Lua module, a certificate on a volume) is no
+//! refusal: that file is in the proxy's pod, not here.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +37,7 @@ const BUDGET: Duration = Duration::from_secs(20);
 pub const ADMISSION_BUDGET: Duration = Duration::from_secs(6);
 
 /// The most Envoy processes one `marin3r` process runs at once (each ~60 ms of CPU): a burst
-/// of admissions, or a failing config judged resource by resource, waits its turn.
+/// of admissions, or a failing config judged in parts, waits its turn.
 const MAX_PROCESSES: usize = 4;
 
 static RUNNING: (std::sync::Mutex<usize>, std::sync::Condvar) =
@@ -186,18 +187,22 @@ impl EnvoyJudge {
             Err(Run::Unavailable(why)) => return Err(JudgeError::Unavailable(why)),
             Err(Run::Refused(whole)) => whole,
         };
+        // A file the proxy's pod may have (a Lua module, a certificate on a volume) is not
+        // here: no refusal, but what else Envoy would say is hidden behind it, so the
+        // entries are still judged apart.
         let everything: Vec<&Entry> = entries.iter().collect();
-        if reads_a_file(&whole, &everything) {
-            // A file the proxy's pod may have (a Lua module, a certificate on a volume) is
-            // not here: not a refusal, and whatever else Envoy would say is hidden behind it.
-            tracing::info!(reason = %whole, "Envoy could not judge a config that reads files of the proxy's pod; left to marin3r's own checks");
-            return Ok(());
+        let a_file = reads_a_file(&whole, &everything);
+        if a_file {
+            tracing::info!(reason = %whole, "Envoy cannot read a file of the proxy's pod; that part is left to marin3r's own checks");
         }
-        if entries.len() == 1 {
-            return Err(JudgeError::Refused(vec![format!(
-                "{}: Envoy: {whole}",
-                entries[0].path
-            )]));
+        if let [one] = entries {
+            return match a_file {
+                true => Ok(()),
+                false => Err(JudgeError::Refused(vec![format!(
+                    "{}: Envoy: {whole}",
+                    one.path
+                )])),
+            };
         }
         // Which entries Envoy refuses: the clusters first, without the rest (they name
         // nothing the spec defines), then every other entry beside the clusters that passed,
@@ -220,6 +225,9 @@ impl EnvoyJudge {
             .map(|(e, m)| format!("{}: Envoy: {m}", e.path))
             .collect();
         if refused.is_empty() {
+            if a_file {
+                return Ok(());
+            }
             refused.push(format!(
                 "spec: Envoy, with every resource together: {whole}"
             ));

@@ -170,3 +170,43 @@ fn a_hung_envoy_is_given_up_on_within_the_budget() {
     assert_eq!(decide(&validator, &review(json!({})))["allowed"], true);
     assert!(started.elapsed() < Duration::from_secs(3));
 }
+
+/// A resource reading a file of the proxy's pod hides nothing behind it: Envoy's refusal for
+/// the missing file is no verdict, but a route beside it that Envoy refuses is still found.
+#[test]
+fn a_file_of_the_proxys_pod_hides_no_other_refusal() {
+    let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
+    let judge = EnvoyJudge::new(&envoy);
+    let lua = json!({"type": "listener", "value": {
+        "name": "lua",
+        "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8080}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "lua",
+                "route_config": {"name": "lua", "virtual_hosts": [{"name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "direct_response": {"status": 200}}]}]},
+                "http_filters": [
+                    {"name": "envoy.filters.http.lua", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+                        "default_source_code": {"filename": "/etc/envoy/lua/headers.lua"}}},
+                    {"name": "envoy.filters.http.router", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+                ],
+            }}]}],
+    }});
+    assert_eq!(judge.judge(&spec(json!([lua.clone()]))), Ok(()));
+    let bad_regex = json!({"type": "route", "value": {"name": "api", "virtual_hosts": [{
+        "name": "all", "domains": ["*"],
+        "routes": [{"match": {"safe_regex": {"regex": "/v1(["}}, "direct_response": {"status": 200}}]}]}});
+    let Err(marin3r_discovery::judge::JudgeError::Refused(blamed)) =
+        judge.judge(&spec(json!([lua, bad_regex])))
+    else {
+        panic!("Envoy refuses an invalid RE2 beside a Lua module it cannot read");
+    };
+    assert!(
+        blamed.len() == 1 && blamed[0].starts_with("spec.resources[1].value: Envoy: "),
+        "{blamed:#?}"
+    );
+}
