@@ -55,6 +55,9 @@ pub const GATEWAY_GET_CHILDREN: &str =
 pub const GATEWAY_APPLY_CLIENT: &str = "kubectl apply -f docs/examples/gateway/client.yaml";
 /// The client's latest line: the backend's answer through the gateway's Service.
 pub const GATEWAY_CLIENT_LOGS: &str = "kubectl logs hello-client -n gateway --tail=1";
+/// What one gateway pod's Envoy holds, against what its node is served.
+pub const GATEWAY_PROXY_CONFIG: &str =
+    "marin3r proxy-config -n gateway deployment/marin3r-envoydeployment-front-door listeners";
 
 /// Every command of the EnvoyDeployment guide, in its order.
 pub const GATEWAY: &[&str] = &[
@@ -69,6 +72,7 @@ pub const GATEWAY: &[&str] = &[
     GATEWAY_GET_CHILDREN,
     GATEWAY_APPLY_CLIENT,
     GATEWAY_CLIENT_LOGS,
+    GATEWAY_PROXY_CONFIG,
 ];
 
 /// Every command above but the guide's.

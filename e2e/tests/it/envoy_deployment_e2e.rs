@@ -309,6 +309,16 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     // The guide's client shows the backend's answer through the gateway's Service.
     run(&installed, commands::GATEWAY_APPLY_CLIENT).await;
     guide_client_sees(&installed, "200 greeter /hello").await;
+    // What a gateway pod's Envoy holds, against what its node is served: found with no
+    // node-id annotation (gateway pods have none), from the Envoy's own /server_info.
+    let held = run(&installed, commands::GATEWAY_PROXY_CONFIG).await;
+    println!("$ {}\n{held}", commands::GATEWAY_PROXY_CONFIG);
+    assert!(
+        held.lines()
+            .any(|l| l.starts_with("listeners") && l.contains(" dynamic "))
+            && held.contains("In sync: the proxy holds"),
+        "{held}"
+    );
 
     // The test's own client pod loops through the Service, counting every answer.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
