@@ -306,6 +306,11 @@ fn value_error(
     }
 }
 
+/// The key an `unknown field "key"` error (as [`reword`] words it) is about.
+pub(super) fn unknown_field(message: &str) -> Option<&str> {
+    message.strip_prefix("unknown field \"")?.strip_suffix('"')
+}
+
 /// The parsers place an unknown-field error at the enclosing map (or nowhere, at the root);
 /// the offending key is the first occurrence of `key:` from there on, which is what a user
 /// wants to be pointed at.
@@ -314,9 +319,7 @@ fn unknown_field_location(
     message: &str,
     near: Option<(u64, u64)>,
 ) -> Option<(u64, u64)> {
-    let key = message
-        .strip_prefix("unknown field \"")?
-        .strip_suffix('"')?;
+    let key = unknown_field(message)?;
     let first_line = near.map_or(1, |(line, _)| line);
     text.lines()
         .enumerate()

@@ -96,11 +96,7 @@ fn caused_by(v: &ValueError, removed: &str) -> bool {
 /// about a field of that object whose name is the key's but for a letter or two
 /// (`stat_prefix` for `stat_prefx`).
 fn misspelt(v: &ValueError, p: &ValueError) -> bool {
-    let Some(key) = p
-        .message
-        .strip_prefix("unknown field \"")
-        .and_then(|m| m.strip_suffix('"'))
-    else {
+    let Some(key) = parse::unknown_field(&p.message) else {
         return false;
     };
     if v.path == p.path {
@@ -137,11 +133,7 @@ fn edits(a: &str, b: &str) -> usize {
 /// The path of what was taken out for `p`: its field, or the unknown key of the object it
 /// names.
 fn removed(p: &ValueError) -> String {
-    let unknown = p
-        .message
-        .strip_prefix("unknown field \"")
-        .and_then(|m| m.strip_suffix('"'));
-    match unknown {
+    match parse::unknown_field(&p.message) {
         Some(key) => format!("{}{}", p.path, key_segment(key, p.path.is_empty())),
         None => p.path.clone(),
     }
@@ -163,10 +155,7 @@ fn written_path(steps: &[Step]) -> String {
 /// names, or the field it names (a list item becomes an empty object, or without one to
 /// stand for it, its whole list goes). False when nothing could be taken out.
 fn take_out(value: &mut Value, steps: &[Step], message: &str) -> bool {
-    let unknown = message
-        .strip_prefix("unknown field \"")
-        .and_then(|m| m.strip_suffix('"'));
-    if let Some(key) = unknown {
+    if let Some(key) = parse::unknown_field(message) {
         let at = match steps.last() {
             Some(Step::Key(k)) if k == key => &steps[..steps.len() - 1],
             _ => steps,

@@ -23,7 +23,7 @@ use crate::bench::{Row, Stats, human, mib};
 const API_SERVER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 const NEW_SLOW_REQUEST_EVERY: Duration = Duration::from_secs(2);
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
-pub(super) const REVIEW_EVERY: Duration = Duration::from_millis(200);
+const REVIEW_EVERY: Duration = Duration::from_millis(200);
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(15);
 
 fn attacker(i: usize) -> IpAddr {
@@ -73,7 +73,6 @@ pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Resul
     Ok(rows)
 }
 
-/// Whether a socket can be bound to 127.0.0.3 (Linux routes all of 127/8 to loopback).
 /// The valid reviews' answers against the goal: (all answered and p99 under the goal, what
 /// was measured, for a row and a goal).
 pub(super) fn admissions(results: &[Result<Duration, String>]) -> (bool, String) {
@@ -100,6 +99,7 @@ pub(super) fn admissions(results: &[Result<Duration, String>]) -> (bool, String)
     (met, measured)
 }
 
+/// Whether a socket can be bound to 127.0.0.3 (Linux routes all of 127/8 to loopback).
 fn several_addresses_work() -> bool {
     std::net::TcpListener::bind((attacker(1), 0)).is_ok()
 }
