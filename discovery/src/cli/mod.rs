@@ -10,6 +10,7 @@ mod crds;
 mod differences;
 mod discovery_service;
 mod inject;
+mod judge_sandbox;
 mod listen;
 mod logging;
 mod operator;
@@ -58,6 +59,10 @@ pub enum Command {
     /// Run the operator's controllers against the cluster of the current kubeconfig (or the
     /// in-cluster configuration).
     Operator(operator::OperatorArgs),
+    /// Become Envoy inside the judge's sandbox (what `validate` and the discovery service
+    /// run; not for people).
+    #[command(hide = true)]
+    JudgeSandbox(judge_sandbox::JudgeSandboxArgs),
     /// Validate EnvoyConfig manifests offline: every resource is parsed into its Envoy v3
     /// type; every problem is printed with its file and field path.
     Validate(validate::ValidateArgs),
@@ -108,6 +113,7 @@ pub async fn run(cli: Cli) -> ExitCode {
                 .await
                 .map(|()| ExitCode::SUCCESS)
         }
+        Command::JudgeSandbox(args) => Ok(judge_sandbox::run(&args)),
         Command::Validate(args) => validate::run(args),
         Command::Version(args) => version::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::WaitForProxy(args) => wait_for_proxy::run(args).await,

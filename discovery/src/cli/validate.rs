@@ -39,13 +39,18 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     } else {
         EnvoyJudge::find(args.envoy.as_deref())
     };
-    if let Some(judge) = &judge
-        && judge.version().is_none()
+    if let Some(envoy) = &args.envoy
+        && !envoy.is_file()
     {
         anyhow::bail!(
-            "{} does not run as Envoy (`--version` failed); pass --envoy PATH or --no-envoy",
-            judge.binary().display()
+            "{} does not run as Envoy (no such file); pass --envoy PATH or --no-envoy",
+            envoy.display()
         );
+    }
+    // Envoy's release is only named in the answer: asked beside the first verdict, not
+    // before it. A binary that is no Envoy gives no verdict, which says so.
+    if let Some(judge) = judge.clone() {
+        std::thread::spawn(move || judge.version());
     }
     let ok = validate_files_with(
         &args.files,
@@ -219,7 +224,6 @@ pub fn validate_manifests(text: &str) -> Vec<Document> {
 
 /// [`validate_manifests`], with Envoy judging what passes marin3r's own checks.
 pub fn validate_manifests_with(text: &str, judge: Option<&EnvoyJudge>) -> Vec<Document> {
-    let version = judge.and_then(EnvoyJudge::version);
     let documents: Vec<serde_json::Value> = match serde_saphyr::from_multiple(text) {
         Ok(documents) => documents,
         Err(e) => {
@@ -272,7 +276,7 @@ pub fn validate_manifests_with(text: &str, judge: Option<&EnvoyJudge>) -> Vec<Do
                     .as_ref()?;
                 file_position(text, spans, e)
             };
-            let envoy = judge.zip(version.as_deref());
+            let envoy = judge;
             let mut document = validate_document(i + 1, doc, &place, envoy);
             if let Document::Skipped { notes, .. } = &mut document {
                 notes.append(&mut extra);
@@ -320,7 +324,7 @@ fn validate_document(
     number: usize,
     doc: serde_json::Value,
     place: &dyn Fn(&ConversionError) -> Option<(u64, u64)>,
-    envoy: Option<(&EnvoyJudge, &str)>,
+    envoy: Option<&EnvoyJudge>,
 ) -> Document {
     let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
     let notes = match kind.as_str() {
@@ -385,12 +389,13 @@ fn validate_document(
                 summary: summary(&spec, &resources),
                 warnings: crate::warnings::warnings(&spec),
             },
-            Some((judge, version)) => match judge.judge(&spec) {
+            Some(judge) => match judge.judge(&spec) {
                 Ok(()) => Document::Valid {
                     object: name,
                     summary: format!(
-                        "{}; accepted by Envoy {version}",
-                        summary(&spec, &resources)
+                        "{}; accepted by Envoy {}",
+                        summary(&spec, &resources),
+                        judge.version().as_deref().unwrap_or("(release unknown)")
                     ),
                     warnings: crate::warnings::warnings(&spec),
                 },

@@ -41,7 +41,10 @@ fn decide(validator: &marin3r_webhook::EnvoyConfigValidator, body: &Value) -> Va
 #[test]
 fn envoy_judges_at_admission_what_passes_our_checks() {
     let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
-    let with_envoy = validator_with(false, Some(EnvoyJudge::new(&envoy)));
+    let with_envoy = validator_with(
+        false,
+        Some(EnvoyJudge::new(&envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"))),
+    );
     // An empty Any straight in the map: our checks pass it, Envoy finds no filter for it.
     let refused = decide(&with_envoy, &review(json!({})));
     assert_eq!(refused["allowed"], false, "{refused}");
@@ -60,7 +63,10 @@ fn envoy_judges_at_admission_what_passes_our_checks() {
         decide(&validator_with(false, None), &review(json!({})))["allowed"],
         true
     );
-    let broken = validator_with(false, Some(EnvoyJudge::new("/nonexistent/envoy")));
+    let broken = validator_with(
+        false,
+        Some(EnvoyJudge::new("/nonexistent/envoy").with_launcher(env!("CARGO_BIN_EXE_marin3r"))),
+    );
     assert_eq!(decide(&broken, &review(json!({})))["allowed"], true);
 }
 
@@ -75,7 +81,7 @@ fn spec(resources: Value) -> marin3r_discovery::api::EnvoyConfigSpec {
 #[test]
 fn only_the_entries_envoy_refuses_are_blamed() {
     let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
-    let judge = EnvoyJudge::new(&envoy);
+    let judge = EnvoyJudge::new(&envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"));
     let listener = |name: &str, port: u16, router: Value| {
         json!({"type": "listener", "value": {
             "name": name,
@@ -153,7 +159,11 @@ fn a_hung_envoy_is_given_up_on_within_the_budget() {
     std::fs::write(&hung, "#!/bin/sh\nexec sleep 60\n").unwrap();
     std::fs::set_permissions(&hung, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert!(marin3r_discovery::judge::ADMISSION_BUDGET < Duration::from_secs(10));
-    let judge = EnvoyJudge::new(&hung).with_budget(Duration::from_millis(800));
+    // The stand-in hangs where the sandbox would start Envoy: a script could not run inside
+    // the sandbox itself (it reads no shell).
+    let judge = EnvoyJudge::new("/nonexistent/envoy")
+        .with_launcher(&hung)
+        .with_budget(Duration::from_millis(800));
     let started = Instant::now();
     let verdict = judge.judge(&spec(json!([
         {"type": "cluster", "value": {"name": "a", "connect_timeout": "1s"}},
@@ -176,7 +186,7 @@ fn a_hung_envoy_is_given_up_on_within_the_budget() {
 #[test]
 fn a_file_of_the_proxys_pod_hides_no_other_refusal() {
     let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
-    let judge = EnvoyJudge::new(&envoy);
+    let judge = EnvoyJudge::new(&envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"));
     let lua = json!({"type": "listener", "value": {
         "name": "lua",
         "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8080}},

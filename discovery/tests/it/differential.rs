@@ -389,7 +389,7 @@ fn marin3r_verdicts(judge: &EnvoyJudge, case: &Case) -> (bool, bool) {
 #[test]
 fn marin3rs_verdict_is_envoys_on_every_case_of_the_corpus() {
     let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
-    let judge = EnvoyJudge::new(envoy);
+    let judge = EnvoyJudge::new(envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"));
     let corpus = corpus();
     let names: BTreeSet<&str> = corpus.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names.len(), corpus.len(), "case names are unique");

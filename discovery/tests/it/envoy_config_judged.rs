@@ -28,7 +28,8 @@ fn invalid_spec(ec: &marin3r_discovery::api::EnvoyConfig) -> bool {
 #[test]
 fn a_version_envoy_refuses_is_not_published_and_the_served_one_stays() {
     let envoy = marin3r_testkit::tools::envoy().unwrap();
-    let plane = plane_judging_with(EnvoyJudge::new(envoy));
+    let plane =
+        plane_judging_with(EnvoyJudge::new(envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r")));
     let (node, port) = ("judged", free_port());
     plane.apply(NS, "gw", spec(node, port, "v1"));
     let v1 = plane.wait_in_sync(NS, "gw").spec.version();
@@ -94,7 +95,10 @@ fn a_version_envoy_refuses_is_not_published_and_the_served_one_stays() {
 #[test]
 fn without_a_runnable_envoy_the_controller_publishes_on_its_own_checks() {
     let dir = tempfile::tempdir().unwrap();
-    let plane = plane_judging_with(EnvoyJudge::new(dir.path().join("no-envoy-here")));
+    let plane = plane_judging_with(
+        EnvoyJudge::new(dir.path().join("no-envoy-here"))
+            .with_launcher(env!("CARGO_BIN_EXE_marin3r")),
+    );
     let (node, port) = ("unjudged", free_port());
     plane.apply(NS, "gw", spec(node, port, "v1"));
     let v1 = plane.wait_in_sync(NS, "gw").spec.version();

@@ -40,7 +40,7 @@ fn a_listener_on_an_address_the_proxy_lacks_passes_the_judge_and_is_nacked() {
     let port = free_port();
     let good = spec("127.0.0.1", port, "good");
     let elsewhere = spec(NOT_LOCAL, port, "never served");
-    let judge = EnvoyJudge::new(envoy);
+    let judge = EnvoyJudge::new(envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"));
     assert_eq!(judge.judge(&elsewhere), Ok(()));
 
     let pki = Pki::new();

@@ -65,7 +65,8 @@ pub fn validation(scale: f64) -> anyhow::Result<Vec<Row>> {
 
     // With Envoy as the last judge, as `marin3r validate` runs it.
     let envoy = marin3r_testkit::tools::envoy()?;
-    let judge = EnvoyJudge::new(&envoy);
+    let judge =
+        EnvoyJudge::new(&envoy).with_launcher(crate::product::marin3r_bin().unwrap_or_default());
     let (spec, _) =
         marin3r_discovery::rules::read_spec(object["spec"].clone()).map_err(anyhow::Error::msg)?;
     let mut timings = Vec::with_capacity(samples);
@@ -113,7 +114,9 @@ fn refused(envoy: &std::path::Path, mut object: Value, samples: usize) -> anyhow
         }
     })
     .to_string();
-    let judge = EnvoyJudge::new(envoy).with_budget(marin3r_discovery::judge::ADMISSION_BUDGET);
+    let judge = EnvoyJudge::new(envoy)
+        .with_launcher(crate::product::marin3r_bin().unwrap_or_default())
+        .with_budget(marin3r_discovery::judge::ADMISSION_BUDGET);
     let validator = marin3r_discovery::rules::validator_with(false, Some(judge));
     let mut timings = Vec::with_capacity(samples);
     let mut message = String::new();

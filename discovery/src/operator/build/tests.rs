@@ -213,6 +213,44 @@ fn the_discovery_pod_meets_pod_security_restricted_as_the_images_user() {
     assert_eq!(sc.capabilities.unwrap().drop.unwrap(), ["ALL"]);
 }
 
+/// The judge writes each bootstrap to a temporary folder: on a read-only root that is a
+/// memory-backed emptyDir of bounded size (the review's R9: configs over 120 KiB were never
+/// judged in a real pod). Without `resources` in the spec, the pod still has a memory limit.
+#[test]
+fn the_discovery_pod_has_a_bounded_temporary_folder_and_memory() {
+    let d = with(serde_json::json!({}), |c| c.deployment("h"));
+    let pod = d.spec.template.spec.unwrap();
+    let tmp = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "tmp")
+        .unwrap();
+    let dir = tmp.empty_dir.clone().unwrap();
+    assert_eq!(dir.medium.as_deref(), Some("Memory"));
+    assert!(dir.size_limit.is_some());
+    let c = &pod.containers[0];
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "tmp")
+        .unwrap();
+    assert_eq!(mount.mount_path, "/tmp");
+    let env = c.env.iter().flatten().find(|e| e.name == "TMPDIR").unwrap();
+    assert_eq!(env.value.as_deref(), Some("/tmp"));
+    let limits = c.resources.clone().unwrap().limits.unwrap();
+    assert!(limits.contains_key("memory"), "{limits:?}");
+    let given = with(
+        serde_json::json!({"resources": {"limits": {"memory": "2Gi"}}}),
+        |c| c.deployment("h"),
+    );
+    let given = given.spec.template.spec.unwrap().containers[0]
+        .resources
+        .clone();
+    assert_eq!(given.unwrap().limits.unwrap()["memory"].0, "2Gi");
+}
+
 #[test]
 fn replicas_feed_the_deployment_and_at_least_one_is_required() {
     let d = with(serde_json::json!({"replicas": 1}), |c| c.deployment("h"));

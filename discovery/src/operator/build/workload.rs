@@ -4,12 +4,13 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    TopologySpreadConstraint, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -74,6 +75,11 @@ impl Children<'_> {
             env: Some(vec![
                 field_env("POD_NAME", "metadata.name"),
                 field_env("POD_NAMESPACE", "metadata.namespace"),
+                EnvVar {
+                    name: "TMPDIR".into(),
+                    value: Some("/tmp".into()),
+                    ..Default::default()
+                },
             ]),
             ports: Some(vec![
                 port("xds", s.xds_port),
@@ -83,7 +89,7 @@ impl Children<'_> {
             ]),
             readiness_probe: Some(self.probe("/readyz", 0, 2, 3)),
             liveness_probe: Some(self.probe("/healthz", 30, 10, 6)),
-            resources: s.resources.clone(),
+            resources: Some(s.resources.clone().unwrap_or_else(default_resources)),
             // Pod Security `restricted`; the image's own non-root user (no runAsUser, so a
             // `spec.image` that runs as root is refused by kubelet rather than run).
             security_context: Some(SecurityContext {
@@ -96,12 +102,19 @@ impl Children<'_> {
                 }),
                 ..Default::default()
             }),
-            volume_mounts: Some(vec![VolumeMount {
-                name: "server-cert".into(),
-                mount_path: SERVER_CERT_DIR.into(),
-                read_only: Some(true),
-                ..Default::default()
-            }]),
+            volume_mounts: Some(vec![
+                VolumeMount {
+                    name: "server-cert".into(),
+                    mount_path: SERVER_CERT_DIR.into(),
+                    read_only: Some(true),
+                    ..Default::default()
+                },
+                VolumeMount {
+                    name: TMP.into(),
+                    mount_path: "/tmp".into(),
+                    ..Default::default()
+                },
+            ]),
             ..Default::default()
         }
     }
@@ -191,14 +204,26 @@ impl Children<'_> {
                         // nodes the affinity allows (the scheduler's default
                         // `nodeAffinityPolicy: Honor`).
                         topology_spread_constraints: Some(self.spread()),
-                        volumes: Some(vec![Volume {
-                            name: "server-cert".into(),
-                            secret: Some(SecretVolumeSource {
-                                secret_name: Some(s.server_secret.clone()),
+                        volumes: Some(vec![
+                            Volume {
+                                name: "server-cert".into(),
+                                secret: Some(SecretVolumeSource {
+                                    secret_name: Some(s.server_secret.clone()),
+                                    ..Default::default()
+                                }),
                                 ..Default::default()
-                            }),
-                            ..Default::default()
-                        }]),
+                            },
+                            // The Envoy judge's bootstraps (the root is read-only), in memory.
+                            Volume {
+                                name: TMP.into(),
+                                empty_dir: Some(EmptyDirVolumeSource {
+                                    medium: Some("Memory".into()),
+                                    size_limit: Some(Quantity("64Mi".into())),
+                                    ..Default::default()
+                                }),
+                                ..Default::default()
+                            },
+                        ]),
                         ..Default::default()
                     }),
                 },
@@ -257,6 +282,26 @@ pub fn restricted_pod_security() -> PodSecurityContext {
             type_: "RuntimeDefault".into(),
             ..Default::default()
         }),
+        ..Default::default()
+    }
+}
+
+/// The discovery pod's temporary folder.
+const TMP: &str = "tmp";
+
+/// What a discovery pod asks for when its DiscoveryService says nothing: its steady use, and
+/// a memory ceiling above the xDS byte budgets and the judge's Envoys (four at a time), so
+/// that a leak or an attack ends this pod, not the node.
+fn default_resources() -> ResourceRequirements {
+    let quantities = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Quantity((*v).to_owned())))
+            .collect()
+    };
+    ResourceRequirements {
+        requests: Some(quantities(&[("cpu", "100m"), ("memory", "256Mi")])),
+        limits: Some(quantities(&[("memory", "1Gi")])),
         ..Default::default()
     }
 }

@@ -2,6 +2,13 @@
 //! its path), then, when an Envoy binary is at hand, Envoy's validate mode on a bootstrap that
 //! holds the spec's resources as the user wrote them, its message mapped back to the entry.
 //!
+//! A tenant's config is untrusted input, and some of it is code: no script or module a
+//! tenant wrote ever runs here (`code.rs` swaps each for a neutral stand-in first), and Envoy
+//! runs in a sandbox all the same (`sandbox.rs`: no file but its own libraries, no network,
+//! no new process, bounded CPU, memory and time; `process.rs`: its bootstrap in memory, its
+//! output bounded, its process group killed at the deadline). What reaches the user is one
+//! line of Envoy's reason (`reason.rs`).
+//!
 //! How the resources become one bootstrap Envoy can validate without any network: listeners,
 //! clusters and runtimes as static resources and layers; each route configuration inside a
 //! listener of its own on a pipe address (with `validate_clusters: false` unless it says
@@ -13,20 +20,28 @@
 //! Envoy stops at its first error: when the whole spec fails, its entries are judged in
 //! halves until the ones that fail are found, so the error names them; one that fails only
 //! with the others (two listeners on one address) is reported on the spec. A refusal naming
-//! a file the config reads (`filename:` a Lua module, a certificate on a volume) is no
+//! a file the config reads (a certificate on a volume, an SDS path, a GeoIP database) is no
 //! refusal: that file is in the proxy's pod, not here.
 
+mod code;
+mod extensions;
+mod process;
+mod reason;
+pub mod sandbox;
+
+pub use code::NotJudged;
+pub use reason::MAX_REASON;
+
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::api::EnvoyConfigSpec;
 use marin3r_xds::resource::ResourceType;
-
-/// The largest bootstrap passed inline (`--config-yaml`): one argument may hold 128 KiB.
-const MAX_INLINE: usize = 120 * 1024;
 
 /// How long one verdict may take by default (`marin3r validate`), every Envoy run included.
 const BUDGET: Duration = Duration::from_secs(20);
@@ -97,6 +112,9 @@ const OWN: &str = "marin3r-judge";
 #[derive(Debug, Clone)]
 pub struct EnvoyJudge {
     binary: PathBuf,
+    /// The `marin3r` binary whose `judge-sandbox` starts each Envoy run.
+    launcher: PathBuf,
+    limits: sandbox::Limits,
     /// The longest one verdict may take, every Envoy run included; past it there is no
     /// verdict ([`JudgeError::Unavailable`]), or only the whole spec's when Envoy refused it.
     budget: Duration,
@@ -112,17 +130,33 @@ pub struct Entry {
 }
 
 impl EnvoyJudge {
+    /// A judge running `binary` through this process's own executable, which must be
+    /// `marin3r` (its `judge-sandbox` command); see [`Self::with_launcher`].
     pub fn new(binary: impl Into<PathBuf>) -> Self {
+        let launcher = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("marin3r"));
         Self {
             binary: binary.into(),
+            launcher,
+            limits: sandbox::Limits::default(),
             budget: BUDGET,
         }
+        .with_budget(BUDGET)
     }
 
-    /// The same judge, giving each verdict at most `budget`.
+    /// The same judge, giving each verdict at most `budget` (and each Envoy run as many CPU
+    /// seconds, rounded up).
     #[must_use]
     pub fn with_budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
+        self.limits.cpu_seconds = budget.as_secs() + u64::from(budget.subsec_nanos() > 0);
+        self
+    }
+
+    /// The same judge, starting Envoy through `marin3r` at `launcher` (a program that is not
+    /// this one: a test, a benchmark).
+    #[must_use]
+    pub fn with_launcher(mut self, launcher: impl Into<PathBuf>) -> Self {
+        self.launcher = launcher.into();
         self
     }
 
@@ -161,9 +195,24 @@ impl EnvoyJudge {
         &self.binary
     }
 
-    /// The Envoy release (`1.40.0`), from `envoy --version`.
+    /// The Envoy release (`1.40.0`), from `envoy --version`, asked once per binary and
+    /// process (a caller asking while another asks waits for its answer).
     pub fn version(&self) -> Option<String> {
-        let out = Command::new(&self.binary).arg("--version").output().ok()?;
+        static KNOWN: Mutex<Option<HashMap<PathBuf, Option<String>>>> = Mutex::new(None);
+        let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        known
+            .get_or_insert_with(HashMap::new)
+            .entry(self.binary.clone())
+            .or_insert_with(|| self.ask_version())
+            .clone()
+    }
+
+    fn ask_version(&self) -> Option<String> {
+        let out = Command::new(&self.binary)
+            .arg("--version")
+            .env_clear()
+            .output()
+            .ok()?;
         let text = String::from_utf8_lossy(&out.stdout);
         // "<path>  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
         let (_, build) = text.split_once("version: ")?;
@@ -181,6 +230,8 @@ impl EnvoyJudge {
         if entries.is_empty() {
             return Ok(());
         }
+        let neutral = code::neutral(entries).map_err(|e| JudgeError::Unavailable(e.to_string()))?;
+        let entries = neutral.as_slice();
         let deadline = Instant::now() + self.budget;
         let whole = match self.run(&bootstrap(entries), deadline) {
             Ok(()) => return Ok(()),
@@ -278,102 +329,49 @@ impl EnvoyJudge {
     }
 
     fn run(&self, bootstrap: &Value, deadline: Instant) -> Result<(), Run> {
-        let unavailable = Run::Unavailable;
-        let late = || unavailable(format!("Envoy gave no verdict within {:?}", self.budget));
+        let late = || Run::Unavailable(format!("Envoy gave no verdict within {:?}", self.budget));
         let Some(_slot) = Slot::take(deadline) else {
             return Err(late());
         };
-        let text = bootstrap.to_string();
-        let mut command = Command::new(&self.binary);
-        command.args(["--mode", "validate", "--log-level", "critical"]);
-        // Inline when it fits one argument (the discovery pod's root is read-only); a larger
-        // one goes through a temporary file.
-        let (_dir, source) = if text.len() <= MAX_INLINE {
-            command.arg("--config-yaml").arg(&text);
-            (None, String::new())
-        } else {
-            let dir =
-                tempfile::tempdir().map_err(|e| unavailable(format!("a temporary folder: {e}")))?;
-            let file = dir.path().join("bootstrap.json");
-            std::fs::write(&file, &text).map_err(|e| unavailable(e.to_string()))?;
-            command.arg("-c").arg(&file);
-            let source = file.to_string_lossy().into_owned();
-            (Some(dir), source)
-        };
-        let mut child = command
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| unavailable(format!("running {}: {e}", self.binary.display())))?;
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(late());
-                }
-            }
+        let args = [
+            "--mode",
+            "validate",
+            "--log-level",
+            "critical",
+            "--disable-hot-restart",
+            "--concurrency",
+            "1",
+        ];
+        let input = bootstrap.to_string().into_bytes();
+        match process::run(
+            &self.launcher,
+            &self.binary,
+            &self.limits,
+            &args,
+            &input,
+            deadline,
+        ) {
+            process::Ended::Accepted => Ok(()),
+            process::Ended::Refused(output) => Err(Run::Refused(reason::of(&output))),
+            process::Ended::Late => Err(late()),
+            process::Ended::Killed(signal) => Err(Run::Unavailable(format!(
+                "Envoy died of signal {signal} judging it (a crash, or its CPU limit)"
+            ))),
+            process::Ended::NoEnvoy(why) => Err(Run::Unavailable(reason::one_line(&why))),
         }
-        let out = child
-            .wait_with_output()
-            .map_err(|e| unavailable(format!("reading Envoy's output: {e}")))?;
-        if out.status.success() {
-            return Ok(());
-        }
-        let output = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Err(Run::Refused(message(&output, &source)))
     }
 }
 
-/// Whether Envoy's `reason` is a file one of `entries` names (`filename: ...`), which the
-/// judge cannot have: it lives in the proxy's pod.
+/// Whether Envoy's `reason` is a file one of `entries` names, which the judge cannot have:
+/// it lives in the proxy's pod.
 fn reads_a_file(reason: &str, entries: &[&Entry]) -> bool {
-    fn names(v: &Value, out: &mut Vec<String>) {
-        match v {
-            Value::Object(map) => {
-                for (key, value) in map {
-                    match (key.as_str(), value) {
-                        ("filename", Value::String(f)) => out.push(f.clone()),
-                        _ => names(value, out),
-                    }
-                }
-            }
-            Value::Array(items) => items.iter().for_each(|i| names(i, out)),
-            _ => {}
-        }
-    }
-    let mut files = Vec::new();
-    entries.iter().for_each(|e| names(&e.value, &mut files));
-    files.iter().any(|f| reason.contains(f.as_str()))
+    reason::names_a_file_of(reason, entries.iter().map(|e| &e.value))
 }
 
 /// How one Envoy run ended, when not with `Ok`.
 enum Run {
     Refused(String),
     Unavailable(String),
-}
-
-/// Envoy's reason from its output: the text after `error initializing configuration '<file>':`,
-/// else the last line.
-fn message(output: &str, file: &str) -> String {
-    let marker = format!("error initializing configuration '{file}': ");
-    let found = output
-        .lines()
-        .find_map(|line| line.split_once(&marker).map(|(_, m)| m.trim().to_owned()));
-    found.unwrap_or_else(|| {
-        let last = output.lines().rev().find(|l| !l.trim().is_empty());
-        last.unwrap_or("Envoy refused the configuration")
-            .trim()
-            .to_owned()
-    })
 }
 
 /// The entries of `spec` Envoy can judge, as the user wrote them: `envoyResources` first, in
@@ -431,6 +429,9 @@ pub fn bootstrap(entries: &[Entry]) -> Value {
     clusters.push(static_cluster(&format!("{OWN}-xds"), true));
     let mut bootstrap = json!({
         "node": {"id": OWN, "cluster": OWN},
+        // Never bound in validate mode; without it, some extensions (a tap transport socket)
+        // crash Envoy 1.40.
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
         "static_resources": {"listeners": listeners, "clusters": clusters},
         "dynamic_resources": {"ads_config": {
             "api_type": "GRPC",
@@ -493,16 +494,6 @@ fn route_listener(i: usize, route: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn envoys_reason_is_found_in_its_output() {
-        let out = "[info] loading\n[critical][main] [server.cc:76] error initializing configuration '/tmp/x/b.json': Didn't find a registered implementation for 'r' with type URL: ''\n";
-        assert_eq!(
-            message(out, "/tmp/x/b.json"),
-            "Didn't find a registered implementation for 'r' with type URL: ''"
-        );
-        assert_eq!(message("a\nlast words\n\n", "/f"), "last words");
-    }
 
     #[test]
     fn routes_and_endpoints_are_wrapped_and_rds_keeps_its_default() {
