@@ -182,13 +182,31 @@ impl EnvoyJudge {
             .map(|j| j.with_budget(ADMISSION_BUDGET));
         match &judge {
             Some(j) => {
-                tracing::info!(envoy = %j.binary.display(), "EnvoyConfigs are judged by Envoy after marin3r's own checks")
+                let sandbox = j.sandbox();
+                tracing::info!(envoy = %j.binary.display(), %sandbox, "EnvoyConfigs are judged by Envoy after marin3r's own checks");
             }
             None => tracing::info!(
                 "no Envoy binary: EnvoyConfigs are judged by marin3r's own checks only"
             ),
         }
         judge
+    }
+
+    /// How much of the sandbox this machine's kernel enforces, as `judge-sandbox --check`
+    /// says (`Fully`, `Partly`, `NoLandlock`), or why it cannot be entered.
+    pub fn sandbox(&self) -> String {
+        let out = Command::new(&self.launcher)
+            .args(["judge-sandbox", "--check"])
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .output();
+        match out {
+            Ok(out) if out.status.success() => {
+                reason::one_line(&String::from_utf8_lossy(&out.stdout))
+            }
+            Ok(out) => reason::one_line(&String::from_utf8_lossy(&out.stderr)),
+            Err(e) => format!("{}: {e}", self.launcher.display()),
+        }
     }
 
     pub fn binary(&self) -> &Path {

@@ -234,3 +234,14 @@ fn sandboxed(config: &Path) -> std::process::Output {
         .output()
         .unwrap()
 }
+
+/// This machine's kernel enforces the whole sandbox (Linux 6.12 or newer): the test machines
+/// must, or the tests above prove less than they say.
+#[test]
+fn this_machine_enforces_the_whole_sandbox() {
+    assert_eq!(
+        judge().sandbox(),
+        "Fully",
+        "the judge's sandbox is only partly enforced here: Landlock ABI 6 (Linux 6.12) is needed"
+    );
+}
