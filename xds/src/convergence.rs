@@ -97,6 +97,8 @@ mod tests {
     use super::*;
     use crate::status::{LastNack, TypeStatus};
 
+    /// A stream of `pod`, from the pod's own address (each test pod name starts with its
+    /// own letter).
     fn proxy(pod: &str, types: &[(&str, Option<&str>, Option<&str>)]) -> ProxyStatus {
         ProxyStatus {
             namespace: "ns".into(),
@@ -104,7 +106,7 @@ mod tests {
             pod: Some(pod.into()),
             protocol: "sotw".into(),
             envoy_version: None,
-            peer: "10.0.0.1:1".into(),
+            peer: format!("10.0.0.{}:1", pod.as_bytes()[0]),
             connected_at: String::new(),
             types: types
                 .iter()
@@ -194,7 +196,7 @@ mod tests {
     }
 
     #[test]
-    fn streams_of_one_pod_count_once_at_their_worst() {
+    fn streams_of_one_pod_address_count_once_at_their_worst() {
         let good = [
             ("clusters", Some("c2"), None),
             ("listeners", Some("l2"), None),

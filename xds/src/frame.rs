@@ -12,7 +12,6 @@
 //! buffer that then kept the capacity of the largest response for the life of the stream.
 
 use std::collections::HashMap;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
@@ -22,7 +21,6 @@ use prost::Message;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tonic::Status;
-use tonic::codec::{BufferSettings, DecodeBuf, Decoder};
 use tonic::codegen::http::{HeaderMap, HeaderValue};
 
 /// Field 5 (`nonce`), length-delimited: the same tag in `DiscoveryResponse` and
@@ -229,35 +227,6 @@ impl http_body::Body for FrameBody {
 
     fn is_end_stream(&self) -> bool {
         self.done && self.body.is_none()
-    }
-}
-
-/// Decodes requests with a small initial buffer: tonic allocates the buffer size for every
-/// stream up front, and an ACK is a few hundred bytes. The buffer grows for larger requests
-/// (the first, with the node's metadata) as tonic's does.
-pub(crate) struct RequestDecoder<U>(PhantomData<U>);
-
-impl<U> Default for RequestDecoder<U> {
-    fn default() -> Self {
-        Self(PhantomData)
-    }
-}
-
-/// The initial request buffer per stream.
-const REQUEST_BUFFER: usize = 1024;
-
-impl<U: Message + Default> Decoder for RequestDecoder<U> {
-    type Item = U;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
-        U::decode(buf)
-            .map(Some)
-            .map_err(|e| Status::internal(format!("decoding a request: {e}")))
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::new(REQUEST_BUFFER, 32 * 1024)
     }
 }
 

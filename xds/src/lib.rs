@@ -26,6 +26,7 @@ mod metrics;
 mod protocol;
 #[cfg(test)]
 mod protocol_fuzz;
+mod requests;
 pub mod resource;
 mod server;
 mod sotw;

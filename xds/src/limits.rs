@@ -1,8 +1,10 @@
 //! What one client, or one namespace, may take of the shared xDS server: connections per
-//! namespace, streams per connection and per namespace, time to the first request, request size, and what a
-//! subscription holds (names per type, a name's length, bytes per type per stream and bytes
-//! per namespace across its streams). A stream over a limit is closed with a gRPC status naming the limit and counted in
-//! `marin3r_xds_refused_streams_total{limit}`; other streams, and other namespaces, go on.
+//! namespace, streams per connection and per namespace, time to the first request and to the
+//! rest of a request once begun, request size, and the bytes the server holds for clients
+//! (names subscribed and requests still being received: per type per stream, per namespace
+//! across its streams, and for the whole process). A stream over a limit is closed with a
+//! gRPC status naming the limit and counted in `marin3r_xds_refused_streams_total{limit}`;
+//! other streams, and other namespaces, go on.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +27,9 @@ pub struct Limits {
     pub max_connections_per_namespace: usize,
     /// A stream that sends no request within this is closed.
     pub first_request_timeout: Duration,
+    /// A request whose first bytes have arrived must arrive whole within this (the first
+    /// request has [`Limits::first_request_timeout`] as well).
+    pub request_timeout: Duration,
     /// The largest discovery request accepted, in bytes (encoded).
     pub max_request_bytes: usize,
     /// Resource names one stream may subscribe to (or declare it holds) per type.
@@ -35,8 +40,13 @@ pub struct Limits {
     /// may make the server keep for one type: the count limit alone lets a stream keep
     /// `max_names_per_type` names of up to a request's size each.
     pub max_subscription_bytes_per_type: usize,
-    /// The same bytes summed over every stream of one namespace (one client certificate).
+    /// The same bytes summed over every stream of one namespace (one client certificate),
+    /// with the requests its streams are still receiving (each charged its declared length
+    /// from its length prefix on).
     pub max_subscription_bytes_per_namespace: usize,
+    /// Those bytes (names subscribed and requests being received) summed over every
+    /// namespace: the most the server holds for all its clients together.
+    pub max_process_bytes: usize,
     /// A connection older than this is asked to go away (HTTP/2 GOAWAY) and closed
     /// [`CONNECTION_AGE_GRACE`] later; Envoy reconnects, so its certificate and namespace are
     /// checked again (a renewed CA, a disabled namespace) at least this often.
@@ -54,11 +64,13 @@ impl Default for Limits {
             max_streams_per_namespace: 4096,
             max_connections_per_namespace: 4096,
             first_request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
             max_request_bytes: 1 << 20,
             max_names_per_type: 10_000,
             max_name_bytes: 4096,
             max_subscription_bytes_per_type: 4 << 20,
             max_subscription_bytes_per_namespace: 128 << 20,
+            max_process_bytes: 256 << 20,
             max_connection_age: Duration::from_secs(30 * 60),
         }
     }
@@ -70,24 +82,28 @@ pub enum Limit {
     StreamsPerConnection,
     StreamsPerNamespace,
     FirstRequestTimeout,
+    RequestTimeout,
     RequestSize,
     NamesPerType,
     NameSize,
     SubscriptionBytesPerType,
     SubscriptionBytesPerNamespace,
+    ProcessBytes,
 }
 
 impl Limit {
     /// Every limit, each a series of `marin3r_xds_refused_streams_total` from the start.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::StreamsPerConnection,
         Self::StreamsPerNamespace,
         Self::FirstRequestTimeout,
+        Self::RequestTimeout,
         Self::RequestSize,
         Self::NamesPerType,
         Self::NameSize,
         Self::SubscriptionBytesPerType,
         Self::SubscriptionBytesPerNamespace,
+        Self::ProcessBytes,
     ];
 
     /// Its `limit` label value.
@@ -96,11 +112,13 @@ impl Limit {
             Self::StreamsPerConnection => "streams_per_connection",
             Self::StreamsPerNamespace => "streams_per_namespace",
             Self::FirstRequestTimeout => "first_request_timeout",
+            Self::RequestTimeout => "request_timeout",
             Self::RequestSize => "request_size",
             Self::NamesPerType => "names_per_type",
             Self::NameSize => "name_size",
             Self::SubscriptionBytesPerType => "subscription_bytes_per_type",
             Self::SubscriptionBytesPerNamespace => "subscription_bytes_per_namespace",
+            Self::ProcessBytes => "process_bytes",
         }
     }
 }
@@ -123,6 +141,11 @@ impl Limits {
                 "no discovery request within {:?} of opening the stream (--xds-first-request-timeout)",
                 self.first_request_timeout
             )),
+            Limit::RequestTimeout => tonic::Status::deadline_exceeded(format!(
+                "a discovery request not received whole within {:?} of its first bytes \
+                 (--xds-request-timeout)",
+                self.request_timeout
+            )),
             Limit::RequestSize => tonic::Status::resource_exhausted(format!(
                 "a discovery request larger than {} bytes (--xds-max-request-bytes)",
                 self.max_request_bytes
@@ -141,9 +164,14 @@ impl Limits {
                 self.max_subscription_bytes_per_type
             )),
             Limit::SubscriptionBytesPerNamespace => tonic::Status::resource_exhausted(format!(
-                "more than {} bytes of resource names subscribed for this namespace \
-                 (--xds-max-subscription-bytes-per-namespace)",
+                "more than {} bytes of resource names subscribed and requests being received \
+                 for this namespace (--xds-max-subscription-bytes-per-namespace)",
                 self.max_subscription_bytes_per_namespace
+            )),
+            Limit::ProcessBytes => tonic::Status::resource_exhausted(format!(
+                "more than {} bytes of resource names subscribed and requests being received \
+                 for all namespaces together (--xds-max-process-bytes)",
+                self.max_process_bytes
             )),
         }
     }
@@ -270,67 +298,96 @@ impl Drop for ConnectionSlot {
     }
 }
 
-/// The bytes every stream of a namespace keeps of its own (see
-/// [`Limits::max_subscription_bytes_per_namespace`]), and their sum over every namespace
-/// (the gauge `marin3r_xds_subscription_bytes`).
+/// The bytes the server holds for clients, per namespace (see
+/// [`Limits::max_subscription_bytes_per_namespace`]) and in all (see
+/// [`Limits::max_process_bytes`]). Each charge also moves the gauge of what it holds (names
+/// subscribed: `marin3r_xds_subscription_bytes`; requests being received:
+/// `marin3r_xds_request_bytes`).
 #[derive(Debug, Default)]
-pub(crate) struct NamespaceBytes(Mutex<HashMap<Arc<str>, usize>>, Gauge);
+pub(crate) struct NamespaceBytes {
+    held: Mutex<Held>,
+    max_total: usize,
+}
 
-/// What one stream has charged to its namespace's bytes; given back when it is dropped.
+#[derive(Debug, Default)]
+struct Held {
+    by_namespace: HashMap<Arc<str>, usize>,
+    total: usize,
+}
+
+/// What one stream has charged, for one purpose, to its namespace's bytes; given back when
+/// it is dropped.
 #[derive(Debug)]
 pub(crate) struct BytesCharge {
     namespace: Arc<str>,
     counts: Arc<NamespaceBytes>,
+    gauge: Gauge,
     charged: usize,
 }
 
 impl NamespaceBytes {
-    /// Counts, with their sum kept in `total`.
-    pub(crate) fn new(total: Gauge) -> Self {
-        Self(Mutex::default(), total)
+    /// Counts refusing to grow their sum over every namespace past `max_total`.
+    pub(crate) fn new(max_total: usize) -> Self {
+        Self {
+            held: Mutex::default(),
+            max_total,
+        }
     }
 
-    /// A stream's charge, empty until it is [set](BytesCharge::set).
-    pub(crate) fn charge(self: &Arc<Self>, namespace: &Arc<str>) -> BytesCharge {
+    /// A stream's charge, empty until it is [set](BytesCharge::set), shown in `gauge`.
+    pub(crate) fn charge(self: &Arc<Self>, namespace: &Arc<str>, gauge: &Gauge) -> BytesCharge {
         BytesCharge {
             namespace: Arc::clone(namespace),
             counts: Arc::clone(self),
+            gauge: gauge.clone(),
             charged: 0,
         }
     }
 
     #[cfg(test)]
     fn total(&self, namespace: &str) -> usize {
-        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        counts.get(namespace).copied().unwrap_or(0)
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.by_namespace.get(namespace).copied().unwrap_or(0)
     }
 }
 
 impl BytesCharge {
-    /// Makes the stream's charge `bytes`; when that grows the namespace's total past `max`,
-    /// names the limit instead and leaves the charge as it was.
+    /// Makes this charge `bytes`; when that grows its namespace's total past `max`, or the
+    /// total over every namespace past the process's, names the limit instead and leaves the
+    /// charge as it was. Shrinking always succeeds.
     pub(crate) fn set(&mut self, bytes: usize, max: usize) -> Result<(), Limit> {
         if bytes == self.charged {
             return Ok(());
         }
-        let mut counts = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
-        let others = counts
+        let mut held = self.counts.held.lock().unwrap_or_else(|e| e.into_inner());
+        let ns = held
+            .by_namespace
             .get(&self.namespace)
             .copied()
             .unwrap_or(0)
-            .saturating_sub(self.charged);
-        let total = others.saturating_add(bytes);
-        if bytes > self.charged && total > max {
-            return Err(Limit::SubscriptionBytesPerNamespace);
+            .saturating_sub(self.charged)
+            .saturating_add(bytes);
+        let total = held
+            .total
+            .saturating_sub(self.charged)
+            .saturating_add(bytes);
+        if bytes > self.charged {
+            if ns > max {
+                return Err(Limit::SubscriptionBytesPerNamespace);
+            }
+            if total > self.counts.max_total {
+                return Err(Limit::ProcessBytes);
+            }
         }
         let change = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.counts.1.inc_by(change(bytes));
-        self.counts.1.dec_by(change(self.charged));
+        self.gauge.inc_by(change(bytes));
+        self.gauge.dec_by(change(self.charged));
         self.charged = bytes;
-        if total == 0 {
-            counts.remove(&self.namespace);
+        held.total = total;
+        if ns == 0 {
+            held.by_namespace.remove(&self.namespace);
         } else {
-            counts.insert(Arc::clone(&self.namespace), total);
+            held.by_namespace.insert(Arc::clone(&self.namespace), ns);
         }
         Ok(())
     }
@@ -407,9 +464,14 @@ mod tests {
 
     #[test]
     fn bytes_are_charged_per_namespace_refused_past_the_limit_and_given_back() {
-        let counts = Arc::new(NamespaceBytes::default());
+        let counts = Arc::new(NamespaceBytes::new(usize::MAX));
+        let gauge = Gauge::default();
         let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
-        let (mut a1, mut a2, mut b1) = (counts.charge(&a), counts.charge(&a), counts.charge(&b));
+        let (mut a1, mut a2, mut b1) = (
+            counts.charge(&a, &gauge),
+            counts.charge(&a, &gauge),
+            counts.charge(&b, &gauge),
+        );
         a1.set(600, 1000).unwrap();
         assert_eq!(
             a2.set(500, 1000).unwrap_err(),
@@ -419,15 +481,38 @@ mod tests {
         a2.set(400, 1000).unwrap();
         b1.set(1000, 1000).unwrap();
         assert_eq!((counts.total("a"), counts.total("b")), (1000, 1000));
-        assert_eq!(counts.1.get(), 2000, "the sum over namespaces");
+        assert_eq!(gauge.get(), 2000, "the sum over namespaces");
         // Shrinking is always allowed, even over the limit.
         a1.set(100, 10).unwrap();
         assert_eq!(counts.total("a"), 500);
         drop((a1, a2, b1));
-        assert!(
-            counts.0.lock().unwrap().is_empty(),
-            "no entry is left behind"
-        );
-        assert_eq!(counts.1.get(), 0);
+        let held = counts.held.lock().unwrap();
+        assert!(held.by_namespace.is_empty(), "no entry is left behind");
+        assert_eq!((held.total, gauge.get()), (0, 0));
+    }
+
+    /// Issue 36, R11: no namespace is over its budget, but together they are over the
+    /// process's; each gauge shows its own charges.
+    #[test]
+    fn bytes_over_every_namespace_are_refused_past_the_process_budget() {
+        let counts = Arc::new(NamespaceBytes::new(1500));
+        let (names, requests) = (Gauge::default(), Gauge::default());
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut a1 = counts.charge(&a, &names);
+        let mut b1 = counts.charge(&b, &requests);
+        let mut b2 = counts.charge(&b, &names);
+        a1.set(800, 1000).unwrap();
+        b1.set(600, 1000).unwrap();
+        assert_eq!(b2.set(200, 1000).unwrap_err(), Limit::ProcessBytes);
+        b2.set(100, 1000).unwrap();
+        assert_eq!((names.get(), requests.get()), (900, 600));
+        // Given back, room for the same bytes again.
+        drop(a1);
+        b2.set(900, 1000).unwrap_err();
+        b2.set(400, 1000).unwrap();
+        assert_eq!(counts.total("b"), 1000);
+        drop((b1, b2));
+        assert_eq!(counts.held.lock().unwrap().total, 0);
+        assert_eq!((names.get(), requests.get()), (0, 0));
     }
 }

@@ -137,6 +137,10 @@ pub struct Metrics {
     /// What the streams keep of their own (names, reported versions) in bytes, every
     /// namespace together: what the subscription byte limits bound.
     pub subscription_bytes: Gauge,
+    /// The bytes of discovery requests still being received (each charged its declared
+    /// length once its length prefix arrived), every namespace together: with
+    /// `subscription_bytes`, what the namespace and process byte limits bound.
+    pub request_bytes: Gauge,
 }
 
 impl Metrics {
@@ -154,6 +158,7 @@ impl Metrics {
             refused_streams: Family::default(),
             dropped_nack_events: Counter::default(),
             subscription_bytes: Gauge::default(),
+            request_bytes: Gauge::default(),
         };
         // The NACK and refusal series from the start, at 0: `increase()` sees the first
         // event as one (a series born at 1 shows no increase), so alerts fire on it, and a
@@ -216,6 +221,11 @@ impl Metrics {
             "subscription_bytes",
             "Bytes of resource names and versions the ADS streams keep of their own",
             m.subscription_bytes.clone(),
+        );
+        r.register(
+            "request_bytes",
+            "Bytes of discovery requests still being received by the ADS streams",
+            m.request_bytes.clone(),
         );
         m
     }

@@ -28,6 +28,14 @@ use super::wire::AdsService;
 /// How long connections may take to close after shutdown before they are dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// HTTP/2 flow-control windows: what a client may send that the server has not read yet
+/// (a stream whose task is busy sending, or a proxy that does not read its responses, stops
+/// reading its requests). Read bytes are counted (see `requests`); these bound the rest,
+/// 128 KiB a connection instead of hyper's 1 MiB. Discovery requests are small, and a large
+/// one (an ACK naming thousands of resources) only takes a few more round trips.
+const STREAM_WINDOW: u32 = 64 << 10;
+const CONNECTION_WINDOW: u32 = 128 << 10;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("xDS server: {0}")]
@@ -86,7 +94,7 @@ impl ServerBuilder {
             .metrics
             .unwrap_or_else(|| Metrics::register(&mut Registry::default()));
         let (nacks, nack_rx) = mpsc::channel(self.nack_capacity);
-        let bytes = Arc::new(NamespaceBytes::new(metrics.subscription_bytes.clone()));
+        let bytes = Arc::new(NamespaceBytes::new(self.limits.max_process_bytes));
         let shared = Arc::new(Shared {
             cache: self.cache,
             metrics,
@@ -189,6 +197,8 @@ impl Server {
             .saturating_add(1);
         let server = tonic::transport::Server::builder()
             .max_concurrent_streams(Some(h2_streams))
+            .initial_stream_window_size(Some(STREAM_WINDOW))
+            .initial_connection_window_size(Some(CONNECTION_WINDOW))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(10)))
             .max_connection_age(self.shared.limits.max_connection_age)

@@ -172,9 +172,10 @@ impl StatusRegistry {
     /// `kind` as their latest NACK, and how many are connected. What a replica reports when
     /// another replica saw a NACK of that version.
     ///
-    /// Proxies, not streams: the streams of one [`proxy_identity`] count once (rejecting when
-    /// any of them rejected), so a holder of the namespace's certificate opening many
-    /// streams under a node id gets one vote, not one per stream (issue 26, N8).
+    /// Proxies, not streams: the streams of one [`proxy_identity`] (one peer address) count
+    /// once (rejecting when any of them rejected), so a holder of the namespace's certificate
+    /// opening many streams under a node id, whatever pod names they declare, gets one vote,
+    /// not one per stream (issue 26, N8; issue 36, R10).
     pub fn tally(
         &self,
         namespace: &str,
@@ -200,18 +201,17 @@ impl StatusRegistry {
     }
 }
 
-/// Who a stream speaks for when NACKs are counted: its pod (the node metadata `pod_name`),
-/// or without one its peer's IP address (not the port, which changes with each connection).
+/// Who a stream speaks for when NACKs and acknowledgements are counted: its peer's IP
+/// address (not the port, which changes with each connection). Not the node metadata
+/// `pod_name`, which is whatever the client declares: one holder of the namespace's
+/// certificate naming a new pod on each stream would count as many proxies, diluting a
+/// taint with ACKs or forcing one with NACKs (issue 36, R10). A pod's IP is its own, and
+/// every stream of one Envoy comes from it; proxies sharing an address (host-network pods
+/// of one node, clients behind one NAT) count as one.
 pub(crate) fn proxy_identity(p: &ProxyStatus) -> String {
-    match &p.pod {
-        Some(pod) => format!("pod/{pod}"),
-        None => {
-            let ip = p.peer.parse::<std::net::SocketAddr>().map(|a| a.ip());
-            format!(
-                "address/{}",
-                ip.map_or_else(|_| p.peer.clone(), |ip| ip.to_string())
-            )
-        }
+    match p.peer.parse::<std::net::SocketAddr>() {
+        Ok(addr) => addr.ip().to_canonical().to_string(),
+        Err(_) => p.peer.clone(),
     }
 }
 
@@ -265,36 +265,48 @@ mod tests {
         assert!(reg.snapshot().proxies.is_empty());
     }
 
-    /// Issue 26, N8: one client opening several streams under a node id is one proxy,
-    /// whether it ACKs (to hold back a taint) or NACKs (to force one).
+    /// Issue 26, N8 and issue 36, R10: one client opening several streams under a node id
+    /// is one proxy, whether it ACKs (to hold back a taint) or NACKs (to force one), and
+    /// whatever pod name each stream declares: proxies are told apart by peer address.
     #[test]
     fn a_nack_is_tallied_over_distinct_proxies_not_streams() {
         let reg = StatusRegistry::default();
         let real = reg.register(mk_proxy_of("ns", "node", Some("web-1"), "10.0.0.1:40000"));
         real.nacked(ResourceType::Listener, "v2", "bad");
-        // Five ACKing streams of one pod: one proxy that did not reject.
+        // Five ACKing streams from one address, each claiming its own pod: one proxy.
         let acking: Vec<ProxyHandle> = (0..5)
             .map(|i| {
                 let peer = format!("10.0.0.9:{}", 40000 + i);
-                reg.register(mk_proxy_of("ns", "node", Some("intruder"), &peer))
+                let pod = format!("web-{}", i + 2);
+                reg.register(mk_proxy_of("ns", "node", Some(&pod), &peer))
             })
             .collect();
         assert_eq!(real.tally(ResourceType::Listener, "v2"), (1, 2));
-        // Five NACKing streams without a pod name, from one address: one proxy.
+        // Five NACKing streams from another address, claiming pods (or none): one proxy.
         let nacking: Vec<ProxyHandle> = (0..5)
             .map(|i| {
                 let peer = format!("10.0.0.8:{}", 40000 + i);
-                let p = reg.register(mk_proxy_of("ns", "node", None, &peer));
+                let pod = format!("web-{}", i + 10);
+                let pod = (i % 2 == 0).then_some(pod.as_str());
+                let p = reg.register(mk_proxy_of("ns", "node", pod, &peer));
                 p.nacked(ResourceType::Listener, "v2", "bad");
                 p
             })
             .collect();
         assert_eq!(real.tally(ResourceType::Listener, "v2"), (2, 3));
+        // Claiming the real pod's name from another address is another proxy, not that pod.
+        let impostor = reg.register(mk_proxy_of("ns", "node", Some("web-1"), "10.0.0.7:1"));
+        assert_eq!(real.tally(ResourceType::Listener, "v2"), (2, 4));
+        drop(impostor);
         // A proxy counts as rejecting when any of its streams did.
         acking[0].nacked(ResourceType::Listener, "v2", "bad");
         assert_eq!(real.tally(ResourceType::Listener, "v2"), (3, 3));
         drop((acking, nacking));
         assert_eq!(real.tally(ResourceType::Listener, "v2"), (1, 1));
+        // An IPv4 client over an IPv6 socket is the same address.
+        let mapped = reg.register(mk_proxy_of("ns", "node", None, "[::ffff:10.0.0.1]:5"));
+        assert_eq!(real.tally(ResourceType::Listener, "v2"), (1, 1));
+        drop(mapped);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
 use envoy_types::pb::google::protobuf::value::Kind;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tonic::Status;
 use tonic::codegen::http::Extensions;
-use tonic::{Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::resource::ResourceType;
@@ -22,6 +22,7 @@ use super::frame::{Encoded, Frame, Sent};
 use super::limits::{BytesCharge, Limit, Limits, NamespaceBytes, NamespaceStreams, StreamSlot};
 use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
 use super::protocol::{Ack, Ignored, Outcome, Rejection};
+use super::requests::{ReadError, RequestBody, Requests};
 use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
 use super::tls::PeerIdentity;
 
@@ -52,18 +53,21 @@ impl Shared {
     }
 
     /// The status to close a stream with when reading a request failed for a limit.
-    fn read_error(&self, status: &Status, namespace: &str) -> Option<Status> {
-        // tonic's decoder refuses a message over the size limit from its length prefix, before
-        // buffering it, with OUT_OF_RANGE; nothing else there uses that code.
-        (status.code() == tonic::Code::OutOfRange)
-            .then(|| self.refuse(Limit::RequestSize, namespace))
+    fn read_error(&self, error: ReadError, namespace: &str) -> Option<Status> {
+        match error {
+            ReadError::Limit(limit) => Some(self.refuse(limit, namespace)),
+            ReadError::Broken(status) => {
+                debug!(%status, "stream error");
+                None
+            }
+        }
     }
 }
 
 /// One of the two ADS flavours, as the generic stream loop sees it (implemented beside the
 /// flavours' wire forms, in `wire`).
 pub(crate) trait Flavour: Send + 'static {
-    type Req: Send + 'static;
+    type Req: prost::Message + Default + Send + 'static;
     type Resp: Send;
     const PROTOCOL: Protocol;
 
@@ -90,11 +94,8 @@ pub(crate) type Started = Result<mpsc::Receiver<Sent>, Status>;
 pub(crate) fn start<F: Flavour>(
     shared: Arc<Shared>,
     extensions: &Extensions,
-    requests: Streaming<F::Req>,
-) -> Started
-where
-    Streaming<F::Req>: Send,
-{
+    body: RequestBody,
+) -> Started {
     let peer = extensions
         .get::<PeerIdentity>()
         .cloned()
@@ -103,6 +104,10 @@ where
         .streams
         .open(&peer.namespace, &peer.streams, &shared.limits)
         .map_err(|limit| shared.refuse(limit, &peer.namespace))?;
+    let charge = shared
+        .bytes
+        .charge(&peer.namespace, &shared.metrics.request_bytes);
+    let requests = Requests::new(body, charge, &shared.limits);
     // A small buffer: a proxy that does not read its responses stalls only its own task.
     let (tx, rx) = mpsc::channel(4);
     let span = info_span!(
@@ -193,12 +198,9 @@ fn run<F: Flavour>(
     shared: Arc<Shared>,
     peer: PeerIdentity,
     slot: StreamSlot,
-    mut requests: Streaming<F::Req>,
+    mut requests: Requests<F::Req>,
     tx: Outgoing,
-) -> impl Future<Output = ()>
-where
-    Streaming<F::Req>: Send,
-{
+) -> impl Future<Output = ()> {
     async move {
         let _slot = slot;
         let stop = shared.stop.clone();
@@ -237,11 +239,10 @@ where
                         continue;
                     }
                     Ok(None) => break,
-                    Err(status) => {
-                        debug!(%status, "stream error");
+                    Err(error) => {
                         // Sent after the loop: an await in here would keep this select's
                         // (request-sized) output in the task's future.
-                        ended = shared.read_error(&status, &peer.namespace);
+                        ended = shared.read_error(error, &peer.namespace);
                         break;
                     }
                 },
@@ -274,12 +275,9 @@ async fn refuse_without_node(tx: &Outgoing) {
 async fn first_request<F: Flavour>(
     shared: &Shared,
     peer: &PeerIdentity,
-    requests: &mut Streaming<F::Req>,
+    requests: &mut Requests<F::Req>,
     tx: &Outgoing,
-) -> Option<Box<F::Req>>
-where
-    Streaming<F::Req>: Send,
-{
+) -> Option<Box<F::Req>> {
     let first = tokio::select! {
         () = shared.stop.cancelled() => return None,
         m = tokio::time::timeout(shared.limits.first_request_timeout, requests.message()) => m,
@@ -292,9 +290,9 @@ where
         }
         Ok(Ok(Some(r))) => Some(Box::new(r)),
         Ok(Ok(None)) => None,
-        Ok(Err(status)) => {
-            debug!(%status, "stream ended before its first request");
-            if let Some(status) = shared.read_error(&status, &peer.namespace) {
+        Ok(Err(error)) => {
+            debug!("stream ended before its first request");
+            if let Some(status) = shared.read_error(error, &peer.namespace) {
                 let _ = tx.send(Box::new(Err(status))).await;
             }
             None
@@ -345,7 +343,9 @@ impl<'a> StreamCtx<'a> {
             _connected: connected,
             connected_at,
             converged: HashMap::new(),
-            charge: shared.bytes.charge(&peer.namespace),
+            charge: shared
+                .bytes
+                .charge(&peer.namespace, &shared.metrics.subscription_bytes),
             tx,
             stop,
         }

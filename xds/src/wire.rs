@@ -16,10 +16,11 @@ use tonic::codegen::{Body, BoxFuture, Service, StdError, http};
 
 use super::cache::Snapshot;
 use super::delta::{DeltaRequest, DeltaResponse, DeltaState};
-use super::frame::{self, Encoded, Frame, FrameBody, RequestDecoder, Sent, key_part};
+use super::frame::{self, Encoded, Frame, FrameBody, Sent, key_part};
 use super::limits::Limits;
 use super::metrics::Protocol;
 use super::protocol::{Bounds, Outcome};
+use super::requests;
 use super::sotw::{SotwRequest, SotwResponse, SotwState};
 use super::stream::{self, Flavour, Shared};
 use crate::resource::ResourceType;
@@ -345,7 +346,6 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        let max_request = Some(shared.limits.max_request_bytes);
         let (parts, body) = req.into_parts();
         if let Some(encoding) = unsupported_encoding(&parts.headers) {
             let status = tonic::Status::unimplemented(format!(
@@ -354,32 +354,16 @@ where
             return Box::pin(async move { Ok(status.into_http()) });
         }
         let response = match parts.uri.path() {
-            SOTW_PATH => {
-                let requests = tonic::Streaming::new_request(
-                    RequestDecoder::<DiscoveryRequest>::default(),
-                    body,
-                    None,
-                    max_request,
-                );
-                grpc_response(stream::start::<SotwState>(
-                    shared,
-                    &parts.extensions,
-                    requests,
-                ))
-            }
-            DELTA_PATH => {
-                let requests = tonic::Streaming::new_request(
-                    RequestDecoder::<DeltaDiscoveryRequest>::default(),
-                    body,
-                    None,
-                    max_request,
-                );
-                grpc_response(stream::start::<DeltaState>(
-                    shared,
-                    &parts.extensions,
-                    requests,
-                ))
-            }
+            SOTW_PATH => grpc_response(stream::start::<SotwState>(
+                shared,
+                &parts.extensions,
+                requests::boxed(body),
+            )),
+            DELTA_PATH => grpc_response(stream::start::<DeltaState>(
+                shared,
+                &parts.extensions,
+                requests::boxed(body),
+            )),
             _ => tonic::Status::unimplemented("marin3r serves only the ADS methods").into_http(),
         };
         Box::pin(async move { Ok(response) })

@@ -159,6 +159,9 @@ struct XdsLimitArgs {
     /// Seconds a new ADS stream may take to send its first request.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().first_request_timeout.as_secs())]
     xds_first_request_timeout: u64,
+    /// Seconds a discovery request may take to arrive whole once its first bytes have.
+    #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().request_timeout.as_secs())]
+    xds_request_timeout: u64,
     /// The largest discovery request accepted, in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_request_bytes)]
     xds_max_request_bytes: usize,
@@ -171,9 +174,14 @@ struct XdsLimitArgs {
     /// Bytes of resource names one stream may subscribe to per resource type.
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_subscription_bytes_per_type)]
     xds_max_subscription_bytes_per_type: usize,
-    /// Bytes of resource names subscribed by every stream of one namespace together.
+    /// Bytes of resource names subscribed, and of requests being received, by every stream
+    /// of one namespace together.
     #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_subscription_bytes_per_namespace)]
     xds_max_subscription_bytes_per_namespace: usize,
+    /// The same bytes summed over every namespace: the most the xDS server holds for all its
+    /// clients together.
+    #[arg(long, value_name = "BYTES", default_value_t = Limits::default().max_process_bytes)]
+    xds_max_process_bytes: usize,
     /// Seconds after which a proxy's connection is closed (it reconnects at once), so its
     /// certificate and namespace are checked again.
     #[arg(long, value_name = "SECONDS", default_value_t = Limits::default().max_connection_age.as_secs())]
@@ -189,6 +197,7 @@ impl XdsLimitArgs {
             first_request_timeout: std::time::Duration::from_secs(
                 self.xds_first_request_timeout.max(1),
             ),
+            request_timeout: std::time::Duration::from_secs(self.xds_request_timeout.max(1)),
             max_request_bytes: self.xds_max_request_bytes.max(1024),
             max_names_per_type: self.xds_max_names_per_type.max(1),
             // Envoy's own names (a cluster's, a secret's) must always fit.
@@ -197,6 +206,7 @@ impl XdsLimitArgs {
             max_subscription_bytes_per_namespace: self
                 .xds_max_subscription_bytes_per_namespace
                 .max(4096),
+            max_process_bytes: self.xds_max_process_bytes.max(4096),
             max_connection_age: std::time::Duration::from_secs(self.xds_max_connection_age.max(10)),
         }
     }

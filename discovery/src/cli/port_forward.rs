@@ -11,8 +11,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::proxy_config::printable;
+
 /// The most an answer may hold (a large Envoy config dump fits many times over).
 const MAX_ANSWER: u64 = 256 * 1024 * 1024;
+
+/// How much of an error answer's body goes into the error message.
+const MAX_ERROR_CHARS: usize = 1000;
 
 /// GETs `path` (with its query) from `port` of pod `ns/pod`; returns what was asked (for
 /// messages) and the body of a 200 answer.
@@ -57,26 +62,37 @@ pub(super) async fn get(
             Some(e) => e.await.unwrap_or_default(),
             None => String::new(),
         };
-        bail!("{source}: the connection closed without an answer {reason}");
+        bail!(
+            "{source}: the connection closed without an answer {}",
+            printable(&reason)
+        );
     }
-    let answer = String::from_utf8_lossy(&answer);
+    let body = body_of(&source, &answer)?;
+    Ok((source, body))
+}
+
+/// The body of `answer`, an HTTP answer from `source`, if it is a 200; else an error saying
+/// what the pod answered, escaped and cut.
+fn body_of(source: &str, answer: &[u8]) -> anyhow::Result<String> {
+    let answer = String::from_utf8_lossy(answer);
     let (head, body) = answer
         .split_once("\r\n\r\n")
         .with_context(|| format!("{source}: not an HTTP answer"))?;
     let status_line = head.lines().next().unwrap_or_default();
     if status_line.split_whitespace().nth(1) != Some("200") {
-        bail!("{source}: {status_line}: {}", body.trim());
+        // What the pod said, escaped and cut: a tenant's pod may answer anything.
+        let said: String = body.trim().chars().take(MAX_ERROR_CHARS).collect();
+        bail!("{source}: {}: {}", printable(status_line), printable(&said));
     }
     let chunked = head.lines().any(|l| {
         let l = l.to_ascii_lowercase();
         l.starts_with("transfer-encoding:") && l.contains("chunked")
     });
-    let body = if chunked {
-        dechunk(body).with_context(|| format!("{source}: a broken chunked answer"))?
+    if chunked {
+        dechunk(body).with_context(|| format!("{source}: a broken chunked answer"))
     } else {
-        body.to_owned()
-    };
-    Ok((source, body))
+        Ok(body.to_owned())
+    }
 }
 
 /// The body of a `Transfer-Encoding: chunked` answer.
@@ -95,6 +111,24 @@ fn dechunk(mut rest: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 36, R12: an error answer is printed escaped, and only its start.
+    #[test]
+    fn an_error_answer_is_escaped_and_cut() {
+        let mut answer = b"HTTP/1.1 500 \x1b[2JBad\r\nServer: x\r\n\r\n\x1b]0;pwned\x07".to_vec();
+        answer.extend(std::iter::repeat_n(b'x', 5000));
+        let e = super::body_of("pod a/b port 1/x", &answer)
+            .unwrap_err()
+            .to_string();
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(
+            e.starts_with("pod a/b port 1/x: HTTP/1.1 500 \\u{1b}[2JBad: \\u{1b}]0;pwned\\u{7}xxx"),
+            "{e}"
+        );
+        assert!(e.len() < 1100, "{} bytes", e.len());
+        let ok = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+        assert_eq!(super::body_of("s", ok).unwrap(), "{}");
+    }
+
     #[test]
     fn chunked_bodies_are_joined() {
         assert_eq!(

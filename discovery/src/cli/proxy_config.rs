@@ -18,7 +18,7 @@ use marin3r_xds::{SYNC_STATUS_PATH, SyncStatus};
 use super::cluster::ClusterArgs;
 use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
 use crate::proxy_config::served::{SERVED_CONFIG_PATH, Served};
-use crate::proxy_config::{Entry, diff, dump};
+use crate::proxy_config::{Entry, defuse, diff, dump, printable};
 
 /// Envoy's admin port when the pod does not say.
 const ENVOY_ADMIN_PORT: u16 = 9901;
@@ -122,11 +122,16 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
         .resources
         .into_iter()
         .filter(|e| args.section.admits(&e.kind))
+        .map(|mut e| {
+            defuse(&mut e);
+            e
+        })
         .collect();
     let comparison = diff::compare(&held, &served);
     // The comparison goes to stderr with `-o json|yaml`, so stdout stays one document.
     let report = format!(
-        "\nCompared with what discovery pod {replica} serves node {node}:\n{}",
+        "\nCompared with what discovery pod {replica} serves node {}:\n{}",
+        printable(&node),
         comparison.render()
     );
     match args.output {
@@ -291,13 +296,15 @@ fn render(entries: &[Entry], output: Output) -> anyhow::Result<String> {
 
 fn table(entries: &[Entry]) -> String {
     let mut rows = vec![["TYPE", "NAME", "STATE", "VERSION", "LAST UPDATED"].map(String::from)];
+    let cell =
+        |text: Option<&String>| text.map_or_else(|| "-".into(), |t| printable(t).into_owned());
     for e in entries {
         rows.push([
-            e.kind.clone(),
-            e.name.clone(),
-            e.state.clone(),
-            e.version.clone().unwrap_or_else(|| "-".into()),
-            e.last_updated.clone().unwrap_or_else(|| "-".into()),
+            cell(Some(&e.kind)),
+            cell(Some(&e.name)),
+            cell(Some(&e.state)),
+            cell(e.version.as_ref()),
+            cell(e.last_updated.as_ref()),
         ]);
     }
     super::table::aligned(&rows)
@@ -323,6 +330,20 @@ mod tests {
              clusters   app    dynamic   c1        -\n"
         );
         assert_eq!(query_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+        // Issue 36, R12: names from a pod's answer cannot drive the terminal.
+        let sly = Entry {
+            kind: "clusters".into(),
+            name: "app\u{1b}[2J\n".into(),
+            state: "dynamic".into(),
+            version: None,
+            last_updated: None,
+            config: serde_json::json!({}),
+        };
+        assert_eq!(
+            table(&[sly]),
+            "TYPE       NAME                STATE     VERSION   LAST UPDATED\n\
+             clusters   app\\u{1b}[2J\\u{a}   dynamic   -         -\n"
+        );
     }
 
     #[test]

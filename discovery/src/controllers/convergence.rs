@@ -104,7 +104,12 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             () = tokio::time::sleep(PERIOD) => {}
         }
         let store = ctx.index.configs.store();
-        if !super::listed(&store).await {
+        // During an API outage the list never comes: stop must still end this (R6).
+        let listed = tokio::select! {
+            () = &mut stop => return,
+            listed = super::listed(&store) => listed,
+        };
+        if !listed {
             return;
         }
         let status = ctx.config.proxies.snapshot();
@@ -191,7 +196,12 @@ pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             () = tokio::time::sleep(PERIOD) => {}
         }
         let store = ctx.index.configs.store();
-        if !super::listed(&store).await {
+        // During an API outage the list never comes: stop must still end this (R6).
+        let listed = tokio::select! {
+            () = &mut stop => return,
+            listed = super::listed(&store) => listed,
+        };
+        if !listed {
             return;
         }
         let live = match super::nacks::live_replicas(&ctx).await {

@@ -338,11 +338,27 @@ pub async fn run_stepping_down(
     shutdown.await;
     stepping_down.abort();
     stop.cancel();
-    let _ = tokio::join!(ecr, nack, sync_reports, leading);
-    for watch in watches {
+    // The watches end first: whatever still waits for a first list (during an API outage it
+    // never comes) is told the watch is gone instead of waiting for good (issue 36, R6).
+    for watch in &watches {
         watch.abort();
     }
+    let tasks = [ecr, nack, sync_reports, leading];
+    let aborts: Vec<_> = tasks
+        .iter()
+        .map(tokio::task::JoinHandle::abort_handle)
+        .collect();
+    let joined = futures::future::join_all(tasks);
+    if tokio::time::timeout(STOP_GRACE, joined).await.is_err() {
+        tracing::warn!(grace = ?STOP_GRACE, "controllers still running after the stop; aborting them");
+        aborts.iter().for_each(tokio::task::AbortHandle::abort);
+    }
 }
+
+/// How long the controllers may take to stop once told to, before they are aborted: a
+/// reconcile in flight finishes its API call (each has its own deadline), nothing waits for
+/// more.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The leader's part: the `EnvoyConfig` controller (revisions, publication, rollback), the
 /// taint decision and the sum of the proxy counts, until `stop`.

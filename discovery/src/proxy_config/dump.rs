@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::Entry;
-use super::redact::redact;
+use super::redact::redact_resource;
 
 /// The entries of `dump` (the admin's JSON answer), secret fields redacted.
 pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
@@ -142,7 +142,8 @@ pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
         if entry.kind == "secrets" && entry.state == "dynamic" && from_files.contains(&entry.name) {
             entry.state = "file".into();
         }
-        redact(&mut entry.config);
+        redact_resource(&entry.kind, &mut entry.config);
+        super::defuse(entry);
     }
     Ok(out)
 }

@@ -13,7 +13,7 @@ use prost_reflect::{DynamicMessage, SerializeOptions};
 use serde::{Deserialize, Serialize};
 
 use super::Entry;
-use super::redact::redact;
+use super::redact::redact_resource;
 use crate::convert::pool::descriptor_pool;
 use marin3r_xds::resource::ResourceType;
 use marin3r_xds::{Cache, Snapshot};
@@ -74,7 +74,7 @@ pub fn render(namespace: &str, node: &str, snapshot: &Snapshot) -> anyhow::Resul
             let mut config = message
                 .serialize_with_options(serde_json::value::Serializer, &options)
                 .map_err(|e| anyhow::anyhow!("encoding {} {name}: {e}", kind.spec_field()))?;
-            redact(&mut config);
+            redact_resource(kind.spec_field(), &mut config);
             resources.push(Entry {
                 kind: kind.spec_field().to_owned(),
                 name: name.to_string(),

@@ -3,6 +3,9 @@
 //! listed anything, whether the API server refuses connections (down) or accepts them and
 //! never answers (unreachable behind a black hole). Before the fix they stayed up until
 //! SIGKILL: kube's controller runner waits for its store to be ready before it ends.
+//! And the same after several seconds of outage, once every watch is backing off and the
+//! controllers wait for their first list (issue 36, R6: only SIGTERM within the first half
+//! second was tested, and a later one was ignored until SIGKILL).
 //! And the controllers' client against a request that is never answered (issue 26, N6).
 
 use std::net::TcpListener;
@@ -71,8 +74,14 @@ impl Drop for Process {
     }
 }
 
-/// Waits for `health` to answer, sends SIGTERM, and asserts a clean exit within `limit`.
-fn terminate_within(mut process: Process, health: &str, limit: Duration, log: &Path) {
+/// Waits for `health` to answer and `after` more, sends SIGTERM, and asserts a clean exit
+/// within `limit`.
+fn terminate_within(
+    mut process: Process,
+    health: &str,
+    (after, limit): (Duration, Duration),
+    log: &Path,
+) {
     let read_log = || std::fs::read_to_string(log).unwrap_or_default();
     wait_for(
         "the process to serve its health",
@@ -80,7 +89,7 @@ fn terminate_within(mut process: Process, health: &str, limit: Duration, log: &P
         || get_body(health).ok().filter(|b| b == "ok\n"),
     );
     // The signal handler is installed right after the servers start.
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(after);
     let term = Instant::now();
     let pid = process.0.id().to_string();
     assert!(
@@ -105,7 +114,7 @@ fn terminate_within(mut process: Process, health: &str, limit: Duration, log: &P
     assert!(status.success(), "{status:?}\n{}", read_log());
 }
 
-fn discovery_service(outage: Outage, leader_election: bool) {
+fn discovery_service(outage: Outage, leader_election: bool, after: Duration) {
     let api = DeadApi::new(outage);
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new();
@@ -132,16 +141,17 @@ fn discovery_service(outage: Outage, leader_election: bool) {
         // No API server to ask its version.
         .args(["--native-sidecars", "true"]);
     // The delay (0) and the grace period (1 s), plus start-up slack.
-    sigterm_within_10s(command, &api, "discovery-0", leader_election, metrics, &log);
+    let pod = ("discovery-0", leader_election);
+    sigterm_within_10s(command, &api, pod, (metrics, after), &log);
 }
 
-/// Starts `command` against `api` as pod `pod`, then SIGTERM: it must exit within 10 s.
+/// Starts `command` against `api` as pod `pod` (with leader election or not), then, `after`
+/// its health answers, SIGTERM: it must exit within 10 s.
 fn sigterm_within_10s(
     mut command: Command,
     api: &DeadApi,
-    pod: &str,
-    leader_election: bool,
-    health_port: u16,
+    (pod, leader_election): (&str, bool),
+    (health_port, after): (u16, Duration),
     log: &std::path::Path,
 ) {
     command
@@ -157,22 +167,37 @@ fn sigterm_within_10s(
     terminate_within(
         process,
         &format!("http://127.0.0.1:{health_port}/healthz"),
-        Duration::from_secs(10),
+        (after, Duration::from_secs(10)),
         log,
     );
 }
 
+/// Right after start, before any watch has backed off.
+const EARLY: Duration = Duration::from_millis(500);
+/// Several seconds into the outage: watches in backoff, controllers waiting for their list.
+const LATE: Duration = Duration::from_secs(6);
+
 #[test]
 fn the_discovery_service_exits_on_sigterm_while_the_api_refuses_connections() {
-    discovery_service(Outage::Refused, false);
+    discovery_service(Outage::Refused, false, EARLY);
 }
 
 #[test]
 fn the_discovery_service_exits_on_sigterm_while_the_api_never_answers() {
-    discovery_service(Outage::Silent, true);
+    discovery_service(Outage::Silent, true, EARLY);
 }
 
-fn operator(outage: Outage, leader_election: bool) {
+#[test]
+fn the_discovery_service_exits_on_sigterm_seconds_into_an_outage() {
+    discovery_service(Outage::Refused, false, LATE);
+}
+
+#[test]
+fn the_discovery_service_exits_on_sigterm_seconds_into_an_outage_with_leader_election() {
+    discovery_service(Outage::Silent, true, LATE);
+}
+
+fn operator(outage: Outage, leader_election: bool, after: Duration) {
     let api = DeadApi::new(outage);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -181,17 +206,23 @@ fn operator(outage: Outage, leader_election: bool) {
     command
         .arg("operator")
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")]);
-    sigterm_within_10s(command, &api, "operator-0", leader_election, port, &log);
+    let pod = ("operator-0", leader_election);
+    sigterm_within_10s(command, &api, pod, (port, after), &log);
 }
 
 #[test]
 fn the_operator_exits_on_sigterm_while_the_api_refuses_connections() {
-    operator(Outage::Refused, false);
+    operator(Outage::Refused, false, EARLY);
 }
 
 #[test]
 fn the_operator_exits_on_sigterm_while_the_api_never_answers() {
-    operator(Outage::Silent, true);
+    operator(Outage::Silent, true, EARLY);
+}
+
+#[test]
+fn the_operator_exits_on_sigterm_seconds_into_an_outage() {
+    operator(Outage::Refused, true, LATE);
 }
 
 /// Issue 26, N6: the controllers' client fails a request that is never answered after its

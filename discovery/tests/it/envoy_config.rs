@@ -16,7 +16,7 @@ use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_discovery::api::envoy_config_revision::REVISION_TAINTED;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_local_cluster::apiserver::FaultScope;
-use marin3r_testkit::xds::client::{ClientTls, SotwStream, connect};
+use marin3r_testkit::xds::client::{ClientTls, SotwStream, connect_from};
 use marin3r_xds::resource::ResourceType;
 use support::free_port;
 use support::plane::*;
@@ -561,7 +561,8 @@ fn accepting_proxy(plane: &Plane, node: &str) -> (tokio::task::JoinHandle<()>, A
     let node = node.to_owned();
     let counted = acks.clone();
     let task = plane.rt.spawn(async move {
-        let channel = connect(addr, &tls).await.unwrap();
+        let from = crate::support::pod_address("accepting-pod").into();
+        let channel = connect_from(addr, &tls, Some(from)).await.unwrap();
         let mut stream = SotwStream::open(channel, &node, Some("accepting-pod"))
             .await
             .unwrap();

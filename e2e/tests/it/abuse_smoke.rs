@@ -2,7 +2,8 @@
 //! (`src/bench/abuse/`): the harness works end to end against the built `marin3r` (the one
 //! beside this test binary, `cargo build -p marin3r-discovery`), and the limits the attacks
 //! meet do their part (the names refused by length and by the namespace's budget, the other
-//! namespace served, every valid admission answered, during N1 as during N2). No memory or
+//! namespace served, every valid admission answered, during N1 as during N2; R4's requests
+//! begun and never finished refused by the namespace's budget). No memory or
 //! latency figure is asserted: those belong to BENCHMARKS.md. Needs no root.
 
 use marin3r_e2e::bench::abuse::abuse;
@@ -28,7 +29,7 @@ fn a_small_abuse_run_is_refused_and_measured() {
         .iter()
         .filter(|r| r.case.contains("another namespace's proxy"))
         .collect::<Vec<_>>();
-    assert_eq!(served.len(), 2, "{table}");
+    assert_eq!(served.len(), 3, "{table}");
     assert!(
         served.iter().all(|r| r.result.starts_with("met")),
         "{table}"
@@ -43,6 +44,15 @@ fn a_small_abuse_run_is_refused_and_measured() {
         admitted
             .iter()
             .all(|r| r.result.contains(": 10/10 answered")),
+        "{table}"
+    );
+    let r4: Vec<_> = rows
+        .iter()
+        .filter(|r| r.benchmark.starts_with("R4"))
+        .collect();
+    assert_eq!(r4.len(), 1, "{table}");
+    assert!(
+        r4[0].result.contains("subscription_bytes_per_namespace="),
         "{table}"
     );
     let n2: Vec<_> = rows

@@ -520,8 +520,8 @@ fn one_namespace_over_its_subscription_bytes_does_not_stop_another() {
         assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
         assert_eq!(
             s.message(),
-            "more than 1048576 bytes of resource names subscribed for this namespace \
-             (--xds-max-subscription-bytes-per-namespace)"
+            "more than 1048576 bytes of resource names subscribed and requests being received \
+             for this namespace (--xds-max-subscription-bytes-per-namespace)"
         );
         // Another namespace has its own budget.
         let _b1 = subscribe_long_names(&server, &b, 7).await;

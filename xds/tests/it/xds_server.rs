@@ -1,6 +1,6 @@
 //! The xDS server with a plain ADS client over real mutual TLS: who gets refused (and counted),
-//! the newest-only push after a slow ACK, a first request without node id, health endpoints
-//! and graceful shutdown.
+//! the newest-only push after a slow ACK, a first request without node id, health endpoints,
+//! graceful shutdown, and how a NACK is tallied over the proxies of a node.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use marin3r_certs::{
     CertificateAuthority, CertificateRequest, IssuedCertificate, Usage, issue_self_signed,
 };
 use marin3r_testkit::pki::Pki;
-use marin3r_testkit::xds::client::{ClientTls, SotwStream, connect};
+use marin3r_testkit::xds::client::{ClientTls, SotwStream, connect, connect_from};
 use marin3r_testkit::xds::resources::eds_cluster;
 use marin3r_testkit::xds::server::{XdsServer, snapshot};
 use marin3r_xds::resource::ResourceType;
@@ -81,6 +81,51 @@ fn clients_without_a_valid_namespace_certificate_are_refused() {
         // tonic may retry a refused handshake: at least one refusal per reason.
         assert!(server.metric(&sample) >= 1.0, "{sample}");
     }
+}
+
+/// Issue 36, R10: one holder of the namespace's certificate opening streams that each
+/// claim another pod is one proxy in the NACK tally, not one per claimed pod; another
+/// address is another proxy.
+#[test]
+fn streams_claiming_other_pods_from_one_address_are_one_proxy_in_the_nack_tally() {
+    let pki = Pki::new();
+    let server = XdsServer::start(&pki);
+    server
+        .cache
+        .set_snapshot("ns", "node", snapshot(vec![eds_cluster("backend")]));
+    let client = tls(&pki, Some(&pki.client(Some("ns"))));
+    let streams = server.rt.block_on(async {
+        // Three ACKing streams from 127.0.0.1, each naming its own pod.
+        let mut acking = Vec::new();
+        for pod in ["web-1", "web-2", "web-3"] {
+            let channel = connect(server.addr, &client).await.unwrap();
+            let mut stream = SotwStream::open(channel, "node", Some(pod)).await.unwrap();
+            stream.subscribe(CDS, &[]).await.unwrap();
+            let resp = stream.recv().await.unwrap();
+            stream.ack(&resp, &[]).await.unwrap();
+            acking.push(stream);
+        }
+        // A proxy at another address rejects the version.
+        let from = std::net::IpAddr::from([127, 0, 0, 2]);
+        let channel = connect_from(server.addr, &client, Some(from))
+            .await
+            .unwrap();
+        let mut real = SotwStream::open(channel, "node", Some("web-4"))
+            .await
+            .unwrap();
+        real.subscribe(CDS, &[]).await.unwrap();
+        let resp = real.recv().await.unwrap();
+        real.send(CDS, &[], "", &resp.nonce, Some("bad cluster"))
+            .await
+            .unwrap();
+        (acking, real)
+    });
+    let event = server
+        .next_nack(Duration::from_secs(10))
+        .expect("a NACK event");
+    drop(streams);
+    assert_eq!(event.pod_name.as_deref(), Some("web-4"));
+    assert_eq!((event.rejecting, event.connected), (1, 2));
 }
 
 #[test]

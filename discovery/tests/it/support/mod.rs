@@ -125,6 +125,14 @@ impl Proxy {
         let mut config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
         config["node"]["metadata"] = serde_json::json!({ "pod_name": pod, "pod_namespace": "x" });
+        // And each pod has its own address: the server tells proxies apart by it.
+        if let Some(clusters) = config["static_resources"]["clusters"].as_array_mut() {
+            for cluster in clusters {
+                cluster["upstream_bind_config"] = serde_json::json!({ "source_address": {
+                    "address": pod_address(pod).to_string(), "port_value": 0,
+                }});
+            }
+        }
         if let Some(timeout) = initial_fetch_timeout {
             config["dynamic_resources"]["cds_config"]["initial_fetch_timeout"] = timeout.into();
             config["dynamic_resources"]["lds_config"]["initial_fetch_timeout"] = timeout.into();
@@ -180,6 +188,17 @@ impl Proxy {
             })
             .unwrap_or(0)
     }
+}
+
+/// The loopback address a test proxy of `pod` connects from (127.0.0.2 to 127.0.0.251, by
+/// the name's FNV-1a hash): the xDS server counts the proxies of a node by peer address, as
+/// pods have their own IPs in a cluster.
+pub fn pod_address(pod: &str) -> std::net::Ipv4Addr {
+    let hash = pod.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let last = u8::try_from(hash % 250).unwrap() + 2;
+    std::net::Ipv4Addr::new(127, 0, 0, last)
 }
 
 /// A certificate's serial as Envoy's admin `/certs` prints it.

@@ -1,4 +1,5 @@
-//! The attacks of the 2026-11-25 reliability review, N1 and N2 (issue 26), mounted at full
+//! The attacks of the 2026-11-25 reliability review, N1 and N2 (issue 26), and of the
+//! 2026-11-27 one, R4 (issue 36: requests begun and never finished), mounted at full
 //! scale against a release `marin3r discovery-service` process: real mutual TLS from a test
 //! PKI, namespace client certificates, the local cluster's API server feeding its
 //! controllers. Each case gets a fresh process, so its peak RSS is its own. What is measured
@@ -8,6 +9,7 @@
 mod process;
 mod webhook_slots;
 mod xds_names;
+mod xds_partial;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -41,6 +43,7 @@ pub fn abuse(scale: f64) -> anyhow::Result<Vec<Row>> {
     let setup = Setup::new()?;
     let mut goals = Goals::default();
     let mut rows = xds_names::run(&setup, scale, &mut goals)?;
+    rows.extend(xds_partial::run(&setup, scale, &mut goals)?);
     rows.extend(webhook_slots::run(&setup, scale, &mut goals)?);
     rows.extend(goals.rows);
     Ok(rows)

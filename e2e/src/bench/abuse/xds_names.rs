@@ -231,13 +231,13 @@ fn measure(
 }
 
 /// The other namespace's proxy: a SotW stream of its runtime layer.
-struct Bystander {
+pub(super) struct Bystander {
     stream: SotwStream,
     version: String,
 }
 
 impl Bystander {
-    async fn connect(process: &Discovery, tls: &ClientTls) -> anyhow::Result<Self> {
+    pub(super) async fn connect(process: &Discovery, tls: &ClientTls) -> anyhow::Result<Self> {
         let channel = connect(process.xds, tls).await?;
         let mut stream = SotwStream::open(channel, NODE, Some("bystander")).await?;
         let names = vec!["runtime".to_owned()];
@@ -256,7 +256,11 @@ impl Bystander {
 
     /// Publishes `generation` and waits for the new layer: how long it took, or `None` when
     /// it did not come within [`WAIT`].
-    async fn next(&mut self, setup: &Setup, generation: u64) -> anyhow::Result<Option<Duration>> {
+    pub(super) async fn next(
+        &mut self,
+        setup: &Setup,
+        generation: u64,
+    ) -> anyhow::Result<Option<Duration>> {
         let started = Instant::now();
         setup.publish(BYSTANDER, generation).await?;
         let names = vec!["runtime".to_owned()];

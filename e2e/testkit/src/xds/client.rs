@@ -31,6 +31,16 @@ pub struct ClientTls {
 
 /// Opens one TCP+TLS connection (a channel is one HTTP/2 connection).
 pub async fn connect(addr: SocketAddr, tls: &ClientTls) -> anyhow::Result<Channel> {
+    connect_from(addr, tls, None).await
+}
+
+/// [`connect`] from the local address `from` (another loopback address: the server tells
+/// proxies apart by their address, as pods have their own IPs).
+pub async fn connect_from(
+    addr: SocketAddr,
+    tls: &ClientTls,
+    from: Option<std::net::IpAddr>,
+) -> anyhow::Result<Channel> {
     let mut config = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&tls.ca_pem))
         .domain_name(tls.server_name.clone());
@@ -44,6 +54,7 @@ pub async fn connect(addr: SocketAddr, tls: &ClientTls) -> anyhow::Result<Channe
         .initial_stream_window_size(Some(256 << 20))
         .initial_connection_window_size(Some(256 << 20))
         .http2_keep_alive_interval(Duration::from_secs(30))
+        .local_address(from)
         .connect()
         .await
         .with_context(|| format!("connecting to {addr}"))?;

@@ -2,5 +2,6 @@
 //! the xDS server under test with its own runtime and PKI.
 
 pub mod client;
+pub mod partial;
 pub mod resources;
 pub mod server;
