@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::review::{BadRequest, Decision, Outcome, request_tree, respond, shown};
+use crate::review::{
+    API_VERSION, BadRequest, Decision, KIND as REVIEW, Outcome, request_tree, respond, shown,
+};
 
 pub const GROUP: &str = "marin3r.3scale.net";
 pub const KIND: &str = "EnvoyConfig";
@@ -72,14 +74,72 @@ pub fn review_envoy_config(
     body: &[u8],
     validator: &EnvoyConfigValidator,
 ) -> Result<(Value, Outcome), BadRequest> {
+    Ok(read_request(body)?.judge(validator))
+}
+
+/// An EnvoyConfig AdmissionReview request, decoded and not yet judged.
+pub(crate) struct Request {
+    uid: String,
+    request: Map<String, Value>,
+    namespace: String,
+}
+
+/// Decodes an AdmissionReview request; a body that is not one is a [`BadRequest`].
+pub(crate) fn read_request(body: &[u8]) -> Result<Request, BadRequest> {
     let (uid, request) = request_tree(body)?;
-    Ok(respond(uid, decide(&request, validator)))
+    let namespace = namespace(&request).to_owned();
+    Ok(Request {
+        uid,
+        request,
+        namespace,
+    })
+}
+
+impl Request {
+    /// The namespace the object is judged in.
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Judges the object with `validator`: the AdmissionReview response.
+    pub(crate) fn judge(self, validator: &EnvoyConfigValidator) -> (Value, Outcome) {
+        respond(self.uid, decide(&self.request, validator))
+    }
+
+    /// The AdmissionReview response that refuses the object unjudged, `why` being that too
+    /// many validations wait: `429 Too Many Requests`, which the API server passes on to the
+    /// writer, whose client may retry.
+    pub(crate) fn throttled(&self, why: String) -> Value {
+        serde_json::json!({
+            "apiVersion": API_VERSION,
+            "kind": REVIEW,
+            "response": {
+                "uid": self.uid,
+                "allowed": false,
+                "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": why},
+            },
+        })
+    }
+}
+
+fn text(v: Option<&Value>) -> Option<&str> {
+    v.and_then(Value::as_str)
+}
+
+/// The request's namespace, else its object's (the API server always sends the first).
+fn namespace(request: &Map<String, Value>) -> &str {
+    text(request.get("namespace"))
+        .or_else(|| {
+            text(
+                request
+                    .get("object")
+                    .and_then(|o| o.pointer("/metadata/namespace")),
+            )
+        })
+        .unwrap_or_default()
 }
 
 fn decide(request: &Map<String, Value>, validator: &EnvoyConfigValidator) -> Decision {
-    fn text(v: Option<&Value>) -> Option<&str> {
-        v.and_then(Value::as_str)
-    }
     let kind = request.get("kind");
     let (group, kind) = (
         text(kind.and_then(|k| k.get("group"))),
@@ -103,9 +163,7 @@ fn decide(request: &Map<String, Value>, validator: &EnvoyConfigValidator) -> Dec
     let Some(object) = request.get("object").filter(|o| o.is_object()) else {
         return Decision::Deny("the AdmissionReview request has no object".into());
     };
-    let namespace = text(request.get("namespace"))
-        .or_else(|| text(object.pointer("/metadata/namespace")))
-        .unwrap_or_default();
+    let namespace = namespace(request);
     let problems = validator.problems(namespace, object);
     if problems.is_empty() {
         return Decision::Allow(None, validator.warnings(namespace, object));
