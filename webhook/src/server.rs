@@ -31,7 +31,7 @@ use crate::conn::{Conn, ConnLimits, Slot};
 use crate::metrics::{Refusal, WebhookMetrics};
 use crate::review::{BadRequest, Outcome, review};
 use crate::tls::{TlsError, load_cert, server_config};
-use crate::validate::EnvoyConfigValidator;
+use crate::validate::{EnvoyConfigValidator, review_envoy_config};
 use crate::validate_turns::{Turns, ValidationLimits};
 
 pub const MUTATE_PATH: &str = "/pod-v1-mutate";
@@ -200,37 +200,32 @@ async fn validate_handler(
     };
     let started = Instant::now();
     let webhook = ENVOY_CONFIG_VALIDATION;
-    let request = match blocking(move || crate::validate::read_request(&body)).await {
-        Ok(Ok(request)) => request,
-        Ok(Err(bad)) => {
-            state
-                .metrics
-                .observe(webhook, BAD_REQUEST, started.elapsed());
-            return answer(webhook, Err(bad));
-        }
+    let (head, body) = match blocking(move || (crate::validate::head(&body), body)).await {
+        Ok(read) => read,
         Err(failed) => return failed,
     };
     // Every admission comes from the API server's address: the namespace tells tenants apart.
     let addr = peer.map_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED), |Extension(Peer(p))| p);
-    let _turn = match state.turns.take(addr, request.namespace()).await {
+    let _turn = match state.turns.take(addr, &head.namespace).await {
         Ok(turn) => turn,
         Err(refused) => {
             // Counted, not logged one by one: a flood would flood the log.
-            tracing::debug!(webhook, namespace = %request.namespace(), %refused, "validation refused its turn");
+            tracing::debug!(webhook, namespace = %head.namespace, %refused, "validation refused its turn");
             state.metrics.observe(webhook, THROTTLED, started.elapsed());
-            return encoded(&request.throttled(refused.to_string()));
+            return encoded(&crate::validate::throttled(&head.uid, refused.to_string()));
         }
     };
-    let result = match blocking(move || request.judge(&validator)).await {
+    let result = match blocking(move || review_envoy_config(&body, &validator)).await {
         Ok(result) => result,
         Err(failed) => return failed,
     };
-    let outcome = match &result.1 {
-        Outcome::Denied(_) => "denied",
-        Outcome::Patched | Outcome::Unchanged => "allowed",
+    let outcome = match &result {
+        Ok((_, Outcome::Denied(_))) => "denied",
+        Ok((_, Outcome::Patched | Outcome::Unchanged)) => "allowed",
+        Err(_) => BAD_REQUEST,
     };
     state.metrics.observe(webhook, outcome, started.elapsed());
-    answer(webhook, Ok(result))
+    answer(webhook, result)
 }
 
 /// Runs `work` on a blocking thread; a panic in it (a bug) is a 500.

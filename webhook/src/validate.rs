@@ -74,52 +74,122 @@ pub fn review_envoy_config(
     body: &[u8],
     validator: &EnvoyConfigValidator,
 ) -> Result<(Value, Outcome), BadRequest> {
-    Ok(read_request(body)?.judge(validator))
-}
-
-/// An EnvoyConfig AdmissionReview request, decoded and not yet judged.
-pub(crate) struct Request {
-    uid: String,
-    request: Map<String, Value>,
-    namespace: String,
-}
-
-/// Decodes an AdmissionReview request; a body that is not one is a [`BadRequest`].
-pub(crate) fn read_request(body: &[u8]) -> Result<Request, BadRequest> {
     let (uid, request) = request_tree(body)?;
-    let namespace = namespace(&request).to_owned();
-    Ok(Request {
-        uid,
-        request,
-        namespace,
-    })
+    Ok(respond(uid, decide(&request, validator)))
 }
 
-impl Request {
-    /// The namespace the object is judged in.
-    pub(crate) fn namespace(&self) -> &str {
-        &self.namespace
-    }
+/// What a validation's turn is taken by, read from the body without decoding the rest (a
+/// waiting validation holds its body, not a decoded tree ten times its size): the request's
+/// uid and namespace, else its object's namespace, as [`decide`] reads them. A body this
+/// cannot read (no JSON object, a field twice) gets an empty namespace: the turns are counted
+/// per client address too, so only its sender shares that queue, and the body is refused
+/// once decoded. The API server sends neither.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Head {
+    pub(crate) uid: String,
+    pub(crate) namespace: String,
+}
 
-    /// Judges the object with `validator`: the AdmissionReview response.
-    pub(crate) fn judge(self, validator: &EnvoyConfigValidator) -> (Value, Outcome) {
-        respond(self.uid, decide(&self.request, validator))
+pub(crate) fn head(body: &[u8]) -> Head {
+    #[derive(serde::Deserialize)]
+    struct Review {
+        #[serde(default)]
+        request: Option<Request>,
     }
+    #[derive(serde::Deserialize)]
+    struct Request {
+        #[serde(default)]
+        uid: Text,
+        #[serde(default)]
+        namespace: Text,
+        #[serde(default)]
+        object: Option<Object>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Object {
+        #[serde(default)]
+        metadata: Option<Metadata>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        #[serde(default)]
+        namespace: Text,
+    }
+    let Ok(Review {
+        request: Some(request),
+    }) = serde_json::from_slice::<Review>(body)
+    else {
+        return Head::default();
+    };
+    let object = request
+        .object
+        .and_then(|o| o.metadata)
+        .and_then(|m| m.namespace.0);
+    Head {
+        uid: request.uid.0.unwrap_or_default(),
+        namespace: request.namespace.0.or(object).unwrap_or_default(),
+    }
+}
 
-    /// The AdmissionReview response that refuses the object unjudged, `why` being that too
-    /// many validations wait: `429 Too Many Requests`, which the API server passes on to the
-    /// writer, whose client may retry.
-    pub(crate) fn throttled(&self, why: String) -> Value {
-        serde_json::json!({
-            "apiVersion": API_VERSION,
-            "kind": REVIEW,
-            "response": {
-                "uid": self.uid,
-                "allowed": false,
-                "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": why},
-            },
-        })
+/// A JSON string, or None for any other value (read and dropped), as `Value::as_str` reads one.
+#[derive(Default)]
+struct Text(Option<String>);
+
+impl<'de> serde::Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Any;
+        impl<'de> serde::de::Visitor<'de> for Any {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(Some(v.to_owned())))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Text, E> {
+                Ok(Text(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Text, E> {
+                Ok(Text(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Text, E> {
+                Ok(Text(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Text, E> {
+                Ok(Text(None))
+            }
+            fn visit_unit<E>(self) -> Result<Text, E> {
+                Ok(Text(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Text, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Text(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Text, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Text(None))
+            }
+        }
+        d.deserialize_any(Any)
     }
+}
+
+/// The AdmissionReview response that refuses a validation unjudged, `why` being that too many
+/// wait: `429 Too Many Requests`, which the API server passes on to the writer, whose client
+/// may retry.
+pub(crate) fn throttled(uid: &str, why: String) -> Value {
+    serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": REVIEW,
+        "response": {
+            "uid": uid,
+            "allowed": false,
+            "status": {"status": "Failure", "code": 429, "reason": "TooManyRequests", "message": why},
+        },
+    })
 }
 
 fn text(v: Option<&Value>) -> Option<&str> {
