@@ -4,11 +4,13 @@
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
+use hyper::body::{Body as _, Bytes, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -19,7 +21,7 @@ use tokio_rustls::server::TlsStream;
 
 use crate::clients::{Clients, Place};
 use crate::metrics::{Refusal, WebhookMetrics};
-use crate::server::WebhookServerConfig;
+use crate::server::{Peer, WebhookServerConfig};
 
 /// How long a closing connection is given to acknowledge its GOAWAY.
 const CLOSE_ACK_WAIT: Duration = Duration::from_secs(1);
@@ -30,7 +32,8 @@ pub(crate) struct ConnLimits {
     body_timeout: Duration,
     idle_timeout: Duration,
     max_concurrent_streams: u32,
-    /// A connection with requests in flight and none finished for this long is stalled.
+    /// A request whose body is still arriving this long after its headers is stalled; a
+    /// connection with no request in flight for this long may be closed for a new one.
     stalled_after: Duration,
 }
 
@@ -159,10 +162,12 @@ impl Conn {
         } = self;
         let (active, mut active_rx) = watch::channel(0usize);
         let progress = Arc::new(Mutex::new(tokio::time::Instant::now()));
+        let bodies = Arc::new(Bodies::default());
         let service = Tracked {
             inner: TowerToHyperService::new(app),
             active: Arc::new(active),
             progress: progress.clone(),
+            bodies: bodies.clone(),
             clients,
             peer,
             metrics,
@@ -193,7 +198,7 @@ impl Conn {
                     &mut pressure_rx,
                     &mut closing,
                     limits.idle_timeout,
-                    (&progress, limits.stalled_after),
+                    Progress { idle_since: &progress, bodies: &bodies, after: limits.stalled_after },
                 ), if closed_at.is_none() => {
                     if close == Close::Now {
                         tracing::warn!(%peer, "dropping a stalled connection: another one waits for its slot");
@@ -249,22 +254,47 @@ enum Close {
     Now,
 }
 
-/// Whether a connection has had no request finish or start for `after` (`progress`: when
-/// one last finished, when the connection last became busy, or when it was accepted).
-fn stalled((progress, after): (&Mutex<tokio::time::Instant>, Duration)) -> bool {
-    let since = *progress.lock().unwrap_or_else(|e| e.into_inner());
-    since.elapsed() > after
+/// What a connection pressed for its slot is judged on: when it last had no request in
+/// flight (or was accepted), and how its requests' bodies are arriving.
+struct Progress<'a> {
+    idle_since: &'a Mutex<tokio::time::Instant>,
+    bodies: &'a Bodies,
+    after: Duration,
+}
+
+impl Progress<'_> {
+    /// How a connection with `in_flight` requests should be closed for a new one, if at all.
+    /// Idle for the stall time: gracefully. A body still arriving the stall time after its
+    /// headers is stalled (the API server sends a review's body in milliseconds): when every
+    /// request in flight is such, at once; when others on the connection have been read in
+    /// full, gracefully, so that their answers are sent. A connection whose requests have all
+    /// been read is never closed here, however long their decisions take.
+    fn close(&self, in_flight: usize) -> Option<Close> {
+        if in_flight == 0 {
+            let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+            return (since.elapsed() > self.after).then_some(Close::Gracefully);
+        }
+        let (arriving, oldest) = self.bodies.arriving();
+        if oldest.is_none_or(|t| t.elapsed() <= self.after) {
+            return None;
+        }
+        Some(if arriving >= in_flight {
+            Close::Now
+        } else {
+            Close::Gracefully
+        })
+    }
 }
 
 /// Resolves when the server shuts down, or when the connection has had no request in flight
-/// for `idle`; or, while another connection waits for a slot, when it has been idle (to close
-/// gracefully) or stalled (to close now) for the stall time (see [`stalled`]).
+/// for `idle`; or, while another connection waits for a slot, when it is idle or its bodies
+/// stalled (see [`Progress::close`]).
 async fn until_idle_or_pressed(
     active: &mut watch::Receiver<usize>,
     pressure: &mut watch::Receiver<u64>,
     closing: &mut watch::Receiver<bool>,
     idle: Duration,
-    progress: (&Mutex<tokio::time::Instant>, Duration),
+    progress: Progress<'_>,
 ) -> Close {
     let in_flight = active.clone();
     let idle_for_long = async {
@@ -285,16 +315,13 @@ async fn until_idle_or_pressed(
             if pressure.changed().await.is_err() {
                 return std::future::pending().await;
             }
-            // Idle, or stalled, for a while: a connection just accepted, or one that has just
+            // Idle for a while only: a connection just accepted, or one that has just
             // answered, gets that long for its next request (the API server's call on a new
             // connection would fail if closed between its handshake and its request).
-            if !stalled(progress) {
-                continue;
+            let in_flight = *in_flight.borrow();
+            if let Some(close) = progress.close(in_flight) {
+                return close;
             }
-            if *in_flight.borrow() == 0 {
-                return Close::Gracefully;
-            }
-            return Close::Now;
         }
     };
     let shutting_down = async {
@@ -310,15 +337,16 @@ async fn until_idle_or_pressed(
 }
 
 /// Counts the connection's requests in flight, so that idleness can be told apart from a slow
-/// request.
+/// request, and watches their bodies arrive; tells the handlers the client's address.
 /// Requests beyond their address's share are answered `429` at once, before their body is
 /// read.
 #[derive(Clone)]
 struct Tracked<S> {
     inner: S,
     active: Arc<watch::Sender<usize>>,
-    /// When a request last finished, or the connection last became busy.
+    /// When the connection last had no request in flight, or was accepted.
     progress: Arc<Mutex<tokio::time::Instant>>,
+    bodies: Arc<Bodies>,
     clients: Arc<Clients>,
     peer: std::net::SocketAddr,
     metrics: Arc<WebhookMetrics>,
@@ -338,9 +366,85 @@ impl Drop for InFlight {
     }
 }
 
-impl<S, R> hyper::service::Service<R> for Tracked<S>
+/// The bodies of a connection's requests still arriving: an id each and when its headers
+/// came. At most one per request in flight (hyper bounds those by the streams allowed).
+#[derive(Default)]
+struct Bodies {
+    arriving: Mutex<(u64, Vec<(u64, tokio::time::Instant)>)>,
+}
+
+impl Bodies {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Vec<(u64, tokio::time::Instant)>)> {
+        self.arriving.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A body starts arriving now; it counts until its receipt is dropped.
+    fn start(self: &Arc<Self>) -> Receipt {
+        let mut arriving = self.lock();
+        let id = arriving.0;
+        arriving.0 = id.wrapping_add(1);
+        arriving.1.push((id, tokio::time::Instant::now()));
+        Receipt {
+            bodies: Arc::clone(self),
+            id,
+        }
+    }
+
+    /// How many bodies are arriving, and since when the oldest has been.
+    fn arriving(&self) -> (usize, Option<tokio::time::Instant>) {
+        let arriving = self.lock();
+        let oldest = arriving.1.iter().map(|(_, t)| *t).min();
+        (arriving.1.len(), oldest)
+    }
+}
+
+/// A body still arriving; dropped when it has arrived in full, failed, or was dropped unread.
+struct Receipt {
+    bodies: Arc<Bodies>,
+    id: u64,
+}
+
+impl Drop for Receipt {
+    fn drop(&mut self) {
+        let mut arriving = self.bodies.lock();
+        arriving.1.retain(|(id, _)| *id != self.id);
+    }
+}
+
+/// A request body that gives its [`Receipt`] up once it has arrived in full.
+pub(crate) struct Watched {
+    inner: Incoming,
+    receipt: Option<Receipt>,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let frame = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+            this.receipt = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<S> hyper::service::Service<Request<Incoming>> for Tracked<S>
 where
-    S: hyper::service::Service<R, Response = Response>,
+    S: hyper::service::Service<Request<Watched>, Response = Response>,
     S::Error: Send + 'static,
     S::Future: Send + 'static,
 {
@@ -348,7 +452,7 @@ where
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Response, S::Error>> + Send>>;
 
-    fn call(&self, req: R) -> Self::Future {
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
         let Some(place) = self.clients.request(self.peer.ip()) else {
             tracing::debug!(peer = %self.peer, "too many requests from this address");
             self.metrics.refused(Refusal::RequestsPerAddress);
@@ -358,19 +462,20 @@ where
             );
             return Box::pin(std::future::ready(Ok(refusal.into_response())));
         };
-        self.active.send_modify(|n| {
-            if *n == 0 {
-                *self.progress.lock().unwrap_or_else(|e| e.into_inner()) =
-                    tokio::time::Instant::now();
-            }
-            *n = n.saturating_add(1);
-        });
+        self.active.send_modify(|n| *n = n.saturating_add(1));
         let guard = InFlight {
             active: self.active.clone(),
             progress: self.progress.clone(),
             _place: place,
         };
-        let fut = self.inner.call(req);
+        let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(Peer(self.peer.ip()));
+        let receipt = (!body.is_end_stream()).then(|| self.bodies.start());
+        let body = Watched {
+            inner: body,
+            receipt,
+        };
+        let fut = self.inner.call(Request::from_parts(parts, body));
         Box::pin(async move {
             let response = fut.await;
             drop(guard);

@@ -17,6 +17,7 @@ pub mod server;
 pub mod sidecar;
 pub mod tls;
 pub mod validate;
+pub mod validate_turns;
 
 pub use config::InjectionConfig;
 pub use inject::{InjectError, Injected, inject_yaml};

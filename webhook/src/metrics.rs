@@ -92,7 +92,7 @@ impl WebhookMetrics {
         }
         registry.register(
             "marin3r_webhook_admissions",
-            "AdmissionReviews answered, by webhook (sidecar-injection, envoyconfig-validation) and outcome (patched, unchanged, allowed, denied, bad_request)",
+            "AdmissionReviews answered, by webhook (sidecar-injection, envoyconfig-validation) and outcome (patched, unchanged, allowed, denied, throttled, bad_request)",
             self.admissions.clone(),
         );
         registry.register(

@@ -5,15 +5,19 @@
 //! Slow or idle clients must never stall admissions (`failurePolicy: Fail` would then block pod
 //! creation): bodies and headers have deadlines, a review permit is taken only once its body is
 //! read, and idle connections give their slot up after a timeout or as soon as a new connection
-//! waits for one.
+//! waits for one. Pod injections and EnvoyConfig validations have capacities of their own, and
+//! validations take turns by namespace ([`crate::validate_turns`]): every admission comes from
+//! the API server's one address, so a tenant flooding slow validations must not hold up
+//! another tenant's pods or configs.
 
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,6 +32,7 @@ use crate::metrics::{Refusal, WebhookMetrics};
 use crate::review::{BadRequest, Outcome, review};
 use crate::tls::{TlsError, load_cert, server_config};
 use crate::validate::{EnvoyConfigValidator, review_envoy_config};
+use crate::validate_turns::{Turns, ValidationLimits};
 
 pub const MUTATE_PATH: &str = "/pod-v1-mutate";
 /// The path the original MARIN3R (controller-runtime) validates EnvoyConfigs at.
@@ -35,8 +40,10 @@ pub const VALIDATE_ENVOY_CONFIG_PATH: &str = "/validate-marin3r-3scale-net-v1alp
 pub const HEALTHZ_PATH: &str = "/healthz";
 
 /// The default share of one client address: a quarter of the default 256 connection slots,
-/// and four times as many requests in flight as reviews are decided at once (the rest wait
-/// for a decision permit). The API server spreads its calls over few HTTP/2 connections; a
+/// and four times as many requests in flight as pod reviews are decided at once (the rest wait
+/// for a decision permit). Validations hold at most a seventh of it
+/// ([`crate::validate_turns`], 36 judged or waiting by default), so pod reviews from the API
+/// server's address keep the rest whatever tenants write. The API server spreads its calls over few HTTP/2 connections; a
 /// burst of pod creations (a large Deployment scaled up) sends it a few hundred at once at
 /// most, and a request over the share fails its admission, so the share is generous.
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
@@ -57,16 +64,21 @@ pub struct WebhookServerConfig {
     pub reload_interval: Duration,
     /// Connections beyond this are closed at once.
     pub max_connections: usize,
-    /// Reviews read and decided at once; more wait. With `max_body_bytes` this bounds the
-    /// memory request bodies can take.
+    /// Pod reviews decided at once; more wait (briefly: a decision takes a millisecond).
+    /// EnvoyConfig validations never take one of these.
     pub max_in_flight: usize,
+    /// EnvoyConfig validations judged at once, in total and per namespace, and how long one
+    /// waits for its turn; see [`crate::validate_turns`].
+    pub validations: ValidationLimits,
     /// A client that has not finished the TLS handshake or sent its headers by then is dropped.
     /// A new connection that finds every slot taken waits this long for one.
     pub handshake_timeout: Duration,
     /// A request whose body has not fully arrived by then gets 408. Keep it well under the
-    /// webhook's `timeoutSeconds` (10 s). A connection with requests in flight and none
-    /// finished for a tenth of it (at least 50 ms) is stalled: dropped at once while a new
-    /// connection waits for a slot.
+    /// webhook's `timeoutSeconds` (10 s). A request whose body is still arriving a tenth of it
+    /// (at least 50 ms) after its headers is stalled: while a new connection waits for a slot,
+    /// a connection whose every request is stalled is dropped at once, one with stalled and
+    /// fully read requests is closed gracefully, and one whose requests have all been read is
+    /// left alone, however long their answers take.
     pub body_timeout: Duration,
     /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
     /// HTTP/2 alike). While a new one waits for a slot, a connection is also closed once it
@@ -96,6 +108,7 @@ impl WebhookServerConfig {
             reload_interval: Duration::from_secs(2),
             max_connections: 256,
             max_in_flight: 64,
+            validations: ValidationLimits::default(),
             handshake_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
@@ -119,7 +132,8 @@ struct AppState {
     metrics: Arc<WebhookMetrics>,
     max_body_bytes: usize,
     body_timeout: Duration,
-    in_flight: Semaphore,
+    injections: Semaphore,
+    turns: Arc<Turns>,
 }
 
 /// The routes, without TLS: for serving and for in-process tests.
@@ -136,80 +150,104 @@ pub fn router(config: &WebhookServerConfig) -> Router {
         metrics: config.metrics.clone(),
         max_body_bytes: config.max_body_bytes,
         body_timeout: config.body_timeout,
-        in_flight: Semaphore::new(config.max_in_flight.max(1)),
+        injections: Semaphore::new(config.max_in_flight.max(1)),
+        turns: Arc::new(Turns::new(config.validations)),
     }))
 }
 
 async fn mutate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    admit(&state, body, SIDECAR_INJECTION, |body, state| {
-        review(body, &state.injection)
-    })
-    .await
+    let body = match read_body(&state, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
+    };
+    // Bounds the CPU spent deciding at once; a decision is quick, so waiters do not wait long.
+    // Validations never take one of these: injections do not wait behind Envoy.
+    let Ok(_permit) = state.injections.acquire().await else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    };
+    let started = Instant::now();
+    let result = review(&body, &state.injection);
+    let outcome = match &result {
+        Ok((_, Outcome::Patched)) => "patched",
+        Ok((_, Outcome::Unchanged)) => "unchanged",
+        Ok((_, Outcome::Denied(_))) => "denied",
+        Err(_) => BAD_REQUEST,
+    };
+    state
+        .metrics
+        .observe(SIDECAR_INJECTION, outcome, started.elapsed());
+    answer(SIDECAR_INJECTION, result)
 }
 
-async fn validate_handler(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    admit(
-        &state,
-        body,
-        ENVOY_CONFIG_VALIDATION,
-        |body, state| match &state.envoy_config_validator {
-            Some(validator) => review_envoy_config(body, validator),
-            None => Err(BadRequest(
-                "EnvoyConfig validation is not configured".into(),
-            )),
-        },
-    )
-    .await
+/// Reads an EnvoyConfig review, waits for its namespace's turn (see [`crate::validate_turns`])
+/// and judges it. Decoding and judging run on blocking threads: judging may run Envoy for
+/// seconds, and the injections on the same runtime are never held up by it.
+async fn validate_handler(
+    State(state): State<Arc<AppState>>,
+    peer: Option<Extension<Peer>>,
+    body: Body,
+) -> Response {
+    let Some(validator) = state.envoy_config_validator.clone() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "EnvoyConfig validation is not configured\n",
+        )
+            .into_response();
+    };
+    let body = match read_body(&state, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
+    };
+    let started = Instant::now();
+    let webhook = ENVOY_CONFIG_VALIDATION;
+    let (head, body) = match blocking(move || (crate::validate::head(&body), body)).await {
+        Ok(read) => read,
+        Err(failed) => return failed,
+    };
+    // Every admission comes from the API server's address: the namespace tells tenants apart.
+    let addr = peer.map_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED), |Extension(Peer(p))| p);
+    let _turn = match state.turns.take(addr, &head.namespace).await {
+        Ok(turn) => turn,
+        Err(refused) => {
+            // Counted, not logged one by one: a flood would flood the log.
+            tracing::debug!(webhook, namespace = %head.namespace, %refused, "validation refused its turn");
+            state.metrics.observe(webhook, THROTTLED, started.elapsed());
+            return encoded(&crate::validate::throttled(&head.uid, refused.to_string()));
+        }
+    };
+    let result = match blocking(move || review_envoy_config(&body, &validator)).await {
+        Ok(result) => result,
+        Err(failed) => return failed,
+    };
+    let outcome = match &result {
+        Ok((_, Outcome::Denied(_))) => "denied",
+        Ok((_, Outcome::Patched | Outcome::Unchanged)) => "allowed",
+        Err(_) => BAD_REQUEST,
+    };
+    state.metrics.observe(webhook, outcome, started.elapsed());
+    answer(webhook, result)
 }
+
+/// Runs `work` on a blocking thread; a panic in it (a bug) is a 500.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Response> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "the decision failed\n").into_response())
+}
+
+/// The client address of a request, which the connection puts in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) IpAddr);
 
 /// The `webhook` label of the admission metrics.
 pub(crate) const SIDECAR_INJECTION: &str = "sidecar-injection";
 pub(crate) const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
 /// The outcome of a request that is no AdmissionReview.
 pub(crate) const BAD_REQUEST: &str = "bad_request";
-
-/// Reads a review body within the limits, decides under a permit, and answers. The
-/// EnvoyConfig validation may run Envoy (tens of milliseconds): it decides on a blocking
-/// thread, so the injections on the same runtime are never held up by it.
-async fn admit(
-    state: &Arc<AppState>,
-    body: Body,
-    webhook: &'static str,
-    decide: impl FnOnce(&[u8], &AppState) -> Result<(serde_json::Value, Outcome), BadRequest>
-    + Send
-    + 'static,
-) -> Response {
-    let body = match read_body(state, body).await {
-        Ok(body) => body,
-        Err(refusal) => return refusal,
-    };
-    // Bounds the CPU spent deciding at once; a decision is quick, so waiters do not wait long.
-    let Ok(_permit) = state.in_flight.acquire().await else {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
-    };
-    let started = Instant::now();
-    let result = if webhook == ENVOY_CONFIG_VALIDATION {
-        let shared = Arc::clone(state);
-        match tokio::task::spawn_blocking(move || decide(&body, &shared)).await {
-            Ok(result) => result,
-            Err(_) => {
-                return (StatusCode::INTERNAL_SERVER_ERROR, "the decision failed\n")
-                    .into_response();
-            }
-        }
-    } else {
-        decide(&body, state)
-    };
-    let outcome = match &result {
-        Ok((_, Outcome::Patched)) => "patched",
-        Ok((_, Outcome::Unchanged)) if webhook == ENVOY_CONFIG_VALIDATION => "allowed",
-        Ok((_, Outcome::Unchanged)) => "unchanged",
-        Ok((_, Outcome::Denied(_))) => "denied",
-        Err(_) => BAD_REQUEST,
-    };
-    state.metrics.observe(webhook, outcome, started.elapsed());
-    answer(webhook, result)
-}
+/// The outcome of a validation refused its turn.
+pub(crate) const THROTTLED: &str = "throttled";
 
 /// The review body, read under the body deadline and size limit; else the response that
 /// refuses it. It is read before a permit is taken: a client trickling its body holds only
@@ -255,15 +293,20 @@ fn answer(
                 Outcome::Patched => tracing::debug!("sidecar injected"),
                 Outcome::Unchanged => tracing::debug!(webhook, "admitted unchanged"),
             }
-            match serde_json::to_vec(&response) {
-                Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
-                Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-            }
+            encoded(&response)
         }
         Err(bad) => {
             tracing::info!(webhook, error = %bad, "not an AdmissionReview");
             (StatusCode::BAD_REQUEST, format!("{bad}\n")).into_response()
         }
+    }
+}
+
+/// An AdmissionReview response as the HTTP response's JSON body.
+fn encoded(response: &serde_json::Value) -> Response {
+    match serde_json::to_vec(response) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 

@@ -157,3 +157,62 @@ fn an_admitted_config_carries_the_validators_warnings() {
     assert_eq!(out["response"]["allowed"], false);
     assert!(out["response"].get("warnings").is_none());
 }
+
+/// A validation's turn is taken by the namespace it is judged in: the head read without the
+/// tree agrees with the tree's reading.
+#[test]
+fn the_head_names_the_namespace_the_object_is_judged_in() {
+    let cases = [
+        (
+            json!({"uid": "a", "namespace": "shop", "object": {"metadata": {"namespace": "x"}}}),
+            "a",
+            "shop",
+        ),
+        (
+            json!({"uid": "b", "object": {"metadata": {"namespace": "tea"}}}),
+            "b",
+            "tea",
+        ),
+        (
+            json!({"uid": "c", "namespace": 7, "object": {"metadata": {"namespace": "tea"}}}),
+            "c",
+            "tea",
+        ),
+        (
+            json!({"uid": "d", "namespace": {"a": [1, {"b": null}]}, "object": {"metadata": {"namespace": ["x"]}}}),
+            "d",
+            "",
+        ),
+        (json!({"uid": ["e"], "object": [1, 2]}), "", ""),
+    ];
+    for (request, uid, namespace) in cases {
+        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request});
+        let body = review.to_string();
+        let head = head(body.as_bytes());
+        assert_eq!(
+            (head.uid.as_str(), head.namespace.as_str()),
+            (uid, namespace),
+            "{body}"
+        );
+        if let Ok((_, tree)) = request_tree(body.as_bytes()) {
+            assert_eq!(super::namespace(&tree), namespace, "{body}");
+        }
+    }
+    for garbage in [
+        "",
+        "[1,2]",
+        "{\"request\": \"x\"}",
+        "{\"request\": {\"namespace\": \"a\", \"namespace\": \"b\"}}",
+    ] {
+        assert_eq!(head(garbage.as_bytes()), Head::default(), "{garbage}");
+    }
+}
+
+#[test]
+fn a_throttled_validation_is_denied_with_429() {
+    let out = throttled("u-9", "too many".into());
+    assert_eq!(out["response"]["uid"], "u-9");
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(out["response"]["status"]["code"], 429);
+    assert_eq!(out["response"]["status"]["message"], "too many");
+}

@@ -139,6 +139,18 @@ struct WebhookLimitArgs {
     /// Webhook requests one client address may have in flight at once; more get 429.
     #[arg(long, value_name = "N", default_value_t = marin3r_webhook::server::DEFAULT_MAX_REQUESTS_PER_ADDRESS)]
     webhook_max_requests_per_address: usize,
+    /// EnvoyConfig validations judged at once, every namespace together (pod injections never
+    /// wait for these); 8 times as many may wait for their turn, more are refused (429).
+    #[arg(long, value_name = "N", default_value_t = marin3r_webhook::validate_turns::DEFAULT_MAX_VALIDATIONS)]
+    webhook_max_validations: usize,
+    /// EnvoyConfig validations of one namespace judged at once; 8 times as many may wait for
+    /// their turn, more are refused (429).
+    #[arg(long, value_name = "N", default_value_t = marin3r_webhook::validate_turns::DEFAULT_MAX_VALIDATIONS_PER_NAMESPACE)]
+    webhook_max_validations_per_namespace: usize,
+    /// Milliseconds an EnvoyConfig validation waits for its turn before it is refused (429).
+    /// With Envoy's 6 s to judge, keep it under the webhook's 10 s timeout.
+    #[arg(long, value_name = "MS", default_value_t = marin3r_webhook::validate_turns::DEFAULT_VALIDATION_WAIT_MS, value_parser = clap::value_parser!(u64).range(0..=3_000))]
+    webhook_validation_wait_ms: u64,
 }
 
 /// What one proxy, or one namespace, may take of the xDS server. A stream over a limit is
@@ -450,6 +462,11 @@ fn webhook_config(
     let limits = &args.webhook_limits;
     webhook.max_connections_per_address = limits.webhook_max_connections_per_address.max(1);
     webhook.max_requests_per_address = limits.webhook_max_requests_per_address.max(1);
+    webhook.validations = marin3r_webhook::validate_turns::ValidationLimits {
+        at_once: limits.webhook_max_validations,
+        per_namespace: limits.webhook_max_validations_per_namespace,
+        wait: std::time::Duration::from_millis(limits.webhook_validation_wait_ms),
+    };
     webhook.metrics.register(registry);
     webhook
 }

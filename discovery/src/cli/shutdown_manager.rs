@@ -11,7 +11,7 @@ use clap::Args;
 use marin3r_webhook::config::{
     DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_TIME, DEFAULT_SHUTDOWN_MANAGER_PORT,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::sidecar::shutdown_manager::{Config, Manager, serve};
 
@@ -19,8 +19,8 @@ use crate::sidecar::shutdown_manager::{Config, Manager, serve};
 pub struct ShutdownManagerArgs {
     #[command(flatten)]
     pub(super) log: super::logging::LogArgs,
-    /// Port of the HTTP server (/healthz, /drain, /shutdown) on every address: kubelet's
-    /// preStop hooks call the pod's address.
+    /// Port of the HTTP server (/healthz, /drain, /shutdown): on every address with a
+    /// --token (kubelet's preStop hooks call the pod's address), on 127.0.0.1 only without.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_MANAGER_PORT)]
     port: u16,
     /// Envoy's admin interface: HOST:PORT, or a URL as the original MARIN3R takes it
@@ -54,7 +54,9 @@ pub struct ShutdownManagerArgs {
     check_ready_interval: u32,
     /// /drain and /shutdown answer only requests with `Authorization: Bearer <TOKEN>` (the
     /// webhook sets a token per pod in the environment and in the pod's preStop hooks), so no
-    /// other pod can drain this one's Envoy. Without it, anyone reaching the port can.
+    /// other pod can drain this one's Envoy. Without it the manager listens on 127.0.0.1
+    /// only: only its own pod (an `exec` hook) can call it, and kubelet's `httpGet` hooks,
+    /// which call the pod's address, cannot.
     #[arg(long, value_name = "TOKEN", env = marin3r_webhook::sidecar::SHUTDOWN_TOKEN_ENV, hide_env_values = true)]
     token: Option<String>,
 }
@@ -82,11 +84,24 @@ fn admin_address(value: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| format!("{value}: {address} resolves to no address"))
 }
 
+/// Where the manager listens: with a token, every address of both families (kubelet calls
+/// the pod's address, IPv4 or IPv6); without one, loopback only, since whoever reaches it
+/// could drain Envoy.
+fn listen_address(token: Option<&str>, port: u16) -> SocketAddr {
+    match token {
+        Some(_) => SocketAddr::new(super::listen::ANY, port),
+        None => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+    }
+}
+
 pub async fn run(args: ShutdownManagerArgs) -> anyhow::Result<()> {
-    // Every address of both families (kubelet calls the pod's address, IPv4 or IPv6), with
-    // IPV6_V6ONLY off whatever the node's sysctl says; IPv4 alone where the pod has no IPv6.
-    let listener = super::listen::bind(SocketAddr::new(super::listen::ANY, args.port))
-        .with_context(|| format!("listening on port {} (--port)", args.port))?;
+    let token = args.token.filter(|t| !t.is_empty());
+    let address = listen_address(token.as_deref(), args.port);
+    let tokenless = token.is_none();
+    // With IPV6_V6ONLY off whatever the node's sysctl says; IPv4 alone where the pod has no
+    // IPv6.
+    let listener =
+        super::listen::bind(address).with_context(|| format!("listening on {address} (--port)"))?;
     let manager = Manager::new(Config {
         envoy_admin: args.envoy_admin_address,
         drain_time: Duration::from_secs(args.drain_time.into()),
@@ -96,9 +111,16 @@ pub async fn run(args: ShutdownManagerArgs) -> anyhow::Result<()> {
         min_open_connections: args.min_open_connections,
         ready_file: args.ready_file,
         ready_check_interval: Duration::from_secs(args.check_ready_interval.into()),
-        token: args.token.filter(|t| !t.is_empty()),
+        token,
     });
-    info!(port = args.port, admin = %args.envoy_admin_address, drain_time = args.drain_time, "shutdown manager listening");
+    info!(%address, admin = %args.envoy_admin_address, drain_time = args.drain_time, "shutdown manager listening");
+    if tokenless {
+        warn!(
+            %address,
+            "no token ({}): listening on loopback only, so kubelet's httpGet hooks (which call the pod's address) cannot reach this manager; set a token and send it in the hooks as `Authorization: Bearer <token>`",
+            marin3r_webhook::sidecar::SHUTDOWN_TOKEN_ENV
+        );
+    }
     serve(listener, manager, super::shutdown_signal())
         .await
         .context("the shutdown manager's HTTP server")?;
@@ -109,6 +131,16 @@ pub async fn run(args: ShutdownManagerArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn without_a_token_the_manager_listens_on_loopback_only() {
+        let without = listen_address(None, 8090);
+        assert!(without.ip().is_loopback(), "{without}");
+        assert_eq!(
+            listen_address(Some("t"), 8090).ip(),
+            super::super::listen::ANY
+        );
+    }
 
     #[test]
     fn the_admin_address_is_host_port_or_the_originals_url() {

@@ -55,7 +55,8 @@ pub struct Config {
     pub ready_check_interval: Duration,
     /// What `/drain` and `/shutdown` callers must present (`Authorization: Bearer <token>`):
     /// the injected pod's hooks have it, other pods on the network do not. `None`: anyone who
-    /// reaches the port may drain, as with the original (a manager started by hand).
+    /// reaches the port may drain, as with the original; `marin3r shutdown-manager` then
+    /// listens on loopback only, so that only its own pod can.
     pub token: Option<String>,
 }
 

@@ -33,6 +33,7 @@ mod reference;
 mod replicas;
 mod runtime_rejection;
 mod shutdown_manager;
+mod shutdown_manager_reach;
 mod version;
 mod watches;
 mod xds_envoy;

@@ -169,6 +169,11 @@ type HookAnswer = mpsc::Receiver<(u16, String, Duration)>;
 
 /// GETs `path` from the manager on a thread (as kubelet's hook does).
 fn hook(manager: &Manager, path: &str) -> HookAnswer {
+    hook_with(manager, path, Vec::new())
+}
+
+/// [`hook`] with the hook's `httpHeaders`.
+fn hook_with(manager: &Manager, path: &str, headers: Vec<(String, String)>) -> HookAnswer {
     let (tx, rx) = mpsc::channel();
     let url = format!("{}{path}", manager.url);
     std::thread::spawn(move || {
@@ -178,7 +183,11 @@ fn hook(manager: &Manager, path: &str) -> HookAnswer {
             .timeout_global(Some(Duration::from_secs(120)))
             .build()
             .into();
-        let mut response = agent.get(&url).call().unwrap();
+        let mut request = agent.get(&url);
+        for (name, value) in &headers {
+            request = request.header(name, value);
+        }
+        let mut response = request.call().unwrap();
         let status = response.status().as_u16();
         let body = response.body_mut().read_to_string().unwrap();
         let _ = tx.send((status, body, started.elapsed()));
@@ -381,9 +390,21 @@ static_resources:
     assert_eq!(info["command_line_options"]["drain_time"], "120s", "{info}");
     assert_eq!(info["command_line_options"]["drain_strategy"], "Gradual");
 
-    // The manager: the injected container's own arguments.
+    // The manager: the injected container's own arguments and environment (its token).
+    let manager_env = container("envoy-shtdn-mgr").env.clone().unwrap_or_default();
+    assert!(
+        manager_env
+            .iter()
+            .any(|e| e.name == marin3r_webhook::sidecar::SHUTDOWN_TOKEN_ENV),
+        "{manager_env:?}"
+    );
     let manager = Command::new(env!("CARGO_BIN_EXE_marin3r"))
         .args(container("envoy-shtdn-mgr").args.as_ref().unwrap())
+        .envs(
+            manager_env
+                .iter()
+                .filter_map(|e| Some((e.name.clone(), e.value.clone()?))),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -422,7 +443,15 @@ static_resources:
                 panic!("{}: a named port", c.name)
             };
             assert_eq!(port, i32::from(manager_port));
-            Some((c.name.clone(), hook(&manager, get.path.as_deref().unwrap())))
+            // Kubelet sends the hook's headers: the pod's token.
+            let headers = get
+                .http_headers
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect();
+            let path = get.path.as_deref().unwrap();
+            Some((c.name.clone(), hook_with(&manager, path, headers)))
         })
         .collect();
     let names: Vec<&str> = hooks.iter().map(|(n, _)| n.as_str()).collect();

@@ -63,4 +63,27 @@ fn a_small_abuse_run_is_refused_and_measured() {
     for row in n2.iter().filter(|r| !r.result.starts_with("skipped")) {
         assert!(row.result.contains("10/10 answered"), "{table}");
     }
+    // The judge flood: the other tenant's pods and configs are answered, the flood throttled.
+    let flood: Vec<_> = rows
+        .iter()
+        .filter(|r| r.benchmark.starts_with("R3"))
+        .collect();
+    assert_eq!(flood.len(), 1, "{table}");
+    assert!(
+        flood[0]
+            .result
+            .contains("pod reviews (127.0.0.2, HTTP/2): 10/10 answered"),
+        "{table}"
+    );
+    assert!(
+        flood[0]
+            .result
+            .contains("team-b's validations: 10/10 answered"),
+        "{table}"
+    );
+    // ...and the flood was really judged slowly, so it had something to hold up.
+    assert!(
+        !flood[0].result.contains("throttled (metric): 0;"),
+        "{table}"
+    );
 }

@@ -6,4 +6,5 @@ mod support;
 
 mod cert_reload;
 mod https;
+mod judge_flood;
 mod slow_clients;

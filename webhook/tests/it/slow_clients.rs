@@ -319,3 +319,69 @@ async fn a_new_connection_keeps_its_slot_for_its_first_request() {
     assert!(waited.unwrap().is_ok());
     server.stop().await;
 }
+
+/// A connection from `from` kept busy with a body that never ends, and made again 100 ms
+/// after the server drops it: while there are more than slots, one always waits for a slot.
+async fn keep_pressing(from: IpAddr, addr: SocketAddr, ca_pem: String) {
+    loop {
+        if let Some(mut send) = h2_from(from, addr, &ca_pem).await {
+            let _ = slow_review(&mut send).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A review whose decision takes two seconds (Envoy judging a large config) is in flight with
+/// its body read in full: under the pressure of slow-body connections from several addresses,
+/// it is answered, not dropped as stalled (reliability review R5: the stall rule counted
+/// slow decisions as stalled requests, and the API server's review failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowly_decided_review_is_answered_under_slow_body_pressure() {
+    let pki = support::pki();
+    let dir = SecretDir::new(&pki.server_cert());
+    let validator = marin3r_webhook::EnvoyConfigValidator::new(|_, _| {
+        std::thread::sleep(Duration::from_secs(2));
+        Vec::new()
+    });
+    let server = Server::start(WebhookServerConfig {
+        max_connections: 8,
+        max_connections_per_address: 4,
+        // Stalled 200 ms after its headers if its body has not arrived.
+        body_timeout: Duration::from_secs(2),
+        envoy_config_validator: Some(validator),
+        ..config(&dir)
+    })
+    .await;
+    let attack: Vec<_> = [1, 3, 4]
+        .into_iter()
+        .flat_map(|last| std::iter::repeat_n(last, 4))
+        .map(|last| {
+            let from = IpAddr::V4(Ipv4Addr::new(127, 0, 0, last));
+            tokio::spawn(keep_pressing(from, server.addr, pki.ca_pem().to_owned()))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..2 {
+        let started = Instant::now();
+        let answered = tokio::time::timeout(Duration::from_secs(8), async {
+            let api = h2_client(API_SERVER, server.addr, pki.ca_pem()).await;
+            let review = envoy_config_review(&format!("uid-slow-{i}"), "shop");
+            h2_post(
+                &api,
+                marin3r_webhook::server::VALIDATE_ENVOY_CONFIG_PATH,
+                &review,
+            )
+            .await
+        })
+        .await
+        .expect("the slow review was never answered");
+        let (status, out) = answered.expect("the slow review's connection was dropped");
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["response"]["allowed"], true, "{out}");
+        assert!(started.elapsed() >= Duration::from_secs(2));
+    }
+    for task in attack {
+        task.abort();
+    }
+    server.stop().await;
+}

@@ -1,11 +1,13 @@
 //! The attacks of the 2026-11-25 reliability review, N1 and N2 (issue 26), and of the
-//! 2026-11-27 one, R4 (issue 36: requests begun and never finished), mounted at full
+//! 2026-11-27 one, R3 (the judge flood) and R4 (requests begun and never finished; issue
+//! 36), mounted at full
 //! scale against a release `marin3r discovery-service` process: real mutual TLS from a test
 //! PKI, namespace client certificates, the local cluster's API server feeding its
 //! controllers. Each case gets a fresh process, so its peak RSS is its own. What is measured
 //! is reported against the goals (RSS under the configured byte budget + 64 MiB; valid
 //! admissions p99 under 1 s); a missed goal is a row saying "not met", never an error.
 
+mod judge_flood;
 mod process;
 mod webhook_slots;
 mod xds_names;
@@ -45,6 +47,7 @@ pub fn abuse(scale: f64) -> anyhow::Result<Vec<Row>> {
     let mut rows = xds_names::run(&setup, scale, &mut goals)?;
     rows.extend(xds_partial::run(&setup, scale, &mut goals)?);
     rows.extend(webhook_slots::run(&setup, scale, &mut goals)?);
+    rows.extend(judge_flood::run(&setup, scale, &mut goals)?);
     rows.extend(goals.rows);
     Ok(rows)
 }

@@ -290,3 +290,54 @@ pub async fn try_tls_stream(
         .connect(from, addr)
         .await
 }
+
+/// An HTTP/2 connection as the API server opens them (it speaks HTTP/2 to webhooks), from the
+/// loopback address `from`.
+pub type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+pub async fn h2_client(from: std::net::IpAddr, addr: SocketAddr, ca_pem: &str) -> H2 {
+    let stream = TlsClient::new(ca_pem, HOST, &[b"h2"])
+        .unwrap()
+        .connect(Some(from), addr)
+        .await
+        .unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// POSTs `body` to `path` on an HTTP/2 connection: the status and the body read as JSON
+/// (`Value::Null` when it is not JSON); an error when the connection failed.
+pub async fn h2_post(send: &H2, path: &str, body: &Value) -> Result<(u16, Value), hyper::Error> {
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(format!("https://{HOST}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = send.clone().send_request(req).await?;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
+
+/// An EnvoyConfig AdmissionReview (CREATE in `namespace`) with `uid`.
+pub fn envoy_config_review(uid: &str, namespace: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid, "operation": "CREATE", "namespace": namespace,
+            "kind": {"group": "marin3r.3scale.net", "version": "v1alpha1", "kind": "EnvoyConfig"},
+            "userInfo": {"username": format!("system:serviceaccount:{namespace}:deployer")},
+            "object": {"metadata": {"name": "ec", "namespace": namespace}, "spec": {"nodeID": "proxy"}},
+        }
+    })
+}
