@@ -82,7 +82,8 @@ fn file(name: &str, package: &str, deps: &[&str], message: DescriptorProto) -> F
 /// Messages Envoy takes in an `Any` that `envoy-types` does not describe, written from their
 /// published definitions (cncf/xds and cncf/udpa): `xds.type.v3.TypedStruct` and its
 /// historical twin `udpa.type.v1.TypedStruct` (an extension's config as a type URL and a
-/// Struct, common in Wasm and Lua configs), and `xds.type.matcher.v3.CelMatcher`.
+/// Struct, common in Wasm and Lua configs), `xds.type.matcher.v3.CelMatcher` and the input it
+/// matches on, `xds.type.matcher.v3.HttpAttributesCelMatchInput` (an empty message).
 fn extra_files() -> Vec<FileDescriptorProto> {
     use field_descriptor_proto::Type;
     let typed_struct = || DescriptorProto {
@@ -118,6 +119,15 @@ fn extra_files() -> Vec<FileDescriptorProto> {
             },
         ),
         file(
+            "xds/type/matcher/v3/http_inputs.proto",
+            "xds.type.matcher.v3",
+            &[],
+            DescriptorProto {
+                name: Some("HttpAttributesCelMatchInput".to_owned()),
+                ..Default::default()
+            },
+        ),
+        file(
             "xds/type/matcher/v3/cel.proto",
             "xds.type.matcher.v3",
             &["xds/type/v3/cel.proto"],
@@ -147,6 +157,7 @@ mod tests {
             "xds.type.v3.TypedStruct",
             "udpa.type.v1.TypedStruct",
             "xds.type.matcher.v3.CelMatcher",
+            "xds.type.matcher.v3.HttpAttributesCelMatchInput",
             "envoy.config.listener.v3.Listener",
         ] {
             assert!(pool.get_message_by_name(name).is_some(), "{name}");

@@ -220,3 +220,48 @@ fn a_file_of_the_proxys_pod_hides_no_other_refusal() {
         "{blamed:#?}"
     );
 }
+
+/// A tap transport socket crashed Envoy 1.40's validate mode when the bootstrap had no
+/// `admin` (a backtrace line became the reason); the judge's bootstrap has one, so it is
+/// judged, and accepted.
+#[test]
+fn a_tap_transport_socket_is_judged_not_crashed_on() {
+    let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
+    let judge = EnvoyJudge::new(&envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"));
+    let tapped = json!([{"type": "cluster", "value": {
+        "name": "tapped", "connect_timeout": "1s",
+        "transport_socket": {"name": "envoy.transport_sockets.tap", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tap.v3.Tap",
+            "common_config": {"admin_config": {"config_id": "t"}},
+            "transport_socket": {"name": "raw", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"}}}},
+    }}]);
+    assert_eq!(judge.judge(&spec(tapped)), Ok(()));
+}
+
+/// A config over 120 KiB went to Envoy through a temporary folder the discovery pod's
+/// read-only root could not hold, and was never judged there (R9). Every bootstrap now goes
+/// through a file in `TMPDIR` (the pod's memory-backed /tmp): a large one Envoy refuses is
+/// refused, in Envoy's words.
+#[test]
+fn a_config_over_120_kib_is_judged() {
+    let envoy = marin3r_testkit::tools::envoy().expect("hack/install-tools installs Envoy");
+    let judge = EnvoyJudge::new(&envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r"));
+    let hosts: Vec<Value> = (0..1500)
+        .map(|i| json!({"name": format!("host-{i}"), "domains": [format!("h{i}.example.com")],
+            "routes": [{"match": {"prefix": format!("/path/{i}")}, "direct_response": {"status": 200}}]}))
+        .collect();
+    let mut route = json!({"name": "big", "virtual_hosts": hosts});
+    route["virtual_hosts"][700]["routes"][0]["match"] = json!({"safe_regex": {"regex": "/v1(["}});
+    let resources = json!([{"type": "route", "value": route}]);
+    assert!(resources.to_string().len() > 120 * 1024);
+    let verdict = judge.judge(&spec(resources));
+    let Err(marin3r_discovery::judge::JudgeError::Refused(problems)) = &verdict else {
+        panic!("{verdict:?}")
+    };
+    assert!(
+        problems[0].starts_with("spec.resources[0].value: Envoy: "),
+        "{problems:?}"
+    );
+    assert!(problems[0].contains("missing ]"), "{problems:?}");
+}
