@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 # The marin3r image: one `marin3r` binary (operator, discovery-service with its webhook, and
 # the CLI) on a distroless runtime, run as the unprivileged `nonroot` user (65532).
-# `hack/image` builds it; docs/install.md says how to load it into a cluster.
+# `hack/image --docker` builds it with docker or podman; `hack/image` alone writes the same
+# image as an archive without either (the same files at the same paths, user, entrypoint and
+# Envoy release, with glibc and libgcc from Debian's packages; discovery/tests/it/
+# image_archive.rs checks they agree). docs/install.md says how to load it into a cluster.
 #
 # Build stage: the official Rust image (Debian bookworm, glibc 2.36). Runtime:
 # gcr.io/distroless/cc-debian12 (the same glibc plus libgcc, nothing else: no shell, no

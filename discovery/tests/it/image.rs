@@ -1,7 +1,8 @@
 //! The container image: one name (`marin3r_discovery::IMAGE`) that the operator defaults to,
 //! `manifests/` deploy (through kustomize, as `kubectl apply -k` renders them), `hack/image`
 //! builds and the docs name; the Dockerfile's user is the non-root one the local cluster
-//! knows; and `hack/image` says so and exits 2 where no container tool can build.
+//! knows; and `hack/image --docker` says so and exits 2 where no container tool can build
+//! (`image_archive.rs`: the archives `hack/image` writes without one).
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -109,10 +110,11 @@ fn hack_image_dockerfile_and_docs_name_the_same_image() {
     }
 }
 
-/// Runs `hack/image` with PATH set to `bin` only (and any extra environment).
+/// Runs `hack/image --docker` with PATH set to `bin` only (and any extra environment).
 fn hack_image(bin: &Path, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("/bin/bash");
     cmd.arg(root().join("hack/image"))
+        .arg("--docker")
         .env_clear()
         .env("PATH", bin);
     for (k, v) in env {
@@ -122,7 +124,7 @@ fn hack_image(bin: &Path, env: &[(&str, &str)]) -> Output {
 }
 
 #[test]
-fn hack_image_without_docker_or_podman_says_so_and_exits_2() {
+fn hack_image_docker_without_docker_or_podman_says_so_and_exits_2() {
     let bin = tempfile::tempdir().unwrap();
     let out = hack_image(bin.path(), &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -137,7 +139,7 @@ fn hack_image_without_docker_or_podman_says_so_and_exits_2() {
 }
 
 #[test]
-fn hack_image_with_a_docker_whose_daemon_is_down_says_so_and_exits_2() {
+fn hack_image_docker_with_a_docker_whose_daemon_is_down_says_so_and_exits_2() {
     let bin = tempfile::tempdir().unwrap();
     // The real docker client when this machine has one, pointed at a socket nobody serves.
     let real = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())

@@ -22,6 +22,7 @@ mod envoy_config_judged;
 mod envoy_config_resources;
 mod envoy_config_secrets;
 mod image;
+mod image_archive;
 mod judge_untrusted;
 mod kubectl_explain;
 mod leader_election;

@@ -1,6 +1,8 @@
-//! `demo`, run by `hack/demo`: starts the local cluster, tells marin3r's story on it step by
-//! step, then keeps the cluster up for a look around until interrupted (or, with `--exit`,
-//! exits 0 only if every step succeeded). Needs root for the pod network.
+//! `demo`, run by `hack/demo`: tells marin3r's story step by step on a real cluster that runs
+//! our images (`--kubeconfig`, which `hack/demo` passes after `hack/cluster up` and `hack/cluster
+//! load`), or, without it, on the local cluster it starts (needs root for the pod network);
+//! then keeps going for a look around until interrupted (or, with `--exit`, exits 0 only if
+//! every step succeeded).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +30,10 @@ struct Args {
     /// Seconds one step may take.
     #[arg(long, default_value_t = 90)]
     step_timeout: u64,
+    /// Tell the story on the cluster of this kubeconfig (a real one that has the marin3r and
+    /// Envoy images: `hack/cluster up`, `hack/cluster load`), not on a new local cluster.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -40,6 +46,9 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         .init();
     let args = Args::parse();
     let repo = find_repo(&std::env::current_dir()?)?;
+    if let Some(kubeconfig) = &args.kubeconfig {
+        return on_a_real_cluster(&args, repo, kubeconfig).await;
+    }
     let state = repo.join(".demo");
     let kubeconfig = state.join("kubeconfig");
     let logs = state.join("logs");
@@ -128,6 +137,80 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     println!("stopping the local cluster");
     cluster.shutdown(Duration::from_secs(10)).await;
     let _ = std::fs::remove_file(&kubeconfig);
+    Ok(if n.failed.is_empty() && !interrupted {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// The story on a running cluster that has our images; it is left running, with what the
+/// story made, for a look around.
+async fn on_a_real_cluster(
+    args: &Args,
+    repo: PathBuf,
+    kubeconfig: &std::path::Path,
+) -> anyhow::Result<std::process::ExitCode> {
+    let kubeconfig = std::fs::canonicalize(kubeconfig)
+        .with_context(|| format!("--kubeconfig {}", kubeconfig.display()))?;
+    let marin3r = match &args.marin3r {
+        Some(path) => {
+            std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?
+        }
+        None => marin3r_e2e::product::marin3r_bin()
+            .context("no marin3r binary for proxy-status (cargo build -p marin3r-discovery)")?,
+    };
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig)?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let demo = Demo {
+        client: kube::Client::try_from(config)?,
+        kubectl: Kubectl::new(&kubeconfig)?,
+        kubeconfig: kubeconfig.clone(),
+        repo,
+        marin3r: marin3r.clone(),
+        step_timeout: Duration::from_secs(args.step_timeout),
+        install_yaml: match &args.install_yaml {
+            Some(file) => Some(
+                std::fs::canonicalize(file)
+                    .with_context(|| format!("--install-yaml {}", file.display()))?,
+            ),
+            None => None,
+        },
+    };
+    let mut n = Narrator::new();
+    let interrupted = tokio::select! {
+        () = demo.story(&mut n) => false,
+        r = signal() => { r?; true }
+    };
+    println!();
+    if n.failed.is_empty() && !interrupted {
+        println!("every step succeeded ({} steps)", n.passed);
+    } else if interrupted {
+        println!("interrupted");
+    } else {
+        println!(
+            "{} step(s) failed; kubectl --kubeconfig {} logs ... shows the containers' logs",
+            n.failed.len(),
+            kubeconfig.display()
+        );
+    }
+    if !args.exit && !interrupted {
+        println!(
+            "\nThe cluster keeps running. Look around:\n\
+             \x20 export KUBECONFIG={kc}\n\
+             \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
+             \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
+             \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
+             \x20 {m} proxy-status -n demo\n\
+             \x20 curl http://<pod IP>:8080/   (kubectl get pods -A -o wide shows the IPs)",
+            kc = kubeconfig.display(),
+            m = marin3r.display(),
+        );
+    }
     Ok(if n.failed.is_empty() && !interrupted {
         std::process::ExitCode::SUCCESS
     } else {
