@@ -2,9 +2,12 @@
 //! processes (`envoy`), kubectl bound to a kubeconfig (`kubectl`), the one polling loop
 //! (`wait`) and free ports (`ports`); with the `pki` feature a throwaway PKI from marin3r-certs,
 //! with `xds` an ADS client, Envoy resources and the xDS server as a fixture, with `webhook`
-//! clients of the webhook's HTTPS server (by loopback address, slow bodies). Without
+//! clients of the webhook's HTTPS server (by loopback address, slow bodies), with `cluster`
+//! the real test cluster (`hack/cluster` or `MARIN3R_E2E_KUBECONFIG`) and a client. Without
 //! features it needs no marin3r crate, so the local cluster can test itself with it.
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod envoy;
 pub mod kubectl;
 #[cfg(feature = "pki")]

@@ -20,6 +20,7 @@ mod native_sidecars_e2e;
 mod operator_e2e;
 mod own_namespace_e2e;
 mod proxy_config_e2e;
+mod real_cluster;
 mod replicas_e2e;
 mod shutdown_manager_e2e;
 mod soak_smoke;

@@ -1,0 +1,160 @@
+//! The real test cluster: the single-node Kubernetes `hack/cluster` runs on this machine,
+//! started once and shared by every test (`hack/cluster up --reuse`), or any cluster named by
+//! `MARIN3R_E2E_KUBECONFIG=PATH` (kind, a real one) that already has our images.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use anyhow::{Context, bail};
+
+use crate::kubectl::Kubectl;
+
+/// Names a kubeconfig to attach to instead of starting `hack/cluster`.
+pub const KUBECONFIG_ENV: &str = "MARIN3R_E2E_KUBECONFIG";
+
+/// A cluster the tests run on.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    kubeconfig: PathBuf,
+    /// Started (or reused) through `hack/cluster`, so `load` can import images into it.
+    local: bool,
+}
+
+/// `hack/cluster up --reuse` runs once per test process; its kubeconfig path (or the error,
+/// as text: every later caller gets it too).
+static STARTED: Mutex<Option<Result<PathBuf, String>>> = Mutex::new(None);
+
+fn hack_cluster() -> PathBuf {
+    crate::tools::repo_root().join("hack/cluster")
+}
+
+fn run(args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(hack_cluster())
+        .args(args)
+        .output()
+        .with_context(|| format!("running hack/cluster {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "hack/cluster {} failed ({}):\n{}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Cluster {
+    /// The cluster `MARIN3R_E2E_KUBECONFIG` names, or else this machine's `hack/cluster`
+    /// (started if it does not run; it needs root, and the first time on a machine its parts
+    /// are built for several minutes).
+    pub fn start_or_attach() -> anyhow::Result<Self> {
+        Self::from_env_value(std::env::var_os(KUBECONFIG_ENV).as_deref())
+    }
+
+    /// What `start_or_attach` does with the given value of `MARIN3R_E2E_KUBECONFIG`.
+    pub fn from_env_value(value: Option<&OsStr>) -> anyhow::Result<Self> {
+        match value {
+            Some(path) if !path.is_empty() => Self::attach(Path::new(path)),
+            _ => Self::start(),
+        }
+    }
+
+    /// This machine's `hack/cluster`, started unless it already runs.
+    pub fn start() -> anyhow::Result<Self> {
+        let mut started = STARTED
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a test panicked while starting the cluster"))?;
+        let result = started.get_or_insert_with(|| {
+            run(&["up", "--reuse"])
+                .and_then(|_| run(&["kubeconfig"]))
+                .map(|out| PathBuf::from(out.trim()))
+                .map_err(|e| format!("{e:#}"))
+        });
+        match result {
+            Ok(kubeconfig) => Ok(Self {
+                kubeconfig: kubeconfig.clone(),
+                local: true,
+            }),
+            Err(e) => bail!("the test cluster did not start: {e}"),
+        }
+    }
+
+    /// Any cluster, through its kubeconfig; it must already have the images the tests run.
+    pub fn attach(kubeconfig: &Path) -> anyhow::Result<Self> {
+        if !kubeconfig.is_file() {
+            bail!(
+                "{KUBECONFIG_ENV}={} does not name a kubeconfig file",
+                kubeconfig.display()
+            );
+        }
+        Ok(Self {
+            kubeconfig: kubeconfig.to_path_buf(),
+            local: false,
+        })
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Whether this is this machine's `hack/cluster` (not one attached by kubeconfig).
+    pub fn is_local(&self) -> bool {
+        self.local
+    }
+
+    /// Imports an image archive (OCI or docker-archive tar) into the node's containerd, as
+    /// `kind load image-archive` does. On an attached cluster it does nothing: that cluster
+    /// must already have the image.
+    pub fn load(&self, archive: &Path) -> anyhow::Result<()> {
+        if !self.local {
+            return Ok(());
+        }
+        let archive = archive
+            .to_str()
+            .with_context(|| format!("{} is not UTF-8", archive.display()))?;
+        run(&["load", archive]).map(|_| ())
+    }
+
+    /// A client of the cluster's API server, from its kubeconfig.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
+            .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .with_context(|| format!("loading {}", self.kubeconfig.display()))?;
+        kube::Client::try_from(config).context("building a client from the kubeconfig")
+    }
+
+    /// kubectl bound to the cluster's kubeconfig.
+    pub fn kubectl(&self) -> anyhow::Result<Kubectl> {
+        Kubectl::new(&self.kubeconfig)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attaching_to_a_missing_kubeconfig_names_the_variable() {
+        let err = Cluster::from_env_value(Some(OsStr::new("/nonexistent/marin3r-kubeconfig")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(KUBECONFIG_ENV), "{err}");
+        assert!(err.contains("/nonexistent/marin3r-kubeconfig"), "{err}");
+    }
+
+    #[test]
+    fn an_attached_cluster_is_not_loaded_into() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let cluster = Cluster::from_env_value(Some(file.path().as_os_str())).unwrap();
+        assert!(!cluster.is_local());
+        assert_eq!(cluster.kubeconfig(), file.path());
+        // No hack/cluster is run for an attached cluster, even for an archive that is not there.
+        cluster.load(Path::new("/nonexistent/image.tar")).unwrap();
+    }
+}
