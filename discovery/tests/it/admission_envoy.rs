@@ -241,7 +241,7 @@ fn a_tap_transport_socket_is_judged_not_crashed_on() {
 
 /// A config over 120 KiB went to Envoy through a temporary folder the discovery pod's
 /// read-only root could not hold, and was never judged there (R9). Every bootstrap now goes
-/// through a file in `TMPDIR` (the pod's memory-backed /tmp): a large one Envoy refuses is
+/// through a file in `TMPDIR` (the pod's memory-backed /var/tmp): a large one Envoy refuses is
 /// refused, in Envoy's words.
 #[test]
 fn a_config_over_120_kib_is_judged() {

@@ -236,9 +236,9 @@ fn the_discovery_pod_has_a_bounded_temporary_folder_and_memory() {
         .flatten()
         .find(|m| m.name == "tmp")
         .unwrap();
-    assert_eq!(mount.mount_path, "/tmp");
+    assert_eq!(mount.mount_path, "/var/tmp");
     let env = c.env.iter().flatten().find(|e| e.name == "TMPDIR").unwrap();
-    assert_eq!(env.value.as_deref(), Some("/tmp"));
+    assert_eq!(env.value.as_deref(), Some("/var/tmp"));
     let limits = c.resources.clone().unwrap().limits.unwrap();
     assert!(limits.contains_key("memory"), "{limits:?}");
     let given = with(

@@ -77,7 +77,7 @@ impl Children<'_> {
                 field_env("POD_NAMESPACE", "metadata.namespace"),
                 EnvVar {
                     name: "TMPDIR".into(),
-                    value: Some("/tmp".into()),
+                    value: Some(TMP_DIR.into()),
                     ..Default::default()
                 },
             ]),
@@ -111,7 +111,7 @@ impl Children<'_> {
                 },
                 VolumeMount {
                     name: TMP.into(),
-                    mount_path: "/tmp".into(),
+                    mount_path: TMP_DIR.into(),
                     ..Default::default()
                 },
             ]),
@@ -286,8 +286,10 @@ pub fn restricted_pod_security() -> PodSecurityContext {
     }
 }
 
-/// The discovery pod's temporary folder.
+/// The discovery pod's temporary folder (`TMPDIR`), where the Envoy judge writes each
+/// bootstrap: the root is read-only. Not `/tmp`, which images and tools keep for themselves.
 const TMP: &str = "tmp";
+const TMP_DIR: &str = "/var/tmp";
 
 /// What a discovery pod asks for when its DiscoveryService says nothing: its steady use, and
 /// a memory ceiling above the xDS byte budgets and the judge's Envoys (four at a time), so
