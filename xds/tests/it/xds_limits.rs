@@ -17,7 +17,8 @@ const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const RTDS: &str = "type.googleapis.com/envoy.service.runtime.v3.Runtime";
 const WAIT: Duration = Duration::from_secs(10);
 
-fn tls(pki: &Pki, namespace: &str) -> ClientTls {
+/// A client of `namespace`'s certificate (also the partial-request tests').
+pub(crate) fn tls(pki: &Pki, namespace: &str) -> ClientTls {
     let client = pki.client(Some(namespace));
     ClientTls {
         ca_pem: pki.ca_pem().to_owned(),
@@ -26,7 +27,8 @@ fn tls(pki: &Pki, namespace: &str) -> ClientTls {
     }
 }
 
-fn start(pki: &Pki, limits: Limits) -> XdsServer {
+/// A server under `limits` with a snapshot for `team-a` and `team-b`.
+pub(crate) fn start(pki: &Pki, limits: Limits) -> XdsServer {
     let server = XdsServer::start_limited(pki, "127.0.0.1:0".parse().unwrap(), None, limits);
     for ns in ["team-a", "team-b"] {
         server

@@ -10,8 +10,7 @@ use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use marin3r_testkit::pki::Pki;
 use marin3r_testkit::xds::client::{ClientTls, connect};
 use marin3r_testkit::xds::partial::PartialStream;
-use marin3r_testkit::xds::resources::eds_cluster;
-use marin3r_testkit::xds::server::{XdsServer, snapshot};
+use marin3r_testkit::xds::server::XdsServer;
 use marin3r_xds::Limits;
 use tonic::Code;
 
@@ -23,24 +22,7 @@ const SENT: usize = 100 << 10;
 /// What each is charged: its prefix and its declared length.
 const CHARGED: f64 = 5.0 + DECLARED as f64;
 
-fn tls(pki: &Pki, namespace: &str) -> ClientTls {
-    let client = pki.client(Some(namespace));
-    ClientTls {
-        ca_pem: pki.ca_pem().to_owned(),
-        identity: Some((client.cert_pem, client.key_pem)),
-        server_name: "127.0.0.1".into(),
-    }
-}
-
-fn start(pki: &Pki, limits: Limits) -> XdsServer {
-    let server = XdsServer::start_limited(pki, "127.0.0.1:0".parse().unwrap(), None, limits);
-    for ns in ["team-a", "team-b"] {
-        server
-            .cache
-            .set_snapshot(ns, "node", snapshot(vec![eds_cluster("backend")]));
-    }
-    server
-}
+use super::xds_limits::{start, tls};
 
 fn first_request() -> DiscoveryRequest {
     DiscoveryRequest {
