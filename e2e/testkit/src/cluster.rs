@@ -22,6 +22,12 @@ pub struct Cluster {
     local: bool,
 }
 
+/// The cluster held by one scenario ([`Cluster::exclusive`]) until it drops.
+#[derive(Debug)]
+pub struct Exclusive {
+    _file: std::fs::File,
+}
+
 /// `hack/cluster up --reuse` runs once per test process; its kubeconfig path (or the error,
 /// as text: every later caller gets it too).
 static STARTED: Mutex<Option<Result<PathBuf, String>>> = Mutex::new(None);
@@ -107,8 +113,9 @@ impl Cluster {
     }
 
     /// Imports an image archive (OCI or docker-archive tar) into the node's containerd, as
-    /// `kind load image-archive` does. On an attached cluster it does nothing: that cluster
-    /// must already have the image.
+    /// `kind load image-archive` does, and deletes the pods that run an older image of its
+    /// name, so that what their controllers start again runs this one. On an attached cluster
+    /// it does nothing: that cluster must already have the image.
     pub fn load(&self, archive: &Path) -> anyhow::Result<()> {
         if !self.local {
             return Ok(());
@@ -116,7 +123,34 @@ impl Cluster {
         let archive = archive
             .to_str()
             .with_context(|| format!("{} is not UTF-8", archive.display()))?;
-        run(&["load", archive]).map(|_| ())
+        run(&["load", "--restart", archive]).map(|_| ())
+    }
+
+    /// Holds the cluster for one scenario at a time (blocking until the one before it ends),
+    /// across test processes: scenarios that install the cluster-wide parts of marin3r (CRDs,
+    /// webhook configurations, `marin3r-system`) take it so that one never installs over
+    /// another. Released when the guard drops.
+    pub fn exclusive(&self) -> anyhow::Result<Exclusive> {
+        let name = self
+            .kubeconfig
+            .canonicalize()
+            .unwrap_or_else(|_| self.kubeconfig.clone())
+            .to_string_lossy()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, b| {
+                (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let path = std::env::temp_dir().join(format!("marin3r-e2e-cluster-{name:016x}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        // flock(2), as std's File::lock (newer than our MSRV) does.
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(Exclusive { _file: file })
     }
 
     /// A client of the cluster's API server, from its kubeconfig.

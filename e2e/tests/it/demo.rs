@@ -1,10 +1,13 @@
-//! `hack/demo --exit`: the quick start runs its whole story on the local cluster and exits 0
-//! only when every step succeeded, installed from the versioned install.yaml that
+//! `hack/demo --exit`: the quick start tells its whole story on the real cluster
+//! (`hack/cluster`, or the one `MARIN3R_E2E_KUBECONFIG` names) with this build's images, and
+//! exits 0 only when every step succeeded; installed from the versioned install.yaml that
 //! `hack/render-install` renders from `manifests/` (the other scenarios install with
-//! `kubectl apply -k manifests/`). Needs root, like every local-cluster test.
+//! `kubectl apply -k manifests/`). Needs root, like every cluster test.
 
 use std::path::Path;
 use std::process::Command;
+
+use marin3r_testkit::cluster::Cluster;
 
 #[test]
 fn the_demo_story_succeeds_step_by_step() {
@@ -30,20 +33,47 @@ fn the_demo_story_succeeds_step_by_step() {
     let text = std::fs::read_to_string(&install).unwrap();
     let tag = format!("image: marin3r:v{}", env!("CARGO_PKG_VERSION"));
     assert!(text.contains(&tag), "{tag} not in install.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_demo"))
-        .arg("--exit")
-        .arg("--install-yaml")
-        .arg(&install)
-        .current_dir(&repo)
-        .env("PATH", path)
-        .output()
-        .unwrap();
+
+    let cluster = Cluster::start_or_attach().unwrap();
+    let _held = cluster.exclusive().unwrap();
+    let marin3r = marin3r_e2e::product::marin3r_bin().expect("a built marin3r");
+    let out = if cluster.is_local() {
+        // The script itself, as a newcomer runs it, with the binaries this test was built with.
+        Command::new(repo.join("hack/demo"))
+            .arg("--exit")
+            .arg("--install-yaml")
+            .arg(&install)
+            .env("MARIN3R_BIN", &marin3r)
+            .env("MARIN3R_DEMO_BIN", env!("CARGO_BIN_EXE_demo"))
+            .env("PATH", &path)
+            .output()
+            .unwrap()
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_demo"))
+            .arg("--exit")
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .arg("--marin3r")
+            .arg(&marin3r)
+            .arg("--install-yaml")
+            .arg(&install)
+            .current_dir(&repo)
+            .env("PATH", &path)
+            .output()
+            .unwrap()
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
         "hack/demo --exit failed:\n{stdout}\n{stderr}"
     );
+    if cluster.is_local() {
+        assert!(
+            stdout.contains("== a cluster runs here: telling the story on it"),
+            "{stdout}"
+        );
+    }
     for step in [
         "install.yaml (kubectl apply --server-side -f)",
         "creating the DiscoveryService",
@@ -71,6 +101,51 @@ fn the_demo_story_succeeds_step_by_step() {
     assert!(stdout.contains("every step succeeded"), "{stdout}");
     assert!(stdout.contains("GET http://"), "{stdout}");
     assert!(stdout.contains("Rollback"), "{stdout}");
+
+    // The operator and discovery pods ran our image, the sidecar a real Envoy container.
+    let images = Command::new(tools.join("kubectl"))
+        .args([
+            "get",
+            "pods",
+            "-n",
+            "marin3r-system",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].image}{\"\\n\"}{end}",
+        ])
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()
+        .unwrap();
+    let images = String::from_utf8_lossy(&images.stdout);
+    let ours = format!("marin3r:v{}", env!("CARGO_PKG_VERSION"));
+    for pod in ["marin3r-operator-", "marin3r-instance-"] {
+        assert!(
+            images
+                .lines()
+                .any(|l| l.starts_with(pod) && l.ends_with(&ours)),
+            "no {pod} pod runs {ours}:\n{images}"
+        );
+    }
+    let sidecar = Command::new(tools.join("kubectl"))
+        .args([
+            "get",
+            "pods",
+            "-n",
+            "demo",
+            "-l",
+            "app=demo",
+            "-o",
+            "jsonpath={range .items[*].status.initContainerStatuses[*]}{.name} {.image} {.started}{\"\\n\"}{end}{range .items[*].status.containerStatuses[*]}{.name} {.image} {.started}{\"\\n\"}{end}",
+        ])
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()
+        .unwrap();
+    let sidecar = String::from_utf8_lossy(&sidecar.stdout);
+    assert!(
+        sidecar.lines().any(|l| l.starts_with("envoy-sidecar ")
+            && l.contains("envoyproxy/envoy:v")
+            && l.ends_with(" true")),
+        "no started envoy-sidecar container:\n{sidecar}"
+    );
 }
 
 #[test]
