@@ -532,7 +532,7 @@ fn proxy_synced(table: &str) -> bool {
 }
 
 /// GET `url` (5 s at most): `Some(body)` on 200, `None` on another status.
-async fn get(url: &str) -> anyhow::Result<Option<String>> {
+pub async fn get(url: &str) -> anyhow::Result<Option<String>> {
     let url = url.to_owned();
     tokio::task::spawn_blocking(move || {
         let agent: ureq::Agent = ureq::Agent::config_builder()

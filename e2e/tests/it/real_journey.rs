@@ -1,0 +1,527 @@
+//! The seed's journey on the real cluster (`hack/cluster`, or the one `MARIN3R_E2E_KUBECONFIG`
+//! names), with this build's images: `kubectl apply -k manifests/`, a DiscoveryService in an
+//! application namespace under the restricted Pod Security level, an EnvoyConfig, a pod the
+//! real API server sends to our webhook, injected with a native sidecar because this cluster
+//! supports them (a classic one where it does not), the real Envoy container serving the
+//! config, an update, a NACK rolled back (a listener on the sidecar's own admin address: only a
+//! running Envoy can refuse it), a config over 120 KiB that only Envoy refuses, refused at
+//! `kubectl apply` by the judge inside the real discovery pod (read-only root), a Job whose
+//! native sidecar stops after its application, and the discovery pod rolling over to a new
+//! server certificate while requests through the sidecar keep being answered.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_discovery::api::discovery_service::{DiscoveryService, SERVER_CERT_HASH_LABEL};
+use marin3r_discovery::api::envoy_config::{CacheState, EnvoyConfig};
+use marin3r_e2e::demo::get;
+use marin3r_e2e::product::{discovery_service_ready, example_in};
+use marin3r_e2e::real;
+use marin3r_testkit::cluster::Cluster;
+use marin3r_testkit::wait::until;
+use serde_json::{Value, json};
+
+const NODE_ID: &str = "demo-proxy";
+const FIRST_BODY: &str = "hello from marin3r";
+const DISCOVERY_PODS: &str = "app.kubernetes.io/component=discovery-service";
+
+/// Deletes the scenario's DiscoveryService (while the operator runs, for its finalizer) and
+/// its namespace, however the test ends.
+struct Cleanup {
+    ns: String,
+    kubeconfig: std::path::PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let Ok(kubectl) = marin3r_testkit::tools::kubectl() else {
+            return;
+        };
+        for args in [
+            &[
+                "delete",
+                "discoveryservices",
+                "--all",
+                "-n",
+                &self.ns,
+                "--timeout=60s",
+            ][..],
+            &["delete", "namespace", &self.ns, "--wait=false"][..],
+        ] {
+            let _ = std::process::Command::new(&kubectl)
+                .args(args)
+                .env("KUBECONFIG", &self.kubeconfig)
+                .output();
+        }
+    }
+}
+
+/// The example EnvoyConfig in `ns`, answering `body` on `address:port`.
+fn envoy_config(ns: &str, body: &str, address: &str, port: u16) -> String {
+    example_in("envoyconfig.yaml", ns)
+        .unwrap()
+        .replace(FIRST_BODY, body)
+        .replace(
+            "address: 0.0.0.0, port_value: 8080",
+            &format!("address: {address}, port_value: {port}"),
+        )
+}
+
+/// An EnvoyConfig of one route configuration over 120 KiB, one of whose 1500 virtual hosts
+/// has a regular expression Envoy cannot compile: only Envoy refuses it.
+fn large_config_only_envoy_refuses(ns: &str) -> String {
+    let hosts: Vec<Value> = (0..1500)
+        .map(|i| {
+            json!({"name": format!("host-{i}"), "domains": [format!("h{i}.example.com")],
+                "routes": [{"match": {"prefix": format!("/path/{i}")}, "direct_response": {"status": 200}}]})
+        })
+        .collect();
+    let mut route = json!({"name": "large", "virtual_hosts": hosts});
+    route["virtual_hosts"][700]["routes"][0]["match"] = json!({"safe_regex": {"regex": "/v1(["}});
+    let value = route.to_string();
+    assert!(value.len() > 120 * 1024);
+    serde_json::to_string(&json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "large", "namespace": ns},
+        "spec": {"nodeID": "large", "serialization": "json",
+            "envoyResources": {"routes": [{"name": "large", "value": value}]}},
+    }))
+    .unwrap()
+}
+
+/// A Job whose application makes one request through its Envoy and exits: 0 only when the
+/// answer is `body`.
+fn job(ns: &str, body: &str) -> String {
+    let script = format!(
+        "import sys, urllib.request\n\
+         got = urllib.request.urlopen('http://127.0.0.1:8080/', timeout=5).read().decode()\n\
+         print('answered:', got, flush=True)\n\
+         sys.exit(0 if got == {body:?} else 2)\n"
+    );
+    serde_json::to_string(&json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "one-request", "namespace": ns},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {
+                "labels": {"marin3r.3scale.net/status": "enabled"},
+                "annotations": {"marin3r.3scale.net/node-id": NODE_ID, "marin3r.3scale.net/ports": "http:8080"},
+            },
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "app", "image": "marin3r-test/python:3",
+                    "command": ["python3", "-c", script],
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                        "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                        "capabilities": {"drop": ["ALL"]}},
+                }],
+            },
+        }},
+    }))
+    .unwrap()
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_ip(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default()
+}
+
+async fn ready_pods(pods: &Api<Pod>, selector: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && ready(p))
+        .collect()
+}
+
+async fn body(url: &str) -> Option<String> {
+    get(url).await.ok().flatten()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_seeds_journey_on_a_real_cluster() {
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach)
+        .await
+        .unwrap()
+        .unwrap();
+    let _held = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || cluster.exclusive()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    step("the cluster is ours");
+    tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || real::load_images(&cluster, &["marin3r", "envoy", "python"])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    step("images loaded");
+    real::install(&cluster).await.unwrap();
+    step("installed");
+    let kubectl = cluster.kubectl().unwrap();
+    let client = cluster.client().await.unwrap();
+
+    let unique = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let ns = format!("journey-{}-{unique}", std::process::id());
+    let _cleanup = Cleanup {
+        ns: ns.clone(),
+        kubeconfig: cluster.kubeconfig().to_path_buf(),
+    };
+    kubectl.ok(&["create", "namespace", &ns]).await.unwrap();
+    kubectl
+        .ok(&[
+            "label",
+            "namespace",
+            &ns,
+            "pod-security.kubernetes.io/enforce=restricted",
+        ])
+        .await
+        .unwrap();
+
+    step("namespace created");
+    // A DiscoveryService of the namespace's own, Ready once its certificates and pod are.
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &example_in("discoveryservice-own-namespace.yaml", &ns).unwrap(),
+        )
+        .await
+        .unwrap();
+    let services: Api<DiscoveryService> = Api::namespaced(client.clone(), &ns);
+    until(
+        "the DiscoveryService to be Ready",
+        Duration::from_secs(120),
+        || async {
+            let ds = services.get("instance").await.ok()?;
+            discovery_service_ready(&ds)
+                .filter(|(status, _, _)| status == "True")
+                .map(|_| ())
+        },
+    )
+    .await;
+
+    step("DiscoveryService Ready");
+    // The EnvoyConfig, then the annotated Deployment the webhook injects.
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &envoy_config(&ns, FIRST_BODY, "0.0.0.0", 8080),
+        )
+        .await
+        .unwrap();
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &example_in("deployment.yaml", &ns).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = until(
+        "the injected pod to be Ready",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move { ready_pods(&pods, "app=demo").await.into_iter().next() }
+        },
+    )
+    .await;
+
+    step("injected pod Ready");
+    // The sidecar's layout is chosen from what this API server supports: native from 1.29.
+    let version: Value =
+        serde_json::from_str(&kubectl.ok(&["version", "-o", "json"]).await.unwrap()).unwrap();
+    let minor: u32 = version["serverVersion"]["minor"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches('+')
+        .parse()
+        .unwrap();
+    let spec = pod.spec.clone().unwrap();
+    let native = spec
+        .init_containers
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "envoy-sidecar")
+        .is_some_and(|c| c.restart_policy.as_deref() == Some("Always"));
+    let classic = spec.containers.iter().any(|c| c.name == "envoy-sidecar");
+    assert_eq!(
+        (native, classic),
+        (minor >= 29, minor < 29),
+        "a 1.{minor} API server: native sidecar {native}, classic {classic}"
+    );
+
+    // The real Envoy container serves the config.
+    let url = format!("http://{}:8080/", pod_ip(&pod));
+    until("the configured body", Duration::from_secs(60), || async {
+        (body(&url).await.as_deref() == Some(FIRST_BODY)).then_some(())
+    })
+    .await;
+    let logs = kubectl
+        .ok(&["logs", "-n", &ns, &pod.name_any(), "-c", "envoy-sidecar"])
+        .await
+        .unwrap();
+    assert!(logs.contains("starting main dispatch loop"), "{logs}");
+    let events = kubectl
+        .ok(&[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            &format!("involvedObject.name={}", pod.name_any()),
+            "-o",
+            "jsonpath={range .items[*]}{.reason} {.involvedObject.fieldPath}{\"\\n\"}{end}",
+        ])
+        .await
+        .unwrap();
+    let container = if native {
+        "spec.initContainers{envoy-sidecar}"
+    } else {
+        "spec.containers{envoy-sidecar}"
+    };
+    assert!(
+        events.lines().any(|l| l == format!("Started {container}")),
+        "the kubelet reported no start of {container}:\n{events}"
+    );
+
+    step("config served");
+    // An update, served.
+    let second = "hello again from the journey";
+    let applied = Instant::now();
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &envoy_config(&ns, second, "0.0.0.0", 8080),
+        )
+        .await
+        .unwrap();
+    until(
+        "the update to be served",
+        Duration::from_secs(60),
+        || async { (body(&url).await.as_deref() == Some(second)).then_some(()) },
+    )
+    .await;
+    println!(
+        "the update was served {:?} after kubectl apply",
+        applied.elapsed()
+    );
+
+    step("update served");
+    // A listener on the sidecar's own admin address: validate mode binds nothing and admits
+    // it, the pod's Envoy cannot bind it, NACKs, and the previous revision is served again.
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), &ns);
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &envoy_config(&ns, "never served", "127.0.0.1", 9901),
+        )
+        .await
+        .unwrap();
+    let nack = until("the rollback", Duration::from_secs(60), || async {
+        let status = configs.get(NODE_ID).await.ok()?.status?;
+        (status.cache_state == Some(CacheState::Rollback)).then_some(status.last_nack_message)
+    })
+    .await
+    .unwrap_or_default();
+    assert!(nack.contains("9901"), "the NACK names the address: {nack}");
+    assert_eq!(body(&url).await.as_deref(), Some(second));
+
+    step("rolled back");
+    // Over 120 KiB, refused by Envoy inside the real discovery pod, at kubectl apply.
+    let refused = kubectl
+        .run_with(
+            &["apply", "--server-side", "-f", "-"],
+            &large_config_only_envoy_refuses(&ns),
+        )
+        .await
+        .unwrap();
+    assert!(!refused.success, "admitted:\n{}", refused.stdout);
+    assert!(
+        refused.stderr.contains("denied the request") && refused.stderr.contains("missing ]"),
+        "{}",
+        refused.stderr
+    );
+    assert!(configs.get_opt("large").await.unwrap().is_none());
+
+    step("large config refused");
+    // Back to a config the proxy takes.
+    let third = "hello a third time";
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &envoy_config(&ns, third, "0.0.0.0", 8080),
+        )
+        .await
+        .unwrap();
+    until("the third body", Duration::from_secs(60), || async {
+        (body(&url).await.as_deref() == Some(third)).then_some(())
+    })
+    .await;
+
+    step("third config served");
+    // A Job: its native sidecar has the config before the application starts, and stops
+    // after it, so the Job completes.
+    if native {
+        kubectl
+            .ok_with(&["apply", "-f", "-"], &job(&ns, third))
+            .await
+            .unwrap();
+        let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+        let done = until("the Job to finish", Duration::from_secs(120), || async {
+            let status = jobs.get("one-request").await.ok()?.status?;
+            (status.succeeded.unwrap_or(0) + status.failed.unwrap_or(0) > 0).then_some(status)
+        })
+        .await;
+        let logs = kubectl
+            .run(&["logs", "-n", &ns, "job/one-request", "-c", "app"])
+            .await
+            .unwrap();
+        let job_pods = kubectl
+            .run(&[
+                "get",
+                "pods",
+                "-n",
+                &ns,
+                "-l",
+                "job-name=one-request",
+                "-o",
+                "jsonpath={.items[*].status}",
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            done.succeeded,
+            Some(1),
+            "the Job failed: {}{}\n{}",
+            logs.stdout,
+            logs.stderr,
+            job_pods.stdout
+        );
+        assert!(logs.stdout.contains(third), "{}", logs.stdout);
+    }
+
+    step("Job done");
+    // The server certificate renewed: the discovery pod rolls over while every request
+    // through the sidecar is answered, and the proxy takes its next update from the new pod.
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let hash = |d: &Deployment| {
+        d.spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.as_ref())
+            .and_then(|l| l.get(SERVER_CERT_HASH_LABEL).cloned())
+    };
+    let old_hash = hash(&deployments.get("marin3r-instance").await.unwrap());
+    assert!(old_hash.is_some());
+    let old_pods: Vec<String> = ready_pods(&pods, DISCOVERY_PODS)
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(old_pods.len(), 1, "{old_pods:?}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let traffic = tokio::spawn({
+        let stop = stop.clone();
+        let url = url.clone();
+        async move {
+            let (mut answered, mut failed) = (0u32, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                match get(&url).await {
+                    Ok(Some(_)) => answered += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (answered, failed)
+        }
+    });
+    let certificates: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), &ns);
+    let server = certificates
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| c.name_any())
+        .find(|n| n.contains("server"))
+        .expect("a server certificate");
+    certificates
+        .patch(
+            &server,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": format!("{unique}")}}})),
+        )
+        .await
+        .unwrap();
+    until(
+        "the discovery pod to roll over",
+        Duration::from_secs(120),
+        || async {
+            let d = deployments.get("marin3r-instance").await.ok()?;
+            let now = ready_pods(&pods, DISCOVERY_PODS).await;
+            (hash(&d) != old_hash && now.len() == 1 && !old_pods.contains(&now[0].name_any()))
+                .then_some(())
+        },
+    )
+    .await;
+    step("discovery pod rolled over");
+    let fourth = "hello from the new discovery pod";
+    kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &envoy_config(&ns, fourth, "0.0.0.0", 8080),
+        )
+        .await
+        .unwrap();
+    until(
+        "the update through the new discovery pod",
+        Duration::from_secs(60),
+        || async { (body(&url).await.as_deref() == Some(fourth)).then_some(()) },
+    )
+    .await;
+    step("update served by the new pod");
+    stop.store(true, Ordering::Relaxed);
+    let (answered, failed) = traffic.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed during the rollover: {failed:?}",
+        failed.len(),
+        answered as usize + failed.len()
+    );
+    assert!(
+        answered >= 10,
+        "only {answered} requests during the rollover"
+    );
+}
