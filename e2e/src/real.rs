@@ -1,14 +1,127 @@
 //! What ties the product to a real cluster (`hack/cluster`, or the one
 //! `MARIN3R_E2E_KUBECONFIG` names): this build's images written by `hack/image` and loaded,
-//! and marin3r installed from `manifests/` as the seed's journey does it.
+//! marin3r installed from `manifests/` as the seed's journey does it, and a scenario's own
+//! namespace beside the other scenarios'.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use marin3r_testkit::cluster::Cluster;
+use marin3r_testkit::cluster::{Cluster, Held};
+use marin3r_testkit::kubectl::Kubectl;
 use marin3r_testkit::tools;
+
+/// The images this test process has loaded already.
+static LOADED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// A scenario on the real cluster, beside others: the cluster held [`Cluster::shared`]ly,
+/// this build's images loaded (once per test process), marin3r installed from `manifests/`
+/// (an apply that changes nothing when it is), and a namespace of its own under the
+/// restricted Pod Security level. Dropping it deletes the namespace's DiscoveryServices (while
+/// the operator runs, for their finalizer) and the namespace.
+pub struct Scenario {
+    pub cluster: Cluster,
+    pub client: kube::Client,
+    pub kubectl: Kubectl,
+    /// The scenario's namespace: `<prefix>-<pid>-<milliseconds>`.
+    pub ns: String,
+    _held: Held,
+}
+
+impl Scenario {
+    /// Starts a scenario whose namespace begins with `prefix`, with the `hack/image` images
+    /// it runs (`marin3r` and `envoy` always).
+    pub async fn start(prefix: &str, images: &[&str]) -> anyhow::Result<Self> {
+        let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach).await??;
+        let held = tokio::task::spawn_blocking({
+            let cluster = cluster.clone();
+            move || cluster.shared()
+        })
+        .await??;
+        let mut wanted: Vec<String> = ["marin3r", "envoy"]
+            .iter()
+            .chain(images)
+            .map(|i| (*i).to_owned())
+            .collect();
+        wanted.sort();
+        wanted.dedup();
+        tokio::task::spawn_blocking({
+            let cluster = cluster.clone();
+            move || load_images_once(&cluster, &wanted)
+        })
+        .await??;
+        install(&cluster).await?;
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let ns = format!("{prefix}-{}-{millis}", std::process::id());
+        let kubectl = cluster.kubectl()?;
+        kubectl.ok(&["create", "namespace", &ns]).await?;
+        let scenario = Self {
+            client: cluster.client().await?,
+            kubectl,
+            cluster,
+            ns,
+            _held: held,
+        };
+        scenario
+            .kubectl
+            .ok(&[
+                "label",
+                "namespace",
+                &scenario.ns,
+                "pod-security.kubernetes.io/enforce=restricted",
+            ])
+            .await?;
+        Ok(scenario)
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        let Ok(kubectl) = tools::kubectl() else {
+            return;
+        };
+        for args in [
+            &[
+                "delete",
+                "discoveryservices",
+                "--all",
+                "-n",
+                &self.ns,
+                "--timeout=60s",
+            ][..],
+            &["delete", "namespace", &self.ns, "--wait=false"][..],
+        ] {
+            let _ = Command::new(&kubectl)
+                .args(args)
+                .env("KUBECONFIG", self.cluster.kubeconfig())
+                .output();
+        }
+    }
+}
+
+/// [`load_images`] of the images this process has not loaded yet.
+fn load_images_once(cluster: &Cluster, images: &[String]) -> anyhow::Result<()> {
+    let mut loaded = LOADED
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a scenario panicked while loading images"))?;
+    let loaded = loaded.get_or_insert_with(HashSet::new);
+    let missing: Vec<&str> = images
+        .iter()
+        .filter(|i| !loaded.contains(*i))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        load_images(cluster, &missing)?;
+        loaded.extend(missing.iter().map(|i| (*i).to_owned()));
+    }
+    Ok(())
+}
 
 /// The images of `hack/image` a scenario asks for (`marin3r`, `envoy`, `python`...), the
 /// marin3r one holding this build's `marin3r` ([`crate::product::marin3r_bin`]), written (or

@@ -22,9 +22,10 @@ pub struct Cluster {
     local: bool,
 }
 
-/// The cluster held by one scenario ([`Cluster::exclusive`]) until it drops.
+/// The cluster held by a scenario ([`Cluster::exclusive`], [`Cluster::shared`]) until it
+/// drops.
 #[derive(Debug)]
-pub struct Exclusive {
+pub struct Held {
     _file: std::fs::File,
 }
 
@@ -126,11 +127,23 @@ impl Cluster {
         run(&["load", "--restart", archive]).map(|_| ())
     }
 
-    /// Holds the cluster for one scenario at a time (blocking until the one before it ends),
-    /// across test processes: scenarios that install the cluster-wide parts of marin3r (CRDs,
-    /// webhook configurations, `marin3r-system`) take it so that one never installs over
-    /// another. Released when the guard drops.
-    pub fn exclusive(&self) -> anyhow::Result<Exclusive> {
+    /// Holds the whole cluster for one scenario (blocking until every scenario holding it,
+    /// [`Cluster::shared`] or [`Cluster::exclusive`], has let go), across test processes: a
+    /// scenario that changes marin3r's cluster-wide parts (uninstalls it, or uses the fixed
+    /// `marin3r-system/instance` and `demo`) takes it. Released when the guard drops.
+    pub fn exclusive(&self) -> anyhow::Result<Held> {
+        self.hold(rustix::fs::FlockOperation::LockExclusive)
+    }
+
+    /// Holds the cluster beside other scenarios that keep to their own namespaces (waiting
+    /// while one holds it [`Cluster::exclusive`]ly). Released when the guard drops.
+    pub fn shared(&self) -> anyhow::Result<Held> {
+        self.hold(rustix::fs::FlockOperation::LockShared)
+    }
+
+    /// flock(2) on a file named after the kubeconfig (std's File::lock is newer than our
+    /// MSRV).
+    fn hold(&self, how: rustix::fs::FlockOperation) -> anyhow::Result<Held> {
         let name = self
             .kubeconfig
             .canonicalize()
@@ -147,10 +160,8 @@ impl Cluster {
             .write(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        // flock(2), as std's File::lock (newer than our MSRV) does.
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-            .with_context(|| format!("locking {}", path.display()))?;
-        Ok(Exclusive { _file: file })
+        rustix::fs::flock(&file, how).with_context(|| format!("locking {}", path.display()))?;
+        Ok(Held { _file: file })
     }
 
     /// A client of the cluster's API server, from its kubeconfig.
@@ -180,6 +191,33 @@ mod tests {
             .to_string();
         assert!(err.contains(KUBECONFIG_ENV), "{err}");
         assert!(err.contains("/nonexistent/marin3r-kubeconfig"), "{err}");
+    }
+
+    #[test]
+    fn shared_holds_coexist_and_an_exclusive_one_waits_for_them() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let cluster = Cluster::from_env_value(Some(file.path().as_os_str())).unwrap();
+        let first = cluster.shared().unwrap();
+        let second = cluster.shared().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiting = std::thread::spawn({
+            let cluster = cluster.clone();
+            move || {
+                let held = cluster.exclusive().unwrap();
+                tx.send(()).unwrap();
+                drop(held);
+            }
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(300))
+                .is_err(),
+            "held exclusively beside two shared holds"
+        );
+        drop(first);
+        drop(second);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the exclusive hold once the shared ones went");
+        waiting.join().unwrap();
     }
 
     #[test]

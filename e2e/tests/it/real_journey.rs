@@ -24,44 +24,12 @@ use marin3r_discovery::api::envoy_config::{CacheState, EnvoyConfig};
 use marin3r_e2e::demo::get;
 use marin3r_e2e::product::{discovery_service_ready, example_in};
 use marin3r_e2e::real;
-use marin3r_testkit::cluster::Cluster;
 use marin3r_testkit::wait::until;
 use serde_json::{Value, json};
 
 const NODE_ID: &str = "demo-proxy";
 const FIRST_BODY: &str = "hello from marin3r";
 const DISCOVERY_PODS: &str = "app.kubernetes.io/component=discovery-service";
-
-/// Deletes the scenario's DiscoveryService (while the operator runs, for its finalizer) and
-/// its namespace, however the test ends.
-struct Cleanup {
-    ns: String,
-    kubeconfig: std::path::PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let Ok(kubectl) = marin3r_testkit::tools::kubectl() else {
-            return;
-        };
-        for args in [
-            &[
-                "delete",
-                "discoveryservices",
-                "--all",
-                "-n",
-                &self.ns,
-                "--timeout=60s",
-            ][..],
-            &["delete", "namespace", &self.ns, "--wait=false"][..],
-        ] {
-            let _ = std::process::Command::new(&kubectl)
-                .args(args)
-                .env("KUBECONFIG", &self.kubeconfig)
-                .output();
-        }
-    }
-}
 
 /// The example EnvoyConfig in `ns`, answering `body` on `address:port`.
 fn envoy_config(ns: &str, body: &str, address: &str, port: u16) -> String {
@@ -162,50 +130,16 @@ async fn body(url: &str) -> Option<String> {
 async fn the_seeds_journey_on_a_real_cluster() {
     let start = Instant::now();
     let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
-    let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach)
-        .await
-        .unwrap()
-        .unwrap();
-    let _held = tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
-        move || cluster.exclusive()
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    step("the cluster is ours");
-    tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
-        move || real::load_images(&cluster, &["marin3r", "envoy", "python"])
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    step("images loaded");
-    real::install(&cluster).await.unwrap();
-    step("installed");
-    let kubectl = cluster.kubectl().unwrap();
-    let client = cluster.client().await.unwrap();
-
+    let scenario = real::Scenario::start("journey", &["python"]).await.unwrap();
+    let (kubectl, client, ns) = (
+        &scenario.kubectl,
+        scenario.client.clone(),
+        scenario.ns.clone(),
+    );
     let unique = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis();
-    let ns = format!("journey-{}-{unique}", std::process::id());
-    let _cleanup = Cleanup {
-        ns: ns.clone(),
-        kubeconfig: cluster.kubeconfig().to_path_buf(),
-    };
-    kubectl.ok(&["create", "namespace", &ns]).await.unwrap();
-    kubectl
-        .ok(&[
-            "label",
-            "namespace",
-            &ns,
-            "pod-security.kubernetes.io/enforce=restricted",
-        ])
-        .await
-        .unwrap();
 
     step("namespace created");
     // A DiscoveryService of the namespace's own, Ready once its certificates and pod are.
