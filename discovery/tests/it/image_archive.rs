@@ -460,3 +460,49 @@ fn the_test_images_run_as_their_users() {
     );
     assert_eq!(said, "ready\n");
 }
+
+#[test]
+fn marin3r_bin_names_the_marin3r_to_image_unless_the_flag_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A `cargo` that fails: nothing may be built when a marin3r is named.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(
+        bin.join("cargo"),
+        "#!/bin/sh\necho 'hack/image ran cargo' >&2\nexit 97\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("cargo"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // Two small binaries standing for marin3r builds, told apart by their bytes.
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    std::fs::copy("/bin/true", &one).unwrap();
+    std::fs::copy("/bin/false", &two).unwrap();
+    let envoy = marin3r_testkit::tools::envoy().unwrap();
+    let imaged = |marin3r_bin: &Path, flag: Option<&Path>| {
+        let out = dir.path().join("out");
+        let mut cmd = Command::new(root().join("hack/image"));
+        cmd.args(["marin3r", "--out"])
+            .arg(&out)
+            .arg("--envoy")
+            .arg(&envoy)
+            .env("PATH", &path)
+            .env("MARIN3R_BIN", marin3r_bin);
+        if let Some(flag) = flag {
+            cmd.arg("--marin3r").arg(flag);
+        }
+        let printed = String::from_utf8(run(&mut cmd).stdout).unwrap();
+        let image = Unpacked::new(Path::new(printed.trim()));
+        std::fs::read(image.rootfs().join("usr/local/bin/marin3r")).unwrap()
+    };
+    assert_eq!(imaged(&one, None), std::fs::read(&one).unwrap());
+    assert_eq!(
+        imaged(Path::new("/nonexistent/marin3r"), Some(&two)),
+        std::fs::read(&two).unwrap()
+    );
+}

@@ -14,6 +14,7 @@ mod envoy_deployment_replicas_e2e;
 mod envoy_judge_e2e;
 mod envoy_smoke;
 mod gateway_traffic;
+mod install_guide;
 mod monitoring_e2e;
 mod monitoring_rules;
 mod native_sidecars_e2e;
