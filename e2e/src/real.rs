@@ -179,3 +179,44 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
     }
     bail!("the operator never rolled out: {last}")
 }
+
+impl Scenario {
+    /// The answer of the Envoy admin API of `pod`'s sidecar in the scenario's namespace
+    /// (`127.0.0.1:9901` inside the pod) to `GET path`, through the API server's pod
+    /// port-forward as `marin3r proxy-config` reaches it.
+    pub async fn envoy_admin(&self, pod: &str, path: &str) -> anyhow::Result<String> {
+        marin3r_discovery::cli::port_forward::get(self.client.clone(), &self.ns, pod, 9901, path)
+            .await
+            .map(|(_, body)| body)
+    }
+
+    /// The pods of the scenario's namespace that `selector` picks, Ready and not being
+    /// deleted.
+    pub async fn ready_pods(&self, selector: &str) -> Vec<k8s_openapi::api::core::v1::Pod> {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        pods.list(&kube::api::ListParams::default().labels(selector))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+            .collect()
+    }
+}
+
+/// Whether `pod` has the condition Ready.
+pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// `pod`'s IP, empty when it has none yet.
+pub fn pod_ip(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .unwrap_or_default()
+}

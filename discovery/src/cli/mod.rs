@@ -14,7 +14,7 @@ mod judge_sandbox;
 mod listen;
 mod logging;
 mod operator;
-mod port_forward;
+pub mod port_forward;
 mod proxy_config;
 mod proxy_status;
 mod shutdown_manager;

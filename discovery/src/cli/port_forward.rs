@@ -21,7 +21,7 @@ const MAX_ERROR_CHARS: usize = 1000;
 
 /// GETs `path` (with its query) from `port` of pod `ns/pod`; returns what was asked (for
 /// messages) and the body of a 200 answer.
-pub(super) async fn get(
+pub async fn get(
     client: kube::Client,
     ns: &str,
     pod: &str,

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
@@ -98,30 +97,6 @@ fn job(ns: &str, body: &str) -> String {
     .unwrap()
 }
 
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn pod_ip(pod: &Pod) -> String {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .unwrap_or_default()
-}
-
-async fn ready_pods(pods: &Api<Pod>, selector: &str) -> Vec<Pod> {
-    pods.list(&ListParams::default().labels(selector))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && ready(p))
-        .collect()
-}
-
 async fn body(url: &str) -> Option<String> {
     get(url).await.ok().flatten()
 }
@@ -179,14 +154,10 @@ async fn the_seeds_journey_on_a_real_cluster() {
         )
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let pod = until(
         "the injected pod to be Ready",
         Duration::from_secs(120),
-        || {
-            let pods = pods.clone();
-            async move { ready_pods(&pods, "app=demo").await.into_iter().next() }
-        },
+        || async { scenario.ready_pods("app=demo").await.into_iter().next() },
     )
     .await;
 
@@ -215,7 +186,7 @@ async fn the_seeds_journey_on_a_real_cluster() {
     );
 
     // The real Envoy container serves the config.
-    let url = format!("http://{}:8080/", pod_ip(&pod));
+    let url = format!("http://{}:8080/", real::pod_ip(&pod));
     until("the configured body", Duration::from_secs(60), || async {
         (body(&url).await.as_deref() == Some(FIRST_BODY)).then_some(())
     })
@@ -378,7 +349,8 @@ async fn the_seeds_journey_on_a_real_cluster() {
     };
     let old_hash = hash(&deployments.get("marin3r-instance").await.unwrap());
     assert!(old_hash.is_some());
-    let old_pods: Vec<String> = ready_pods(&pods, DISCOVERY_PODS)
+    let old_pods: Vec<String> = scenario
+        .ready_pods(DISCOVERY_PODS)
         .await
         .iter()
         .map(|p| p.name_any())
@@ -424,7 +396,7 @@ async fn the_seeds_journey_on_a_real_cluster() {
         Duration::from_secs(120),
         || async {
             let d = deployments.get("marin3r-instance").await.ok()?;
-            let now = ready_pods(&pods, DISCOVERY_PODS).await;
+            let now = scenario.ready_pods(DISCOVERY_PODS).await;
             (hash(&d) != old_hash && now.len() == 1 && !old_pods.contains(&now[0].name_any()))
                 .then_some(())
         },
@@ -446,6 +418,17 @@ async fn the_seeds_journey_on_a_real_cluster() {
     )
     .await;
     step("update served by the new pod");
+    let connected = scenario
+        .envoy_admin(
+            &pod.name_any(),
+            "/stats?filter=control_plane.connected_state",
+        )
+        .await
+        .unwrap();
+    assert!(
+        connected.contains("control_plane.connected_state: 1"),
+        "{connected}"
+    );
     stop.store(true, Ordering::Relaxed);
     let (answered, failed) = traffic.await.unwrap();
     assert!(
