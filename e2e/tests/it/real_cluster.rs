@@ -32,29 +32,20 @@ impl Drop for Namespace {
     }
 }
 
-/// A one-layer OCI archive of our pause program, written by hack/cluster's writer.
+/// The pause image of `hack/image`, under another name: an image the cluster has never seen.
 fn pause_archive(dir: &Path, name: &str) -> std::path::PathBuf {
-    let rootfs = dir.join("rootfs");
-    std::fs::create_dir_all(&rootfs).unwrap();
-    let built = Command::new("gcc")
-        .args(["-static", "-Os", "-s", "-o"])
-        .arg(rootfs.join("pause"))
-        .arg(repo_root().join("hack/cluster.d/pause.c"))
-        .status()
+    let out = Command::new(repo_root().join("hack/image"))
+        .args(["pause", "--tag", name, "--out"])
+        .arg(dir)
+        .output()
         .unwrap();
-    assert!(built.success(), "gcc -static failed");
-    let archive = dir.join("image.tar");
-    let written = Command::new("bash")
-        .arg("-c")
-        .arg(r#"set -e; source "$1"; write_oci_archive "$2" "$3" "$4" /pause 65535"#)
-        .arg("bash")
-        .arg(repo_root().join("hack/cluster.d/oci-archive.sh"))
-        .arg(&archive)
-        .arg(name)
-        .arg(&rootfs)
-        .status()
-        .unwrap();
-    assert!(written.success(), "writing the OCI archive failed");
+    assert!(
+        out.status.success(),
+        "hack/image pause --tag {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let archive = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(archive.starts_with(dir), "{}", archive.display());
     archive
 }
 
