@@ -35,10 +35,26 @@ impl Scenario {
     /// Starts a scenario whose namespace begins with `prefix`, with the `hack/image` images
     /// it runs (`marin3r` and `envoy` always).
     pub async fn start(prefix: &str, images: &[&str]) -> anyhow::Result<Self> {
+        Self::start_holding(prefix, images, false).await
+    }
+
+    /// [`Scenario::start`] with the cluster held [`Cluster::exclusive`]ly, for a scenario that
+    /// disturbs every other (restarting the cluster's parts).
+    pub async fn start_alone(prefix: &str, images: &[&str]) -> anyhow::Result<Self> {
+        Self::start_holding(prefix, images, true).await
+    }
+
+    async fn start_holding(prefix: &str, images: &[&str], alone: bool) -> anyhow::Result<Self> {
         let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach).await??;
         let held = tokio::task::spawn_blocking({
             let cluster = cluster.clone();
-            move || cluster.shared()
+            move || {
+                if alone {
+                    cluster.exclusive()
+                } else {
+                    cluster.shared()
+                }
+            }
         })
         .await??;
         let mut wanted: Vec<String> = ["marin3r", "envoy"]
@@ -219,4 +235,64 @@ pub fn pod_ip(pod: &k8s_openapi::api::core::v1::Pod) -> String {
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .unwrap_or_default()
+}
+
+/// The body the example EnvoyConfig (`manifests/examples/envoyconfig.yaml`) answers with.
+pub const EXAMPLE_BODY: &str = "hello from marin3r";
+
+/// The example EnvoyConfig in namespace `ns`, answering `body` on port 8080.
+pub fn example_config(ns: &str, body: &str) -> anyhow::Result<String> {
+    let text = crate::product::example_in("envoyconfig.yaml", ns)?;
+    anyhow::ensure!(
+        text.contains(EXAMPLE_BODY),
+        "the example EnvoyConfig no longer answers {EXAMPLE_BODY:?}"
+    );
+    Ok(text.replace(EXAMPLE_BODY, body))
+}
+
+impl Scenario {
+    /// The examples served in the scenario's namespace: the DiscoveryService of that namespace
+    /// (`discoveryservice-own-namespace.yaml`) once Ready, the EnvoyConfig answering `body`,
+    /// and the Deployment, whose pod the webhook injects; returns that pod once Ready.
+    pub async fn serve_examples(
+        &self,
+        body: &str,
+    ) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
+        use marin3r_discovery::api::discovery_service::DiscoveryService;
+        let ds = crate::product::example_in("discoveryservice-own-namespace.yaml", &self.ns)?;
+        self.kubectl.ok_with(&["apply", "-f", "-"], &ds).await?;
+        let services: kube::Api<DiscoveryService> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        marin3r_testkit::wait::poll(Duration::from_secs(120), Duration::from_millis(250), || {
+            let services = services.clone();
+            async move {
+                let ds = services.get("instance").await?;
+                Ok::<_, kube::Error>(
+                    crate::product::discovery_service_ready(&ds)
+                        .filter(|(status, _, _)| status == "True")
+                        .map(|_| ()),
+                )
+            }
+        })
+        .await
+        .map_err(|t| anyhow::anyhow!("the DiscoveryService was not Ready after {:?}", t.after))?;
+        self.kubectl
+            .ok_with(&["apply", "-f", "-"], &example_config(&self.ns, body)?)
+            .await?;
+        let deployment = crate::product::example_in("deployment.yaml", &self.ns)?;
+        self.kubectl
+            .ok_with(&["apply", "-f", "-"], &deployment)
+            .await?;
+        marin3r_testkit::wait::poll(
+            Duration::from_secs(120),
+            Duration::from_millis(250),
+            || async {
+                Ok::<_, std::convert::Infallible>(
+                    self.ready_pods("app=demo").await.into_iter().next(),
+                )
+            },
+        )
+        .await
+        .map_err(|t| anyhow::anyhow!("no injected pod was Ready after {:?}", t.after))
+    }
 }

@@ -22,6 +22,7 @@ mod operator_e2e;
 mod own_namespace_e2e;
 mod proxy_config_e2e;
 mod real_cluster;
+mod real_faults;
 mod real_journey;
 mod replicas_e2e;
 mod shutdown_manager_e2e;

@@ -27,18 +27,15 @@ use marin3r_testkit::wait::until;
 use serde_json::{Value, json};
 
 const NODE_ID: &str = "demo-proxy";
-const FIRST_BODY: &str = "hello from marin3r";
+const FIRST_BODY: &str = real::EXAMPLE_BODY;
 const DISCOVERY_PODS: &str = "app.kubernetes.io/component=discovery-service";
 
 /// The example EnvoyConfig in `ns`, answering `body` on `address:port`.
 fn envoy_config(ns: &str, body: &str, address: &str, port: u16) -> String {
-    example_in("envoyconfig.yaml", ns)
-        .unwrap()
-        .replace(FIRST_BODY, body)
-        .replace(
-            "address: 0.0.0.0, port_value: 8080",
-            &format!("address: {address}, port_value: {port}"),
-        )
+    real::example_config(ns, body).unwrap().replace(
+        "address: 0.0.0.0, port_value: 8080",
+        &format!("address: {address}, port_value: {port}"),
+    )
 }
 
 /// An EnvoyConfig of one route configuration over 120 KiB, one of whose 1500 virtual hosts
