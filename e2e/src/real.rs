@@ -28,6 +28,8 @@ pub struct Scenario {
     pub kubectl: Kubectl,
     /// The scenario's namespace: `<prefix>-<pid>-<milliseconds>`.
     pub ns: String,
+    /// The other namespaces it made ([`Scenario::namespace`]), deleted with it.
+    others: Mutex<Vec<String>>,
     _held: Held,
 }
 
@@ -82,6 +84,7 @@ impl Scenario {
             kubectl,
             cluster,
             ns,
+            others: Mutex::new(Vec::new()),
             _held: held,
         };
         scenario
@@ -102,19 +105,26 @@ impl Drop for Scenario {
         let Ok(kubectl) = tools::kubectl() else {
             return;
         };
-        for args in [
-            &[
-                "delete",
-                "discoveryservices",
-                "--all",
-                "-n",
-                &self.ns,
-                "--timeout=60s",
-            ][..],
-            &["delete", "namespace", &self.ns, "--wait=false"][..],
-        ] {
+        let mut namespaces = vec![self.ns.clone()];
+        if let Ok(others) = self.others.lock() {
+            namespaces.extend(others.iter().cloned());
+        }
+        for ns in &namespaces {
             let _ = Command::new(&kubectl)
-                .args(args)
+                .args([
+                    "delete",
+                    "discoveryservices",
+                    "--all",
+                    "-n",
+                    ns,
+                    "--timeout=60s",
+                ])
+                .env("KUBECONFIG", self.cluster.kubeconfig())
+                .output();
+        }
+        for ns in &namespaces {
+            let _ = Command::new(&kubectl)
+                .args(["delete", "namespace", ns, "--wait=false"])
                 .env("KUBECONFIG", self.cluster.kubeconfig())
                 .output();
         }
@@ -197,6 +207,74 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
 }
 
 impl Scenario {
+    /// Another namespace of the scenario, `<its namespace>-<suffix>`, under the restricted Pod
+    /// Security level, deleted with the scenario.
+    pub async fn namespace(&self, suffix: &str) -> anyhow::Result<String> {
+        let ns = format!("{}-{suffix}", self.ns);
+        self.others
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a scenario panicked while making a namespace"))?
+            .push(ns.clone());
+        self.kubectl.ok(&["create", "namespace", &ns]).await?;
+        self.kubectl
+            .ok(&[
+                "label",
+                "namespace",
+                &ns,
+                "pod-security.kubernetes.io/enforce=restricted",
+            ])
+            .await?;
+        Ok(ns)
+    }
+
+    /// A token of ServiceAccount `ns/name`, from the API server's TokenRequest (`kubectl
+    /// create token`), to act as it with `--token`.
+    pub async fn token(&self, ns: &str, name: &str) -> anyhow::Result<String> {
+        Ok(self
+            .kubectl
+            .ok(&["create", "token", name, "-n", ns, "--duration=1h"])
+            .await?
+            .trim()
+            .to_owned())
+    }
+
+    /// kubectl acting as ServiceAccount `ns/name` alone: a kubeconfig of the cluster's address
+    /// and CA with that account's token and no client certificate (the API server takes a
+    /// client certificate before a token, so `--token` beside the admin's certificate would
+    /// still act as the admin). The folder holding the kubeconfig lives as long as the
+    /// returned guard.
+    pub async fn kubectl_as(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> anyhow::Result<(Kubectl, tempfile::TempDir)> {
+        let token = self.token(ns, name).await?;
+        let view: serde_json::Value = serde_json::from_str(
+            &self
+                .kubectl
+                .ok(&["config", "view", "--raw", "--minify", "-o", "json"])
+                .await?,
+        )?;
+        let cluster = &view["clusters"][0]["cluster"];
+        let server = cluster["server"]
+            .as_str()
+            .context("the kubeconfig names no server")?;
+        let ca = cluster["certificate-authority-data"]
+            .as_str()
+            .context("the kubeconfig holds no CA data")?;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("kubeconfig");
+        let config = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "cluster", "cluster": {"server": server, "certificate-authority-data": ca}}],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": "as", "context": {"cluster": "cluster", "user": name, "namespace": ns}}],
+            "current-context": "as",
+        });
+        std::fs::write(&path, serde_json::to_vec(&config)?)?;
+        Ok((Kubectl::new(&path)?, dir))
+    }
+
     /// The answer of the Envoy admin API of `pod`'s sidecar in the scenario's namespace
     /// (`127.0.0.1:9901` inside the pod) to `GET path`, through the API server's pod
     /// port-forward as `marin3r proxy-config` reaches it.
