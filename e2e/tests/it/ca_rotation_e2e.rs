@@ -1,52 +1,52 @@
-//! F9 end to end: the CA of a discovery service is renewed while a sidecar Envoy serves
-//! traffic, keeps receiving config over mTLS xDS, and pods keep being admitted through the
-//! webhook (the local API server trusts only the `caBundle` it has). Secrets reach running
-//! pods 4 s late, as a real kubelet's sync makes them, so a hard CA cutover shows: the
-//! rolled discovery pod presents a new-CA certificate the sidecar does not trust yet, and the
-//! API server trusts the new CA before the old discovery pod serves it. With the overlap no
-//! request, config update, TLS handshake or admission fails. Needs root and the built
-//! `marin3r` (`cargo build -p marin3r-discovery`).
+//! F9 end to end, on the real cluster: the CA of a discovery service is renewed while a
+//! sidecar Envoy serves traffic, keeps receiving config over mTLS xDS, and pods keep being
+//! admitted through the webhook (the API server trusts only the `caBundle` it has). Secrets
+//! reach running pods when the real kubelet next syncs them (`hack/cluster`'s kubelet syncs
+//! every 10 s), so a hard CA cutover would show: the rolled discovery pod presenting a new-CA
+//! certificate the sidecar does not trust yet, and the API server trusting the new CA before
+//! the old discovery pod serves it. With the overlap no request, config update, TLS handshake
+//! or admission fails. The operator is run with `--trust-propagation-seconds` above the
+//! kubelet's sync, so the cluster is held alone, and the stock operator is applied again at
+//! the end.
 
 use marin3r_testkit::wait::until;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_certs::controller::rotation::split_certificates;
 use marin3r_certs::{CertificateInfo, verify_signed_by};
-use marin3r_discovery::api::discovery_service::DiscoveryService;
-use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
-use marin3r_testkit::kubectl::Kubectl;
+use marin3r_e2e::real::{self, Scenario};
+use marin3r_testkit::tools::repo_root;
 use serde_json::json;
 
-const OPS: &str = "marin3r-system";
-const WEBHOOK: &str = "marin3r-marin3r-system-instance";
-const BODY: &str = "hello from marin3r";
-/// How late a Secret change reaches a running pod here.
-const VOLUME_DELAY: Duration = Duration::from_secs(4);
-/// The operator's `--trust-propagation-seconds`: the volume delay plus the xDS server's 10 s
-/// file reload, with a second to spare.
-const PROPAGATION_SECONDS: u64 = 15;
+const BODY: &str = real::EXAMPLE_BODY;
+/// The operator's `--trust-propagation-seconds`: the kubelet's 10 s sync (and the time a
+/// sync takes) plus the xDS server's 10 s file reload, with seconds to spare.
+const PROPAGATION_SECONDS: u64 = 25;
 
-fn repo() -> PathBuf {
-    marin3r_testkit::tools::repo_root()
-}
+/// Applies the stock `manifests/` again however the test ends, so the operator runs with its
+/// default trust propagation for the scenarios after this one.
+struct StockOperator(std::path::PathBuf);
 
-fn pod_ip(p: &Pod) -> String {
-    p.status.as_ref().unwrap().pod_ip.clone().unwrap()
-}
-
-async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
-    marin3r_local_cluster::cluster::ready_pods(client, ns, selector)
-        .await
-        .unwrap()
+impl Drop for StockOperator {
+    fn drop(&mut self) {
+        if let Ok(kubectl) = marin3r_testkit::tools::kubectl() {
+            let manifests = repo_root().join("manifests");
+            let _ = std::process::Command::new(kubectl)
+                .arg("apply")
+                .arg("-k")
+                .arg(manifests)
+                .env("KUBECONFIG", &self.0)
+                .output();
+        }
+    }
 }
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
@@ -61,34 +61,15 @@ fn serial(pem: &str) -> String {
         .to_lowercase()
 }
 
-/// The example EnvoyConfig answering `body`.
-fn envoy_config(body: &str) -> String {
-    let text = std::fs::read_to_string(repo().join("manifests/examples/envoyconfig.yaml")).unwrap();
-    text.replace(
-        &format!("inline_string: \"{BODY}\""),
-        &format!("inline_string: \"{body}\""),
-    )
-}
-
-/// `GET` a sidecar's admin `path` from inside its pod.
-fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
-    cluster
-        .get_in_pod(
-            &pod.namespace().unwrap(),
-            &pod.name_any(),
-            &format!("http://127.0.0.1:9901{path}"),
-        )
-        .unwrap_or_else(|e| format!("GET failed: {e:#}"))
-}
-
 /// The sidecar's counters of failed TLS handshakes with the discovery service.
-fn tls_failures(cluster: &LocalCluster, pod: &Pod) -> u64 {
-    let stats = admin(
-        cluster,
-        pod,
-        "/stats?filter=^cluster\\.xds_cluster\\.ssl\\.(connection_error|fail_verify_error|fail_verify_no_cert)$",
-    );
-    assert!(!stats.starts_with("GET failed"), "{stats}");
+async fn tls_failures(scenario: &Scenario, pod: &Pod) -> u64 {
+    let stats = scenario
+        .envoy_admin(
+            &pod.name_any(),
+            "/stats?filter=^cluster\\.xds_cluster\\.ssl\\.(connection_error|fail_verify_error|fail_verify_no_cert)$",
+        )
+        .await
+        .unwrap();
     stats
         .lines()
         .filter_map(|l| l.rsplit(": ").next()?.trim().parse::<u64>().ok())
@@ -111,29 +92,20 @@ impl Failures {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread")]
 async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
-    let images = marin3r_e2e::product::images();
-    images
-        .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery");
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        images,
-        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
-        volume_update_delay: VOLUME_DELAY,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let client = cluster.client();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
+    let scenario = Scenario::start_alone("rotation", &[]).await.unwrap();
+    let (client, kubectl, ns) = (
+        scenario.client.clone(),
+        &scenario.kubectl,
+        scenario.ns.as_str(),
+    );
+    let webhook = format!("marin3r-ns.{ns}.instance");
 
     // The operator from manifests/, told how late Secrets arrive here.
+    let _stock = StockOperator(scenario.cluster.kubeconfig().to_path_buf());
     let manifests = kubectl
-        .ok(&["kustomize", repo().join("manifests").to_str().unwrap()])
+        .ok(&["kustomize", repo_root().join("manifests").to_str().unwrap()])
         .await
         .unwrap();
     let args = "      - args:\n        - operator\n";
@@ -141,83 +113,47 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
     let flag = format!("{args}        - --trust-propagation-seconds={PROPAGATION_SECONDS}\n");
     let manifests = manifests.replace(args, &flag);
     kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], &manifests)
+        .ok_with(&["apply", "-f", "-"], &manifests)
         .await
         .unwrap();
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {
-        "name": "demo",
-        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-    }}))
-    .unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    let examples = repo().join("manifests/examples");
     kubectl
         .ok(&[
-            "apply",
-            "--server-side",
-            "-f",
-            examples.join("discoveryservice.yaml").to_str().unwrap(),
+            "rollout",
+            "status",
+            "-n",
+            "marin3r-system",
+            "deployment/marin3r-operator",
+            "--timeout=120s",
         ])
         .await
         .unwrap();
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let ds = dss.get("instance").await.ok()?;
-            let ready = ds
-                .status?
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            ready.then_some(())
-        },
-    )
-    .await;
-    let ecs = |body: &str| envoy_config(body);
-    kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], &ecs(BODY))
-        .await
-        .unwrap();
-    kubectl
-        .ok_with(
-            &["apply", "--server-side", "-f", "-"],
-            &std::fs::read_to_string(examples.join("deployment.yaml")).unwrap(),
-        )
-        .await
-        .unwrap();
+    let pod = scenario.serve_examples(BODY).await.unwrap();
     let pod = until(
         "the injected pod serving the EnvoyConfig",
         Duration::from_secs(120),
         || async {
-            let pod = ready_pods(&client, "demo", "app=demo").await.pop()?;
             let body =
-                marin3r_testkit::envoy::get_body(&format!("http://{}:8080/", pod_ip(&pod))).ok()?;
-            (body == BODY).then_some(pod)
+                marin3r_testkit::envoy::get_body(&format!("http://{}:8080/", real::pod_ip(&pod)))
+                    .ok()?;
+            (body == BODY).then_some(pod.clone())
         },
     )
     .await;
-    let ip = pod_ip(&pod);
+    let ip = real::pod_ip(&pod);
+    let ecs = |body: &str| real::example_config(ns, body).unwrap();
 
     let secrets = |ns: &str| Api::<Secret>::namespaced(client.clone(), ns);
-    let ca_secret = secrets(OPS).get("marin3r-ca-cert-instance").await.unwrap();
+    let ca_secret = secrets(ns).get("marin3r-ca-cert-instance").await.unwrap();
     let old_ca = text(&ca_secret, "tls.crt").unwrap();
     let old_client = text(
-        &secrets("demo")
-            .get("envoy-sidecar-client-cert")
-            .await
-            .unwrap(),
+        &secrets(ns).get("envoy-sidecar-client-cert").await.unwrap(),
         "tls.crt",
     )
     .unwrap();
     let discovery = "app.kubernetes.io/component=discovery-service";
-    let old_discovery = ready_pods(&client, OPS, discovery).await[0].name_any();
-    let tls_failures_before = tls_failures(&cluster, &pod);
-    let template = Api::<Deployment>::namespaced(client.clone(), "demo")
+    let old_discovery = scenario.ready_pods(discovery).await[0].name_any();
+    let tls_failures_before = tls_failures(&scenario, &pod).await;
+    let template = Api::<Deployment>::namespaced(client.clone(), ns)
         .get("demo")
         .await
         .unwrap()
@@ -247,8 +183,9 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
     };
     let admissions = {
         let (stop, failures, client) = (stop.clone(), failures.clone(), client.clone());
+        let ns = ns.to_owned();
         tokio::spawn(async move {
-            let pods: Api<Pod> = Api::namespaced(client, "demo");
+            let pods: Api<Pod> = Api::namespaced(client, &ns);
             let meta = template.metadata.unwrap_or_default();
             let pod = Pod {
                 metadata: ObjectMeta {
@@ -289,7 +226,7 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
     };
 
     // Renew the CA, as `marin3r certs renew` does.
-    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), OPS);
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), ns);
     let renew = json!({"metadata": {"annotations": {"marin3r.3scale.net/renew": "rotate-ca"}}});
     dscs.patch(
         "marin3r-ca-cert-instance",
@@ -307,14 +244,14 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
     let old_ca_serial = serial(&old_ca);
     let new_ca = loop {
         assert!(
-            started.elapsed() < Duration::from_secs(150),
+            started.elapsed() < Duration::from_secs(240),
             "the CA rotation did not finish; failures: {:?}",
             failures.log.lock().unwrap()
         );
         version += 1;
         let body = format!("{BODY} {version}");
         kubectl
-            .ok_with(&["apply", "--server-side", "-f", "-"], &ecs(&body))
+            .ok_with(&["apply", "-f", "-"], &ecs(&body))
             .await
             .unwrap();
         let pushed = Instant::now();
@@ -329,7 +266,7 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let bundle = webhooks.get(WEBHOOK).await.unwrap().webhooks.unwrap()[0]
+        let bundle = webhooks.get(&webhook).await.unwrap().webhooks.unwrap()[0]
             .client_config
             .ca_bundle
             .clone()
@@ -337,23 +274,23 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
             .unwrap();
         let bundle = split_certificates(&bundle);
         bundle_overlap |= bundle.len() == 2;
-        let certs = admin(&cluster, &pod, "/certs")
+        let certs = scenario
+            .envoy_admin(&pod.name_any(), "/certs")
+            .await
+            .unwrap_or_else(|e| format!("GET failed: {e:#}"))
             .replace(':', "")
             .to_lowercase();
         let ca = text(
-            &secrets(OPS).get("marin3r-ca-cert-instance").await.unwrap(),
+            &secrets(ns).get("marin3r-ca-cert-instance").await.unwrap(),
             "tls.crt",
         )
         .unwrap();
         if ca != old_ca {
             envoy_overlap |= certs.contains(&old_ca_serial) && certs.contains(&serial(&ca));
         }
-        let client_secret = secrets("demo")
-            .get("envoy-sidecar-client-cert")
-            .await
-            .unwrap();
+        let client_secret = secrets(ns).get("envoy-sidecar-client-cert").await.unwrap();
         let client_cert = text(&client_secret, "tls.crt").unwrap();
-        let discovery_pods = ready_pods(&client, OPS, discovery).await;
+        let discovery_pods = scenario.ready_pods(discovery).await;
         let done = ca != old_ca
             && bundle == [ca.clone()]
             && split_certificates(&text(&client_secret, "ca.crt").unwrap()) == [ca.clone()]
@@ -372,7 +309,7 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
     version += 1;
     let body = format!("{BODY} {version}");
     kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], &ecs(&body))
+        .ok_with(&["apply", "-f", "-"], &ecs(&body))
         .await
         .unwrap();
     until(
@@ -391,10 +328,7 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
     assert_ne!(serial(&new_ca), old_ca_serial);
     assert_ne!(
         text(
-            &secrets("demo")
-                .get("envoy-sidecar-client-cert")
-                .await
-                .unwrap(),
+            &secrets(ns).get("envoy-sidecar-client-cert").await.unwrap(),
             "tls.crt"
         )
         .unwrap(),
@@ -421,9 +355,8 @@ async fn a_ca_rotation_fails_no_request_no_config_update_and_no_admission() {
         "configs that did not arrive within 10 s: {late_configs:?}"
     );
     assert_eq!(
-        tls_failures(&cluster, &pod),
+        tls_failures(&scenario, &pod).await,
         tls_failures_before,
         "the sidecar failed TLS handshakes with the discovery service"
     );
-    cluster.shutdown(Duration::from_secs(5)).await;
 }
