@@ -374,3 +374,38 @@ impl Scenario {
         .map_err(|t| anyhow::anyhow!("no injected pod was Ready after {:?}", t.after))
     }
 }
+
+/// Requests sent to one URL every 50 ms until [`Traffic::stop`]: how many were answered with
+/// 200, and what each other answer or error was.
+pub struct Traffic {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(u32, Vec<String>)>,
+}
+
+impl Traffic {
+    pub fn start(url: &str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            let url = url.to_owned();
+            async move {
+                let (mut answered, mut failed) = (0u32, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match crate::demo::get(&url).await {
+                        Ok(Some(_)) => answered += 1,
+                        other => failed.push(format!("{other:?}")),
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                (answered, failed)
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the requests; (answered, every failure).
+    pub async fn stop(self) -> anyhow::Result<(u32, Vec<String>)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(self.task.await?)
+    }
+}

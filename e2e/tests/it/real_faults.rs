@@ -4,8 +4,6 @@
 //! it had published, and the next update reaches Envoy; no request fails throughout. The
 //! cluster is held alone: a restart disturbs every other scenario.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::{Api, ResourceExt};
@@ -55,22 +53,7 @@ async fn restarts_of_the_api_server_etcd_containerd_and_the_kubelet_lose_nothing
     let configs: Api<EnvoyConfig> = Api::namespaced(scenario.client.clone(), &scenario.ns);
     step("the example served");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = tokio::spawn({
-        let stop = stop.clone();
-        let url = url.clone();
-        async move {
-            let (mut answered, mut failed) = (0u32, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                match get(&url).await {
-                    Ok(Some(_)) => answered += 1,
-                    other => failed.push(format!("{other:?}")),
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            (answered, failed)
-        }
-    });
+    let traffic = real::Traffic::start(&url);
 
     for (i, part) in ["kube-apiserver", "etcd", "containerd", "kubelet"]
         .into_iter()
@@ -123,8 +106,7 @@ async fn restarts_of_the_api_server_etcd_containerd_and_the_kubelet_lose_nothing
         step(&format!("an update served after the {part} restart"));
     }
 
-    stop.store(true, Ordering::Relaxed);
-    let (answered, failed) = traffic.await.unwrap();
+    let (answered, failed) = traffic.stop().await.unwrap();
     assert!(
         failed.is_empty(),
         "{} of {} requests through the sidecar failed during the restarts: {failed:?}",

@@ -9,8 +9,6 @@
 //! native sidecar stops after its application, and the discovery pod rolling over to a new
 //! server certificate while requests through the sidecar keep being answered.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -354,22 +352,7 @@ async fn the_seeds_journey_on_a_real_cluster() {
         .collect();
     assert_eq!(old_pods.len(), 1, "{old_pods:?}");
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let traffic = tokio::spawn({
-        let stop = stop.clone();
-        let url = url.clone();
-        async move {
-            let (mut answered, mut failed) = (0u32, Vec::new());
-            while !stop.load(Ordering::Relaxed) {
-                match get(&url).await {
-                    Ok(Some(_)) => answered += 1,
-                    other => failed.push(format!("{other:?}")),
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            (answered, failed)
-        }
-    });
+    let traffic = real::Traffic::start(&url);
     let certificates: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), &ns);
     let server = certificates
         .list(&ListParams::default())
@@ -426,8 +409,7 @@ async fn the_seeds_journey_on_a_real_cluster() {
         connected.contains("control_plane.connected_state: 1"),
         "{connected}"
     );
-    stop.store(true, Ordering::Relaxed);
-    let (answered, failed) = traffic.await.unwrap();
+    let (answered, failed) = traffic.stop().await.unwrap();
     assert!(
         failed.is_empty(),
         "{} of {} requests failed during the rollover: {failed:?}",
