@@ -134,6 +134,17 @@ async fn the_seeds_journey_on_a_real_cluster() {
     .await;
 
     step("DiscoveryService Ready");
+    // The real API server publishes our CRDs' schemas: kubectl explain reads them.
+    let explained = kubectl
+        .ok(&["explain", "envoyconfig.spec.nodeID"])
+        .await
+        .unwrap();
+    assert!(
+        explained.contains("GROUP:      marin3r.3scale.net")
+            && explained.contains("FIELD: nodeID <string>")
+            && explained.contains("The Envoy `node.id` this configuration is served to."),
+        "{explained}"
+    );
     // The EnvoyConfig, then the annotated Deployment the webhook injects.
     kubectl
         .ok_with(
