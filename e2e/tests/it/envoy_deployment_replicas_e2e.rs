@@ -462,6 +462,7 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
     )
     .await;
     let active = hpa_condition(&hpa, "ScalingActive").unwrap();
+    println!("the HPA's ScalingActive: {active:?}");
     assert!(active.1.starts_with("FailedGet"), "{active:?}");
     assert_eq!(hpa_condition(&hpa, "AbleToScale").unwrap().0, "True");
     assert_eq!(hpa["status"]["currentReplicas"], 2, "{hpa}");
