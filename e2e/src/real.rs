@@ -299,6 +299,34 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// `kubectl apply -f -` of a manifest text.
+    pub async fn apply(&self, manifest: &str) -> anyhow::Result<()> {
+        self.kubectl
+            .ok_with(&["apply", "-f", "-"], manifest)
+            .await
+            .map(|_| ())
+    }
+
+    /// Waits (up to 120 s) until the DiscoveryService `name` of the scenario's namespace is
+    /// Ready.
+    pub async fn discovery_service_ready(&self, name: &str) {
+        use marin3r_discovery::api::discovery_service::DiscoveryService;
+        let services: kube::Api<DiscoveryService> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        marin3r_testkit::wait::until(
+            &format!("the DiscoveryService {name} to be Ready"),
+            Duration::from_secs(120),
+            || async {
+                let ds = services.get(name).await.ok()?;
+                let ready = crate::product::discovery_service_ready(&ds)?;
+                (ready.0 == "True").then_some(())
+            },
+        )
+        .await;
+    }
+}
+
 /// Whether `pod` has the condition Ready.
 pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.status

@@ -47,7 +47,7 @@ pub struct ProxyConfigArgs {
     #[arg(long)]
     no_compare: bool,
     /// The DiscoveryService whose pods serve the proxy, as NAMESPACE/NAME or NAME (default:
-    /// the only one in the cluster).
+    /// the one whose pod the proxy is connected to, else the only one in the cluster).
     #[arg(long, value_name = "[NAMESPACE/]NAME")]
     discovery_service: Option<String>,
     /// The discovery pods' admin port (their --admin-address).
@@ -235,11 +235,11 @@ async fn served(
     pod: &str,
     node: &str,
 ) -> anyhow::Result<(String, Served)> {
-    let discovery =
-        super::proxy_status::find_pods(client, args.discovery_service.as_deref(), None).await?;
+    let (selector, running) =
+        super::proxy_status::running_pods(client, args.discovery_service.as_deref()).await?;
     let port = args.discovery_admin_port;
     let mut connected_to = None;
-    for (dns, dpod) in &discovery {
+    for (dns, dpod) in &ask_order(&running, ns) {
         let Ok((_, body)) =
             super::port_forward::get(client.clone(), dns, dpod, port, SYNC_STATUS_PATH).await
         else {
@@ -255,8 +255,14 @@ async fn served(
             break;
         }
     }
-    let Some((dns, dpod)) = connected_to.or_else(|| discovery.first().cloned()) else {
-        bail!("no discovery pod to ask what node {node} is served");
+    // None has the proxy connected (it may be reconnecting): the discovery service's first
+    // pod, when only one discovery service runs.
+    let (dns, dpod) = match connected_to {
+        Some(pod) => pod,
+        None => super::proxy_status::one_instance(&selector, running)?
+            .into_iter()
+            .next()
+            .with_context(|| format!("no discovery pod to ask what node {node} is served"))?,
     };
     let path = format!(
         "{SERVED_CONFIG_PATH}?namespace={}&node={}",
@@ -269,6 +275,19 @@ async fn served(
     let served = serde_json::from_str(&body)
         .with_context(|| format!("discovery pod {dns}/{dpod} answered no served config"))?;
     Ok((format!("{dns}/{dpod}"), served))
+}
+
+/// The running discovery pods, in the order they are asked whether the proxy of namespace
+/// `ns` is connected to them: those of `ns` first (a DiscoveryService serves its own
+/// namespace), then the others, each group by name.
+fn ask_order(running: &[super::proxy_status::RunningPod], ns: &str) -> Vec<(String, String)> {
+    let mut pods: Vec<(String, String)> = running
+        .iter()
+        .map(|(dns, _, pod)| (dns.clone(), pod.clone()))
+        .collect();
+    pods.sort_by(|a, b| (a.0 != ns, &a.0, &a.1).cmp(&(b.0 != ns, &b.0, &b.1)));
+    pods.dedup();
+    pods
 }
 
 /// Percent-encodes everything but unreserved characters.
@@ -312,6 +331,32 @@ fn table(entries: &[Entry]) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_proxys_namespace_is_asked_first_among_several_discovery_services() {
+        let running: Vec<super::super::proxy_status::RunningPod> = [
+            ("marin3r-system", "instance", "marin3r-instance-b"),
+            ("shop", "instance", "marin3r-instance-z"),
+            ("gateway", "instance", "marin3r-instance-y"),
+            ("marin3r-system", "instance", "marin3r-instance-a"),
+        ]
+        .iter()
+        .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
+        .collect();
+        let order: Vec<String> = super::ask_order(&running, "shop")
+            .into_iter()
+            .map(|(ns, pod)| format!("{ns}/{pod}"))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "shop/marin3r-instance-z",
+                "gateway/marin3r-instance-y",
+                "marin3r-system/marin3r-instance-a",
+                "marin3r-system/marin3r-instance-b",
+            ]
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -186,6 +186,19 @@ pub(super) async fn find_pods(
             .with_context(|| format!("--pod {pod:?} must be NAMESPACE/NAME"))?;
         return Ok(vec![(ns.to_owned(), name.to_owned())]);
     }
+    let (selector, running) = running_pods(client, discovery_service).await?;
+    one_instance(&selector, running)
+}
+
+/// A running discovery pod: (namespace, its DiscoveryService's name, pod name).
+pub(super) type RunningPod = (String, String, String);
+
+/// Every running pod of `--discovery-service`, or of every discovery service when it is not
+/// given, with the label selector that found them.
+pub(super) async fn running_pods(
+    client: &kube::Client,
+    discovery_service: Option<&str>,
+) -> anyhow::Result<(String, Vec<RunningPod>)> {
     let mut selector = DISCOVERY_POD_SELECTOR.to_owned();
     let api: Api<Pod> = match discovery_service.map(|d| d.split_once('/')) {
         Some(Some((ns, name))) => {
@@ -203,8 +216,7 @@ pub(super) async fn find_pods(
         .list(&ListParams::default().labels(&selector))
         .await
         .context("listing the discovery pods")?;
-    // (namespace, instance label, pod name) of every running pod.
-    let running: Vec<(String, String, String)> = pods
+    let running = pods
         .items
         .iter()
         .filter(|p| {
@@ -220,6 +232,15 @@ pub(super) async fn find_pods(
             )
         })
         .collect();
+    Ok((selector, running))
+}
+
+/// The (namespace, pod) of `running` when they all belong to one discovery service; an error
+/// naming them when there are several, or none.
+pub(super) fn one_instance(
+    selector: &str,
+    running: Vec<RunningPod>,
+) -> anyhow::Result<Vec<(String, String)>> {
     let instances: BTreeSet<String> = running
         .iter()
         .map(|(ns, instance, _)| format!("{ns}/{instance}"))

@@ -35,9 +35,9 @@ pub const GET_CONFIG_SYNCED: &str = "kubectl get envoyconfig demo-proxy -n demo"
 /// The installation checked part by part; exit code 0 only when every check passes.
 pub const CHECK: &str = "marin3r check";
 
-/// The EnvoyDeployment guide's commands (`docs/envoydeployment.md`), run word for word by
-/// the gateway end-to-end test (`e2e/tests/it/envoy_deployment_e2e.rs`) on a cluster with
-/// nothing but `manifests/` installed.
+/// The EnvoyDeployment guide's commands (`docs/envoydeployment.md`), run in its order by the
+/// gateway end-to-end test (`e2e/tests/it/envoy_deployment_e2e.rs`) on the real cluster with
+/// nothing but `manifests/` installed, in the test's own namespace instead of `gateway`.
 pub const GATEWAY_APPLY_NAMESPACE: &str = "kubectl apply -f docs/examples/gateway/namespace.yaml";
 pub const GATEWAY_APPLY_BACKEND: &str = "kubectl apply -f docs/examples/gateway/backend.yaml";
 pub const GATEWAY_APPLY_DISCOVERY_SERVICE: &str =

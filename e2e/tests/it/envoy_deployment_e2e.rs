@@ -1,16 +1,19 @@
-//! An EnvoyDeployment (the original MARIN3R's gateway) on the local cluster, installed from
-//! `manifests/` and created with the EnvoyDeployment guide's own commands: a client pod
-//! sends a continuous loop of requests through a Service to the gateway's Envoy pods and on
-//! to a backend pod, and gets the backend's answer; an EnvoyConfig update reaches the
-//! gateways and a rejected one is rolled back; a rolling update of the gateway (a spec
-//! change) with the shutdown manager drops no request of the loop, counted. A bad spec is a
-//! Ready=False condition naming the field and leaves the running Deployment alone; one the
-//! CRD refuses never reaches the controller. Needs root (pod runner), python3 and the built
-//! `marin3r` binary. The namespace, the backend and a client showing the backend's answer
-//! come from the guide's commands too, so the guide works on a cluster with nothing else.
+//! An EnvoyDeployment (the original MARIN3R's gateway) on the real cluster (`hack/cluster`),
+//! installed from `manifests/` and created with the EnvoyDeployment guide's own commands
+//! (`docs/envoydeployment.md`), in a namespace of the scenario's own: a client pod sends a
+//! continuous loop of requests through a Service (kube-proxy's ClusterIP) to the gateway's
+//! Envoy pods and on to a backend pod, and gets the backend's answer; an EnvoyConfig update
+//! reaches the gateways and a rejected one is rolled back; a rolling update of the gateway (a
+//! spec change) with the shutdown manager drops no request of the loop, counted, while the
+//! real Deployment controller replaces the pods and the EndpointSlice controller and
+//! kube-proxy move the Service to the new ones. A bad spec is a Ready=False condition naming
+//! the field and leaves the running Deployment alone; one the CRD refuses never reaches the
+//! controller. The guide's commands run word for word but for two things this cluster needs:
+//! its namespace `gateway` is the scenario's, and its examples' `python:3.13-alpine` (no
+//! registry here) is `hack/image`'s python image.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -20,49 +23,73 @@ use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_discovery::api::envoy_deployment::EnvoyDeployment;
 use marin3r_e2e::demo::commands;
-use marin3r_e2e::product::{Installed, install, python3, ready_condition};
+use marin3r_e2e::product::ready_condition;
+use marin3r_e2e::real::{self, Scenario};
 use marin3r_e2e::rejected::nacked_by_proxies;
 use marin3r_testkit::kubectl::Output;
 use marin3r_testkit::wait::until;
 
 use crate::gateway_traffic::{ClientLog, MODES, Mode, client_pod, now_ms, pods};
 
-const NS: &str = "gateway";
 const GATEWAY_PODS: &str =
     "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=front-door";
+/// The guide's folder of examples and its namespace.
+const GUIDE_EXAMPLES: &str = "docs/examples/gateway/";
+const GUIDE_NS: &str = "gateway";
 
 /// The backend's answer once the gateway rewrites the path (the updated EnvoyConfig).
 const V2: &str = "greeter /v2/hello";
 /// How long the client keeps being counted after the last old pod is gone.
 const AFTER_ROLLOUT_MS: u64 = 5_000;
 
-async fn run(installed: &Installed, command: &str) -> String {
+/// The guide's example `file` as it runs here: in the scenario's namespace, on the cluster's
+/// python image.
+fn guide_example(file: &str, ns: &str) -> String {
+    let path = marin3r_testkit::tools::repo_root()
+        .join(GUIDE_EXAMPLES)
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let here = text
+        .replace(
+            &format!("namespace: {GUIDE_NS}\n"),
+            &format!("namespace: {ns}\n"),
+        )
+        .replace(&format!("  name: {GUIDE_NS}\n"), &format!("  name: {ns}\n"))
+        .replace("image: python:3.13-alpine", "image: marin3r-test/python:3");
+    assert_ne!(here, text, "{file} names no namespace {GUIDE_NS}");
+    here
+}
+
+/// Runs one of the guide's commands (`commands::GATEWAY_*`) in the scenario's namespace:
+/// an `apply` of an example applies [`guide_example`], any other has its `-n gateway` turned
+/// into the scenario's namespace. Returns stdout.
+async fn guide(s: &Scenario, command: &str) -> String {
+    if let Some(file) = command.strip_prefix(&format!("kubectl apply -f {GUIDE_EXAMPLES}")) {
+        s.apply(&guide_example(file, &s.ns)).await.unwrap();
+        return String::new();
+    }
+    let here = command.replace(&format!(" -n {GUIDE_NS}"), &format!(" -n {}", s.ns));
+    assert_ne!(here, command, "`{command}` runs in no namespace");
     let repo = marin3r_testkit::tools::repo_root();
     let marin3r = marin3r_e2e::product::marin3r_bin().unwrap();
-    commands::run(
-        command,
-        &repo,
-        &installed.kubectl,
-        &installed.kubeconfig(),
-        &marin3r,
-    )
-    .await
-    .unwrap()
+    commands::run(&here, &repo, &s.kubectl, s.cluster.kubeconfig(), &marin3r)
+        .await
+        .unwrap()
 }
 
 /// `kubectl patch envoydeployment front-door --type=merge -p <patch>`.
-async fn patch(installed: &Installed, patch: &str) -> Output {
+async fn patch(s: &Scenario, patch: &str) -> Output {
     let args = [
         "patch",
         "envoydeployment",
         "front-door",
         "-n",
-        NS,
+        &s.ns,
         "--type=merge",
         "-p",
         patch,
     ];
-    installed.kubectl.run(&args).await.unwrap()
+    s.kubectl.run(&args).await.unwrap()
 }
 
 fn ready(ed: &EnvoyDeployment) -> Option<(String, String, String)> {
@@ -70,33 +97,27 @@ fn ready(ed: &EnvoyDeployment) -> Option<(String, String, String)> {
 }
 
 /// Waits for the client's new-connection loop to see `body` as its latest answer.
-async fn client_sees(installed: &Installed, what: &str, body: &str) {
+async fn client_sees(s: &Scenario, what: &str, body: &str) {
     until(what, Duration::from_secs(60), || async {
-        let log = ClientLog::read(installed, NS);
+        let log = ClientLog::read(s).await;
         (log.last(Mode::Fresh)?.body == body).then_some(())
     })
     .await;
 }
 
 /// Waits for the guide's client to print `line` as its latest (`kubectl logs --tail=1`).
-async fn guide_client_sees(installed: &Installed, line: &str) {
-    let repo = marin3r_testkit::tools::repo_root();
-    let marin3r = marin3r_e2e::product::marin3r_bin().unwrap();
-    let kubeconfig = installed.kubeconfig();
+async fn guide_client_sees(s: &Scenario, line: &str) {
     let what = format!("the guide's client to print {line:?}");
     until(&what, Duration::from_secs(60), || async {
-        let command = commands::GATEWAY_CLIENT_LOGS;
-        let out = commands::run(command, &repo, &installed.kubectl, &kubeconfig, &marin3r).await;
-        (out.ok()?.trim_end() == line).then_some(())
+        let command = commands::GATEWAY_CLIENT_LOGS
+            .replace(&format!(" -n {GUIDE_NS}"), &format!(" -n {}", s.ns));
+        let out = s
+            .kubectl
+            .run(&command.split_whitespace().skip(1).collect::<Vec<_>>())
+            .await;
+        (out.ok()?.stdout.trim_end() == line).then_some(())
     })
     .await;
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// When the test saw the rollout's steps (Unix ms, the client's clock).
@@ -113,14 +134,10 @@ struct Rollout {
 }
 
 /// Changes the gateway's spec and follows its pods until every old one is gone.
-async fn roll(installed: &Installed, old: &BTreeSet<String>) -> Rollout {
-    let pods: Api<Pod> = Api::namespaced(installed.client.clone(), NS);
+async fn roll(s: &Scenario, old: &BTreeSet<String>) -> Rollout {
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
     let patched = now_ms();
-    let out = patch(
-        installed,
-        r#"{"spec":{"extraArgs":["--log-level","info"]}}"#,
-    )
-    .await;
+    let out = patch(s, r#"{"spec":{"extraArgs":["--log-level","info"]}}"#).await;
     assert!(out.success, "{out:?}");
     let (mut new_ready, mut terminating) = (None, None);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
@@ -137,7 +154,7 @@ async fn roll(installed: &Installed, old: &BTreeSet<String>) -> Rollout {
             list.iter().partition(|p| old.contains(&p.name_any()));
         let serving = news
             .iter()
-            .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .filter(|p| real::pod_ready(p) && p.metadata.deletion_timestamp.is_none())
             .count();
         if serving == old.len() {
             new_ready.get_or_insert(now);
@@ -224,31 +241,35 @@ fn check_rollout(log: &ClientLog, old: &BTreeSet<String>, r: &Rollout) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without_dropping_requests()
 {
-    // The guide's backend and client run a `python` image, as does the test's own client.
-    let images = marin3r_e2e::product::images().with("python", python3());
-    let installed = install(images).await.unwrap();
-    let client = installed.client.clone();
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    // The guide's backend and client run python, as does the test's own client.
+    let scenario = Scenario::start("gateway", &["python"]).await.unwrap();
+    let s = &scenario;
+    let client = s.client.clone();
+    step("namespace created");
 
-    // The guide's commands, word for word, on a cluster with only `manifests/` installed.
+    // The guide's commands, in its order, on a cluster with only `manifests/` installed.
     for command in [
         commands::GATEWAY_APPLY_NAMESPACE,
         commands::GATEWAY_APPLY_BACKEND,
         commands::GATEWAY_APPLY_DISCOVERY_SERVICE,
     ] {
-        run(&installed, command).await;
+        guide(s, command).await;
     }
     // The guide's wait gives up after 120 s; `commands::run` after 30 s: wait here first.
-    installed.discovery_service_ready(NS, "instance").await;
-    let waited = run(&installed, commands::GATEWAY_WAIT_DISCOVERY_SERVICE).await;
+    s.discovery_service_ready("instance").await;
+    let waited = guide(s, commands::GATEWAY_WAIT_DISCOVERY_SERVICE).await;
     assert!(waited.contains("condition met"), "{waited}");
+    step("DiscoveryService Ready");
     for command in [
         commands::GATEWAY_APPLY_ENVOY_CONFIG,
         commands::GATEWAY_APPLY_ENVOY_DEPLOYMENT,
         commands::GATEWAY_APPLY_SERVICE,
     ] {
-        run(&installed, command).await;
+        guide(s, command).await;
     }
-    let eds: Api<EnvoyDeployment> = Api::namespaced(client.clone(), NS);
+    let eds: Api<EnvoyDeployment> = Api::namespaced(client.clone(), &s.ns);
     until(
         "the EnvoyDeployment to be Ready",
         Duration::from_secs(120),
@@ -258,19 +279,20 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         },
     )
     .await;
-    let table = run(&installed, commands::GATEWAY_GET).await;
+    step("EnvoyDeployment Ready");
+    let table = guide(s, commands::GATEWAY_GET).await;
     assert!(
         table.contains("READY") && table.contains("marin3r-envoydeployment-front-door"),
         "{table}"
     );
-    let children = run(&installed, commands::GATEWAY_GET_CHILDREN).await;
+    let children = guide(s, commands::GATEWAY_GET_CHILDREN).await;
     for child in [
         "marin3r-envoydeployment-front-door",
         "envoy-client-cert-front-door",
     ] {
         assert!(children.contains(child), "{children}");
     }
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &s.ns);
     let d = deployments
         .get("marin3r-envoydeployment-front-door")
         .await
@@ -280,20 +302,15 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         d.labels()["app.kubernetes.io/component"],
         "envoy-deployment"
     );
-    // Each gateway Envoy is scraped like a sidecar: annotated, its stats on the readiness port.
-    let gateway_pods = Api::<Pod>::namespaced(client.clone(), NS)
-        .list(&kube::api::ListParams::default().labels(
-            "app.kubernetes.io/instance=front-door,app.kubernetes.io/component=envoy-deployment",
-        ))
-        .await
-        .unwrap();
-    assert!(!gateway_pods.items.is_empty());
-    for pod in &gateway_pods.items {
+    // Each gateway Envoy is scraped like a sidecar: annotated, its stats on the readiness
+    // port, reached at the pod's IP.
+    let gateway_pods = s.ready_pods(GATEWAY_PODS).await;
+    assert_eq!(gateway_pods.len(), 2);
+    for pod in &gateway_pods {
         let annotations = pod.annotations();
         assert_eq!(annotations["prometheus.io/port"], "9902", "{annotations:?}");
         assert_eq!(annotations["prometheus.io/path"], "/stats/prometheus");
-        let ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
-        let url = format!("http://{ip}:9902/stats/prometheus");
+        let url = format!("http://{}:9902/stats/prometheus", real::pod_ip(pod));
         let (code, body) =
             tokio::task::spawn_blocking(move || marin3r_testkit::envoy::request("GET", &url))
                 .await
@@ -307,11 +324,12 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     }
 
     // The guide's client shows the backend's answer through the gateway's Service.
-    run(&installed, commands::GATEWAY_APPLY_CLIENT).await;
-    guide_client_sees(&installed, "200 greeter /hello").await;
+    guide(s, commands::GATEWAY_APPLY_CLIENT).await;
+    guide_client_sees(s, "200 greeter /hello").await;
+    step("the guide's client answered through the gateway");
     // What a gateway pod's Envoy holds, against what its node is served: found with no
     // node-id annotation (gateway pods have none), from the Envoy's own /server_info.
-    let held = run(&installed, commands::GATEWAY_PROXY_CONFIG).await;
+    let held = guide(s, commands::GATEWAY_PROXY_CONFIG).await;
     println!("$ {}\n{held}", commands::GATEWAY_PROXY_CONFIG);
     assert!(
         held.lines()
@@ -321,26 +339,24 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     );
 
     // The test's own client pod loops through the Service, counting every answer.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &s.ns);
     pods.create(
         &PostParams::default(),
-        &serde_json::from_value(client_pod(NS)).unwrap(),
+        &serde_json::from_value(client_pod(&s.ns)).unwrap(),
     )
     .await
     .unwrap();
     client_sees(
-        &installed,
+        s,
         "the backend's answer through the gateway",
         "greeter /hello",
     )
     .await;
+    step("the test's client answered");
 
     // An EnvoyConfig update reaches the gateways; it also names the answering gateway pod.
-    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), NS);
-    let v1 = std::fs::read_to_string(
-        marin3r_testkit::tools::repo_root().join("docs/examples/gateway/envoyconfig.yaml"),
-    )
-    .unwrap();
+    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), &s.ns);
+    let v1 = guide_example("envoyconfig.yaml", &s.ns);
     let v2 = v1
         .replace(
             "route: {cluster: greeter}",
@@ -351,13 +367,14 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
             "                    name: front-door-routes\n                    response_headers_to_add:\n                      - header: {key: x-gateway-pod, value: \"%HOSTNAME%\"}\n",
         );
     assert_eq!(v2.lines().count(), v1.lines().count() + 2);
-    installed.apply(&v2).await.unwrap();
-    client_sees(&installed, "the updated config's answer", V2).await;
+    s.apply(&v2).await.unwrap();
+    client_sees(s, "the updated config's answer", V2).await;
+    step("config update served");
 
     // One the gateways reject (their listener on an address they lack, which the webhook's
     // Envoy judge admits) is rolled back; the gateways keep serving v2.
     let rejected = nacked_by_proxies(&v2).unwrap();
-    installed.apply(&rejected).await.unwrap();
+    s.apply(&rejected).await.unwrap();
     until(
         "the rejected config to be rolled back",
         Duration::from_secs(90),
@@ -373,7 +390,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         "both loops to be answered with v2",
         Duration::from_secs(60),
         || async {
-            let log = ClientLog::read(&installed, NS);
+            let log = ClientLog::read(s).await;
             MODES
                 .iter()
                 .all(|m| log.last(*m).is_some_and(|a| a.body == V2 && a.pod != "-"))
@@ -381,6 +398,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         },
     )
     .await;
+    step("rejected config rolled back");
 
     // A rolling update (a spec change) while the client loops: no request is dropped.
     let old_pods: BTreeSet<String> = pods
@@ -391,12 +409,13 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         .map(ResourceExt::name_any)
         .collect();
     assert_eq!(old_pods.len(), 2, "{old_pods:?}");
-    let rollout = roll(&installed, &old_pods).await;
+    let rollout = roll(s, &old_pods).await;
+    step("rolled");
     until(
         "the client to be counted after the rollout",
         Duration::from_secs(60),
         || async {
-            let log = ClientLog::read(&installed, NS);
+            let log = ClientLog::read(s).await;
             let end = rollout.gone + AFTER_ROLLOUT_MS;
             MODES
                 .iter()
@@ -405,7 +424,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         },
     )
     .await;
-    check_rollout(&ClientLog::read(&installed, NS), &old_pods, &rollout);
+    check_rollout(&ClientLog::read(s).await, &old_pods, &rollout);
     until(
         "the EnvoyDeployment to be Ready after the rollout",
         Duration::from_secs(60),
@@ -431,11 +450,7 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
 
     // A bad spec is a condition naming the field; the Deployment stays as it was.
     let generation = d.metadata.generation;
-    let out = patch(
-        &installed,
-        r#"{"spec":{"ports":[{"name":"HTTP","port":8080}]}}"#,
-    )
-    .await;
+    let out = patch(s, r#"{"spec":{"ports":[{"name":"HTTP","port":8080}]}}"#).await;
     assert!(out.success, "{out:?}");
     let (_, reason, message) = until(
         "the bad spec to be reported",
@@ -455,10 +470,10 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     assert_eq!(d.metadata.generation, generation);
     // ...and one the CRD refuses never reaches the controller.
     let both = r#"{"spec":{"replicas":{"static":1,"dynamic":{"maxReplicas":3}}}}"#;
-    let out = patch(&installed, both).await;
+    let out = patch(s, both).await;
     assert!(!out.success, "{out:?}");
     assert!(out.stderr.contains("spec.replicas"), "{out:?}");
-    let failures = ClientLog::read(&installed, NS).failures();
+    let failures = ClientLog::read(s).await.failures();
     assert!(failures.is_empty(), "{failures:?}");
-    installed.cluster.shutdown(Duration::from_secs(5)).await;
+    step("bad specs reported");
 }

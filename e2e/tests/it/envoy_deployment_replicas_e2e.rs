@@ -1,27 +1,31 @@
-//! An EnvoyDeployment's replicas and disruption budget on the local cluster, driven with
-//! kubectl as a user drives them, from manifests of our own in the original MARIN3R's API
-//! (`kubectl apply -f`, client-side): dynamic replicas become an
-//! autoscaling/v2 HorizontalPodAutoscaler of the Deployment with the original's name, and
-//! the operator leaves the replica count to it (`kubectl scale`, as an autoscaler would,
-//! sticks across reconciles and spec changes); static replicas remove the autoscaler and set
-//! the count, and turning dynamic again keeps the count; the PodDisruptionBudget follows
-//! `spec.podDisruptionBudget`; the autoscaler, budget and bootstrap, deleted or edited by hand,
-//! are back within seconds; the gateway's own `marin3r.3scale.net/prometheus-annotations`
-//! decides its pods' `prometheus.io/*` annotations. Needs root (pod runner) and the built `marin3r` binary.
+//! An EnvoyDeployment's replicas and disruption budget on the real cluster (`hack/cluster`),
+//! driven with kubectl as a user drives them, from manifests of our own in the original
+//! MARIN3R's API (`kubectl apply -f`, client-side), in a namespace of the scenario's own:
+//! dynamic replicas become an autoscaling/v2 HorizontalPodAutoscaler of the Deployment with
+//! the original's name, which the real HPA controller acts on (it raises a Deployment below
+//! `minReplicas`; without a metrics server it reports `ScalingActive=False` and leaves a count
+//! within its bounds, so `kubectl scale` sticks across the operator's reconciles and spec
+//! changes); static replicas remove the autoscaler and set the count, and turning dynamic
+//! again keeps the count (the server-side-apply handover: its manager owns `spec.replicas` in
+//! the real managedFields); the PodDisruptionBudget follows `spec.podDisruptionBudget`, the
+//! disruption controller counts it and the eviction API honours it; the autoscaler, budget and
+//! bootstrap, deleted or edited by hand, are back within seconds; the gateway's own
+//! `marin3r.3scale.net/prometheus-annotations` decides its pods' `prometheus.io/*` annotations.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use marin3r_e2e::product::{Installed, install};
-use marin3r_local_cluster::cluster::create_restricted_namespace;
+use marin3r_discovery::operator::gateway::build::REPLICAS_HANDOVER_MANAGER;
+use marin3r_e2e::real::Scenario;
 use marin3r_testkit::wait::until;
 use serde_json::Value;
 
-const NS: &str = "shop";
 const OWNED: &str = "marin3r-envoydeployment-checkout";
 const DEPLOYMENT: &str = "deployment/marin3r-envoydeployment-checkout";
 const HPA: &str = "hpa/marin3r-envoydeployment-checkout";
 const PDB: &str = "pdb/marin3r-envoydeployment-checkout";
 const GATEWAY_NAME: &str = "envoydeployment/checkout";
+const GATEWAY_PODS: &str =
+    "app.kubernetes.io/component=envoy-deployment,app.kubernetes.io/instance=checkout";
 
 /// The discovery service and the gateway's config: a listener on 7070 that answers
 /// `checkout` itself.
@@ -30,14 +34,14 @@ apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: DiscoveryService
 metadata:
   name: instance
-  namespace: shop
+  namespace: NAMESPACE
 spec: {}
 ---
 apiVersion: marin3r.3scale.net/v1alpha1
 kind: EnvoyConfig
 metadata:
   name: checkout
-  namespace: shop
+  namespace: NAMESPACE
 spec:
   nodeID: checkout-gw
   resources:
@@ -67,13 +71,15 @@ spec:
 "#;
 
 /// An autoscaled gateway using every field of that shape: resources, extra arguments, an
-/// admin access log, dynamic replicas with two metrics and a behavior, and a budget.
+/// admin access log, dynamic replicas with two metrics and a behavior, and a budget; its
+/// readiness probe quicker than the original's defaults (15 s before the first), so pods are
+/// Ready in seconds.
 const GATEWAY: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: EnvoyDeployment
 metadata:
   name: checkout
-  namespace: shop
+  namespace: NAMESPACE
 spec:
   discoveryServiceRef: instance
   envoyConfigRef: checkout
@@ -82,6 +88,12 @@ spec:
       port: 7070
   extraArgs: ["--concurrency", "2"]
   adminAccessLogPath: /dev/stderr
+  readinessProbe:
+    initialDelaySeconds: 0
+    periodSeconds: 2
+    timeoutSeconds: 1
+    successThreshold: 1
+    failureThreshold: 3
   resources:
     requests: {cpu: 75m, memory: 40Mi}
     limits: {cpu: "1", memory: 200Mi}
@@ -113,15 +125,15 @@ spec:
     minAvailable: "50%"
 "#;
 
-async fn kubectl(installed: &Installed, args: &[&str]) -> String {
-    installed.kubectl.ok(args).await.unwrap()
+async fn kubectl(s: &Scenario, args: &[&str]) -> String {
+    s.kubectl.ok(args).await.unwrap()
 }
 
 /// `kubectl get <what> -n shop -o json`, or `None` when it is not found.
-async fn get(installed: &Installed, what: &str) -> Option<Value> {
-    let out = installed
+async fn get(s: &Scenario, what: &str) -> Option<Value> {
+    let out = s
         .kubectl
-        .run(&["get", what, "-n", NS, "-o", "json"])
+        .run(&["get", what, "-n", &s.ns, "-o", "json"])
         .await
         .unwrap();
     if !out.success {
@@ -132,18 +144,18 @@ async fn get(installed: &Installed, what: &str) -> Option<Value> {
 }
 
 /// `kubectl patch envoydeployment checkout` with a patch of `kind` (merge or json).
-async fn patch(installed: &Installed, kind: &str, patch: &str) {
+async fn patch(s: &Scenario, kind: &str, patch: &str) {
     let args = [
         "patch",
         "envoydeployment",
         "checkout",
         "-n",
-        NS,
+        &s.ns,
         &format!("--type={kind}"),
         "-p",
         patch,
     ];
-    kubectl(installed, &args).await;
+    kubectl(s, &args).await;
 }
 
 /// Every field of `want` is in `got` with the same value (`got` may have defaults on top).
@@ -169,12 +181,12 @@ fn assert_within(want: &Value, got: &Value, path: &str) {
 }
 
 /// Waits for the gateway's reconcile of its current generation to be reported.
-async fn reconciled(installed: &Installed) -> Value {
+async fn reconciled(s: &Scenario) -> Value {
     until(
         "the EnvoyDeployment's current generation to be reconciled",
         Duration::from_secs(120),
         || async {
-            let ed = get(installed, GATEWAY_NAME).await?;
+            let ed = get(s, GATEWAY_NAME).await?;
             (ed["status"]["observedGeneration"] == ed["metadata"]["generation"]).then_some(ed)
         },
     )
@@ -182,12 +194,12 @@ async fn reconciled(installed: &Installed) -> Value {
 }
 
 /// Waits for the Deployment to ask for `replicas` and have that many ready pods.
-async fn runs(installed: &Installed, replicas: i64) -> Value {
+async fn runs(s: &Scenario, replicas: i64) -> Value {
     until(
         &format!("{replicas} ready gateway pods"),
         Duration::from_secs(120),
         || async {
-            let d = get(installed, DEPLOYMENT).await?;
+            let d = get(s, DEPLOYMENT).await?;
             let ready = d["status"]["readyReplicas"].as_i64().unwrap_or(0);
             let all = d["status"]["replicas"].as_i64().unwrap_or(0);
             (d["spec"]["replicas"] == replicas && ready == replicas && all == replicas).then_some(d)
@@ -196,15 +208,15 @@ async fn runs(installed: &Installed, replicas: i64) -> Value {
     .await
 }
 
-async fn appears(installed: &Installed, what: &str, name: &str) -> Value {
-    until(what, Duration::from_secs(60), || get(installed, name)).await
+async fn appears(s: &Scenario, what: &str, name: &str) -> Value {
+    until(what, Duration::from_secs(60), || get(s, name)).await
 }
 
-async fn gone(installed: &Installed, what: &str) {
+async fn gone(s: &Scenario, what: &str) {
     until(
         &format!("{what} to go"),
         Duration::from_secs(60),
-        || async { get(installed, what).await.is_none().then_some(()) },
+        || async { get(s, what).await.is_none().then_some(()) },
     )
     .await;
 }
@@ -214,12 +226,12 @@ async fn gone(installed: &Installed, what: &str) {
 const RESTORED_WITHIN: Duration = Duration::from_secs(20);
 
 /// Waits until `check` holds for `name`, within [`RESTORED_WITHIN`].
-async fn restored(installed: &Installed, name: &str, check: impl Fn(&Value) -> bool) {
+async fn restored(s: &Scenario, name: &str, check: impl Fn(&Value) -> bool) {
     let started = std::time::Instant::now();
     until(
         &format!("{name} to be restored"),
         RESTORED_WITHIN,
-        || async { get(installed, name).await.filter(|v| check(v)).map(|_| ()) },
+        || async { get(s, name).await.filter(|v| check(v)).map(|_| ()) },
     )
     .await;
     println!("{name} restored in {:?}", started.elapsed());
@@ -228,12 +240,12 @@ async fn restored(installed: &Installed, name: &str, check: impl Fn(&Value) -> b
 /// The autoscaler, the budget and the bootstrap of a Ready gateway, deleted or edited by
 /// hand, are put back by the operator within seconds: it watches them as it watches the
 /// Deployment.
-async fn children_come_back(installed: &Installed) {
+async fn children_come_back(s: &Scenario) {
     until(
         "the gateway to be Ready",
         Duration::from_secs(120),
         || async {
-            let ed = get(installed, GATEWAY_NAME).await?;
+            let ed = get(s, GATEWAY_NAME).await?;
             let conditions = ed["status"]["conditions"].as_array()?.clone();
             conditions
                 .iter()
@@ -243,56 +255,166 @@ async fn children_come_back(installed: &Installed) {
     )
     .await;
     for child in [HPA, PDB] {
-        kubectl(installed, &["delete", child, "-n", NS]).await;
-        restored(installed, child, |_| true).await;
+        kubectl(s, &["delete", child, "-n", &s.ns]).await;
+        restored(s, child, |_| true).await;
     }
     let config_map = format!("configmap/{OWNED}");
-    let before = get(installed, &config_map).await.unwrap();
+    let before = get(s, &config_map).await.unwrap();
     let data = before["data"].as_object().unwrap();
     let key = data.keys().next().unwrap().clone();
     let edit = serde_json::json!({"data": {&key: "edited by hand"}}).to_string();
     kubectl(
-        installed,
-        &["patch", &config_map, "-n", NS, "--type=merge", "-p", &edit],
+        s,
+        &[
+            "patch",
+            &config_map,
+            "-n",
+            &s.ns,
+            "--type=merge",
+            "-p",
+            &edit,
+        ],
     )
     .await;
-    restored(installed, &config_map, |cm| cm["data"][&key] == data[&key]).await;
+    restored(s, &config_map, |cm| cm["data"][&key] == data[&key]).await;
+}
+
+/// The managers owning the Deployment's `spec.replicas` (`manager/operation[/subresource]`),
+/// from its managedFields.
+async fn replicas_owners(s: &Scenario) -> Vec<String> {
+    let out = s
+        .kubectl
+        .ok(&[
+            "get",
+            DEPLOYMENT,
+            "-n",
+            &s.ns,
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ])
+        .await
+        .unwrap();
+    let d: Value = serde_json::from_str(&out).unwrap();
+    d["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["fieldsV1"]["f:spec"]["f:replicas"].is_object())
+        .map(|e| {
+            let sub = e["subresource"]
+                .as_str()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default();
+            format!(
+                "{}/{}{sub}",
+                e["manager"].as_str().unwrap_or("?"),
+                e["operation"].as_str().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+/// The HPA's condition `kind`: (status, reason).
+fn hpa_condition(hpa: &Value, kind: &str) -> Option<(String, String)> {
+    let c = hpa["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?;
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["reason"].as_str()?.to_owned(),
+    ))
+}
+
+/// Samples the Deployment's `spec.replicas` for `how_long`: every value seen.
+async fn replicas_over(s: &Scenario, how_long: Duration) -> Vec<Value> {
+    let until = Instant::now() + how_long;
+    let mut seen = Vec::new();
+    while Instant::now() < until {
+        if let Some(d) = get(s, DEPLOYMENT).await {
+            let r = d["spec"]["replicas"].clone();
+            if seen.last() != Some(&r) {
+                seen.push(r);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    seen
+}
+
+/// The eviction API honours the budget: with `disruptions_allowed` pods evictable, one more
+/// eviction right after is refused (429) while the evicted pods are replaced. (Posted with
+/// kubectl: kube's client retries a 429 until it passes.)
+async fn evictions_honour_the_budget(s: &Scenario, disruptions_allowed: usize) {
+    let ready = s.ready_pods(GATEWAY_PODS).await;
+    assert!(ready.len() > disruptions_allowed, "{}", ready.len());
+    let mut outcomes = Vec::new();
+    for pod in ready.iter().take(disruptions_allowed + 1) {
+        let name = kube::ResourceExt::name_any(pod);
+        let eviction = serde_json::json!({
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": s.ns},
+        });
+        let path = format!("/api/v1/namespaces/{}/pods/{name}/eviction", s.ns);
+        let out = s
+            .kubectl
+            .run_with(
+                &["create", "--raw", &path, "-f", "-"],
+                &eviction.to_string(),
+            )
+            .await
+            .unwrap();
+        outcomes.push(if out.success {
+            "evicted".to_owned()
+        } else {
+            out.stderr.trim().to_owned()
+        });
+    }
+    println!("evictions with {disruptions_allowed} disruption(s) allowed: {outcomes:?}");
+    assert!(
+        outcomes[..disruptions_allowed]
+            .iter()
+            .all(|o| o == "evicted"),
+        "{outcomes:?}"
+    );
+    let refused = &outcomes[disruptions_allowed];
+    assert!(
+        refused.contains("TooManyRequests") && refused.contains("disruption budget"),
+        "{outcomes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budgets_follow() {
-    let installed = install(marin3r_e2e::product::images()).await.unwrap();
-    create_restricted_namespace(&installed.client, NS)
-        .await
-        .unwrap();
-    installed
-        .kubectl
-        .ok_with(&["apply", "-f", "-"], SETUP)
-        .await
-        .unwrap();
-    installed.discovery_service_ready(NS, "instance").await;
-    installed
-        .kubectl
-        .ok_with(&["apply", "-f", "-"], GATEWAY)
-        .await
-        .unwrap();
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    let scenario = Scenario::start("gateway-replicas", &[]).await.unwrap();
+    let s = &scenario;
+    let ns = s.ns.clone();
+    step("namespace created");
+    s.apply(&SETUP.replace("NAMESPACE", &ns)).await.unwrap();
+    s.discovery_service_ready("instance").await;
+    step("DiscoveryService Ready");
+    let gateway = GATEWAY.replace("NAMESPACE", &ns);
+    s.apply(&gateway).await.unwrap();
 
     // Every field applied is kept as written: nothing pruned.
-    let applied = installed
+    let applied = s
         .kubectl
         .ok_with(
             &["create", "--dry-run=client", "-o", "json", "-f", "-"],
-            GATEWAY,
+            &gateway,
         )
         .await
         .unwrap();
     let applied: Value = serde_json::from_str(&applied).unwrap();
-    let ed = reconciled(&installed).await;
+    let ed = reconciled(s).await;
     assert_within(&applied["spec"], &ed["spec"], "spec");
 
     // The autoscaler: the original's name and labels, the Deployment as its target, the
     // spec's bounds, metrics and behavior.
-    let hpa = appears(&installed, "the autoscaler", HPA).await;
+    let hpa = appears(s, "the autoscaler", HPA).await;
     let dynamic = &applied["spec"]["replicas"]["dynamic"];
     assert_eq!(
         hpa["spec"]["scaleTargetRef"],
@@ -310,13 +432,13 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
         hpa["metadata"]["ownerReferences"][0]["kind"],
         "EnvoyDeployment"
     );
-    let pdb = get(&installed, PDB).await.unwrap();
+    let pdb = get(s, PDB).await.unwrap();
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert_eq!(
         pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
         "envoy-deployment"
     );
-    let d = get(&installed, DEPLOYMENT).await.unwrap();
+    let d = get(s, DEPLOYMENT).await.unwrap();
     let envoy = &d["spec"]["template"]["spec"]["containers"][0];
     assert_within(
         &applied["spec"]["resources"],
@@ -324,96 +446,167 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
         "resources",
     );
 
-    children_come_back(&installed).await;
+    // The real HPA controller holds the count at its minimum; with no metrics server it can
+    // read no metric, says so, and scales no further.
+    runs(s, 2).await;
+    step("the autoscaler's minimum running");
+    println!("spec.replicas owned by {:?}", replicas_owners(s).await);
+    let hpa = until(
+        "the HPA controller to report it cannot read metrics",
+        Duration::from_secs(90),
+        || async {
+            let hpa = get(s, HPA).await?;
+            let active = hpa_condition(&hpa, "ScalingActive")?;
+            (active.0 == "False").then_some(hpa)
+        },
+    )
+    .await;
+    let active = hpa_condition(&hpa, "ScalingActive").unwrap();
+    println!("the HPA's ScalingActive: {active:?}");
+    assert!(active.1.starts_with("FailedGet"), "{active:?}");
+    assert_eq!(hpa_condition(&hpa, "AbleToScale").unwrap().0, "True");
+    assert_eq!(hpa["status"]["currentReplicas"], 2, "{hpa}");
+    step("HPA ScalingActive=False without metrics");
 
-    // The autoscaler's job, done by hand: the count sticks through the operator's reconciles
-    // (the scale wakes it: it owns the Deployment) and through a spec change.
-    kubectl(&installed, &["scale", DEPLOYMENT, "-n", NS, "--replicas=3"]).await;
-    runs(&installed, 3).await;
+    // The disruption controller counts the budget, and the eviction API honours it.
+    let pdb = until(
+        "the disruption controller to count the budget",
+        Duration::from_secs(60),
+        || async {
+            let pdb = get(s, PDB).await?;
+            (pdb["status"]["currentHealthy"] == 2
+                && pdb["status"]["observedGeneration"] == pdb["metadata"]["generation"])
+                .then_some(pdb)
+        },
+    )
+    .await;
+    assert_eq!(pdb["status"]["desiredHealthy"], 1, "{pdb}");
+    assert_eq!(pdb["status"]["disruptionsAllowed"], 1, "{pdb}");
+    evictions_honour_the_budget(s, 1).await;
+    runs(s, 2).await;
+    step("budget honoured by the eviction API");
+
+    children_come_back(s).await;
+    step("children restored");
+
+    // Below the autoscaler's minimum, the HPA controller raises the count again.
+    kubectl(s, &["scale", DEPLOYMENT, "-n", &ns, "--replicas=1"]).await;
+    runs(s, 2).await;
+    // The operator's apply leaves the count out while the autoscaler has it: it owns none of it.
+    let owners = replicas_owners(s).await;
+    println!("raised back to 2; spec.replicas owned by {owners:?}");
+    assert!(
+        !owners.iter().any(|o| o.starts_with("marin3r-operator/")),
+        "{owners:?}"
+    );
+    step("HPA raised the count to its minimum");
+
+    // A count within its bounds, set by hand: with no metric the autoscaler leaves it, and it
+    // sticks through the operator's reconciles (the scale wakes it: it owns the Deployment)
+    // and through a spec change.
+    kubectl(s, &["scale", DEPLOYMENT, "-n", &ns, "--replicas=3"]).await;
+    runs(s, 3).await;
     until(
         "the status to show the scaled Deployment",
         Duration::from_secs(60),
         || async {
-            let ed = get(&installed, GATEWAY_NAME).await?;
+            let ed = get(s, GATEWAY_NAME).await?;
             (ed["status"]["deploymentStatus"]["readyReplicas"] == 3).then_some(())
         },
     )
     .await;
     patch(
-        &installed,
+        s,
         "merge",
         r#"{"spec":{"extraArgs":["--concurrency","1"]}}"#,
     )
     .await;
-    reconciled(&installed).await;
-    let d = runs(&installed, 3).await;
+    reconciled(s).await;
+    let d = runs(s, 3).await;
     let args = d["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     assert!(args.ends_with(r#""--concurrency","1"]"#), "{args}");
+    step("scaled count kept through a rollout");
 
     // No budget asked for: none; a different one: that one.
     patch(
-        &installed,
+        s,
         "json",
         r#"[{"op":"remove","path":"/spec/podDisruptionBudget"}]"#,
     )
     .await;
-    gone(&installed, PDB).await;
+    gone(s, PDB).await;
     patch(
-        &installed,
+        s,
         "merge",
         r#"{"spec":{"podDisruptionBudget":{"maxUnavailable":1}}}"#,
     )
     .await;
-    let pdb = appears(&installed, "the new budget", PDB).await;
+    let pdb = appears(s, "the new budget", PDB).await;
     assert_eq!(pdb["spec"]["maxUnavailable"], 1);
     assert!(pdb["spec"].get("minAvailable").is_none(), "{pdb}");
 
     // Static replicas: the autoscaler goes and the operator sets the count.
     patch(
-        &installed,
+        s,
         "merge",
         r#"{"spec":{"replicas":{"dynamic":null,"static":2}}}"#,
     )
     .await;
-    gone(&installed, HPA).await;
-    runs(&installed, 2).await;
+    gone(s, HPA).await;
+    runs(s, 2).await;
+    let owners = replicas_owners(s).await;
+    println!("static: spec.replicas owned by {owners:?}");
+    assert_eq!(owners, ["marin3r-operator/Apply"]);
+    step("static replicas set by the operator");
 
-    // Dynamic again: the autoscaler is back and the count stays where it was (never reset
-    // to one while the autoscaler has not acted yet).
+    // Dynamic again, with a minimum of 1: the autoscaler is back and the count stays at 2
+    // (were the field left unowned, the API server would reset it to 1, a count the
+    // autoscaler, within its bounds and with no metric, would keep). The handover manager
+    // owns it until the autoscaler changes it.
     patch(
-        &installed,
+        s,
         "merge",
-        r#"{"spec":{"replicas":{"static":null,"dynamic":{"minReplicas":2,"maxReplicas":4}}}}"#,
+        r#"{"spec":{"replicas":{"static":null,"dynamic":{"minReplicas":1,"maxReplicas":4}}}}"#,
     )
     .await;
-    reconciled(&installed).await;
-    appears(&installed, "the autoscaler again", HPA).await;
-    let d = runs(&installed, 2).await;
+    reconciled(s).await;
+    appears(s, "the autoscaler again", HPA).await;
+    let d = runs(s, 2).await;
     assert_eq!(d["status"]["replicas"], 2, "{d}");
-    prometheus_annotations_follow_the_gateway(&installed).await;
-    installed.cluster.shutdown(Duration::from_secs(5)).await;
+    let owners = replicas_owners(s).await;
+    println!("dynamic again: spec.replicas owned by {owners:?}");
+    assert!(
+        owners.contains(&format!("{REPLICAS_HANDOVER_MANAGER}/Apply")),
+        "{owners:?}"
+    );
+    // Through the HPA controller's next syncs (every 15 s) the count stays.
+    let seen = replicas_over(s, Duration::from_secs(20)).await;
+    assert_eq!(seen, [serde_json::json!(2)], "spec.replicas went {seen:?}");
+    step("the count kept through the handover");
+    prometheus_annotations_follow_the_gateway(s).await;
+    step("prometheus annotations followed");
 }
 
 /// `kubectl annotate envoydeployment checkout -n shop <annotation>`.
-async fn annotate(installed: &Installed, annotation: &str) {
+async fn annotate(s: &Scenario, annotation: &str) {
     let args = [
         "annotate",
         GATEWAY_NAME,
         "-n",
-        NS,
+        &s.ns,
         "--overwrite",
         annotation,
     ];
-    kubectl(installed, &args).await;
+    kubectl(s, &args).await;
 }
 
 /// Waits for the pod template's `prometheus.io/scrape` to be `want` (`None`: absent).
-async fn template_scrape(installed: &Installed, want: Option<&str>) {
+async fn template_scrape(s: &Scenario, want: Option<&str>) {
     until(
         &format!("the pod template's prometheus.io/scrape to be {want:?}"),
         Duration::from_secs(60),
         || async {
-            let d = get(installed, DEPLOYMENT).await?;
+            let d = get(s, DEPLOYMENT).await?;
             let got = &d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"];
             (got.as_str() == want).then_some(())
         },
@@ -424,17 +617,17 @@ async fn template_scrape(installed: &Installed, want: Option<&str>) {
 /// The gateway's own `marin3r.3scale.net/prometheus-annotations` turns its pods'
 /// `prometheus.io/*` annotations off and on again; a value that is not a boolean is a
 /// condition naming the annotation.
-async fn prometheus_annotations_follow_the_gateway(installed: &Installed) {
+async fn prometheus_annotations_follow_the_gateway(s: &Scenario) {
     const KEY: &str = "marin3r.3scale.net/prometheus-annotations";
-    template_scrape(installed, Some("true")).await;
-    annotate(installed, &format!("{KEY}=false")).await;
-    template_scrape(installed, None).await;
-    annotate(installed, &format!("{KEY}=maybe")).await;
+    template_scrape(s, Some("true")).await;
+    annotate(s, &format!("{KEY}=false")).await;
+    template_scrape(s, None).await;
+    annotate(s, &format!("{KEY}=maybe")).await;
     let message = until(
         "the bad annotation to be reported",
         Duration::from_secs(60),
         || async {
-            let ed = get(installed, GATEWAY_NAME).await?;
+            let ed = get(s, GATEWAY_NAME).await?;
             let conditions = ed["status"]["conditions"].as_array()?.clone();
             let ready = conditions.into_iter().find(|c| c["type"] == "Ready")?;
             (ready["status"] == "False" && ready["reason"] == "InvalidSpec")
@@ -446,6 +639,6 @@ async fn prometheus_annotations_follow_the_gateway(installed: &Installed) {
         message.contains(&format!("metadata.annotations[{KEY}]: \"maybe\"")),
         "{message}"
     );
-    annotate(installed, &format!("{KEY}-")).await;
-    template_scrape(installed, Some("true")).await;
+    annotate(s, &format!("{KEY}-")).await;
+    template_scrape(s, Some("true")).await;
 }

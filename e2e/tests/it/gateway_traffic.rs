@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 
-use marin3r_e2e::product::Installed;
+use marin3r_e2e::real::Scenario;
 use serde_json::json;
 
 /// The client: one line per request, `<unix ms> <mode> OK <pod> <close|keep> <body>` or
@@ -53,7 +53,8 @@ loop("fresh")
 fn restricted_container(name: &str, script: &str) -> serde_json::Value {
     json!({
         "name": name,
-        "image": "python:3.13-alpine",
+        "image": "marin3r-test/python:3",
+        "imagePullPolicy": "IfNotPresent",
         "command": ["python3", "-c", script],
         "ports": [{"name": "http", "containerPort": 8080}],
         "securityContext": {
@@ -105,11 +106,12 @@ pub struct ClientLog {
 }
 
 impl ClientLog {
-    pub fn read(installed: &Installed, ns: &str) -> Self {
-        let log = installed
-            .cluster
-            .log_path(ns, "client", "client")
-            .and_then(|p| std::fs::read_to_string(p).ok())
+    /// The client pod's log so far (`kubectl logs`), empty when it cannot be read yet.
+    pub async fn read(scenario: &Scenario) -> Self {
+        let log = scenario
+            .kubectl
+            .ok(&["logs", "client", "-n", &scenario.ns])
+            .await
             .unwrap_or_default();
         Self {
             requests: log.lines().filter_map(parse).collect(),
