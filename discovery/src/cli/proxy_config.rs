@@ -47,7 +47,7 @@ pub struct ProxyConfigArgs {
     #[arg(long)]
     no_compare: bool,
     /// The DiscoveryService whose pods serve the proxy, as NAMESPACE/NAME or NAME (default:
-    /// the only one in the cluster).
+    /// the only one in the cluster; with several, the one serving the pod's namespace).
     #[arg(long, value_name = "[NAMESPACE/]NAME")]
     discovery_service: Option<String>,
     /// The discovery pods' admin port (their --admin-address).
@@ -236,7 +236,8 @@ async fn served(
     node: &str,
 ) -> anyhow::Result<(String, Served)> {
     let discovery =
-        super::proxy_status::find_pods(client, args.discovery_service.as_deref(), None).await?;
+        super::proxy_status::find_pods(client, args.discovery_service.as_deref(), None, Some(ns))
+            .await?;
     let port = args.discovery_admin_port;
     let mut connected_to = None;
     for (dns, dpod) in &discovery {
