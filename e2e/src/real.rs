@@ -299,34 +299,6 @@ impl Scenario {
     }
 }
 
-impl Scenario {
-    /// `kubectl apply -f -` of a manifest text.
-    pub async fn apply(&self, manifest: &str) -> anyhow::Result<()> {
-        self.kubectl
-            .ok_with(&["apply", "-f", "-"], manifest)
-            .await
-            .map(|_| ())
-    }
-
-    /// Waits (up to 120 s) until the DiscoveryService `name` of the scenario's namespace is
-    /// Ready.
-    pub async fn discovery_service_ready(&self, name: &str) {
-        use marin3r_discovery::api::discovery_service::DiscoveryService;
-        let services: kube::Api<DiscoveryService> =
-            kube::Api::namespaced(self.client.clone(), &self.ns);
-        marin3r_testkit::wait::until(
-            &format!("the DiscoveryService {name} to be Ready"),
-            Duration::from_secs(120),
-            || async {
-                let ds = services.get(name).await.ok()?;
-                let ready = crate::product::discovery_service_ready(&ds)?;
-                (ready.0 == "True").then_some(())
-            },
-        )
-        .await;
-    }
-}
-
 /// Whether `pod` has the condition Ready.
 pub fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.status
@@ -435,5 +407,78 @@ impl Traffic {
     pub async fn stop(self) -> anyhow::Result<(u32, Vec<String>)> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(self.task.await?)
+    }
+}
+
+impl Scenario {
+    /// `kubectl apply -n <the scenario's namespace> -f -` of `manifest` (whose objects name
+    /// no namespace, or the scenario's). Tried again for up to 30 s while the API server finds
+    /// no ready pod behind a webhook's Service: a discovery pod being replaced (when another
+    /// test process loads a different marin3r image, `hack/cluster load --restart` deletes
+    /// the pods of the older one) leaves its one-replica webhooks unreachable for a moment.
+    pub async fn apply(&self, manifest: &str) -> anyhow::Result<String> {
+        let args = ["apply", "-n", &self.ns, "-f", "-"];
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = self.kubectl.run_with(&args, manifest).await?;
+            if out.success {
+                return Ok(out.stdout);
+            }
+            let unreachable = out.stderr.contains("failed calling webhook")
+                && out.stderr.contains("no endpoints available for service");
+            if !unreachable || std::time::Instant::now() > deadline {
+                bail!("kubectl {args:?} failed:\n{}", out.stderr);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits until the DiscoveryService `name` of the scenario's namespace is Ready (its
+    /// certificates issued, its discovery pod ready); an error after `timeout`.
+    pub async fn discovery_service_ready(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let services: kube::Api<marin3r_discovery::api::discovery_service::DiscoveryService> =
+            kube::Api::namespaced(self.client.clone(), &self.ns);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let ds = services.get_opt(name).await?;
+            let ready = ds
+                .as_ref()
+                .and_then(crate::product::discovery_service_ready);
+            if ready
+                .as_ref()
+                .is_some_and(|(status, _, _)| status == "True")
+            {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "the DiscoveryService {}/{name} is not Ready after {timeout:?}: {ready:?}",
+                    self.ns
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// `kubectl logs` of each of `containers` of `pod` in the scenario's namespace, headed by
+    /// the container's name, for a failing assertion to show.
+    pub async fn logs(&self, pod: &str, containers: &[&str]) -> String {
+        let mut all = String::new();
+        for c in containers {
+            let out = self
+                .kubectl
+                .run(&["logs", "-n", &self.ns, pod, "-c", c])
+                .await;
+            let text = match out {
+                Ok(o) => format!("{}{}", o.stdout, o.stderr),
+                Err(e) => format!("{e:#}"),
+            };
+            all.push_str(&format!("--- {c}\n{text}\n"));
+        }
+        all
     }
 }

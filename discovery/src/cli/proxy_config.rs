@@ -47,7 +47,8 @@ pub struct ProxyConfigArgs {
     #[arg(long)]
     no_compare: bool,
     /// The DiscoveryService whose pods serve the proxy, as NAMESPACE/NAME or NAME (default:
-    /// the one whose pod the proxy is connected to, else the only one in the cluster).
+    /// the one whose pod the proxy is connected to, else the only one in the cluster, else the
+    /// one serving the pod's namespace).
     #[arg(long, value_name = "[NAMESPACE/]NAME")]
     discovery_service: Option<String>,
     /// The discovery pods' admin port (their --admin-address).
@@ -255,11 +256,12 @@ async fn served(
             break;
         }
     }
-    // None has the proxy connected (it may be reconnecting): the discovery service's first
-    // pod, when only one discovery service runs.
+    // None has the proxy connected (it may be reconnecting): the first pod of the only
+    // discovery service, or of the one serving the pod's namespace.
     let (dns, dpod) = match connected_to {
         Some(pod) => pod,
-        None => super::proxy_status::one_instance(&selector, running)?
+        None => super::proxy_status::one_instance(client, &selector, running, Some(ns))
+            .await?
             .into_iter()
             .next()
             .with_context(|| format!("no discovery pod to ask what node {node} is served"))?,

@@ -258,7 +258,9 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
         guide(s, command).await;
     }
     // The guide's wait gives up after 120 s; `commands::run` after 30 s: wait here first.
-    s.discovery_service_ready("instance").await;
+    s.discovery_service_ready("instance", Duration::from_secs(120))
+        .await
+        .unwrap();
     let waited = guide(s, commands::GATEWAY_WAIT_DISCOVERY_SERVICE).await;
     assert!(waited.contains("condition met"), "{waited}");
     step("DiscoveryService Ready");

@@ -394,7 +394,9 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
     let ns = s.ns.clone();
     step("namespace created");
     s.apply(&SETUP.replace("NAMESPACE", &ns)).await.unwrap();
-    s.discovery_service_ready("instance").await;
+    s.discovery_service_ready("instance", Duration::from_secs(120))
+        .await
+        .unwrap();
     step("DiscoveryService Ready");
     let gateway = GATEWAY.replace("NAMESPACE", &ns);
     s.apply(&gateway).await.unwrap();

@@ -1,33 +1,36 @@
-//! `marin3r proxy-config` (the built binary) against an injected sidecar on the local cluster,
-//! installed as a user installs it. The sidecar's EnvoyConfig serves a TLS listener whose
-//! certificate comes over SDS from a `kubernetes.io/tls` Secret with a real private key:
-//! `secrets` and `all`, as a table, JSON and YAML, never print the key (its PEM body, its
-//! base64, `PRIVATE KEY`), JSON and YAML parse, and the proxy is in sync (exit 0); the client
-//! certificate the bootstrap reads from files is not compared. Without its `node-id`
-//! annotation the node is the one the Envoy runs as (its `--service-node`). Then the config is recreated
-//! with its listener on an address no pod has: Envoy rejects the change and keeps the old
-//! listener, nothing earlier is left to roll back to, so what is served and what the proxy
-//! holds differ: a unified diff, exit 1. Needs root, python3 and the built `marin3r` binary.
+//! `marin3r proxy-config` (the built binary) against an injected sidecar on the real cluster
+//! (`hack/cluster`), marin3r installed from `manifests/`, through the API server's pod
+//! port-forward. The sidecar's EnvoyConfig serves a TLS listener whose certificate comes over
+//! SDS from a `kubernetes.io/tls` Secret with a real private key: `secrets` and `all`, as a
+//! table, JSON and YAML, never print the key (its PEM body, its base64, `PRIVATE KEY`), JSON
+//! and YAML parse, and the proxy is in sync (exit 0); the client certificate the bootstrap
+//! reads from files is not compared. Without its `node-id` annotation the node is the one the
+//! Envoy runs as (its `--service-node`). Then the config is recreated with its listener on an
+//! address no pod has: the real Envoy container fails to bind it, rejects the change and keeps
+//! the old listener, nothing earlier is left to roll back to, so what is served and what the
+//! proxy holds differ: a unified diff, exit 1.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::PostParams;
 use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::envoy_config::CacheState;
-use marin3r_e2e::product::{install, python3};
+use marin3r_e2e::real;
 use marin3r_e2e::rejected::NO_POD_ADDRESS;
-use marin3r_local_cluster::cluster::create_restricted_namespace;
 use marin3r_testkit::wait::until;
 use serde_json::json;
 
-const NS: &str = "configs";
+/// The application: idles, and exits on SIGTERM (as its container's PID 1 it would otherwise
+/// ignore it, and the pod would take its whole grace period to go).
+const IDLE_PY: &str = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(3600)\n";
 
 const DISCOVERY_SERVICE: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: DiscoveryService
-metadata: {name: instance, namespace: configs}
+metadata: {name: instance}
 spec: {}
 "#;
 
@@ -61,7 +64,7 @@ fn envoy_config(address: &str) -> String {
         r#"
 apiVersion: marin3r.3scale.net/v1alpha1
 kind: EnvoyConfig
-metadata: {{name: web, namespace: {NS}}}
+metadata: {{name: web}}
 spec:
   nodeID: web
   resources:
@@ -99,7 +102,6 @@ fn pod() -> Pod {
     serde_json::from_value(json!({
         "metadata": {
             "name": "web",
-            "namespace": NS,
             "labels": {"marin3r.3scale.net/status": "enabled"},
             "annotations": {"marin3r.3scale.net/node-id": "web"},
         },
@@ -107,11 +109,12 @@ fn pod() -> Pod {
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "app",
-                "image": "probe-server",
-                "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                "image": "marin3r-test/python:3",
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", IDLE_PY],
                 "securityContext": {
                     "runAsNonRoot": true,
-                    "runAsUser": 1000,
+                    "runAsUser": 65532,
                     "allowPrivilegeEscalation": false,
                     "readOnlyRootFilesystem": true,
                     "capabilities": {"drop": ["ALL"]},
@@ -122,11 +125,11 @@ fn pod() -> Pod {
     .unwrap()
 }
 
-/// `marin3r proxy-config -n configs web ARGS...`: exit status, stdout, stderr.
-async fn proxy_config(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+/// `marin3r proxy-config -n NS web ARGS...`: exit status, stdout, stderr.
+async fn proxy_config(kubeconfig: &Path, ns: &str, args: &[&str]) -> (bool, String, String) {
     let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
     let out = tokio::process::Command::new(marin3r)
-        .args(["proxy-config", "-n", NS, "web"])
+        .args(["proxy-config", "-n", ns, "web"])
         .args(args)
         .env("KUBECONFIG", kubeconfig)
         .output()
@@ -141,7 +144,8 @@ async fn proxy_config(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, Str
 
 /// Runs proxy-config with `args` until it exits `success` with `wanted` in its output.
 async fn proxy_config_until(
-    kubeconfig: &std::path::Path,
+    kubeconfig: &Path,
+    ns: &str,
     args: &[&str],
     success: bool,
     wanted: &str,
@@ -149,7 +153,7 @@ async fn proxy_config_until(
     let mut last = String::new();
     let found = tokio::time::timeout(Duration::from_secs(90), async {
         loop {
-            let (ok, out, err) = proxy_config(kubeconfig, args).await;
+            let (ok, out, err) = proxy_config(kubeconfig, ns, args).await;
             if ok == success && format!("{out}{err}").contains(wanted) {
                 return (out, err);
             }
@@ -163,38 +167,45 @@ async fn proxy_config_until(
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread")]
 async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
-    let images = marin3r_e2e::product::images().with("probe-server", python3());
-    let installed = install(images).await.unwrap();
-    let (client, kubeconfig) = (installed.client.clone(), installed.kubeconfig());
-    create_restricted_namespace(&client, NS).await.unwrap();
-    installed.apply(DISCOVERY_SERVICE).await.unwrap();
-    installed.discovery_service_ready(NS, "instance").await;
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    let scenario = real::Scenario::start("configs", &["python"]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.clone());
+    let kubeconfig = scenario.cluster.kubeconfig().to_owned();
+    step("namespace created");
+    scenario.apply(DISCOVERY_SERVICE).await.unwrap();
+    scenario
+        .discovery_service_ready("instance", Duration::from_secs(120))
+        .await
+        .unwrap();
+    step("DiscoveryService Ready");
 
     let pki = marin3r_testkit::pki::Pki::new();
     let key_pem = pki.server.key_pem.clone();
     assert!(key_pem.contains("PRIVATE KEY"), "{key_pem}");
     let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "web-cert", "namespace": NS},
+        "metadata": {"name": "web-cert"},
         "type": "kubernetes.io/tls",
         "stringData": {"tls.crt": pki.server.cert_pem, "tls.key": key_pem},
     }))
     .unwrap();
-    Api::<Secret>::namespaced(client.clone(), NS)
+    Api::<Secret>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
-    installed.apply(&envoy_config("0.0.0.0")).await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    scenario.apply(&envoy_config("0.0.0.0")).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     pods.create(&PostParams::default(), &pod()).await.unwrap();
     until("the pod Ready", Duration::from_secs(120), || async {
         marin3r_e2e::demo::ready_ip(&pods.get("web").await.ok()?)
     })
     .await;
+    step("pod Ready");
 
     // In sync, the secret in it, and no key in any form or output.
-    let (table, _) = proxy_config_until(&kubeconfig, &["secrets"], true, "In sync").await;
+    let (table, _) = proxy_config_until(&kubeconfig, &ns, &["secrets"], true, "In sync").await;
     let row = |l: &str| -> Vec<String> { l.split_whitespace().take(3).map(String::from).collect() };
     assert!(
         table
@@ -216,7 +227,7 @@ async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
     assert!(!key_lines.is_empty());
     for section in ["secrets", "all"] {
         for output in ["table", "json", "yaml"] {
-            let (ok, out, err) = proxy_config(&kubeconfig, &[section, "-o", output]).await;
+            let (ok, out, err) = proxy_config(&kubeconfig, &ns, &[section, "-o", output]).await;
             let all = format!("{out}{err}");
             assert!(ok, "{section} -o {output} not in sync:\n{all}");
             for leak in key_lines
@@ -249,20 +260,22 @@ async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
 
     // A pod without the node-id annotation (as an EnvoyDeployment gateway's): the node is the
     // one its Envoy runs as.
-    installed
+    step("no key shown in any section or format");
+    scenario
         .kubectl
         .ok(&[
             "annotate",
             "pod",
             "web",
             "-n",
-            NS,
+            &ns,
             "marin3r.3scale.net/node-id-",
         ])
         .await
         .unwrap();
     proxy_config_until(
         &kubeconfig,
+        &ns,
         &["listeners"],
         true,
         "serves node web:\nIn sync",
@@ -271,29 +284,29 @@ async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
 
     // The config recreated with its HTTP listener where no pod can bind: Envoy rejects the
     // change and keeps its listener; with no earlier revision nothing is rolled back.
-    installed
+    step("node from the Envoy itself");
+    scenario
         .kubectl
-        .ok(&["delete", "envoyconfig", "web", "-n", NS, "--wait=true"])
+        .ok(&["delete", "envoyconfig", "web", "-n", &ns, "--wait=true"])
         .await
         .unwrap();
-    installed
+    scenario
         .kubectl
-        .ok(&["delete", "envoyconfigrevisions", "--all", "-n", NS])
+        .ok(&["delete", "envoyconfigrevisions", "--all", "-n", &ns])
         .await
         .unwrap();
-    installed
-        .apply(&envoy_config(NO_POD_ADDRESS))
-        .await
-        .unwrap();
-    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), NS);
+    scenario.apply(&envoy_config(NO_POD_ADDRESS)).await.unwrap();
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), &ns);
     until("RollbackFailed", Duration::from_secs(90), || async {
         let ec = configs.get("web").await.ok()?;
         let state = ec.status?.cache_state?;
         (state == CacheState::RollbackFailed).then_some(())
     })
     .await;
+    step("RollbackFailed");
     let (out, _) = proxy_config_until(
         &kubeconfig,
+        &ns,
         &["listeners"],
         false,
         "differs: listeners/http",
@@ -312,6 +325,7 @@ async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
         "{out}"
     );
     // The TLS listener and its secret did not change: alike.
-    let (ok, secrets, _) = proxy_config(&kubeconfig, &["secrets"]).await;
+    let (ok, secrets, _) = proxy_config(&kubeconfig, &ns, &["secrets"]).await;
     assert!(ok, "{secrets}");
+    step("the rejected listener diffed");
 }

@@ -1,25 +1,27 @@
-//! Which xDS protocol injected sidecars speak, on the local cluster through the operator: a
-//! DiscoveryService whose `spec.sidecar.xdsProtocol` is `delta` gets delta ADS streams from
-//! its sidecars, a pod annotated `marin3r.3scale.net/xds-protocol: sotw` a state-of-the-world
-//! one; `marin3r proxy-status` shows each, both real Envoys serve the EnvoyConfig and both
-//! follow an update. Needs root, python3 and the built `marin3r` binary.
+//! Which xDS protocol injected sidecars speak, on the real cluster (`hack/cluster`) with
+//! marin3r installed from `manifests/`: a DiscoveryService whose `spec.sidecar.xdsProtocol`
+//! is `delta` gets delta ADS streams from its sidecars, a pod annotated
+//! `marin3r.3scale.net/xds-protocol: sotw` a state-of-the-world one; `marin3r proxy-status`
+//! (the built binary, through the API server) shows what the discovery pod saw of each, both
+//! real Envoy containers serve the EnvoyConfig and both follow an update.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;
-use marin3r_e2e::product::{install, python3};
-use marin3r_local_cluster::cluster::create_restricted_namespace;
+use marin3r_e2e::real;
 use marin3r_testkit::wait::until;
 use serde_json::json;
 
-const NS: &str = "protocols";
+/// The application: idles, and exits on SIGTERM (as its container's PID 1 it would otherwise
+/// ignore it, and the pod would take its whole grace period to go).
+const IDLE_PY: &str = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(3600)\n";
 
 const DISCOVERY_SERVICE: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: DiscoveryService
-metadata: {name: instance, namespace: protocols}
+metadata: {name: instance}
 spec:
   sidecar:
     xdsProtocol: delta
@@ -30,7 +32,7 @@ fn envoy_config(body: &str) -> String {
         r#"
 apiVersion: marin3r.3scale.net/v1alpha1
 kind: EnvoyConfig
-metadata: {{name: web, namespace: protocols}}
+metadata: {{name: web}}
 spec:
   nodeID: web
   resources:
@@ -69,7 +71,6 @@ fn pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
     serde_json::from_value(json!({
         "metadata": {
             "name": name,
-            "namespace": NS,
             "labels": {"marin3r.3scale.net/status": "enabled"},
             "annotations": all,
         },
@@ -77,11 +78,12 @@ fn pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "app",
-                "image": "probe-server",
-                "command": ["python3", "-c", "import time; time.sleep(3600)"],
+                "image": "marin3r-test/python:3",
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["python3", "-c", IDLE_PY],
                 "securityContext": {
                     "runAsNonRoot": true,
-                    "runAsUser": 1000,
+                    "runAsUser": 65532,
                     "allowPrivilegeEscalation": false,
                     "readOnlyRootFilesystem": true,
                     "capabilities": {"drop": ["ALL"]},
@@ -93,25 +95,30 @@ fn pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
 }
 
 async fn body_of(ip: &str) -> Option<String> {
-    let url = format!("http://{ip}:8080/");
-    let answer = tokio::task::spawn_blocking(move || marin3r_testkit::envoy::request("GET", &url));
-    match answer.await.ok()? {
-        Ok((200, body)) => Some(body),
-        _ => None,
-    }
+    marin3r_e2e::demo::get(&format!("http://{ip}:8080/"))
+        .await
+        .ok()
+        .flatten()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread")]
 async fn sidecars_speak_the_protocol_their_discovery_service_or_annotation_chooses() {
-    let images = marin3r_e2e::product::images().with("probe-server", python3());
-    let installed = install(images).await.unwrap();
-    let client = installed.client.clone();
-    create_restricted_namespace(&client, NS).await.unwrap();
-    installed.apply(DISCOVERY_SERVICE).await.unwrap();
-    installed.discovery_service_ready(NS, "instance").await;
-    installed.apply(&envoy_config("first")).await.unwrap();
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    let scenario = real::Scenario::start("protocols", &["python"])
+        .await
+        .unwrap();
+    let ns = scenario.ns.clone();
+    step("namespace created");
+    scenario.apply(DISCOVERY_SERVICE).await.unwrap();
+    scenario.apply(&envoy_config("first")).await.unwrap();
+    scenario
+        .discovery_service_ready("instance", Duration::from_secs(120))
+        .await
+        .unwrap();
+    step("DiscoveryService Ready");
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(scenario.client.clone(), &ns);
     let annotated = [("marin3r.3scale.net/xds-protocol", "sotw")];
     for (name, annotations) in [("by-default", &[][..]), ("annotated", &annotated[..])] {
         pods.create(&PostParams::default(), &pod(name, annotations))
@@ -130,6 +137,7 @@ async fn sidecars_speak_the_protocol_their_discovery_service_or_annotation_choos
         .await;
         ips.push(ip);
     }
+    step("both pods serve the config");
 
     // What each Envoy speaks, as the discovery pod saw its stream.
     let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
@@ -138,8 +146,8 @@ async fn sidecars_speak_the_protocol_their_discovery_service_or_annotation_choos
         Duration::from_secs(30),
         || async {
             let out = tokio::process::Command::new(&marin3r)
-                .args(["proxy-status", "-n", NS, "-o", "json"])
-                .env("KUBECONFIG", installed.kubeconfig())
+                .args(["proxy-status", "-n", &ns, "-o", "json"])
+                .env("KUBECONFIG", scenario.cluster.kubeconfig())
                 .output()
                 .await
                 .ok()?;
@@ -166,13 +174,15 @@ async fn sidecars_speak_the_protocol_their_discovery_service_or_annotation_choos
             ("by-default".to_owned(), "delta".to_owned()),
         ]
     );
+    step("proxy-status shows delta and sotw");
 
     // Both follow an update.
-    installed.apply(&envoy_config("second")).await.unwrap();
+    scenario.apply(&envoy_config("second")).await.unwrap();
     for ip in &ips {
         until("the updated body", Duration::from_secs(60), || async {
             (body_of(ip).await? == "second").then_some(())
         })
         .await;
     }
+    step("both follow the update");
 }
