@@ -482,3 +482,34 @@ impl Scenario {
         all
     }
 }
+
+/// A script for [`python_container`] that waits until SIGTERM and exits on it (a process
+/// that is PID 1 ignores SIGTERM unless it handles it, and the kubelet then waits out the
+/// grace period).
+pub const IDLE_PY: &str = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(3600)\n";
+
+/// The container `app` running `script` with `hack/image`'s python, as the restricted Pod
+/// Security level wants it: user 65532, read-only root, no privilege, no capability.
+pub fn python_container(script: &str) -> serde_json::Value {
+    serde_json::json!({
+        "name": "app",
+        "image": "marin3r-test/python:3",
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-c", script],
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    })
+}
+
+/// A DiscoveryService `instance` with no spec, applied in a scenario's namespace
+/// ([`Scenario::apply`]): it serves that namespace alone.
+pub const DISCOVERY_SERVICE: &str = "apiVersion: operator.marin3r.3scale.net/v1alpha1
+kind: DiscoveryService
+metadata: {name: instance}
+spec: {}
+";

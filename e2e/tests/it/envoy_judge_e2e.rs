@@ -13,13 +13,6 @@ use marin3r_discovery::api::EnvoyConfig;
 use marin3r_e2e::product::example_in;
 use marin3r_e2e::real;
 
-const DISCOVERY_SERVICE: &str = r#"
-apiVersion: operator.marin3r.3scale.net/v1alpha1
-kind: DiscoveryService
-metadata: {name: instance}
-spec: {}
-"#;
-
 fn envoy_config(per_filter: &str) -> String {
     format!(
         r#"
@@ -61,7 +54,7 @@ async fn kubectl_apply_is_refused_in_envoys_words_for_what_only_envoy_refuses() 
         }
     };
     step("namespace created");
-    scenario.apply(DISCOVERY_SERVICE).await.unwrap();
+    scenario.apply(real::DISCOVERY_SERVICE).await.unwrap();
     scenario
         .discovery_service_ready("instance", Duration::from_secs(120))
         .await

@@ -103,19 +103,7 @@ fn template(annotations: &[(&str, &str)]) -> serde_json::Value {
         "spec": {
             "restartPolicy": "Never",
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "app",
-                "image": "marin3r-test/python:3",
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", FIRST_REQUEST_PY],
-                "securityContext": {
-                    "runAsNonRoot": true,
-                    "runAsUser": 65532,
-                    "allowPrivilegeEscalation": false,
-                    "readOnlyRootFilesystem": true,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }],
+            "containers": [real::python_container(FIRST_REQUEST_PY)],
         },
     })
 }

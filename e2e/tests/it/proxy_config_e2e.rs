@@ -23,17 +23,6 @@ use marin3r_e2e::rejected::NO_POD_ADDRESS;
 use marin3r_testkit::wait::until;
 use serde_json::json;
 
-/// The application: idles, and exits on SIGTERM (as its container's PID 1 it would otherwise
-/// ignore it, and the pod would take its whole grace period to go).
-const IDLE_PY: &str = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(3600)\n";
-
-const DISCOVERY_SERVICE: &str = r#"
-apiVersion: operator.marin3r.3scale.net/v1alpha1
-kind: DiscoveryService
-metadata: {name: instance}
-spec: {}
-"#;
-
 /// base64 of `-----BEGIN PRIVATE KEY-----`: the key PEM as SDS `inline_bytes` would print it.
 const KEY_PEM_BASE64: &str = "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0t";
 
@@ -107,19 +96,7 @@ fn pod() -> Pod {
         },
         "spec": {
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "app",
-                "image": "marin3r-test/python:3",
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", IDLE_PY],
-                "securityContext": {
-                    "runAsNonRoot": true,
-                    "runAsUser": 65532,
-                    "allowPrivilegeEscalation": false,
-                    "readOnlyRootFilesystem": true,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }],
+            "containers": [real::python_container(real::IDLE_PY)],
         },
     }))
     .unwrap()
@@ -175,7 +152,7 @@ async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
     let (client, ns) = (scenario.client.clone(), scenario.ns.clone());
     let kubeconfig = scenario.cluster.kubeconfig().to_owned();
     step("namespace created");
-    scenario.apply(DISCOVERY_SERVICE).await.unwrap();
+    scenario.apply(real::DISCOVERY_SERVICE).await.unwrap();
     scenario
         .discovery_service_ready("instance", Duration::from_secs(120))
         .await

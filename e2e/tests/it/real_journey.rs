@@ -79,13 +79,7 @@ fn job(ns: &str, body: &str) -> String {
             "spec": {
                 "restartPolicy": "Never",
                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [{
-                    "name": "app", "image": "marin3r-test/python:3",
-                    "command": ["python3", "-c", script],
-                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
-                        "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-                        "capabilities": {"drop": ["ALL"]}},
-                }],
+                "containers": [real::python_container(&script)],
             },
         }},
     }))

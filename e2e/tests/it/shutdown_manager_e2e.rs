@@ -21,15 +21,6 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// A DiscoveryService of the namespace's own, for its injection webhook and the sidecars'
-/// client certificate (the bootstrap below does not use it).
-const DISCOVERY_SERVICE: &str = r#"
-apiVersion: operator.marin3r.3scale.net/v1alpha1
-kind: DiscoveryService
-metadata: {name: instance}
-spec: {}
-"#;
-
 /// The application: echoes every connection on the pod's loopback, port 9000, and closes it
 /// when the client does (Envoy's TCP proxy forwards the half-close and waits for it). It
 /// exits on SIGTERM: as its container's PID 1 it would otherwise ignore it, and the kubelet
@@ -102,19 +93,7 @@ fn pod(name: &str, native: bool) -> Pod {
         },
         "spec": {
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "app",
-                "image": "marin3r-test/python:3",
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", ECHO_PY],
-                "securityContext": {
-                    "runAsNonRoot": true,
-                    "runAsUser": 65532,
-                    "allowPrivilegeEscalation": false,
-                    "readOnlyRootFilesystem": true,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }],
+            "containers": [real::python_container(ECHO_PY)],
         },
     }))
     .unwrap()
@@ -251,7 +230,7 @@ async fn a_deleted_pod_drains_its_envoy_through_the_prestop_hooks() {
     let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
     let scenario = real::Scenario::start("drain", &["python"]).await.unwrap();
     step("namespace created");
-    scenario.apply(DISCOVERY_SERVICE).await.unwrap();
+    scenario.apply(real::DISCOVERY_SERVICE).await.unwrap();
     scenario
         .apply(
             &serde_json::to_string(&json!({

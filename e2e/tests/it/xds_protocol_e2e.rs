@@ -14,10 +14,6 @@ use marin3r_e2e::real;
 use marin3r_testkit::wait::until;
 use serde_json::json;
 
-/// The application: idles, and exits on SIGTERM (as its container's PID 1 it would otherwise
-/// ignore it, and the pod would take its whole grace period to go).
-const IDLE_PY: &str = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(3600)\n";
-
 const DISCOVERY_SERVICE: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: DiscoveryService
@@ -76,19 +72,7 @@ fn pod(name: &str, annotations: &[(&str, &str)]) -> Pod {
         },
         "spec": {
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "app",
-                "image": "marin3r-test/python:3",
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-c", IDLE_PY],
-                "securityContext": {
-                    "runAsNonRoot": true,
-                    "runAsUser": 65532,
-                    "allowPrivilegeEscalation": false,
-                    "readOnlyRootFilesystem": true,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-            }],
+            "containers": [real::python_container(real::IDLE_PY)],
         },
     }))
     .unwrap()
