@@ -105,31 +105,17 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         () = demo.story(&mut n) => false,
         r = signal() => { r?; true }
     };
-    println!();
-    if n.failed.is_empty() && !interrupted {
-        println!("every step succeeded ({} steps)", n.passed);
-    } else if interrupted {
-        println!("interrupted");
-    } else {
-        println!(
-            "{} step(s) failed; container logs are in {}",
-            n.failed.len(),
-            logs.display()
-        );
-    }
+    summary(
+        &n,
+        interrupted,
+        &format!("container logs are in {}", logs.display()),
+    );
     if !args.exit && !interrupted {
         println!(
-            "\nThe cluster keeps running. Look around:\n\
-             \x20 export KUBECONFIG={kc}\n\
-             \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
-             \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
-             \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
-             \x20 {m} proxy-status -n demo\n\
-             \x20 curl http://<pod IP>:8080/   (kubectl get pods -A -o wide shows the IPs)\n\
+            "{}\n\
              Container logs: {logs}\n\
              Press Ctrl-C to stop.",
-            kc = kubeconfig.display(),
-            m = marin3r.display(),
+            look_around(&kubeconfig, &marin3r),
             logs = logs.display(),
         );
         signal().await?;
@@ -186,36 +172,50 @@ async fn on_a_real_cluster(
         () = demo.story(&mut n) => false,
         r = signal() => { r?; true }
     };
-    println!();
-    if n.failed.is_empty() && !interrupted {
-        println!("every step succeeded ({} steps)", n.passed);
-    } else if interrupted {
-        println!("interrupted");
-    } else {
-        println!(
-            "{} step(s) failed; kubectl --kubeconfig {} logs ... shows the containers' logs",
-            n.failed.len(),
+    summary(
+        &n,
+        interrupted,
+        &format!(
+            "kubectl --kubeconfig {} logs ... shows the containers' logs",
             kubeconfig.display()
-        );
-    }
+        ),
+    );
     if !args.exit && !interrupted {
-        println!(
-            "\nThe cluster keeps running. Look around:\n\
-             \x20 export KUBECONFIG={kc}\n\
-             \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
-             \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
-             \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
-             \x20 {m} proxy-status -n demo\n\
-             \x20 curl http://<pod IP>:8080/   (kubectl get pods -A -o wide shows the IPs)",
-            kc = kubeconfig.display(),
-            m = marin3r.display(),
-        );
+        println!("{}", look_around(&kubeconfig, &marin3r));
     }
     Ok(if n.failed.is_empty() && !interrupted {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE
     })
+}
+
+/// The story's outcome: every step succeeded, interrupted, or how many failed and where
+/// the containers' logs are (`logs`).
+fn summary(n: &Narrator, interrupted: bool, logs: &str) {
+    println!();
+    if n.failed.is_empty() && !interrupted {
+        println!("every step succeeded ({} steps)", n.passed);
+    } else if interrupted {
+        println!("interrupted");
+    } else {
+        println!("{} step(s) failed; {logs}", n.failed.len());
+    }
+}
+
+/// The commands to look around the cluster the story left running.
+fn look_around(kubeconfig: &std::path::Path, marin3r: &std::path::Path) -> String {
+    format!(
+        "\nThe cluster keeps running. Look around:\n\
+         \x20 export KUBECONFIG={kc}\n\
+         \x20 kubectl get envoyconfigs,envoyconfigrevisions,dsc -A\n\
+         \x20 kubectl describe envoyconfig demo-proxy -n demo\n\
+         \x20 kubectl logs -n demo deployment/demo -c envoy-sidecar\n\
+         \x20 {m} proxy-status -n demo\n\
+         \x20 curl http://<pod IP>:8080/   (kubectl get pods -A -o wide shows the IPs)",
+        kc = kubeconfig.display(),
+        m = marin3r.display(),
+    )
 }
 
 async fn signal() -> anyhow::Result<()> {
