@@ -8,6 +8,7 @@ mod check;
 mod cluster;
 mod crds;
 mod differences;
+mod discovery_pods;
 mod discovery_service;
 mod inject;
 mod judge_sandbox;

@@ -237,7 +237,7 @@ async fn served(
     node: &str,
 ) -> anyhow::Result<(String, Served)> {
     let (selector, running) =
-        super::proxy_status::running_pods(client, args.discovery_service.as_deref()).await?;
+        super::discovery_pods::running_pods(client, args.discovery_service.as_deref()).await?;
     let port = args.discovery_admin_port;
     let mut connected_to = None;
     for (dns, dpod) in &ask_order(&running, ns) {
@@ -260,7 +260,7 @@ async fn served(
     // discovery service, or of the one serving the pod's namespace.
     let (dns, dpod) = match connected_to {
         Some(pod) => pod,
-        None => super::proxy_status::one_instance(client, &selector, running, Some(ns))
+        None => super::discovery_pods::one_instance(client, &selector, running, Some(ns))
             .await?
             .into_iter()
             .next()
@@ -282,7 +282,7 @@ async fn served(
 /// The running discovery pods, in the order they are asked whether the proxy of namespace
 /// `ns` is connected to them: those of `ns` first (a DiscoveryService serves its own
 /// namespace), then the others, each group by name.
-fn ask_order(running: &[super::proxy_status::RunningPod], ns: &str) -> Vec<(String, String)> {
+fn ask_order(running: &[super::discovery_pods::RunningPod], ns: &str) -> Vec<(String, String)> {
     let mut pods: Vec<(String, String)> = running
         .iter()
         .map(|(dns, _, pod)| (dns.clone(), pod.clone()))
@@ -335,7 +335,7 @@ fn table(entries: &[Entry]) -> String {
 mod tests {
     #[test]
     fn the_proxys_namespace_is_asked_first_among_several_discovery_services() {
-        let running: Vec<super::super::proxy_status::RunningPod> = [
+        let running: Vec<super::super::discovery_pods::RunningPod> = [
             ("marin3r-system", "instance", "marin3r-instance-b"),
             ("shop", "instance", "marin3r-instance-z"),
             ("gateway", "instance", "marin3r-instance-y"),

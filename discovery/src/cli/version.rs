@@ -15,7 +15,8 @@ use kube::{Api, ResourceExt};
 use serde::Serialize;
 
 use super::cluster::ClusterArgs;
-use super::proxy_status::{DISCOVERY_POD_SELECTOR, sync_status_of};
+use super::discovery_pods::DISCOVERY_POD_SELECTOR;
+use super::proxy_status::sync_status_of;
 use crate::api::discovery_service::{DEFAULT_ADMIN_PORT, DiscoveryService};
 
 const OPERATOR_SELECTOR: &str =
