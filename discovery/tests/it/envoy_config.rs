@@ -454,7 +454,12 @@ fn a_failed_unpublication_never_serves_the_older_revision_again() {
             .snapshot(NS, "pair")
             .map(|s| s.version(ResourceType::Listener).to_owned())
     };
-    let old_listeners = listeners().expect("the first revision is served");
+    // InSync is written once the revision is published; the cache may take it a moment later.
+    let old_listeners = wait(
+        "the first revision served",
+        Duration::from_secs(20),
+        listeners,
+    );
 
     let faults = plane.api.faults();
     let status = format!(
