@@ -29,6 +29,37 @@ pub struct Held {
     _file: std::fs::File,
 }
 
+/// marin3r's in-cluster operator, as `manifests/` installs it.
+const OPERATOR_NAMESPACE: &str = "marin3r-system";
+const OPERATOR_DEPLOYMENT: &str = "marin3r-operator";
+const OPERATOR_PODS: &str = "app.kubernetes.io/name=marin3r,app.kubernetes.io/component=operator";
+
+/// The cluster held [`Cluster::exclusive`]ly with marin3r's in-cluster operator stopped
+/// ([`Cluster::operator_stopped`]); dropping it starts the operator again.
+#[derive(Debug)]
+pub struct OperatorStopped {
+    cluster: Cluster,
+    /// The operator's replicas before, when it was installed.
+    replicas: Option<String>,
+    _held: Held,
+}
+
+impl Drop for OperatorStopped {
+    fn drop(&mut self) {
+        if let Some(replicas) = &self.replicas {
+            let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
+            let replicas = format!("--replicas={replicas}");
+            let _ = self.cluster.kubectl_blocking(&[
+                "scale",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &deployment,
+                &replicas,
+            ]);
+        }
+    }
+}
+
 /// `hack/cluster up --reuse` runs once per test process; its kubeconfig path (or the error,
 /// as text: every later caller gets it too).
 static STARTED: Mutex<Option<Result<PathBuf, String>>> = Mutex::new(None);
@@ -141,6 +172,71 @@ impl Cluster {
         self.hold(rustix::fs::FlockOperation::LockShared)
     }
 
+    /// Holds the cluster [`Cluster::exclusive`]ly and stops marin3r's in-cluster operator
+    /// (`marin3r-system/marin3r-operator` scaled to 0, its pods gone) when it is installed, for
+    /// a test that runs the operator's controllers itself: they reconcile every
+    /// DiscoveryService and DiscoveryServiceCertificate of the cluster, and two operators on
+    /// one object prove nothing. The operator is scaled back when the guard drops.
+    pub fn operator_stopped(&self) -> anyhow::Result<OperatorStopped> {
+        let held = self.exclusive()?;
+        let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
+        let replicas = self
+            .kubectl_blocking(&[
+                "get",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &deployment,
+                "--ignore-not-found",
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ])?
+            .trim()
+            .to_owned();
+        let stopped = OperatorStopped {
+            cluster: self.clone(),
+            replicas: (!replicas.is_empty()).then_some(replicas),
+            _held: held,
+        };
+        if stopped.replicas.is_some() {
+            self.kubectl_blocking(&[
+                "scale",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &deployment,
+                "--replicas=0",
+            ])?;
+            self.kubectl_blocking(&[
+                "wait",
+                "-n",
+                OPERATOR_NAMESPACE,
+                "--for=delete",
+                "pod",
+                "-l",
+                OPERATOR_PODS,
+                "--timeout=120s",
+            ])?;
+        }
+        Ok(stopped)
+    }
+
+    /// kubectl run to completion on this thread; its stdout, or an error with its stderr.
+    fn kubectl_blocking(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(crate::tools::kubectl()?)
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .output()
+            .with_context(|| format!("running kubectl {}", args.join(" ")))?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// flock(2) on a file named after the kubeconfig (std's File::lock is newer than our
     /// MSRV).
     fn hold(&self, how: rustix::fs::FlockOperation) -> anyhow::Result<Held> {
@@ -164,13 +260,18 @@ impl Cluster {
         Ok(Held { _file: file })
     }
 
-    /// A client of the cluster's API server, from its kubeconfig.
-    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+    /// The client configuration of the cluster's admin, from its kubeconfig.
+    pub async fn config(&self) -> anyhow::Result<kube::Config> {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig)
             .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
-            .with_context(|| format!("loading {}", self.kubeconfig.display()))?;
+            .with_context(|| format!("loading {}", self.kubeconfig.display()))
+    }
+
+    /// A client of the cluster's API server, from its kubeconfig.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let config = self.config().await?;
         kube::Client::try_from(config).context("building a client from the kubeconfig")
     }
 
