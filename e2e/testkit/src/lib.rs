@@ -1,6 +1,7 @@
 //! marin3r's test helpers: the real tools `hack/install-tools` installs (`tools`), real Envoy
 //! processes (`envoy`), kubectl bound to a kubeconfig (`kubectl`), the one polling loop
-//! (`wait`) and free ports (`ports`); with the `pki` feature a throwaway PKI from marin3r-certs,
+//! (`wait`), free ports (`ports`), a Secret volume's folder as the kubelet writes it
+//! (`secret_volume`); with the `pki` feature a throwaway PKI from marin3r-certs,
 //! with `xds` an ADS client, Envoy resources and the xDS server as a fixture, with `webhook`
 //! clients of the webhook's HTTPS server (by loopback address, slow bodies), with `cluster`
 //! the real test cluster (`hack/cluster` or `MARIN3R_E2E_KUBECONFIG`) and a client. Without
@@ -13,6 +14,7 @@ pub mod kubectl;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod ports;
+pub mod secret_volume;
 pub mod tools;
 pub mod wait;
 #[cfg(feature = "webhook")]

@@ -12,7 +12,6 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use marin3r_certs::{CertificateInfo, IssuedCertificate};
-use marin3r_local_cluster::kubelet::volumes::{secret_files, write_atomic};
 pub use marin3r_testkit::pki::Pki;
 use marin3r_testkit::webhook::TlsClient;
 use marin3r_webhook::WebhookServerConfig;
@@ -42,8 +41,11 @@ impl SecretDir {
     }
 
     pub fn write(&mut self, cert_pem: &str, key_pem: &str) {
-        let files = secret_files([("tls.crt", cert_pem), ("tls.key", key_pem)]);
-        write_atomic(self.dir.path(), &files).unwrap();
+        marin3r_testkit::secret_volume::write(
+            self.dir.path(),
+            &[("tls.crt", cert_pem), ("tls.key", key_pem)],
+        )
+        .unwrap();
     }
 
     pub fn cert(&self) -> PathBuf {
