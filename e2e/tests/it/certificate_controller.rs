@@ -1,31 +1,38 @@
-//! The `DiscoveryServiceCertificate` controller against the local cluster's API server, driven
-//! only through the Kubernetes API: issuance, renewal at 80%, every reissue trigger exactly
-//! once, CA rotation, bad specs, cross-namespace refusal, and API faults.
+//! The `DiscoveryServiceCertificate` controller run by the test against the real API server
+//! of `hack/cluster` (through the fault proxy, the cluster's own operator stopped meanwhile),
+//! driven only through the Kubernetes API: issuance, renewal at 80%, every reissue trigger
+//! exactly once, CA rotation, bad specs, cross-namespace refusal, and API faults.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
+use marin3r_api_faults::{FaultProxy, FaultScope};
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_certs::controller::{self, Config};
 use marin3r_certs::{CertificateInfo, SubjectAltName, certificate_hash, verify_signed_by};
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig, FaultScope};
+use marin3r_testkit::cluster::{Cluster, OperatorStopped};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 const PROPAGATION: Duration = Duration::from_secs(2);
 
 struct Env {
-    server: ApiServer,
+    /// The test's own client, straight to the API server (never faulted).
     client: Client,
+    /// What the controller's client talks through.
+    proxy: FaultProxy,
     ns: String,
+    kubeconfig: std::path::PathBuf,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     /// The controller's certificate gauges.
     certificates: controller::CertificateMetrics,
+    /// Last: the cluster's operator comes back once the namespaces are deleted.
+    _operator_stopped: OperatorStopped,
 }
 
 impl Env {
@@ -35,13 +42,53 @@ impl Env {
 
     /// As [`Env::start`], with the controller's configuration adjusted by `configure`.
     async fn start_with(trusted: &[&str], configure: impl FnOnce(&mut Config)) -> Self {
-        let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-        let client = server.kube_client().await.unwrap();
-        server
-            .install_crds(marin3r_discovery::api::crds::all())
+        // The controller's log, with RUST_LOG.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach)
+            .await
+            .unwrap()
+            .unwrap();
+        // The cluster's operator runs this controller too, on every certificate of the
+        // cluster: it stops while the test's runs.
+        let operator_stopped = tokio::task::spawn_blocking({
+            let cluster = cluster.clone();
+            move || cluster.operator_stopped()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let kubectl = cluster.kubectl().unwrap();
+        let crds = marin3r_testkit::tools::repo_root().join("manifests/crds");
+        kubectl
+            .ok(&["apply", "-f", crds.to_str().unwrap()])
             .await
             .unwrap();
-        let ns = format!("certs-{}", std::process::id());
+        kubectl
+            .ok(&[
+                "wait",
+                "--for=condition=Established",
+                "crd/discoveryservicecertificates.operator.marin3r.3scale.net",
+            ])
+            .await
+            .unwrap();
+        let client = cluster.client().await.unwrap();
+        let proxy = FaultProxy::start(cluster.config().await.unwrap())
+            .await
+            .unwrap();
+        let controller_client = proxy
+            .endpoint("certificate-controller")
+            .await
+            .unwrap()
+            .client()
+            .unwrap();
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        let ns = format!("certs-{}-{millis}", std::process::id());
         let nss: Api<Namespace> = Api::all(client.clone());
         for name in [ns.clone(), format!("{ns}-other")] {
             let obj: Namespace =
@@ -62,16 +109,18 @@ impl Env {
         };
         configure(&mut config);
         let certificates = config.certificates.clone();
-        let task = tokio::spawn(controller::run(client.clone(), config, async move {
+        let task = tokio::spawn(controller::run(controller_client, config, async move {
             let _ = stopped.await;
         }));
         Self {
-            server,
             client,
+            proxy,
             ns,
+            kubeconfig: cluster.kubeconfig().to_path_buf(),
             stop: Some(stop),
             task: Some(task),
             certificates,
+            _operator_stopped: operator_stopped,
         }
     }
 
@@ -231,6 +280,13 @@ impl Drop for Env {
         }
         if let Some(task) = self.task.take() {
             task.abort();
+        }
+        if let Ok(kubectl) = marin3r_testkit::tools::kubectl() {
+            let other = format!("{}-other", self.ns);
+            let _ = std::process::Command::new(kubectl)
+                .args(["delete", "namespace", &self.ns, &other, "--wait=false"])
+                .env("KUBECONFIG", &self.kubeconfig)
+                .output();
         }
     }
 }
@@ -958,13 +1014,24 @@ async fn converges_through_dropped_watches_and_api_errors() {
     let env = Env::start(&[]).await;
     env.apply("ca", ca_spec(3600)).await;
     env.wait_reason("ca", "Issued").await;
-    env.server.faults().fail_next(6, 500, FaultScope::Any);
-    env.server.faults().drop_watches();
+    // Errors for any request (relists, reads, writes), then conflicts on the writes, as the
+    // API server answers them; every open watch dropped after each. Each lands on the
+    // controller (the test's own requests are never faulted), and each failed list backs off
+    // (0.8 s, doubling, with jitter).
+    env.proxy.faults().fail_next(3, 500, FaultScope::Any);
+    env.proxy.faults().drop_watches();
     env.apply("server", leaf_spec(true, &["marin3r"], 600))
         .await;
-    env.server.faults().fail_next(3, 409, FaultScope::Any);
-    env.server.faults().drop_watches();
-    let dsc = env.wait_reason("server", "Issued").await;
+    env.proxy.faults().fail_next(3, 409, FaultScope::Write);
+    env.proxy.faults().drop_watches();
+    let dsc = env
+        .wait_reason_for("server", "Issued", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        env.proxy.faults().pending(),
+        0,
+        "some errors were never met"
+    );
     assert_eq!(dsc.status.unwrap().ready, Some(true));
     let (_, info) = env.secret_cert(&env.ns, "server-cert").await.unwrap();
     env.assert_stable("server-cert", &info.serial, Duration::from_secs(1))
@@ -982,7 +1049,7 @@ async fn a_request_never_answered_times_out_its_reconcile_and_the_retry_issues()
     env.apply("ca", ca_spec(3600)).await;
     env.wait_reason("ca", "Issued").await;
     let path = format!("/api/v1/namespaces/{}/secrets/server-cert", env.ns);
-    env.server.faults().never_answer(&path, 1);
+    env.proxy.faults().never_answer(&path, 1);
     env.apply("server", leaf_spec(true, &["marin3r"], 600))
         .await;
     // The deadline, then the error policy's 5 s, then the retry.
@@ -990,6 +1057,6 @@ async fn a_request_never_answered_times_out_its_reconcile_and_the_retry_issues()
         .wait_reason_for("server", "Issued", Duration::from_secs(30))
         .await;
     assert_eq!(dsc.status.unwrap().ready, Some(true));
-    assert_eq!(env.server.faults().swallowed(), 1);
+    assert_eq!(env.proxy.faults().swallowed(), 1);
     assert!(env.secret_cert(&env.ns, "server-cert").await.is_some());
 }
