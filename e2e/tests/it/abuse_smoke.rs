@@ -4,7 +4,8 @@
 //! meet do their part (the names refused by length and by the namespace's budget, the other
 //! namespace served, every valid admission answered, during N1 as during N2; R4's requests
 //! begun and never finished refused by the namespace's budget). No memory or
-//! latency figure is asserted: those belong to BENCHMARKS.md. Needs no root.
+//! latency figure is asserted: those belong to BENCHMARKS.md. Its controllers read the real
+//! API server of `hack/cluster` (two namespaces of the run's own).
 
 use marin3r_e2e::bench::abuse::abuse;
 

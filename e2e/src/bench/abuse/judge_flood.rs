@@ -109,6 +109,11 @@ fn slow_envoy(_setup: &Setup) -> anyhow::Result<std::path::PathBuf> {
         })
 }
 
+/// The namespaces the reviews come from: the webhook weighs each review by the namespace it
+/// names, so they need not exist.
+const ATTACKER: &str = "team-a";
+const BYSTANDER: &str = "team-b";
+
 /// An EnvoyConfig AdmissionReview (CREATE) of one cluster named `cluster` in `namespace`.
 fn envoy_config_review(uid: usize, namespace: &str, cluster: &str) -> Bytes {
     let value = json!({
@@ -207,7 +212,7 @@ async fn measure(
             let mut n = i;
             while !stop.load(Ordering::Relaxed) {
                 flood.sent.fetch_add(1, Ordering::Relaxed);
-                let body = envoy_config_review(n, super::ATTACKER, SLOW_MARKER);
+                let body = envoy_config_review(n, ATTACKER, SLOW_MARKER);
                 let answer = post(&send, VALIDATE_PATH, body).await;
                 flood.count(&answer);
                 // A write refused (429) is retried after a second, as client-go backs off.
@@ -227,7 +232,7 @@ async fn measure(
     let (mut pods, mut configs) = (Vec::new(), Vec::new());
     for i in 0..reviews {
         let started = Instant::now();
-        let config = envoy_config_review(i, super::BYSTANDER, "team-b-cluster");
+        let config = envoy_config_review(i, BYSTANDER, "team-b-cluster");
         let (pod, config) = tokio::join!(
             timed(post(&api, "/pod-v1-mutate", pod.clone())),
             timed(post(&api, VALIDATE_PATH, config)),

@@ -16,7 +16,7 @@ use marin3r_xds::resource::ResourceType;
 use tokio::task::JoinHandle;
 
 use super::process::{Discovery, metric, nonzero_by_label};
-use super::{ADMISSION_P99_GOAL, ATTACKER, BYSTANDER, Goals, NODE, Setup, WEBHOOK_HOST};
+use super::{ADMISSION_P99_GOAL, Goals, NODE, Setup, WEBHOOK_HOST};
 use crate::bench::{Row, human, mib};
 
 const SUBSCRIPTION_BYTES: &str = "marin3r_xds_subscription_bytes";
@@ -160,7 +160,7 @@ impl Measured {
                 "streams opened: {}; names written: {} ({}, in {}) before the server closed or \
                  kept each stream; streams kept: {}, ended: {}; server RSS \
                  {} before, peak {} (VmHWM); marin3r_xds_subscription_bytes peak {}, {} while \
-                 the attack held; refused streams: {}; {BYSTANDER}'s proxy got its next config \
+                 the attack held; refused streams: {}; the bystander's proxy got its next config \
                  {} before the attack, {} during it",
                 a.streams,
                 a.names,
@@ -188,7 +188,10 @@ fn measure(
     generation: u64,
     reviews: usize,
 ) -> anyhow::Result<Measured> {
-    let (attacker, bystander_tls) = (setup.xds_tls(ATTACKER)?, setup.xds_tls(BYSTANDER)?);
+    let (attacker, bystander_tls) = (
+        setup.xds_tls(&setup.attacker)?,
+        setup.xds_tls(&setup.bystander)?,
+    );
     let mut bystander = setup
         .rt
         .block_on(Bystander::connect(process, &bystander_tls))?;
@@ -262,7 +265,7 @@ impl Bystander {
         generation: u64,
     ) -> anyhow::Result<Option<Duration>> {
         let started = Instant::now();
-        setup.publish(BYSTANDER, generation).await?;
+        setup.publish(&setup.bystander, generation).await?;
         let names = vec!["runtime".to_owned()];
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {

@@ -18,7 +18,7 @@ use marin3r_xds::resource::ResourceType;
 
 use super::process::{Discovery, metric, nonzero_by_label};
 use super::xds_names::Bystander;
-use super::{ADMISSION_P99_GOAL, ATTACKER, BYSTANDER, Goals, NODE, Setup, WEBHOOK_HOST};
+use super::{ADMISSION_P99_GOAL, Goals, NODE, Setup, WEBHOOK_HOST};
 use crate::bench::{Row, human, mib};
 
 const REQUEST_BYTES: &str = "marin3r_xds_request_bytes";
@@ -42,7 +42,10 @@ pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Resul
     ];
     let label = "R4 partial requests";
     let process = setup.discovery("r4", &flags)?;
-    let (attacker, bystander_tls) = (setup.xds_tls(ATTACKER)?, setup.xds_tls(BYSTANDER)?);
+    let (attacker, bystander_tls) = (
+        setup.xds_tls(&setup.attacker)?,
+        setup.xds_tls(&setup.bystander)?,
+    );
     let mut bystander = setup
         .rt
         .block_on(Bystander::connect(&process, &bystander_tls))?;
@@ -98,7 +101,7 @@ pub(super) fn run(setup: &Setup, scale: f64, goals: &mut Goals) -> anyhow::Resul
         samples: attack.streams,
         result: format!(
             "streams opened: {}, held: {}, refused: {} ({}); in {}; server RSS {} before, \
-             peak {} (VmHWM); marin3r_xds_request_bytes peak {}, {} while held; {BYSTANDER}'s \
+             peak {} (VmHWM); marin3r_xds_request_bytes peak {}, {} while held; the bystander's \
              proxy got its next config {} during the attack",
             attack.streams,
             held,
