@@ -11,7 +11,9 @@
 //!
 //! Each endpoint is a loopback port with a name, the `user` the per-client rules
 //! ([`Faults::fail_next_for`], [`Faults::hold_for`]) match: the proxy cannot authenticate
-//! anyone itself.
+//! anyone itself. A pod endpoint ([`FaultProxy::pod_endpoint`]) serves a cluster's pods
+//! instead, over TLS with a certificate their service account's `ca.crt` trusts, and names
+//! each request's user after the service account its token was issued to.
 
 mod faults;
 
@@ -105,6 +107,47 @@ impl FaultProxy {
     }
 }
 
+impl FaultProxy {
+    /// An endpoint for a cluster's pods on `bind` (an address they reach, e.g. the node's),
+    /// serving HTTPS with `cert_pem`/`key_pem` (a certificate for the names they call the API
+    /// server by, signed by the CA of their service account's `ca.crt`: the API server's own
+    /// serving certificate will do). A request's user is the subject of its bearer token
+    /// (`system:serviceaccount:<namespace>:<name>`; `unknown` without one), read, not
+    /// verified: the API server verifies it. Returns the address it listens on.
+    pub async fn pod_endpoint(
+        &self,
+        bind: SocketAddr,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> anyhow::Result<SocketAddr> {
+        let certs = rustls_pemfile::certs(&mut cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .context("reading the pod endpoint's certificate")?;
+        let key = rustls_pemfile::private_key(&mut key_pem.as_bytes())
+            .context("reading the pod endpoint's key")?
+            .context("no key in the pod endpoint's key PEM")?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS versions")?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .context("the pod endpoint's certificate and key")?;
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let listener = TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("binding the pod endpoint on {bind}"))?;
+        let addr = listener.local_addr()?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let task = tokio::spawn(serve_pods(listener, acceptor, self.inner.clone()));
+        self.listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(task);
+        Ok(addr)
+    }
+}
+
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         for task in self
@@ -174,28 +217,81 @@ impl Endpoint {
 async fn serve(listener: TcpListener, inner: Arc<Inner>, user: String) {
     let mut connections = JoinSet::new();
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                tracing::warn!(%err, "the fault proxy could not accept a connection");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
+        let Some(stream) = accept(&listener).await else {
+            continue;
         };
         while connections.try_join_next().is_some() {}
-        let inner = inner.clone();
-        let user = user.clone();
+        connections.spawn(serve_connection(
+            TokioIo::new(stream),
+            inner.clone(),
+            Some(user.clone()),
+        ));
+    }
+}
+
+/// [`serve`] for a pod endpoint: TLS, and each request's user read from its token.
+async fn serve_pods(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, inner: Arc<Inner>) {
+    let mut connections = JoinSet::new();
+    loop {
+        let Some(stream) = accept(&listener).await else {
+            continue;
+        };
+        while connections.try_join_next().is_some() {}
+        let (acceptor, inner) = (acceptor.clone(), inner.clone());
         connections.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let inner = inner.clone();
-                let user = user.clone();
-                async move { Ok::<_, Infallible>(handle(&inner, &user, req).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let handshake =
+                tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream));
+            match handshake.await {
+                Ok(Ok(tls)) => serve_connection(TokioIo::new(tls), inner, None).await,
+                Ok(Err(err)) => tracing::debug!(%err, "a pod's TLS handshake failed"),
+                Err(_) => tracing::debug!("a pod's TLS handshake timed out"),
+            }
         });
     }
+}
+
+async fn accept(listener: &TcpListener) -> Option<tokio::net::TcpStream> {
+    match listener.accept().await {
+        Ok((stream, _)) => Some(stream),
+        Err(err) => {
+            tracing::warn!(%err, "the fault proxy could not accept a connection");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            None
+        }
+    }
+}
+
+/// Serves one client connection; `user` is the endpoint's, or `None` to read each request's
+/// from its token.
+async fn serve_connection<IO>(io: IO, inner: Arc<Inner>, user: Option<String>)
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let inner = inner.clone();
+        let user = user
+            .clone()
+            .unwrap_or_else(|| token_subject(bearer_token(req.headers())));
+        async move { Ok::<_, Infallible>(handle(&inner, &user, req).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(io, service)
+        .await;
+}
+
+/// The `sub` claim of a JWT bearer token (a service account's:
+/// `system:serviceaccount:<namespace>:<name>`), or `unknown`.
+fn token_subject(token: Option<&str>) -> String {
+    use base64::Engine as _;
+    let subject = || {
+        let payload = token?.split('.').nth(1)?;
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload.trim_end_matches('='))
+            .ok()?;
+        let claims: serde_json::Value = serde_json::from_slice(&json).ok()?;
+        claims.get("sub")?.as_str().map(str::to_owned)
+    };
+    subject().unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// What the rules need to know of a request.
@@ -506,6 +602,20 @@ mod tests {
             Some("secrets")
         );
         assert!(!kind(&get, "/api/v1/pods", Some("watchers=true")).is_watch);
+    }
+
+    #[test]
+    fn a_tokens_subject_names_its_user() {
+        use base64::Engine as _;
+        let claims = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(br#"{"sub":"system:serviceaccount:ops:operator","aud":["x"]}"#);
+        let token = format!("eyJhbGciOiJSUzI1NiJ9.{claims}.c2ln");
+        assert_eq!(
+            token_subject(Some(&token)),
+            "system:serviceaccount:ops:operator"
+        );
+        assert_eq!(token_subject(Some("not-a-jwt")), "unknown");
+        assert_eq!(token_subject(None), "unknown");
     }
 
     #[test]

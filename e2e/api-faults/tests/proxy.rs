@@ -20,6 +20,7 @@ struct Env {
     admin: kube::Client,
     kubectl: Kubectl,
     kubeconfig: std::path::PathBuf,
+    cluster: Cluster,
     proxy: FaultProxy,
     _held: Held,
 }
@@ -46,6 +47,7 @@ impl Env {
             admin: cluster.client().await.unwrap(),
             kubectl,
             kubeconfig: cluster.kubeconfig().to_path_buf(),
+            cluster,
             proxy,
             _held: held,
         }
@@ -254,4 +256,96 @@ async fn a_clients_token_is_what_the_api_server_authorizes() {
     // Without a token the same endpoint is the admin.
     let admin: Api<ConfigMap> = Api::namespaced(endpoint.client().unwrap(), &env.ns);
     admin.list(&Default::default()).await.unwrap();
+}
+
+/// A pod endpoint speaks TLS with the API server's own certificate and names each request's
+/// user after its service account token, so rules may pick one pod's service account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_endpoint_names_users_by_their_service_account_token() {
+    let env = Env::start("pods").await;
+    let Some(pki) = env.cluster.pki_dir() else {
+        panic!("pod endpoints need hack/cluster's PKI; this cluster is attached");
+    };
+    let read = |f: &str| std::fs::read_to_string(pki.join(f)).unwrap();
+    let addr = env
+        .proxy
+        .pod_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            &read("apiserver.crt"),
+            &read("apiserver.key"),
+        )
+        .await
+        .unwrap();
+    for sa in ["reader", "writer"] {
+        env.kubectl
+            .ok(&["create", "serviceaccount", "-n", &env.ns, sa])
+            .await
+            .unwrap();
+    }
+    env.kubectl
+        .ok(&[
+            "create",
+            "rolebinding",
+            "-n",
+            &env.ns,
+            "view",
+            "--clusterrole=view",
+            &format!("--serviceaccount={}:reader", env.ns),
+            &format!("--serviceaccount={}:writer", env.ns),
+        ])
+        .await
+        .unwrap();
+    let ca = first_der(&read("ca.crt"));
+    let mut pods = Vec::new();
+    for sa in ["reader", "writer"] {
+        let token = env
+            .kubectl
+            .ok(&["create", "token", "-n", &env.ns, sa])
+            .await
+            .unwrap();
+        let mut config = kube::Config::new(format!("https://{addr}").parse().unwrap());
+        config.root_cert = Some(vec![ca.clone()]);
+        // The name a pod calls the API server by.
+        config.tls_server_name = Some("kubernetes.default.svc".into());
+        config.auth_info =
+            serde_json::from_value(serde_json::json!({"token": token.trim()})).unwrap();
+        pods.push(Api::<ConfigMap>::namespaced(
+            kube::Client::try_from(config).unwrap(),
+            &env.ns,
+        ));
+    }
+    let (reader, writer) = (&pods[0], &pods[1]);
+    let faults = env.proxy.faults();
+    faults.fail_next_for(
+        1,
+        500,
+        FaultScope::Any,
+        &format!("system:serviceaccount:{}:writer", env.ns),
+    );
+    reader.list(&Default::default()).await.unwrap();
+    assert_eq!(
+        code(&writer.list(&Default::default()).await.unwrap_err()),
+        Some(500)
+    );
+    writer.list(&Default::default()).await.unwrap();
+    // The token is what the API server authorizes: `view` may not write.
+    let err = writer
+        .create(&PostParams::default(), &map("x"))
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), Some(403), "{err}");
+}
+
+/// The DER of the first certificate of a PEM text.
+fn first_der(pem: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let body: String = pem
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN CERTIFICATE"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
 }

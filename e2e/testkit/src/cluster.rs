@@ -139,6 +139,15 @@ impl Cluster {
         &self.kubeconfig
     }
 
+    /// The PKI folder of this machine's `hack/cluster` (its CA, the API server's serving
+    /// certificate `apiserver.crt`/`.key`...), beside its kubeconfig; `None` for an attached
+    /// cluster.
+    pub fn pki_dir(&self) -> Option<PathBuf> {
+        self.local
+            .then(|| self.kubeconfig.parent().map(|state| state.join("pki")))
+            .flatten()
+    }
+
     /// Whether this is this machine's `hack/cluster` (not one attached by kubeconfig).
     pub fn is_local(&self) -> bool {
         self.local
