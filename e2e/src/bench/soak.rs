@@ -1,6 +1,7 @@
-//! The soak (`hack/bench --only soak`): the whole product on the local cluster (operator,
-//! discovery pod with the webhook, real Envoy sidecars) under churn and faults for a while,
-//! then a check that nothing was lost.
+//! The soak (`hack/bench --only soak`): the whole product on the real cluster of
+//! `hack/cluster` (operator, discovery pod with the webhook, real Envoy sidecars), installed
+//! from `manifests/`, under churn and faults for a while, then a check that nothing was lost.
+//! It holds the cluster alone: its API faults reach every pod.
 //!
 //! While it runs:
 //! - **pod churn**: annotated pods are created in an enabled namespace and deleted after a
@@ -14,9 +15,12 @@
 //!   revision must be rolled back while every Envoy keeps serving the last good one;
 //! - **API faults** for the product's own clients (the service accounts of `marin3r-system`:
 //!   the operator and the discovery pod): 500 on any request, 409 on writes, 410 Gone inside
-//!   watch streams;
-//! - **discovery pod kills** while Envoys are connected: its process (the kubelet restarts it
-//!   in place), then the whole pod with no grace period (the Deployment brings a new one at
+//!   watch streams. The pods' connections to the `kubernetes` Service are sent (one nat rule)
+//!   to the fault proxy (`marin3r-api-faults`) on the node, which serves them with the API
+//!   server's own certificate, passes each request on with the pod's token, and fails the
+//!   product's service accounts' requests only;
+//! - **discovery pod kills** while Envoys are connected: its process (SIGKILL from the node;
+//!   the kubelet restarts it in place), then the whole pod with no grace period (the Deployment brings a new one at
 //!   a new IP), in turn, each followed by two 500s for the new process's first requests; the
 //!   Envoys reconnect.
 //!
@@ -26,7 +30,7 @@
 //! running Envoy must serve the newest good revision. Any failure is returned by name.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -40,22 +44,19 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{Row, Stats, human};
-use crate::demo::{self, commands, wait_for};
-use marin3r_local_cluster::apiserver::FaultScope;
-use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
+use crate::demo::{self, wait_for};
+use marin3r_api_faults::{FaultProxy, FaultScope, Faults};
+use marin3r_testkit::cluster::Cluster;
 use marin3r_testkit::kubectl::Kubectl;
 
 const OPS: &str = "marin3r-system";
-const DS: &str = "instance";
-const NAMESPACE: &str = "soak";
 const NODE_ID: &str = "soak-proxy";
 const SIDECAR: &str = "envoy-sidecar";
 const LISTENER_PORT: u16 = 8080;
-const DISCOVERY_SELECTOR: &str = "app.kubernetes.io/component=discovery-service";
 /// Faults are injected into the requests of these users only: the operator and the discovery
 /// pod (the kubelet, the Deployment controller and this driver are the test's machinery).
 const PRODUCT_USERS: &str = "system:serviceaccount:marin3r-system:";
-const BENCHMARK: &str = "soak (whole product on the local cluster)";
+const BENCHMARK: &str = "soak (whole product on the real cluster)";
 
 /// How the soak runs.
 #[derive(Debug, Clone)]
@@ -74,7 +75,7 @@ pub struct SoakConfig {
     pub discovery_kills: usize,
     /// One fault per this interval, 500, 409 and 410 in turn.
     pub fault_every: Duration,
-    /// Where the containers' logs are kept (a temporary folder, removed, when unset).
+    /// Where the product's and the sidecars' logs are written when the soak fails.
     pub log_dir: Option<PathBuf>,
 }
 
@@ -116,7 +117,8 @@ pub struct SoakCounts {
     pub envoys_at_end: usize,
 }
 
-/// Runs the soak on a fresh local cluster (needs root, Envoy and a built `marin3r`).
+/// Runs the soak on this machine's `hack/cluster` (started when it does not run; needs root,
+/// Envoy and a built `marin3r`), holding it alone.
 pub fn soak(config: &SoakConfig) -> anyhow::Result<SoakOutcome> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -163,20 +165,17 @@ fn listener(n: u64, bad: bool) -> anyhow::Result<String> {
     Ok(serde_json::to_string(&listener)?)
 }
 
-fn envoy_config(n: u64) -> anyhow::Result<EnvoyConfig> {
+fn envoy_config(ns: &str, n: u64) -> anyhow::Result<EnvoyConfig> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "marin3r.3scale.net/v1alpha1",
         "kind": "EnvoyConfig",
-        "metadata": {"name": NODE_ID, "namespace": NAMESPACE},
+        "metadata": {"name": NODE_ID, "namespace": ns},
         "spec": {"nodeID": NODE_ID, "envoyResources": {
             "listeners": [{"name": "http", "value": listener(n, false)?}]}},
     }))?)
 }
 
 fn churn_pod() -> anyhow::Result<Pod> {
-    let restricted = json!({
-        "runAsNonRoot": true, "runAsUser": 101, "allowPrivilegeEscalation": false,
-        "readOnlyRootFilesystem": true, "capabilities": {"drop": ["ALL"]}});
     Ok(serde_json::from_value(json!({
         "metadata": {
             "generateName": "soak-",
@@ -189,12 +188,7 @@ fn churn_pod() -> anyhow::Result<Pod> {
         "spec": {
             "terminationGracePeriodSeconds": 5,
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "app",
-                "image": "envoyproxy/envoy:v1.40.0",
-                "command": ["sleep", "infinity"],
-                "securityContext": restricted,
-            }],
+            "containers": [crate::real::python_container(crate::real::IDLE_PY)],
         },
     }))?)
 }
@@ -251,6 +245,9 @@ struct Counters {
 /// What the workers share.
 #[derive(Debug, Default)]
 struct Shared {
+    /// The run's namespace (the pods, the EnvoyConfig) and DiscoveryService.
+    ns: String,
+    ds: String,
     probed: Mutex<HashMap<String, Probed>>,
     updates: Mutex<Vec<Update>>,
     /// The newest good revision applied (the one every Envoy must end on).
@@ -272,67 +269,238 @@ impl Shared {
 }
 
 async fn run(config: &SoakConfig) -> anyhow::Result<SoakOutcome> {
-    let repo = demo::find_repo(&std::env::current_dir()?)?;
-    let images = crate::product::images();
-    let marin3r = images
-        .resolve(marin3r_discovery::IMAGE)
-        .map_err(|e| anyhow::anyhow!("{e} (build it with cargo build -p marin3r-discovery)"))?
-        .path;
-    images
-        .resolve("envoyproxy/envoy")
-        .map_err(|e| anyhow::anyhow!("{e} (run hack/install-tools)"))?;
-    let state = tempfile::tempdir()?;
-    let kubeconfig = state.path().join("kubeconfig");
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        images,
-        log_dir: config.log_dir.clone(),
-        ..Default::default()
+    let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach).await??;
+    let pki = cluster.pki_dir().context(
+        "the soak's API faults reach the pods through hack/cluster's node, with its API \
+         server's certificate: it runs on this machine's hack/cluster only",
+    )?;
+    let _held = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || cluster.exclusive()
     })
-    .await
-    .context("starting the local cluster")?;
-    cluster.api().write_kubeconfig(&kubeconfig)?;
-    let result = drive(config, &cluster, &repo, &kubeconfig, &marin3r).await;
+    .await??;
+    tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || crate::real::load_images(&cluster, &["marin3r", "envoy", "python"])
+    })
+    .await??;
+    let kubectl = cluster.kubectl()?;
+    let proxy = FaultProxy::start(cluster.config().await?).await?;
+    let node_ip = kubectl
+        .ok(&[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={.items[0].status.addresses[?(@.type==\"InternalIP\")].address}",
+        ])
+        .await?;
+    let read = |file: &str| {
+        std::fs::read_to_string(pki.join(file)).with_context(|| format!("reading {file}"))
+    };
+    let endpoint = proxy
+        .pod_endpoint(
+            format!("{}:0", node_ip.trim()).parse()?,
+            &read("apiserver.crt")?,
+            &read("apiserver.key")?,
+        )
+        .await?;
+    let service = kubectl
+        .ok(&[
+            "get",
+            "service",
+            "kubernetes",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={.spec.clusterIP}:{.spec.ports[0].port}",
+        ])
+        .await?;
+    let _redirect = Redirect::insert(service.trim(), endpoint)?;
+    crate::real::install(&cluster).await?;
+    // The operator's connections were opened before the redirect: a new operator pod opens
+    // its own through the proxy.
+    kubectl
+        .ok(&[
+            "rollout",
+            "restart",
+            "-n",
+            OPS,
+            "deployment/marin3r-operator",
+        ])
+        .await?;
+    kubectl
+        .ok(&[
+            "rollout",
+            "status",
+            "-n",
+            OPS,
+            "deployment/marin3r-operator",
+            "--timeout=120s",
+        ])
+        .await?;
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or_default();
+    let run = format!("soak-{}-{millis}", std::process::id());
+    let client = cluster.client().await?;
+    let result = drive(config, &client, &kubectl, &proxy.faults(), &run).await;
     let failed = result.as_ref().map_or(true, |o| !o.failures.is_empty());
-    if let Some(dir) = config.log_dir.as_ref().filter(|_| failed) {
-        eprintln!("soak: container logs are in {}", dir.display());
+    if failed {
+        // Into the folder asked for, else a temporary one whose tails are printed (CI keeps
+        // only the output).
+        let scratch = tempfile::tempdir();
+        let dir = match (&config.log_dir, &scratch) {
+            (Some(dir), _) => Some(dir.clone()),
+            (None, Ok(tmp)) => Some(tmp.path().to_path_buf()),
+            (None, Err(_)) => None,
+        };
+        if let Some(dir) = dir {
+            keep_logs(&kubectl, &dir, &run).await;
+            if config.log_dir.is_some() {
+                eprintln!("soak: the product's logs are in {}", dir.display());
+            } else {
+                print_tails(&dir);
+            }
+        }
     }
-    cluster.shutdown(Duration::from_secs(5)).await;
+    // The DiscoveryService first, while the operator runs, for its finalizer.
+    let _ = kubectl
+        .ok(&[
+            "delete",
+            "discoveryservice",
+            "-n",
+            OPS,
+            &run,
+            "--timeout=60s",
+        ])
+        .await;
+    let _ = kubectl
+        .ok(&["delete", "namespace", &run, "--wait=false"])
+        .await;
     result
+}
+
+/// The logs of the operator, the run's discovery pods and its sidecars, into `dir`.
+async fn keep_logs(kubectl: &Kubectl, dir: &std::path::Path, run: &str) {
+    let _ = std::fs::create_dir_all(dir);
+    let instance = format!("app.kubernetes.io/instance={run}");
+    for (file, ns, selector) in [
+        ("operator.log", OPS, "app.kubernetes.io/component=operator"),
+        ("discovery.log", OPS, instance.as_str()),
+        ("pods.log", run, "app=soak"),
+    ] {
+        let args = [
+            "logs",
+            "-n",
+            ns,
+            "-l",
+            selector,
+            "--all-containers",
+            "--prefix",
+            "--tail=-1",
+            "--max-log-requests=50",
+        ];
+        let text = match kubectl.run(&args).await {
+            Ok(out) => format!("{}{}", out.stdout, out.stderr),
+            Err(e) => format!("kubectl logs failed: {e:#}"),
+        };
+        let _ = std::fs::write(dir.join(file), text);
+    }
+}
+
+/// The last lines of each log [`keep_logs`] wrote, on stderr.
+fn print_tails(dir: &std::path::Path) {
+    for file in ["operator.log", "discovery.log", "pods.log"] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(60)..];
+        eprintln!("soak: the last lines of {file}:\n{}", tail.join("\n"));
+    }
+}
+
+/// One nat rule sending the pods' connections to the `kubernetes` Service to the fault proxy
+/// instead of the API server (in PREROUTING, which the node's own connections never pass);
+/// deleted on drop. Its comment names hack/cluster, whose `down`
+/// removes it too if this process dies first.
+struct Redirect {
+    rule: Vec<String>,
+}
+
+impl Redirect {
+    fn insert(service: &str, to: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let (ip, port) = service
+            .rsplit_once(':')
+            .with_context(|| format!("the kubernetes Service's address {service:?}"))?;
+        let rule: Vec<String> = [
+            "-d",
+            ip,
+            "-p",
+            "tcp",
+            "--dport",
+            port,
+            "-m",
+            "comment",
+            "--comment",
+            "marin3r-cluster soak API faults",
+            "-j",
+            "DNAT",
+            "--to-destination",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .chain([to.to_string()])
+        .collect();
+        let out = std::process::Command::new("iptables")
+            .args(["-w", "-t", "nat", "-I", "PREROUTING", "1"])
+            .args(&rule)
+            .output()
+            .context("running iptables")?;
+        if !out.status.success() {
+            bail!(
+                "iptables could not send the pods' API connections to the fault proxy: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(Self { rule })
+    }
+}
+
+impl Drop for Redirect {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("iptables")
+            .args(["-w", "-t", "nat", "-D", "PREROUTING"])
+            .args(&self.rule)
+            .output();
+    }
 }
 
 async fn drive(
     config: &SoakConfig,
-    cluster: &LocalCluster,
-    repo: &Path,
-    kubeconfig: &Path,
-    marin3r: &Path,
+    client: &kube::Client,
+    kubectl: &Kubectl,
+    faults: &Arc<Faults>,
+    run: &str,
 ) -> anyhow::Result<SoakOutcome> {
-    let client = cluster.client();
-    let kubectl = Kubectl::new(kubeconfig)?;
     let t = Duration::from_secs(120);
     let setup_started = Instant::now();
-    commands::run(commands::INSTALL, repo, &kubectl, kubeconfig, marin3r).await?;
-    wait_for("the operator available", t, || {
-        demo::all_deployments_ready(&client)
-    })
-    .await?;
-    demo::ensure_namespace(&client, NAMESPACE).await?;
+    demo::ensure_namespace(client, run).await?;
     let ds = format!(
         "apiVersion: operator.marin3r.3scale.net/v1alpha1\nkind: DiscoveryService\n\
-         metadata: {{name: {DS}, namespace: {OPS}}}\nspec: {{enabledNamespaces: [{NAMESPACE}]}}\n"
+         metadata: {{name: {run}, namespace: {OPS}}}\nspec: {{enabledNamespaces: [{run}]}}\n"
     );
     kubectl.ok_with(&["apply", "-f", "-"], &ds).await?;
-    wait_for("namespace soak enabled", t, || {
-        demo::namespace_enabled(&client, NAMESPACE)
+    wait_for("the soak's namespace enabled", t, || {
+        demo::namespace_enabled(client, run)
     })
     .await?;
     wait_for("the discovery pod Ready", t, || async {
-        Ok(ready_discovery_pod(&client).await?.map(|_| ()))
+        Ok(ready_discovery_pod(client, run).await?.map(|_| ()))
     })
     .await?;
-    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), NAMESPACE);
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), run);
     configs
-        .create(&PostParams::default(), &envoy_config(0)?)
+        .create(&PostParams::default(), &envoy_config(run, 0)?)
         .await
         .context("creating the EnvoyConfig")?;
     wait_for("the first revision InSync", t, || async {
@@ -342,7 +510,11 @@ async fn drive(
     let setup = setup_started.elapsed();
     tracing::info!("soak: set up in {}", human(setup));
 
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared {
+        ns: run.to_owned(),
+        ds: run.to_owned(),
+        ..Shared::default()
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
     let started = Instant::now();
     let soak = async {
@@ -353,9 +525,9 @@ async fn drive(
         soak,
         updater(config, &configs, &shared, stop_rx.clone()),
         prober(&shared, stop_rx.clone()),
-        faulter(config, cluster, &shared, stop_rx.clone()),
-        killer(config, cluster, &shared, stop_rx.clone()),
-        churner(config, &client, &shared, stop_rx.clone()),
+        faulter(config, faults, &shared, stop_rx.clone()),
+        killer(config, client, faults, &shared, stop_rx.clone()),
+        churner(config, client, &shared, stop_rx.clone()),
     );
     let soaked = started.elapsed();
     for (what, r) in [
@@ -422,7 +594,7 @@ async fn drive(
         Err(e) => shared.fail(format!("reading the EnvoyConfig at the end: {e}")),
     }
 
-    let served = cluster.api().faults().served();
+    let served = faults.served();
     let counters = lock(&shared.counters);
     let updates = lock(&shared.updates);
     let mut all_envoys = Vec::new();
@@ -774,11 +946,10 @@ fn record(shared: &Shared, answers: Vec<(String, Answer, Instant)>) {
 /// every watch ended) in turn, only when the last one was served, so they do not pile up.
 async fn faulter(
     config: &SoakConfig,
-    cluster: &LocalCluster,
+    faults: &Faults,
     shared: &Shared,
     mut stop: watch::Receiver<bool>,
 ) {
-    let faults = cluster.api().faults();
     let kinds = [
         (500, FaultScope::Any),
         (409, FaultScope::Write),
@@ -805,11 +976,12 @@ async fn faulter(
     }
 }
 
-async fn ready_discovery_pod(client: &kube::Client) -> anyhow::Result<Option<Pod>> {
+/// A Ready pod of the DiscoveryService `ds`.
+async fn ready_discovery_pod(client: &kube::Client, ds: &str) -> anyhow::Result<Option<Pod>> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), OPS);
-    let list = pods
-        .list(&ListParams::default().labels(DISCOVERY_SELECTOR))
-        .await?;
+    let selector =
+        format!("app.kubernetes.io/component=discovery-service,app.kubernetes.io/instance={ds}");
+    let list = pods.list(&ListParams::default().labels(&selector)).await?;
     Ok(list
         .items
         .into_iter()
@@ -824,22 +996,55 @@ fn restarts(pod: &Pod) -> i32 {
         .sum()
 }
 
+/// SIGKILLs the processes of `pod`'s container `name` from the node, as the kernel's OOM
+/// killer would: every process whose cgroup names the container's ID.
+fn kill_container(pod: &Pod, name: &str) -> anyhow::Result<()> {
+    let id = pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .find(|c| c.name == name)
+        .and_then(|c| c.container_id.as_deref())
+        .and_then(|id| id.rsplit_once("://").map(|(_, id)| id.to_owned()))
+        .with_context(|| format!("container {name} has no ID yet"))?;
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let pid = entry.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(cgroup) = std::fs::read_to_string(entry.path().join("cgroup")) else {
+            continue;
+        };
+        if cgroup.contains(&id) {
+            let status = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status()?;
+            killed += usize::from(status.success());
+        }
+    }
+    if killed == 0 {
+        bail!("no process of container {name} ({id}) found on this node");
+    }
+    Ok(())
+}
+
 /// Kills the discovery pod `discovery_kills` times, evenly spread over the soak, its process
 /// and the whole pod in turn, and waits each time for a discovery pod to be Ready again.
 async fn killer(
     config: &SoakConfig,
-    cluster: &LocalCluster,
+    client: &kube::Client,
+    faults: &Faults,
     shared: &Shared,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let client = cluster.client();
     let every = config.duration / u32::try_from(config.discovery_kills + 1).unwrap_or(u32::MAX);
     for kill in 0..config.discovery_kills {
         tokio::select! {
             _ = stop.wait_for(|s| *s) => return Ok(()),
             () = tokio::time::sleep(every) => {}
         }
-        let pod = ready_discovery_pod(&client)
+        let pod = ready_discovery_pod(client, &shared.ds)
             .await?
             .context("no Ready discovery pod to kill")?;
         let name = pod.name_any();
@@ -853,7 +1058,7 @@ async fn killer(
         let pods: Api<Pod> = Api::namespaced(client.clone(), OPS);
         if kill % 2 == 0 {
             // The process dies; the kubelet restarts it in the same pod (same IP).
-            cluster.kill_container(OPS, &name, &container)?;
+            kill_container(&pod, &container)?;
             tracing::info!("soak: killed {OPS}/{name} {container}");
         } else {
             // The pod is gone at once (`kubectl delete --grace-period=0 --force`); the
@@ -866,16 +1071,13 @@ async fn killer(
         let killed = Instant::now();
         shared.count(|c| c.discovery_kills += 1);
         // The new process starts against a flaky API: its first requests fail.
-        cluster
-            .api()
-            .faults()
-            .fail_next_for(2, 500, FaultScope::Any, PRODUCT_USERS);
+        faults.fail_next_for(2, 500, FaultScope::Any, PRODUCT_USERS);
         shared.count(|c| *c.faults_queued.entry(500).or_default() += 2);
         wait_for(
             "the killed discovery pod restarted and Ready",
             Duration::from_secs(120),
             || async {
-                let back = ready_discovery_pod(&client).await?;
+                let back = ready_discovery_pod(client, &shared.ds).await?;
                 Ok(match back {
                     Some(p) if p.name_any() != name || restarts(&p) > before => Some(()),
                     _ => None,
@@ -928,7 +1130,7 @@ async fn pod_life(
     lifetime: Duration,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client, &shared.ns);
     let pod = churn_pod()?;
     let asked = Instant::now();
     let created = loop {
@@ -1102,7 +1304,7 @@ mod tests {
             marin3r_discovery::judge::EnvoyJudge::new(marin3r_testkit::tools::envoy().unwrap())
                 .with_launcher(crate::product::marin3r_bin().unwrap());
         for bad in [false, true] {
-            let mut ec = envoy_config(7).unwrap();
+            let mut ec = envoy_config("soak", 7).unwrap();
             ec.spec.envoy_resources.listeners[0].value = listener(7, bad).unwrap();
             let spec = &ec.spec;
             let converted = marin3r_discovery::convert::envoy_resources(

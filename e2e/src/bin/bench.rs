@@ -17,7 +17,8 @@ struct Args {
     /// `5m`, `90s`, `300`).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     soak_duration: std::time::Duration,
-    /// Keep the soak's container logs in this folder.
+    /// When the soak fails, write the logs of the operator, the discovery pods and the
+    /// sidecars into this folder.
     #[arg(long)]
     soak_logs: Option<std::path::PathBuf>,
     /// The largest number of simulated Envoys in the xDS benchmark (100, 1000 or 10000).

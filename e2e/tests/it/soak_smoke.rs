@@ -1,7 +1,8 @@
 //! A short run of the soak `hack/bench --only soak` runs for minutes (`src/bench/soak.rs`):
-//! the whole product on the local cluster with pod churn, an EnvoyConfig update a second and
-//! Envoy rejecting every fourth, API faults for the product's service accounts, and one
-//! discovery pod kill; nothing may be lost (every pod admitted with its sidecar, every Envoy
+//! the whole product on the real cluster (`hack/cluster`, held alone) with pod churn, an
+//! EnvoyConfig update a second and Envoy rejecting every fourth, API faults for the product's
+//! service accounts (their pods' API connections sent to the fault proxy), and one discovery
+//! pod kill; nothing may be lost (every pod admitted with its sidecar, every Envoy
 //! on the newest good revision at the end, every rejected revision rolled back). No timing is
 //! asserted: the numbers belong to BENCHMARKS.md. Needs root and the built `marin3r`
 //! (`cargo build -p marin3r-discovery`).
@@ -12,6 +13,11 @@ use marin3r_e2e::bench::soak::{SoakConfig, soak};
 
 #[test]
 fn a_short_soak_loses_nothing() {
+    // The soak's own log and the fault proxy's, with RUST_LOG.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let mut config = SoakConfig::new(Duration::from_secs(12));
     config.bad_every = 4;
     config.pod_every = Duration::from_secs(2);
