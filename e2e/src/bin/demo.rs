@@ -1,8 +1,7 @@
 //! `demo`, run by `hack/demo`: tells marin3r's story step by step on a real cluster that runs
 //! our images (`--kubeconfig`, which `hack/demo` passes after `hack/cluster up` and `hack/cluster
-//! load`), or, without it, on the local cluster it starts (needs root for the pod network);
-//! then keeps going for a look around until interrupted (or, with `--exit`, exits 0 only if
-//! every step succeeded).
+//! load`), then leaves it for a look around (or, with `--exit`, exits 0 only if every step
+//! succeeded).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,11 +9,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use marin3r_e2e::demo::{Demo, Narrator, find_repo};
-use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
 use marin3r_testkit::kubectl::Kubectl;
 
 #[derive(Debug, Parser)]
-#[command(about = "marin3r's quick start on the local cluster")]
+#[command(about = "marin3r's quick start on a real cluster")]
 struct Args {
     /// Run the story once and exit: 0 only if every step succeeded.
     #[arg(long)]
@@ -30,10 +28,10 @@ struct Args {
     /// Seconds one step may take.
     #[arg(long, default_value_t = 90)]
     step_timeout: u64,
-    /// Tell the story on the cluster of this kubeconfig (a real one that has the marin3r and
-    /// Envoy images: `hack/cluster up`, `hack/cluster load`), not on a new local cluster.
+    /// Tell the story on the cluster of this kubeconfig (one that has the marin3r and Envoy
+    /// images: `hack/cluster up`, `hack/cluster load`).
     #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
+    kubeconfig: PathBuf,
 }
 
 #[tokio::main]
@@ -46,93 +44,12 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         .init();
     let args = Args::parse();
     let repo = find_repo(&std::env::current_dir()?)?;
-    if let Some(kubeconfig) = &args.kubeconfig {
-        return on_a_real_cluster(&args, repo, kubeconfig).await;
-    }
-    let state = repo.join(".demo");
-    let kubeconfig = state.join("kubeconfig");
-    let logs = state.join("logs");
-
-    // Pods run in their own folders: the path must not be relative.
-    let given = match &args.marin3r {
-        Some(path) => Some(
-            std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?,
-        ),
-        None => None,
-    };
-    let images = marin3r_e2e::product::images_with(given);
-    let marin3r = images
-        .resolve(marin3r_discovery::IMAGE)
-        .map_err(|e| anyhow::anyhow!("{e} (build it with cargo build -p marin3r-discovery)"))?
-        .path;
-    images
-        .resolve("envoyproxy/envoy")
-        .map_err(|e| anyhow::anyhow!("{e} (run hack/install-tools)"))?;
-
-    let mut n = Narrator::new();
-    let Some(cluster) = n
-        .step("starting the local cluster", async {
-            let cluster = LocalCluster::start(LocalClusterConfig {
-                images: images.clone(),
-                log_dir: Some(logs.clone()),
-                ..Default::default()
-            })
-            .await?;
-            cluster.api().write_kubeconfig(&kubeconfig)?;
-            let url = cluster.api().https_url();
-            Ok((cluster, format!("API at {url}")))
-        })
-        .await
-    else {
-        return Ok(std::process::ExitCode::FAILURE);
-    };
-    let demo = Demo {
-        client: cluster.client(),
-        kubectl: Kubectl::new(&kubeconfig)?,
-        kubeconfig: kubeconfig.clone(),
-        repo: repo.clone(),
-        marin3r: marin3r.clone(),
-        step_timeout: Duration::from_secs(args.step_timeout),
-        install_yaml: match &args.install_yaml {
-            Some(file) => Some(
-                std::fs::canonicalize(file)
-                    .with_context(|| format!("--install-yaml {}", file.display()))?,
-            ),
-            None => None,
-        },
-    };
-    let interrupted = tokio::select! {
-        () = demo.story(&mut n) => false,
-        r = signal() => { r?; true }
-    };
-    summary(
-        &n,
-        interrupted,
-        &format!("container logs are in {}", logs.display()),
-    );
-    if !args.exit && !interrupted {
-        println!(
-            "{}\n\
-             Container logs: {logs}\n\
-             Press Ctrl-C to stop.",
-            look_around(&kubeconfig, &marin3r),
-            logs = logs.display(),
-        );
-        signal().await?;
-    }
-    println!("stopping the local cluster");
-    cluster.shutdown(Duration::from_secs(10)).await;
-    let _ = std::fs::remove_file(&kubeconfig);
-    Ok(if n.failed.is_empty() && !interrupted {
-        std::process::ExitCode::SUCCESS
-    } else {
-        std::process::ExitCode::FAILURE
-    })
+    tell(&args, repo, &args.kubeconfig).await
 }
 
 /// The story on a running cluster that has our images; it is left running, with what the
 /// story made, for a look around.
-async fn on_a_real_cluster(
+async fn tell(
     args: &Args,
     repo: PathBuf,
     kubeconfig: &std::path::Path,
