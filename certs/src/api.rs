@@ -12,9 +12,31 @@ use crate::KeyAlgorithm;
 /// The annotation that requests a manual renewal: each new value reissues the certificate once
 /// (`marin3r certs renew` sets it to the current time).
 pub const RENEW_ANNOTATION: &str = "marin3r.3scale.net/renew";
-/// Labels on every Secret the controller writes, naming the certificate that owns it.
+/// Labels on every Secret the controller writes, naming the certificate that owns it (the
+/// name as [`owner_name_label`] writes it).
 pub const OWNER_NAME_LABEL: &str = "marin3r.3scale.net/dsc-name";
 pub const OWNER_NAMESPACE_LABEL: &str = "marin3r.3scale.net/dsc-namespace";
+
+/// The longest label value the API server takes.
+const MAX_LABEL_VALUE: usize = 63;
+
+/// The value of [`OWNER_NAME_LABEL`] for the certificate `name`: the name itself when it fits
+/// a label value (63 characters), else its first 46 characters, `-`, and 16 hex digits of the
+/// SHA-256 of the whole name. A certificate's name may have 253 characters, and the operator's
+/// client certificates are named `marin3r-client-<discovery service>-<namespace>`, which a
+/// namespace of 40 characters already takes over 63: the API server refused their Secrets.
+pub fn owner_name_label(name: &str) -> String {
+    if name.len() <= MAX_LABEL_VALUE {
+        return name.to_owned();
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    // Object names are ASCII (DNS subdomains): the prefix cuts no character.
+    let keep = MAX_LABEL_VALUE.saturating_sub(hex.len().saturating_add(1));
+    let prefix: String = name.chars().take(keep).collect();
+    format!("{prefix}-{hex}")
+}
 /// The condition type the controller maintains.
 pub const READY_CONDITION: &str = "Ready";
 
@@ -254,6 +276,41 @@ pub use crate::names::{
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the API server takes as a label value: at most 63 characters, alphanumerics,
+    /// `-`, `_` and `.`, beginning and ending with an alphanumeric.
+    fn is_label_value(v: &str) -> bool {
+        let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && alnum(v.chars().next())
+            && alnum(v.chars().last())
+    }
+
+    #[test]
+    fn a_long_certificate_name_labels_its_secret_with_a_valid_distinct_value() {
+        let short = "marin3r-client-instance-demo";
+        assert_eq!(owner_name_label(short), short);
+        // A client certificate of a namespace of 40 characters and more.
+        let ns = format!("team-{}", "a".repeat(40));
+        let long = format!("marin3r-client-instance-{ns}");
+        let value = owner_name_label(&long);
+        assert!(is_label_value(&value), "{value}");
+        assert!(long.starts_with(&value[..46]), "{value}");
+        // Names that share the kept prefix still differ, and the value is stable.
+        let other = format!("{long}-b");
+        assert_ne!(owner_name_label(&other), value);
+        assert_eq!(owner_name_label(&long), value);
+        // The longest object name, and a prefix ending on a dash.
+        for name in [
+            "a".repeat(253),
+            format!("{}-{}", "b".repeat(45), "c".repeat(30)),
+        ] {
+            let value = owner_name_label(&name);
+            assert!(is_label_value(&value), "{value}");
+        }
+    }
 
     fn spec() -> DiscoveryServiceCertificateSpec {
         serde_json::from_value(serde_json::json!({

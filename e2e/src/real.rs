@@ -14,6 +14,9 @@ use marin3r_testkit::cluster::{Cluster, Held};
 use marin3r_testkit::kubectl::Kubectl;
 use marin3r_testkit::tools;
 
+/// The operator's namespace, as `manifests/` install it.
+pub const OPERATOR_NAMESPACE: &str = "marin3r-system";
+
 /// The images this test process has loaded already.
 static LOADED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
@@ -30,6 +33,9 @@ pub struct Scenario {
     pub ns: String,
     /// The other namespaces it made ([`Scenario::namespace`]), deleted with it.
     others: Mutex<Vec<String>>,
+    /// The DiscoveryServices it named in the operator's namespace
+    /// ([`Scenario::operator_discovery_service`]), deleted with it.
+    trusted: Mutex<Vec<String>>,
     _held: Held,
 }
 
@@ -85,6 +91,7 @@ impl Scenario {
             cluster,
             ns,
             others: Mutex::new(Vec::new()),
+            trusted: Mutex::new(Vec::new()),
             _held: held,
         };
         scenario
@@ -108,6 +115,14 @@ impl Drop for Scenario {
         let mut namespaces = vec![self.ns.clone()];
         if let Ok(others) = self.others.lock() {
             namespaces.extend(others.iter().cloned());
+        }
+        let trusted = self.trusted.lock().map(|t| t.clone()).unwrap_or_default();
+        for name in &trusted {
+            let _ = Command::new(&kubectl)
+                .args(["delete", "discoveryservice", name, "-n", OPERATOR_NAMESPACE])
+                .args(["--ignore-not-found", "--timeout=60s"])
+                .env("KUBECONFIG", self.cluster.kubeconfig())
+                .output();
         }
         for ns in &namespaces {
             let _ = Command::new(&kubectl)
@@ -225,6 +240,25 @@ impl Scenario {
             ])
             .await?;
         Ok(ns)
+    }
+
+    /// A name of this run for a DiscoveryService in the operator's namespace
+    /// ([`OPERATOR_NAMESPACE`], where one may serve other namespaces): `<prefix>-<pid>-<the
+    /// last 6 digits of the milliseconds>`. Short, since the operator names the client
+    /// certificate of each namespace it serves `marin3r-client-<name>-<namespace>`, which
+    /// `marin3r` before the fix of `owner_name_label` could not issue past 63 characters. The
+    /// scenario deletes it, however the test ends.
+    pub fn operator_discovery_service(&self, prefix: &str) -> anyhow::Result<String> {
+        let millis = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let name = format!("{prefix}-{}-{:06}", std::process::id(), millis % 1_000_000);
+        self.trusted
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a scenario panicked while naming a DiscoveryService"))?
+            .push(name.clone());
+        Ok(name)
     }
 
     /// A token of ServiceAccount `ns/name`, from the API server's TokenRequest (`kubectl

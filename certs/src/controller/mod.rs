@@ -27,7 +27,7 @@ use tracing::info;
 
 use crate::api::{
     DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, OWNER_NAME_LABEL,
-    OWNER_NAMESPACE_LABEL, RENEW_ANNOTATION, ValidSpec,
+    OWNER_NAMESPACE_LABEL, RENEW_ANNOTATION, ValidSpec, owner_name_label,
 };
 use crate::issue_self_signed;
 use plan::{NotReady, Observed, Plan, Reason};
@@ -198,7 +198,7 @@ async fn cleanup(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result
 
 fn written_for(secret: &Secret, dsc: &DiscoveryServiceCertificate) -> bool {
     let labels = secret.labels();
-    labels.get(OWNER_NAME_LABEL) == Some(&dsc.name_any())
+    labels.get(OWNER_NAME_LABEL) == Some(&owner_name_label(&dsc.name_any()))
         && labels.get(OWNER_NAMESPACE_LABEL) == dsc.namespace().as_ref()
 }
 
@@ -399,7 +399,10 @@ async fn write_secret(
 ) -> Result<(), Error> {
     let (ns, name) = &valid.secret;
     let mut labels = BTreeMap::new();
-    labels.insert(OWNER_NAME_LABEL.to_owned(), dsc.name_any());
+    labels.insert(
+        OWNER_NAME_LABEL.to_owned(),
+        owner_name_label(&dsc.name_any()),
+    );
     labels.insert(
         OWNER_NAMESPACE_LABEL.to_owned(),
         dsc.namespace().unwrap_or_default(),

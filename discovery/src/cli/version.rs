@@ -183,22 +183,17 @@ async fn discovery(
 ) -> anyhow::Result<Discovery> {
     let (namespace, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
     let selector = format!("{DISCOVERY_POD_SELECTOR},app.kubernetes.io/instance={name}");
-    let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
+    let listed = Api::<Pod>::namespaced(client.clone(), &namespace)
         .list(&ListParams::default().labels(&selector))
         .await
-        .with_context(|| format!("listing the pods of DiscoveryService {namespace}/{name}"))?;
-    let running: Vec<&Pod> = pods
-        .items
-        .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .collect();
+        .map(|l| l.items)
+        .with_context(|| format!("listing the pods of DiscoveryService {namespace}/{name}"));
     let mut out = Discovery {
         namespace: namespace.clone(),
         name,
-        pods: running.len(),
         ..Default::default()
     };
-    for pod in running {
+    for pod in running(&mut out, listed) {
         let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
         let image = image_of(containers.unwrap_or_default());
         if !out.images.contains(&image) {
@@ -220,6 +215,26 @@ async fn discovery(
         }
     }
     Ok(out)
+}
+
+/// The running pods among those `listed` for `out`'s DiscoveryService, counted in `out`; when
+/// they could not be listed, none, and why in `out.errors`: one DiscoveryService the API server
+/// cannot select pods of (a name longer than a label value, which the operator refuses too)
+/// leaves the others reported.
+fn running(out: &mut Discovery, listed: anyhow::Result<Vec<Pod>>) -> Vec<Pod> {
+    let pods = match listed {
+        Ok(pods) => pods,
+        Err(e) => {
+            out.errors.push(super::error_line(&e));
+            Vec::new()
+        }
+    };
+    let running: Vec<Pod> = pods
+        .into_iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .collect();
+    out.pods = running.len();
+    running
 }
 
 /// The text `marin3r version` prints.
@@ -271,6 +286,39 @@ fn render(report: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod(name: &str, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_discovery_service_whose_pods_cannot_be_listed_is_reported_with_why() {
+        let mut out = Discovery::default();
+        let listed = Err(anyhow::anyhow!(
+            "values[0][app.kubernetes.io/instance]: must be no more than 63 bytes"
+        ))
+        .context("listing the pods of DiscoveryService a/xxx");
+        assert!(running(&mut out, listed).is_empty());
+        assert_eq!(out.pods, 0);
+        assert_eq!(
+            out.errors,
+            [
+                "listing the pods of DiscoveryService a/xxx: values[0][app.kubernetes.io/instance]: must be no more than 63 bytes"
+            ]
+        );
+        let mut out = Discovery::default();
+        let listed = Ok(vec![pod("a", "Running"), pod("b", "Pending")]);
+        let names: Vec<String> = running(&mut out, listed)
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        assert_eq!((names, out.pods), (vec!["a".to_owned()], 1));
+        assert!(out.errors.is_empty());
+    }
 
     #[test]
     fn the_text_names_every_part_and_what_is_missing() {

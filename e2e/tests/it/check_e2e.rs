@@ -1,22 +1,29 @@
-//! `marin3r check` on the local cluster, installed as a user installs it: every check passes,
-//! a certificate with renewal off included until it is near expiry; then, with the operator stopped so nothing is repaired behind the test's back, each part a
-//! test breaks is named with what to do (the webhook's CA bundle, a namespace's client
+//! `marin3r check` on the real cluster (`hack/cluster`), marin3r installed from `manifests/`
+//! as a user installs it, a DiscoveryService of this run in the operator's namespace and the
+//! scenario's namespace labelled for it: every check passes, a certificate with renewal off included until it is near expiry; then, with the
+//! shared operator stopped so nothing is repaired behind the test's back, each part the test
+//! breaks is named with what to do (the webhook's CA bundle, the namespace's client
 //! certificate Secret, the discovery pods); once the operator runs again and repairs them,
-//! every check passes again. Needs root and the built `marin3r` binary.
+//! every check passes again. `marin3r check` looks at the whole cluster and the test stops
+//! the one operator every scenario uses, so it holds the cluster alone; what another test
+//! process left failing on purpose (a DiscoveryService it made invalid) is told apart by
+//! its names, and only this run's checks must pass.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use marin3r_e2e::product::install;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use marin3r_discovery::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
+use marin3r_e2e::product::discovery_service_ready;
+use marin3r_e2e::real::{OPERATOR_NAMESPACE as OPS, Scenario};
+use marin3r_testkit::wait::until;
 use serde_json::json;
 
-const NS: &str = "checked";
-
-/// Runs `marin3r check`; its exit status and stdout.
-async fn check(kubeconfig: &std::path::Path) -> (bool, String) {
+/// Runs `marin3r check`; its exit status and output.
+async fn check(kubeconfig: &Path) -> (bool, String) {
     let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
     let out = tokio::process::Command::new(marin3r)
         .arg("check")
@@ -29,13 +36,55 @@ async fn check(kubeconfig: &std::path::Path) -> (bool, String) {
     (out.status.success(), format!("{stdout}{stderr}"))
 }
 
-/// Waits until `marin3r check` exits with `success` and its output has every one of `names`.
-async fn check_until(kubeconfig: &std::path::Path, success: bool, names: &[&str]) -> String {
+/// This run's objects in `marin3r check`'s report: the scenario's namespace and the
+/// DiscoveryService serving it.
+#[derive(Clone, Copy)]
+struct Ours<'a> {
+    ns: &'a str,
+    ds: &'a str,
+}
+
+impl Ours<'_> {
+    /// The `[FAIL]` lines of `out` about another scenario's objects on the shared cluster (a
+    /// DiscoveryService of another name or namespace, its pods, webhooks, CA, served
+    /// namespaces or certificates). The cluster-wide parts (CRDs, the operator, the lists)
+    /// are never another's.
+    fn others_failures<'o>(&self, out: &'o str) -> Vec<&'o str> {
+        const PER_OBJECT: [&str; 6] = [
+            "[FAIL] DiscoveryService ",
+            "[FAIL] discovery pods of ",
+            "[FAIL] webhook",
+            "[FAIL] CA of ",
+            "[FAIL] namespace ",
+            "[FAIL] certificate ",
+        ];
+        out.lines()
+            .filter(|l| PER_OBJECT.iter().any(|p| l.starts_with(p)))
+            .filter(|l| !l.contains(self.ns) && !l.contains(self.ds))
+            .collect()
+    }
+
+    /// Whether every check passed but those of other scenarios' objects (another test may
+    /// hold a DiscoveryService it made invalid on purpose): every `[FAIL]` line is theirs.
+    fn passed(&self, exit_ok: bool, out: &str) -> bool {
+        let failures = out.lines().filter(|l| l.starts_with("[FAIL] ")).count();
+        exit_ok || failures == self.others_failures(out).len()
+    }
+}
+
+/// Waits until `marin3r check` passes (this run's checks all, see [`Ours::passed`]) or fails
+/// as `pass` says, its output naming every one of `names`.
+async fn check_until(kubeconfig: &Path, ours: Ours<'_>, pass: bool, names: &[&str]) -> String {
     let mut last = String::new();
     let found = tokio::time::timeout(Duration::from_secs(120), async {
         loop {
             let (ok, out) = check(kubeconfig).await;
-            if ok == success && names.iter().all(|n| out.contains(n)) {
+            let outcome = if pass { ours.passed(ok, &out) } else { !ok };
+            if outcome && names.iter().all(|n| out.contains(n)) {
+                let others = ours.others_failures(&out);
+                if pass && !others.is_empty() {
+                    println!("other scenarios' objects failing meanwhile: {others:#?}");
+                }
                 return out;
             }
             last = out;
@@ -44,16 +93,16 @@ async fn check_until(kubeconfig: &std::path::Path, success: bool, names: &[&str]
     })
     .await;
     found.unwrap_or_else(|_| {
-        panic!("marin3r check never exited {success} naming {names:?}; last:\n{last}")
+        panic!("marin3r check never passed ({pass}) naming {names:?}; last:\n{last}")
     })
 }
 
-/// A self-signed DiscoveryServiceCertificate in [`NS`] with renewal off.
+/// A self-signed DiscoveryServiceCertificate with renewal off, in the scenario's namespace.
 fn certificate(name: &str, valid_for: u32) -> String {
     format!(
         "apiVersion: operator.marin3r.3scale.net/v1alpha1
 kind: DiscoveryServiceCertificate
-metadata: {{name: {name}, namespace: {NS}}}
+metadata: {{name: {name}}}
 spec:
   commonName: {name}
   validFor: {valid_for}
@@ -64,97 +113,127 @@ spec:
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// `kubectl patch` of the replicas of Deployment `OPS/name`.
+fn scale(kubeconfig: &Path, name: &str, replicas: u32) -> std::io::Result<std::process::Output> {
+    let kubectl = marin3r_testkit::tools::kubectl().map_err(std::io::Error::other)?;
+    std::process::Command::new(kubectl)
+        .args(["patch", "deployment", name, "-n", OPS, "--type=merge", "-p"])
+        .arg(format!(r#"{{"spec":{{"replicas":{replicas}}}}}"#))
+        .env("KUBECONFIG", kubeconfig)
+        .output()
+}
+
+/// Starts the operator again however the test ends: every other scenario needs it.
+struct OperatorBack(PathBuf);
+
+impl Drop for OperatorBack {
+    fn drop(&mut self) {
+        let _ = scale(&self.0, "marin3r-operator", 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn check_passes_then_names_each_broken_part() {
-    let installed = install(marin3r_e2e::product::images()).await.unwrap();
-    let (client, kubeconfig) = (installed.client.clone(), installed.kubeconfig());
-    let example = std::fs::read_to_string(
-        marin3r_testkit::tools::repo_root().join("manifests/examples/discoveryservice.yaml"),
+    let scenario = Scenario::start_alone("check", &[]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.as_str());
+    let kubeconfig = scenario.cluster.kubeconfig().to_path_buf();
+    let ds = scenario.operator_discovery_service("ck").unwrap();
+    let ds = ds.as_str();
+    scenario
+        .kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: operator.marin3r.3scale.net/v1alpha1\nkind: DiscoveryService\n\
+                 metadata: {{name: {ds}, namespace: {OPS}}}\nspec: {{}}\n"
+            ),
+        )
+        .await
+        .unwrap();
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
+    until(
+        "the DiscoveryService to be Ready",
+        Duration::from_secs(120),
+        || async {
+            let found = dss.get(ds).await.ok()?;
+            (discovery_service_ready(&found)?.0 == "True").then_some(())
+        },
     )
-    .unwrap();
-    installed.apply(&example).await.unwrap();
-    installed
-        .discovery_service_ready("marin3r-system", "instance")
-        .await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {
-        "name": NS,
-        "labels": {"marin3r.3scale.net/discovery-service": "instance"},
-    }}))
-    .unwrap();
-    namespaces
-        .create(&PostParams::default(), &ns)
+    .await;
+    let ours = Ours { ns, ds };
+    scenario
+        .kubectl
+        .ok(&[
+            "label",
+            "namespace",
+            ns,
+            &format!("{DISCOVERY_SERVICE_LABEL}={ds}"),
+        ])
         .await
         .unwrap();
 
     let out = check_until(
         &kubeconfig,
+        ours,
         true,
-        &[&format!("[ok]   namespace {NS}"), "All "],
+        &[&format!("[ok]   namespace {ns}")],
     )
     .await;
     for part in [
         "CRD envoyconfigs.marin3r.3scale.net",
         "operator leader",
         "webhook ",
-        "discovery pods of marin3r-system/instance",
+        &format!("discovery pods of {OPS}/{ds}"),
     ] {
         assert!(out.contains(part), "{part} not checked:\n{out}");
     }
 
     // Certificates with renewal off have no renewal time: issued, they pass; one with less
     // than a fifth of its lifetime left fails as near expiry, renewal off or not.
-    installed
+    scenario
         .apply(&certificate("long-lived", 86400))
         .await
         .unwrap();
-    let out = check_until(&kubeconfig, true, &["All "]).await;
+    let out = check_until(&kubeconfig, ours, true, &[]).await;
     assert!(!out.contains("long-lived"), "{out}");
-    installed
+    scenario
         .apply(&certificate("short-lived", 30))
         .await
         .unwrap();
     check_until(
         &kubeconfig,
+        ours,
         false,
         &[&format!(
-            "[FAIL] certificate {NS}/short-lived: near expiry: "
+            "[FAIL] certificate {ns}/short-lived: near expiry: "
         )],
     )
     .await;
-    installed
+    scenario
         .kubectl
-        .ok(&["delete", "dsc", "short-lived", "-n", NS])
+        .ok(&["delete", "dsc", "short-lived", "-n", ns])
         .await
         .unwrap();
-    check_until(&kubeconfig, true, &["All "]).await;
+    check_until(&kubeconfig, ours, true, &[]).await;
 
-    // The operator stopped (the Deployment's replicas patched; `kubectl scale` needs the scale
-    // subresource): nothing repairs what follows.
-    installed
-        .kubectl
-        .ok(&[
-            "patch",
-            "deployment",
-            "marin3r-operator",
-            "-n",
-            "marin3r-system",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"replicas":0}}"#,
-        ])
-        .await
-        .unwrap();
+    // The operator stopped (its Deployment's replicas patched; the real Deployment controller
+    // deletes its pod): nothing repairs what follows.
+    let _back = OperatorBack(kubeconfig.clone());
+    let out = scale(&kubeconfig, "marin3r-operator", 0).unwrap();
+    assert!(out.status.success(), "{out:?}");
     check_until(
         &kubeconfig,
+        ours,
         false,
-        &["[FAIL] operator marin3r-system/marin3r-operator: 0/0 replicas ready"],
+        &[&format!(
+            "[FAIL] operator {OPS}/marin3r-operator: 0/0 replicas ready"
+        )],
     )
     .await;
 
     // A webhook that trusts another CA: the API server could not call it.
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let owned = marin3r_discovery::operator::build::owner_selector("instance", "marin3r-system");
+    let owned = marin3r_discovery::operator::build::owner_selector(ds, OPS);
     let list = webhooks
         .list(&ListParams::default().labels(&owned))
         .await
@@ -179,63 +258,42 @@ async fn check_passes_then_names_each_broken_part() {
         .unwrap();
     check_until(
         &kubeconfig,
+        ours,
         false,
-        &["caBundle is not the CA of marin3r-system/instance"],
+        &[&format!("caBundle is not the CA of {OPS}/{ds}")],
     )
     .await;
 
     // A namespace without its client certificate.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
     secrets
         .delete("envoy-sidecar-client-cert", &DeleteParams::default())
         .await
         .unwrap();
     check_until(
         &kubeconfig,
+        ours,
         false,
         &[&format!(
-            "[FAIL] namespace {NS}: no client certificate Secret envoy-sidecar-client-cert"
+            "[FAIL] namespace {ns}: no client certificate Secret envoy-sidecar-client-cert"
         )],
     )
     .await;
 
     // The discovery pods down.
-    installed
-        .kubectl
-        .ok(&[
-            "patch",
-            "deployment",
-            "marin3r-instance",
-            "-n",
-            "marin3r-system",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"replicas":0}}"#,
-        ])
-        .await
-        .unwrap();
+    let out = scale(&kubeconfig, &format!("marin3r-{ds}"), 0).unwrap();
+    assert!(out.status.success(), "{out:?}");
     let out = check_until(
         &kubeconfig,
+        ours,
         false,
-        &["[FAIL] discovery pods of marin3r-system/instance: 0/0 ready"],
+        &[&format!("[FAIL] discovery pods of {OPS}/{ds}: 0/0 ready")],
     )
     .await;
     assert!(out.contains("-> "), "each failure says what to do:\n{out}");
 
     // The operator back: it repairs everything, and every check passes again.
-    installed
-        .kubectl
-        .ok(&[
-            "patch",
-            "deployment",
-            "marin3r-operator",
-            "-n",
-            "marin3r-system",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"replicas":1}}"#,
-        ])
-        .await
-        .unwrap();
-    check_until(&kubeconfig, true, &["All "]).await;
+    let out = scale(&kubeconfig, "marin3r-operator", 1).unwrap();
+    assert!(out.status.success(), "{out:?}");
+    check_until(&kubeconfig, ours, true, &[]).await;
 }

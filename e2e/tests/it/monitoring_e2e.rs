@@ -1,15 +1,18 @@
-//! A real Prometheus (Debian's 2.42, from `hack/install-tools`) scrapes the local cluster as
-//! `manifests/monitoring/` tells one to: the operator and the discovery pod on their `metrics`
-//! ports, and the injected Envoy on its `envoy-stats` port and `prometheus.io/*` annotations,
-//! found through the API as the PodMonitors and annotation-driven configurations find them.
-//! The targets are static (the pod IPs the test reads from the API: the local cluster has no
-//! service discovery Prometheus could use), labelled `job`, `namespace` and `pod` as the
+//! A real Prometheus (Debian's 2.42, from `hack/install-tools`) scrapes the real cluster
+//! (`hack/cluster`) as `manifests/monitoring/` tells one to: the operator and the discovery pod
+//! on their `metrics` ports, and the injected Envoy on its `envoy-stats` port and
+//! `prometheus.io/*` annotations, found through the API as the PodMonitors and
+//! annotation-driven configurations find them. The targets are static (the pod IPs the test
+//! reads from the API, which the host reaches), labelled `job`, `namespace` and `pod` as the
 //! prometheus-operator labels a PodMonitor's targets. PromQL over its HTTP API then sees
 //! Envoy's own stats and the control plane's `marin3r_*`; every dashboard panel's query runs;
 //! the shipped rules (with `for:` shortened to `0s`, the only change) fire
 //! `Marin3rEnvoyConfigNacked` when the real Envoy NACKs a bad config from the real discovery
-//! service. Last, `spec.sidecar.prometheusAnnotations: false` reaches a new pod. Needs root
-//! (pod runner) and the built `marin3r` binary.
+//! service. Last, `spec.sidecar.prometheusAnnotations: false` reaches a new pod. The
+//! discovery service is the scenario's, in its namespace; the operator is the one every
+//! scenario shares, whose metrics cover every scenario's certificates and reconciles, so the
+//! test holds the cluster alone: "nothing fires on a healthy cluster" is about this one, and
+//! a certificate of another scenario not yet issued would fire with `for: 0s`.
 
 use std::time::Duration;
 
@@ -18,15 +21,13 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_e2e::monitoring::{self, Job, Prometheus, address, grafana_to_promql};
-use marin3r_e2e::product::{example_in, images, install};
+use marin3r_e2e::real::{self, Scenario, pod_ready};
 use marin3r_e2e::rejected::nacked_by_proxies;
-use marin3r_local_cluster::cluster::{create_restricted_namespace, pod_ready, ready_pods};
 use marin3r_testkit::wait::until;
 use serde_json::{Value, json};
 
 const OPS: &str = "marin3r-system";
-const NS: &str = "demo";
-const BODY: &str = "hello from marin3r";
+const BODY: &str = real::EXAMPLE_BODY;
 /// What the fixed config answers.
 const FIXED_BODY: &str = "fixed by marin3r";
 /// How often the test's Prometheus scrapes and evaluates, and the window its rates take
@@ -34,12 +35,7 @@ const FIXED_BODY: &str = "fixed by marin3r";
 const INTERVAL: &str = "2s";
 const RATE_WINDOW: &str = "30s";
 
-fn pod_ip(pod: &Pod) -> String {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.pod_ip.clone())
-        .unwrap_or_default()
-}
+use real::pod_ip;
 
 /// The container port named `name`, in any container of the pod (a native sidecar's is an
 /// init container's).
@@ -64,22 +60,37 @@ fn target<'a>(pod: &Pod, port: impl std::fmt::Display) -> (String, Vec<(&'a str,
     )
 }
 
+/// The pods of `ns` that `selector` picks, Ready and not being deleted.
+async fn ready_pods(client: &kube::Client, ns: &str, selector: &str) -> Option<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .ok()?;
+    Some(
+        list.items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+            .collect(),
+    )
+}
+
 async fn one_ready(client: &kube::Client, ns: &str, selector: &str) -> Pod {
     until(
         &format!("a ready pod {selector} in {ns}"),
         Duration::from_secs(120),
-        || async { ready_pods(client, ns, selector).await.ok()?.pop() },
+        || async { ready_pods(client, ns, selector).await?.pop() },
     )
     .await
 }
 
 /// The injected demo pod (not `not`), ready and answering `body`.
-async fn serving_pod(client: &kube::Client, not: Option<&str>, body: &str) -> Pod {
+async fn serving_pod(client: &kube::Client, ns: &str, not: Option<&str>, body: &str) -> Pod {
     until(
         "an injected demo pod serving",
         Duration::from_secs(120),
         || async {
-            let pods = ready_pods(client, NS, "app=demo").await.ok()?;
+            let pods = ready_pods(client, ns, "app=demo").await?;
             let pod = pods
                 .into_iter()
                 .find(|p| Some(p.name_any().as_str()) != not)?;
@@ -122,18 +133,12 @@ async fn samples_where(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
-    let installed = install(images()).await.unwrap();
-    let client = installed.client.clone();
-    create_restricted_namespace(&client, NS).await.unwrap();
-    let example = |file| example_in(file, NS).unwrap();
-    installed
-        .apply(&example("discoveryservice.yaml"))
-        .await
-        .unwrap();
-    installed.discovery_service_ready(OPS, "instance").await;
-    installed.apply(&example("envoyconfig.yaml")).await.unwrap();
-    installed.apply(&example("deployment.yaml")).await.unwrap();
-    let sidecar = serving_pod(&client, None, BODY).await;
+    let started = std::time::Instant::now();
+    let scenario = Scenario::start_alone("monitoring", &[]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.as_str());
+    let config = |body: &str| real::example_config(ns, body).unwrap();
+    scenario.serve_examples(BODY).await.unwrap();
+    let sidecar = serving_pod(&client, ns, None, BODY).await;
 
     // The webhook named the stats port and annotated the pod for it.
     let stats_port = named_port(&sidecar, "envoy-stats").expect("an envoy-stats port");
@@ -146,12 +151,7 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     assert_eq!(stats_path, "/stats/prometheus");
 
     let operator = one_ready(&client, OPS, "app.kubernetes.io/component=operator").await;
-    let discovery = one_ready(
-        &client,
-        OPS,
-        "app.kubernetes.io/component=discovery-service",
-    )
-    .await;
+    let discovery = one_ready(&client, ns, "app.kubernetes.io/component=discovery-service").await;
     let metrics_port = |pod: &Pod| named_port(pod, "metrics").expect("a metrics port");
     let objects = monitoring::render().unwrap();
     let honor = |monitor: &str| {
@@ -199,6 +199,9 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     })
     .await;
     // The control plane's, from the operator and the discovery pod.
+    let synced = format!(
+        r#"marin3r_envoyconfig_proxies{{job="discovery-service",namespace="{ns}",name="demo-proxy",state="synced"}}"#
+    );
     for (expr, at_least) in [
         (
             r#"marin3r_build_info{job="operator",component="operator"}"#,
@@ -222,10 +225,7 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
         ),
         // The leader's count of the demo config's proxies, labelled with the config's
         // namespace (honored over the discovery pod's).
-        (
-            r#"marin3r_envoyconfig_proxies{job="discovery-service",namespace="demo",name="demo-proxy",state="synced"}"#,
-            1.0,
-        ),
+        (synced.as_str(), 1.0),
     ] {
         samples_where(&prometheus, expr, |v| v >= at_least).await;
     }
@@ -251,8 +251,8 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     // A config the real Envoy refuses (its listener on an address the pod lacks; the webhook's
     // Envoy judge binds nothing and admits it), served by the real discovery service: the
     // NACK alert fires, naming the discovery pod.
-    let bad = nacked_by_proxies(&example("envoyconfig.yaml")).unwrap();
-    installed.apply(&bad).await.unwrap();
+    let bad = nacked_by_proxies(&config(BODY)).unwrap();
+    scenario.apply(&bad).await.unwrap();
     let alert = until(
         "Marin3rEnvoyConfigNacked to fire",
         Duration::from_secs(90),
@@ -264,7 +264,7 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     )
     .await;
     let labels = &alert["labels"];
-    assert_eq!(labels["namespace"], OPS, "{alert}");
+    assert_eq!(labels["namespace"], ns, "{alert}");
     assert_eq!(labels["pod"], discovery.name_any().as_str(), "{alert}");
     assert_eq!(labels["resource_type"], "listeners", "{alert}");
     assert_eq!(labels["severity"], "warning", "{alert}");
@@ -275,11 +275,8 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     assert_eq!(body.unwrap(), BODY);
 
     // The fix reaches the proxy, which ACKs it.
-    installed
-        .apply(&example("envoyconfig.yaml").replace(BODY, FIXED_BODY))
-        .await
-        .unwrap();
-    serving_pod(&client, None, FIXED_BODY).await;
+    scenario.apply(&config(FIXED_BODY)).await.unwrap();
+    serving_pod(&client, ns, None, FIXED_BODY).await;
 
     // Every dashboard panel's query runs, and has data on this cluster (the convergence
     // histogram since the fix: a config Envoy ACKed while connected).
@@ -291,17 +288,18 @@ async fn a_real_prometheus_scrapes_the_fleet_and_fires_on_a_real_nack() {
     }
     drop(prometheus);
 
-    cluster_default_turns_the_annotations_off(&installed, &sidecar).await;
+    cluster_default_turns_the_annotations_off(&client, ns, &sidecar).await;
+    println!("done in {:?}", started.elapsed());
 }
 
 /// `spec.sidecar.prometheusAnnotations: false` rolls the discovery pod with the flag, and the
 /// next injected pod has no `prometheus.io/*` (its `envoy-stats` port stays).
 async fn cluster_default_turns_the_annotations_off(
-    installed: &marin3r_e2e::product::Installed,
+    client: &kube::Client,
+    ns: &str,
     old_sidecar: &Pod,
 ) {
-    let client = installed.client.clone();
-    let discovery_pods: Api<Pod> = Api::namespaced(client.clone(), OPS);
+    let discovery_pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let selector = ListParams::default().labels("app.kubernetes.io/component=discovery-service");
     let before: Vec<String> = discovery_pods
         .list(&selector)
@@ -311,7 +309,7 @@ async fn cluster_default_turns_the_annotations_off(
         .iter()
         .map(ResourceExt::name_any)
         .collect();
-    Api::<DiscoveryService>::namespaced(client.clone(), OPS)
+    Api::<DiscoveryService>::namespaced(client.clone(), ns)
         .patch(
             "instance",
             &PatchParams::default(),
@@ -341,11 +339,11 @@ async fn cluster_default_turns_the_annotations_off(
         },
     )
     .await;
-    Api::<Pod>::namespaced(client.clone(), NS)
+    Api::<Pod>::namespaced(client.clone(), ns)
         .delete(&old_sidecar.name_any(), &DeleteParams::default())
         .await
         .unwrap();
-    let replacement = serving_pod(&client, Some(&old_sidecar.name_any()), FIXED_BODY).await;
+    let replacement = serving_pod(client, ns, Some(&old_sidecar.name_any()), FIXED_BODY).await;
     let annotations = replacement.annotations();
     assert!(
         !annotations.keys().any(|k| k.starts_with("prometheus.io/")),

@@ -1,16 +1,16 @@
-//! marin3r end to end on the local cluster, driven only through the Kubernetes API and
-//! kubectl as a user would: install `manifests/` (the operator runs as a pod from the built
-//! binary), create the example DiscoveryService, and follow SPEC §2.2/§5 through real Envoy
-//! sidecars: injection, mTLS xDS, namespaces joining and leaving, client and server
-//! certificate renewal, a NACKed config rolled back, and deletion. Every namespace enforces
-//! Pod Security `restricted`, so the operator, discovery and injected pods must meet it. The
-//! sidecar's admin API is reachable only inside its pod; through the pod network only its
-//! readiness listener answers, and only `GET /ready`. Needs root (pod runner)
-//! and the built `marin3r` binary (`cargo build -p marin3r-discovery`).
+//! marin3r end to end on the real cluster (`hack/cluster`), driven only through the Kubernetes
+//! API and kubectl as a user would: `manifests/` installed as users install it (the operator
+//! runs as a pod of this build's image), a DiscoveryService in the operator's namespace (the
+//! example's, under a name of this run) serving the scenario's namespace, and SPEC §2.2/§5
+//! followed through real Envoy sidecars: injection, mTLS xDS, namespaces joining and leaving,
+//! client and server certificate renewal, a NACKed config rolled back, and deletion. Every
+//! namespace enforces Pod Security `restricted`, so the operator, discovery and injected pods
+//! must meet it. The sidecar's admin API is reachable only inside its pod (here through the
+//! API server's port-forward); through the pod network only its readiness listener answers,
+//! and only `GET /ready`.
 
 use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_testkit::wait::until;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -30,37 +30,58 @@ use marin3r_discovery::api::discovery_service::{
 };
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_e2e::product::{discovery_service_ready, example_in};
+use marin3r_e2e::real::{self, OPERATOR_NAMESPACE as OPS, Scenario, pod_ip, pod_ready as is_ready};
 use marin3r_e2e::rejected::nacked_by_proxies;
-use marin3r_local_cluster::cluster::create_restricted_namespace;
-use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
-use marin3r_testkit::kubectl::Kubectl;
 use serde_json::json;
 
-const OPS: &str = "marin3r-system";
-const DS: &str = "instance";
-const WEBHOOK: &str = "marin3r-marin3r-system-instance";
-const BODY: &str = "hello from marin3r";
+const BODY: &str = real::EXAMPLE_BODY;
 
-fn repo() -> PathBuf {
-    marin3r_testkit::tools::repo_root()
+/// The names of this run's DiscoveryService `ds` in the operator's namespace and of what it
+/// makes, and the namespace it serves.
+struct Names {
+    ds: String,
+    /// `marin3r-<ds>`: its Deployment, Service, ServiceAccount, disruption budget.
+    owned: String,
+    /// `marin3r-marin3r-system-<ds>`: its webhook configurations, ClusterRole(Binding) and
+    /// the Secret Role(Binding) in each served namespace.
+    webhook: String,
+    ca: String,
+    server: String,
+    /// The namespace it serves (the scenario's).
+    demo: String,
+}
+
+impl Names {
+    fn new(ds: String, demo: &str) -> Self {
+        Self {
+            owned: format!("marin3r-{ds}"),
+            webhook: format!("marin3r-{OPS}-{ds}"),
+            ca: format!("marin3r-ca-cert-{ds}"),
+            server: format!("marin3r-server-cert-{ds}"),
+            demo: demo.to_owned(),
+            ds,
+        }
+    }
 }
 
 fn get(url: &str) -> String {
     marin3r_testkit::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
 }
 
-/// `GET` a sidecar's admin `path` from inside its pod (the admin listens on loopback).
-fn admin(cluster: &LocalCluster, pod: &Pod, path: &str) -> String {
-    cluster
-        .get_in_pod(
-            &pod.namespace().unwrap(),
-            &pod.name_any(),
-            &format!("http://127.0.0.1:9901{path}"),
-        )
-        .unwrap_or_else(|e| format!("GET failed: {e:#}"))
+/// `GET` a sidecar's admin `path` inside its pod (the admin listens on loopback), through
+/// the API server's port-forward.
+async fn admin(client: &Client, pod: &Pod, path: &str) -> String {
+    marin3r_discovery::cli::port_forward::get(
+        client.clone(),
+        &pod.namespace().unwrap_or_default(),
+        &pod.name_any(),
+        9901,
+        path,
+    )
+    .await
+    .map(|(_, body)| body)
+    .unwrap_or_else(|e| format!("GET failed: {e:#}"))
 }
-
-use marin3r_local_cluster::cluster::pod_ready as is_ready;
 
 /// Whether the object `name` exists.
 async fn present<K>(api: Api<K>, name: &str) -> bool
@@ -71,25 +92,30 @@ where
 }
 
 /// What the DiscoveryService created that is still there, by kind and name.
-async fn leftovers(client: &Client) -> Vec<String> {
+async fn leftovers(client: &Client, n: &Names) -> Vec<String> {
     let c = || client.clone();
-    let ds_objects = "marin3r-instance";
+    let ds_objects = n.owned.as_str();
+    let demo = n.demo.as_str();
     let found = [
         (
-            present(Api::<MutatingWebhookConfiguration>::all(c()), WEBHOOK).await,
+            present(Api::<MutatingWebhookConfiguration>::all(c()), &n.webhook).await,
             "MutatingWebhookConfiguration",
         ),
         (
-            present(Api::<ValidatingWebhookConfiguration>::all(c()), WEBHOOK).await,
+            present(Api::<ValidatingWebhookConfiguration>::all(c()), &n.webhook).await,
             "ValidatingWebhookConfiguration",
         ),
         (
-            present(Api::<ClusterRole>::all(c()), WEBHOOK).await,
+            present(Api::<ClusterRole>::all(c()), &n.webhook).await,
             "ClusterRole",
         ),
         (
-            present(Api::<ClusterRoleBinding>::all(c()), WEBHOOK).await,
+            present(Api::<ClusterRoleBinding>::all(c()), &n.webhook).await,
             "ClusterRoleBinding",
+        ),
+        (
+            present(Api::<Role>::namespaced(c(), demo), &n.webhook).await,
+            "the Secret Role in the served namespace",
         ),
         (
             present(Api::<Deployment>::namespaced(c(), OPS), ds_objects).await,
@@ -104,33 +130,35 @@ async fn leftovers(client: &Client) -> Vec<String> {
             "PodDisruptionBudget",
         ),
         (
-            secret_cert(client, "demo", "envoy-sidecar-client-cert")
+            secret_cert(client, demo, "envoy-sidecar-client-cert")
                 .await
                 .is_some(),
-            "Secret demo/envoy-sidecar-client-cert",
+            "Secret envoy-sidecar-client-cert of the served namespace",
         ),
         (
-            secret_cert(client, OPS, "marin3r-ca-cert-instance")
-                .await
-                .is_some(),
-            "Secret marin3r-ca-cert-instance",
+            secret_cert(client, OPS, &n.ca).await.is_some(),
+            "the CA Secret",
+        ),
+        (
+            secret_cert(client, OPS, &n.server).await.is_some(),
+            "the server certificate Secret",
         ),
         (
             present(
-                Api::<ConfigMap>::namespaced(c(), "demo"),
+                Api::<ConfigMap>::namespaced(c(), demo),
                 "envoy-sidecar-bootstrap",
             )
             .await,
-            "ConfigMap demo/envoy-sidecar-bootstrap",
+            "ConfigMap envoy-sidecar-bootstrap of the served namespace",
         ),
         (
             Api::<Namespace>::all(c())
-                .get("demo")
+                .get(demo)
                 .await
                 .unwrap()
                 .labels()
                 .contains_key(DISCOVERY_SERVICE_LABEL),
-            "the discovery-service label of Namespace demo",
+            "the discovery-service label of the served namespace",
         ),
     ];
     found
@@ -140,14 +168,16 @@ async fn leftovers(client: &Client) -> Vec<String> {
         .collect()
 }
 
-fn pod_ip(p: &Pod) -> String {
-    p.status.as_ref().unwrap().pod_ip.clone().unwrap()
-}
-
+/// The pods of `ns` that `selector` picks, Ready and not being deleted.
 async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
-    marin3r_local_cluster::cluster::ready_pods(client, ns, selector)
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
         .await
         .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+        .collect()
 }
 
 async fn renew(client: &Client, name: &str, value: &str) {
@@ -174,17 +204,22 @@ fn serial_hex(pem: &str) -> String {
         .to_lowercase()
 }
 
+/// The restarts of every container of `p`, the native sidecar's (an init container's) too.
 fn restarts(p: &Pod) -> i32 {
-    p.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .map(|cs| cs.iter().map(|c| c.restart_count).sum())
-        .unwrap_or(0)
+    let status = p.status.as_ref();
+    let containers = status.and_then(|s| s.container_statuses.as_ref());
+    let init = status.and_then(|s| s.init_container_statuses.as_ref());
+    containers
+        .into_iter()
+        .chain(init)
+        .flatten()
+        .map(|c| c.restart_count)
+        .sum()
 }
 
 /// The demo workload's ready pod in `ns`: injected, with its Envoy serving the body. On a
 /// timeout, the sidecar's xDS stats say why.
-async fn serving_pod(cluster: &LocalCluster, client: &Client, ns: &str) -> Pod {
+async fn serving_pod(client: &Client, ns: &str) -> Pod {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
         let pods = Api::<Pod>::namespaced(client.clone(), ns)
@@ -199,7 +234,7 @@ async fn serving_pod(cluster: &LocalCluster, client: &Client, ns: &str) -> Pod {
         }
         if tokio::time::Instant::now() > deadline {
             let stats = match pods.first() {
-                Some(p) => admin(cluster, p, "/stats?filter=xds_cluster|control_plane|ssl"),
+                Some(p) => admin(client, p, "/stats?filter=xds_cluster|control_plane|ssl").await,
                 None => "no pod".into(),
             };
             let statuses: Vec<String> = pods
@@ -215,33 +250,25 @@ async fn serving_pod(cluster: &LocalCluster, client: &Client, ns: &str) -> Pod {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread")]
 async fn marin3r_end_to_end() {
-    let images = marin3r_e2e::product::images();
-    let marin3r = images
-        .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
-        .path;
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        images,
-        // Keep the pods' logs to look at after a failure.
-        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let client = cluster.client();
+    let started = std::time::Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
+    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    // 1. Installed (by the scenario, from manifests/), the example DiscoveryService created
+    //    under this run's name, serving the scenario's namespace: everything appears, Ready.
+    let scenario = Scenario::start("op", &[]).await.unwrap();
+    let (client, kubectl) = (scenario.client.clone(), &scenario.kubectl);
+    let kubeconfig = scenario.cluster.kubeconfig().to_path_buf();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
-
-    // 1. Install, create the example DiscoveryService: everything appears, Ready.
-    let manifests = repo().join("manifests");
-    kubectl
-        .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
-        .await
-        .unwrap();
+    let n = Names::new(
+        scenario.operator_discovery_service("op").unwrap(),
+        &scenario.ns,
+    );
+    let (ds_name, demo) = (n.ds.as_str(), n.demo.as_str());
+    let plain = scenario.namespace("p").await.unwrap();
+    let team_b = scenario.namespace("b").await.unwrap();
+    let (plain, team_b) = (plain.as_str(), team_b.as_str());
     let operator = until("the operator pod", Duration::from_secs(60), || async {
         ready_pods(&client, OPS, "app.kubernetes.io/component=operator")
             .await
@@ -285,16 +312,16 @@ async fn marin3r_end_to_end() {
             .map(String::as_str),
         Some("restricted")
     );
-    create_restricted_namespace(&client, "demo").await.unwrap();
-    create_restricted_namespace(&client, "plain").await.unwrap();
-    let examples = manifests.join("examples");
+    let example = example_in("discoveryservice.yaml", OPS).unwrap();
+    assert!(
+        example.contains("  name: instance\n") && example.contains("    - demo\n"),
+        "{example}"
+    );
+    let example = example
+        .replace("  name: instance\n", &format!("  name: {ds_name}\n"))
+        .replace("    - demo\n", &format!("    - {demo}\n"));
     kubectl
-        .ok(&[
-            "apply",
-            "--server-side",
-            "-f",
-            examples.join("discoveryservice.yaml").to_str().unwrap(),
-        ])
+        .ok_with(&["apply", "--server-side", "-f", "-"], &example)
         .await
         .unwrap();
     let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
@@ -302,13 +329,14 @@ async fn marin3r_end_to_end() {
         "the DiscoveryService to be Ready",
         Duration::from_secs(120),
         || async {
-            let ds = dss.get(DS).await.ok()?;
+            let ds = dss.get(ds_name).await.ok()?;
             (discovery_service_ready(&ds)?.0 == "True").then_some(())
         },
     )
     .await;
-    let ds = dss.get(DS).await.unwrap();
-    assert_eq!(ds.status.as_ref().unwrap().enabled_namespaces, ["demo"]);
+    step("DiscoveryService Ready");
+    let ds = dss.get(ds_name).await.unwrap();
+    assert_eq!(ds.status.as_ref().unwrap().enabled_namespaces, [demo]);
     // The operator counts and times the reconciles that got there.
     let metrics = get(&format!("http://{}:8383/metrics", pod_ip(&operator)));
     for controller in ["discoveryservice", "certificate"] {
@@ -330,47 +358,51 @@ async fn marin3r_end_to_end() {
         "marin3r_certificate_expiration_timestamp_seconds",
         "marin3r_certificate_ready",
     ] {
-        let series = format!(r#"{metric}{{namespace="{OPS}",name="marin3r-ca-cert-instance"}} "#);
+        let series = format!(r#"{metric}{{namespace="{OPS}",name="{}"}} "#, n.ca);
         assert!(metrics.contains(&series), "no {series} in {metrics}");
     }
-    let discovery_pods = ready_pods(
-        &client,
-        OPS,
-        "app.kubernetes.io/component=discovery-service",
-    )
-    .await;
+    let discovery_selector = format!(
+        "app.kubernetes.io/component=discovery-service,app.kubernetes.io/instance={ds_name}"
+    );
+    let discovery_pods = ready_pods(&client, OPS, &discovery_selector).await;
     assert_eq!(discovery_pods.len(), 1);
     for (ns, name) in [
-        (OPS, "marin3r-ca-cert-instance"),
-        (OPS, "marin3r-server-cert-instance"),
-        ("demo", "envoy-sidecar-client-cert"),
+        (OPS, n.ca.as_str()),
+        (OPS, n.server.as_str()),
+        (demo, "envoy-sidecar-client-cert"),
     ] {
         assert!(
             secret_cert(&client, ns, name).await.is_some(),
             "Secret {ns}/{name}"
         );
     }
-    Api::<ConfigMap>::namespaced(client.clone(), "demo")
+    Api::<ConfigMap>::namespaced(client.clone(), demo)
         .get("envoy-sidecar-bootstrap")
         .await
         .unwrap();
     Api::<Service>::namespaced(client.clone(), OPS)
-        .get("marin3r-instance")
+        .get(&n.owned)
         .await
         .unwrap();
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    webhooks.get(WEBHOOK).await.unwrap();
+    webhooks.get(&n.webhook).await.unwrap();
     let out = kubectl
         .ok(&["get", "discoveryservices", "-n", OPS])
         .await
         .unwrap();
-    assert!(out.contains(DS) && out.contains("True"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains(ds_name) && l.contains("True")),
+        "{out}"
+    );
     // The discovery pod reads Secrets only where it serves: a Role in each enabled namespace,
     // none elsewhere, and no Secret rule cluster-wide.
-    let secret_role = "marin3r-marin3r-system-instance";
-    let has_secret_access = |ns: &'static str| {
-        let client = client.clone();
+    let secret_role = n.webhook.as_str();
+    let sa = n.owned.as_str();
+    let has_secret_access = |ns: &str| {
+        let (client, ns) = (client.clone(), ns.to_owned());
         async move {
+            let ns = ns.as_str();
             let role = Api::<Role>::namespaced(client.clone(), ns)
                 .get_opt(secret_role)
                 .await
@@ -386,7 +418,7 @@ async fn marin3r_end_to_end() {
                     let subject = &binding.subjects.unwrap()[0];
                     assert_eq!(
                         (subject.name.as_str(), subject.namespace.as_deref()),
-                        ("marin3r-instance", Some(OPS))
+                        (sa, Some(OPS))
                     );
                     true
                 }),
@@ -397,34 +429,31 @@ async fn marin3r_end_to_end() {
             }
         }
     };
-    assert_eq!(has_secret_access("demo").await, Some(true));
-    assert_eq!(has_secret_access("plain").await, Some(false));
+    assert_eq!(has_secret_access(demo).await, Some(true));
+    assert_eq!(has_secret_access(plain).await, Some(false));
     // And the RBAC-enforcing API server holds the discovery pod's ServiceAccount to it: a
     // Secret of the enabled namespace is readable, one of another namespace (its own CA's
     // too) is not, and Secrets cannot be listed cluster-wide.
-    let token = cluster.api().service_account_token(OPS, "marin3r-instance");
-    let kubeconfig_as_discovery = cluster
-        .api()
-        .kubeconfig()
-        .replace("token: local-cluster", &format!("token: {token}"));
+    let (_, as_discovery_dir) = scenario.kubectl_as(OPS, sa).await.unwrap();
     let as_discovery = Client::try_from(
         kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::from_yaml(&kubeconfig_as_discovery).unwrap(),
+            kube::config::Kubeconfig::read_from(as_discovery_dir.path().join("kubeconfig"))
+                .unwrap(),
             &kube::config::KubeConfigOptions::default(),
         )
         .await
         .unwrap(),
     )
     .unwrap();
-    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+    Api::<Secret>::namespaced(as_discovery.clone(), demo)
         .get("envoy-sidecar-client-cert")
         .await
         .unwrap();
-    Api::<Secret>::namespaced(as_discovery.clone(), "demo")
+    Api::<Secret>::namespaced(as_discovery.clone(), demo)
         .list(&ListParams::default())
         .await
         .unwrap();
-    Api::<Secret>::namespaced(client.clone(), "plain")
+    Api::<Secret>::namespaced(client.clone(), plain)
         .create(
             &PostParams::default(),
             &serde_json::from_value(
@@ -440,7 +469,7 @@ async fn marin3r_end_to_end() {
     };
     assert_eq!(
         refused(
-            Api::<Secret>::namespaced(as_discovery.clone(), "plain")
+            Api::<Secret>::namespaced(as_discovery.clone(), plain)
                 .get("private")
                 .await
         ),
@@ -449,7 +478,7 @@ async fn marin3r_end_to_end() {
     assert_eq!(
         refused(
             Api::<Secret>::namespaced(as_discovery.clone(), OPS)
-                .get("marin3r-ca-cert-instance")
+                .get(&n.ca)
                 .await
         ),
         403
@@ -479,14 +508,14 @@ async fn marin3r_end_to_end() {
     //     field path `marin3r validate` reports offline, and nothing is stored. The good one
     //     (step 2) is admitted and served.
     let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .get(WEBHOOK)
+        .get(&n.webhook)
         .await
         .unwrap();
     assert_eq!(
         validating.webhooks.unwrap()[0].rules.as_ref().unwrap()[0].resources,
         Some(vec!["envoyconfigs".to_owned()])
     );
-    let typo = example_in("envoyconfig.yaml", "demo")
+    let typo = example_in("envoyconfig.yaml", demo)
         .unwrap()
         .replace("name: demo-proxy", "name: demo-typo")
         .replace("nodeID: demo-proxy", "nodeID: demo-typo")
@@ -503,7 +532,7 @@ async fn marin3r_end_to_end() {
     let problem = offline
         .lines()
         .find_map(|l| {
-            l.split_once("EnvoyConfig demo/demo-typo: ")
+            l.split_once(&format!("EnvoyConfig {demo}/demo-typo: "))
                 .map(|(_, p)| p.to_owned())
         })
         .unwrap_or_else(|| panic!("{offline}"));
@@ -518,13 +547,13 @@ async fn marin3r_end_to_end() {
         .unwrap();
     assert!(!refused.success, "{refused:?}");
     assert!(
-        refused.stderr.contains(
-            "admission webhook \"instance.marin3r-system.envoyconfig-validator.marin3r.3scale.net\" denied the request: "
-        ) && refused.stderr.contains(&problem),
+        refused.stderr.contains(&format!(
+            "admission webhook \"{ds_name}.{OPS}.envoyconfig-validator.marin3r.3scale.net\" denied the request: "
+        )) && refused.stderr.contains(&problem),
         "expected {problem:?} in {refused:?}"
     );
     assert!(
-        Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+        Api::<EnvoyConfig>::namespaced(client.clone(), demo)
             .get_opt("demo-typo")
             .await
             .unwrap()
@@ -536,19 +565,20 @@ async fn marin3r_end_to_end() {
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("envoyconfig.yaml", "demo").unwrap(),
+            &example_in("envoyconfig.yaml", demo).unwrap(),
         )
         .await
         .unwrap();
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("deployment.yaml", "demo").unwrap(),
+            &example_in("deployment.yaml", demo).unwrap(),
         )
         .await
         .unwrap();
-    let pod = serving_pod(&cluster, &client, "demo").await;
-    // The local API server is 1.37: Envoy is a native sidecar, an init container.
+    let pod = serving_pod(&client, demo).await;
+    step("injected pod serving");
+    // The API server is 1.36: Envoy is a native sidecar, an init container.
     let spec = pod.spec.as_ref().unwrap();
     let names = |list: &[k8s_openapi::api::core::v1::Container]| -> Vec<String> {
         list.iter().map(|c| c.name.clone()).collect()
@@ -562,12 +592,18 @@ async fn marin3r_end_to_end() {
     // A misspelt marin3r annotation: kubectl prints the webhook's warning naming it (and the
     // likely name), and the pod is injected all the same.
     let mut typo_pod: serde_json::Value = serde_json::to_value(&pod).unwrap();
+    // The API server's ServiceAccount admission mounted a token volume: the mount goes with
+    // the volume, which is not copied.
+    typo_pod["spec"]["containers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("volumeMounts");
     let typo_pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": "annotation-typo",
-            "namespace": "demo",
+            "namespace": demo,
             "labels": {"marin3r.3scale.net/status": "enabled"},
             "annotations": {
                 "marin3r.3scale.net/node-id": "demo-proxy",
@@ -591,7 +627,7 @@ async fn marin3r_end_to_end() {
         ),
         "{applied:?}"
     );
-    let injected = Api::<Pod>::namespaced(client.clone(), "demo")
+    let injected = Api::<Pod>::namespaced(client.clone(), demo)
         .get("annotation-typo")
         .await
         .unwrap();
@@ -601,7 +637,7 @@ async fn marin3r_end_to_end() {
         names(spec.init_containers.as_deref().unwrap_or_default()),
         ["envoy-sidecar"]
     );
-    Api::<Pod>::namespaced(client.clone(), "demo")
+    Api::<Pod>::namespaced(client.clone(), demo)
         .delete("annotation-typo", &DeleteParams::default())
         .await
         .unwrap();
@@ -635,31 +671,31 @@ async fn marin3r_end_to_end() {
         );
     }
     // Inside the pod (its containers, `kubectl exec`) the admin answers, and Envoy is still up.
-    assert_eq!(admin(&cluster, &pod, "/ready").trim(), "LIVE");
+    assert_eq!(admin(&client, &pod, "/ready").await.trim(), "LIVE");
     assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
     // The discovery pods have a disruption budget, which kubectl lists.
     let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), OPS)
-        .get("marin3r-instance")
+        .get(&n.owned)
         .await
         .unwrap();
     assert!(pdb.spec.unwrap().max_unavailable.is_some());
     let out = kubectl.ok(&["get", "pdb", "-n", OPS]).await.unwrap();
-    assert!(out.contains("marin3r-instance"), "{out}");
+    assert!(out.contains(&n.owned), "{out}");
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("deployment.yaml", "plain").unwrap(),
+            &example_in("deployment.yaml", plain).unwrap(),
         )
         .await
         .unwrap();
-    let plain = until(
+    let plain_pod = until(
         "the pod in the plain namespace",
         Duration::from_secs(60),
-        || async { ready_pods(&client, "plain", "app=demo").await.pop() },
+        || async { ready_pods(&client, plain, "app=demo").await.pop() },
     )
     .await;
     assert_eq!(
-        plain.spec.unwrap().containers.len(),
+        plain_pod.spec.unwrap().containers.len(),
         1,
         "not injected outside enabled namespaces"
     );
@@ -669,7 +705,7 @@ async fn marin3r_end_to_end() {
     let proxy_status = || {
         let (marin3r, kubeconfig) = (marin3r.clone(), kubeconfig.clone());
         async move {
-            marin3r_e2e::cli::proxy_status(&marin3r, &kubeconfig, &["-n", "demo"])
+            marin3r_e2e::cli::proxy_status(&marin3r, &kubeconfig, &["-n", demo])
                 .await
                 .unwrap()
         }
@@ -722,7 +758,7 @@ async fn marin3r_end_to_end() {
     let sds = json!({
         "apiVersion": "marin3r.3scale.net/v1alpha1",
         "kind": "EnvoyConfig",
-        "metadata": {"name": "sds-check", "namespace": "demo"},
+        "metadata": {"name": "sds-check", "namespace": demo},
         "spec": {
             "nodeID": "sds-check",
             "serialization": "yaml",
@@ -731,11 +767,11 @@ async fn marin3r_end_to_end() {
             },
         },
     });
-    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+    Api::<EnvoyConfig>::namespaced(client.clone(), demo)
         .patch("sds-check", &PatchParams::apply("e2e"), &Patch::Apply(&sds))
         .await
         .unwrap();
-    let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client.clone(), "demo");
+    let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client.clone(), demo);
     until(
         "the SDS Secret loaded by the discovery pod",
         Duration::from_secs(60),
@@ -756,7 +792,7 @@ async fn marin3r_end_to_end() {
         },
     )
     .await;
-    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+    Api::<EnvoyConfig>::namespaced(client.clone(), demo)
         .delete("sds-check", &DeleteParams::default())
         .await
         .unwrap();
@@ -764,7 +800,7 @@ async fn marin3r_end_to_end() {
     // It reads and watches the namespace's EndpointSlices for `generateFromEndpointSlices`
     // (through the same Role, which grants nothing else): the endpoints version it serves
     // changes when the slice does.
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "demo");
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), demo);
     let slice = |port: u16| {
         json!({
             "apiVersion": "discovery.k8s.io/v1",
@@ -786,7 +822,7 @@ async fn marin3r_end_to_end() {
     let eds = json!({
         "apiVersion": "marin3r.3scale.net/v1alpha1",
         "kind": "EnvoyConfig",
-        "metadata": {"name": "eds-check", "namespace": "demo"},
+        "metadata": {"name": "eds-check", "namespace": demo},
         "spec": {
             "nodeID": "eds-check",
             "resources": [{"type": "endpoint", "generateFromEndpointSlices": {
@@ -796,7 +832,7 @@ async fn marin3r_end_to_end() {
             }}],
         },
     });
-    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+    Api::<EnvoyConfig>::namespaced(client.clone(), demo)
         .patch("eds-check", &PatchParams::apply("e2e"), &Patch::Apply(&eds))
         .await
         .unwrap();
@@ -830,69 +866,63 @@ async fn marin3r_end_to_end() {
         || async { endpoints_version().await.filter(|v| *v != first) },
     )
     .await;
-    Api::<EnvoyConfig>::namespaced(client.clone(), "demo")
+    Api::<EnvoyConfig>::namespaced(client.clone(), demo)
         .delete("eds-check", &DeleteParams::default())
         .await
         .unwrap();
 
     // 3. A user labels a second namespace: it is served; unlabelled, it is not.
-    create_restricted_namespace(&client, "team-b")
-        .await
-        .unwrap();
+    step("SDS and EDS read");
     let patch = |v: Option<&str>| json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: v}}});
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.patch(
-        "team-b",
+        team_b,
         &PatchParams::default(),
-        &Patch::Merge(&patch(Some(DS))),
+        &Patch::Merge(&patch(Some(ds_name))),
     )
     .await
     .unwrap();
     until(
         "team-b's client certificate",
         Duration::from_secs(60),
-        || async { secret_cert(&client, "team-b", "envoy-sidecar-client-cert").await },
+        || async { secret_cert(&client, team_b, "envoy-sidecar-client-cert").await },
     )
     .await;
-    Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+    Api::<ConfigMap>::namespaced(client.clone(), team_b)
         .get("envoy-sidecar-bootstrap")
         .await
         .unwrap();
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("envoyconfig.yaml", "team-b").unwrap(),
+            &example_in("envoyconfig.yaml", team_b).unwrap(),
         )
         .await
         .unwrap();
     kubectl
         .ok_with(
             &["apply", "--server-side", "-f", "-"],
-            &example_in("deployment.yaml", "team-b").unwrap(),
+            &example_in("deployment.yaml", team_b).unwrap(),
         )
         .await
         .unwrap();
-    serving_pod(&cluster, &client, "team-b").await;
-    assert_eq!(has_secret_access("team-b").await, Some(true));
-    Api::<Deployment>::namespaced(client.clone(), "team-b")
+    serving_pod(&client, team_b).await;
+    assert_eq!(has_secret_access(team_b).await, Some(true));
+    Api::<Deployment>::namespaced(client.clone(), team_b)
         .delete("demo", &DeleteParams::default())
         .await
         .unwrap();
-    nss.patch(
-        "team-b",
-        &PatchParams::default(),
-        &Patch::Merge(&patch(None)),
-    )
-    .await
-    .unwrap();
+    nss.patch(team_b, &PatchParams::default(), &Patch::Merge(&patch(None)))
+        .await
+        .unwrap();
     until(
         "team-b's certificate and bootstrap to go",
         Duration::from_secs(60),
         || async {
-            let gone = secret_cert(&client, "team-b", "envoy-sidecar-client-cert")
+            let gone = secret_cert(&client, team_b, "envoy-sidecar-client-cert")
                 .await
                 .is_none()
-                && Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+                && Api::<ConfigMap>::namespaced(client.clone(), team_b)
                     .get_opt("envoy-sidecar-bootstrap")
                     .await
                     .unwrap()
@@ -904,22 +934,28 @@ async fn marin3r_end_to_end() {
     until(
         "team-b's Secret access to go",
         Duration::from_secs(30),
-        || async { (has_secret_access("team-b").await == Some(false)).then_some(()) },
+        || async { (has_secret_access(team_b).await == Some(false)).then_some(()) },
     )
     .await;
+    step("team-b joined and left");
 
     // 4. Client certificate renewal: new files, Envoy presents the new certificate, no
     //    restart, traffic keeps flowing.
     let ip = pod_ip(&pod);
-    let old_cert = secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+    let old_cert = secret_cert(&client, demo, "envoy-sidecar-client-cert")
         .await
         .unwrap();
-    renew(&client, "marin3r-client-instance-demo", "client-1").await;
+    renew(
+        &client,
+        &format!("marin3r-client-{ds_name}-{demo}"),
+        "client-1",
+    )
+    .await;
     let new_cert = until(
         "the client certificate Secret to change",
         Duration::from_secs(60),
         || async {
-            secret_cert(&client, "demo", "envoy-sidecar-client-cert")
+            secret_cert(&client, demo, "envoy-sidecar-client-cert")
                 .await
                 .filter(|c| *c != old_cert)
         },
@@ -930,7 +966,8 @@ async fn marin3r_end_to_end() {
         "Envoy to present the new client certificate",
         Duration::from_secs(60),
         || async {
-            admin(&cluster, &pod, "/certs")
+            admin(&client, &pod, "/certs")
+                .await
                 .replace(':', "")
                 .to_lowercase()
                 .contains(&serial)
@@ -938,12 +975,13 @@ async fn marin3r_end_to_end() {
         },
     )
     .await;
-    let same = Api::<Pod>::namespaced(client.clone(), "demo")
+    let same = Api::<Pod>::namespaced(client.clone(), demo)
         .get(&pod.name_any())
         .await
         .unwrap();
     assert_eq!(restarts(&same), 0, "no container restarted");
     assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+    step("client certificate renewed");
 
     // 5. Server certificate renewal: the Deployment rolls, Envoys reconnect, injection works.
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), OPS);
@@ -958,36 +996,32 @@ async fn marin3r_end_to_end() {
             .unwrap()[SERVER_CERT_HASH_LABEL]
             .clone()
     };
-    let old_hash = hash(&deployments.get("marin3r-instance").await.unwrap());
+    let old_hash = hash(&deployments.get(&n.owned).await.unwrap());
     let old_pod = discovery_pods[0].name_any();
     // Connections Envoy has opened to the discovery service so far: a reconnection to the
     // new pod opens another.
-    let xds_connections = || {
+    let xds_connections = || async {
         let stats = admin(
-            &cluster,
+            &client,
             &pod,
             "/stats?filter=^cluster.xds_cluster.upstream_cx_total$",
-        );
+        )
+        .await;
         stats
             .rsplit(": ")
             .next()
             .and_then(|n| n.trim().parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let connections_before = xds_connections();
+    let connections_before = xds_connections().await;
     assert!(connections_before >= 1, "no xDS connection counted yet");
-    renew(&client, "marin3r-server-cert-instance", "server-1").await;
+    renew(&client, &n.server, "server-1").await;
     until(
         "the discovery pod to roll",
         Duration::from_secs(120),
         || async {
-            let d = deployments.get("marin3r-instance").await.unwrap();
-            let pods = ready_pods(
-                &client,
-                OPS,
-                "app.kubernetes.io/component=discovery-service",
-            )
-            .await;
+            let d = deployments.get(&n.owned).await.unwrap();
+            let pods = ready_pods(&client, OPS, &discovery_selector).await;
             // Until the old pod stops, at least one discovery pod is ready.
             assert!(
                 !pods.is_empty(),
@@ -1002,20 +1036,17 @@ async fn marin3r_end_to_end() {
         "Envoy to reconnect to the new discovery pod",
         Duration::from_secs(60),
         || async {
-            let stats = admin(
-                &cluster,
-                &pod,
-                "/stats?filter=control_plane.connected_state",
-            );
+            let stats = admin(&client, &pod, "/stats?filter=control_plane.connected_state").await;
             (stats.contains("control_plane.connected_state: 1")
-                && xds_connections() > connections_before)
+                && xds_connections().await > connections_before)
                 .then_some(())
         },
     )
     .await;
     assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
+    step("server certificate renewed, discovery pod rolled");
     // A new pod is still injected (the webhook serves the new certificate).
-    Api::<Pod>::namespaced(client.clone(), "demo")
+    Api::<Pod>::namespaced(client.clone(), demo)
         .delete(&pod.name_any(), &DeleteParams::default())
         .await
         .unwrap();
@@ -1023,7 +1054,7 @@ async fn marin3r_end_to_end() {
         "a replacement pod, injected and serving",
         Duration::from_secs(90),
         || async {
-            let pods = ready_pods(&client, "demo", "app=demo").await;
+            let pods = ready_pods(&client, demo, "app=demo").await;
             let p = pods.into_iter().find(|p| p.name_any() != pod.name_any())?;
             (get(&format!("http://{}:8080/", pod_ip(&p))) == BODY).then_some(p)
         },
@@ -1032,12 +1063,12 @@ async fn marin3r_end_to_end() {
     let ip = pod_ip(&pod);
 
     // 6. A config Envoy refuses is rolled back and reported; the pod keeps serving.
-    let bad = nacked_by_proxies(&example_in("envoyconfig.yaml", "demo").unwrap()).unwrap();
+    let bad = nacked_by_proxies(&example_in("envoyconfig.yaml", demo).unwrap()).unwrap();
     kubectl
         .ok_with(&["apply", "--server-side", "-f", "-"], &bad)
         .await
         .unwrap();
-    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "demo");
+    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), demo);
     until(
         "the bad config to be rolled back",
         Duration::from_secs(60),
@@ -1050,11 +1081,12 @@ async fn marin3r_end_to_end() {
     assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
 
     // 7. Deleting the DiscoveryService removes everything, cluster-scoped objects included.
-    dss.delete(DS, &DeleteParams::default()).await.unwrap();
+    step("NACK rolled back");
+    dss.delete(ds_name, &DeleteParams::default()).await.unwrap();
     // Named, so a timeout says what stayed behind.
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     loop {
-        let left = leftovers(&client).await;
+        let left = leftovers(&client, &n).await;
         if left.is_empty() {
             break;
         }
@@ -1065,5 +1097,5 @@ async fn marin3r_end_to_end() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    cluster.shutdown(Duration::from_secs(5)).await;
+    step("everything removed");
 }

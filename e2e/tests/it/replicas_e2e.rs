@@ -1,75 +1,82 @@
-//! A DiscoveryService with two replicas on the local cluster, real Envoy sidecars spread
-//! over both (each sidecar's Service name resolves to one discovery pod, as kube-proxy
-//! spreads connections): a config both halves of the fleet reject is reported by both
-//! replicas, tainted once by the leader and rolled back everywhere; then the leader's pod
-//! dies at once, its sidecar reconnects to a live replica, another replica takes the Lease,
-//! and a new config reaches every sidecar. Needs root (pod runner) and the built `marin3r`
-//! binary (`cargo build -p marin3r-discovery`).
+//! A DiscoveryService with two replicas on the real cluster (`hack/cluster`), in the
+//! scenario's namespace, real Envoy sidecars spread over both (kube-proxy picks a discovery
+//! pod behind the Service for each sidecar's connection, so pods are added until each replica
+//! has one): a config every sidecar rejects is reported by both replicas, tainted once by the
+//! leader and rolled back everywhere; then the leader's pod dies at once, its sidecars
+//! reconnect to a live replica, another replica takes the Lease, the Deployment replaces the
+//! dead pod, and a new config reaches every sidecar.
 
-use marin3r_testkit::wait::until;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
-use kube::api::{ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, ResourceExt};
 use marin3r_discovery::api::EnvoyConfig;
 use marin3r_discovery::api::EnvoyConfigRevision;
-use marin3r_discovery::api::discovery_service::DiscoveryService;
 use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_e2e::cli::{proxy_status, version};
+use marin3r_e2e::real::{self, IDLE_PY, Scenario};
 use marin3r_e2e::rejected::nacked_by_proxies;
-use marin3r_local_cluster::cluster::{LocalCluster, LocalClusterConfig};
-use marin3r_local_cluster::kubelet::hosts::endpoint;
-use marin3r_testkit::kubectl::Kubectl;
+use marin3r_testkit::wait::until;
 use serde_json::json;
 
-const OPS: &str = "marin3r-system";
 const DS: &str = "instance";
-const BODY: &str = "hello from marin3r";
+const BODY: &str = real::EXAMPLE_BODY;
 const DISCOVERY: &str = "app.kubernetes.io/component=discovery-service";
 const LEASE: &str = "marin3r-discovery-instance";
-
-fn repo() -> PathBuf {
-    marin3r_testkit::tools::repo_root()
-}
+/// The most sidecars made before each replica has one (1 in 2^11 runs has them all on one).
+const MOST_SIDECARS: usize = 12;
 
 fn get(url: &str) -> String {
     marin3r_testkit::envoy::get_body(url).unwrap_or_else(|e| format!("GET failed: {e:#}"))
 }
 
-fn pod_ip(p: &Pod) -> String {
-    p.status.as_ref().unwrap().pod_ip.clone().unwrap()
-}
-
-async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Vec<Pod> {
-    marin3r_local_cluster::cluster::ready_pods(client, ns, selector)
-        .await
-        .unwrap()
-}
-
-fn example_in(file: &str, ns: &str) -> String {
-    let text = std::fs::read_to_string(repo().join("manifests/examples").join(file)).unwrap();
-    text.replace("namespace: demo", &format!("namespace: {ns}"))
+/// An idle pod of the demo workload, injected with the example's node id and port.
+fn demo_pod(name: &str) -> String {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"app": "demo", "marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "demo-proxy",
+                "marin3r.3scale.net/ports": "http:8080",
+            },
+        },
+        "spec": {
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "terminationGracePeriodSeconds": 5,
+            "containers": [real::python_container(IDLE_PY)],
+        },
+    })
+    .to_string()
 }
 
 /// The discovery pod, among `replicas`, whose xDS server has the sidecar of `pod` connected
-/// (its `/sync-status`, read inside the pod, names the proxy's pod).
-fn serving_replica(cluster: &LocalCluster, replicas: &[Pod], pod: &Pod) -> Option<String> {
-    let needle = format!("\"pod\":\"{}\"", pod.name_any());
-    replicas
-        .iter()
-        .find(|r| {
-            cluster
-                .get_in_pod(OPS, &r.name_any(), "http://127.0.0.1:8385/sync-status")
-                .is_ok_and(|status| status.contains(&needle))
-        })
-        .map(|r| r.name_any())
+/// (its `/sync-status` on the pod's loopback admin port, through a port-forward, names the
+/// proxy's pod).
+async fn serving_replica(scenario: &Scenario, replicas: &[Pod], pod: &str) -> Option<String> {
+    let needle = format!("\"pod\":\"{pod}\"");
+    for r in replicas {
+        let status = marin3r_discovery::cli::port_forward::get(
+            scenario.client.clone(),
+            &scenario.ns,
+            &r.name_any(),
+            8385,
+            "/sync-status",
+        )
+        .await;
+        if status.is_ok_and(|(_, body)| body.contains(&needle)) {
+            return Some(r.name_any());
+        }
+    }
+    None
 }
 
-async fn holder(client: &Client) -> Option<String> {
-    Api::<Lease>::namespaced(client.clone(), OPS)
+async fn holder(scenario: &Scenario) -> Option<String> {
+    Api::<Lease>::namespaced(scenario.client.clone(), &scenario.ns)
         .get_opt(LEASE)
         .await
         .ok()??
@@ -77,68 +84,28 @@ async fn holder(client: &Client) -> Option<String> {
         .holder_identity
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "multi_thread")]
 async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
-    let images = marin3r_e2e::product::images();
-    let marin3r = images
-        .resolve(marin3r_discovery::IMAGE)
-        .expect("build the marin3r binary first: cargo build -p marin3r-discovery")
-        .path;
-    let cluster = LocalCluster::start(LocalClusterConfig {
-        images,
-        log_dir: std::env::var_os("MARIN3R_E2E_LOG_DIR").map(PathBuf::from),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let client = cluster.client();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
+    let started = std::time::Instant::now();
+    let scenario = Scenario::start("replicas", &["python"]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.as_str());
+    let kubeconfig = scenario.cluster.kubeconfig().to_path_buf();
+    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
 
-    // Install, and a DiscoveryService with two replicas.
-    let manifests = repo().join("manifests");
-    kubectl
-        .ok(&["apply", "--server-side", "-k", manifests.to_str().unwrap()])
+    // A DiscoveryService with two replicas.
+    scenario
+        .apply(&real::DISCOVERY_SERVICE.replace("spec: {}", "spec: {replicas: 2}"))
         .await
         .unwrap();
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {
-        "name": "demo",
-        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-    }}))
-    .unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
+    scenario
+        .discovery_service_ready(DS, Duration::from_secs(180))
         .await
         .unwrap();
-    let ds_yaml = std::fs::read_to_string(manifests.join("examples/discoveryservice.yaml"))
-        .unwrap()
-        .replace("spec:\n", "spec:\n  replicas: 2\n");
-    kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], &ds_yaml)
-        .await
-        .unwrap();
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(180),
-        || async {
-            let ds = dss.get(DS).await.ok()?;
-            let ready = ds
-                .status?
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "Ready")?;
-            (ready.status == "True").then_some(())
-        },
-    )
-    .await;
     let discovery = until(
         "two ready discovery pods",
         Duration::from_secs(120),
         || async {
-            let pods = ready_pods(&client, OPS, DISCOVERY).await;
+            let pods = scenario.ready_pods(DISCOVERY).await;
             (pods.len() == 2).then_some(pods)
         },
     )
@@ -147,7 +114,7 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         "a discovery pod to hold the Lease",
         Duration::from_secs(60),
         || async {
-            let holder = holder(&client).await?;
+            let holder = holder(&scenario).await?;
             discovery
                 .iter()
                 .any(|p| p.name_any() == holder)
@@ -156,120 +123,73 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     )
     .await;
 
-    // One sidecar per discovery pod: the pods are named so that the Service's virtual IP
-    // sends their connections to different discovery pods.
-    kubectl
-        .ok_with(
-            &["apply", "--server-side", "-f", "-"],
-            &example_in("envoyconfig.yaml", "demo"),
-        )
+    // Sidecars, each connected through the Service to the replica kube-proxy picked, until
+    // each replica has one.
+    scenario
+        .apply(&real::example_config(ns, BODY).unwrap())
         .await
         .unwrap();
-    let service = Api::<Service>::namespaced(client.clone(), OPS)
-        .get("marin3r-instance")
-        .await
-        .unwrap();
-    let mut names = Vec::new();
-    for target in &discovery {
-        let name = (0..200)
-            .map(|i| format!("demo-{i}"))
-            .find(|n| {
-                endpoint(&service, &discovery, n).map(|p| p.name_any()) == Some(target.name_any())
-            })
-            .unwrap();
-        names.push(name);
-    }
-    // The pod of manifests/examples/deployment.yaml, under a chosen name.
-    for name in &names {
-        let pod = json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "namespace": "demo",
-                "labels": {"app": "demo", "marin3r.3scale.net/status": "enabled"},
-                "annotations": {
-                    "marin3r.3scale.net/node-id": "demo-proxy",
-                    "marin3r.3scale.net/ports": "http:8080",
-                },
-            },
-            "spec": {
-                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [{
-                    "name": "app",
-                    "image": "envoyproxy/envoy:v1.40.0",
-                    "securityContext": {
-                        "runAsNonRoot": true,
-                        "runAsUser": 101,
-                        "allowPrivilegeEscalation": false,
-                        "readOnlyRootFilesystem": true,
-                        "capabilities": {"drop": ["ALL"]},
-                    },
-                    "args": [
-                        "--disable-hot-restart",
-                        "--config-yaml",
-                        "admin: {address: {socket_address: {address: 127.0.0.1, port_value: 9910}}}",
-                    ],
-                }],
-            },
-        });
-        kubectl
-            .ok_with(&["apply", "-f", "-"], &pod.to_string())
-            .await
-            .unwrap();
-    }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "demo");
-    let mut sidecars = Vec::new();
-    for name in &names {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    // (pod, its IP, the replica it is on)
+    let mut sidecars: Vec<(String, String, String)> = Vec::new();
+    for i in 0..MOST_SIDECARS {
+        let name = format!("demo-{i}");
+        scenario.apply(&demo_pod(&name)).await.unwrap();
         let pod = until(
             &format!("{name} to serve the config"),
             Duration::from_secs(120),
             || async {
-                let p = pods.get(name).await.ok()?;
-                (marin3r_local_cluster::cluster::pod_ready(&p)
-                    && get(&format!("http://{}:8080/", pod_ip(&p))) == BODY)
+                let p = pods.get(&name).await.ok()?;
+                (real::pod_ready(&p) && get(&format!("http://{}:8080/", real::pod_ip(&p))) == BODY)
                     .then_some(p)
             },
         )
         .await;
-        sidecars.push(pod);
-    }
-    for (pod, target) in sidecars.iter().zip(&discovery) {
         let replica = until(
             "the sidecar's xDS connection",
             Duration::from_secs(30),
-            || async { serving_replica(&cluster, &discovery, pod) },
+            || serving_replica(&scenario, &discovery, &name),
         )
         .await;
-        assert_eq!(
-            replica,
-            target.name_any(),
-            "{} is on the other replica",
-            pod.name_any()
-        );
+        sidecars.push((name, real::pod_ip(&pod), replica));
+        if discovery
+            .iter()
+            .all(|d| sidecars.iter().any(|(_, _, r)| *r == d.name_any()))
+        {
+            break;
+        }
     }
+    assert!(
+        discovery
+            .iter()
+            .all(|d| sidecars.iter().any(|(_, _, r)| *r == d.name_any())),
+        "{MOST_SIDECARS} sidecars and one replica has none: {sidecars:?}"
+    );
+    let n = sidecars.len();
+    println!(
+        "{n} sidecars over both replicas after {:?}",
+        started.elapsed()
+    );
+
     // `marin3r proxy-status` asks every replica and says which one each sidecar is on.
-    let table = proxy_status(&marin3r, &kubeconfig, &["-n", "demo"])
+    let table = proxy_status(&marin3r, &kubeconfig, &["-n", ns])
         .await
         .unwrap();
     assert!(
         table.lines().next().unwrap_or_default().contains("REPLICA"),
         "{table}"
     );
-    for (pod, target) in sidecars.iter().zip(&discovery) {
+    for (pod, _, replica) in &sidecars {
         assert!(
             table.lines().any(|l| {
                 let cells: Vec<&str> = l.split_whitespace().collect();
-                cells.contains(&pod.name_any().as_str())
-                    && cells.contains(&target.name_any().as_str())
+                cells.contains(&pod.as_str()) && cells.contains(&replica.as_str())
             }),
-            "{} is not listed on {}: {table}",
-            pod.name_any(),
-            target.name_any()
+            "{pod} is not listed on {replica}: {table}"
         );
     }
     // The same as JSON, for scripts: each proxy with the replica it is on.
-    let json = proxy_status(&marin3r, &kubeconfig, &["-o", "json", "-n", "demo"])
+    let json = proxy_status(&marin3r, &kubeconfig, &["-o", "json", "-n", ns])
         .await
         .unwrap();
     let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -285,14 +205,13 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     on.sort();
     let mut want: Vec<(String, String)> = sidecars
         .iter()
-        .zip(&discovery)
-        .map(|(p, d)| (p.name_any(), d.name_any()))
+        .map(|(p, _, r)| (p.clone(), r.clone()))
         .collect();
     want.sort();
     assert_eq!(on, want, "{doc}");
 
     // `marin3r version` reaches the same pods: the operator's and the discovery pods'
-    // image, and every sidecar's Envoy release (the Envoy these sidecars run).
+    // image, and every sidecar's Envoy release (the Envoy of the image they run).
     let doc: serde_json::Value = serde_json::from_str(
         &version(&marin3r, &kubeconfig, &["-o", "json"])
             .await
@@ -305,15 +224,15 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         marin3r_discovery::IMAGE,
         "{doc}"
     );
-    let ds = &doc["server"]["discoveryServices"][0];
-    assert_eq!(
-        (&ds["namespace"], &ds["name"]),
-        (&json!(OPS), &json!(DS)),
-        "{doc}"
-    );
+    let ds = doc["server"]["discoveryServices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["namespace"] == ns && d["name"] == DS)
+        .unwrap_or_else(|| panic!("no DiscoveryService {ns}/{DS} in {doc}"));
     assert_eq!(ds["images"], json!([marin3r_discovery::IMAGE]), "{doc}");
     assert_eq!(ds["pods"], 2, "{doc}");
-    let envoy = std::process::Command::new("envoy")
+    let envoy = std::process::Command::new(marin3r_testkit::tools::envoy().unwrap())
         .arg("--version")
         .output()
         .unwrap();
@@ -325,25 +244,21 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         envoy.contains(&format!("/{release}/")),
         "{release} vs {envoy}"
     );
-    assert_eq!(proxies.as_u64(), Some(sidecars.len() as u64), "{doc}");
+    assert_eq!(proxies.as_u64(), Some(n as u64), "{doc}");
     let text = version(&marin3r, &kubeconfig, &[]).await.unwrap();
     assert!(
         text.contains(&format!(
-            "DiscoveryService {OPS}/{DS}: {} (2 pods); proxies: Envoy {release} ({})",
+            "DiscoveryService {ns}/{DS}: {} (2 pods); proxies: Envoy {release} ({n})",
             marin3r_discovery::IMAGE,
-            sidecars.len()
         )),
         "{text}"
     );
 
-    // A config every sidecar rejects: each replica reports its own sidecar, the leader
-    // taints once, and both roll back.
-    let bad = nacked_by_proxies(&example_in("envoyconfig.yaml", "demo")).unwrap();
-    kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], &bad)
-        .await
-        .unwrap();
-    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "demo");
+    // A config every sidecar rejects: each replica reports its own sidecars, the leader
+    // taints once, and all roll back.
+    let bad = nacked_by_proxies(&real::example_config(ns, BODY).unwrap()).unwrap();
+    scenario.apply(&bad).await.unwrap();
+    let ecs: Api<EnvoyConfig> = Api::namespaced(client.clone(), ns);
     let ec = until(
         "the bad config to be rolled back",
         Duration::from_secs(60),
@@ -354,12 +269,22 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     )
     .await;
     let message = ec.status.unwrap().last_nack_message.unwrap_or_default();
-    assert!(
-        message.contains("2 of 2 connected proxies of the node, over 2 discovery replica(s)"),
-        "{message}"
-    );
+    if !message.contains(&format!(
+        "{n} of {n} connected proxies of the node, over 2 discovery replica(s)"
+    )) {
+        let mut logs = String::new();
+        for d in &discovery {
+            logs.push_str(&scenario.logs(&d.name_any(), &["marin3r"]).await);
+        }
+        let revisions = scenario
+            .kubectl
+            .run(&["get", "envoyconfigrevisions", "-n", ns, "-o", "yaml"])
+            .await
+            .unwrap();
+        panic!("{message}\n{}\n{logs}", revisions.stdout);
+    }
     let tainted: Vec<EnvoyConfigRevision> =
-        Api::<EnvoyConfigRevision>::namespaced(client.clone(), "demo")
+        Api::<EnvoyConfigRevision>::namespaced(client.clone(), ns)
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -368,35 +293,36 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
             .filter(|r| r.is_tainted())
             .collect();
     assert_eq!(tainted.len(), 1);
-    let mut reporters: Vec<String> = tainted[0]
-        .status
-        .as_ref()
-        .unwrap()
-        .nack_reports
-        .iter()
-        .map(|r| r.replica.clone())
-        .collect();
+    let reports = &tainted[0].status.as_ref().unwrap().nack_reports;
+    let mut reporters: Vec<String> = reports.iter().map(|r| r.replica.clone()).collect();
     reporters.sort();
     let mut expected: Vec<String> = discovery.iter().map(|p| p.name_any()).collect();
     expected.sort();
     assert_eq!(reporters, expected);
-    for pod in &sidecars {
-        assert_eq!(get(&format!("http://{}:8080/", pod_ip(pod))), BODY);
+    for r in reports {
+        let own = sidecars
+            .iter()
+            .filter(|(_, _, on)| *on == r.replica)
+            .count();
+        assert_eq!(
+            (r.connected_proxies, r.rejecting_proxies),
+            (own as u32, own as u32),
+            "{r:?}"
+        );
+    }
+    for (_, ip, _) in &sidecars {
+        assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
     }
 
-    // The leader's pod dies at once (no grace: it cannot release the Lease): its sidecar
-    // reconnects to a live replica, another replica takes the Lease once it expires, and
-    // publishes the next config to both. (Killing only the container would not do: the
+    // The leader's pod dies at once (no grace: it cannot release the Lease): its sidecars
+    // reconnect to a live replica, another replica takes the Lease once it expires, and
+    // publishes the next config to all. (Killing only the container would not do: the
     // restarted process has the same pod name, and resumes its own Lease as client-go does.)
-    let dead = discovery
-        .iter()
-        .find(|p| p.name_any() == leader)
-        .unwrap()
-        .clone();
-    Api::<Pod>::namespaced(client.clone(), OPS)
+    let dead = leader.clone();
+    Api::<Pod>::namespaced(client.clone(), ns)
         .delete(
-            &dead.name_any(),
-            &kube::api::DeleteParams {
+            &dead,
+            &DeleteParams {
                 grace_period_seconds: Some(0),
                 ..Default::default()
             },
@@ -407,46 +333,50 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
         "another discovery pod to take the Lease",
         Duration::from_secs(90),
         || async {
-            let holder = holder(&client).await?;
-            let live = ready_pods(&client, OPS, DISCOVERY).await;
-            (holder != dead.name_any() && live.iter().any(|p| p.name_any() == holder))
-                .then_some(holder)
+            let holder = holder(&scenario).await?;
+            let live = scenario.ready_pods(DISCOVERY).await;
+            (holder != dead && live.iter().any(|p| p.name_any() == holder)).then_some(holder)
         },
     )
     .await;
-    assert_ne!(new_leader, dead.name_any());
-    for pod in &sidecars {
+    assert_ne!(new_leader, dead);
+    // The Deployment replaces the dead pod.
+    until(
+        "two ready discovery pods again",
+        Duration::from_secs(120),
+        || async {
+            let live = scenario.ready_pods(DISCOVERY).await;
+            (live.len() == 2 && live.iter().all(|p| p.name_any() != dead)).then_some(())
+        },
+    )
+    .await;
+    for (pod, ip, _) in &sidecars {
         // Any live replica will do, the Deployment's replacement for the dead one included.
         until(
             "every sidecar on a live replica",
             Duration::from_secs(90),
             || async {
-                let live: Vec<Pod> = ready_pods(&client, OPS, DISCOVERY)
+                let live: Vec<Pod> = scenario
+                    .ready_pods(DISCOVERY)
                     .await
                     .into_iter()
-                    .filter(|p| p.name_any() != dead.name_any())
+                    .filter(|p| p.name_any() != dead)
                     .collect();
-                serving_replica(&cluster, &live, pod).map(|_| ())
+                serving_replica(&scenario, &live, pod).await.map(|_| ())
             },
         )
         .await;
-        assert_eq!(get(&format!("http://{}:8080/", pod_ip(pod))), BODY);
+        assert_eq!(get(&format!("http://{ip}:8080/")), BODY);
     }
-    let next = example_in("envoyconfig.yaml", "demo").replace(BODY, "after the failover");
-    kubectl
-        .ok_with(&["apply", "--server-side", "-f", "-"], &next)
-        .await
-        .unwrap();
-    for pod in &sidecars {
+    let next = real::example_config(ns, "after the failover").unwrap();
+    scenario.apply(&next).await.unwrap();
+    for (_, ip, _) in &sidecars {
         until(
             "the next config on every sidecar",
             Duration::from_secs(60),
-            || async {
-                (get(&format!("http://{}:8080/", pod_ip(pod))) == "after the failover")
-                    .then_some(())
-            },
+            || async { (get(&format!("http://{ip}:8080/")) == "after the failover").then_some(()) },
         )
         .await;
     }
-    cluster.shutdown(Duration::from_secs(5)).await;
+    println!("done in {:?}", started.elapsed());
 }

@@ -101,7 +101,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         ),
         Ok(list) => {
             for ds in &list.items {
-                check_discovery_service(&client, ds, &mut report).await;
+                check_discovery_service(&client, ds, &args.operator_namespace, &mut report).await;
             }
         }
         Err(e) => report.fail(
@@ -222,6 +222,7 @@ async fn check_operator(client: &kube::Client, ns: &str, report: &mut Report) {
 async fn check_discovery_service(
     client: &kube::Client,
     ds: &DiscoveryService,
+    operator_ns: &str,
     report: &mut Report,
 ) {
     let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
@@ -294,7 +295,7 @@ async fn check_discovery_service(
         }
     };
     check_webhooks(client, ds, &ca, report).await;
-    check_namespaces(client, ds, &ca, report).await;
+    check_namespaces(client, ds, operator_ns, &ca, report).await;
 }
 
 /// Every DiscoveryServiceCertificate issued, ready, renewed on time and not near expiry:

@@ -15,6 +15,32 @@ use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
 use crate::operator::build;
 use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
 
+/// The namespaces `ds` serves, which `marin3r check` looks at: those its status says the
+/// operator enabled; for one in the operator's namespace, the namespaces `labelled` with its
+/// name too (so a label the operator has not acted on yet shows); for one elsewhere, its own
+/// namespace, the one it may serve. The label names a DiscoveryService of the operator's
+/// namespace only: another namespace's of the same name serves none of those.
+fn served_namespaces(
+    ds: &DiscoveryService,
+    operator_ns: &str,
+    labelled: Vec<String>,
+) -> Vec<String> {
+    let ns = ds.namespace().unwrap_or_default();
+    let mut served: Vec<String> = ds
+        .status
+        .as_ref()
+        .map(|s| s.enabled_namespaces.clone())
+        .unwrap_or_default();
+    if ns == operator_ns {
+        served.extend(labelled);
+    } else {
+        served.push(ns);
+    }
+    served.sort();
+    served.dedup();
+    served
+}
+
 /// A webhook: its configuration and name, its caBundle, its Service (namespace, name).
 type Hook = (String, Option<Vec<u8>>, Option<(String, String)>);
 
@@ -124,19 +150,25 @@ async fn ready_backends(client: &kube::Client, ns: &str, name: &str) -> anyhow::
 pub(super) async fn check_namespaces(
     client: &kube::Client,
     ds: &DiscoveryService,
+    operator_ns: &str,
     ca: &str,
     report: &mut Report,
 ) {
     let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let params = ListParams::default().labels(&format!("{DISCOVERY_SERVICE_LABEL}={name}"));
-    let mut served: Vec<String> = match namespaces.list(&params).await {
-        Ok(l) => l.items.iter().map(ResourceExt::name_any).collect(),
-        // A namespace admin may not list Namespaces: the DiscoveryService's own namespace.
-        Err(_) => vec![ns.clone()],
+    let labelled = if ns == operator_ns {
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let params = ListParams::default().labels(&format!("{DISCOVERY_SERVICE_LABEL}={name}"));
+        // A namespace admin may not list Namespaces: those of the status then.
+        namespaces
+            .list(&params)
+            .await
+            .ok()
+            .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
     };
-    served.sort();
-    served.dedup();
+    let served = served_namespaces(ds, operator_ns, labelled);
     let now = OffsetDateTime::now_utc();
     for served_ns in served {
         let check = format!("namespace {served_ns}");
@@ -205,5 +237,57 @@ pub(super) async fn check_namespaces(
                 "check your RBAC",
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds(namespace: &str, enabled: &[&str]) -> DiscoveryService {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
+            "kind": "DiscoveryService",
+            "metadata": {"name": "instance", "namespace": namespace},
+            "spec": {},
+            "status": {"enabledNamespaces": enabled},
+        }))
+        .unwrap()
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_discovery_service_of_its_own_namespace_has_that_namespace_checked() {
+        // No namespace carries the label for it: its own is checked all the same.
+        let own = ds("team-a", &["team-a"]);
+        assert_eq!(
+            served_namespaces(&own, "marin3r-system", vec![]),
+            ["team-a"]
+        );
+        // Before the operator wrote its status.
+        let new = ds("team-a", &[]);
+        assert_eq!(
+            served_namespaces(&new, "marin3r-system", vec![]),
+            ["team-a"]
+        );
+    }
+
+    #[test]
+    fn the_label_names_the_operator_namespaces_discovery_service_only() {
+        // `demo` is labelled `instance` for marin3r-system/instance: team-a/instance, of the
+        // same name, does not serve it.
+        let own = ds("team-a", &["team-a"]);
+        assert_eq!(
+            served_namespaces(&own, "marin3r-system", names(&["demo"])),
+            ["team-a"]
+        );
+        let trusted = ds("marin3r-system", &["listed"]);
+        assert_eq!(
+            served_namespaces(&trusted, "marin3r-system", names(&["demo", "listed"])),
+            ["demo", "listed"]
+        );
     }
 }

@@ -1,11 +1,10 @@
 //! What tenant A's namespace admin attacks with: pods on the pod network that hold the
 //! webhook's connections with slow bodies and call another tenant's shutdown manager, and
 //! A's client certificate used to subscribe to more than the discovery pod may hold and to
-//! open more connections than the namespace may have.
+//! open more connections than the namespace may have (from the host, which reaches the pod
+//! network as A's pods do).
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,14 +13,14 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Pod;
-use marin3r_e2e::product::marin3r_bin;
-use marin3r_local_cluster::cluster::LocalCluster;
+use kube::Api;
+use kube::api::LogParams;
 use marin3r_testkit::xds::client::{ClientTls, DeltaStream, connect};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
 
-use super::{A, restricted_container};
+use super::restricted_container;
 
 /// Tenant A's attacking pods, and the slow webhook connections each keeps trying to hold:
 /// more than the webhook's 64 per client address, and together more than its 256 slots.
@@ -31,9 +30,12 @@ pub const SLOW_CONNECTIONS: usize = 72;
 /// hold between 110 and 250 of the 256 slots at a time here: the webhook closes the longest
 /// stalled ones for those waiting, and each pod waits a second before opening another.
 pub const HELD_AT_LEAST: u64 = 64;
-/// `--xds-max-connections-per-namespace` in this test, and how many more A opens.
-pub const XDS_CAP: usize = 64;
+/// `--xds-max-connections-per-namespace` of the discovery pod (its default: the
+/// DiscoveryService has no field for it), and how many more A opens.
+pub const XDS_CAP: usize = 4096;
 pub const XDS_EXCESS: usize = 16;
+/// How many of A's connections are being opened at once.
+const OPENING_AT_ONCE: usize = 64;
 const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// Tenant A's pod: `slots` threads, each holding a webhook connection with a request whose
@@ -96,14 +98,15 @@ while True:
     time.sleep(0.5)
 "#;
 
-/// Attacking pod `i` of tenant A against the webhook at `webhook_ip`; the first one also
-/// calls the shutdown manager of the pod at `victim_ip`.
-pub fn attacker_pod(i: usize, webhook_ip: &str, victim_ip: &str) -> Pod {
+/// Attacking pod `i` of tenant A (namespace `a`) against the webhook at `webhook_ip`; the
+/// first one also calls the shutdown manager of the pod at `victim_ip`.
+pub fn attacker_pod(a: &str, i: usize, webhook_ip: &str, victim_ip: &str) -> Pod {
     let victim_ip = if i == 0 { victim_ip } else { "" };
     serde_json::from_value(json!({
-        "metadata": {"name": format!("attacker-{i}"), "namespace": A},
+        "metadata": {"name": format!("attacker-{i}"), "namespace": a},
         "spec": {
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "terminationGracePeriodSeconds": 1,
             "containers": [restricted_container("attack", json!([
                 "python3", "-c", ATTACKER_PY, webhook_ip,
                 SLOW_CONNECTIONS.to_string(), victim_ip,
@@ -113,10 +116,14 @@ pub fn attacker_pod(i: usize, webhook_ip: &str, victim_ip: &str) -> Pod {
     .unwrap()
 }
 
-pub fn attacker_log(cluster: &LocalCluster, i: usize) -> String {
-    cluster
-        .log_path(A, &format!("attacker-{i}"), "attack")
-        .and_then(|p| std::fs::read_to_string(p).ok())
+/// What attacking pod `i` printed so far (its container's log, from the API server).
+pub async fn attacker_log(pods: &Api<Pod>, i: usize) -> String {
+    let params = LogParams {
+        container: Some("attack".into()),
+        ..Default::default()
+    };
+    pods.logs(&format!("attacker-{i}"), &params)
+        .await
         .unwrap_or_default()
 }
 
@@ -136,10 +143,10 @@ impl Attack {
 }
 
 /// The attack so far, from the pods' logs; `None` until every pod has said.
-pub fn attack(cluster: &LocalCluster) -> Option<Attack> {
+pub async fn attack(pods: &Api<Pod>) -> Option<Attack> {
     let mut sum = Attack::default();
     for i in 0..ATTACKERS {
-        let log = attacker_log(cluster, i);
+        let log = attacker_log(pods, i).await;
         let (opened, ended, refused) = log.lines().rev().find_map(|line| {
             let mut fields = line.strip_prefix("attack ")?.split(' ').map(|f| {
                 let (_, v) = f.split_once('=')?;
@@ -177,29 +184,6 @@ pub async fn subscribe(
         stream.send(req).await.ok()?;
     }
     Some(stream)
-}
-
-/// A script standing in for the marin3r image: `marin3r discovery-service` with the xDS
-/// connection cap lowered to [`XDS_CAP`], every other subcommand as built. The
-/// DiscoveryService has no field for the cap, and its default, 4,096, would take minutes of
-/// handshakes to go over here.
-pub fn marin3r_with_lowered_cap(dir: &Path) -> PathBuf {
-    let real = marin3r_bin().expect("build marin3r first: cargo build -p marin3r-discovery");
-    let real = real.to_string_lossy();
-    let script = dir.join("marin3r");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nif [ \"$1\" = discovery-service ]; then\n  exec '{real}' \"$@\" \
-             --xds-max-connections-per-namespace={XDS_CAP}\nfi\nexec '{real}' \"$@\"\n"
-        ),
-    )
-    .unwrap();
-    // The image runs as a non-root user, which must reach the script.
-    for path in [dir, script.as_path()] {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    script
 }
 
 /// rustls's client configuration for `tls`, offering HTTP/2 as gRPC clients do.
@@ -256,4 +240,21 @@ pub async fn idle_connection(
     tokio::time::timeout(Duration::from_secs(20), attempt)
         .await
         .expect("an xDS connection neither served nor closed in 20 s")
+}
+
+/// `count` more xDS connections under `config`, [`OPENING_AT_ONCE`] being opened at a time:
+/// those the server serves.
+pub async fn idle_connections(
+    xds: SocketAddr,
+    server_name: &str,
+    config: &Arc<rustls::ClientConfig>,
+    count: usize,
+) -> Vec<Idle> {
+    use futures::StreamExt;
+    futures::stream::iter(0..count)
+        .map(|_| idle_connection(xds, server_name, config))
+        .buffer_unordered(OPENING_AT_ONCE)
+        .filter_map(|c| async move { c })
+        .collect()
+        .await
 }
