@@ -1,11 +1,8 @@
-//! What ties the product to the local cluster, which knows no product: the image map that
-//! runs this build's `marin3r` image (and no other marin3r image), carrying the installed
-//! Envoy as the product's image does, and the installed Envoy, the example manifests, and reading a DiscoveryService's readiness.
+//! What the scenarios take from the product: the built `marin3r` (which `hack/image` puts in
+//! the image), the example manifests, and a DiscoveryService's readiness.
 
 use std::path::PathBuf;
 
-use marin3r_discovery::judge::IMAGE_ENVOY;
-use marin3r_local_cluster::kubelet::ImageMap;
 use marin3r_testkit::tools;
 
 /// The built `marin3r`: `MARIN3R_BIN`, else the workspace's `target/debug` or
@@ -19,40 +16,6 @@ pub fn marin3r_bin() -> Option<PathBuf> {
         .filter(|p| p.is_file())
         .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
     from_env.or(built).filter(|p| p.is_file())
-}
-
-/// What this machine has: the installed Envoy for `envoyproxy/envoy*` images, and the given
-/// `marin3r` (else [`marin3r_bin`]) for exactly this build's image
-/// ([`marin3r_discovery::IMAGE`], the name `manifests/` and the operator use), run as the
-/// image's user; any other marin3r image fails to pull. Missing binaries leave their images
-/// failing to pull, saying why.
-///
-/// The marin3r image carries the installed Envoy at [`IMAGE_ENVOY`], as the `Dockerfile`
-/// builds it, so the validating webhook and the EnvoyConfig controller judge with Envoy in
-/// every scenario; a scenario that needs a config Envoy NACKs applies one only a running
-/// Envoy refuses ([`crate::rejected`]).
-pub fn images_with(marin3r: Option<PathBuf>) -> ImageMap {
-    let mut map = ImageMap::new();
-    if let Ok(envoy) = tools::envoy() {
-        map = map
-            .with_envoy(&envoy)
-            .with_file("marin3r", IMAGE_ENVOY, envoy);
-    }
-    let binary = marin3r.or_else(marin3r_bin).ok_or_else(|| {
-        "no marin3r binary configured for the local cluster (build it with \
-         `cargo build -p marin3r-discovery`, or set MARIN3R_BIN)"
-            .to_owned()
-    });
-    map.pin(
-        marin3r_discovery::IMAGE,
-        binary,
-        marin3r_discovery::IMAGE_USER,
-    )
-}
-
-/// [`images_with`] the built `marin3r`.
-pub fn images() -> ImageMap {
-    images_with(None)
 }
 
 /// An example manifest of `manifests/examples/` with its namespace (`demo`) replaced by `ns`.
