@@ -572,6 +572,13 @@ async fn an_invalid_or_overreaching_discovery_service_says_why() {
                 .unwrap()
                 .is_none()
         );
+        // Refused, it is still deleted: its finalizer goes (a name longer than a label value
+        // is not one the cleanup can select children by, and it has none).
+        dss.delete(name, &DeleteParams::default()).await.unwrap();
+        wait_for("the refused DiscoveryService to be deleted", || async {
+            dss.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
     }
 }
 
