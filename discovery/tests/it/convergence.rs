@@ -246,3 +246,40 @@ fn the_leader_exports_the_proxy_counts_by_state() {
     assert_eq!(counts(&plane, "gw"), [Some(2.0), Some(0.0), Some(0.0)]);
     drop(edge);
 }
+
+/// Two discovery services in one cluster (an installed marin3r's beside this plane, say),
+/// each serving its own namespaces: the other's leader, whose replicas are not this plane's,
+/// never sums or taints the configs of namespaces it does not serve. Before, it rewrote their
+/// proxy counts every period without this plane's reports, and the two leaders fought.
+#[test]
+fn another_discovery_service_leaves_the_configs_it_does_not_serve_alone() {
+    use marin3r_discovery::controllers::nacks::ReplicaPods;
+    let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
+    // Its replicas are the pods of its selector in its own namespace, as a discovery pod's.
+    let other = Plane::start_with(&["other"], |c, s| {
+        c.replica_pods = Some(ReplicaPods {
+            namespace: s.ns("other").to_owned(),
+            selector: "app=other-discovery".into(),
+        });
+    });
+    let (port, node) = (free_port(), "gateway");
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    plane.wait_in_sync(ns, "gw");
+    let proxy = plane.proxy_on(plane.xds_port, ns, node, "gw-1", AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(port, "v1");
+    plane.wait_status(ns, "gw", "1/1", |ec| synced(ec) == Some("1/1"));
+    // Several of the other leader's periods: the count stays this plane's.
+    for _ in 0..30 {
+        let ec = plane.get(ns, "gw");
+        assert_eq!(synced(&ec), Some("1/1"), "{:#?}", ec.status);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // A version the proxy rejects is tainted by this plane's leader only.
+    plane.apply(ns, "gw", nacked_spec(node, port, "bad"));
+    plane.wait_status(ns, "gw", "the rollback", |ec| {
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
+    });
+    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    assert_eq!(other.metric("marin3r_revision_taints_total"), 0.0);
+}
