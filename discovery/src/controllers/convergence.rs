@@ -216,6 +216,15 @@ pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             if writes == WRITES_PER_PERIOD {
                 break;
             }
+            // The store holds every namespace's configs: another discovery service's are
+            // summed by its own leader, whose replicas these are not.
+            if !ctx
+                .serves(&ec.namespace().unwrap_or_default())
+                .await
+                .unwrap_or(false)
+            {
+                continue;
+            }
             let Some(patch) = summed(&ec, live.as_ref(), &super::now()) else {
                 continue;
             };

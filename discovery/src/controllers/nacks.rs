@@ -405,6 +405,10 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     if reports.is_empty() || r.is_tainted() || r.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
+    // Another discovery service's revision: its leader decides (the watch is cluster-wide).
+    if !ctx.serves(&r.namespace().unwrap_or_default()).await? {
+        return Ok(Action::await_change());
+    }
     let live = live_replicas(&ctx).await?;
     match decide(
         reports,

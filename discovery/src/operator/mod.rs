@@ -373,6 +373,12 @@ async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> 
     let client = &ctx.client;
     let ns = ds.namespace().unwrap_or_default();
     let name = ds.name_any();
+    // A name that cannot be a label value was refused before anything was made for it
+    // (`plan::check`), and no selector can name it: the API server refuses the listing, and
+    // the DiscoveryService (and its namespace) could never be deleted.
+    if !plan::name_is_label_value(&name) {
+        return Ok(Action::await_change());
+    }
     let selector = build::owner_selector(&name, &ns);
     let params = ListParams::default().labels(&selector);
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());

@@ -138,6 +138,13 @@ pub fn scope(ds: &DiscoveryService, config: &Config) -> Scope {
     }
 }
 
+/// Whether a DiscoveryService's name can be a label value (at most 63 characters; a
+/// resource name is otherwise one already): every child carries it in one, and the owner
+/// selector the cleanup lists them by names it.
+pub fn name_is_label_value(name: &str) -> bool {
+    name.len() <= 63
+}
+
 /// Checks the name and the spec, and that a namespace-scoped discovery service lists no
 /// other namespace.
 pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotReady> {
@@ -148,7 +155,7 @@ pub fn check(ds: &DiscoveryService, config: &Config) -> Result<Resolved, NotRead
         reason: Reason::InvalidSpec,
         message,
     };
-    if name.len() > 63 {
+    if !name_is_label_value(&name) {
         return Err(invalid(format!(
             "metadata.name {name:?} is longer than 63 characters; it is used as a label value"
         )));

@@ -236,39 +236,65 @@ fn the_controllers_client_times_out_requests_but_not_quiet_watches() {
 
     let rt = crate::support::plane::runtime();
     rt.block_on(async {
-        let server = marin3r_local_cluster::apiserver::ApiServer::start(Default::default())
+        let cluster = crate::support::cluster::cluster();
+        let admin = cluster.client().await.unwrap();
+        let space = crate::support::cluster::Namespaces::new(&cluster, &admin).await;
+        let ns = space.create("client-timeout", &[]).await;
+        // The client reaches the API server through the proxy, which leaves one request
+        // unanswered.
+        let proxy = marin3r_api_faults::FaultProxy::start(cluster.config().await.unwrap())
             .await
             .unwrap();
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&server.kubeconfig()).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .unwrap();
+        let endpoint = proxy.endpoint("controllers").await.unwrap();
         let timeout = Duration::from_secs(1);
-        let client = marin3r_controller::client::with_read_timeout(config, timeout).unwrap();
-        let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+        let client =
+            marin3r_controller::client::with_read_timeout(endpoint.config(), timeout).unwrap();
+        let maps: Api<ConfigMap> = Api::namespaced(client, &ns);
 
+        let from = maps
+            .list_metadata(&Default::default())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
         let mut watch = maps
-            .watch(&WatchParams::default().timeout(30), "0")
+            .watch(&WatchParams::default().timeout(30), &from)
             .await
             .unwrap()
             .boxed();
-        server
+        proxy
             .faults()
-            .never_answer("/api/v1/namespaces/default/configmaps/stuck", 1);
+            .never_answer(&format!("/api/v1/namespaces/{ns}/configmaps/stuck"), 1);
         let sent = Instant::now();
         let err = maps.get("stuck").await.unwrap_err();
         let waited = sent.elapsed();
-        assert!(waited >= timeout && waited < timeout * 5, "{waited:?}: {err}");
+        assert!(
+            waited >= timeout && waited < timeout * 5,
+            "{waited:?}: {err}"
+        );
         // The watch has been quiet for longer than the read timeout: it still delivers.
         tokio::time::sleep(timeout * 2).await;
         let mut cm = ConfigMap::default();
         cm.metadata.name = Some("late".into());
         maps.create(&PostParams::default(), &cm).await.unwrap();
-        let event = tokio::time::timeout(Duration::from_secs(10), watch.next()).await;
-        assert!(
-            matches!(event, Ok(Some(Ok(WatchEvent::Added(ref c)))) if c.metadata.name.as_deref() == Some("late")),
-            "{event:?}"
-        );
+        // (The cluster publishes its CA's ConfigMap into every new namespace meanwhile.)
+        let late = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match watch.next().await {
+                    Some(Ok(WatchEvent::Added(c)))
+                        if c.metadata.name.as_deref() == Some("late") =>
+                    {
+                        break Ok(c);
+                    }
+                    Some(Ok(WatchEvent::Added(c)))
+                        if c.metadata.name.as_deref() == Some("kube-root-ca.crt") => {}
+                    other => break Err(format!("{other:?}")),
+                }
+            }
+        })
+        .await;
+        assert!(matches!(late, Ok(Ok(_))), "{late:?}");
         // The request after the one never answered is served.
         assert!(maps.get_opt("stuck").await.unwrap().is_none());
     });

@@ -1,6 +1,6 @@
 //! Managing a certificate the way a user does: real kubectl (`apply`, `wait`, `get` with the
-//! printer columns) and `marin3r certs status|renew` against the local cluster, with the
-//! certificate controller running.
+//! printer columns) and `marin3r certs status|renew` against the real cluster, with the
+//! certificate controller running (in the test, the in-cluster operator stopped meanwhile).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::Api;
 use marin3r_certs::CertificateInfo;
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
-use marin3r_testkit::kubectl::Kubectl;
+
+use crate::support::cluster::{Namespaces, cluster};
 
 const CERTIFICATE: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1
@@ -51,12 +51,18 @@ async fn serial(client: &Client, ns: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_and_marin3r_certs_manage_a_certificate() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client = server.kube_client().await.unwrap();
-    server
-        .install_crds(marin3r_discovery::api::crds::all())
-        .await
-        .unwrap();
+    let cluster = cluster();
+    // The certificate controller reconciles every certificate of the cluster: the in-cluster
+    // operator's must not at the same time.
+    let operator_stopped = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || cluster.operator_stopped()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let client = cluster.client().await.unwrap();
+    let space = Namespaces::holding(&cluster, &client, None).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let controller = tokio::spawn(marin3r_certs::controller::run(
         client.clone(),
@@ -65,12 +71,9 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
             let _ = stopped.await;
         },
     ));
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
-    let ns = format!("certs-cli-{}", std::process::id());
-    kubectl.ok(&["create", "namespace", &ns]).await.unwrap();
+    let kubeconfig = space.kubeconfig().to_path_buf();
+    let kubectl = space.kubectl();
+    let ns = space.create("certs-cli", &[]).await;
 
     kubectl
         .ok_with(&["apply", "-n", &ns, "-f", "-"], CERTIFICATE)
@@ -135,10 +138,14 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
 
     // The cluster may be named on the command line instead, as kubectl takes it; a context
     // the kubeconfig does not have is a clear error.
+    let context = kube::config::Kubeconfig::read_from(&kubeconfig)
+        .unwrap()
+        .current_context
+        .unwrap();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_marin3r"))
         .args(["certs", "status", "my-cert", "-n", &ns, "--kubeconfig"])
         .arg(&kubeconfig)
-        .args(["--context", "local-cluster"])
+        .args(["--context", &context])
         .env_remove("KUBECONFIG")
         .output()
         .await
@@ -178,4 +185,6 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
 
     let _ = stop.send(());
     controller.abort();
+    drop(space);
+    drop(operator_stopped);
 }

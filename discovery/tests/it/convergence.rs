@@ -21,27 +21,25 @@ fn synced_condition(ec: &marin3r_discovery::api::EnvoyConfig) -> Option<(String,
 #[test]
 fn the_synced_column_and_condition_follow_the_fleet() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
     let node = "gateway";
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    plane.api.write_kubeconfig(&kubeconfig).unwrap();
-    let k = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let k = plane.kubectl();
     let kubectl_wait = |condition: &str| {
         plane.rt.block_on(k.ok(&[
             "wait",
             "ec/gw",
             "-n",
-            NS,
+            ns,
             &format!("--for=condition={condition}"),
             "--timeout=30s",
         ]))
     };
 
     // Published with nobody connected: nothing to wait for.
-    plane.apply(NS, "gw", spec(node, port, "v1"));
-    plane.wait_in_sync(NS, "gw");
-    let ec = plane.wait_status(NS, "gw", "0/0 and Synced", |ec| {
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    plane.wait_in_sync(ns, "gw");
+    let ec = plane.wait_status(ns, "gw", "0/0 and Synced", |ec| {
         synced(ec) == Some("0/0")
             && synced_condition(ec) == Some(("True".into(), "NoProxiesConnected".into()))
     });
@@ -49,16 +47,16 @@ fn the_synced_column_and_condition_follow_the_fleet() {
     assert_eq!(ec.status.unwrap().proxies.unwrap().version, v1);
 
     // Two real Envoys of the node acknowledge it.
-    let one = plane.proxy_on(plane.xds_port, NS, node, "gw-1", AdsMode::StateOfTheWorld);
-    let two = plane.proxy_on(plane.xds_port, NS, node, "gw-2", AdsMode::Delta);
+    let one = plane.proxy_on(plane.xds_port, ns, node, "gw-1", AdsMode::StateOfTheWorld);
+    let two = plane.proxy_on(plane.xds_port, ns, node, "gw-2", AdsMode::Delta);
     one.wait_for_body(port, "v1");
     two.wait_for_body(port, "v1");
-    plane.wait_status(NS, "gw", "2/2 and AllProxiesSynced", |ec| {
+    plane.wait_status(ns, "gw", "2/2 and AllProxiesSynced", |ec| {
         synced(ec) == Some("2/2")
             && synced_condition(ec) == Some(("True".into(), "AllProxiesSynced".into()))
     });
     kubectl_wait("Synced").unwrap();
-    let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", NS])).unwrap();
+    let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", ns])).unwrap();
     let header: Vec<&str> = table
         .lines()
         .next()
@@ -73,9 +71,9 @@ fn the_synced_column_and_condition_follow_the_fleet() {
     assert_eq!(cells[column], "2/2", "{table}");
 
     // An update: both follow, and the count is about the new version.
-    plane.apply(NS, "gw", spec(node, port, "v2"));
-    let v2 = plane.wait_in_sync(NS, "gw").spec.version();
-    let ec = plane.wait_status(NS, "gw", "2/2 of v2", |ec| {
+    plane.apply(ns, "gw", spec(node, port, "v2"));
+    let v2 = plane.wait_in_sync(ns, "gw").spec.version();
+    let ec = plane.wait_status(ns, "gw", "2/2 of v2", |ec| {
         synced(ec) == Some("2/2")
             && ec
                 .status
@@ -91,29 +89,29 @@ fn the_synced_column_and_condition_follow_the_fleet() {
 
     // A version Envoy rejects: rolled back, so the desired version did not reach the fleet,
     // and the condition says so while the proxies are back in sync on the old one.
-    plane.apply(NS, "gw", nacked_spec(node, port, "bad"));
-    let ec = plane.wait_status(NS, "gw", "the rollback and Synced=False", |ec| {
+    plane.apply(ns, "gw", nacked_spec(node, port, "bad"));
+    let ec = plane.wait_status(ns, "gw", "the rollback and Synced=False", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
             && synced_condition(ec) == Some(("False".into(), "DesiredVersionNotPublished".into()))
     });
     let message = &condition(&ec, "Synced").unwrap().message;
     assert!(message.contains(&v2), "{message}");
     kubectl_wait("Synced=false").unwrap();
-    plane.wait_status(NS, "gw", "2/2 of the version rolled back to", |ec| {
+    plane.wait_status(ns, "gw", "2/2 of the version rolled back to", |ec| {
         synced(ec) == Some("2/2")
     });
 
     // A proxy leaves: counted out.
     drop(two);
-    plane.apply(NS, "gw", spec(node, port, "v3"));
-    plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v3"));
+    plane.wait_in_sync(ns, "gw");
     one.wait_for_body(port, "v3");
-    plane.wait_status(NS, "gw", "1/1 after a proxy left", |ec| {
+    plane.wait_status(ns, "gw", "1/1 after a proxy left", |ec| {
         synced(ec) == Some("1/1")
             && synced_condition(ec) == Some(("True".into(), "AllProxiesSynced".into()))
     });
     drop(one);
-    plane.wait_status(NS, "gw", "0/0 once everyone left", |ec| {
+    plane.wait_status(ns, "gw", "0/0 once everyone left", |ec| {
         synced(ec) == Some("0/0")
     });
 }
@@ -121,22 +119,23 @@ fn the_synced_column_and_condition_follow_the_fleet() {
 #[test]
 fn proxies_on_every_replica_are_summed() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let replica = plane.replica("replica-b", |_| {});
     let port = free_port();
     let node = "web";
-    plane.apply(NS, "web", spec(node, port, "v1"));
-    plane.wait_in_sync(NS, "web");
-    let on_plane = plane.proxy_on(plane.xds_port, NS, node, "web-1", AdsMode::StateOfTheWorld);
+    plane.apply(ns, "web", spec(node, port, "v1"));
+    plane.wait_in_sync(ns, "web");
+    let on_plane = plane.proxy_on(plane.xds_port, ns, node, "web-1", AdsMode::StateOfTheWorld);
     let on_replica = plane.proxy_on(
         replica.xds_port,
-        NS,
+        ns,
         node,
         "web-2",
         AdsMode::StateOfTheWorld,
     );
     on_plane.wait_for_body(port, "v1");
     on_replica.wait_for_body(port, "v1");
-    let ec = plane.wait_status(NS, "web", "both replicas' proxies summed", |ec| {
+    let ec = plane.wait_status(ns, "web", "both replicas' proxies summed", |ec| {
         synced(ec) == Some("2/2")
     });
     let reports = &ec.status.as_ref().unwrap().sync_reports;
@@ -148,7 +147,7 @@ fn proxies_on_every_replica_are_summed() {
     );
     // The replica's proxy leaves: its entry goes, and the sum follows.
     drop(on_replica);
-    let ec = plane.wait_status(NS, "web", "the replica's entry removed", |ec| {
+    let ec = plane.wait_status(ns, "web", "the replica's entry removed", |ec| {
         synced(ec) == Some("1/1")
     });
     let left: Vec<&str> = ec
@@ -167,8 +166,9 @@ fn proxies_on_every_replica_are_summed() {
 fn proxies_gauge(plane: &Plane, name: &str, state: &str) -> Option<f64> {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &plane.registry).unwrap();
+    let ns = plane.ns(NS);
     let sample = format!(
-        "marin3r_envoyconfig_proxies{{namespace=\"{NS}\",name=\"{name}\",state=\"{state}\"}} "
+        "marin3r_envoyconfig_proxies{{namespace=\"{ns}\",name=\"{name}\",state=\"{state}\"}} "
     );
     text.lines()
         .find_map(|l| l.strip_prefix(&sample)?.trim().parse().ok())
@@ -194,12 +194,13 @@ fn signal(proxy: &support::Proxy, signal: &str) {
 #[test]
 fn the_leader_exports_the_proxy_counts_by_state() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
     let node = "gateway";
-    plane.apply(NS, "gw", spec(node, port, "v1"));
-    plane.wait_in_sync(NS, "gw");
-    let one = plane.proxy_on(plane.xds_port, NS, node, "gw-1", AdsMode::StateOfTheWorld);
-    let two = plane.proxy_on(plane.xds_port, NS, node, "gw-2", AdsMode::Delta);
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    plane.wait_in_sync(ns, "gw");
+    let one = plane.proxy_on(plane.xds_port, ns, node, "gw-1", AdsMode::StateOfTheWorld);
+    let two = plane.proxy_on(plane.xds_port, ns, node, "gw-2", AdsMode::Delta);
     one.wait_for_body(port, "v1");
     two.wait_for_body(port, "v1");
     let timeout = std::time::Duration::from_secs(30);
@@ -213,8 +214,8 @@ fn the_leader_exports_the_proxy_counts_by_state() {
 
     // A connected Envoy that does not answer the next version: pending, until it does.
     signal(&two, "STOP");
-    plane.apply(NS, "gw", spec(node, port, "v2"));
-    plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v2"));
+    plane.wait_in_sync(ns, "gw");
     want("gw", 1.0, 0.0, 1.0);
     signal(&two, "CONT");
     two.wait_for_body(port, "v2");
@@ -223,25 +224,62 @@ fn the_leader_exports_the_proxy_counts_by_state() {
     // The only version of a config rejected: nothing to roll back to, so it stays published
     // and its proxy is counted as rejecting it.
     let edge_port = free_port();
-    plane.apply(NS, "edge", nacked_spec("edge", edge_port, "bad"));
-    plane.wait_status(NS, "edge", "the bad version published", |ec| {
+    plane.apply(ns, "edge", nacked_spec("edge", edge_port, "bad"));
+    plane.wait_status(ns, "edge", "the bad version published", |ec| {
         ec.status
             .as_ref()
             .and_then(|s| s.published_version.as_ref())
             .is_some()
     });
-    let edge = plane.proxy_on(plane.xds_port, NS, "edge", "edge-1", AdsMode::Delta);
+    let edge = plane.proxy_on(plane.xds_port, ns, "edge", "edge-1", AdsMode::Delta);
     want("edge", 0.0, 1.0, 0.0);
     assert_eq!(counts(&plane, "gw"), [Some(2.0), Some(0.0), Some(0.0)]);
 
     // Deleted: its series go, the other config's stay.
     plane
         .rt
-        .block_on(plane.configs(NS).delete("edge", &Default::default()))
+        .block_on(plane.configs(ns).delete("edge", &Default::default()))
         .unwrap();
     wait("the deleted config's series to go", timeout, || {
         (counts(&plane, "edge") == [None, None, None]).then_some(())
     });
     assert_eq!(counts(&plane, "gw"), [Some(2.0), Some(0.0), Some(0.0)]);
     drop(edge);
+}
+
+/// Two discovery services in one cluster (an installed marin3r's beside this plane, say),
+/// each serving its own namespaces: the other's leader, whose replicas are not this plane's,
+/// never sums or taints the configs of namespaces it does not serve. Before, it rewrote their
+/// proxy counts every period without this plane's reports, and the two leaders fought.
+#[test]
+fn another_discovery_service_leaves_the_configs_it_does_not_serve_alone() {
+    use marin3r_discovery::controllers::nacks::ReplicaPods;
+    let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
+    // Its replicas are the pods of its selector in its own namespace, as a discovery pod's.
+    let other = Plane::start_with(&["other"], |c, s| {
+        c.replica_pods = Some(ReplicaPods {
+            namespace: s.ns("other").to_owned(),
+            selector: "app=other-discovery".into(),
+        });
+    });
+    let (port, node) = (free_port(), "gateway");
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    plane.wait_in_sync(ns, "gw");
+    let proxy = plane.proxy_on(plane.xds_port, ns, node, "gw-1", AdsMode::StateOfTheWorld);
+    proxy.wait_for_body(port, "v1");
+    plane.wait_status(ns, "gw", "1/1", |ec| synced(ec) == Some("1/1"));
+    // Several of the other leader's periods: the count stays this plane's.
+    for _ in 0..30 {
+        let ec = plane.get(ns, "gw");
+        assert_eq!(synced(&ec), Some("1/1"), "{:#?}", ec.status);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // A version the proxy rejects is tainted by this plane's leader only.
+    plane.apply(ns, "gw", nacked_spec(node, port, "bad"));
+    plane.wait_status(ns, "gw", "the rollback", |ec| {
+        ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
+    });
+    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    assert_eq!(other.metric("marin3r_revision_taints_total"), 0.0);
 }

@@ -1,5 +1,5 @@
-//! `marin3r discovery-service` as a process against the local cluster's API server (through a
-//! kubeconfig): it starts, `/readyz` turns ready once its servers listen, its controllers
+//! `marin3r discovery-service` as a process against the real cluster's API server (through a
+//! kubeconfig naming a fault proxy in front of it): it starts, `/readyz` turns ready once its servers listen, its controllers
 //! synced and every published revision is loaded, an Envoy gets its namespace's EnvoyConfig
 //! through it, EnvoyConfigs (and Secrets) of namespaces not labelled for it are left alone
 //! until the label is added, `/sync-status` is on the admin address only, the webhook answers
@@ -13,15 +13,52 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt};
-use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use marin3r_api_faults::FaultProxy;
+use marin3r_discovery::api::EnvoyConfig;
+use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
 use marin3r_testkit::envoy::get_body;
 use serde_json::json;
+use support::cluster::{Namespaces, cluster, unique};
 use support::plane::pem_der;
+use support::request_log::{RequestLog, forwarder};
 use support::{Pki, Proxy, free_port, wait_for};
+
+/// The real cluster held, a fault proxy in front of its API server, and a kubeconfig (in
+/// `dir`) for a child process that reaches it through the proxy and a request log.
+struct ThroughProxy {
+    space: Namespaces,
+    client: kube::Client,
+    proxy: FaultProxy,
+    kubeconfig: std::path::PathBuf,
+    log: RequestLog,
+}
+
+async fn through_proxy(dir: &std::path::Path) -> ThroughProxy {
+    let cluster = cluster();
+    let client = cluster.client().await.unwrap();
+    let space = Namespaces::new(&cluster, &client).await;
+    let proxy = FaultProxy::start(cluster.config().await.unwrap())
+        .await
+        .unwrap();
+    let endpoint = proxy.endpoint("discovery-service").await.unwrap();
+    let (url, log) = forwarder(endpoint.url()).await;
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        endpoint.kubeconfig(None).replace(endpoint.url(), &url),
+    )
+    .unwrap();
+    ThroughProxy {
+        space,
+        client,
+        proxy,
+        kubeconfig,
+        log,
+    }
+}
 
 /// The discovery service process; killed on drop if the test did not stop it.
 struct Process(Option<Child>);
@@ -77,31 +114,20 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         .enable_all()
         .build()
         .unwrap();
-    let (api, client) = rt.block_on(async {
-        let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-        let client = api.kube_client().await.unwrap();
-        api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
-            .await
-            .unwrap();
-        let nss: Api<Namespace> = Api::all(client.clone());
-        for (ns, labels) in [
-            (
-                "served",
-                json!({"marin3r.3scale.net/discovery-service": "ds"}),
-            ),
-            ("ignored", json!({})),
-        ] {
-            let ns: Namespace =
-                serde_json::from_value(json!({"metadata": {"name": ns, "labels": labels}}))
-                    .unwrap();
-            nss.create(&PostParams::default(), &ns).await.unwrap();
-        }
-        (api, client)
-    });
-
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
+    let ds = unique("ds");
+    let (api, served, ignored) = rt.block_on(async {
+        let api = through_proxy(dir.path()).await;
+        let served = api
+            .space
+            .create("served", &[(DISCOVERY_SERVICE_LABEL, &ds)])
+            .await;
+        let ignored = api.space.create("ignored", &[]).await;
+        (api, served, ignored)
+    });
+    let (served, ignored) = (served.as_str(), ignored.as_str());
+    let client = api.client.clone();
+    let kubeconfig = api.kubeconfig.clone();
     let pki = Pki::new();
     let certs = dir.path().join("server-cert");
     std::fs::create_dir(&certs).unwrap();
@@ -124,7 +150,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         .args(["--probe-port", &probe.to_string()])
         .args([
             "--discovery-service-name",
-            "ds",
+            &ds,
             "--bind-address",
             "127.0.0.1",
             "--shutdown-grace-period",
@@ -152,7 +178,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
     }
 
     let port = free_port();
-    for ns in ["ignored", "served"] {
+    for ns in [ignored, served] {
         let body = json!({
             "apiVersion": "marin3r.3scale.net/v1alpha1",
             "kind": "EnvoyConfig",
@@ -163,54 +189,55 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         rt.block_on(configs.patch("cfg", &PatchParams::apply("test"), &Patch::Apply(body)))
             .unwrap();
     }
-    let served: Api<EnvoyConfig> = Api::namespaced(client.clone(), "served");
+    let served_configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), served);
     wait_for(
         "the served config to be InSync",
         Duration::from_secs(20),
         || {
-            let ec = rt.block_on(served.get("cfg")).unwrap();
+            let ec = rt.block_on(served_configs.get("cfg")).unwrap();
             (ec.status.and_then(|s| s.cache_state) == Some(CacheState::InSync)).then_some(())
         },
     );
     let proxy = Proxy::start_on(
         xds,
-        &pki.client(Some("served")),
+        &pki.client(Some(served)),
         "sidecar",
         "sidecar-pod",
         AdsMode::Delta,
     );
-    proxy.wait_for_body(port, "served");
-    let ignored: Api<EnvoyConfig> = Api::namespaced(client.clone(), "ignored");
-    let ec = rt.block_on(ignored.get("cfg")).unwrap();
+    proxy.wait_for_body(port, served);
+    let ignored_configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), ignored);
+    let ec = rt.block_on(ignored_configs.get("cfg")).unwrap();
     assert!(ec.status.is_none(), "{:?}", ec.status);
 
     // Secrets are watched only in the namespace served.
     let secret_requests = |ns: &str| {
-        api.requests()
+        api.log
+            .get()
             .into_iter()
             .filter(|r| r.contains(&format!("/namespaces/{ns}/secrets")))
             .collect::<Vec<_>>()
     };
     assert!(
-        secret_requests("served")
+        secret_requests(served)
             .iter()
             .any(|r| r.contains("watch=true")),
         "{:#?}",
-        api.requests()
+        api.log.get()
     );
-    assert_eq!(secret_requests("ignored"), Vec::<String>::new());
+    assert_eq!(secret_requests(ignored), Vec::<String>::new());
 
     // Labelling the namespace for this discovery service takes effect without touching the
     // config.
     let nss: Api<Namespace> = Api::all(client.clone());
-    let label = json!({"metadata": {"labels": {"marin3r.3scale.net/discovery-service": "ds"}}});
-    rt.block_on(nss.patch("ignored", &PatchParams::default(), &Patch::Merge(label)))
+    let label = json!({"metadata": {"labels": {DISCOVERY_SERVICE_LABEL: ds}}});
+    rt.block_on(nss.patch(ignored, &PatchParams::default(), &Patch::Merge(label)))
         .unwrap();
     wait_for(
         "the newly labelled namespace's config to be InSync",
         Duration::from_secs(20),
         || {
-            let ec = rt.block_on(ignored.get("cfg")).unwrap();
+            let ec = rt.block_on(ignored_configs.get("cfg")).unwrap();
             (ec.status.and_then(|s| s.cache_state) == Some(CacheState::InSync)).then_some(())
         },
     );
@@ -220,14 +247,15 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         "a Secret watch in the newly labelled namespace",
         Duration::from_secs(10),
         || {
-            secret_requests("ignored")
+            secret_requests(ignored)
                 .iter()
                 .any(|r| r.contains("watch=true"))
                 .then_some(())
         },
     );
     let cluster_wide: Vec<String> = api
-        .requests()
+        .log
+        .get()
         .into_iter()
         .filter(|r| r.contains(" /api/v1/secrets"))
         .collect();
@@ -410,6 +438,7 @@ async fn https_get(ca_pem: &str, (ip, port): (&str, u16), path: &str) -> Result<
 
 fn start_process(
     dir: &std::path::Path,
+    ds: &str,
     kubeconfig: &std::path::Path,
     certs: &std::path::Path,
     log: &str,
@@ -438,7 +467,7 @@ fn start_process(
         .args(["--shutdown-delay", &delay_seconds.to_string()])
         .args(["--shutdown-grace-period", &grace_seconds.to_string()])
         // No --bind-address: the default, both IP families.
-        .args(["--discovery-service-name", "ds"])
+        .args(["--discovery-service-name", ds])
         .env("KUBECONFIG", kubeconfig)
         .stdout(Stdio::null())
         .stderr(log)
@@ -455,19 +484,18 @@ fn readyz(ports: &Ports) -> String {
 fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     use k8s_openapi::api::core::v1::Secret;
     use marin3r_certs::{CertificateRequest, Usage};
-    use support::plane::{api_with_crds, https_spec, runtime, tls_secret};
+    use support::plane::{https_spec, runtime, tls_secret};
 
     let rt = runtime();
     let pki = Pki::new();
-    let (api, client) = rt.block_on(async {
-        let (api, client) = api_with_crds().await;
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "served",
-            "labels": {"marin3r.3scale.net/discovery-service": "ds"}}}))
-        .unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ds = unique("ds");
+    let (api, served) = rt.block_on(async {
+        let api = through_proxy(dir.path()).await;
+        let served = api
+            .space
+            .create("served", &[(DISCOVERY_SERVICE_LABEL, &ds)])
+            .await;
         let cert = pki
             .ca
             .issue(
@@ -475,15 +503,15 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
                     .with_hosts(["localhost"]),
             )
             .unwrap();
-        Api::<Secret>::namespaced(client.clone(), "served")
-            .create(&PostParams::default(), &tls_secret("web-cert", &cert))
+        Api::<Secret>::namespaced(api.client.clone(), &served)
+            .create(&Default::default(), &tls_secret("web-cert", &cert))
             .await
             .unwrap();
-        (api, client)
+        (api, served)
     });
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
+    let served = served.as_str();
+    let client = api.client.clone();
+    let kubeconfig = api.kubeconfig.clone();
     let certs = dir.path().join("server-cert");
     std::fs::create_dir(&certs).unwrap();
     std::fs::write(certs.join("tls.crt"), &pki.server.cert_pem).unwrap();
@@ -494,8 +522,14 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     // The first process publishes two configs, one of them with an SDS Secret.
     const DELAY: u64 = 3;
     const GRACE: u64 = 8;
-    let (mut first, ports) =
-        start_process(dir.path(), &kubeconfig, &certs, "first", (DELAY, GRACE));
+    let (mut first, ports) = start_process(
+        dir.path(),
+        &ds,
+        &kubeconfig,
+        &certs,
+        "first",
+        (DELAY, GRACE),
+    );
     wait_for("the first process ready", Duration::from_secs(20), || {
         (readyz(&ports) == "ready\n").then_some(())
     });
@@ -524,12 +558,12 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
             "xDS on {host}"
         );
     }
-    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), "served");
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), served);
     let apply = |name: &str, spec: serde_json::Value| {
         let body = json!({
             "apiVersion": "marin3r.3scale.net/v1alpha1",
             "kind": "EnvoyConfig",
-            "metadata": {"name": name, "namespace": "served"},
+            "metadata": {"name": name, "namespace": served},
             "spec": spec,
         });
         rt.block_on(configs.patch(name, &PatchParams::apply("test"), &Patch::Apply(body)))
@@ -554,7 +588,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     in_sync("tls", None);
     let proxy = Proxy::start_on(
         ports.xds,
-        &pki.client(Some("served")),
+        &pki.client(Some(served)),
         "sidecar",
         "sidecar-pod",
         AdsMode::Delta,
@@ -651,9 +685,10 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
     drop(proxy);
 
     // A new process with the revision's Secret slow to read: not ready until it is loaded.
-    let held = "/api/v1/namespaces/served/secrets/web-cert";
-    api.faults().hold(held);
-    let (_second, ports) = start_process(dir.path(), &kubeconfig, &certs, "second", (0, 1));
+    let held = format!("/api/v1/namespaces/{served}/secrets/web-cert");
+    let held = held.as_str();
+    api.proxy.faults().hold(held);
+    let (_second, ports) = start_process(dir.path(), &ds, &kubeconfig, &certs, "second", (0, 1));
     wait_for(
         "/readyz to wait for the revision controller only",
         Duration::from_secs(20),
@@ -666,7 +701,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
         "{}",
         log("second")
     );
-    api.faults().release(held);
+    api.proxy.faults().release(held);
     let released = Instant::now();
     while readyz(&ports) != "ready\n" {
         assert!(

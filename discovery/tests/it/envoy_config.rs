@@ -1,4 +1,4 @@
-//! The `EnvoyConfig` and `EnvoyConfigRevision` controllers against the local cluster's API
+//! The `EnvoyConfig` and `EnvoyConfigRevision` controllers against the real cluster's API
 //! server, feeding an in-process xDS server that real Envoy processes (product bootstrap,
 //! client certificates of their namespace) connect to: publishing, updates, re-applied
 //! specs, NACK-driven rollback, invalid specs, namespaces sharing a node id, the revision
@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::api::DeleteParams;
+use marin3r_api_faults::FaultScope;
 use marin3r_discovery::api::envoy_config::CacheState;
 use marin3r_discovery::api::envoy_config_revision::REVISION_TAINTED;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
-use marin3r_local_cluster::apiserver::FaultScope;
 use marin3r_testkit::xds::client::{ClientTls, SotwStream, connect_from};
 use marin3r_xds::resource::ResourceType;
 use support::free_port;
@@ -24,15 +24,16 @@ use support::plane::*;
 #[test]
 fn publishes_updates_republishes_and_rolls_back_on_nack() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
     let node = "gateway";
 
     // Apply: one revision, published, InSync; Envoy serves it.
-    plane.apply(NS, "gw", spec(node, port, "v1"));
-    let ec = plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    let ec = plane.wait_in_sync(ns, "gw");
     let v1 = ec.spec.version();
     assert_eq!(revision_versions(&ec), std::slice::from_ref(&v1));
-    let revisions = plane.list_revisions(NS);
+    let revisions = plane.list_revisions(ns);
     assert_eq!(revisions.len(), 1);
     let r1 = &revisions[0];
     assert_eq!(
@@ -44,29 +45,29 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     assert_eq!(labels["marin3r.3scale.net/config-version"], v1);
     assert!(r1.is_published());
     assert!(r1.status.as_ref().unwrap().last_published_at.is_some());
-    let proxy = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    let proxy = plane.proxy(ns, node, AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "v1");
 
     // Update: a second revision, published; Envoy follows.
-    plane.apply(NS, "gw", spec(node, port, "v2"));
-    let ec = plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v2"));
+    let ec = plane.wait_in_sync(ns, "gw");
     let v2 = ec.spec.version();
     assert_eq!(revision_versions(&ec), [v1.clone(), v2.clone()]);
     proxy.wait_for_body(port, "v2");
 
     // Re-applying the first spec republishes its revision; no third one.
-    plane.apply(NS, "gw", spec(node, port, "v1"));
-    let ec = plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    let ec = plane.wait_in_sync(ns, "gw");
     assert_eq!(revision_versions(&ec), [v2.clone(), v1.clone()]);
-    assert_eq!(plane.list_revisions(NS).len(), 2);
+    assert_eq!(plane.list_revisions(ns).len(), 2);
     proxy.wait_for_body(port, "v1");
 
     // An invalid spec never reaches Envoy and says why; what was published stays.
     let mut invalid = spec(node, port, "never");
     invalid["envoyResources"]["listeners"][0]["value"] =
         format!("{}no_such_field: 1\n", listener_yaml(port, "never", false)).into();
-    plane.apply(NS, "gw", invalid);
-    let ec = plane.wait_status(NS, "gw", "the InvalidSpec condition", |ec| {
+    plane.apply(ns, "gw", invalid);
+    let ec = plane.wait_status(ns, "gw", "the InvalidSpec condition", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
     });
     let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
@@ -78,12 +79,12 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     let status = ec.status.as_ref().unwrap();
     assert_eq!(status.published_version.as_deref(), Some(v1.as_str()));
     assert_eq!(status.desired_version, Some(ec.spec.version()));
-    assert_eq!(plane.list_revisions(NS).len(), 2);
+    assert_eq!(plane.list_revisions(ns).len(), 2);
     proxy.wait_for_body(port, "v1");
 
     // A config Envoy rejects: tainted with Envoy's message, rolled back, Envoy keeps v1.
-    plane.apply(NS, "gw", nacked_spec(node, port, "bad"));
-    let ec = plane.wait_status(NS, "gw", "the rollback", |ec| {
+    plane.apply(ns, "gw", nacked_spec(node, port, "bad"));
+    let ec = plane.wait_status(ns, "gw", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let bad = ec.spec.version();
@@ -101,7 +102,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         ("True", "Rollback")
     );
     let tainted = plane
-        .list_revisions(NS)
+        .list_revisions(ns)
         .into_iter()
         .find(|r| r.spec.version == bad)
         .unwrap();
@@ -120,7 +121,7 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
     // the one rolled back to has it.
     let in_sync = |version: &str| {
         let r = plane
-            .list_revisions(NS)
+            .list_revisions(ns)
             .into_iter()
             .find(|r| r.spec.version == version)?;
         r.status?
@@ -140,13 +141,10 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         1.0
     );
     // `kubectl describe` tells the user why.
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    plane.api.write_kubeconfig(&kubeconfig).unwrap();
-    let k = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let k = plane.kubectl();
     let described = plane
         .rt
-        .block_on(k.ok(&["describe", "ec", "gw", "-n", NS]))
+        .block_on(k.ok(&["describe", "ec", "gw", "-n", ns]))
         .unwrap();
     assert!(
         described.contains("Rollback") && described.contains("terminal filter"),
@@ -158,36 +156,37 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
             "wait",
             "ec/gw",
             "-n",
-            NS,
+            ns,
             &format!("--for=condition={condition}"),
             "--timeout=30s",
         ]))
     };
     wait("Ready=false").unwrap();
-    let rolled_back = plane.get(NS, "gw");
+    let rolled_back = plane.get(ns, "gw");
     let ready = condition(&rolled_back, "Ready").unwrap();
     assert_eq!(ready.reason, "Rollback", "{ready:?}");
 
     // A fixed spec is InSync again, and Ready.
-    plane.apply(NS, "gw", spec(node, port, "v3"));
+    plane.apply(ns, "gw", spec(node, port, "v3"));
     wait("Ready").unwrap();
-    plane.wait_in_sync(NS, "gw");
+    plane.wait_in_sync(ns, "gw");
     proxy.wait_for_body(port, "v3");
 }
 
 #[test]
 fn with_no_good_revision_the_rollback_fails_until_the_spec_is_fixed() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "edge", nacked_spec("edge", port, "bad"));
-    plane.wait_status(NS, "edge", "the bad revision published", |ec| {
+    plane.apply(ns, "edge", nacked_spec("edge", port, "bad"));
+    plane.wait_status(ns, "edge", "the bad revision published", |ec| {
         ec.status
             .as_ref()
             .and_then(|s| s.published_version.clone())
             .is_some()
     });
-    let proxy = plane.proxy(NS, "edge", AdsMode::Delta);
-    let ec = plane.wait_status(NS, "edge", "RollbackFailed", |ec| {
+    let proxy = plane.proxy(ns, "edge", AdsMode::Delta);
+    let ec = plane.wait_status(ns, "edge", "RollbackFailed", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::RollbackFailed)
     });
     let bad = ec.spec.version();
@@ -204,8 +203,8 @@ fn with_no_good_revision_the_rollback_fails_until_the_spec_is_fixed() {
             .contains("router")
     );
 
-    plane.apply(NS, "edge", spec("edge", port, "fixed"));
-    let ec = plane.wait_in_sync(NS, "edge");
+    plane.apply(ns, "edge", spec("edge", port, "fixed"));
+    let ec = plane.wait_in_sync(ns, "edge");
     assert_eq!(condition(&ec, "RollbackFailed").unwrap().status, "False");
     assert_eq!(condition(&ec, "CacheOutOfSync").unwrap().status, "False");
     assert!(ec.status.as_ref().unwrap().last_nack_message.is_none());
@@ -215,13 +214,14 @@ fn with_no_good_revision_the_rollback_fails_until_the_spec_is_fixed() {
 #[test]
 fn the_same_node_id_in_two_namespaces_gets_each_namespace_its_own_config() {
     let plane = Plane::start(&["ns-one", "ns-two"]);
+    let (ns_one, ns_two) = (plane.ns("ns-one"), plane.ns("ns-two"));
     let (p1, p2) = (free_port(), free_port());
-    plane.apply("ns-one", "cfg", spec("shared", p1, "one"));
-    plane.apply("ns-two", "cfg", spec("shared", p2, "two"));
-    plane.wait_in_sync("ns-one", "cfg");
-    plane.wait_in_sync("ns-two", "cfg");
-    let one = plane.proxy("ns-one", "shared", AdsMode::StateOfTheWorld);
-    let two = plane.proxy("ns-two", "shared", AdsMode::Delta);
+    plane.apply(ns_one, "cfg", spec("shared", p1, "one"));
+    plane.apply(ns_two, "cfg", spec("shared", p2, "two"));
+    plane.wait_in_sync(ns_one, "cfg");
+    plane.wait_in_sync(ns_two, "cfg");
+    let one = plane.proxy(ns_one, "shared", AdsMode::StateOfTheWorld);
+    let two = plane.proxy(ns_two, "shared", AdsMode::Delta);
     one.wait_for_body(p1, "one");
     two.wait_for_body(p2, "two");
     // Neither got the other's listener.
@@ -239,15 +239,16 @@ fn the_same_node_id_in_two_namespaces_gets_each_namespace_its_own_config() {
 #[test]
 fn a_second_config_for_the_same_node_is_refused_until_the_first_is_gone() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let (p1, p2) = (free_port(), free_port());
     let node = "twice";
-    plane.apply(NS, "first", spec(node, p1, "first"));
-    plane.wait_in_sync(NS, "first");
-    let proxy = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    plane.apply(ns, "first", spec(node, p1, "first"));
+    plane.wait_in_sync(ns, "first");
+    let proxy = plane.proxy(ns, node, AdsMode::StateOfTheWorld);
     proxy.wait_for_body(p1, "first");
 
-    plane.apply(NS, "second", spec(node, p2, "second"));
-    let refused = plane.wait_status(NS, "second", "the InvalidSpec condition", |ec| {
+    plane.apply(ns, "second", spec(node, p2, "second"));
+    let refused = plane.wait_status(ns, "second", "the InvalidSpec condition", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
     });
     let message = &condition(&refused, "CacheOutOfSync").unwrap().message;
@@ -256,7 +257,7 @@ fn a_second_config_for_the_same_node_is_refused_until_the_first_is_gone() {
         "{message}"
     );
     let owners: Vec<String> = plane
-        .list_revisions(NS)
+        .list_revisions(ns)
         .iter()
         .flat_map(|r| r.metadata.owner_references.iter().flatten())
         .map(|o| o.name.clone())
@@ -270,50 +271,51 @@ fn a_second_config_for_the_same_node_is_refused_until_the_first_is_gone() {
     // Deleting the first hands the node to the second.
     plane
         .rt
-        .block_on(plane.configs(NS).delete("first", &DeleteParams::default()))
+        .block_on(plane.configs(ns).delete("first", &DeleteParams::default()))
         .unwrap();
-    plane.wait_in_sync(NS, "second");
+    plane.wait_in_sync(ns, "second");
     proxy.wait_for_body(p2, "second");
 }
 
 #[test]
 fn eleven_updates_keep_ten_revisions_and_deleting_the_config_clears_the_cache() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
     let mut versions = Vec::new();
     for i in 0..11 {
-        plane.apply(NS, "many", spec("many", port, &format!("body {i}")));
+        plane.apply(ns, "many", spec("many", port, &format!("body {i}")));
         versions.push(
             plane
-                .wait_in_sync(NS, "many")
+                .wait_in_sync(ns, "many")
                 .spec
                 .envoy_resources
                 .version(),
         );
     }
-    let ec = plane.get(NS, "many");
+    let ec = plane.get(ns, "many");
     assert_eq!(revision_versions(&ec), versions[1..]);
     let revisions = wait("the oldest revision to go", Duration::from_secs(10), || {
-        let r = plane.list_revisions(NS);
+        let r = plane.list_revisions(ns);
         (r.len() == 10).then_some(r)
     });
     assert!(revisions.iter().all(|r| r.spec.version != versions[0]));
     assert_eq!(revisions.iter().filter(|r| r.is_published()).count(), 1);
-    assert!(plane.cache.snapshot(NS, "many").is_some());
+    assert!(plane.cache.snapshot(ns, "many").is_some());
 
     plane
         .rt
-        .block_on(plane.configs(NS).delete("many", &DeleteParams::default()))
+        .block_on(plane.configs(ns).delete("many", &DeleteParams::default()))
         .unwrap();
     wait(
         "the revisions to be deleted",
         Duration::from_secs(10),
-        || plane.list_revisions(NS).is_empty().then_some(()),
+        || plane.list_revisions(ns).is_empty().then_some(()),
     );
     wait(
         "the cache entry to be cleared",
         Duration::from_secs(10),
-        || plane.cache.snapshot(NS, "many").is_none().then_some(()),
+        || plane.cache.snapshot(ns, "many").is_none().then_some(()),
     );
 }
 
@@ -358,19 +360,20 @@ spec:
 #[test]
 fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
     let plane = Plane::start(&[NS]);
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    plane.api.write_kubeconfig(&kubeconfig).unwrap();
-    let k = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
-    // The checked-in CRDs apply over the ones the plane installed from the types.
+    let ns = plane.ns(NS);
+    let k = plane.kubectl();
+    // The checked-in CRDs apply (again: the plane applied them the same way).
     plane.apply_checked_in_crds(&k);
 
     // The original manifest applies unchanged; its Envoy v2 resources are refused in status.
     plane
         .rt
-        .block_on(k.ok_with(&["apply", "--server-side", "-f", "-"], SEED_EXAMPLE))
+        .block_on(k.ok_with(
+            &["apply", "--server-side", "-f", "-"],
+            &SEED_EXAMPLE.replace("namespace: team-a", &format!("namespace: {ns}")),
+        ))
         .unwrap();
-    let ec = plane.wait_status(NS, "test", "the v2 resources to be refused", |ec| {
+    let ec = plane.wait_status(ns, "test", "the v2 resources to be refused", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
     });
     let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
@@ -378,13 +381,13 @@ fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
         message.contains("spec.envoyResources.listeners[0].value"),
         "{message}"
     );
-    assert!(plane.list_revisions(NS).is_empty());
+    assert!(plane.list_revisions(ns).is_empty());
 
     let port = free_port();
-    plane.apply(NS, "good", spec("good", port, "ok"));
-    let ec = plane.wait_in_sync(NS, "good");
+    plane.apply(ns, "good", spec("good", port, "ok"));
+    let ec = plane.wait_in_sync(ns, "good");
     let version = ec.spec.version();
-    let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", NS])).unwrap();
+    let table = plane.rt.block_on(k.ok(&["get", "ec", "-n", ns])).unwrap();
     let header = table.lines().next().unwrap();
     for column in [
         "NODE ID",
@@ -397,7 +400,7 @@ fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
     }
     let row = table.lines().find(|l| l.starts_with("good ")).unwrap();
     assert!(row.contains(&version) && row.contains("InSync"), "{table}");
-    let table = plane.rt.block_on(k.ok(&["get", "ecr", "-n", NS])).unwrap();
+    let table = plane.rt.block_on(k.ok(&["get", "ecr", "-n", ns])).unwrap();
     let header = table.lines().next().unwrap();
     for column in [
         "NODE ID",
@@ -419,21 +422,22 @@ fn kubectl_applies_the_crds_and_original_manifests_and_prints_the_columns() {
 #[test]
 fn the_controllers_recover_from_dropped_watches_and_failed_requests() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "flaky", spec("flaky", port, "before"));
-    plane.wait_in_sync(NS, "flaky");
-    let proxy = plane.proxy(NS, "flaky", AdsMode::StateOfTheWorld);
+    plane.apply(ns, "flaky", spec("flaky", port, "before"));
+    plane.wait_in_sync(ns, "flaky");
+    let proxy = plane.proxy(ns, "flaky", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "before");
 
-    let faults = plane.api.faults();
+    let faults = plane.faults();
     faults.drop_watches();
     faults.fail_next(1, 410, FaultScope::Watch);
     faults.fail_next(3, 500, FaultScope::Any);
     faults.fail_next(2, 409, FaultScope::Any);
-    plane.apply(NS, "flaky", spec("flaky", port, "after"));
-    plane.wait_in_sync(NS, "flaky");
+    plane.apply(ns, "flaky", spec("flaky", port, "after"));
+    plane.wait_in_sync(ns, "flaky");
     proxy.wait_for_body(port, "after");
-    assert_eq!(plane.list_revisions(NS).len(), 2);
+    assert_eq!(plane.list_revisions(ns).len(), 2);
 }
 
 /// The soak's lost config (an Envoy back from revision 3 to 1): a publication is two
@@ -444,14 +448,15 @@ fn the_controllers_recover_from_dropped_watches_and_failed_requests() {
 #[test]
 fn a_failed_unpublication_never_serves_the_older_revision_again() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "pair", spec("pair", port, "old"));
-    let ec = plane.wait_in_sync(NS, "pair");
+    plane.apply(ns, "pair", spec("pair", port, "old"));
+    let ec = plane.wait_in_sync(ns, "pair");
     let old = format!("pair-{}", ec.spec.version());
     let listeners = || {
         plane
             .cache
-            .snapshot(NS, "pair")
+            .snapshot(ns, "pair")
             .map(|s| s.version(ResourceType::Listener).to_owned())
     };
     // InSync is written once the revision is published; the cache may take it a moment later.
@@ -461,12 +466,12 @@ fn a_failed_unpublication_never_serves_the_older_revision_again() {
         listeners,
     );
 
-    let faults = plane.api.faults();
+    let faults = plane.faults();
     let status = format!(
-        "/apis/marin3r.3scale.net/v1alpha1/namespaces/{NS}/envoyconfigrevisions/{old}/status"
+        "/apis/marin3r.3scale.net/v1alpha1/namespaces/{ns}/envoyconfigrevisions/{old}/status"
     );
     faults.deny(&status, 500);
-    plane.apply(NS, "pair", spec("pair", port, "new"));
+    plane.apply(ns, "pair", spec("pair", port, "new"));
     // Served versions in order, while every watch is relisted again and again.
     let mut seen = vec![old_listeners.clone()];
     let observe = |seen: &mut Vec<String>| {
@@ -486,7 +491,7 @@ fn a_failed_unpublication_never_serves_the_older_revision_again() {
         std::thread::sleep(Duration::from_millis(100));
     }
     faults.allow(&status);
-    plane.wait_in_sync(NS, "pair");
+    plane.wait_in_sync(ns, "pair");
     wait("the new revision served", Duration::from_secs(20), || {
         listeners().filter(|v| *v != old_listeners)
     });
@@ -504,25 +509,26 @@ fn a_failed_unpublication_never_serves_the_older_revision_again() {
 #[test]
 fn a_published_revision_deleted_by_hand_is_recreated_and_served_again() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "kept", spec("kept", port, "kept"));
-    let ec = plane.wait_in_sync(NS, "kept");
+    plane.apply(ns, "kept", spec("kept", port, "kept"));
+    let ec = plane.wait_in_sync(ns, "kept");
     let name = format!("kept-{}", ec.spec.version());
-    let proxy = plane.proxy(NS, "kept", AdsMode::StateOfTheWorld);
+    let proxy = plane.proxy(ns, "kept", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "kept");
-    let old_uid = plane.list_revisions(NS)[0].metadata.uid.clone();
+    let old_uid = plane.list_revisions(ns)[0].metadata.uid.clone();
 
     retry(|| {
         plane
             .rt
-            .block_on(plane.revisions(NS).delete(&name, &DeleteParams::default()))
+            .block_on(plane.revisions(ns).delete(&name, &DeleteParams::default()))
     });
     let revision = wait(
         "the revision to be recreated and published",
         Duration::from_secs(20),
         || {
             plane
-                .list_revisions(NS)
+                .list_revisions(ns)
                 .into_iter()
                 .find(|r| r.metadata.uid != old_uid && r.is_published())
         },
@@ -531,32 +537,68 @@ fn a_published_revision_deleted_by_hand_is_recreated_and_served_again() {
     wait(
         "the cache to serve it again",
         Duration::from_secs(20),
-        || plane.cache.snapshot(NS, "kept").map(|_| ()),
+        || plane.cache.snapshot(ns, "kept").map(|_| ()),
     );
     proxy.wait_for_body(port, "kept");
-    assert_eq!(revision_versions(&plane.get(NS, "kept")).len(), 1);
+    assert_eq!(revision_versions(&plane.get(ns, "kept")).len(), 1);
 }
 
-/// The local cluster does not prune unknown fields as a real API server does: an EnvoyConfig
-/// with one must still be read (the unknown field ignored), and must not stop the controller
-/// from serving the others.
+/// An EnvoyConfig written with fields the CRD does not declare (by a client of a newer CRD,
+/// with validation off) is stored without them, as the API server prunes them; the type
+/// reads such an object (the unknown fields ignored, as a controller of an older version
+/// must), and the controllers serve it beside the others.
 #[test]
 fn an_unknown_spec_field_does_not_stop_the_controllers() {
+    use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let mut odd = spec("odd", free_port(), "odd");
     odd["envoyResource"] = serde_json::json!({"typo": true});
     odd["envoyResources"]["listener"] = serde_json::json!([]);
-    plane.apply(NS, "odd", odd);
-    plane.apply(NS, "good", spec("good", free_port(), "good"));
-    plane.wait_in_sync(NS, "good");
-    plane.wait_in_sync(NS, "odd");
+    let object = serde_json::json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfig",
+        "metadata": {"name": "odd", "namespace": ns},
+        "spec": odd,
+    });
+    // The type reads it as it is, unknown fields and all.
+    let read: marin3r_discovery::api::EnvoyConfig = serde_json::from_value(object.clone()).unwrap();
+    assert_eq!(read.spec.node_id, "odd");
+    // Server-side apply refuses undeclared fields; a create (validation `Warn`, the API
+    // server's default) stores the object without them.
+    plane
+        .rt
+        .block_on(plane.configs(ns).patch(
+            "odd",
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&object),
+        ))
+        .unwrap_err();
+    let resource = ApiResource::erase::<marin3r_discovery::api::EnvoyConfig>(&());
+    let raw: Api<DynamicObject> = Api::namespaced_with(plane.client.clone(), ns, &resource);
+    plane
+        .rt
+        .block_on(raw.create(
+            &Default::default(),
+            &serde_json::from_value(object).unwrap(),
+        ))
+        .unwrap();
+    let stored = serde_json::to_value(plane.get(ns, "odd")).unwrap();
+    assert!(stored["spec"].get("envoyResource").is_none(), "{stored}");
+    assert!(
+        stored["spec"]["envoyResources"].get("listener").is_none(),
+        "{stored}"
+    );
+    plane.apply(ns, "good", spec("good", free_port(), "good"));
+    plane.wait_in_sync(ns, "good");
+    plane.wait_in_sync(ns, "odd");
 }
 
 /// A proxy of `node` that accepts whatever it is sent (an Envoy of another build that finds
 /// nothing wrong with the config): a simulated ADS client that ACKs every listener response.
 fn accepting_proxy(plane: &Plane, node: &str) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
     let acks = Arc::new(AtomicUsize::new(0));
-    let cert = plane.client_cert(NS);
+    let cert = plane.client_cert(plane.ns(NS));
     let tls = ClientTls {
         ca_pem: plane.pki.ca_pem().to_owned(),
         identity: Some((cert.cert_pem.clone(), cert.key_pem.clone())),
@@ -584,11 +626,12 @@ fn accepting_proxy(plane: &Plane, node: &str) -> (tokio::task::JoinHandle<()>, A
 #[test]
 fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_it() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
     let node = "fleet";
-    plane.apply(NS, "fleet", spec(node, port, "good"));
-    plane.wait_in_sync(NS, "fleet");
-    let envoy = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    plane.apply(ns, "fleet", spec(node, port, "good"));
+    plane.wait_in_sync(ns, "fleet");
+    let envoy = plane.proxy(ns, node, AdsMode::StateOfTheWorld);
     envoy.wait_for_body(port, "good");
     let (accepting, acks) = accepting_proxy(&plane, node);
     wait("the second proxy to ACK", Duration::from_secs(10), || {
@@ -597,15 +640,15 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
 
     // Envoy rejects the new version, the other proxy accepts it: 1 of 2 is below the
     // default threshold (every connected proxy), so nothing is tainted or rolled back.
-    plane.apply(NS, "fleet", nacked_spec(node, port, "bad"));
-    let bad = plane.get(NS, "fleet").spec.version();
+    plane.apply(ns, "fleet", nacked_spec(node, port, "bad"));
+    let bad = plane.get(ns, "fleet").spec.version();
     wait(
         "the NACK below the threshold",
         Duration::from_secs(20),
         || (plane.metric("marin3r_nacks_below_threshold_total") >= 1.0).then_some(()),
     );
     std::thread::sleep(Duration::from_millis(500));
-    let ec = plane.get(NS, "fleet");
+    let ec = plane.get(ns, "fleet");
     let status = ec.status.as_ref().unwrap();
     assert_eq!(status.published_version.as_deref(), Some(bad.as_str()));
     assert_eq!(status.cache_state, Some(CacheState::InSync));
@@ -618,12 +661,12 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
     accepting.abort();
     let second = crate::support::Proxy::start_on(
         plane.xds_port,
-        &plane.client_cert(NS),
+        &plane.client_cert(ns),
         node,
         "fleet-pod-2",
         AdsMode::StateOfTheWorld,
     );
-    let ec = plane.wait_status(NS, "fleet", "the rollback", |ec| {
+    let ec = plane.wait_status(ns, "fleet", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let message = ec
@@ -646,67 +689,18 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
 /// one revision); now the published revision stays the newest.
 #[test]
 fn a_stale_cached_envoyconfig_never_republishes_an_old_revision() {
-    use k8s_openapi::api::core::v1::ServiceAccount;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-    use kube::api::{Api, PostParams};
     use marin3r_discovery::controllers::{self, Readiness};
     use marin3r_xds::{Cache, Server};
 
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "gw", spec("gw", port, "one"));
-    plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec("gw", port, "one"));
+    plane.wait_in_sync(ns, "gw");
 
-    // The second process runs as its own service account (with every permission), so that
+    // The second process reaches the API server through an endpoint of its own, so that
     // only its requests can be held.
-    let sa = "stale-pod";
-    let create = |value: serde_json::Value| -> anyhow::Result<()> {
-        plane.rt.block_on(async {
-            let client = plane.client.clone();
-            match value["kind"].as_str() {
-                Some("ServiceAccount") => {
-                    Api::<ServiceAccount>::namespaced(client, NS)
-                        .create(&PostParams::default(), &serde_json::from_value(value)?)
-                        .await?;
-                }
-                Some("ClusterRole") => {
-                    Api::<ClusterRole>::all(client)
-                        .create(&PostParams::default(), &serde_json::from_value(value)?)
-                        .await?;
-                }
-                _ => {
-                    Api::<ClusterRoleBinding>::all(client)
-                        .create(&PostParams::default(), &serde_json::from_value(value)?)
-                        .await?;
-                }
-            }
-            Ok(())
-        })
-    };
-    create(serde_json::json!({"kind": "ServiceAccount", "metadata": {"name": sa}})).unwrap();
-    create(
-        serde_json::json!({"kind": "ClusterRole", "metadata": {"name": sa},
-        "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
-    )
-    .unwrap();
-    create(
-        serde_json::json!({"kind": "ClusterRoleBinding", "metadata": {"name": sa},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": sa},
-        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]}),
-    )
-    .unwrap();
-    let token = plane.api.service_account_token(NS, sa);
-    let kubeconfig = plane
-        .api
-        .kubeconfig()
-        .replace("token: local-cluster", &format!("token: {token}"));
-    let stale_client = plane.rt.block_on(async {
-        let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .unwrap();
-        kube::Client::try_from(config).unwrap()
-    });
+    let stale_client = plane.client_as("stale-pod", &plane.rt);
     let cache = Cache::new();
     let (_server, nacks) = Server::builder(cache.clone()).build();
     let readiness = Readiness::default();
@@ -714,7 +708,7 @@ fn a_stale_cached_envoyconfig_never_republishes_an_old_revision() {
     let second = plane.rt.spawn(controllers::run(
         stale_client,
         controllers::Config {
-            discovery_service: Some(support::plane::DISCOVERY_SERVICE.into()),
+            discovery_service: Some(plane.discovery_service.clone()),
             ..Default::default()
         },
         cache,
@@ -731,19 +725,19 @@ fn a_stale_cached_envoyconfig_never_republishes_an_old_revision() {
     // Its EnvoyConfig watch stalls (held, as its re-watch after the drop); everything else
     // of it and of the first process goes on.
     let watch_path = "/apis/marin3r.3scale.net/v1alpha1/envoyconfigs";
-    let faults = plane.api.faults();
-    faults.hold_for(watch_path, &format!("system:serviceaccount:{NS}:{sa}"));
+    let faults = plane.faults();
+    faults.hold_for(watch_path, "stale-pod");
     faults.drop_watches();
     std::thread::sleep(Duration::from_millis(500));
-    plane.apply(NS, "gw", spec("gw", port, "two"));
-    let newest = plane.wait_in_sync(NS, "gw").spec.envoy_resources.version();
+    plane.apply(ns, "gw", spec("gw", port, "two"));
+    let newest = plane.wait_in_sync(ns, "gw").spec.envoy_resources.version();
 
     // The revisions changed under the second process: it reconciles its stale spec. For
     // three seconds the newest stays the one published, and only it.
     let until = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < until {
         let published: Vec<String> = plane
-            .list_revisions(NS)
+            .list_revisions(ns)
             .into_iter()
             .filter(|r| r.is_published())
             .map(|r| r.spec.version)

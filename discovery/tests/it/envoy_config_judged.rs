@@ -1,4 +1,4 @@
-//! The EnvoyConfig controller with Envoy as the last judge, on the local cluster's API server
+//! The EnvoyConfig controller with Envoy as the last judge, on the real cluster's API server
 //! with a real Envoy proxy. The plane has no validating webhook, as a cluster where configs
 //! were created before the webhook was registered (or while it was removed): a new version
 //! Envoy refuses is `InvalidSpec` in Envoy's words, naming the resource, no revision is made
@@ -18,7 +18,7 @@ use support::plane::{NS, Plane, condition, nacked_spec, revision_versions, spec}
 const NOT_LOCAL: &str = "203.0.113.1";
 
 fn plane_judging_with(judge: EnvoyJudge) -> Plane {
-    Plane::start_with(&[NS], move |config, _, _| config.judge = Some(judge))
+    Plane::start_with(&[NS], move |config, _| config.judge = Some(judge))
 }
 
 fn invalid_spec(ec: &marin3r_discovery::api::EnvoyConfig) -> bool {
@@ -30,15 +30,16 @@ fn a_version_envoy_refuses_is_not_published_and_the_served_one_stays() {
     let envoy = marin3r_testkit::tools::envoy().unwrap();
     let plane =
         plane_judging_with(EnvoyJudge::new(envoy).with_launcher(env!("CARGO_BIN_EXE_marin3r")));
+    let ns = plane.ns(NS);
     let (node, port) = ("judged", free_port());
-    plane.apply(NS, "gw", spec(node, port, "v1"));
-    let v1 = plane.wait_in_sync(NS, "gw").spec.version();
-    let proxy = plane.proxy(NS, node, AdsMode::StateOfTheWorld);
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    let v1 = plane.wait_in_sync(ns, "gw").spec.version();
+    let proxy = plane.proxy(ns, node, AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "v1");
 
     // The router followed by another filter: our own checks pass it, Envoy refuses it.
-    plane.apply(NS, "gw", nacked_spec(node, port, "refused"));
-    let ec = plane.wait_status(NS, "gw", "the InvalidSpec condition", invalid_spec);
+    plane.apply(ns, "gw", nacked_spec(node, port, "refused"));
+    let ec = plane.wait_status(ns, "gw", "the InvalidSpec condition", invalid_spec);
     let refused = ec.spec.version();
     let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
     assert_eq!(
@@ -55,7 +56,7 @@ fn a_version_envoy_refuses_is_not_published_and_the_served_one_stays() {
     assert_eq!(status.published_version.as_deref(), Some(v1.as_str()));
     assert_eq!(status.cache_state, Some(CacheState::InSync));
     assert_eq!(revision_versions(&ec), std::slice::from_ref(&v1));
-    let revisions = plane.list_revisions(NS);
+    let revisions = plane.list_revisions(ns);
     assert_eq!(revisions.len(), 1, "no revision for the refused version");
     assert!(revisions[0].is_published());
     // The proxy never saw it.
@@ -71,8 +72,8 @@ fn a_version_envoy_refuses_is_not_published_and_the_served_one_stays() {
         .replace("address: 127.0.0.1,", &format!("address: {NOT_LOCAL},"));
     assert!(listener.contains(NOT_LOCAL));
     elsewhere["envoyResources"]["listeners"][0]["value"] = listener.into();
-    plane.apply(NS, "gw", elsewhere);
-    let ec = plane.wait_status(NS, "gw", "the rollback", |ec| {
+    plane.apply(ns, "gw", elsewhere);
+    let ec = plane.wait_status(ns, "gw", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let status = ec.status.as_ref().unwrap();
@@ -85,8 +86,8 @@ fn a_version_envoy_refuses_is_not_published_and_the_served_one_stays() {
     proxy.wait_for_body(port, "v1");
 
     // The fix is judged, published and served.
-    plane.apply(NS, "gw", spec(node, port, "v2"));
-    plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v2"));
+    plane.wait_in_sync(ns, "gw");
     proxy.wait_for_body(port, "v2");
 }
 
@@ -99,12 +100,13 @@ fn without_a_runnable_envoy_the_controller_publishes_on_its_own_checks() {
         EnvoyJudge::new(dir.path().join("no-envoy-here"))
             .with_launcher(env!("CARGO_BIN_EXE_marin3r")),
     );
+    let ns = plane.ns(NS);
     let (node, port) = ("unjudged", free_port());
-    plane.apply(NS, "gw", spec(node, port, "v1"));
-    let v1 = plane.wait_in_sync(NS, "gw").spec.version();
-    plane.apply(NS, "gw", nacked_spec(node, port, "bad"));
-    let ec = plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec(node, port, "v1"));
+    let v1 = plane.wait_in_sync(ns, "gw").spec.version();
+    plane.apply(ns, "gw", nacked_spec(node, port, "bad"));
+    let ec = plane.wait_in_sync(ns, "gw");
     assert_ne!(ec.spec.version(), v1);
     assert!(!invalid_spec(&ec));
-    assert_eq!(plane.list_revisions(NS).len(), 2);
+    assert_eq!(plane.list_revisions(ns).len(), 2);
 }

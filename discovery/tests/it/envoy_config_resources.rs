@@ -1,6 +1,6 @@
 //! `spec.resources`, the original MARIN3R's API since v0.12, through the path its users take:
-//! EnvoyConfigs in that form (`tests/testdata/resources`) applied with kubectl to the local cluster (which
-//! prunes what a CRD does not know, as a real API server does), served to a real Envoy with
+//! EnvoyConfigs in that form (`tests/testdata/resources`) applied with kubectl to the real
+//! cluster (which prunes what a CRD does not know), served to a real Envoy with
 //! the certificate from a TLS Secret, the OAuth2 secrets from an Opaque Secret and the
 //! endpoints from EndpointSlices that change while it runs. A manifest the old CRD would have
 //! emptied is refused, never published empty, and served once the CRD knows the field.
@@ -30,10 +30,8 @@ fn manifest(file: &str, port: u16) -> String {
         .replace("port_value: 8443", &format!("port_value: {port}"))
 }
 
-fn kubectl(plane: &Plane, dir: &tempfile::TempDir) -> Kubectl {
-    let kubeconfig = dir.path().join("kubeconfig");
-    plane.api.write_kubeconfig(&kubeconfig).unwrap();
-    Kubectl::new(&kubeconfig).unwrap()
+fn kubectl(plane: &Plane) -> Kubectl {
+    plane.kubectl()
 }
 
 fn server_cert(plane: &Plane) -> IssuedCertificate {
@@ -47,11 +45,19 @@ fn server_cert(plane: &Plane) -> IssuedCertificate {
         .unwrap()
 }
 
-/// An HTTP server on 127.0.0.1 that answers every request with `body` (the example's kuard).
+/// This machine's address towards the cluster: EndpointSlices may not point at loopback.
+fn node_address(plane: &Plane) -> std::net::IpAddr {
+    plane
+        .rt
+        .block_on(crate::support::cluster::local_address(&plane.cluster))
+}
+
+/// An HTTP server on [`node_address`] that answers every request with `body` (the example's
+/// kuard).
 fn backend(plane: &Plane, body: &'static str) -> u16 {
     let listener = plane
         .rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .block_on(tokio::net::TcpListener::bind((node_address(plane), 0)))
         .unwrap();
     let port = listener.local_addr().unwrap().port();
     plane.rt.spawn(async move {
@@ -122,15 +128,15 @@ fn wait_for_https_body(plane: &Plane, proxy: &support::Proxy, port: u16, want: &
     }
 }
 
-/// An EndpointSlice of the Service `kuard` with one ready endpoint at 127.0.0.1:`port`, as
+/// An EndpointSlice of the Service `kuard` with one ready endpoint at `address`:`port`, as
 /// the EndpointSlice controller writes it.
-fn kuard_slice(port: u16) -> EndpointSlice {
+fn kuard_slice(address: std::net::IpAddr, port: u16) -> EndpointSlice {
     serde_json::from_value(json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {"name": "kuard-x7k2p", "labels": {"kubernetes.io/service-name": "kuard"}},
         "addressType": "IPv4",
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+        "endpoints": [{"addresses": [address.to_string()], "conditions": {"ready": true}}],
         "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
     }))
     .unwrap()
@@ -139,11 +145,11 @@ fn kuard_slice(port: u16) -> EndpointSlice {
 #[test]
 fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
     let plane = Plane::start(&[NS]);
-    let dir = tempfile::tempdir().unwrap();
-    let k = kubectl(&plane, &dir);
+    let ns = plane.ns(NS);
+    let k = kubectl(&plane);
     plane.apply_checked_in_crds(&k);
     let cert = server_cert(&plane);
-    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
         .block_on(secrets.create(&PostParams::default(), &tls_secret("kuard", &cert)))
@@ -152,24 +158,27 @@ fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
         backend(&plane, "kuard blue"),
         backend(&plane, "kuard green"),
     );
-    let slices: Api<EndpointSlice> = Api::namespaced(plane.client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
-        .block_on(slices.create(&PostParams::default(), &kuard_slice(blue)))
+        .block_on(slices.create(
+            &PostParams::default(),
+            &kuard_slice(node_address(&plane), blue),
+        ))
         .unwrap();
 
     let port = free_port();
     plane
         .rt
         .block_on(k.ok_with(
-            &["apply", "--server-side", "-n", NS, "-f", "-"],
+            &["apply", "--server-side", "-n", ns, "-f", "-"],
             &manifest("tls-endpoints", port),
         ))
         .unwrap();
-    let ec = plane.wait_in_sync(NS, "kuard");
+    let ec = plane.wait_in_sync(ns, "kuard");
     // The API server kept every entry: nothing was pruned.
     assert_eq!(ec.spec.resources.len(), 5);
-    let proxy = plane.proxy(NS, "kuard", AdsMode::StateOfTheWorld);
+    let proxy = plane.proxy(ns, "kuard", AdsMode::StateOfTheWorld);
     wait_for_https_body(&plane, &proxy, port, "kuard blue");
     assert_eq!(
         served_certificate(&plane.rt, port, plane.pki.ca_pem()),
@@ -180,13 +189,13 @@ fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
         "the revision to report its versions",
         Duration::from_secs(10),
         || {
-            let provided = plane.list_revisions(NS).pop()?.status?.provides_versions?;
+            let provided = plane.list_revisions(ns).pop()?.status?.provides_versions?;
             provided.endpoints.is_some().then_some(provided)
         },
     );
 
     // The Service's pods move: the EndpointSlice changes, the EnvoyConfig does not.
-    let mut moved = kuard_slice(green);
+    let mut moved = kuard_slice(node_address(&plane), green);
     moved.metadata.resource_version = plane
         .rt
         .block_on(slices.get("kuard-x7k2p"))
@@ -200,16 +209,19 @@ fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
     wait_for_https_body(&plane, &proxy, port, "kuard green");
     let clusters = proxy.envoy.admin_get("/clusters").unwrap();
     assert!(
-        clusters.contains(&format!("kuard::127.0.0.1:{green}::health_flags::healthy")),
+        clusters.contains(&format!(
+            "kuard::{}:{green}::health_flags::healthy",
+            node_address(&plane)
+        )),
         "{clusters}"
     );
     assert!(
-        !clusters.contains(&format!("127.0.0.1:{blue}")),
+        !clusters.contains(&format!("{}:{blue}", node_address(&plane))),
         "{clusters}"
     );
-    let ec = plane.get(NS, "kuard");
+    let ec = plane.get(ns, "kuard");
     assert_eq!(
-        plane.list_revisions(NS).len(),
+        plane.list_revisions(ns).len(),
         1,
         "endpoints make no revision"
     );
@@ -224,7 +236,7 @@ fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
         "the revision to report the new endpoints' version",
         Duration::from_secs(10),
         || {
-            let r = plane.list_revisions(NS).pop()?;
+            let r = plane.list_revisions(ns).pop()?;
             let provided = r.status.as_ref()?.provides_versions.clone()?;
             (provided.endpoints != before.endpoints).then_some(r)
         },
@@ -262,10 +274,10 @@ fn a_tls_front_reaches_envoy_with_its_tls_secret_and_live_endpoint_slices() {
 #[test]
 fn the_oauth2_filter_gets_its_opaque_secrets_over_sds() {
     let plane = Plane::start(&[NS]);
-    let dir = tempfile::tempdir().unwrap();
-    let k = kubectl(&plane, &dir);
+    let ns = plane.ns(NS);
+    let k = kubectl(&plane);
     plane.apply_checked_in_crds(&k);
-    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
         .block_on(secrets.create(
@@ -282,26 +294,29 @@ fn the_oauth2_filter_gets_its_opaque_secrets_over_sds() {
             "generic",
             "oauth-secrets",
             "-n",
-            NS,
+            ns,
             "--from-literal=client_secret=the-client-secret",
             "--from-literal=hmac=the-hmac-key",
         ]))
         .unwrap();
-    let slices: Api<EndpointSlice> = Api::namespaced(plane.client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
-        .block_on(slices.create(&PostParams::default(), &kuard_slice(free_port())))
+        .block_on(slices.create(
+            &PostParams::default(),
+            &kuard_slice(node_address(&plane), free_port()),
+        ))
         .unwrap();
     let port = free_port();
     plane
         .rt
         .block_on(k.ok_with(
-            &["apply", "--server-side", "-n", NS, "-f", "-"],
+            &["apply", "--server-side", "-n", ns, "-f", "-"],
             &manifest("oauth2", port),
         ))
         .unwrap();
-    plane.wait_in_sync(NS, "kuard");
-    let proxy = plane.proxy(NS, "kuard", AdsMode::StateOfTheWorld);
+    plane.wait_in_sync(ns, "kuard");
+    let proxy = plane.proxy(ns, "kuard", AdsMode::StateOfTheWorld);
     let dump = wait(
         "Envoy to hold the listener and the three SDS secrets",
         Duration::from_secs(20),
@@ -330,11 +345,27 @@ fn the_oauth2_filter_gets_its_opaque_secrets_over_sds() {
     );
 }
 
+/// The checked-in CRDs applied again when the test ends, even when it fails.
+struct RestoreCrds<'a>(&'a Plane);
+
+impl Drop for RestoreCrds<'_> {
+    fn drop(&mut self) {
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+        let crds = crds.to_string_lossy();
+        let _ = self
+            .0
+            .rt
+            .block_on(self.0.kubectl().ok(&["apply", "-f", &crds]));
+    }
+}
+
 #[test]
 fn a_manifest_the_old_crd_would_empty_is_refused_then_served_once_the_crd_knows_it() {
-    let plane = Plane::start(&[NS]);
-    let dir = tempfile::tempdir().unwrap();
-    let k = kubectl(&plane, &dir);
+    // The CRD is the cluster's: nobody else may use it while it is the old one.
+    let plane = Plane::start_alone(&[NS]);
+    let ns = plane.ns(NS);
+    let k = kubectl(&plane);
+    let _restore = RestoreCrds(&plane);
     // The CRD as it was before `spec.resources`: the field is unknown, so it is pruned.
     let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
     let mut old: serde_json::Value = serde_saphyr::from_str(
@@ -347,19 +378,17 @@ fn a_manifest_the_old_crd_would_empty_is_refused_then_served_once_the_crd_knows_
         .as_object_mut()
         .unwrap()
         .remove("resources");
+    // Client-side, as the checked-in one was applied: the field goes.
     plane
         .rt
-        .block_on(k.ok_with(
-            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
-            &old.to_string(),
-        ))
+        .block_on(k.ok_with(&["apply", "-f", "-"], &old.to_string()))
         .unwrap();
 
     // What the node serves today.
     let port = free_port();
-    plane.apply(NS, "kuard", spec("kuard", port, "before"));
-    plane.wait_in_sync(NS, "kuard");
-    let proxy = plane.proxy(NS, "kuard", AdsMode::StateOfTheWorld);
+    plane.apply(ns, "kuard", spec("kuard", port, "before"));
+    plane.wait_in_sync(ns, "kuard");
+    let proxy = plane.proxy(ns, "kuard", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "before");
 
     // The HEAD-style manifest: `resources` is pruned, and with it `envoyResources` is gone.
@@ -381,20 +410,35 @@ fn a_manifest_the_old_crd_would_empty_is_refused_then_served_once_the_crd_knows_
                 "test",
                 validate,
                 "-n",
-                NS,
+                ns,
                 "-f",
                 "-",
             ],
             &manifest,
         ))
     };
-    // kubectl asks for strict field validation: the old CRD makes it fail loudly...
-    let err = apply("--validate=strict").unwrap_err().to_string();
+    let replace = |validate: &str| {
+        plane
+            .rt
+            .block_on(k.ok_with(&["replace", validate, "-n", ns, "-f", "-"], &manifest))
+    };
+    // Server-side apply refuses the undeclared field whatever the validation asked (the API
+    // server needs the schema to track who owns it), and kubectl asks for strict field
+    // validation of a whole object: the old CRD makes both fail loudly...
+    for validate in ["--validate=strict", "--validate=warn"] {
+        let err = apply(validate).unwrap_err().to_string();
+        assert!(
+            err.contains(".spec.resources: field not declared in schema"),
+            "{err}"
+        );
+    }
+    let err = replace("--validate=strict").unwrap_err().to_string();
     assert!(err.contains("unknown field \"spec.resources\""), "{err}");
-    // ...but a client that does not (an older kubectl, a GitOps tool, `--validate=warn`)
-    // gets the field silently pruned, which published an empty config before.
-    apply("--validate=warn").unwrap();
-    let ec = plane.wait_status(NS, "kuard", "the empty spec to be refused", |ec| {
+    // ...but a client that does not validate (an older kubectl, a GitOps tool,
+    // `--validate=warn`) and writes the whole object gets the field silently pruned, which
+    // published an empty config before.
+    replace("--validate=warn").unwrap();
+    let ec = plane.wait_status(ns, "kuard", "the empty spec to be refused", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "EmptyConfigRefused")
     });
     assert!(ec.spec.resources.is_empty() && ec.spec.envoy_resources.is_empty());
@@ -402,19 +446,19 @@ fn a_manifest_the_old_crd_would_empty_is_refused_then_served_once_the_crd_knows_
     assert!(message.contains("declares no resources"), "{message}");
     assert!(message.contains("CRDs are up to date"), "{message}");
     // Never published: Envoy still serves the last good config.
-    assert_eq!(plane.list_revisions(NS).len(), 1);
+    assert_eq!(plane.list_revisions(ns).len(), 1);
     std::thread::sleep(Duration::from_millis(500));
     proxy.wait_for_body(port, "before");
     let events = plane
         .rt
-        .block_on(k.ok(&["get", "events", "-n", NS, "-o", "yaml"]))
+        .block_on(k.ok(&["get", "events", "-n", ns, "-o", "yaml"]))
         .unwrap();
     assert!(events.contains("EmptyConfigRefused"), "{events}");
 
     // The CRD learns `spec.resources`; the same manifest is now kept and served.
     plane.apply_checked_in_crds(&k);
     apply("--validate=strict").unwrap();
-    let ec = plane.wait_in_sync(NS, "kuard");
+    let ec = plane.wait_in_sync(ns, "kuard");
     assert_eq!(ec.spec.resources.len(), 1);
     proxy.wait_for_body(port, "after");
 }
@@ -422,17 +466,18 @@ fn a_manifest_the_old_crd_would_empty_is_refused_then_served_once_the_crd_knows_
 #[test]
 fn both_fields_and_bad_entries_are_refused_with_their_paths_and_nothing_is_lost() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "edge", spec("edge", port, "good"));
-    plane.wait_in_sync(NS, "edge");
-    let proxy = plane.proxy(NS, "edge", AdsMode::StateOfTheWorld);
+    plane.apply(ns, "edge", spec("edge", port, "good"));
+    plane.wait_in_sync(ns, "edge");
+    let proxy = plane.proxy(ns, "edge", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "good");
 
     let mut both = spec("edge", port, "both");
     both["resources"] =
         json!([{"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}}]);
-    plane.apply(NS, "edge", both);
-    let ec = plane.wait_status(NS, "edge", "both fields to be refused", |ec| {
+    plane.apply(ns, "edge", both);
+    let ec = plane.wait_status(ns, "edge", "both fields to be refused", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| {
             c.reason == "InvalidSpec"
                 && c.message.contains("spec.envoyResources and spec.resources")
@@ -444,7 +489,7 @@ fn both_fields_and_bad_entries_are_refused_with_their_paths_and_nothing_is_lost(
     );
 
     plane.apply(
-        NS,
+        ns,
         "edge",
         json!({"nodeID": "edge", "resources": [
             {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
@@ -452,7 +497,7 @@ fn both_fields_and_bad_entries_are_refused_with_their_paths_and_nothing_is_lost(
             {"type": "listener", "value": {"name": "l", "adress": {}}},
         ]}),
     );
-    let ec = plane.wait_status(NS, "edge", "the bad entries to be refused", |ec| {
+    let ec = plane.wait_status(ns, "edge", "the bad entries to be refused", |ec| {
         condition(ec, "CacheOutOfSync")
             .is_some_and(|c| c.reason == "InvalidSpec" && c.message.contains("spec.resources[2]"))
     });
@@ -467,11 +512,11 @@ fn both_fields_and_bad_entries_are_refused_with_their_paths_and_nothing_is_lost(
         message.contains("spec.resources[2].value: unknown field \"adress\""),
         "{message}"
     );
-    assert_eq!(plane.list_revisions(NS).len(), 1);
+    assert_eq!(plane.list_revisions(ns).len(), 1);
     proxy.wait_for_body(port, "good");
 
     // A bad `type` never gets past the API server: the CRD's enum refuses it.
-    let api = plane.configs(NS);
+    let api = plane.configs(ns);
     let err = plane
         .rt
         .block_on(api.patch(
@@ -480,7 +525,7 @@ fn both_fields_and_bad_entries_are_refused_with_their_paths_and_nothing_is_lost(
             &Patch::Apply(json!({
                 "apiVersion": "marin3r.3scale.net/v1alpha1",
                 "kind": "EnvoyConfig",
-                "metadata": {"name": "edge", "namespace": NS},
+                "metadata": {"name": "edge", "namespace": ns},
                 "spec": {"nodeID": "edge", "resources": [{"type": "listner", "value": {}}]},
             })),
         ))

@@ -21,6 +21,7 @@ use support::plane::*;
 #[test]
 fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
     let plane = Plane::start(&[NS, "elsewhere"]);
+    let ns = plane.ns(NS);
     let port = free_port();
     let issue = |cn: &str| {
         plane
@@ -33,20 +34,20 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
             .unwrap()
     };
     let (first, second) = (issue("first"), issue("second"));
-    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
         .block_on(secrets.create(&PostParams::default(), &tls_secret("web-cert", &first)))
         .unwrap();
 
     plane.apply(
-        NS,
+        ns,
         "tls",
-        https_spec("tls", port, json!({"name": "web-cert", "namespace": NS})),
+        https_spec("tls", port, json!({"name": "web-cert", "namespace": ns})),
     );
-    let ec = plane.wait_in_sync(NS, "tls");
+    let ec = plane.wait_in_sync(ns, "tls");
     let version = ec.spec.version();
-    let _proxy = plane.proxy(NS, "tls", AdsMode::StateOfTheWorld);
+    let _proxy = plane.proxy(ns, "tls", AdsMode::StateOfTheWorld);
     let want = pem_der(&first.cert_pem);
     wait(
         "Envoy to serve the first certificate",
@@ -80,16 +81,16 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
                 .then_some(())
         },
     );
-    let ec = plane.get(NS, "tls");
+    let ec = plane.get(ns, "tls");
     assert_eq!(
         ec.status.as_ref().unwrap().published_version,
         Some(version.clone())
     );
-    assert_eq!(plane.list_revisions(NS).len(), 1);
+    assert_eq!(plane.list_revisions(ns).len(), 1);
 
     // The Secret watcher marked the revision out of sync (an Event says why it reloaded)...
     let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(plane.client.clone(), NS);
+        Api::namespaced(plane.client.clone(), ns);
     wait("the SecretChanged event", Duration::from_secs(10), || {
         let list = plane.rt.block_on(events.list(&Default::default())).unwrap();
         list.items
@@ -123,15 +124,15 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
 
     // A reference to another namespace's Secret is refused, naming the field.
     plane.apply(
-        NS,
+        ns,
         "tls",
         https_spec(
             "tls",
             port,
-            json!({"name": "web-cert", "namespace": "elsewhere"}),
+            json!({"name": "web-cert", "namespace": plane.ns("elsewhere")}),
         ),
     );
-    let ec = plane.wait_status(NS, "tls", "the cross-namespace refusal", |ec| {
+    let ec = plane.wait_status(ns, "tls", "the cross-namespace refusal", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
     });
     let message = &condition(&ec, "CacheOutOfSync").unwrap().message;
@@ -139,17 +140,17 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
         message.contains("spec.envoyResources.secrets[0].ref.namespace"),
         "{message}"
     );
-    assert_eq!(plane.list_revisions(NS).len(), 1);
+    assert_eq!(plane.list_revisions(ns).len(), 1);
 
     // All of that through Secret watches of the served namespaces only: the API server never
     // saw a cluster-wide Secret request (what the per-namespace Roles allow).
-    let requests = plane.api.requests();
+    let requests = plane.requests();
     let secrets: Vec<&String> = requests.iter().filter(|r| r.contains("secrets")).collect();
     assert!(
         secrets.iter().all(|r| r.contains("/namespaces/")),
         "a cluster-wide Secret request: {secrets:#?}"
     );
-    for ns in [NS, "elsewhere"] {
+    for ns in [ns, plane.ns("elsewhere")] {
         let watch = format!("GET /api/v1/namespaces/{ns}/secrets?");
         assert!(
             secrets
@@ -163,13 +164,14 @@ fn secrets_are_served_by_sds_and_a_changed_secret_reaches_envoy() {
 #[test]
 fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
     plane.apply(
-        NS,
+        ns,
         "late",
         https_spec("late", port, serde_json::Value::Null),
     );
-    let ec = plane.wait_in_sync(NS, "late");
+    let ec = plane.wait_in_sync(ns, "late");
     let version = ec.spec.version();
     let name = format!("late-{version}");
     let out_of_sync = |reason: &str| {
@@ -178,7 +180,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
             &format!("ResourcesOutOfSync {reason}"),
             Duration::from_secs(20),
             || {
-                let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+                let r = plane.rt.block_on(plane.revisions(ns).get(&name)).unwrap();
                 r.status?
                     .conditions
                     .into_iter()
@@ -189,15 +191,13 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     let c = out_of_sync("LoadFailed");
     assert_eq!(c.status, "True");
     assert!(
-        c.message.contains("Secret team-a/my-certificate not found"),
+        c.message
+            .contains(&format!("Secret {ns}/my-certificate not found")),
         "{}",
         c.message
     );
     // Tooling written for the original's HEAD waits on `ResourcesInSync` instead.
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    plane.api.write_kubeconfig(&kubeconfig).unwrap();
-    let k = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let k = plane.kubectl();
     let kubectl_wait = |condition: &str| {
         let ecr = format!("ecr/{name}");
         let condition = format!("--for=condition={condition}");
@@ -205,16 +205,16 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
             "wait",
             ecr.as_str(),
             "-n",
-            NS,
+            ns,
             condition.as_str(),
             "--timeout=20s",
         ];
         plane.rt.block_on(k.ok(&args)).unwrap();
     };
     kubectl_wait("ResourcesInSync=false");
-    assert!(plane.cache.snapshot(NS, "late").is_none());
+    assert!(plane.cache.snapshot(ns, "late").is_none());
     // The EnvoyConfig says so too: its published version is not what the proxies get.
-    let ec = plane.wait_status(NS, "late", "CacheOutOfSync ResourcesOutOfSync", |ec| {
+    let ec = plane.wait_status(ns, "late", "CacheOutOfSync ResourcesOutOfSync", |ec| {
         condition(ec, "CacheOutOfSync")
             .is_some_and(|c| c.status == "True" && c.reason == "ResourcesOutOfSync")
     });
@@ -222,7 +222,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     assert!(message.contains("my-certificate not found"), "{message}");
 
     // An Opaque Secret is not a certificate.
-    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), ns);
     let mut opaque = tls_secret("my-certificate", &plane.pki.server);
     opaque.type_ = Some("Opaque".into());
     plane
@@ -230,7 +230,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         .block_on(secrets.create(&PostParams::default(), &opaque))
         .unwrap();
     wait("the type to be refused", Duration::from_secs(20), || {
-        let r = plane.rt.block_on(plane.revisions(NS).get(&name)).unwrap();
+        let r = plane.rt.block_on(plane.revisions(ns).get(&name)).unwrap();
         r.status?.conditions.into_iter().find(|c| {
             c.type_ == "ResourcesOutOfSync" && c.message.contains("not kubernetes.io/tls")
         })
@@ -256,8 +256,8 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
         "{}",
         c.message
     );
-    assert!(plane.cache.snapshot(NS, "late").is_some());
-    plane.wait_status(NS, "late", "CacheOutOfSync InSync", |ec| {
+    assert!(plane.cache.snapshot(ns, "late").is_some());
+    plane.wait_status(ns, "late", "CacheOutOfSync InSync", |ec| {
         condition(ec, "CacheOutOfSync").is_some_and(|c| c.status == "False" && c.reason == "InSync")
     });
 }
@@ -265,31 +265,32 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
 #[test]
 fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let (port, tls_port) = (free_port(), free_port());
-    plane.apply(NS, "keep", spec("keep", port, "good"));
-    plane.wait_in_sync(NS, "keep");
+    plane.apply(ns, "keep", spec("keep", port, "good"));
+    plane.wait_in_sync(ns, "keep");
     let good = wait("the good config loaded", Duration::from_secs(20), || {
-        plane.cache.snapshot(NS, "keep")
+        plane.cache.snapshot(ns, "keep")
     });
 
     // The update is valid but names a Secret that does not exist: it is published (nothing
     // rejected it) and cannot load.
     plane.apply(
-        NS,
+        ns,
         "keep",
         https_spec("keep", tls_port, json!({"name": "no-such-cert"})),
     );
-    let ec = plane.wait_status(NS, "keep", "CacheOutOfSync ResourcesOutOfSync", |ec| {
+    let ec = plane.wait_status(ns, "keep", "CacheOutOfSync ResourcesOutOfSync", |ec| {
         condition(ec, "CacheOutOfSync")
             .is_some_and(|c| c.status == "True" && c.reason == "ResourcesOutOfSync")
     });
-    assert_eq!(plane.list_revisions(NS).len(), 2, "{:?}", ec.status);
+    assert_eq!(plane.list_revisions(ns).len(), 2, "{:?}", ec.status);
     // Give the unpublished revision's reconcile every chance to clear the node.
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(plane.cache.snapshot(NS, "keep"), Some(good.clone()));
+    assert_eq!(plane.cache.snapshot(ns, "keep"), Some(good.clone()));
 
     // A proxy that starts now (a new pod of the node) gets the last good config.
-    let proxy = plane.proxy(NS, "keep", AdsMode::StateOfTheWorld);
+    let proxy = plane.proxy(ns, "keep", AdsMode::StateOfTheWorld);
     proxy.wait_for_body(port, "good");
 
     // So does one on a discovery process that starts now (a restart, a new replica), which
@@ -297,7 +298,7 @@ fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
     let replica = plane.replica("restarted", |_| {});
     let late = plane.proxy_on(
         replica.xds_port,
-        NS,
+        ns,
         "keep",
         "late-pod",
         AdsMode::StateOfTheWorld,
@@ -316,17 +317,17 @@ fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
     plane
         .rt
         .block_on(
-            Api::<Secret>::namespaced(plane.client.clone(), NS)
+            Api::<Secret>::namespaced(plane.client.clone(), ns)
                 .create(&PostParams::default(), &tls_secret("no-such-cert", &cert)),
         )
         .unwrap();
-    plane.wait_in_sync(NS, "keep");
+    plane.wait_in_sync(ns, "keep");
     wait(
         "the published revision on both",
         Duration::from_secs(30),
         || {
-            let now = plane.cache.snapshot(NS, "keep");
-            (now != Some(good.clone()) && replica.cache.snapshot(NS, "keep") == now).then_some(())
+            let now = plane.cache.snapshot(ns, "keep");
+            (now != Some(good.clone()) && replica.cache.snapshot(ns, "keep") == now).then_some(())
         },
     );
 }
@@ -337,15 +338,16 @@ fn an_update_that_cannot_load_keeps_the_last_good_config_for_new_proxies() {
 #[test]
 fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let paths = [
-        format!("/api/v1/namespaces/{NS}/secrets"),
-        format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"),
+        format!("/api/v1/namespaces/{ns}/secrets"),
+        format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"),
     ];
-    let faults = plane.api.faults();
+    let faults = plane.faults();
     for path in &paths {
         faults.deny(path, 403);
     }
-    let from = plane.api.requests().len();
+    let from = plane.requests().len();
     faults.drop_watches();
     std::thread::sleep(Duration::from_secs(4));
     let to = |path: &str, requests: &[String]| -> Vec<String> {
@@ -355,7 +357,7 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
             .cloned()
             .collect()
     };
-    let requests = plane.api.requests().split_off(from);
+    let requests = plane.requests().split_off(from);
     for path in &paths {
         let tried = to(path, &requests);
         // Backoff from 0.8 s doubling: 3 or 4 tries in 4 s; in a loop, thousands.
@@ -366,12 +368,12 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
             &tried[..tried.len().min(8)]
         );
     }
-    let allowed = plane.api.requests().len();
+    let allowed = plane.requests().len();
     for path in &paths {
         faults.allow(path);
     }
     wait("both watches to be back", Duration::from_secs(60), || {
-        let requests = plane.api.requests().split_off(allowed);
+        let requests = plane.requests().split_off(allowed);
         paths
             .iter()
             .all(|path| to(path, &requests).iter().any(|r| r.contains("watch=true")))
@@ -387,6 +389,7 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
 #[test]
 fn a_retired_revision_reloaded_after_its_successor_gives_the_node_back() {
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let (port, node) = (free_port(), "raced");
     let issue = |cn: &str| {
         let request = CertificateRequest::new(cn, Usage::Server, Duration::from_secs(86_400));
@@ -396,7 +399,7 @@ fn a_retired_revision_reloaded_after_its_successor_gives_the_node_back() {
             .issue(&request.with_hosts(["localhost"]))
             .unwrap()
     };
-    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
         .block_on(secrets.create(&PostParams::default(), &tls_secret("a-cert", &issue("a"))))
@@ -411,10 +414,10 @@ fn a_retired_revision_reloaded_after_its_successor_gives_the_node_back() {
         });
         let r = serde_json::from_value(json!({
             "apiVersion": "marin3r.3scale.net/v1alpha1", "kind": "EnvoyConfigRevision",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec,
         }))
         .unwrap();
-        let api = plane.revisions(NS);
+        let api = plane.revisions(ns);
         plane
             .rt
             .block_on(api.create(&PostParams::default(), &r))
@@ -422,7 +425,7 @@ fn a_retired_revision_reloaded_after_its_successor_gives_the_node_back() {
     };
     let publish = |name: &str, published: bool, at: &str| {
         let status = json!({"status": {"published": published, "lastPublishedAt": at}});
-        let (api, patch) = (plane.revisions(NS), Patch::Merge(status));
+        let (api, patch) = (plane.revisions(ns), Patch::Merge(status));
         retry(|| {
             plane
                 .rt
@@ -430,7 +433,7 @@ fn a_retired_revision_reloaded_after_its_successor_gives_the_node_back() {
         });
     };
     let listeners = || {
-        let snapshot = plane.cache.snapshot(NS, node)?;
+        let snapshot = plane.cache.snapshot(ns, node)?;
         Some(snapshot.version(ResourceType::Listener).to_owned())
     };
     let serves = |what: &str, version: &str| {

@@ -1,8 +1,9 @@
 //! The container image: one name (`marin3r_discovery::IMAGE`) that the operator defaults to,
 //! `manifests/` deploy (through kustomize, as `kubectl apply -k` renders them), `hack/image`
-//! builds and the docs name; the Dockerfile's user is the non-root one the local cluster
-//! knows; and `hack/image --docker` says so and exits 2 where no container tool can build
-//! (`image_archive.rs`: the archives `hack/image` writes without one).
+//! builds and the docs name; the Dockerfile's user is the non-root one
+//! (`marin3r_discovery::IMAGE_USER`); and `hack/image --docker` says so and exits 2 where no
+//! container tool can build (`image_archive.rs`: the archives `hack/image` writes without
+//! one).
 
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};

@@ -181,9 +181,10 @@ fn marin3r_validate_runs_no_tenant_code_and_leaks_nothing() {
 fn the_controller_runs_no_tenant_code_and_leaks_nothing() {
     let bait = Bait::new();
     let judge = judge();
-    let plane = Plane::start_with(&[NS], move |config, _, _| config.judge = Some(judge));
-    plane.apply(NS, "evil", bait.spec("evil-node"));
-    let ec = plane.wait_in_sync(NS, "evil");
+    let plane = Plane::start_with(&[NS], move |config, _| config.judge = Some(judge));
+    let ns = plane.ns(NS);
+    plane.apply(ns, "evil", bait.spec("evil-node"));
+    let ec = plane.wait_in_sync(ns, "evil");
     let status = serde_json::to_string(&ec.status).unwrap();
     assert!(
         condition(&ec, "CacheOutOfSync").is_none_or(|c| c.status == "False"),
@@ -191,7 +192,7 @@ fn the_controller_runs_no_tenant_code_and_leaks_nothing() {
     );
     bait.assert_untouched(&status);
     let events: kube::Api<k8s_openapi::api::core::v1::Event> =
-        kube::Api::namespaced(plane.client.clone(), NS);
+        kube::Api::namespaced(plane.client.clone(), ns);
     let events = plane.rt.block_on(events.list(&Default::default())).unwrap();
     bait.assert_untouched(&serde_json::to_string(&events.items).unwrap());
 }

@@ -1,12 +1,13 @@
 //! `kubectl explain` (the real kubectl 1.37) prints the descriptions written on the Rust
-//! types, for every CRD and every object field, read from the local cluster's OpenAPI v3
-//! documents as it reads them from kube-apiserver. A description that disappears from a type,
-//! from the generated CRD or from what the API server serves fails here.
+//! types, for every CRD and every object field, read from the real cluster's OpenAPI v3
+//! documents, with the checked-in CRDs (`manifests/crds/`) applied. A description that
+//! disappears from a type, from the generated CRD or from what the API server serves fails
+//! here.
 
 use marin3r_discovery::api::crds;
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
-use marin3r_testkit::kubectl::Kubectl;
 use serde_json::Value;
+
+use crate::support::cluster::{Namespaces, cluster};
 
 /// Whitespace-insensitive: kubectl wraps long lines.
 fn words(text: &str) -> String {
@@ -32,12 +33,11 @@ fn objects<'a>(path: &str, schema: &'a Value, out: &mut Vec<(String, &'a Value)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_explain_prints_every_description_of_every_crd() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    server.install_crds(crds::all()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = Kubectl::new(&kubeconfig).unwrap();
+    let cluster = cluster();
+    let client = cluster.client().await.unwrap();
+    // The cluster held, with the CRDs applied.
+    let space = Namespaces::new(&cluster, &client).await;
+    let kubectl = space.kubectl();
 
     // The two the documentation points at, by short name and by kind.
     let out = kubectl

@@ -1,30 +1,31 @@
-//! Leader election under faults, against the local cluster's API server: a hung API server
-//! (Lease requests held) makes the leader step down before anyone may take over, and a
-//! killed leader is replaced within a lease duration and a retry. "At no instant two leaders
-//! act" is checked on the API writes the leaders make: ordered by the server's
-//! resourceVersion, each leader's writes form one block, and a block never resumes.
+//! Leader election under faults, against the real cluster's API server through a fault
+//! proxy: a hung API server (Lease requests held) makes the leader step down before anyone
+//! may take over, and a killed leader is replaced within a lease duration and a retry. "At no
+//! instant two leaders act" is checked on the API writes the leaders make: ordered by the
+//! server's resourceVersion, each leader's writes form one block, and a block never resumes.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use marin3r_api_faults::FaultProxy;
 use marin3r_controller::leader::{self, LeaderError, LeaseConfig};
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
 use serde_json::json;
+
+use crate::support::cluster::{Namespaces, cluster};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-const NS: &str = "leader-test";
 const LEASE: &str = "marin3r-operator";
 
 /// Every write a leader made: (server resourceVersion, who, when the answer came back).
 type Writes = Arc<Mutex<Vec<(u64, String, Instant)>>>;
 
-fn config(identity: &str) -> LeaseConfig {
-    let mut config = LeaseConfig::new(NS, LEASE, identity);
+fn config(ns: &str, identity: &str) -> LeaseConfig {
+    let mut config = LeaseConfig::new(ns, LEASE, identity);
     config.lease_duration = Duration::from_secs(2);
     config.renew_deadline = Duration::from_millis(1200);
     config.retry_period = Duration::from_millis(200);
@@ -34,13 +35,14 @@ fn config(identity: &str) -> LeaseConfig {
 /// A candidate whose work, while it leads, writes its name to a ConfigMap every 50 ms.
 fn candidate(
     client: &Client,
+    ns: &str,
     identity: &str,
     writes: &Writes,
 ) -> (CancellationToken, JoinHandle<Result<(), LeaderError>>) {
     let stop = CancellationToken::new();
     let work = {
         let (api, writes, me) = (
-            Api::<ConfigMap>::namespaced(client.clone(), NS),
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
             writes.clone(),
             identity.to_owned(),
         );
@@ -63,7 +65,7 @@ fn candidate(
     };
     let task = tokio::spawn(leader::run_as_leader(
         client.clone(),
-        config(identity),
+        config(ns, identity),
         stop.clone(),
         work,
     ));
@@ -102,18 +104,20 @@ async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_api_server_and_a_killed_leader_never_give_two_leaders() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client = server.kube_client().await.unwrap();
-    let namespace = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
+    let cluster = cluster();
+    let admin = cluster.client().await.unwrap();
+    let space = Namespaces::new(&cluster, &admin).await;
+    let ns = space.create("leader", &[]).await;
+    let ns = ns.as_str();
+    // The candidates reach the API server through the proxy, which the test makes hang.
+    let proxy = FaultProxy::start(cluster.config().await.unwrap())
         .await
+        .unwrap();
+    let client = proxy
+        .endpoint("candidates")
+        .await
+        .unwrap()
+        .client()
         .unwrap();
     let writes_cm = ConfigMap {
         metadata: kube::api::ObjectMeta {
@@ -122,25 +126,25 @@ async fn a_hung_api_server_and_a_killed_leader_never_give_two_leaders() {
         },
         ..Default::default()
     };
-    Api::<ConfigMap>::namespaced(client.clone(), NS)
+    Api::<ConfigMap>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &writes_cm)
         .await
         .unwrap();
 
     let writes: Writes = Arc::default();
-    let (_stop_a, task_a) = candidate(&client, "a", &writes);
+    let (_stop_a, task_a) = candidate(&client, ns, "a", &writes);
     wait_until("a to lead", Duration::from_secs(10), || {
         first_write_of(&writes, "a").is_some()
     })
     .await;
-    let (_stop_b, task_b) = candidate(&client, "b", &writes);
+    let (_stop_b, task_b) = candidate(&client, ns, "b", &writes);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(leaders_in_order(&writes), ["a"], "b waits while a renews");
 
     // The API server hangs on Leases: a cannot renew, so it must stop acting within its
     // renew deadline, and b, which cannot read the Lease either, must not act meanwhile.
     let hung_at = Instant::now();
-    server
+    proxy
         .faults()
         .delay_requests("leases", Some(Duration::from_secs(3)));
     let stepped_down = tokio::time::timeout(Duration::from_secs(5), task_a)
@@ -157,7 +161,7 @@ async fn a_hung_api_server_and_a_killed_leader_never_give_two_leaders() {
         "a acted {stepped_down_after:?} after its last renewal was sent"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    server.faults().delay_requests("leases", None);
+    proxy.faults().delay_requests("leases", None);
     let healed_at = Instant::now();
     wait_until("b to take over", Duration::from_secs(10), || {
         first_write_of(&writes, "b").is_some()
@@ -176,7 +180,7 @@ async fn a_hung_api_server_and_a_killed_leader_never_give_two_leaders() {
     // unchanged for a lease duration.
     task_b.abort();
     let killed_at = Instant::now();
-    let (_stop_c, _task_c) = candidate(&client, "c", &writes);
+    let (_stop_c, _task_c) = candidate(&client, ns, "c", &writes);
     wait_until("c to take over", Duration::from_secs(10), || {
         first_write_of(&writes, "c").is_some()
     })

@@ -1,5 +1,6 @@
 //! The discovery crate's integration tests in one binary: the CLI, the controllers on the
-//! local cluster's API server, the discovery service, the sidecar's bootstrap against real Envoy.
+//! real cluster's API server (`hack/cluster`, or `MARIN3R_E2E_KUBECONFIG`), the discovery
+//! service, the sidecar's bootstrap against real Envoy.
 
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
 

@@ -1,5 +1,5 @@
 //! The conventions every `marin3r` process's `/metrics` keeps, checked on real processes
-//! against the local cluster's API server: `marin3r_build_info{version,component} 1`, the
+//! against the real cluster's API server: `marin3r_build_info{version,component} 1`, the
 //! leader gauge (1 on the replica holding the Lease, 0 on the others, and it moves when the
 //! leader leaves), and label values in lowercase.
 
@@ -7,17 +7,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
-use kube::api::PostParams;
-use marin3r_local_cluster::apiserver::ApiServer;
 use marin3r_testkit::envoy::get_body;
-use serde_json::json;
 
-use crate::support::plane::{api_with_crds, runtime};
+use crate::support::cluster::{Namespaces, cluster};
+use crate::support::plane::runtime;
 use crate::support::{Pki, free_port, metric_value};
-
-const OPS: &str = "marin3r-system";
 
 /// A `marin3r` process, killed on drop unless stopped.
 struct Process(Child);
@@ -85,13 +79,17 @@ fn build_info(component: &str) -> String {
     )
 }
 
-fn operator(kubeconfig: &Path, name: &str, port: u16, log: &Path) -> Process {
+/// An operator replica whose own namespace (its Lease's) is `ns`; it trusts
+/// `marin3r-system` as the in-cluster one does, so that what it reconciles while it leads is
+/// what that one would.
+fn operator(kubeconfig: &Path, ns: &str, name: &str, port: u16, log: &Path) -> Process {
     let log = std::fs::File::create(log).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_marin3r"))
-        .args(["operator", "--trusted-namespace", OPS])
+        .args(["operator", "--trusted-namespace", "marin3r-system"])
+        .args(["--trusted-namespace", ns])
         .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
         .env("KUBECONFIG", kubeconfig)
-        .env("POD_NAMESPACE", OPS)
+        .env("POD_NAMESPACE", ns)
         .env("POD_NAME", name)
         .stdout(Stdio::null())
         .stderr(log)
@@ -100,23 +98,18 @@ fn operator(kubeconfig: &Path, name: &str, port: u16, log: &Path) -> Process {
     Process(child)
 }
 
-async fn cluster() -> (ApiServer, kube::Client) {
-    let (api, client) = api_with_crds().await;
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": OPS}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
-    (api, client)
-}
-
 #[test]
 fn operator_replicas_report_their_build_and_which_one_leads() {
     let rt = runtime();
-    let (api, _client) = rt.block_on(cluster());
+    let cluster = cluster();
+    // The replicas reconcile every DiscoveryService of the cluster: the in-cluster operator
+    // must not reconcile them at the same time.
+    let stopped = cluster.operator_stopped().unwrap();
+    let client = rt.block_on(cluster.client()).unwrap();
+    let space = rt.block_on(Namespaces::holding(&cluster, &client, None));
+    let ns = rt.block_on(space.create("metrics-operator", &[]));
+    let kubeconfig = cluster.kubeconfig();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
     let (port_a, port_b) = (free_port(), free_port());
     let (log_a, log_b) = (dir.path().join("a.log"), dir.path().join("b.log"));
     let url_a = format!("http://127.0.0.1:{port_a}/metrics");
@@ -124,7 +117,7 @@ fn operator_replicas_report_their_build_and_which_one_leads() {
     let leads = r#"marin3r_leader{lease="marin3r-operator"} 1"#;
     let follows = r#"marin3r_leader{lease="marin3r-operator"} 0"#;
 
-    let mut a = operator(&kubeconfig, "operator-a", port_a, &log_a);
+    let mut a = operator(kubeconfig, &ns, "operator-a", port_a, &log_a);
     let text = wait_for_sample(&url_a, leads, &log_a);
     assert!(text.contains(&build_info("operator")), "{text}");
     assert_eq!(
@@ -134,7 +127,7 @@ fn operator_replicas_report_their_build_and_which_one_leads() {
     );
 
     // The second replica serves metrics too, as a follower.
-    let _b = operator(&kubeconfig, "operator-b", port_b, &log_b);
+    let mut b = operator(kubeconfig, &ns, "operator-b", port_b, &log_b);
     let text = wait_for_sample(&url_b, follows, &log_b);
     assert!(text.contains(&build_info("operator")), "{text}");
     let text = get_body(&url_a).unwrap();
@@ -143,15 +136,21 @@ fn operator_replicas_report_their_build_and_which_one_leads() {
     // The leader leaves (it releases the Lease): the follower takes over and says so.
     a.terminate();
     wait_for_sample(&url_b, leads, &log_b);
+    b.terminate();
+    drop(space);
+    drop(stopped);
 }
 
 #[test]
 fn the_discovery_service_reports_its_build_its_leadership_and_lowercase_labels() {
     let rt = runtime();
-    let (api, _client) = rt.block_on(cluster());
+    let cluster = cluster();
+    let client = rt.block_on(cluster.client()).unwrap();
+    let space = rt.block_on(Namespaces::new(&cluster, &client));
+    let ns = rt.block_on(space.create("metrics-discovery", &[]));
+    let ds = crate::support::cluster::unique("ds");
+    let kubeconfig = cluster.kubeconfig();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
     let pki = Pki::new();
     let certs = dir.path().join("server-cert");
     std::fs::create_dir(&certs).unwrap();
@@ -170,13 +169,13 @@ fn the_discovery_service_reports_its_build_its_leadership_and_lowercase_labels()
         .args(["--admin-address", &format!("127.0.0.1:{}", free_port())])
         .args([
             "--discovery-service-name",
-            "ds",
+            &ds,
             "--bind-address",
             "127.0.0.1",
         ])
         .args(["--shutdown-delay", "0", "--shutdown-grace-period", "1"])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("POD_NAMESPACE", OPS)
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAMESPACE", &ns)
         .env("POD_NAME", "discovery-a")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
@@ -186,7 +185,7 @@ fn the_discovery_service_reports_its_build_its_leadership_and_lowercase_labels()
     let url = format!("http://127.0.0.1:{metrics}/metrics");
     let text = wait_for_sample(
         &url,
-        r#"marin3r_leader{lease="marin3r-discovery-ds"} 1"#,
+        &format!(r#"marin3r_leader{{lease="marin3r-discovery-{ds}"}} 1"#),
         &log,
     );
     assert!(text.contains(&build_info("discovery_service")), "{text}");

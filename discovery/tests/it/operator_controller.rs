@@ -1,5 +1,6 @@
-//! The DiscoveryService and certificate controllers, in-process, against the local cluster's
-//! API server (no pods): every child appears in shape, namespaces join and leave, a renewed
+//! The DiscoveryService and certificate controllers, in-process, against the real cluster's
+//! API server, with the in-cluster operator stopped meanwhile (two operators on one object
+//! prove nothing): every child appears in shape, the discovery pods run and turn ready, namespaces join and leave, a renewed
 //! server certificate changes the pod template, deletion removes everything (cluster-scoped
 //! objects and other namespaces included), and two operator replicas never both lead.
 
@@ -23,26 +24,44 @@ use marin3r_discovery::api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
 };
 use marin3r_discovery::operator;
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
+use marin3r_testkit::cluster::OperatorStopped;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-const OPS: &str = "marin3r-system";
+use crate::support::cluster::{Namespaces, cluster};
 
 /// Polls `f` until it returns `Some`, failing with `what` after 30 s.
 async fn wait_for<T, Fut: Future<Output = Option<T>>>(what: &str, f: impl FnMut() -> Fut) -> T {
     marin3r_testkit::wait::until(what, Duration::from_secs(30), f).await
 }
 
+/// The controllers on the real cluster, in namespaces of their own: `ops` (the trusted one,
+/// as `marin3r-system` is) and `a`, `b`, `c` (a team's each).
 struct Operator {
-    _server: ApiServer,
     client: Client,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    ops: String,
+    a: String,
+    b: String,
+    c: String,
+    space: Namespaces,
+    _stopped: OperatorStopped,
 }
 
 impl Drop for Operator {
+    /// Deletes the DiscoveryServices left in its namespaces while the controllers still run
+    /// (their finalizer removes what they made across the cluster), then stops them.
     fn drop(&mut self) {
+        if let Ok(kubectl) = marin3r_testkit::tools::kubectl() {
+            for ns in [&self.ops, &self.a, &self.b, &self.c] {
+                let _ = std::process::Command::new(&kubectl)
+                    .args(["delete", "discoveryservices", "--all", "-n", ns])
+                    .args(["--ignore-not-found", "--timeout=60s"])
+                    .env("KUBECONFIG", self.space.kubeconfig())
+                    .output();
+            }
+        }
         self.stop.cancel();
         for t in &self.tasks {
             t.abort();
@@ -50,23 +69,54 @@ impl Drop for Operator {
     }
 }
 
-async fn start() -> Operator {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client = server.kube_client().await.unwrap();
-    server
-        .install_crds(marin3r_discovery::api::crds::all())
-        .await
-        .unwrap();
-    for ns in [OPS, "team-a", "team-b", "team-c"] {
-        create_namespace(&client, ns).await;
+impl Operator {
+    fn names(&self) -> (&str, &str, &str, &str) {
+        (&self.ops, &self.a, &self.b, &self.c)
     }
+}
+
+/// The image the discovery pods run, this build's, loaded into the cluster once per
+/// process (`MARIN3R_BIN` names the binary, as for the end-to-end scenarios).
+static IMAGES: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+async fn start() -> Operator {
+    let cluster = cluster();
+    let stopped = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || cluster.operator_stopped()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    IMAGES
+        .get_or_init(|| async {
+            let cluster = cluster.clone();
+            tokio::task::spawn_blocking(move || {
+                marin3r_e2e::real::load_images(&cluster, &["marin3r", "envoy"])
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        })
+        .await;
+    let client = cluster.client().await.unwrap();
+    let space = Namespaces::holding(&cluster, &client, None).await;
+    let ops = space.create("ops", &[]).await;
+    let a = space.create("ta", &[]).await;
+    let b = space.create("tb", &[]).await;
+    let c = space.create("tc", &[]).await;
     let stop = CancellationToken::new();
-    let tasks = controllers(&client, &[OPS], &stop);
+    let tasks = controllers(&client, &[&ops], &stop);
     Operator {
-        _server: server,
         client,
         stop,
         tasks,
+        ops,
+        a,
+        b,
+        c,
+        space,
+        _stopped: stopped,
     }
 }
 
@@ -89,21 +139,13 @@ fn controllers(
     let dss = tokio::spawn(operator::run(
         client.clone(),
         operator::Config {
-            default_image: "marin3r:test".into(),
+            default_image: marin3r_discovery::IMAGE.into(),
             trusted_namespaces: trusted,
             ..Default::default()
         },
         stop.clone().cancelled_owned(),
     ));
     vec![certs, dss]
-}
-
-async fn create_namespace(client: &Client, name: &str) {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
 }
 
 async fn label_namespace(client: &Client, name: &str, value: Option<&str>) {
@@ -136,40 +178,38 @@ async fn namespace_labels(client: &Client, name: &str) -> (Option<String>, Optio
     )
 }
 
-/// Plays the Deployment controller: the current template rolled out with one ready pod.
-async fn mark_rolled_out(client: &Client, name: &str) {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), OPS);
-    let d = api.get(name).await.unwrap();
-    let status = json!({"status": {
-        "observedGeneration": d.metadata.generation,
-        "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
-    }});
-    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
+/// Waits (up to two minutes) until the DiscoveryService says Ready, its discovery pod
+/// running and ready.
+async fn wait_ready(dss: &Api<DiscoveryService>, name: &str) -> DiscoveryService {
+    marin3r_testkit::wait::until("Ready", Duration::from_secs(120), || async {
+        let ds = dss.get(name).await.unwrap();
+        (ready_condition(&ds)? == ("True".into(), "Ready".into())).then_some(ds)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     let op = start().await;
     let client = op.client.clone();
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
+    let (ops, team_a, team_b, team_c) = op.names();
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), ops);
     let ds: DiscoveryService = serde_json::from_value(json!({
         "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
         "kind": "DiscoveryService",
-        "metadata": {"name": "instance", "namespace": OPS},
+        "metadata": {"name": "instance", "namespace": ops},
         "spec": {
-            "enabledNamespaces": ["team-a"],
+            "enabledNamespaces": [team_a],
             "debug": true,
             "podPriorityClass": "system-cluster-critical",
         },
     }))
     .unwrap();
     dss.create(&PostParams::default(), &ds).await.unwrap();
-    label_namespace(&client, "team-b", Some("instance")).await;
+    label_namespace(&client, team_b, Some("instance")).await;
 
     // Certificates: the CA, the server certificate, one client certificate per namespace.
-    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), OPS);
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), ops);
     let server_hash = wait_for("the server certificate", || async {
         let dsc = dscs
             .get_opt("marin3r-server-cert-instance")
@@ -178,7 +218,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         dsc.status?.certificate_hash
     })
     .await;
-    for ns in ["team-a", "team-b"] {
+    for ns in [team_a, team_b] {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
         let secret = wait_for("a client certificate Secret", || async {
             secrets.get_opt("envoy-sidecar-client-cert").await.unwrap()
@@ -192,7 +232,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
             cms.get_opt("envoy-sidecar-bootstrap").await.unwrap()
         })
         .await;
-        assert!(cm.data.unwrap()["config.json"].contains("marin3r-instance.marin3r-system.svc"));
+        assert!(cm.data.unwrap()["config.json"].contains(&format!("marin3r-instance.{ops}.svc")));
         let labels = wait_for("the namespace labels", || async {
             let l = namespace_labels(&client, ns).await;
             (l.0.is_some()).then_some(l)
@@ -201,7 +241,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         assert_eq!(labels, (Some("enabled".into()), Some("instance".into())));
     }
     assert!(
-        Api::<ConfigMap>::namespaced(client.clone(), "team-c")
+        Api::<ConfigMap>::namespaced(client.clone(), team_c)
             .get_opt("envoy-sidecar-bootstrap")
             .await
             .unwrap()
@@ -210,7 +250,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     );
 
     // The discovery pod's objects.
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), OPS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ops);
     let deployment = wait_for("the Deployment", || async {
         deployments.get_opt("marin3r-instance").await.unwrap()
     })
@@ -229,24 +269,24 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     let template_labels = deployment.spec.template.metadata.unwrap().labels.unwrap();
     assert_eq!(template_labels[SERVER_CERT_HASH_LABEL], server_hash);
     assert!(
-        Api::<ServiceAccount>::namespaced(client.clone(), OPS)
+        Api::<ServiceAccount>::namespaced(client.clone(), ops)
             .get_opt("marin3r-instance")
             .await
             .unwrap()
             .is_some()
     );
-    let svc = Api::<Service>::namespaced(client.clone(), OPS)
+    let svc = Api::<Service>::namespaced(client.clone(), ops)
         .get("marin3r-instance")
         .await
         .unwrap();
     assert_eq!(svc.owner_references()[0].name, "instance");
     let pdb =
-        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), OPS)
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), ops)
             .get("marin3r-instance")
             .await
             .unwrap();
     assert_eq!(pdb.owner_references()[0].name, "instance");
-    let cluster_name = "marin3r-marin3r-system-instance";
+    let cluster_name = &format!("marin3r-{ops}-instance");
     Api::<ClusterRole>::all(client.clone())
         .get(cluster_name)
         .await
@@ -260,7 +300,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         webhooks.get_opt(cluster_name).await.unwrap()
     })
     .await;
-    let ca = Api::<Secret>::namespaced(client.clone(), OPS)
+    let ca = Api::<Secret>::namespaced(client.clone(), ops)
         .get("marin3r-ca-cert-instance")
         .await
         .unwrap();
@@ -296,20 +336,15 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     })
     .await;
     assert_eq!(reason.0, "False");
-    mark_rolled_out(&client, "marin3r-instance").await;
-    let ds = wait_for("Ready", || async {
-        let ds = dss.get("instance").await.unwrap();
-        (ready_condition(&ds)? == ("True".into(), "Ready".into())).then_some(ds)
-    })
-    .await;
+    let ds = wait_ready(&dss, "instance").await;
     let status = ds.status.unwrap();
-    assert_eq!(status.enabled_namespaces, ["team-a", "team-b"]);
+    assert_eq!(status.enabled_namespaces, [team_a, team_b]);
     // The original's status fields: the Deployment's name and its own status.
     assert_eq!(status.deployment_name.as_deref(), Some("marin3r-instance"));
     let deployment_status = status.deployment_status.unwrap();
     assert_eq!(deployment_status.ready_replicas, Some(1));
     // What happened is told in Events on the DiscoveryService.
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), OPS);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ops);
     let reasons = wait_for("the Events", || async {
         let reasons: BTreeSet<String> = events
             .list(&Default::default())
@@ -349,8 +384,8 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     .await;
 
     // The user unlabels team-b: its certificate, Secret, bootstrap and labels go.
-    label_namespace(&client, "team-b", None).await;
-    let b_secrets: Api<Secret> = Api::namespaced(client.clone(), "team-b");
+    label_namespace(&client, team_b, None).await;
+    let b_secrets: Api<Secret> = Api::namespaced(client.clone(), team_b);
     wait_for("team-b's Secret to go", || async {
         b_secrets
             .get_opt("envoy-sidecar-client-cert")
@@ -360,7 +395,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
             .then_some(())
     })
     .await;
-    let b_cms: Api<ConfigMap> = Api::namespaced(client.clone(), "team-b");
+    let b_cms: Api<ConfigMap> = Api::namespaced(client.clone(), team_b);
     wait_for("team-b's bootstrap to go", || async {
         b_cms
             .get_opt("envoy-sidecar-bootstrap")
@@ -371,7 +406,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     })
     .await;
     wait_for("team-b's status label to go", || async {
-        (namespace_labels(&client, "team-b").await == (None, None)).then_some(())
+        (namespace_labels(&client, team_b).await == (None, None)).then_some(())
     })
     .await;
 
@@ -384,19 +419,19 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     .await
     .unwrap();
     wait_for("team-a's labels to go", || async {
-        (namespace_labels(&client, "team-a").await == (None, None)).then_some(())
+        (namespace_labels(&client, team_a).await == (None, None)).then_some(())
     })
     .await;
     // ...and the discovery pod's Secret access there.
-    let secret_access = |ns: &'static str| {
-        let client = client.clone();
+    let secret_access = |ns: &str| {
+        let (client, ns) = (client.clone(), ns.to_owned());
         async move {
-            let role = Api::<Role>::namespaced(client.clone(), ns)
+            let role = Api::<Role>::namespaced(client.clone(), &ns)
                 .get_opt(cluster_name)
                 .await
                 .unwrap()
                 .is_some();
-            let binding = Api::<RoleBinding>::namespaced(client.clone(), ns)
+            let binding = Api::<RoleBinding>::namespaced(client.clone(), &ns)
                 .get_opt(cluster_name)
                 .await
                 .unwrap()
@@ -405,18 +440,18 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
         }
     };
     wait_for("team-a's Role and RoleBinding to go", || async {
-        (secret_access("team-a").await == (false, false)).then_some(())
+        (secret_access(team_a).await == (false, false)).then_some(())
     })
     .await;
     // And back, to have something to clean up.
     dss.patch(
         "instance",
         &PatchParams::default(),
-        &Patch::Merge(&json!({"spec": {"enabledNamespaces": ["team-a"]}})),
+        &Patch::Merge(&json!({"spec": {"enabledNamespaces": [team_a]}})),
     )
     .await
     .unwrap();
-    let a_secrets: Api<Secret> = Api::namespaced(client.clone(), "team-a");
+    let a_secrets: Api<Secret> = Api::namespaced(client.clone(), team_a);
     wait_for("team-a's Secret again", || async {
         a_secrets
             .get_opt("envoy-sidecar-client-cert")
@@ -425,7 +460,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
     })
     .await;
     wait_for("team-a's Role and RoleBinding again", || async {
-        (secret_access("team-a").await == (true, true)).then_some(())
+        (secret_access(team_a).await == (true, true)).then_some(())
     })
     .await;
 
@@ -459,7 +494,7 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
                 .await
                 .unwrap()
                 .is_none()
-            && Api::<ConfigMap>::namespaced(client.clone(), "team-a")
+            && Api::<ConfigMap>::namespaced(client.clone(), team_a)
                 .get_opt("envoy-sidecar-bootstrap")
                 .await
                 .unwrap()
@@ -475,8 +510,8 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
                 .unwrap()
                 .items
                 .is_empty()
-            && namespace_labels(&client, "team-a").await == (None, None)
-            && secret_access("team-a").await == (false, false);
+            && namespace_labels(&client, team_a).await == (None, None)
+            && secret_access(team_a).await == (false, false);
         gone.then_some(())
     })
     .await;
@@ -487,28 +522,32 @@ async fn a_discovery_service_gets_every_child_and_loses_them_on_deletion() {
 async fn an_invalid_or_overreaching_discovery_service_says_why() {
     let op = start().await;
     let client = op.client.clone();
+    let (ops, team_a, _, team_c) = op.names();
+    let refusal = format!(
+        "spec.enabledNamespaces[0]: \"{team_a}\" is another namespace; a DiscoveryService outside the operator's trusted namespaces ({ops}) serves only its own namespace {team_c}"
+    );
     let long = "x".repeat(64);
     for (ns, name, spec, reason, needle) in [
         (
-            OPS,
+            ops,
             "bad",
             json!({"xdsServerPort": 8383}),
             "InvalidSpec",
             "must differ",
         ),
         (
-            OPS,
+            ops,
             long.as_str(),
             json!({}),
             "InvalidSpec",
             "longer than 63 characters",
         ),
         (
-            "team-c",
+            team_c,
             "bad",
-            json!({"enabledNamespaces": ["team-a"]}),
+            json!({"enabledNamespaces": [team_a]}),
             "ForbiddenNamespace",
-            "spec.enabledNamespaces[0]: \"team-a\" is another namespace; a DiscoveryService outside the operator's trusted namespaces (marin3r-system) serves only its own namespace team-c",
+            refusal.as_str(),
         ),
     ] {
         let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), ns);
@@ -533,6 +572,13 @@ async fn an_invalid_or_overreaching_discovery_service_says_why() {
                 .unwrap()
                 .is_none()
         );
+        // Refused, it is still deleted: its finalizer goes (a name longer than a label value
+        // is not one the cleanup can select children by, and it has none).
+        dss.delete(name, &DeleteParams::default()).await.unwrap();
+        wait_for("the refused DiscoveryService to be deleted", || async {
+            dss.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
     }
 }
 
@@ -540,43 +586,28 @@ async fn an_invalid_or_overreaching_discovery_service_says_why() {
 async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_namespace() {
     let op = start().await;
     let client = op.client.clone();
-    const NS: &str = "team-c";
+    let (_, team_a, team_b, team_c) = op.names();
+    let ns = team_c;
     // team-a is labelled with the same name: it is not this discovery service's to serve.
-    label_namespace(&client, "team-a", Some("local")).await;
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), NS);
+    label_namespace(&client, team_a, Some("local")).await;
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), ns);
     let ds: DiscoveryService = serde_json::from_value(json!({
-        "metadata": {"name": "local", "namespace": NS},
-        "spec": {"enabledNamespaces": [NS]},
+        "metadata": {"name": "local", "namespace": ns},
+        "spec": {"enabledNamespaces": [ns]},
     }))
     .unwrap();
     dss.create(&PostParams::default(), &ds).await.unwrap();
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     wait_for("the discovery Deployment", || async {
         deployments.get_opt("marin3r-local").await.unwrap()
     })
     .await;
+    let ds = wait_ready(&dss, "local").await;
     let d = deployments.get("marin3r-local").await.unwrap();
-    let status = json!({"status": {
-        "observedGeneration": d.metadata.generation,
-        "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
-    }});
-    deployments
-        .patch_status(
-            "marin3r-local",
-            &PatchParams::default(),
-            &Patch::Merge(&status),
-        )
-        .await
-        .unwrap();
-    let ds = wait_for("Ready", || async {
-        let ds = dss.get("local").await.unwrap();
-        (ready_condition(&ds) == Some(("True".into(), "Ready".into()))).then_some(ds)
-    })
-    .await;
-    assert_eq!(ds.status.unwrap().enabled_namespaces, [NS]);
+    assert_eq!(ds.status.unwrap().enabled_namespaces, [ns]);
 
     // Its certificates, bootstrap and Secret live in its namespace.
-    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), NS);
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), ns);
     let names: BTreeSet<String> = dscs
         .list(&Default::default())
         .await
@@ -588,18 +619,17 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
     assert_eq!(
         names,
         [
-            "marin3r-ca-cert-local",
-            "marin3r-client-local-team-c",
-            "marin3r-server-cert-local",
+            "marin3r-ca-cert-local".to_owned(),
+            format!("marin3r-client-local-{ns}"),
+            "marin3r-server-cert-local".to_owned(),
         ]
-        .map(String::from)
         .into()
     );
     for dsc in dscs.list(&Default::default()).await.unwrap() {
-        assert_eq!(dsc.spec.secret_ref.namespace.as_deref(), Some(NS));
+        assert_eq!(dsc.spec.secret_ref.namespace.as_deref(), Some(ns));
     }
     assert!(
-        Api::<ConfigMap>::namespaced(client.clone(), NS)
+        Api::<ConfigMap>::namespaced(client.clone(), ns)
             .get_opt("envoy-sidecar-bootstrap")
             .await
             .unwrap()
@@ -607,15 +637,15 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
     );
     // Nothing in team-a, and no Namespace labelled.
     assert!(
-        Api::<ConfigMap>::namespaced(client.clone(), "team-a")
+        Api::<ConfigMap>::namespaced(client.clone(), team_a)
             .get_opt("envoy-sidecar-bootstrap")
             .await
             .unwrap()
             .is_none()
     );
-    assert_eq!(namespace_labels(&client, NS).await, (None, None));
+    assert_eq!(namespace_labels(&client, ns).await, (None, None));
     assert_eq!(
-        namespace_labels(&client, "team-a").await,
+        namespace_labels(&client, team_a).await,
         (None, Some("local".into()))
     );
 
@@ -625,11 +655,11 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
         .clone()
         .unwrap();
     assert!(
-        args.contains(&format!("--watch-namespace={NS}")),
+        args.contains(&format!("--watch-namespace={ns}")),
         "{args:?}"
     );
-    let role = Api::<Role>::namespaced(client.clone(), NS)
-        .get("marin3r-team-c-local")
+    let role = Api::<Role>::namespaced(client.clone(), ns)
+        .get(&format!("marin3r-{ns}-local"))
         .await
         .unwrap();
     assert!(role.rules.unwrap().iter().any(|r| {
@@ -638,22 +668,22 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
             .is_some_and(|x| x.contains(&"envoyconfigrevisions".to_owned()))
     }));
     assert!(
-        Api::<RoleBinding>::namespaced(client.clone(), NS)
-            .get_opt("marin3r-team-c-local")
+        Api::<RoleBinding>::namespaced(client.clone(), ns)
+            .get_opt(&format!("marin3r-{ns}-local"))
             .await
             .unwrap()
             .is_some()
     );
     assert!(
         Api::<ClusterRole>::all(client.clone())
-            .get_opt("marin3r-team-c-local")
+            .get_opt(&format!("marin3r-{ns}-local"))
             .await
             .unwrap()
             .is_none()
     );
     assert!(
         Api::<ClusterRoleBinding>::all(client.clone())
-            .get_opt("marin3r-team-c-local")
+            .get_opt(&format!("marin3r-{ns}-local"))
             .await
             .unwrap()
             .is_none()
@@ -661,26 +691,32 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
 
     // Its webhook sends only its namespace's pods to it.
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let hook = webhooks.get("marin3r-ns.team-c.local").await.unwrap();
+    let hook = webhooks
+        .get(&format!("marin3r-ns.{ns}.local"))
+        .await
+        .unwrap();
     let w = &hook.webhooks.unwrap()[0];
     assert_eq!(
         w.namespace_selector.as_ref().unwrap().match_labels,
-        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+        Some([("kubernetes.io/metadata.name".to_owned(), ns.to_owned())].into())
     );
-    assert_eq!(w.client_config.service.as_ref().unwrap().namespace, NS);
+    assert_eq!(w.client_config.service.as_ref().unwrap().namespace, ns);
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let hook = validating.get("marin3r-ns.team-c.local").await.unwrap();
+    let hook = validating
+        .get(&format!("marin3r-ns.{ns}.local"))
+        .await
+        .unwrap();
     assert_eq!(
         hook.webhooks.unwrap()[0]
             .namespace_selector
             .as_ref()
             .unwrap()
             .match_labels,
-        Some([("kubernetes.io/metadata.name".to_owned(), NS.to_owned())].into())
+        Some([("kubernetes.io/metadata.name".to_owned(), ns.to_owned())].into())
     );
 
     // Listing another namespace later is refused, and nothing reaches it.
-    let patch = json!({"spec": {"enabledNamespaces": [NS, "team-b"]}});
+    let patch = json!({"spec": {"enabledNamespaces": [ns, team_b]}});
     dss.patch("local", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
@@ -690,15 +726,15 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
     })
     .await;
     assert!(
-        Api::<ConfigMap>::namespaced(client.clone(), "team-b")
+        Api::<ConfigMap>::namespaced(client.clone(), team_b)
             .get_opt("envoy-sidecar-bootstrap")
             .await
             .unwrap()
             .is_none()
     );
     assert!(
-        Api::<Role>::namespaced(client.clone(), "team-b")
-            .get_opt("marin3r-team-c-local")
+        Api::<Role>::namespaced(client.clone(), team_b)
+            .get_opt(&format!("marin3r-{ns}-local"))
             .await
             .unwrap()
             .is_none()
@@ -708,7 +744,7 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
     dss.delete("local", &DeleteParams::default()).await.unwrap();
     wait_for("the webhook removed", || async {
         webhooks
-            .get_opt("marin3r-ns.team-c.local")
+            .get_opt(&format!("marin3r-ns.{ns}.local"))
             .await
             .unwrap()
             .is_none()
@@ -722,26 +758,27 @@ async fn a_discovery_service_outside_the_trusted_namespaces_serves_its_own_names
 async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() {
     let op = start().await;
     let client = op.client.clone();
-    // Stop the operator started with marin3r-system only; trust team-c too.
+    let (ops, team_a, _, team_c) = op.names();
+    // Stop the operator started with the operator's namespace only; trust team-c too.
     op.stop.cancel();
     for t in &op.tasks {
         t.abort();
     }
     let stop = CancellationToken::new();
-    let mut tasks = controllers(&client, &[OPS, "team-c"], &stop);
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), "team-c");
+    let mut tasks = controllers(&client, &[ops, team_c], &stop);
+    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), team_c);
     let ds: DiscoveryService = serde_json::from_value(json!({
-        "metadata": {"name": "ds", "namespace": "team-c"},
-        "spec": {"enabledNamespaces": ["team-a"]},
+        "metadata": {"name": "ds", "namespace": team_c},
+        "spec": {"enabledNamespaces": [team_a]},
     }))
     .unwrap();
     dss.create(&PostParams::default(), &ds).await.unwrap();
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let roles: Api<ClusterRole> = Api::all(client.clone());
-    let bootstrap = |ns: &'static str| {
-        let client = client.clone();
+    let bootstrap = |ns: &str| {
+        let (client, ns) = (client.clone(), ns.to_owned());
         async move {
-            Api::<ConfigMap>::namespaced(client, ns)
+            Api::<ConfigMap>::namespaced(client, &ns)
                 .get_opt("envoy-sidecar-bootstrap")
                 .await
                 .unwrap()
@@ -750,13 +787,17 @@ async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() 
     };
     wait_for("the trusted discovery service serving team-a", || async {
         (webhooks
-            .get_opt("marin3r-team-c-ds")
+            .get_opt(&format!("marin3r-{team_c}-ds"))
             .await
             .unwrap()
             .is_some()
-            && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_some()
-            && bootstrap("team-a").await
-            && namespace_labels(&client, "team-a").await
+            && roles
+                .get_opt(&format!("marin3r-{team_c}-ds"))
+                .await
+                .unwrap()
+                .is_some()
+            && bootstrap(team_a).await
+            && namespace_labels(&client, team_a).await
                 == (Some("enabled".into()), Some("ds".into())))
             .then_some(())
     })
@@ -769,7 +810,7 @@ async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() 
         t.abort();
     }
     let stop = CancellationToken::new();
-    tasks = controllers(&client, &[OPS], &stop);
+    tasks = controllers(&client, &[ops], &stop);
     wait_for("ForbiddenNamespace", || async {
         let ds = dss.get("ds").await.unwrap();
         (ready_condition(&ds) == Some(("False".into(), "ForbiddenNamespace".into()))).then_some(())
@@ -785,28 +826,32 @@ async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() 
         || async {
             let ds = dss.get("ds").await.unwrap();
             let enabled = ds.status.map(|s| s.enabled_namespaces).unwrap_or_default();
-            (enabled == ["team-c"]
+            (enabled == [team_c]
                 && webhooks
-                    .get_opt("marin3r-ns.team-c.ds")
+                    .get_opt(&format!("marin3r-ns.{team_c}.ds"))
                     .await
                     .unwrap()
                     .is_some()
                 && webhooks
-                    .get_opt("marin3r-team-c-ds")
+                    .get_opt(&format!("marin3r-{team_c}-ds"))
                     .await
                     .unwrap()
                     .is_none()
-                && roles.get_opt("marin3r-team-c-ds").await.unwrap().is_none()
+                && roles
+                    .get_opt(&format!("marin3r-{team_c}-ds"))
+                    .await
+                    .unwrap()
+                    .is_none()
                 && Api::<ClusterRoleBinding>::all(client.clone())
-                    .get_opt("marin3r-team-c-ds")
+                    .get_opt(&format!("marin3r-{team_c}-ds"))
                     .await
                     .unwrap()
                     .is_none()
-                && !bootstrap("team-a").await
-                && bootstrap("team-c").await
-                && namespace_labels(&client, "team-a").await == (None, None)
-                && Api::<Role>::namespaced(client.clone(), "team-a")
-                    .get_opt("marin3r-team-c-ds")
+                && !bootstrap(team_a).await
+                && bootstrap(team_c).await
+                && namespace_labels(&client, team_a).await == (None, None)
+                && Api::<Role>::namespaced(client.clone(), team_a)
+                    .get_opt(&format!("marin3r-{team_c}-ds"))
                     .await
                     .unwrap()
                     .is_none())
@@ -823,15 +868,17 @@ async fn a_discovery_service_whose_namespace_is_no_longer_trusted_keeps_to_it() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_never_lead_at_once() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client = server.kube_client().await.unwrap();
-    create_namespace(&client, OPS).await;
+    let cluster = cluster();
+    let client = cluster.client().await.unwrap();
+    let space = Namespaces::new(&cluster, &client).await;
+    let ops = space.create("ops", &[]).await;
+    let ops = ops.as_str();
     let leading = Arc::new(AtomicUsize::new(0));
     let max_leading = Arc::new(AtomicUsize::new(0));
     let mut stops = Vec::new();
     let mut tasks = Vec::new();
     for id in ["one", "two"] {
-        let mut config = leader::LeaseConfig::new(OPS, "marin3r-operator", id);
+        let mut config = leader::LeaseConfig::new(ops, "marin3r-operator", id);
         config.retry_period = Duration::from_millis(100);
         config.renew_deadline = Duration::from_secs(1);
         config.lease_duration = Duration::from_secs(2);
@@ -861,7 +908,7 @@ async fn two_replicas_never_lead_at_once() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(max_leading.load(Ordering::SeqCst), 1);
     let lease: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), OPS);
+        Api::namespaced(client.clone(), ops);
     let holder = lease
         .get("marin3r-operator")
         .await
@@ -895,18 +942,20 @@ async fn two_replicas_never_lead_at_once() {
 async fn the_standalone_certificate_example_is_issued() {
     let op = start().await;
     let client = op.client.clone();
-    create_namespace(&client, "demo").await;
+    let demo = op.space.create("demo", &[]).await;
+    let demo = demo.as_str();
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../manifests/examples/certificate.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap();
-    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), "demo");
+    let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), demo);
     for doc in text.split("\n---\n") {
-        let dsc: DiscoveryServiceCertificate = serde_saphyr::from_str(doc).unwrap();
+        let mut dsc: DiscoveryServiceCertificate = serde_saphyr::from_str(doc).unwrap();
+        dsc.metadata.namespace = Some(demo.to_owned());
         dscs.create(&PostParams::default(), &dsc).await.unwrap();
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "demo");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), demo);
     let server = wait_for("the example server certificate", || async {
         let dsc = dscs.get("example-server").await.unwrap();
         dsc.status.as_ref()?.ready.filter(|r| *r)?;
@@ -957,19 +1006,17 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_original_v0_13_3_affinity_reaches_the_discovery_pods() {
     let op = start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    op._server.write_kubeconfig(&kubeconfig).unwrap();
-    let kubectl = marin3r_testkit::kubectl::Kubectl::new(&kubeconfig).unwrap();
+    let ops = op.ops.as_str();
+    let kubectl = op.space.kubectl();
     kubectl
-        .ok_with(&["apply", "-n", OPS, "-f", "-"], V0_13_3_DISCOVERY_SERVICE)
+        .ok_with(&["apply", "-n", ops, "-f", "-"], V0_13_3_DISCOVERY_SERVICE)
         .await
         .unwrap();
     let manifest: serde_json::Value = serde_saphyr::from_str(V0_13_3_DISCOVERY_SERVICE).unwrap();
     let want = &manifest["spec"]["affinity"];
     let stored: serde_json::Value = serde_json::from_str(
         &kubectl
-            .ok(&["get", "mds", "instance", "-n", OPS, "-o", "json"])
+            .ok(&["get", "mds", "instance", "-n", ops, "-o", "json"])
             .await
             .unwrap(),
     )
@@ -978,7 +1025,7 @@ async fn an_original_v0_13_3_affinity_reaches_the_discovery_pods() {
         &stored["spec"]["affinity"], want,
         "pruned by the CRD schema"
     );
-    let deployments: Api<Deployment> = Api::namespaced(op.client.clone(), OPS);
+    let deployments: Api<Deployment> = Api::namespaced(op.client.clone(), ops);
     let affinity = wait_for("the discovery Deployment", || async {
         let d = deployments.get_opt("marin3r-instance").await.unwrap()?;
         d.spec.template.spec?.affinity
@@ -992,9 +1039,8 @@ async fn an_original_v0_13_3_affinity_reaches_the_discovery_pods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_process_answers_over_ipv4_and_ipv6() {
     let op = start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    op._server.write_kubeconfig(&kubeconfig).unwrap();
+    let ops = op.ops.as_str();
+    let kubeconfig = op.space.kubeconfig();
     let marin3r = env!("CARGO_BIN_EXE_marin3r");
     let help = std::process::Command::new(marin3r)
         .args(["operator", "--help"])
@@ -1012,11 +1058,11 @@ async fn the_operator_process_answers_over_ipv4_and_ipv6() {
             "operator",
             "--no-leader-election",
             "--trusted-namespace",
-            OPS,
+            ops,
         ])
         .args(["--metrics-addr", &format!("[::]:{port}")])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("POD_NAMESPACE", OPS)
+        .env("KUBECONFIG", kubeconfig)
+        .env("POD_NAMESPACE", ops)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)

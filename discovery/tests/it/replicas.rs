@@ -29,31 +29,34 @@ const SELECTOR: &str = "app=discovery-test";
 
 /// A short lease for the replica that should lead at once; the plane's own controllers get
 /// client-go's 15 s, so they stay followers while that replica renews.
-fn short_lease(identity: &str) -> LeaseConfig {
+fn short_lease(ns: &str, identity: &str) -> LeaseConfig {
     LeaseConfig {
         lease_duration: Duration::from_secs(3),
         renew_deadline: Duration::from_secs(2),
         retry_period: Duration::from_millis(500),
-        ..LeaseConfig::new(NS, LEASE, identity)
+        ..LeaseConfig::new(ns, LEASE, identity)
     }
 }
 
-fn replica_pods() -> Option<ReplicaPods> {
+fn replica_pods(ns: &str) -> Option<ReplicaPods> {
     Some(ReplicaPods {
-        namespace: NS.into(),
+        namespace: ns.into(),
         selector: SELECTOR.into(),
     })
 }
 
-/// The Pod objects of the replicas (no kubelet runs here: they only say which replicas
-/// exist).
-fn setup(client: &kube::Client, rt: &tokio::runtime::Runtime, replicas: &[&str]) {
-    rt.block_on(async {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+/// The Pod objects of the replicas, held back from scheduling (a gate nobody lifts): they
+/// never run, and only say which replicas exist.
+fn setup(setup: &Setup<'_>, replicas: &[&str]) {
+    setup.rt.block_on(async {
+        let pods: Api<Pod> = Api::namespaced(setup.client.clone(), setup.ns(NS));
         for name in replicas {
             let pod: Pod = serde_json::from_value(json!({
                 "metadata": {"name": name, "labels": {"app": "discovery-test"}},
-                "spec": {"containers": [{"name": "discovery", "image": "marin3r"}]},
+                "spec": {
+                    "schedulingGates": [{"name": "marin3r.3scale.net/never"}],
+                    "containers": [{"name": "discovery", "image": "marin3r"}],
+                },
             }))
             .unwrap();
             pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -63,9 +66,9 @@ fn setup(client: &kube::Client, rt: &tokio::runtime::Runtime, replicas: &[&str])
 
 /// A Lease held by `holder` a moment ago, so the plane's controllers, started first, wait
 /// as followers.
-fn hold_lease(client: &kube::Client, rt: &tokio::runtime::Runtime, holder: &str) {
-    rt.block_on(async {
-        let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+fn hold_lease(setup: &Setup<'_>, holder: &str) {
+    setup.rt.block_on(async {
+        let leases: Api<Lease> = Api::namespaced(setup.client.clone(), setup.ns(NS));
         let now = k8s_openapi::jiff::Timestamp::now();
         let lease: Lease = serde_json::from_value(json!({
             "metadata": {"name": LEASE},
@@ -82,7 +85,7 @@ fn hold_lease(client: &kube::Client, rt: &tokio::runtime::Runtime, holder: &str)
 }
 
 fn holder(plane: &Plane) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(plane.client.clone(), NS);
+    let leases: Api<Lease> = Api::namespaced(plane.client.clone(), plane.ns(NS));
     plane
         .rt
         .block_on(leases.get_opt(LEASE))
@@ -97,7 +100,7 @@ fn accepting_proxy(
     node: &str,
 ) -> (tokio::task::JoinHandle<()>, Arc<AtomicUsize>) {
     let acks = Arc::new(AtomicUsize::new(0));
-    let cert = plane.client_cert(NS);
+    let cert = plane.client_cert(plane.ns(NS));
     let tls = ClientTls {
         ca_pem: plane.pki.ca_pem().to_owned(),
         identity: Some((cert.cert_pem.clone(), cert.key_pem.clone())),
@@ -129,16 +132,17 @@ fn accepting_proxy(
 /// spec, which the Envoy connected to it receives.
 #[test]
 fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
-    let plane = Plane::start_with(&[NS], |c, client, rt| {
+    let plane = Plane::start_with(&[NS], |c, s| {
         c.replica = "replica-a".into();
-        c.leader_lease = Some(LeaseConfig::new(NS, LEASE, "replica-a"));
-        c.replica_pods = replica_pods();
-        setup(client, rt, &["replica-a", "replica-b"]);
-        hold_lease(client, rt, "replica-b");
+        c.leader_lease = Some(LeaseConfig::new(s.ns(NS), LEASE, "replica-a"));
+        c.replica_pods = replica_pods(s.ns(NS));
+        setup(s, &["replica-a", "replica-b"]);
+        hold_lease(s, "replica-b");
     });
+    let ns = plane.ns(NS);
     let mut b = plane.replica("replica-b", |c| {
-        c.leader_lease = Some(short_lease("replica-b"));
-        c.replica_pods = replica_pods();
+        c.leader_lease = Some(short_lease(ns, "replica-b"));
+        c.replica_pods = replica_pods(ns);
     });
     wait("replica-b to lead", Duration::from_secs(10), || {
         (holder(&plane).as_deref() == Some("replica-b")).then_some(())
@@ -146,16 +150,16 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
 
     let port = free_port();
     let node = "fleet";
-    plane.apply(NS, "fleet", spec(node, port, "good"));
-    plane.wait_in_sync(NS, "fleet");
+    plane.apply(ns, "fleet", spec(node, port, "good"));
+    plane.wait_in_sync(ns, "fleet");
     let on_a = plane.proxy_on(
         plane.xds_port,
-        NS,
+        ns,
         node,
         "envoy-a",
         AdsMode::StateOfTheWorld,
     );
-    let on_b = plane.proxy_on(b.xds_port, NS, node, "envoy-b", AdsMode::StateOfTheWorld);
+    let on_b = plane.proxy_on(b.xds_port, ns, node, "envoy-b", AdsMode::StateOfTheWorld);
     for envoy in [&on_a, &on_b] {
         wait(
             "each Envoy to take the listener",
@@ -166,7 +170,7 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
     on_a.wait_for_body(port, "good");
     // Only the leader exports the sums it writes: the follower has no series.
     let synced = format!(
-        "marin3r_envoyconfig_proxies{{namespace=\"{NS}\",name=\"fleet\",state=\"synced\"}}"
+        "marin3r_envoyconfig_proxies{{namespace=\"{ns}\",name=\"fleet\",state=\"synced\"}}"
     );
     wait(
         "the leader to export 2 synced",
@@ -181,9 +185,9 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
     );
 
     // Both reject the next version.
-    plane.apply(NS, "fleet", nacked_spec(node, port, "bad"));
-    let bad = plane.get(NS, "fleet").spec.version();
-    let ec = plane.wait_status(NS, "fleet", "the rollback", |ec| {
+    plane.apply(ns, "fleet", nacked_spec(node, port, "bad"));
+    let bad = plane.get(ns, "fleet").spec.version();
+    let ec = plane.wait_status(ns, "fleet", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let message = ec.status.unwrap().last_nack_message.unwrap();
@@ -192,7 +196,7 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
         "{message}"
     );
     let rejected = plane
-        .list_revisions(NS)
+        .list_revisions(ns)
         .into_iter()
         .find(|r| r.spec.version == bad)
         .unwrap();
@@ -226,8 +230,8 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
     wait("replica-a to lead", Duration::from_secs(40), || {
         (holder(&plane).as_deref() == Some("replica-a")).then_some(())
     });
-    plane.apply(NS, "fleet", spec(node, port, "after failover"));
-    plane.wait_in_sync(NS, "fleet");
+    plane.apply(ns, "fleet", spec(node, port, "after failover"));
+    plane.wait_in_sync(ns, "fleet");
     on_a.wait_for_body(port, "after failover");
     assert_eq!(plane.metric("marin3r_revision_taints_total"), 0.0);
 }
@@ -238,27 +242,28 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
 /// no longer holds the taint back when the next report comes.
 #[test]
 fn a_rejection_on_one_replica_is_weighed_against_the_proxies_of_every_replica() {
-    let plane = Plane::start_with(&[NS], |c, client, rt| {
+    let plane = Plane::start_with(&[NS], |c, s| {
         c.replica = "replica-a".into();
-        c.leader_lease = Some(short_lease("replica-a"));
-        c.replica_pods = replica_pods();
-        setup(client, rt, &["replica-a", "replica-b"]);
+        c.leader_lease = Some(short_lease(s.ns(NS), "replica-a"));
+        c.replica_pods = replica_pods(s.ns(NS));
+        setup(s, &["replica-a", "replica-b"]);
     });
+    let ns = plane.ns(NS);
     wait("replica-a to lead", Duration::from_secs(10), || {
         (holder(&plane).as_deref() == Some("replica-a")).then_some(())
     });
     let b = plane.replica("replica-b", |c| {
-        c.leader_lease = Some(short_lease("replica-b"));
-        c.replica_pods = replica_pods();
+        c.leader_lease = Some(short_lease(ns, "replica-b"));
+        c.replica_pods = replica_pods(ns);
     });
 
     let port = free_port();
     let node = "fleet";
-    plane.apply(NS, "fleet", spec(node, port, "good"));
-    plane.wait_in_sync(NS, "fleet");
+    plane.apply(ns, "fleet", spec(node, port, "good"));
+    plane.wait_in_sync(ns, "fleet");
     let envoy = plane.proxy_on(
         plane.xds_port,
-        NS,
+        ns,
         node,
         "envoy-a",
         AdsMode::StateOfTheWorld,
@@ -271,15 +276,15 @@ fn a_rejection_on_one_replica_is_weighed_against_the_proxies_of_every_replica() 
         || (acks.load(Ordering::SeqCst) >= 1).then_some(()),
     );
 
-    plane.apply(NS, "fleet", nacked_spec(node, port, "bad"));
-    let bad = plane.get(NS, "fleet").spec.version();
+    plane.apply(ns, "fleet", nacked_spec(node, port, "bad"));
+    let bad = plane.get(ns, "fleet").spec.version();
     wait(
         "the NACKs below the threshold",
         Duration::from_secs(20),
         || (plane.metric("marin3r_nacks_below_threshold_total") >= 1.0).then_some(()),
     );
     let rejected = plane
-        .list_revisions(NS)
+        .list_revisions(ns)
         .into_iter()
         .find(|r| r.spec.version == bad)
         .unwrap();
@@ -297,7 +302,7 @@ fn a_rejection_on_one_replica_is_weighed_against_the_proxies_of_every_replica() 
         [("replica-a".into(), 1, 1), ("replica-b".into(), 0, 1)],
         "replica-b answered with its own count"
     );
-    let ec = plane.get(NS, "fleet");
+    let ec = plane.get(ns, "fleet");
     assert_eq!(
         ec.status.as_ref().unwrap().published_version.as_deref(),
         Some(bad.as_str())
@@ -309,19 +314,19 @@ fn a_rejection_on_one_replica_is_weighed_against_the_proxies_of_every_replica() 
     // the version too: 2 of 2 live, tainted and rolled back.
     accepting.abort();
     drop(b);
-    let pods: Api<Pod> = Api::namespaced(plane.client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(plane.client.clone(), ns);
     plane
         .rt
         .block_on(pods.delete("replica-b", &DeleteParams::default()))
         .unwrap();
     let second = plane.proxy_on(
         plane.xds_port,
-        NS,
+        ns,
         node,
         "envoy-a2",
         AdsMode::StateOfTheWorld,
     );
-    let ec = plane.wait_status(NS, "fleet", "the rollback", |ec| {
+    let ec = plane.wait_status(ns, "fleet", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
     let message = ec.status.unwrap().last_nack_message.unwrap();

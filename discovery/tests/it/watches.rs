@@ -42,18 +42,19 @@ fn reconciles(plane: &Plane) -> BTreeMap<&'static str, f64> {
 #[test]
 fn the_controllers_open_one_watch_per_kind() {
     let plane = Plane::start(&[NS, "team-b"]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "gw", spec("gateway", port, "v1"));
-    plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec("gateway", port, "v1"));
+    plane.wait_in_sync(ns, "gw");
     // The revisions' loads and status writes settle.
     std::thread::sleep(Duration::from_secs(2));
-    let (before, requests_before) = (reconciles(&plane), plane.api.requests().len());
-    plane.apply(NS, "gw", spec("gateway", port, "v2"));
-    plane.wait_in_sync(NS, "gw");
+    let (before, requests_before) = (reconciles(&plane), plane.requests().len());
+    plane.apply(ns, "gw", spec("gateway", port, "v2"));
+    plane.wait_in_sync(ns, "gw");
     std::thread::sleep(Duration::from_secs(2));
     let after = reconciles(&plane);
     let per_update: BTreeMap<_, _> = after.iter().map(|(c, n)| (*c, n - before[c])).collect();
-    let requests = plane.api.requests().split_off(requests_before);
+    let requests = plane.requests().split_off(requests_before);
     println!("reconciles for one EnvoyConfig update: {per_update:?}");
     println!(
         "API requests for one EnvoyConfig update: {} ({} GETs of a Namespace)",
@@ -65,7 +66,7 @@ fn the_controllers_open_one_watch_per_kind() {
             .count()
     );
 
-    let watches = watches(&plane.api.requests());
+    let watches = watches(&plane.requests());
     println!("watches: {watches:#?}");
     let expected: Vec<String> = [
         "/api/v1/namespaces".to_owned(),
@@ -73,7 +74,7 @@ fn the_controllers_open_one_watch_per_kind() {
         "/apis/marin3r.3scale.net/v1alpha1/envoyconfigs".to_owned(),
     ]
     .into_iter()
-    .chain([NS, "team-b"].iter().flat_map(|ns| {
+    .chain([ns, plane.ns("team-b")].iter().flat_map(|ns| {
         [
             format!("/api/v1/namespaces/{ns}/secrets"),
             format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"),
@@ -96,9 +97,10 @@ fn secret_watches_leave_out_helm_releases_and_service_account_tokens() {
     use k8s_openapi::api::core::v1::Secret;
     use kube::api::{ListParams, PostParams};
     let plane = Plane::start(&[NS]);
+    let ns = plane.ns(NS);
     let port = free_port();
-    plane.apply(NS, "gw", spec("gateway", port, "v1"));
-    plane.wait_in_sync(NS, "gw");
+    plane.apply(ns, "gw", spec("gateway", port, "v1"));
+    plane.wait_in_sync(ns, "gw");
     let decode = |r: &str| {
         r.replace("%21", "!")
             .replace("%3D", "=")
@@ -108,10 +110,9 @@ fn secret_watches_leave_out_helm_releases_and_service_account_tokens() {
     let selector =
         "fieldSelector=type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
     let secret_requests: Vec<String> = plane
-        .api
         .requests()
         .iter()
-        .filter(|r| r.starts_with(&format!("GET /api/v1/namespaces/{NS}/secrets?")))
+        .filter(|r| r.starts_with(&format!("GET /api/v1/namespaces/{ns}/secrets?")))
         .map(|r| decode(r))
         .collect();
     assert!(!secret_requests.is_empty());
@@ -119,7 +120,7 @@ fn secret_watches_leave_out_helm_releases_and_service_account_tokens() {
         assert!(request.contains(selector), "{request}");
     }
     // ...which the local API server applies, as a real one does.
-    let secrets: kube::Api<Secret> = kube::Api::namespaced(plane.client.clone(), NS);
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(plane.client.clone(), ns);
     for (name, type_) in [
         ("release", "helm.sh/release.v1"),
         ("token", "kubernetes.io/service-account-token"),

@@ -2,14 +2,15 @@
 //! bootstrap with a Kubernetes-style client certificate folder, pointed at the xDS server
 //! fixture (testkit's, re-exported here with its PKI), and the controllers' plane.
 
+pub mod cluster;
 pub mod plane;
+pub mod request_log;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use marin3r_certs::{CertificateInfo, IssuedCertificate};
 use marin3r_discovery::sidecar::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
-use marin3r_local_cluster::kubelet::volumes::{secret_files, write_atomic};
 use marin3r_testkit::envoy::{Envoy, get_body};
 
 pub use marin3r_testkit::pki::Pki;
@@ -33,14 +34,17 @@ impl SecretDir {
         dir
     }
 
-    /// Atomically replaces the files, the way the kubelet does (with the kubelet's writer).
+    /// Atomically replaces the files, the way the kubelet does.
     pub fn swap(&mut self, cert: &IssuedCertificate) {
-        let files = secret_files([
-            ("tls.crt", cert.cert_pem.as_str()),
-            ("tls.key", &cert.key_pem),
-            ("ca.crt", &cert.ca_pem),
-        ]);
-        write_atomic(&self.path, &files).unwrap();
+        marin3r_testkit::secret_volume::write(
+            &self.path,
+            &[
+                ("tls.crt", cert.cert_pem.as_str()),
+                ("tls.key", &cert.key_pem),
+                ("ca.crt", &cert.ca_pem),
+            ],
+        )
+        .unwrap();
     }
 }
 

@@ -1,42 +1,76 @@
-//! The local cluster's API server, the xDS server and the discovery service's controllers on
-//! one runtime, for the EnvoyConfig tests, with helpers to write specs and check what Envoy
-//! serves.
+//! The xDS server and the discovery service's controllers on one runtime, on the real
+//! cluster's API server, for the EnvoyConfig tests, with helpers to write specs and check what
+//! Envoy serves. Each plane serves namespaces of its own under a discovery-service name of its
+//! own, so that planes of other tests (and processes) never serve each other's.
 
 use marin3r_discovery::api::envoy_config::CacheState;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, CustomResourceExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use marin3r_api_faults::{FaultProxy, Faults};
 use marin3r_certs::IssuedCertificate;
 use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_discovery::controllers::{self, Readiness};
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
-use marin3r_local_cluster::apiserver::{ApiServer, ApiServerConfig};
+use marin3r_testkit::cluster::Cluster;
+use marin3r_testkit::kubectl::Kubectl;
 use marin3r_xds::{Cache, Server, server_config};
 use serde_json::json;
 
+use super::cluster::{Namespaces, cluster, unique};
+use super::request_log::{RequestLog, forwarder};
 use super::{Pki, Proxy};
 
-/// The discovery service name the plane's controllers serve (every namespace it creates is
-/// labelled for it).
-pub const DISCOVERY_SERVICE: &str = "plane";
-
-/// The local cluster, the xDS server and the controllers, on their own runtime.
+/// The xDS server and the controllers, on their own runtime, on the real cluster.
 pub struct Plane {
     /// The controllers' metrics.
     pub registry: prometheus_client::registry::Registry,
     pub rt: tokio::runtime::Runtime,
-    pub api: ApiServer,
+    pub cluster: Cluster,
+    /// The test's own client, straight to the API server.
     pub client: Client,
+    /// The fault proxy the controllers (`controllers`, through [`Plane::requests`]' log) and
+    /// the replicas (each by its name) reach the API server through.
+    pub proxy: FaultProxy,
+    /// What the controllers' client has sent, as `METHOD path?query`, in order.
+    requests: RequestLog,
     pub cache: Cache,
     pub xds_port: u16,
     pub pki: Pki,
+    /// The discovery service name the plane's controllers serve (its namespaces are labelled
+    /// for it): unique per plane.
+    pub discovery_service: String,
+    /// The namespaces it serves, by the prefix the test named them with.
+    namespaces: BTreeMap<String, String>,
+    _space: Namespaces,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// What a plane's `configure` may use before the controllers start.
+pub struct Setup<'a> {
+    pub client: &'a Client,
+    pub rt: &'a tokio::runtime::Runtime,
+    namespaces: &'a BTreeMap<String, String>,
+}
+
+impl Setup<'_> {
+    /// The namespace the test named `prefix`.
+    pub fn ns(&self, prefix: &str) -> &str {
+        namespace(self.namespaces, prefix)
+    }
+}
+
+fn namespace<'a>(namespaces: &'a BTreeMap<String, String>, prefix: &str) -> &'a str {
+    namespaces
+        .get(prefix)
+        .unwrap_or_else(|| panic!("the plane has no namespace {prefix:?}"))
 }
 
 /// The two-thread runtime the plane's tests drive everything on.
@@ -48,48 +82,33 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// A local API server with the EnvoyConfig CRDs installed, and an admin client for it.
-pub async fn api_with_crds() -> (ApiServer, kube::Client) {
-    let api = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client = api.kube_client().await.unwrap();
-    api.install_crds([EnvoyConfig::crd(), EnvoyConfigRevision::crd()])
-        .await
-        .unwrap();
-    (api, client)
-}
-
 impl Plane {
-    /// Applies the checked-in EnvoyConfig CRDs (manifests/crds) with `kubectl apply
-    /// --server-side` over the ones the plane installed from the Rust types.
-    pub fn apply_checked_in_crds(&self, k: &marin3r_testkit::kubectl::Kubectl) {
-        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
-        for file in [
-            "marin3r.3scale.net_envoyconfigs.yaml",
-            "marin3r.3scale.net_envoyconfigrevisions.yaml",
-        ] {
-            let path = crds.join(file);
-            self.rt
-                .block_on(k.ok(&[
-                    "apply",
-                    "--server-side",
-                    "--force-conflicts",
-                    "-f",
-                    path.to_str().unwrap(),
-                ]))
-                .unwrap();
-        }
-    }
-
+    /// A plane serving one namespace per prefix (`<prefix>-<pid>-<millis>-<n>`; see
+    /// [`Plane::ns`]).
     pub fn start(namespaces: &[&str]) -> Self {
-        Self::start_with(namespaces, |_, _, _| {})
+        Self::start_with(namespaces, |_, _| {})
     }
 
     /// A plane whose controllers' configuration `configure` adjusts (leader election, the
     /// replica's name); it may also prepare objects in the namespaces, which exist by then,
     /// before the controllers start.
     pub fn start_with(
-        namespaces: &[&str],
-        configure: impl FnOnce(&mut controllers::Config, &Client, &tokio::runtime::Runtime),
+        prefixes: &[&str],
+        configure: impl FnOnce(&mut controllers::Config, &Setup<'_>),
+    ) -> Self {
+        Self::start_holding(prefixes, false, configure)
+    }
+
+    /// [`Plane::start`] with the cluster held exclusively, for a test that changes what every
+    /// other test uses (the CRDs).
+    pub fn start_alone(prefixes: &[&str]) -> Self {
+        Self::start_holding(prefixes, true, |_, _| {})
+    }
+
+    fn start_holding(
+        prefixes: &[&str],
+        alone: bool,
+        configure: impl FnOnce(&mut controllers::Config, &Setup<'_>),
     ) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -97,20 +116,30 @@ impl Plane {
             .try_init();
         let rt = runtime();
         let pki = Pki::new();
-        let (api, client) = rt.block_on(async {
-            let (api, client) = api_with_crds().await;
-            let nss: Api<Namespace> = Api::all(client.clone());
+        let cluster = cluster();
+        let discovery_service = unique("plane");
+        let (client, space, namespaces) = rt.block_on(async {
+            let client = cluster.client().await.unwrap();
+            let space = Namespaces::held(&cluster, &client, alone).await;
             // Every namespace is served the way the operator sets it up: labelled for this
             // discovery service (so Secrets are watched per namespace, never cluster-wide).
-            for ns in namespaces {
-                let ns: Namespace = serde_json::from_value(json!({"metadata": {
-                    "name": ns,
-                    "labels": {DISCOVERY_SERVICE_LABEL: DISCOVERY_SERVICE},
-                }}))
-                .unwrap();
-                nss.create(&PostParams::default(), &ns).await.unwrap();
+            let mut namespaces = BTreeMap::new();
+            for prefix in prefixes {
+                let name = space
+                    .create(prefix, &[(DISCOVERY_SERVICE_LABEL, &discovery_service)])
+                    .await;
+                namespaces.insert((*prefix).to_owned(), name);
             }
-            (api, client)
+            (client, space, namespaces)
+        });
+        let (proxy, controllers_client, requests) = rt.block_on(async {
+            let proxy = FaultProxy::start(cluster.config().await.unwrap())
+                .await
+                .unwrap();
+            let endpoint = proxy.endpoint("controllers").await.unwrap();
+            let (url, log) = forwarder(endpoint.url()).await;
+            let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+            (proxy, client, log)
         });
         let cache = Cache::new();
         let (server, nacks) = Server::builder(cache.clone()).build();
@@ -132,12 +161,19 @@ impl Plane {
         let readiness = Readiness::default();
         let mut registry = prometheus_client::registry::Registry::default();
         let mut config = controllers::Config {
-            discovery_service: Some(DISCOVERY_SERVICE.into()),
+            discovery_service: Some(discovery_service.clone()),
             replica: "plane-0".into(),
             proxies: server.status_registry(),
             ..Default::default()
         };
-        configure(&mut config, &client, &rt);
+        configure(
+            &mut config,
+            &Setup {
+                client: &client,
+                rt: &rt,
+                namespaces: &namespaces,
+            },
+        );
         config.metrics.register(&mut registry);
         let tasks = vec![
             rt.spawn({
@@ -147,7 +183,7 @@ impl Plane {
                 }
             }),
             rt.spawn(controllers::run(
-                client.clone(),
+                controllers_client,
                 config,
                 cache.clone(),
                 nacks,
@@ -157,19 +193,60 @@ impl Plane {
         ];
         let plane = Self {
             rt,
-            api,
+            cluster,
             client,
+            proxy,
+            requests,
             cache,
             xds_port,
             pki,
+            discovery_service,
+            namespaces,
+            _space: space,
             registry,
             stop: Some(stop),
             tasks,
         };
-        wait("the controllers to sync", Duration::from_secs(10), || {
+        wait("the controllers to sync", Duration::from_secs(20), || {
             readiness.ready().then_some(())
         });
         plane
+    }
+
+    /// The faults of the proxy between the controllers and the API server.
+    pub fn faults(&self) -> Arc<Faults> {
+        self.proxy.faults()
+    }
+
+    /// A client through a new endpoint of the proxy whose requests count as `user`'s, built
+    /// on `rt`.
+    pub fn client_as(&self, user: &str, rt: &tokio::runtime::Runtime) -> Client {
+        let endpoint = self.rt.block_on(self.proxy.endpoint(user)).unwrap();
+        rt.block_on(async move { endpoint.client() }).unwrap()
+    }
+
+    /// Every request the plane's controllers have sent, as `METHOD path?query`, in order.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests.get()
+    }
+
+    /// The namespace the test named `prefix` when it started the plane.
+    pub fn ns(&self, prefix: &str) -> &str {
+        namespace(&self.namespaces, prefix)
+    }
+
+    /// kubectl on the cluster, as its administrator.
+    pub fn kubectl(&self) -> Kubectl {
+        self.cluster.kubectl().unwrap()
+    }
+
+    /// Applies the checked-in CRDs (manifests/crds) with `kubectl apply`, as
+    /// `kubectl apply -k manifests/` does.
+    pub fn apply_checked_in_crds(&self, k: &Kubectl) {
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+        self.rt
+            .block_on(k.ok(&["apply", "-f", crds.to_str().unwrap()]))
+            .unwrap();
     }
 
     /// The value of one sample line of the controllers' metrics (0 when absent).
@@ -328,7 +405,8 @@ impl Plane {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let xds_port = listener.local_addr().unwrap().port();
-        let client = rt.block_on(self.api.kube_client()).unwrap();
+        // Its own connections, gone with its runtime.
+        let client = self.client_as(name, &rt);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let stopped = futures::FutureExt::shared(async move {
             let _ = stopped.await;
@@ -336,7 +414,7 @@ impl Plane {
         let readiness = Readiness::default();
         let mut registry = prometheus_client::registry::Registry::default();
         let mut config = controllers::Config {
-            discovery_service: Some(DISCOVERY_SERVICE.into()),
+            discovery_service: Some(self.discovery_service.clone()),
             replica: name.into(),
             proxies: server.status_registry(),
             ..Default::default()
@@ -487,6 +565,7 @@ pub fn condition<'a>(
         .find(|c| c.type_ == type_)
 }
 
+/// The prefix of the namespace most tests use.
 pub const NS: &str = "team-a";
 
 /// The base64 body of a PEM certificate, to compare with what a TLS server presented.
