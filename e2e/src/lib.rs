@@ -1,8 +1,7 @@
-//! marin3r's end-to-end support: what ties the product to the local cluster (`product`) and
-//! to a real one (`real`),
-//! `marin3r` run as a user runs it (`cli`), the benchmarks behind `hack/bench` and the quick
-//! start behind `hack/demo`. The local cluster is `marin3r-local-cluster`; the test helpers
-//! are `marin3r-testkit`.
+//! marin3r's end-to-end support: what the scenarios take from the product (`product`), what
+//! ties it to the real cluster of `hack/cluster` (`real`), `marin3r` run as a user runs it
+//! (`cli`), the benchmarks behind `hack/bench` and the quick start behind `hack/demo`. The
+//! test helpers are `marin3r-testkit`, the API fault proxy `marin3r-api-faults`.
 
 pub mod bench;
 pub mod cli;

@@ -1,5 +1,5 @@
 //! The commands the user guide shows that need a cluster, exactly as written there. The demo
-//! runs each of them (from the repository root, against the local cluster), and
+//! runs each of them (from the repository root, against the real cluster), and
 //! `discovery/tests/it/docs_commands.rs` fails when the docs show a cluster command not listed
 //! here.
 

@@ -1,4 +1,4 @@
-//! The quick start behind `hack/demo`: on the local cluster, install `manifests/`, create a
+//! The quick start behind `hack/demo`: on a real cluster, install `manifests/`, create a
 //! DiscoveryService, an EnvoyConfig and an annotated Deployment from `manifests/examples/`, and
 //! narrate each step of the story as the Kubernetes API and the proxies show it happening.
 

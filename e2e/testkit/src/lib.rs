@@ -5,7 +5,7 @@
 //! with `xds` an ADS client, Envoy resources and the xDS server as a fixture, with `webhook`
 //! clients of the webhook's HTTPS server (by loopback address, slow bodies), with `cluster`
 //! the real test cluster (`hack/cluster` or `MARIN3R_E2E_KUBECONFIG`) and a client. Without
-//! features it needs no marin3r crate, so the local cluster can test itself with it.
+//! features it needs no marin3r crate.
 
 #[cfg(feature = "cluster")]
 pub mod cluster;

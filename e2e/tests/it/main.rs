@@ -1,5 +1,5 @@
-//! marin3r's end-to-end scenarios, with real Envoy and kubectl, in one binary: on the real
-//! cluster of `hack/cluster` (`marin3r_e2e::real`), and, until they move, on the local cluster.
+//! marin3r's end-to-end scenarios, with real Envoy and kubectl, in one binary, on the real
+//! cluster of `hack/cluster` (`marin3r_e2e::real`).
 
 #![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
 
