@@ -23,7 +23,6 @@ use marin3r_testkit::envoy::get_body;
 use serde_json::json;
 use support::cluster::{Namespaces, cluster, unique};
 use support::plane::pem_der;
-use support::request_log::{RequestLog, forwarder};
 use support::{Pki, Proxy, free_port, wait_for};
 
 /// The real cluster held, a fault proxy in front of its API server, and a kubeconfig (in
@@ -33,7 +32,8 @@ struct ThroughProxy {
     client: kube::Client,
     proxy: FaultProxy,
     kubeconfig: std::path::PathBuf,
-    log: RequestLog,
+    /// The child's endpoint, whose log is what it asked.
+    endpoint: marin3r_api_faults::Endpoint,
 }
 
 async fn through_proxy(dir: &std::path::Path) -> ThroughProxy {
@@ -44,19 +44,14 @@ async fn through_proxy(dir: &std::path::Path) -> ThroughProxy {
         .await
         .unwrap();
     let endpoint = proxy.endpoint("discovery-service").await.unwrap();
-    let (url, log) = forwarder(endpoint.url()).await;
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        endpoint.kubeconfig(None).replace(endpoint.url(), &url),
-    )
-    .unwrap();
+    std::fs::write(&kubeconfig, endpoint.kubeconfig(None)).unwrap();
     ThroughProxy {
         space,
         client,
         proxy,
         kubeconfig,
-        log,
+        endpoint,
     }
 }
 
@@ -212,8 +207,8 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
 
     // Secrets are watched only in the namespace served.
     let secret_requests = |ns: &str| {
-        api.log
-            .get()
+        api.endpoint
+            .requests()
             .into_iter()
             .filter(|r| r.contains(&format!("/namespaces/{ns}/secrets")))
             .collect::<Vec<_>>()
@@ -223,7 +218,7 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
             .iter()
             .any(|r| r.contains("watch=true")),
         "{:#?}",
-        api.log.get()
+        api.endpoint.requests()
     );
     assert_eq!(secret_requests(ignored), Vec::<String>::new());
 
@@ -254,8 +249,8 @@ fn the_discovery_service_serves_envoy_configs_of_its_namespaces() {
         },
     );
     let cluster_wide: Vec<String> = api
-        .log
-        .get()
+        .endpoint
+        .requests()
         .into_iter()
         .filter(|r| r.contains(" /api/v1/secrets"))
         .collect();

@@ -58,11 +58,34 @@ struct Inner {
     by_token: Mutex<BTreeMap<String, kube::Client>>,
 }
 
-/// One named way into the proxy: a loopback port whose requests count as `user`'s.
+/// One named way into the proxy: a loopback port whose requests count as `user`'s, and the
+/// log of what its clients asked.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
     url: String,
     user: String,
+    log: RequestLog,
+}
+
+/// The request lines (`METHOD path?query`) an endpoint received, in arrival order (faulted
+/// ones included): the API server keeps no log a test can read, and a child process's
+/// requests can only be seen on the wire. At most [`MAX_LOGGED`] are kept.
+#[derive(Debug, Clone, Default)]
+struct RequestLog(Arc<Mutex<Vec<String>>>);
+
+/// Most request lines an endpoint keeps.
+pub const MAX_LOGGED: usize = 1_000_000;
+
+impl RequestLog {
+    fn record(&self, method: &Method, uri: &http::Uri) {
+        let target = uri
+            .path_and_query()
+            .map_or_else(|| uri.path(), http::uri::PathAndQuery::as_str);
+        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if log.len() < MAX_LOGGED {
+            log.push(format!("{method} {target}"));
+        }
+    }
 }
 
 impl FaultProxy {
@@ -95,7 +118,13 @@ impl FaultProxy {
             .await
             .context("binding the proxy's endpoint")?;
         let addr = listener.local_addr()?;
-        let task = tokio::spawn(serve(listener, self.inner.clone(), user.to_owned()));
+        let log = RequestLog::default();
+        let task = tokio::spawn(serve(
+            listener,
+            self.inner.clone(),
+            user.to_owned(),
+            log.clone(),
+        ));
         self.listeners
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -103,6 +132,7 @@ impl FaultProxy {
         Ok(Endpoint {
             url: format!("http://{addr}"),
             user: user.to_owned(),
+            log,
         })
     }
 }
@@ -172,6 +202,15 @@ impl Endpoint {
         self.url.strip_prefix("http://")?.parse().ok()
     }
 
+    /// The request lines (`METHOD path?query`) this endpoint received so far, in order.
+    pub fn requests(&self) -> Vec<String> {
+        self.log
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// The name the rules match this endpoint's requests with.
     pub fn user(&self) -> &str {
         &self.user
@@ -214,7 +253,7 @@ impl Endpoint {
 
 /// Accepts connections on one endpoint until the proxy drops (which aborts this task, and
 /// with it the connections' tasks).
-async fn serve(listener: TcpListener, inner: Arc<Inner>, user: String) {
+async fn serve(listener: TcpListener, inner: Arc<Inner>, user: String, log: RequestLog) {
     let mut connections = JoinSet::new();
     loop {
         let Some(stream) = accept(&listener).await else {
@@ -225,6 +264,7 @@ async fn serve(listener: TcpListener, inner: Arc<Inner>, user: String) {
             TokioIo::new(stream),
             inner.clone(),
             Some(user.clone()),
+            Some(log.clone()),
         ));
     }
 }
@@ -242,7 +282,7 @@ async fn serve_pods(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, 
             let handshake =
                 tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(stream));
             match handshake.await {
-                Ok(Ok(tls)) => serve_connection(TokioIo::new(tls), inner, None).await,
+                Ok(Ok(tls)) => serve_connection(TokioIo::new(tls), inner, None, None).await,
                 Ok(Err(err)) => tracing::debug!(%err, "a pod's TLS handshake failed"),
                 Err(_) => tracing::debug!("a pod's TLS handshake timed out"),
             }
@@ -262,12 +302,19 @@ async fn accept(listener: &TcpListener) -> Option<tokio::net::TcpStream> {
 }
 
 /// Serves one client connection; `user` is the endpoint's, or `None` to read each request's
-/// from its token.
-async fn serve_connection<IO>(io: IO, inner: Arc<Inner>, user: Option<String>)
-where
+/// from its token; each request is written into `log`, when there is one.
+async fn serve_connection<IO>(
+    io: IO,
+    inner: Arc<Inner>,
+    user: Option<String>,
+    log: Option<RequestLog>,
+) where
     IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        if let Some(log) = &log {
+            log.record(req.method(), req.uri());
+        }
         let inner = inner.clone();
         let user = user
             .clone()
@@ -623,6 +670,7 @@ mod tests {
         let endpoint = Endpoint {
             url: "http://127.0.0.1:1234".into(),
             user: "operator".into(),
+            log: RequestLog::default(),
         };
         let parsed = kube::config::Kubeconfig::from_yaml(&endpoint.kubeconfig(Some("t0k")))
             .expect("a kubeconfig");

@@ -349,3 +349,30 @@ fn first_der(pem: &str) -> Vec<u8> {
         .decode(body)
         .unwrap()
 }
+
+/// Each endpoint logs the request lines its clients sent, faulted ones included, and only
+/// theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_logs_what_its_clients_asked() {
+    let env = Env::start("log").await;
+    let (logged, other) = (
+        env.proxy.endpoint("logged").await.unwrap(),
+        env.proxy.endpoint("other").await.unwrap(),
+    );
+    let maps: Api<ConfigMap> = Api::namespaced(logged.client().unwrap(), &env.ns);
+    let others: Api<ConfigMap> = Api::namespaced(other.client().unwrap(), &env.ns);
+    env.proxy
+        .faults()
+        .fail_next_for(1, 500, FaultScope::Any, "logged");
+    assert!(maps.get("a").await.is_err());
+    maps.create(&PostParams::default(), &map("a"))
+        .await
+        .unwrap();
+    others.get("a").await.unwrap();
+    let path = format!("/api/v1/namespaces/{}/configmaps", env.ns);
+    assert_eq!(
+        logged.requests(),
+        [format!("GET {path}/a"), format!("POST {path}?"),],
+    );
+    assert_eq!(other.requests(), [format!("GET {path}/a")]);
+}

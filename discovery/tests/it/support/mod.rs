@@ -4,7 +4,6 @@
 
 pub mod cluster;
 pub mod plane;
-pub mod request_log;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -24,7 +24,6 @@ use marin3r_xds::{Cache, Server, server_config};
 use serde_json::json;
 
 use super::cluster::{Namespaces, cluster, unique};
-use super::request_log::{RequestLog, forwarder};
 use super::{Pki, Proxy};
 
 /// The xDS server and the controllers, on their own runtime, on the real cluster.
@@ -35,11 +34,11 @@ pub struct Plane {
     pub cluster: Cluster,
     /// The test's own client, straight to the API server.
     pub client: Client,
-    /// The fault proxy the controllers (`controllers`, through [`Plane::requests`]' log) and
-    /// the replicas (each by its name) reach the API server through.
+    /// The fault proxy the controllers (`controllers`) and the replicas (each by its name)
+    /// reach the API server through.
     pub proxy: FaultProxy,
-    /// What the controllers' client has sent, as `METHOD path?query`, in order.
-    requests: RequestLog,
+    /// The controllers' endpoint, whose log is what their client has sent.
+    controllers: marin3r_api_faults::Endpoint,
     pub cache: Cache,
     pub xds_port: u16,
     pub pki: Pki,
@@ -132,14 +131,13 @@ impl Plane {
             }
             (client, space, namespaces)
         });
-        let (proxy, controllers_client, requests) = rt.block_on(async {
+        let (proxy, controllers_client, controllers) = rt.block_on(async {
             let proxy = FaultProxy::start(cluster.config().await.unwrap())
                 .await
                 .unwrap();
             let endpoint = proxy.endpoint("controllers").await.unwrap();
-            let (url, log) = forwarder(endpoint.url()).await;
-            let client = Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
-            (proxy, client, log)
+            let client = endpoint.client().unwrap();
+            (proxy, client, endpoint)
         });
         let cache = Cache::new();
         let (server, nacks) = Server::builder(cache.clone()).build();
@@ -196,7 +194,7 @@ impl Plane {
             cluster,
             client,
             proxy,
-            requests,
+            controllers,
             cache,
             xds_port,
             pki,
@@ -227,7 +225,7 @@ impl Plane {
 
     /// Every request the plane's controllers have sent, as `METHOD path?query`, in order.
     pub fn requests(&self) -> Vec<String> {
-        self.requests.get()
+        self.controllers.requests()
     }
 
     /// The namespace the test named `prefix` when it started the plane.
