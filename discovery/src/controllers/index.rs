@@ -90,6 +90,28 @@ impl<K: Watched> Index<K> {
         }
     }
 
+    /// Feeds `events` to the index as its watch would (for the tests of its consumers).
+    #[cfg(test)]
+    #[allow(clippy::unwrap_used)] // test code
+    pub fn feed(&self, events: Vec<Event<K>>) {
+        let mut guard = self.writer.lock().unwrap();
+        let writer = guard.as_mut().unwrap();
+        for event in events {
+            writer.apply_watcher_event(&event);
+            match &event {
+                Event::Apply(o) | Event::Delete(o) => {
+                    let _ = self.changes.send(Arc::new(o.clone()));
+                }
+                Event::InitDone => {
+                    for o in self.store.state() {
+                        let _ = self.changes.send(o);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The objects to reconcile, for one consumer: every object once the store has listed
     /// them, then each one that changes (deleted ones included, for owner triggers). A consumer
     /// that falls more than [`BACKLOG`] changes behind gets every object again.
@@ -141,24 +163,8 @@ mod tests {
             .collect()
     }
 
-    /// Feeds `events` to the index as its watch would.
     fn feed(index: &Index<ConfigMap>, events: Vec<Event<ConfigMap>>) {
-        let mut guard = index.writer.lock().unwrap();
-        let writer = guard.as_mut().unwrap();
-        for event in events {
-            writer.apply_watcher_event(&event);
-            match &event {
-                Event::Apply(o) | Event::Delete(o) => {
-                    let _ = index.changes.send(Arc::new(o.clone()));
-                }
-                Event::InitDone => {
-                    for o in index.store.state() {
-                        let _ = index.changes.send(o);
-                    }
-                }
-                _ => {}
-            }
-        }
+        index.feed(events);
     }
 
     #[tokio::test]

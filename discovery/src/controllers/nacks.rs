@@ -405,7 +405,11 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     if reports.is_empty() || r.is_tainted() || r.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    // Another discovery service's revision: its leader decides (the watch is cluster-wide).
+    // The revision watch is cluster-wide (unless one namespace is watched): a revision of a
+    // namespace served by another discovery service is that one's leader's to decide. Its
+    // reports are by replicas that are not this one's, so `live` would not know them: without
+    // a list of pods (a single replica) the first report alone would taint it, before that
+    // service's other replicas have answered.
     if !ctx.serves(&r.namespace().unwrap_or_default()).await? {
         return Ok(Action::await_change());
     }

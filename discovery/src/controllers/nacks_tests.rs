@@ -220,3 +220,73 @@ fn a_report_carries_the_count_when_written_not_when_the_nack_came() {
     // A proxy that rejected and has gone since still counts, as its event said.
     assert_eq!(counted((0, 2), (1, 3)), (1, 3));
 }
+
+/// The leader of a discovery service that serves the namespaces labelled for it, its API on a
+/// closed loopback port: any read or write it tries fails.
+fn leader_of(discovery_service: &str, labelled: &[(&str, &str)]) -> Arc<Context> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::runtime::watcher::Event;
+    let url = "http://127.0.0.1:1".parse().unwrap();
+    let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+    let config = super::super::Config {
+        discovery_service: Some(discovery_service.into()),
+        replica: format!("{discovery_service}-0"),
+        ..Default::default()
+    };
+    let ctx = Context {
+        events: marin3r_controller::Events::new(client.clone(), super::super::FIELD_MANAGER),
+        index: super::super::Indexes::new(&config),
+        client,
+        metrics: config.metrics.clone(),
+        config,
+        publisher: super::super::publisher::Publisher::new(marin3r_xds::Cache::new()),
+        attempted: Default::default(),
+        verdicts: Default::default(),
+    };
+    let mut events = vec![Event::Init];
+    for (name, label) in labelled {
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {
+            "name": name,
+            "labels": {crate::api::discovery_service::DISCOVERY_SERVICE_LABEL: label},
+        }}))
+        .unwrap();
+        events.push(Event::InitApply(ns));
+    }
+    events.push(Event::InitDone);
+    ctx.index.namespaces.as_ref().unwrap().feed(events);
+    Arc::new(ctx)
+}
+
+/// A revision of `namespace` that its node's only proxy, on replica `replica`, has just
+/// rejected.
+fn rejected_revision(namespace: &str, replica: &str) -> Arc<EnvoyConfigRevision> {
+    let mut report = mk_report(replica, 1, 1, 0);
+    report.reported_at = super::super::now();
+    let revision: EnvoyConfigRevision = serde_json::from_value(serde_json::json!({
+        "apiVersion": "marin3r.3scale.net/v1alpha1",
+        "kind": "EnvoyConfigRevision",
+        "metadata": {"name": "node-v2", "namespace": namespace, "resourceVersion": "7"},
+        "spec": {"nodeID": "node", "version": "v2"},
+        "status": {"published": true, "nackReports": [report]},
+    }))
+    .unwrap();
+    Arc::new(revision)
+}
+
+/// Every discovery service's leader watches revisions cluster-wide, but only decides on those
+/// of the namespaces it serves: another service's leader (here one of a single replica, which
+/// has no list of pods to wait for) would taint a revision of this one on the first replica's
+/// report, "1 of 1 connected proxies, over 1 discovery replica(s)", before the others answer.
+#[tokio::test]
+async fn the_leader_decides_only_on_revisions_of_namespaces_it_serves() {
+    let other = leader_of("other", &[("shop", "mine"), ("lab", "other")]);
+    // Not its namespace: left alone, the API not even asked (it is unreachable).
+    let theirs = rejected_revision("shop", "mine-replica-a");
+    let action = reconcile(theirs, Arc::clone(&other)).await;
+    assert!(action.is_ok(), "{action:?}");
+    assert_eq!(other.metrics.taints.get(), 0);
+    // Its own namespace's revision is decided: 1 of 1 taints, whose write fails here.
+    let own = rejected_revision("lab", "other-replica-a");
+    let action = reconcile(own, Arc::clone(&other)).await;
+    assert!(action.is_err(), "{action:?}");
+}
