@@ -125,6 +125,11 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
                 break;
             }
             let ns = ec.namespace().unwrap_or_default();
+            // The store holds every namespace's configs: another discovery service's are its
+            // replicas' to report on (a replica of the same name there would be overwritten).
+            if !ctx.serves(&ns).await.unwrap_or(false) {
+                continue;
+            }
             let key = NodeKey::new(ns.clone(), ec.spec.node_id.clone());
             let count = ctx.publisher.current(&key).and_then(|load| {
                 let proxies = nodes.get(&(ns.as_str(), ec.spec.node_id.as_str()))?;
