@@ -474,11 +474,23 @@ impl Scenario {
         name: &str,
         timeout: Duration,
     ) -> anyhow::Result<()> {
+        self.discovery_service_ready_in(&self.ns, name, timeout)
+            .await
+    }
+
+    /// [`Scenario::discovery_service_ready`] for the DiscoveryService `namespace/name` (one in
+    /// the operator's namespace, say); a failed read is tried again until `timeout`.
+    pub async fn discovery_service_ready_in(
+        &self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
         let services: kube::Api<marin3r_discovery::api::discovery_service::DiscoveryService> =
-            kube::Api::namespaced(self.client.clone(), &self.ns);
+            kube::Api::namespaced(self.client.clone(), namespace);
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let ds = services.get_opt(name).await?;
+            let ds = services.get_opt(name).await.ok().flatten();
             let ready = ds
                 .as_ref()
                 .and_then(crate::product::discovery_service_ready);
@@ -490,8 +502,7 @@ impl Scenario {
             }
             if std::time::Instant::now() > deadline {
                 bail!(
-                    "the DiscoveryService {}/{name} is not Ready after {timeout:?}: {ready:?}",
-                    self.ns
+                    "the DiscoveryService {namespace}/{name} is not Ready after {timeout:?}: {ready:?}"
                 );
             }
             tokio::time::sleep(Duration::from_millis(300)).await;

@@ -16,10 +16,8 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use marin3r_discovery::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
-use marin3r_e2e::product::discovery_service_ready;
+use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_e2e::real::{OPERATOR_NAMESPACE as OPS, Scenario};
-use marin3r_testkit::wait::until;
 use serde_json::json;
 
 /// Runs `marin3r check`; its exit status and output.
@@ -150,16 +148,10 @@ async fn check_passes_then_names_each_broken_part() {
         )
         .await
         .unwrap();
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let found = dss.get(ds).await.ok()?;
-            (discovery_service_ready(&found)?.0 == "True").then_some(())
-        },
-    )
-    .await;
+    scenario
+        .discovery_service_ready_in(OPS, ds, Duration::from_secs(120))
+        .await
+        .unwrap();
     let ours = Ours { ns, ds };
     scenario
         .kubectl

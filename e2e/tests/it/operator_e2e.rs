@@ -29,7 +29,7 @@ use marin3r_discovery::api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL,
 };
 use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
-use marin3r_e2e::product::{discovery_service_ready, example_in};
+use marin3r_e2e::product::example_in;
 use marin3r_e2e::real::{self, OPERATOR_NAMESPACE as OPS, Scenario, pod_ip, pod_ready as is_ready};
 use marin3r_e2e::rejected::nacked_by_proxies;
 use serde_json::json;
@@ -325,15 +325,10 @@ async fn marin3r_end_to_end() {
         .await
         .unwrap();
     let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let ds = dss.get(ds_name).await.ok()?;
-            (discovery_service_ready(&ds)?.0 == "True").then_some(())
-        },
-    )
-    .await;
+    scenario
+        .discovery_service_ready_in(OPS, ds_name, Duration::from_secs(120))
+        .await
+        .unwrap();
     step("DiscoveryService Ready");
     let ds = dss.get(ds_name).await.unwrap();
     assert_eq!(ds.status.as_ref().unwrap().enabled_namespaces, [demo]);

@@ -25,8 +25,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use marin3r_certs::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION};
-use marin3r_discovery::api::discovery_service::DiscoveryService;
-use marin3r_e2e::product::{discovery_service_ready, example_in};
+use marin3r_e2e::product::example_in;
 use marin3r_e2e::real::{IDLE_PY, OPERATOR_NAMESPACE as OPS, Scenario, pod_ip, pod_ready};
 use marin3r_testkit::wait::until;
 use marin3r_testkit::xds::client::ClientTls;
@@ -190,16 +189,10 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
         .ok_with(&["apply", "-f", "-"], &manifest)
         .await
         .unwrap();
-    let dss: Api<DiscoveryService> = Api::namespaced(client.clone(), OPS);
-    until(
-        "the DiscoveryService to be Ready",
-        Duration::from_secs(120),
-        || async {
-            let found = dss.get(&ds).await.ok()?;
-            (discovery_service_ready(&found)?.0 == "True").then_some(())
-        },
-    )
-    .await;
+    scenario
+        .discovery_service_ready_in(OPS, &ds, Duration::from_secs(120))
+        .await
+        .unwrap();
     for ns in [a, b] {
         let config = example_in("envoyconfig.yaml", ns).unwrap();
         scenario
