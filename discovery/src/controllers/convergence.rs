@@ -127,7 +127,7 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             let ns = ec.namespace().unwrap_or_default();
             // The store holds every namespace's configs: another discovery service's are its
             // replicas' to report on (a replica of the same name there would be overwritten).
-            if !ctx.serves(&ns).await.unwrap_or(false) {
+            if !ctx.writes_for(&ns).await {
                 continue;
             }
             let key = NodeKey::new(ns.clone(), ec.spec.node_id.clone());
@@ -223,11 +223,7 @@ pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             }
             // The store holds every namespace's configs: another discovery service's are
             // summed by its own leader, whose replicas these are not.
-            if !ctx
-                .serves(&ec.namespace().unwrap_or_default())
-                .await
-                .unwrap_or(false)
-            {
+            if !ctx.writes_for(&ec.namespace().unwrap_or_default()).await {
                 continue;
             }
             let Some(patch) = summed(&ec, live.as_ref(), &super::now()) else {

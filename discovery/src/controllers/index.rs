@@ -112,6 +112,14 @@ impl<K: Watched> Index<K> {
         }
     }
 
+    /// Ends the watch as an aborted one does: the writer goes (for the tests of its consumers).
+    #[cfg(test)]
+    pub fn close(&self) {
+        if let Ok(mut writer) = self.writer.lock() {
+            writer.take();
+        }
+    }
+
     /// The objects to reconcile, for one consumer: every object once the store has listed
     /// them, then each one that changes (deleted ones included, for owner triggers). A consumer
     /// that falls more than [`BACKLOG`] changes behind gets every object again.

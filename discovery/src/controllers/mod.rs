@@ -169,23 +169,38 @@ impl Context {
     }
 
     /// Whether this discovery service serves `namespace`, as the Namespace watch has it: a
-    /// label added later takes effect at once (see [`Context::watch_namespaces`]).
-    pub async fn serves(&self, namespace: &str) -> Result<bool, Error> {
+    /// label added later takes effect at once (see [`Context::watch_namespaces`]). `None`
+    /// when it cannot be known: the watch ended before it listed (shutting down).
+    async fn serving(&self, namespace: &str) -> Option<bool> {
         if let Some(watched) = &self.config.watch_namespace {
-            return Ok(watched == namespace);
+            return Some(watched == namespace);
         }
         let (Some(name), Some(index)) = (&self.config.discovery_service, &self.index.namespaces)
         else {
-            return Ok(true);
+            return Some(true);
         };
         let store = index.store();
-        // Shutting down: serving is the safe side, nothing is unloaded.
         if !listed(&store).await {
-            return Ok(true);
+            return None;
         }
-        Ok(store
-            .get(&ObjectRef::new(namespace))
-            .is_some_and(|ns| ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(name)))
+        Some(
+            store
+                .get(&ObjectRef::new(namespace))
+                .is_some_and(|ns| ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(name)),
+        )
+    }
+
+    /// Whether to keep serving `namespace`'s revisions: when it cannot be known, yes, so
+    /// nothing loaded is unloaded on the way out.
+    pub async fn serves(&self, namespace: &str) -> Result<bool, Error> {
+        Ok(self.serving(namespace).await.unwrap_or(true))
+    }
+
+    /// Whether to write on `namespace`'s objects (revisions, taints, sync reports): when it
+    /// cannot be known, no, so a replica on its way out never writes on the objects of a
+    /// namespace another discovery service serves.
+    pub async fn writes_for(&self, namespace: &str) -> bool {
+        self.serving(namespace).await.unwrap_or(false)
     }
 
     /// With `--discovery-service-name`, labelling a namespace (or removing the label) takes

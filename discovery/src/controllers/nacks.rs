@@ -410,7 +410,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
     // reports are by replicas that are not this one's, so `live` would not know them: without
     // a list of pods (a single replica) the first report alone would taint it, before that
     // service's other replicas have answered.
-    if !ctx.serves(&r.namespace().unwrap_or_default()).await? {
+    if !ctx.writes_for(&r.namespace().unwrap_or_default()).await {
         return Ok(Action::await_change());
     }
     let live = live_replicas(&ctx).await?;

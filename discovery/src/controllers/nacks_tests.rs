@@ -290,3 +290,37 @@ async fn the_leader_decides_only_on_revisions_of_namespaces_it_serves() {
     let action = reconcile(own, Arc::clone(&other)).await;
     assert!(action.is_err(), "{action:?}");
 }
+
+/// A leader on its way out whose Namespace watch ended before it had listed cannot know which
+/// namespaces it serves: it decides on none (the service that serves them decides), rather
+/// than on every one, which would taint another service's revision on its replica's first
+/// report.
+#[tokio::test]
+async fn a_leader_that_cannot_know_what_it_serves_decides_on_nothing() {
+    let config = super::super::Config {
+        discovery_service: Some("leaving".into()),
+        replica: "leaving-0".into(),
+        ..Default::default()
+    };
+    let url = "http://127.0.0.1:1".parse().unwrap();
+    let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+    let ctx = Arc::new(Context {
+        events: marin3r_controller::Events::new(client.clone(), super::super::FIELD_MANAGER),
+        index: super::super::Indexes::new(&config),
+        client,
+        metrics: config.metrics.clone(),
+        config,
+        publisher: super::super::publisher::Publisher::new(marin3r_xds::Cache::new()),
+        attempted: Default::default(),
+        verdicts: Default::default(),
+    });
+    ctx.index.namespaces.as_ref().unwrap().close();
+    for namespace in ["shop", "lab"] {
+        let revision = rejected_revision(namespace, "mine-replica-a");
+        let action = reconcile(revision, Arc::clone(&ctx)).await;
+        assert!(action.is_ok(), "{action:?}");
+    }
+    assert_eq!(ctx.metrics.taints.get(), 0);
+    // What it has loaded, it keeps serving until it is gone.
+    assert!(ctx.serves("shop").await.unwrap());
+}

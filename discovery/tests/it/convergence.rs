@@ -140,7 +140,11 @@ fn proxies_on_every_replica_are_summed() {
     });
     let reports = &ec.status.as_ref().unwrap().sync_reports;
     let replicas: Vec<&str> = reports.iter().map(|r| r.replica.as_str()).collect();
-    assert_eq!(replicas, ["plane-0", "replica-b"], "{reports:?}");
+    assert_eq!(
+        replicas,
+        [plane.replica.as_str(), "replica-b"],
+        "{reports:?}"
+    );
     assert!(
         reports.iter().all(|r| (r.connected, r.acked) == (1, 1)),
         "{reports:?}"
@@ -158,7 +162,7 @@ fn proxies_on_every_replica_are_summed() {
         .iter()
         .map(|r| r.replica.as_str())
         .collect();
-    assert_eq!(left, ["plane-0"]);
+    assert_eq!(left, [plane.replica.as_str()]);
 }
 
 /// `marin3r_envoyconfig_proxies{namespace,name,state}` as the leader's registry encodes it for
@@ -280,6 +284,6 @@ fn another_discovery_service_leaves_the_configs_it_does_not_serve_alone() {
     plane.wait_status(ns, "gw", "the rollback", |ec| {
         ec.status.as_ref().and_then(|s| s.cache_state) == Some(CacheState::Rollback)
     });
-    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    plane.wait_metric("marin3r_revision_taints_total", 1.0);
     assert_eq!(other.metric("marin3r_revision_taints_total"), 0.0);
 }

@@ -135,10 +135,10 @@ fn publishes_updates_republishes_and_rolls_back_on_nack() {
         Duration::from_secs(20),
         || (in_sync(&bad).is_none() && in_sync(&v1).as_deref() == Some("True")).then_some(()),
     );
-    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
-    assert_eq!(
-        plane.metric(r#"marin3r_envoyconfig_cache_state_changes_total{state="rollback"}"#),
-        1.0
+    plane.wait_metric("marin3r_revision_taints_total", 1.0);
+    plane.wait_metric(
+        r#"marin3r_envoyconfig_cache_state_changes_total{state="rollback"}"#,
+        1.0,
     );
     // `kubectl describe` tells the user why.
     let k = plane.kubectl();
@@ -677,7 +677,7 @@ fn a_version_rejected_by_some_proxies_of_a_node_is_tainted_only_when_all_reject_
         .clone()
         .unwrap();
     assert!(message.contains("2 of 2 connected proxies"), "{message}");
-    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    plane.wait_metric("marin3r_revision_taints_total", 1.0);
     envoy.wait_for_body(port, "good");
     drop(second);
 }

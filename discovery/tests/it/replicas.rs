@@ -213,6 +213,7 @@ fn nacks_seen_on_two_replicas_taint_once_and_the_survivor_takes_over() {
         "one report per replica, each counting its own Envoy"
     );
     // Written once, by the leader only.
+    b.wait_metric("marin3r_revision_taints_total", 1.0);
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(b.metric("marin3r_revision_taints_total"), 1.0);
     assert_eq!(plane.metric("marin3r_revision_taints_total"), 0.0);
@@ -334,7 +335,7 @@ fn a_rejection_on_one_replica_is_weighed_against_the_proxies_of_every_replica() 
         message.contains("2 of 2 connected proxies of the node, over 1 discovery replica(s)"),
         "{message}"
     );
-    assert_eq!(plane.metric("marin3r_revision_taints_total"), 1.0);
+    plane.wait_metric("marin3r_revision_taints_total", 1.0);
     envoy.wait_for_body(port, "good");
     drop(second);
 }

@@ -70,7 +70,7 @@ pub fn revision_name(node_id: &str, version: &str) -> String {
 
 async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = cached.namespace().unwrap_or_default();
-    if cached.meta().deletion_timestamp.is_some() || !ctx.serves(&ns).await? {
+    if cached.meta().deletion_timestamp.is_some() || !ctx.writes_for(&ns).await {
         ctx.verdicts.forget(&cached.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }

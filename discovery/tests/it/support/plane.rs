@@ -45,6 +45,9 @@ pub struct Plane {
     /// The discovery service name the plane's controllers serve (its namespaces are labelled
     /// for it): unique per plane.
     pub discovery_service: String,
+    /// Its controllers' replica name (the key of their NACK and sync reports): unique per
+    /// plane, as pods' names are.
+    pub replica: String,
     /// The namespaces it serves, by the prefix the test named them with.
     namespaces: BTreeMap<String, String>,
     _space: Namespaces,
@@ -160,7 +163,7 @@ impl Plane {
         let mut registry = prometheus_client::registry::Registry::default();
         let mut config = controllers::Config {
             discovery_service: Some(discovery_service.clone()),
-            replica: "plane-0".into(),
+            replica: format!("{discovery_service}-0"),
             proxies: server.status_registry(),
             ..Default::default()
         };
@@ -172,6 +175,7 @@ impl Plane {
                 namespaces: &namespaces,
             },
         );
+        let replica = config.replica.clone();
         config.metrics.register(&mut registry);
         let tasks = vec![
             rt.spawn({
@@ -199,6 +203,7 @@ impl Plane {
             xds_port,
             pki,
             discovery_service,
+            replica,
             namespaces,
             _space: space,
             registry,
@@ -252,6 +257,12 @@ impl Plane {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
         super::metric_value(&text, sample)
+    }
+
+    /// Waits until one sample line reads `value`. A count is written after the API answered
+    /// the write it counts, which other watchers (and so the test) may see first.
+    pub fn wait_metric(&self, sample: &str, value: f64) {
+        wait_metric(sample, value, || self.metric(sample));
     }
 
     pub fn configs(&self, ns: &str) -> Api<EnvoyConfig> {
@@ -362,6 +373,12 @@ impl Replica {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
         super::metric_value(&text, sample)
+    }
+
+    /// Waits until one sample line reads `value`. A count is written after the API answered
+    /// the write it counts, which other watchers (and so the test) may see first.
+    pub fn wait_metric(&self, sample: &str, value: f64) {
+        wait_metric(sample, value, || self.metric(sample));
     }
 
     /// Kills it, as a crashed process: its runtime goes with every task, nothing released.
@@ -480,6 +497,19 @@ pub fn retry<T>(mut call: impl FnMut() -> Result<T, kube::Error>) -> T {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("API call kept failing: {last:?}");
+}
+
+fn wait_metric(sample: &str, value: f64, read: impl Fn() -> f64) {
+    let mut last = read();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while last != value {
+        assert!(
+            Instant::now() < deadline,
+            "{sample} never read {value}; last {last}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        last = read();
+    }
 }
 
 pub fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
