@@ -211,13 +211,20 @@ fn check_rollout(log: &ClientLog, old: &BTreeSet<String>, r: &Rollout) {
         assert!(pods(&after).is_disjoint(old), "{after:?}");
     }
     assert!(failures.is_empty(), "requests dropped: {failures:?}");
-    // The old pods drained: the kept-alive connection was on one of them and it closed it.
+    // The old pods drained: the kept-alive connection was on them and they closed it. The
+    // pods are replaced one at a time, so a connection closed by the first old pod to drain
+    // may open on another old pod that is not draining yet; after the last close by an old
+    // pod, it is on a new one.
     let kept = log.answers(Mode::KeepAlive, r.patched, r.gone);
     let closed_by_old = kept
         .iter()
+        .rev()
         .find(|(_, a)| a.closed && old.contains(&a.pod))
         .unwrap_or_else(|| panic!("no old pod closed the kept-alive connection: {kept:?}"));
-    let next = kept.iter().find(|(at, _)| *at > closed_by_old.0);
+    let next = log
+        .answers(Mode::KeepAlive, closed_by_old.0 + 1, end)
+        .into_iter()
+        .next();
     assert!(
         next.is_some_and(|(_, a)| !old.contains(&a.pod)),
         "after {closed_by_old:?}: {next:?}"
