@@ -54,13 +54,14 @@ impl Scenario {
 
     async fn start_holding(prefix: &str, images: &[&str], alone: bool) -> anyhow::Result<Self> {
         let cluster = tokio::task::spawn_blocking(Cluster::start_or_attach).await??;
+        let test = marin3r_testkit::cluster::current_test();
         let held = tokio::task::spawn_blocking({
             let cluster = cluster.clone();
             move || {
                 if alone {
                     cluster.exclusive()
                 } else {
-                    cluster.shared()
+                    cluster.shared_for(test)
                 }
             }
         })

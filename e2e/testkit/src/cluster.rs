@@ -2,12 +2,13 @@
 //! started once and shared by every test (`hack/cluster up --reuse`), or any cluster named by
 //! `MARIN3R_E2E_KUBECONFIG=PATH` (kind, a real one) that already has our images.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow, bail};
 
 use crate::kubectl::Kubectl;
 
@@ -23,10 +24,37 @@ pub struct Cluster {
 }
 
 /// The cluster held by a scenario ([`Cluster::exclusive`], [`Cluster::shared`]) until it
-/// drops.
+/// drops (with every other guard of the same hold, [`Cluster::shared_for`]).
 #[derive(Debug)]
 pub struct Held {
-    _file: std::fs::File,
+    _file: Arc<std::fs::File>,
+}
+
+/// The holds of this process by the test that took them, so a test that holds the cluster
+/// already (two planes in one test) is given its own hold again instead of queueing behind
+/// an exclusive waiter that waits for that very hold.
+static HOLDS: Mutex<BTreeMap<String, Weak<std::fs::File>>> = Mutex::new(BTreeMap::new());
+
+/// Notes `held` as test `test`'s, for [`Cluster::shared_for`].
+fn remember(test: Option<String>, held: &Held) -> anyhow::Result<()> {
+    let Some(test) = test else {
+        return Ok(());
+    };
+    let mut holds = HOLDS
+        .lock()
+        .map_err(|_| anyhow!("the holds' lock is poisoned"))?;
+    holds.retain(|_, file| file.strong_count() > 0);
+    holds.insert(test, Arc::downgrade(&held._file));
+    Ok(())
+}
+
+/// The test running on this thread: libtest runs each test on a thread named after it (the
+/// tokio worker and blocking threads that a test also uses are named for the runtime, and
+/// are no test's).
+pub fn current_test() -> Option<String> {
+    let thread = std::thread::current();
+    let name = thread.name()?;
+    (name != "main" && !name.starts_with("tokio-")).then(|| name.to_owned())
 }
 
 /// marin3r's in-cluster operator, as `manifests/` installs it.
@@ -172,13 +200,32 @@ impl Cluster {
     /// scenario that changes marin3r's cluster-wide parts (uninstalls it, or uses the fixed
     /// `marin3r-system/instance` and `demo`) takes it. Released when the guard drops.
     pub fn exclusive(&self) -> anyhow::Result<Held> {
-        self.hold(rustix::fs::FlockOperation::LockExclusive)
+        let held = self.hold(rustix::fs::FlockOperation::LockExclusive)?;
+        remember(current_test(), &held)?;
+        Ok(held)
     }
 
     /// Holds the cluster beside other scenarios that keep to their own namespaces (waiting
     /// while one holds it [`Cluster::exclusive`]ly). Released when the guard drops.
     pub fn shared(&self) -> anyhow::Result<Held> {
-        self.hold(rustix::fs::FlockOperation::LockShared)
+        self.shared_for(current_test())
+    }
+
+    /// [`Cluster::shared`] for test `test` ([`current_test`] on the test's own thread, taken
+    /// before handing the wait to another thread): a test that holds the cluster already gets
+    /// that hold again.
+    pub fn shared_for(&self, test: Option<String>) -> anyhow::Result<Held> {
+        if let Some(test) = &test {
+            let holds = HOLDS
+                .lock()
+                .map_err(|_| anyhow!("the holds' lock is poisoned"))?;
+            if let Some(file) = holds.get(test).and_then(Weak::upgrade) {
+                return Ok(Held { _file: file });
+            }
+        }
+        let held = self.hold(rustix::fs::FlockOperation::LockShared)?;
+        remember(test, &held)?;
+        Ok(held)
     }
 
     /// Holds the cluster [`Cluster::exclusive`]ly and stops marin3r's in-cluster operator
@@ -247,7 +294,11 @@ impl Cluster {
     }
 
     /// flock(2) on a file named after the kubeconfig (std's File::lock is newer than our
-    /// MSRV).
+    /// MSRV), taken in turn: flock(2) lets new shared holds in while an exclusive one waits,
+    /// so with tests holding it shared back to back (two test processes side by side) an
+    /// exclusive one would wait for ever. Every hold first takes a second file, the turn,
+    /// exclusively, and lets it go once it has the first: while an exclusive hold waits for
+    /// the shared ones to end, it keeps the turn, and new holds wait behind it.
     fn hold(&self, how: rustix::fs::FlockOperation) -> anyhow::Result<Held> {
         let name = self
             .kubeconfig
@@ -258,15 +309,26 @@ impl Cluster {
             .fold(0xcbf2_9ce4_8422_2325_u64, |hash, b| {
                 (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
             });
-        let path = std::env::temp_dir().join(format!("marin3r-e2e-cluster-{name:016x}.lock"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        rustix::fs::flock(&file, how).with_context(|| format!("locking {}", path.display()))?;
-        Ok(Held { _file: file })
+        let lock = |path: PathBuf, how| -> anyhow::Result<std::fs::File> {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            rustix::fs::flock(&file, how).with_context(|| format!("locking {}", path.display()))?;
+            Ok(file)
+        };
+        let base = std::env::temp_dir().join(format!("marin3r-e2e-cluster-{name:016x}"));
+        let turn = lock(
+            base.with_extension("turn"),
+            rustix::fs::FlockOperation::LockExclusive,
+        )?;
+        let file = lock(base.with_extension("lock"), how)?;
+        drop(turn);
+        Ok(Held {
+            _file: Arc::new(file),
+        })
     }
 
     /// The client configuration of the cluster's admin, from its kubeconfig.
@@ -328,6 +390,53 @@ mod tests {
         rx.recv_timeout(std::time::Duration::from_secs(10))
             .expect("the exclusive hold once the shared ones went");
         waiting.join().unwrap();
+    }
+
+    /// An exclusive hold that waits is not passed by shared holds asked for after it (two
+    /// test processes holding it shared back to back would starve it), and a test that holds
+    /// the cluster already gets its hold again at once, not behind that waiter.
+    #[test]
+    fn an_exclusive_hold_waits_its_turn_and_a_test_never_waits_for_itself() {
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let cluster = Cluster::from_env_value(Some(file.path().as_os_str())).unwrap();
+        let first = cluster.shared().unwrap();
+        let (tx, rx) = channel();
+        let exclusive = std::thread::spawn({
+            let (cluster, tx) = (cluster.clone(), tx.clone());
+            move || {
+                let held = cluster.exclusive().unwrap();
+                tx.send("exclusive").unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+                drop(held);
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let later = std::thread::Builder::new()
+            .name("another test".into())
+            .spawn({
+                let cluster = cluster.clone();
+                move || {
+                    let held = cluster.shared().unwrap();
+                    tx.send("shared").unwrap();
+                    drop(held);
+                }
+            })
+            .unwrap();
+        // This test's own second hold is its first one again.
+        let again = cluster.shared().unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "held beside this test's hold"
+        );
+        drop((first, again));
+        let order: Vec<&str> = (0..2)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        assert_eq!(order, ["exclusive", "shared"]);
+        exclusive.join().unwrap();
+        later.join().unwrap();
     }
 
     #[test]

@@ -104,13 +104,14 @@ impl Namespaces {
 
     /// Holds the cluster [`Cluster::exclusive`]ly (or shared), and ensures the CRDs.
     pub async fn held(cluster: &Cluster, client: &kube::Client, alone: bool) -> Self {
+        let test = marin3r_testkit::cluster::current_test();
         let held = tokio::task::spawn_blocking({
             let cluster = cluster.clone();
             move || {
                 if alone {
                     cluster.exclusive()
                 } else {
-                    cluster.shared()
+                    cluster.shared_for(test)
                 }
             }
         })
