@@ -221,11 +221,9 @@ fn a_report_carries_the_count_when_written_not_when_the_nack_came() {
     assert_eq!(counted((0, 2), (1, 3)), (1, 3));
 }
 
-/// The leader of a discovery service that serves the namespaces labelled for it, its API on a
-/// closed loopback port: any read or write it tries fails.
-fn leader_of(discovery_service: &str, labelled: &[(&str, &str)]) -> Arc<Context> {
-    use k8s_openapi::api::core::v1::Namespace;
-    use kube::runtime::watcher::Event;
+/// The leader of discovery service `discovery_service`, its API on a closed loopback port:
+/// any read or write it tries fails. Its Namespace watch has not listed yet.
+fn unlisted_leader_of(discovery_service: &str) -> Context {
     let url = "http://127.0.0.1:1".parse().unwrap();
     let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
     let config = super::super::Config {
@@ -233,7 +231,7 @@ fn leader_of(discovery_service: &str, labelled: &[(&str, &str)]) -> Arc<Context>
         replica: format!("{discovery_service}-0"),
         ..Default::default()
     };
-    let ctx = Context {
+    Context {
         events: marin3r_controller::Events::new(client.clone(), super::super::FIELD_MANAGER),
         index: super::super::Indexes::new(&config),
         client,
@@ -242,7 +240,15 @@ fn leader_of(discovery_service: &str, labelled: &[(&str, &str)]) -> Arc<Context>
         publisher: super::super::publisher::Publisher::new(marin3r_xds::Cache::new()),
         attempted: Default::default(),
         verdicts: Default::default(),
-    };
+    }
+}
+
+/// [`unlisted_leader_of`] once its Namespace watch has listed the namespaces `labelled`
+/// (name, discovery service label).
+fn leader_of(discovery_service: &str, labelled: &[(&str, &str)]) -> Arc<Context> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::runtime::watcher::Event;
+    let ctx = unlisted_leader_of(discovery_service);
     let mut events = vec![Event::Init];
     for (name, label) in labelled {
         let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {
@@ -297,23 +303,7 @@ async fn the_leader_decides_only_on_revisions_of_namespaces_it_serves() {
 /// report.
 #[tokio::test]
 async fn a_leader_that_cannot_know_what_it_serves_decides_on_nothing() {
-    let config = super::super::Config {
-        discovery_service: Some("leaving".into()),
-        replica: "leaving-0".into(),
-        ..Default::default()
-    };
-    let url = "http://127.0.0.1:1".parse().unwrap();
-    let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
-    let ctx = Arc::new(Context {
-        events: marin3r_controller::Events::new(client.clone(), super::super::FIELD_MANAGER),
-        index: super::super::Indexes::new(&config),
-        client,
-        metrics: config.metrics.clone(),
-        config,
-        publisher: super::super::publisher::Publisher::new(marin3r_xds::Cache::new()),
-        attempted: Default::default(),
-        verdicts: Default::default(),
-    });
+    let ctx = Arc::new(unlisted_leader_of("leaving"));
     ctx.index.namespaces.as_ref().unwrap().close();
     for namespace in ["shop", "lab"] {
         let revision = rejected_revision(namespace, "mine-replica-a");
