@@ -434,13 +434,16 @@ async fn dynamic_replicas_are_the_autoscalers_static_ones_the_operators_and_budg
         hpa["metadata"]["ownerReferences"][0]["kind"],
         "EnvoyDeployment"
     );
-    let pdb = get(s, PDB).await.unwrap();
+    // The operator applies the Deployment last, once the gateway's client certificate is
+    // issued: a reconcile that found it not yet issued reports the generation observed with
+    // the autoscaler and budget applied and no Deployment. So each is waited for.
+    let pdb = appears(s, "the disruption budget", PDB).await;
     assert_eq!(pdb["spec"]["minAvailable"], "50%");
     assert_eq!(
         pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"],
         "envoy-deployment"
     );
-    let d = get(s, DEPLOYMENT).await.unwrap();
+    let d = appears(s, "the Deployment", DEPLOYMENT).await;
     let envoy = &d["spec"]["template"]["spec"]["containers"][0];
     assert_within(
         &applied["spec"]["resources"],
