@@ -499,10 +499,18 @@ async fn drive(
     })
     .await?;
     let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), run);
-    configs
-        .create(&PostParams::default(), &envoy_config(run, 0)?)
-        .await
-        .context("creating the EnvoyConfig")?;
+    let first = envoy_config(run, 0)?;
+    // A pod Ready is not yet an address behind its Service: until the EndpointSlice
+    // controller has listed it, the API server answers the webhook's call with a 500.
+    let deadline = Instant::now() + t;
+    while let Err(e) = configs.create(&PostParams::default(), &first).await {
+        let unreachable =
+            matches!(&e, kube::Error::Api(s) if s.message.contains("no endpoints available"));
+        if !unreachable || Instant::now() > deadline {
+            return Err(anyhow::Error::from(e).context("creating the EnvoyConfig"));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     wait_for("the first revision InSync", t, || async {
         demo::in_sync_version(&configs.get(NODE_ID).await?)
     })

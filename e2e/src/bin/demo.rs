@@ -17,8 +17,8 @@ struct Args {
     /// Run the story once and exit: 0 only if every step succeeded.
     #[arg(long)]
     exit: bool,
-    /// The marin3r binary pods and `proxy-status` run (default: MARIN3R_BIN, else the
-    /// workspace's build).
+    /// The marin3r binary pods and `proxy-status` run (default: MARIN3R_BIN, else the one
+    /// built beside this demo).
     #[arg(long)]
     marin3r: Option<PathBuf>,
     /// Install from this rendered install.yaml (`hack/render-install -o FILE`) instead of
