@@ -3,26 +3,38 @@
 //! act on that plan. This crate holds the acting half that would otherwise be written once per
 //! controller: typed condition reasons, conditions that keep their transition time, Events,
 //! server-side apply, status patches, the error policy and the reconcile metrics; and leader
-//! election, which both marin3r processes use.
+//! election, which both marin3r processes use. Without its default `kube` feature only the
+//! typed reasons and conditions remain, which the API types (marin3r-api) use without a client.
 
+#[cfg(feature = "kube")]
 mod act;
+#[cfg(feature = "kube")]
 pub mod client;
 mod condition;
+#[cfg(feature = "kube")]
 mod event;
+#[cfg(feature = "kube")]
 pub mod leader;
+#[cfg(feature = "kube")]
 mod metrics;
+#[cfg(feature = "kube")]
 mod policy;
 
+#[cfg(feature = "kube")]
 pub use act::{apply, delete_ignoring_missing, patch_status, status_patch};
 pub use condition::{Reason, set_condition};
+#[cfg(feature = "kube")]
 pub use event::{Context, Events, Note};
+#[cfg(feature = "kube")]
 pub use metrics::ReconcileMetrics;
+#[cfg(feature = "kube")]
 pub use policy::{
     Conflict, DEFAULT_RECONCILE_TIMEOUT, Error, ReconcileError, drain, error_policy, is_conflict,
     retry_after, run,
 };
 
 /// What a controller can watch: a typed Kubernetes object kube's runtime can reflect.
+#[cfg(feature = "kube")]
 pub trait Watched:
     kube::Resource<DynamicType = ()>
     + Clone
@@ -34,6 +46,7 @@ pub trait Watched:
 {
 }
 
+#[cfg(feature = "kube")]
 impl<K> Watched for K where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -47,6 +60,7 @@ impl<K> Watched for K where
 
 /// A controller of every `K` the client can see, with the default watcher configuration
 /// (each controller narrows what wakes it with `owns`, `watches` and its namespace filter).
+#[cfg(feature = "kube")]
 pub fn watch_all<K: Watched>(client: &kube::Client) -> kube::runtime::Controller<K> {
     kube::runtime::Controller::new(
         kube::Api::all(client.clone()),

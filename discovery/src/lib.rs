@@ -1,9 +1,9 @@
 //! marin3r's discovery service and the `marin3r` command line.
 
-pub mod api;
 pub mod cli;
 pub mod controllers;
 pub mod convert;
+pub mod crds;
 pub mod judge;
 pub mod operator;
 pub mod proxy_config;

@@ -7,8 +7,8 @@
 use marin3r_webhook::EnvoyConfigValidator;
 use serde_json::Value;
 
-use crate::api::EnvoyConfigSpec;
 use crate::convert::{self, SecretSource};
+use marin3r_api::EnvoyConfigSpec;
 
 /// Reads an EnvoyConfig spec strictly: the spec, and every field the types do not know
 /// (`spec.<path>: unknown field ...`), or the first field that does not deserialize.
@@ -131,8 +131,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::api::{EnvoySecretResource, SecretReference};
     use crate::cli::validate::{Document, validate_manifests};
+    use marin3r_api::{EnvoySecretResource, SecretReference};
 
     fn object(spec: Value) -> Value {
         json!({

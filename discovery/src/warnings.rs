@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::api::EnvoyConfigSpec;
 use crate::judge::{Entry, SIDECAR_CLUSTERS, entries};
+use marin3r_api::EnvoyConfigSpec;
 use marin3r_xds::resource::ResourceType;
 
 /// The most warnings reported for one config (kubectl prints each on its own line).

@@ -40,7 +40,7 @@ pub fn example_in(file: &str, ns: &str) -> std::io::Result<String> {
 
 /// A DiscoveryService's `Ready` condition: (status, reason, message).
 pub fn discovery_service_ready(
-    ds: &marin3r_discovery::api::discovery_service::DiscoveryService,
+    ds: &marin3r_api::discovery_service::DiscoveryService,
 ) -> Option<(String, String, String)> {
     ready_condition(&ds.status.as_ref()?.conditions)
 }

@@ -371,7 +371,7 @@ impl Scenario {
         &self,
         body: &str,
     ) -> anyhow::Result<k8s_openapi::api::core::v1::Pod> {
-        use marin3r_discovery::api::discovery_service::DiscoveryService;
+        use marin3r_api::discovery_service::DiscoveryService;
         let ds = crate::product::example_in("discoveryservice-own-namespace.yaml", &self.ns)?;
         self.kubectl.ok_with(&["apply", "-f", "-"], &ds).await?;
         let services: kube::Api<DiscoveryService> =
@@ -487,7 +487,7 @@ impl Scenario {
         name: &str,
         timeout: Duration,
     ) -> anyhow::Result<()> {
-        let services: kube::Api<marin3r_discovery::api::discovery_service::DiscoveryService> =
+        let services: kube::Api<marin3r_api::discovery_service::DiscoveryService> =
             kube::Api::namespaced(self.client.clone(), namespace);
         let deadline = std::time::Instant::now() + timeout;
         loop {

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 
-use crate::api::{crds, reference};
+use crate::crds;
+use marin3r_api::reference;
 
 #[derive(Debug, Args)]
 pub struct CrdsArgs {

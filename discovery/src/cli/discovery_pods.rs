@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
-use crate::api::discovery_service::DiscoveryService;
+use marin3r_api::discovery_service::DiscoveryService;
 
 /// The labels every discovery pod carries (the operator's Deployment template).
 pub(super) const DISCOVERY_POD_SELECTOR: &str =

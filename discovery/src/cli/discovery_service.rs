@@ -27,12 +27,12 @@ use tracing::info;
 
 use super::admin;
 
-use crate::api::discovery_service::{
+use crate::controllers::nacks::ReplicaPods;
+use crate::controllers::{self, Readiness};
+use marin3r_api::discovery_service::{
     DEFAULT_ADMIN_PORT, DEFAULT_METRICS_PORT, DEFAULT_PROBE_PORT, DEFAULT_WEBHOOK_PORT,
     DEFAULT_XDS_PORT,
 };
-use crate::controllers::nacks::ReplicaPods;
-use crate::controllers::{self, Readiness};
 
 #[derive(Debug, Args)]
 pub struct DiscoveryServiceArgs {

@@ -16,9 +16,9 @@ use marin3r_webhook::annotations::{ADMIN_PORT, NODE_ID};
 use marin3r_xds::{SYNC_STATUS_PATH, SyncStatus};
 
 use super::cluster::ClusterArgs;
-use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
 use crate::proxy_config::served::{SERVED_CONFIG_PATH, Served};
 use crate::proxy_config::{Entry, defuse, diff, dump, printable};
+use marin3r_api::discovery_service::DEFAULT_ADMIN_PORT;
 
 /// Envoy's admin port when the pod does not say.
 const ENVOY_ADMIN_PORT: u16 = 9901;

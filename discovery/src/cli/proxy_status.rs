@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::cluster::ClusterArgs;
-use crate::api::discovery_service::DEFAULT_ADMIN_PORT;
+use marin3r_api::discovery_service::DEFAULT_ADMIN_PORT;
 use marin3r_xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
 
 #[derive(Debug, Args)]

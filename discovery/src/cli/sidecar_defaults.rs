@@ -1,6 +1,6 @@
 //! The discovery pod's defaults for the sidecars its webhook injects: the flags the operator
 //! writes from `DiscoveryService.spec.sidecar`
-//! ([`crate::api::sidecar_defaults::SidecarDefaults::args`]).
+//! ([`marin3r_api::sidecar_defaults::SidecarDefaults::args`]).
 
 use clap::{Args, ValueEnum};
 use marin3r_webhook::InjectionConfig;
@@ -125,7 +125,7 @@ fn supports_native_sidecars(major: &str, minor: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::sidecar_defaults::SidecarDefaults;
+    use marin3r_api::sidecar_defaults::SidecarDefaults;
 
     #[derive(clap::Parser)]
     struct Cli {

@@ -12,9 +12,9 @@ use serde::Deserialize;
 
 use marin3r_xds::resource::{Resource, ResourceType};
 
-use crate::api::EnvoyConfigSpec;
 use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
 use crate::judge::{EnvoyJudge, JudgeError};
+use marin3r_api::EnvoyConfigSpec;
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
 const KIND: &str = "EnvoyConfig";

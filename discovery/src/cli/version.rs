@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::cluster::ClusterArgs;
 use super::discovery_pods::DISCOVERY_POD_SELECTOR;
 use super::proxy_status::sync_status_of;
-use crate::api::discovery_service::{DEFAULT_ADMIN_PORT, DiscoveryService};
+use marin3r_api::discovery_service::{DEFAULT_ADMIN_PORT, DiscoveryService};
 
 const OPERATOR_SELECTOR: &str =
     "app.kubernetes.io/name=marin3r,app.kubernetes.io/component=operator";

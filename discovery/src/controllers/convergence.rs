@@ -18,9 +18,9 @@ use marin3r_controller::{patch_status, set_condition};
 use tracing::{debug, warn};
 
 use super::{Context, Error};
-use crate::api::EnvoyConfig;
-use crate::api::envoy_config::EnvoyConfigStatus;
-use crate::api::proxy_sync::{ProxySync, SYNCED, SyncReport};
+use marin3r_api::EnvoyConfig;
+use marin3r_api::envoy_config::EnvoyConfigStatus;
+use marin3r_api::proxy_sync::{ProxySync, SYNCED, SyncReport};
 use marin3r_xds::NodeKey;
 use marin3r_xds::convergence::{self, Convergence};
 

@@ -4,7 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
-use crate::api::EnvoyConfigSpec;
+use marin3r_api::EnvoyConfigSpec;
 
 fn at(secs: i64) -> Time {
     Time(Timestamp::from_second(secs).unwrap())

@@ -21,9 +21,9 @@ use kube::{Api, Client, ResourceExt};
 use marin3r_controller::Events;
 use tokio::sync::mpsc;
 
-use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use crate::api::{EnvoyConfig, EnvoyConfigRevision};
 use index::Index;
+use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_controller::leader::{self, LeaseConfig};
 use marin3r_xds::{Cache, NackEvent, StatusRegistry};
 pub use metrics::ControllerMetrics;

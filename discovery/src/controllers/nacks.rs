@@ -31,8 +31,8 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use super::{Context, Error};
-use crate::api::EnvoyConfigRevision;
-use crate::api::envoy_config_revision::{NackReport, REVISION_TAINTED, RevisionReason};
+use marin3r_api::EnvoyConfigRevision;
+use marin3r_api::envoy_config_revision::{NackReport, REVISION_TAINTED, RevisionReason};
 use marin3r_xds::NackEvent;
 use marin3r_xds::resource::ResourceType;
 

@@ -253,7 +253,7 @@ fn leader_of(discovery_service: &str, labelled: &[(&str, &str)]) -> Arc<Context>
     for (name, label) in labelled {
         let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {
             "name": name,
-            "labels": {crate::api::discovery_service::DISCOVERY_SERVICE_LABEL: label},
+            "labels": {marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL: label},
         }}))
         .unwrap();
         events.push(Event::InitApply(ns));

@@ -6,7 +6,7 @@ use prost::Message as _;
 use serde_json::json;
 
 use super::*;
-use crate::api::EnvoyConfigSpec;
+use marin3r_api::EnvoyConfigSpec;
 
 fn listener(http_filters: serde_json::Value, route_extra: serde_json::Value) -> EnvoyConfigSpec {
     let mut route = json!({"match": {"prefix": "/"}, "direct_response": {"status": 200}});

@@ -20,7 +20,7 @@ use std::sync::LazyLock;
 use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
 
-use crate::api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
+use marin3r_api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
 use marin3r_xds::resource::{Resource, ResourceType};
 
 pub use endpoints::endpoints_from_slices;
@@ -325,7 +325,7 @@ fn hint_other_type(
             "this is an {} resource, not {} as `type` says; set `type: {}` ({})",
             other.message_name(),
             kind.message_name(),
-            crate::api::ResourceKind::of(other).as_str(),
+            marin3r_api::ResourceKind::of(other).as_str(),
             err.message
         )),
         Some(other) => ValueError::whole(format!(

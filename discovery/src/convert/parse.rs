@@ -7,7 +7,7 @@ use prost_reflect::{DeserializeOptions, DynamicMessage, Kind, MessageDescriptor}
 
 use super::ValueError;
 use super::recover::Step;
-use crate::api::Serialization;
+use marin3r_api::Serialization;
 
 /// The type URL an empty `Any` (`{}`) is parsed as, and written back as an empty `Any` by the
 /// canonical encoder: what Envoy's own JSON parser makes of `{}` (a route's

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::ValueError;
 use super::parse::{self, key_segment};
-use crate::api::Serialization;
+use marin3r_api::Serialization;
 
 /// The most problems reported for one value.
 const MAX_PROBLEMS: usize = 20;

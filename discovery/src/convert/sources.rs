@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::api::{Blueprint, EndpointSlicesSource, EnvoyConfigSpec, LabelSelector};
+use marin3r_api::{Blueprint, EndpointSlicesSource, EnvoyConfigSpec, LabelSelector};
 use marin3r_xds::resource::Resource;
 
 /// One SDS secret to build from a Kubernetes Secret.

@@ -6,7 +6,7 @@ use envoy_types::pb::envoy;
 use prost::Message as _;
 
 use super::*;
-use crate::api::{EnvoyResource, EnvoySecretResource, SecretReference};
+use marin3r_api::{EnvoyResource, EnvoySecretResource, SecretReference};
 
 const LISTENER: &str = include_str!("testdata/listener_hcm.yaml");
 const CLUSTER: &str = include_str!("testdata/cluster.yaml");

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::api::{Resource as Entry, ResourceKind};
+use marin3r_api::{Resource as Entry, ResourceKind};
 use marin3r_xds::resource::{Resource, ResourceType};
 
 use super::{ConversionError, ValueError, descriptor_pool};
@@ -238,7 +238,7 @@ fn convert(
         pool,
         kind.resource_type(),
         &json,
-        crate::api::Serialization::Json,
+        marin3r_api::Serialization::Json,
         super::Listing::Typed,
     )
     // Positions are in our own re-serialized text, not the user's: they would mislead.

@@ -9,7 +9,7 @@ use serde_json::json;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, secret::Type};
 
 use super::*;
-use crate::api::{Blueprint, EnvoyConfig, EnvoyConfigSpec};
+use marin3r_api::{Blueprint, EnvoyConfig, EnvoyConfigSpec};
 
 fn manifest(file: &str) -> EnvoyConfigSpec {
     let text = match file {
@@ -209,7 +209,7 @@ fn each_type_takes_only_its_own_fields() {
 
 #[test]
 fn selectors_render_and_match_as_the_api_server_does() {
-    let selector: crate::api::LabelSelector = serde_json::from_value(json!({
+    let selector: marin3r_api::LabelSelector = serde_json::from_value(json!({
         "matchLabels": {"app": "web"},
         "matchExpressions": [
             {"key": "tier", "operator": "In", "values": ["a", "b"]},

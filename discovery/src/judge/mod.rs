@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::api::EnvoyConfigSpec;
+use marin3r_api::EnvoyConfigSpec;
 use marin3r_xds::resource::ResourceType;
 
 /// How long one verdict may take by default (`marin3r validate`), every Envoy run included.

@@ -33,8 +33,8 @@ use marin3r_controller::{
 };
 use tracing::info;
 
-use crate::api::discovery_service::DiscoveryService;
 use build::{CLIENT_NAMESPACE_LABEL, Children, OWNER_NAME_LABEL, OWNER_NAMESPACE_LABEL, Scope};
+use marin3r_api::discovery_service::DiscoveryService;
 use plan::{Applied, Apply, Observed, Outcome, Plan};
 
 const FIELD_MANAGER: &str = "marin3r-operator";
@@ -428,7 +428,7 @@ async fn cleanup(ds: &DiscoveryService, ctx: &Context) -> Result<Action, Error> 
     for namespace in ns_api.list(&ListParams::default()).await? {
         if let Some(patch) = namespaces::leave_patch(&name, &owner, &namespace) {
             let labels = namespace.labels();
-            let ours = labels.get(crate::api::discovery_service::DISCOVERY_SERVICE_LABEL)
+            let ours = labels.get(marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL)
                 == Some(&name)
                 || namespace.annotations().get(build::LABELLED_BY_ANNOTATION) == Some(&owner);
             if ours {

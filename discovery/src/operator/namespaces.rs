@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use serde_json::{Value, json};
 
 use super::build::{LABELLED_BY_ANNOTATION, Scope};
-use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService, STATUS_LABEL};
+use marin3r_api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService, STATUS_LABEL};
 
 /// The decisions for one reconcile.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -265,7 +265,7 @@ mod tests {
         let mut ds = DiscoveryService::new("ds", Default::default());
         ds.metadata.namespace = Some("marin3r".into());
         ds.spec.enabled_namespaces = Some(listed.iter().map(|n| (*n).to_owned()).collect());
-        ds.status = Some(crate::api::discovery_service::DiscoveryServiceStatus {
+        ds.status = Some(marin3r_api::discovery_service::DiscoveryServiceStatus {
             enabled_namespaces: serving.iter().map(|n| (*n).to_owned()).collect(),
             ..Default::default()
         });

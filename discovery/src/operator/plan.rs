@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::Config;
 use super::build::{CLIENT_NAMESPACE_LABEL, Children, Scope};
 use super::namespaces;
-use crate::api::discovery_service::{DiscoveryService, DiscoveryServiceStatus, Resolved};
+use marin3r_api::discovery_service::{DiscoveryService, DiscoveryServiceStatus, Resolved};
 
 const READY: &str = "Ready";
 /// How soon to look again while something is not ready yet (changes to owned objects

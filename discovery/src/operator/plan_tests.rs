@@ -76,7 +76,7 @@ fn outside_the_trusted_namespaces_it_serves_its_own_namespace_only() {
         namespace("elsewhere", serde_json::json!({})),
         namespace(
             "other",
-            serde_json::json!({crate::api::discovery_service::DISCOVERY_SERVICE_LABEL: "instance"}),
+            serde_json::json!({marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL: "instance"}),
         ),
     ];
     let Plan::Apply(plan) = decide(&obs) else {
@@ -107,7 +107,7 @@ fn outside_the_trusted_namespaces_it_serves_its_own_namespace_only() {
         namespace("elsewhere", serde_json::json!({})),
         namespace(
             "other",
-            serde_json::json!({crate::api::discovery_service::DISCOVERY_SERVICE_LABEL: "instance"}),
+            serde_json::json!({marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL: "instance"}),
         ),
     ];
     let Plan::Apply(plan) = decide(&obs) else {

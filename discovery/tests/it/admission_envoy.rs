@@ -71,7 +71,7 @@ fn envoy_judges_at_admission_what_passes_our_checks() {
 }
 
 /// A spec's entries as `judge::entries` reads them.
-fn spec(resources: Value) -> marin3r_discovery::api::EnvoyConfigSpec {
+fn spec(resources: Value) -> marin3r_api::EnvoyConfigSpec {
     serde_json::from_value(json!({"nodeID": "shop", "resources": resources})).unwrap()
 }
 

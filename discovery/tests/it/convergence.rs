@@ -5,16 +5,16 @@
 
 use crate::support;
 
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use support::free_port;
 use support::plane::*;
 
-fn synced(ec: &marin3r_discovery::api::EnvoyConfig) -> Option<&str> {
+fn synced(ec: &marin3r_api::EnvoyConfig) -> Option<&str> {
     Some(ec.status.as_ref()?.proxies.as_ref()?.synced.as_str())
 }
 
-fn synced_condition(ec: &marin3r_discovery::api::EnvoyConfig) -> Option<(String, String)> {
+fn synced_condition(ec: &marin3r_api::EnvoyConfig) -> Option<(String, String)> {
     condition(ec, "Synced").map(|c| (c.status.clone(), c.reason.clone()))
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use marin3r_discovery::api::crds;
+use marin3r_discovery::crds;
 
 #[test]
 fn checked_in_crds_match_the_rust_types() {

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use marin3r_discovery::api::EnvoyConfigSpec;
+use marin3r_api::EnvoyConfigSpec;
 use marin3r_discovery::judge::EnvoyJudge;
 use serde_json::{Value, json};
 

@@ -8,16 +8,16 @@
 
 use crate::support;
 
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
+use marin3r_api::EnvoyConfig;
+use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_api_faults::FaultProxy;
-use marin3r_discovery::api::EnvoyConfig;
-use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_testkit::envoy::get_body;
 use serde_json::json;
@@ -568,7 +568,7 @@ fn readiness_waits_for_published_revisions_and_sigterm_drains() {
         wait_for(&format!("{name} InSync"), Duration::from_secs(20), || {
             let ec = rt.block_on(configs.get(name)).unwrap();
             let status = ec.status?;
-            (status.cache_state == Some(marin3r_discovery::api::envoy_config::CacheState::InSync)
+            (status.cache_state == Some(marin3r_api::envoy_config::CacheState::InSync)
                 && version.is_none_or(|v| status.published_version.as_deref() == Some(v)))
             .then_some(())
         })

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::api::DeleteParams;
+use marin3r_api::envoy_config::CacheState;
+use marin3r_api::envoy_config_revision::REVISION_TAINTED;
 use marin3r_api_faults::FaultScope;
-use marin3r_discovery::api::envoy_config::CacheState;
-use marin3r_discovery::api::envoy_config_revision::REVISION_TAINTED;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_testkit::xds::client::{ClientTls, SotwStream, connect_from};
 use marin3r_xds::resource::ResourceType;
@@ -562,7 +562,7 @@ fn an_unknown_spec_field_does_not_stop_the_controllers() {
         "spec": odd,
     });
     // The type reads it as it is, unknown fields and all.
-    let read: marin3r_discovery::api::EnvoyConfig = serde_json::from_value(object.clone()).unwrap();
+    let read: marin3r_api::EnvoyConfig = serde_json::from_value(object.clone()).unwrap();
     assert_eq!(read.spec.node_id, "odd");
     // Server-side apply refuses undeclared fields; a create (validation `Warn`, the API
     // server's default) stores the object without them.
@@ -574,7 +574,7 @@ fn an_unknown_spec_field_does_not_stop_the_controllers() {
             &Patch::Apply(&object),
         ))
         .unwrap_err();
-    let resource = ApiResource::erase::<marin3r_discovery::api::EnvoyConfig>(&());
+    let resource = ApiResource::erase::<marin3r_api::EnvoyConfig>(&());
     let raw: Api<DynamicObject> = Api::namespaced_with(plane.client.clone(), ns, &resource);
     plane
         .rt

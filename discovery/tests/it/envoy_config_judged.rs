@@ -8,7 +8,7 @@
 
 use crate::support;
 
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 use marin3r_discovery::judge::EnvoyJudge;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use support::free_port;
@@ -21,7 +21,7 @@ fn plane_judging_with(judge: EnvoyJudge) -> Plane {
     Plane::start_with(&[NS], move |config, _| config.judge = Some(judge))
 }
 
-fn invalid_spec(ec: &marin3r_discovery::api::EnvoyConfig) -> bool {
+fn invalid_spec(ec: &marin3r_api::EnvoyConfig) -> bool {
     condition(ec, "CacheOutOfSync").is_some_and(|c| c.reason == "InvalidSpec")
 }
 

@@ -4,7 +4,7 @@
 //! disappears from a type, from the generated CRD or from what the API server serves fails
 //! here.
 
-use marin3r_discovery::api::crds;
+use marin3r_discovery::crds;
 use serde_json::Value;
 
 use crate::support::cluster::{Namespaces, cluster};

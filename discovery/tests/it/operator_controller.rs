@@ -18,11 +18,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceA
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_controller::leader;
-use marin3r_discovery::api::discovery_service::{
+use marin3r_api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
 };
+use marin3r_certs::api::DiscoveryServiceCertificate;
+use marin3r_controller::leader;
 use marin3r_discovery::operator;
 use marin3r_testkit::cluster::OperatorStopped;
 use serde_json::json;

@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use marin3r_discovery::api::{crds, reference};
+use marin3r_api::reference;
+use marin3r_discovery::crds;
 
 const REFRESH: &str = "run `cargo run -p marin3r-discovery -- crds --reference docs/reference`";
 

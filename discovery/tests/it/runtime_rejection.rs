@@ -7,7 +7,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use marin3r_discovery::api::EnvoyConfigSpec;
+use marin3r_api::EnvoyConfigSpec;
 use marin3r_discovery::judge::EnvoyJudge;
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_xds::resource::ResourceType;

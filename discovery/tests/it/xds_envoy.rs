@@ -604,7 +604,7 @@ envoyResources:
           marin3r.test_key: converted
 "#
     );
-    let spec: marin3r_discovery::api::EnvoyConfigSpec = serde_saphyr::from_str(&spec).unwrap();
+    let spec: marin3r_api::EnvoyConfigSpec = serde_saphyr::from_str(&spec).unwrap();
     let mut resources = marin3r_discovery::convert::validate_config(&spec)
         .unwrap_or_else(|errors| panic!("{errors:?}"));
     let pki = Pki::new();

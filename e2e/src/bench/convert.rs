@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use marin3r_discovery::api::{EnvoyResource, EnvoyResources, Serialization};
+use marin3r_api::{EnvoyResource, EnvoyResources, Serialization};
 use marin3r_discovery::convert::{descriptor_pool, envoy_resources};
 
 use super::{Row, Stats, human};

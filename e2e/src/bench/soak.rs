@@ -38,8 +38,8 @@ use anyhow::{Context, bail};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use marin3r_discovery::api::EnvoyConfig;
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::EnvoyConfig;
+use marin3r_api::envoy_config::CacheState;
 use serde_json::json;
 use tokio::sync::watch;
 

@@ -5,7 +5,7 @@
 pub mod commands;
 pub mod narrate;
 
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -14,9 +14,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
+use marin3r_api::EnvoyConfig;
+use marin3r_api::discovery_service::DiscoveryService;
 use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_discovery::api::EnvoyConfig;
-use marin3r_discovery::api::discovery_service::DiscoveryService;
 
 use marin3r_testkit::kubectl::Kubectl;
 pub use narrate::{Narrator, wait_for};

@@ -16,7 +16,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_e2e::real::{OPERATOR_NAMESPACE as OPS, Scenario};
 use serde_json::json;
 

@@ -13,8 +13,8 @@ use envoy_types::pb::envoy::config::core::v3::{
     Address, SocketAddress, address, socket_address::PortSpecifier,
 };
 use envoy_types::pb::envoy::service::runtime::v3::Runtime;
+use marin3r_api::EnvoyConfigSpec;
 use marin3r_certs::{CertificateInfo, CertificateRequest, Usage, issue_self_signed};
-use marin3r_discovery::api::EnvoyConfigSpec;
 use marin3r_discovery::convert::{tls_secret, validate_config};
 use marin3r_testkit::envoy::{Envoy, get_body};
 use marin3r_xds::resource::{Resource, ResourceType};
@@ -232,7 +232,7 @@ fn envoy_validates(list: &str, resource_yaml: &str) -> (bool, String) {
 /// of these values, and so does the conversion, before anything reaches a proxy.
 #[test]
 fn local_validation_rules_agree_with_envoy() {
-    use marin3r_discovery::api::Serialization;
+    use marin3r_api::Serialization;
     use marin3r_discovery::convert::convert_value;
 
     let good = [

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use kube::Api;
-use marin3r_discovery::api::EnvoyConfig;
+use marin3r_api::EnvoyConfig;
 use marin3r_e2e::product::example_in;
 use marin3r_e2e::real;
 

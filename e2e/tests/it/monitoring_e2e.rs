@@ -19,7 +19,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use marin3r_discovery::api::discovery_service::DiscoveryService;
+use marin3r_api::discovery_service::DiscoveryService;
 use marin3r_e2e::monitoring::{self, Job, Prometheus, address, grafana_to_promql};
 use marin3r_e2e::real::{self, Scenario, pod_ready};
 use marin3r_e2e::rejected::nacked_by_proxies;

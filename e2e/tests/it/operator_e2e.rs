@@ -9,7 +9,7 @@
 //! API server's port-forward); through the pod network only its readiness listener answers,
 //! and only `GET /ready`.
 
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 use marin3r_testkit::wait::until;
 use std::time::Duration;
 
@@ -24,11 +24,11 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use marin3r_certs::api::DiscoveryServiceCertificate;
-use marin3r_discovery::api::discovery_service::{
+use marin3r_api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL,
 };
-use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
+use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
+use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_e2e::product::example_in;
 use marin3r_e2e::real::{self, OPERATOR_NAMESPACE as OPS, Scenario, pod_ip, pod_ready as is_ready};
 use marin3r_e2e::rejected::nacked_by_proxies;

@@ -15,7 +15,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, ResourceExt};
-use marin3r_discovery::api::discovery_service::DiscoveryService;
+use marin3r_api::discovery_service::DiscoveryService;
 use marin3r_e2e::product::{discovery_service_ready, example_in};
 use marin3r_e2e::real::{self, Scenario};
 use serde_json::json;

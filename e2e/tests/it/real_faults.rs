@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use kube::{Api, ResourceExt};
-use marin3r_discovery::api::envoy_config::{CacheState, EnvoyConfig};
+use marin3r_api::envoy_config::{CacheState, EnvoyConfig};
 use marin3r_e2e::demo::get;
 use marin3r_e2e::real::{self, EXAMPLE_BODY, Scenario};
 use marin3r_testkit::tools::repo_root;

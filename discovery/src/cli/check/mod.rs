@@ -19,8 +19,9 @@ use marin3r_certs::api::DiscoveryServiceCertificate;
 use time::OffsetDateTime;
 
 use super::cluster::ClusterArgs;
-use crate::api::discovery_service::DiscoveryService;
-use crate::api::{EnvoyConfig, crds};
+use crate::crds;
+use marin3r_api::EnvoyConfig;
+use marin3r_api::discovery_service::DiscoveryService;
 use served::{check_namespaces, check_webhooks};
 
 #[derive(Debug, Args)]

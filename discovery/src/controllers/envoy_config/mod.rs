@@ -18,8 +18,8 @@ use marin3r_controller::{delete_ignoring_missing, patch_status, status_patch};
 use tracing::info;
 
 use super::{Context, Error};
-use crate::api::envoy_config::CacheState;
-use crate::api::{EnvoyConfig, EnvoyConfigRevision};
+use marin3r_api::envoy_config::CacheState;
+use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use plan::{Observed, Outcome, Plan, Publish};
 
 pub const CACHE_OUT_OF_SYNC: &str = "CacheOutOfSync";
@@ -243,7 +243,7 @@ async fn delete(api: &Api<EnvoyConfigRevision>, name: &str) -> Result<(), Error>
 async fn write_status(
     ctx: &Context,
     ec: &EnvoyConfig,
-    status: &crate::api::EnvoyConfigStatus,
+    status: &marin3r_api::EnvoyConfigStatus,
 ) -> Result<(), Error> {
     if ec.status.as_ref() == Some(status) {
         return Ok(());
@@ -262,7 +262,7 @@ async fn write_status(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::EnvoyConfigSpec;
+    use marin3r_api::EnvoyConfigSpec;
 
     #[test]
     fn the_cache_condition_says_what_is_served_and_why() {
@@ -292,17 +292,19 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(a.envoy_resources.version(), b.envoy_resources.version());
-        a.envoy_resources.listeners.push(crate::api::EnvoyResource {
-            name: None,
-            value: "{}".into(),
-        });
+        a.envoy_resources
+            .listeners
+            .push(marin3r_api::EnvoyResource {
+                name: None,
+                value: "{}".into(),
+            });
         assert_ne!(a.envoy_resources.version(), b.envoy_resources.version());
         assert_eq!(a.envoy_resources.version().len(), 10);
         // The spec's version is that of `envoyResources` until `resources` is used.
         assert_eq!(a.version(), a.envoy_resources.version());
         let mut c = b.clone();
-        c.resources.push(crate::api::Resource {
-            kind: crate::api::ResourceKind::Listener,
+        c.resources.push(marin3r_api::Resource {
+            kind: marin3r_api::ResourceKind::Listener,
             value: Some(serde_json::json!({"name": "l"})),
             generate_from_tls_secret: None,
             generate_from_opaque_secret: None,
@@ -320,7 +322,7 @@ mod tests {
     /// label) is found by its version and referenced by its own name; ours get that label.
     #[test]
     fn revisions_named_as_the_original_names_them_are_taken_as_they_are() {
-        use crate::api::EnvoyConfigRevisionSpec;
+        use marin3r_api::EnvoyConfigRevisionSpec;
         let mut ec = EnvoyConfig::new(
             "edge",
             serde_json::from_value(serde_json::json!({
@@ -387,8 +389,8 @@ mod tests {
     /// unpublished; with nothing served, an empty spec is published as any other.
     #[test]
     fn an_empty_spec_never_replaces_a_served_one() {
-        use crate::api::EnvoyConfigRevisionSpec;
-        use crate::api::envoy_config_revision::EnvoyConfigRevisionStatus;
+        use marin3r_api::EnvoyConfigRevisionSpec;
+        use marin3r_api::envoy_config_revision::EnvoyConfigRevisionStatus;
         let served_spec: EnvoyConfigSpec = serde_json::from_value(serde_json::json!({
             "nodeID": "edge",
             "resources": [{"type": "cluster", "value": {"name": "c"}}],

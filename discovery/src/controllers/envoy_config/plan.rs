@@ -11,15 +11,15 @@ use marin3r_controller::{Note, set_condition};
 
 use super::revisions::{self, MAX_REVISIONS};
 use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, revision_name};
-use crate::api::envoy_config::CacheState;
-use crate::api::envoy_config_revision::{
+use crate::rules::problems;
+use marin3r_api::envoy_config::CacheState;
+use marin3r_api::envoy_config_revision::{
     ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
 };
-use crate::api::{
+use marin3r_api::{
     ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
     EnvoyConfigRevisionStatus, EnvoyConfigStatus,
 };
-use crate::rules::problems;
 
 marin3r_controller::reasons! {
     /// The reasons of an `EnvoyConfig`'s conditions and Events.

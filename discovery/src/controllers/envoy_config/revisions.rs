@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 
 /// At most this many revisions are kept per `EnvoyConfig`.
 pub const MAX_REVISIONS: usize = 10;

@@ -15,9 +15,9 @@ use kube::{Api, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use crate::api::EnvoyConfigRevision;
 use crate::controllers::{Context, Error};
 use crate::convert;
+use marin3r_api::EnvoyConfigRevision;
 
 /// The slices each `generateFromEndpointSlices` of the revision selects, in spec order. A
 /// selector that is not valid selects nothing here: validation refuses the revision anyway.

@@ -13,11 +13,11 @@ use marin3r_xds::Snapshot;
 use marin3r_xds::resource::ResourceType;
 use sha2::{Digest, Sha256};
 
-use crate::api::EnvoyConfigRevision;
-use crate::api::envoy_config_revision::{
+use crate::{convert, rules};
+use marin3r_api::EnvoyConfigRevision;
+use marin3r_api::envoy_config_revision::{
     EnvoyConfigRevisionStatus, RevisionReason, VersionTracker,
 };
-use crate::{convert, rules};
 
 /// The revision's snapshot and its secrets version (`<version>-<hash of the loaded
 /// secrets>`), or why it cannot be served. `secrets` are the referenced Secrets, in order.
@@ -126,8 +126,8 @@ fn provided_versions(snapshot: &Snapshot) -> VersionTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::envoy_config_revision::{RESOURCES_IN_SYNC, RESOURCES_OUT_OF_SYNC};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use marin3r_api::envoy_config_revision::{RESOURCES_IN_SYNC, RESOURCES_OUT_OF_SYNC};
 
     fn condition<'a>(status: &'a EnvoyConfigRevisionStatus, type_: &str) -> &'a Condition {
         status.conditions.iter().find(|c| c.type_ == type_).unwrap()

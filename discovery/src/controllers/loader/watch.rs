@@ -19,12 +19,12 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::{endpoint_slices, key_of};
-use crate::api::EnvoyConfigRevision;
-use crate::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use crate::api::envoy_config_revision::RevisionReason;
 use crate::controllers::Publisher;
 use crate::controllers::{Context, Error};
 use crate::convert;
+use marin3r_api::EnvoyConfigRevision;
+use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use marin3r_api::envoy_config_revision::RevisionReason;
 
 /// Sets `ready` once every revision published when the store was first listed has been
 /// loaded, or has failed to load and says why in its status: a new discovery pod gets
@@ -278,8 +278,8 @@ fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::EnvoyConfigRevisionSpec;
-    use crate::api::envoy_config_revision::EnvoyConfigRevisionStatus;
+    use marin3r_api::EnvoyConfigRevisionSpec;
+    use marin3r_api::envoy_config_revision::EnvoyConfigRevisionStatus;
 
     /// A published revision in `ns` serving the Secret `secret` (of its own namespace).
     fn mk_revision(ns: &str, secret: &str) -> EnvoyConfigRevision {

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
-use crate::api::discovery_service::{DiscoveryService, Resolved};
+use marin3r_api::discovery_service::{DiscoveryService, Resolved};
 
 /// Labels naming the `DiscoveryService` an object belongs to; the cleanup of objects that
 /// cannot be owned (cluster-scoped or in other namespaces) selects on them.

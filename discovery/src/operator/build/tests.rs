@@ -1,7 +1,7 @@
 use super::*;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::discovery_service::{
+use marin3r_api::discovery_service::{
     DISCOVERY_SERVICE_LABEL, DiscoveryService, SERVER_CERT_HASH_LABEL, STATUS_LABEL,
 };
 

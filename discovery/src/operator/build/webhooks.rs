@@ -10,7 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::api::discovery_service::{DISCOVERY_SERVICE_LABEL, STATUS_LABEL};
+use marin3r_api::discovery_service::{DISCOVERY_SERVICE_LABEL, STATUS_LABEL};
 
 use super::{
     Children, NAMESPACE_NAME_LABEL, Scope, VALIDATING_WEBHOOK_FAILURE_POLICY,

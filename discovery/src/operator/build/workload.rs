@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::api::discovery_service::SERVER_CERT_HASH_LABEL;
+use marin3r_api::discovery_service::SERVER_CERT_HASH_LABEL;
 
 use super::{CONTAINER_NAME, Children, SERVER_CERT_DIR, Scope};
 

@@ -25,9 +25,9 @@ use marin3r_controller::{
     status_patch,
 };
 
-use crate::api::EnvoyConfig;
-use crate::api::discovery_service::DiscoveryService;
-use crate::api::envoy_deployment::EnvoyDeployment;
+use marin3r_api::EnvoyConfig;
+use marin3r_api::discovery_service::DiscoveryService;
+use marin3r_api::envoy_deployment::EnvoyDeployment;
 use plan::{Children, NotReady, Observed, Outcome};
 
 const FIELD_MANAGER: &str = "marin3r-operator";

@@ -2,7 +2,21 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 use super::*;
-use crate::api::envoy_deployment::fixture as mk_ed;
+
+/// The `EnvoyDeployment` `kuard` of namespace `shop` (uid `u-1`, generation 1) naming the
+/// EnvoyConfig `kuard` and the DiscoveryService `instance`, with `spec`'s fields on top.
+fn mk_ed(spec: serde_json::Value) -> EnvoyDeployment {
+    let mut full = json!({"envoyConfigRef": "kuard", "discoveryServiceRef": "instance"});
+    if let (Some(full), Some(fields)) = (full.as_object_mut(), spec.as_object()) {
+        full.extend(fields.clone());
+    }
+    let api_version = "operator.marin3r.3scale.net/v1alpha1";
+    let mut object = json!({"apiVersion": api_version, "kind": "EnvoyDeployment"});
+    object["metadata"] =
+        json!({"name": "kuard", "namespace": "shop", "uid": "u-1", "generation": 1});
+    object["spec"] = full;
+    serde_json::from_value(object).unwrap()
+}
 
 fn mk_ds() -> DiscoveryService {
     serde_json::from_value(json!({

@@ -3,7 +3,7 @@
 //! Envoy serves. Each plane serves namespaces of its own under a discovery-service name of its
 //! own, so that planes of other tests (and processes) never serve each other's.
 
-use marin3r_discovery::api::envoy_config::CacheState;
+use marin3r_api::envoy_config::CacheState;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,10 +12,10 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
+use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
+use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_api_faults::{FaultProxy, Faults};
 use marin3r_certs::IssuedCertificate;
-use marin3r_discovery::api::discovery_service::DISCOVERY_SERVICE_LABEL;
-use marin3r_discovery::api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_discovery::controllers::{self, Readiness};
 use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_testkit::cluster::Cluster;

@@ -3,7 +3,7 @@
 //! published is decided by the `EnvoyConfig` controller and recorded in this status.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use marin3r_controller::set_condition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -49,6 +49,7 @@ marin3r_controller::reasons! {
     CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
 )]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "marin3r.3scale.net",
     version = "v1alpha1",
     kind = "EnvoyConfigRevision",

@@ -11,12 +11,10 @@ use k8s_openapi::api::autoscaling::v2::{HorizontalPodAutoscalerBehavior, MetricS
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[cfg(test)]
-pub(crate) use super::envoy_deployment_resolve::fixture;
 pub use super::envoy_deployment_resolve::{
     DrainStrategy, Protocol, Replicas, Resolved, ResolvedPort, ResolvedShutdownManager,
 };
@@ -24,6 +22,7 @@ pub use super::envoy_deployment_resolve::{
 /// A Deployment of Envoy proxies (a gateway) configured by an `EnvoyConfig`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "operator.marin3r.3scale.net",
     version = "v1alpha1",
     kind = "EnvoyDeployment",

@@ -1,7 +1,8 @@
 //! marin3r's Kubernetes API types (the specs of its custom resources), independent of any
-//! client: the controllers, the validator and the CLI share them.
+//! client: the controllers, the validator and the CLI share them. The resources derive
+//! through `kube-derive` and `kube-core` (`crates(kube_core = ...)`), not the `kube` facade,
+//! so this crate, and the EnvoyConfig pipeline built on it, cannot reach a kube client.
 
-pub mod crds;
 pub mod discovery_service;
 pub mod duration;
 pub mod envoy_config;

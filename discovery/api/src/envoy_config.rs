@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
     CustomResource, Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema,
 )]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "marin3r.3scale.net",
     version = "v1alpha1",
     kind = "EnvoyConfig",

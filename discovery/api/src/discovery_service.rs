@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +39,7 @@ pub const SERVER_CERT_HASH_LABEL: &str = "marin3r.3scale.net/server-certificate-
 /// and the namespaces it serves.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "operator.marin3r.3scale.net",
     version = "v1alpha1",
     kind = "DiscoveryService",
@@ -430,7 +431,7 @@ impl Resolved {
 }
 
 /// Object-name rules, shared with the certificate API.
-pub use marin3r_certs::api::{is_dns_label, is_dns_subdomain};
+pub use marin3r_certs::names::{is_dns_label, is_dns_subdomain};
 
 #[cfg(test)]
 mod tests {

@@ -5,9 +5,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 use marin3r_certs::api::DiscoveryServiceCertificate;
 
-use crate::api::discovery_service::DiscoveryService;
-use crate::api::envoy_deployment::EnvoyDeployment;
-use crate::api::{EnvoyConfig, EnvoyConfigRevision};
+use marin3r_api::discovery_service::DiscoveryService;
+use marin3r_api::envoy_deployment::EnvoyDeployment;
+use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 
 /// All CRDs, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
