@@ -2,14 +2,10 @@
 
 pub mod cli;
 pub mod controllers;
-pub mod convert;
 pub mod crds;
-pub mod judge;
 pub mod operator;
 pub mod proxy_config;
-pub mod rules;
 pub mod sidecar;
-pub mod warnings;
 
 /// The container image this `marin3r` binary ships in: the operator's default for discovery
 /// pods, the name `manifests/` deploy (kustomize `images:` overrides it) and `hack/image`

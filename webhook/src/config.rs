@@ -41,7 +41,7 @@ pub const DRAIN_GRACE_MARGIN: i64 = 15;
 pub const ENVOY_UID: i64 = 101;
 
 // The sidecar's file layout, defined once: the webhook mounts the volumes at these paths and
-// points Envoy at the bootstrap; the bootstrap renderer (`marin3r_discovery::sidecar::bootstrap`, also
+// points Envoy at the bootstrap; the bootstrap renderer (`crate::bootstrap`, also
 // `marin3r bootstrap --out-dir`) writes these files and points Envoy's SDS at them. Import
 // them from here rather than repeating them.
 

@@ -1,9 +1,12 @@
 //! marin3r's sidecar injection webhook (SPEC §4): pod annotations parsed into a sidecar spec,
 //! the pure `mutate(&Pod, &InjectionConfig) -> Result<Patch, Denial>`, the AdmissionReview v1
 //! codec, the validating admission of EnvoyConfigs (judged by a validator the binary
-//! supplies), the HTTPS server (certificate reloaded from disk) and offline injection of YAML.
+//! supplies), the HTTPS server (certificate reloaded from disk) and offline injection of YAML;
+//! and the bootstrap the injected sidecar starts from (`bootstrap`), which the operator writes
+//! into each namespace, so that the sidecar's whole shape lives in this crate.
 
 pub mod annotations;
+pub mod bootstrap;
 mod clients;
 pub mod config;
 mod conn;

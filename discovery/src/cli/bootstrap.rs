@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use crate::sidecar::bootstrap::{Admin, AdsMode, BootstrapOptions, render};
+use marin3r_webhook::bootstrap::{Admin, AdsMode, BootstrapOptions, render};
 
 #[derive(Debug, Args)]
 pub struct BootstrapArgs {

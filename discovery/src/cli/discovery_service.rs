@@ -345,7 +345,7 @@ pub async fn run(args: DiscoveryServiceArgs) -> anyhow::Result<()> {
     admin::register_build_info(&mut registry, "discovery_service");
     let leader_metrics = LeaderMetrics::default();
     leader_metrics.register(&mut registry);
-    let judge = crate::judge::EnvoyJudge::in_image(args.envoy_binary.as_deref());
+    let judge = marin3r_envoyconfig::judge::EnvoyJudge::in_image(args.envoy_binary.as_deref());
     let mut webhook = webhook_config(&args, &tls, judge.clone(), &mut registry);
     args.sidecar.apply(&client, &mut webhook.injection).await;
     let controller_metrics = controllers::ControllerMetrics::default();
@@ -448,11 +448,11 @@ impl Gates {
 fn webhook_config(
     args: &DiscoveryServiceArgs,
     tls: &TlsFiles,
-    judge: Option<crate::judge::EnvoyJudge>,
+    judge: Option<marin3r_envoyconfig::judge::EnvoyJudge>,
     registry: &mut Registry,
 ) -> WebhookServerConfig {
     let mut webhook = WebhookServerConfig::new(&tls.cert, &tls.key);
-    webhook.envoy_config_validator = Some(crate::rules::validator_with(
+    webhook.envoy_config_validator = Some(marin3r_envoyconfig::rules::validator_with(
         ALLOW_CROSS_NAMESPACE_SECRETS,
         judge,
     ));
@@ -479,7 +479,7 @@ fn controllers_config(
     args: &DiscoveryServiceArgs,
     (metrics, leader_metrics): (controllers::ControllerMetrics, LeaderMetrics),
     proxies: marin3r_xds::StatusRegistry,
-    judge: Option<crate::judge::EnvoyJudge>,
+    judge: Option<marin3r_envoyconfig::judge::EnvoyJudge>,
 ) -> anyhow::Result<controllers::Config> {
     let replica = std::env::var("POD_NAME").unwrap_or_else(|_| "discovery-service".into());
     let namespace = args

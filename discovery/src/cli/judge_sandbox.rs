@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::judge::sandbox::{self, CANNOT_CONFINE, Limits};
+use marin3r_envoyconfig::judge::sandbox::{self, CANNOT_CONFINE, Limits};
 
 #[derive(Debug, Args)]
 pub struct JudgeSandboxArgs {

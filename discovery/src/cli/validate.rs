@@ -12,9 +12,11 @@ use serde::Deserialize;
 
 use marin3r_xds::resource::{Resource, ResourceType};
 
-use crate::convert::{ConversionError, endpoint_sources, secret_sources, validate_config};
-use crate::judge::{EnvoyJudge, JudgeError};
 use marin3r_api::EnvoyConfigSpec;
+use marin3r_envoyconfig::convert::{
+    ConversionError, endpoint_sources, secret_sources, validate_config,
+};
+use marin3r_envoyconfig::judge::{EnvoyJudge, JudgeError};
 
 const API_VERSION: &str = "marin3r.3scale.net/v1alpha1";
 const KIND: &str = "EnvoyConfig";
@@ -144,7 +146,7 @@ pub fn validate_files_with(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Document {
     /// An EnvoyConfig that converts cleanly; `summary` names its node and counts, `warnings`
-    /// what Envoy accepts but will not do what the user meant ([`crate::warnings`]).
+    /// what Envoy accepts but will not do what the user meant ([`marin3r_envoyconfig::warnings`]).
     Valid {
         object: String,
         summary: String,
@@ -363,7 +365,7 @@ fn validate_document(
         errors.push("spec: missing".into());
         return Document::Invalid { object, errors };
     };
-    let spec = match crate::rules::read_spec(spec) {
+    let spec = match marin3r_envoyconfig::rules::read_spec(spec) {
         Ok((spec, unknown)) => {
             errors.extend(unknown.into_iter().map(Problem::from));
             spec
@@ -379,7 +381,9 @@ fn validate_document(
     errors.extend(
         secret_sources(&spec)
             .iter()
-            .filter_map(|source| crate::rules::foreign_secret(source, namespace, false))
+            .filter_map(|source| {
+                marin3r_envoyconfig::rules::foreign_secret(source, namespace, false)
+            })
             .map(Problem::from),
     );
     match validate_config(&spec) {
@@ -387,7 +391,7 @@ fn validate_document(
             None => Document::Valid {
                 object: name,
                 summary: summary(&spec, &resources),
-                warnings: crate::warnings::warnings(&spec),
+                warnings: marin3r_envoyconfig::warnings::warnings(&spec),
             },
             Some(judge) => match judge.judge(&spec) {
                 Ok(()) => Document::Valid {
@@ -397,7 +401,7 @@ fn validate_document(
                         summary(&spec, &resources),
                         judge.version().as_deref().unwrap_or("(release unknown)")
                     ),
-                    warnings: crate::warnings::warnings(&spec),
+                    warnings: marin3r_envoyconfig::warnings::warnings(&spec),
                 },
                 Err(JudgeError::Refused(refused)) => Document::Invalid {
                     object,

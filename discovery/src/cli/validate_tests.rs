@@ -1,5 +1,7 @@
 //! `marin3r validate` on manifest texts: verdicts, positions, several documents.
 
+use serde_json::{Value, json};
+
 use super::*;
 
 const CLUSTER: &str = "name: backend\\nconnect_timeout: 1s";
@@ -129,4 +131,66 @@ fn errors_in_block_values_point_at_the_file_line() {
         text.lines().nth(12).map(|l| l.find("lb_polcy")),
         Some(Some(10))
     );
+}
+
+/// The EnvoyConfig `ec` of namespace `shop` with `spec`, as the API server hands it over.
+fn object(spec: Value) -> Value {
+    let metadata = json!({"name": "ec", "namespace": "shop"});
+    json!({"apiVersion": "marin3r.3scale.net/v1alpha1", "kind": "EnvoyConfig", "metadata": metadata, "spec": spec})
+}
+
+/// What the validating webhook says about the same object (the rules admission applies).
+fn admission(object: &Value) -> Vec<String> {
+    marin3r_envoyconfig::rules::envoy_config_problems("shop", object, false)
+}
+
+/// What `marin3r validate` says about the same object, as YAML on disk.
+fn offline(object: &Value) -> Vec<String> {
+    let text = serde_json::to_string(object).unwrap();
+    match validate_manifests(&text).as_slice() {
+        [Document::Valid { .. }] => Vec::new(),
+        [Document::Invalid { errors, .. }] => errors.iter().map(|p| p.text.clone()).collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn admission_refuses_what_marin3r_validate_refuses_with_the_same_paths() {
+    let listener = "name: l\naddress: {socket_address: {address: 0.0.0.0, port_value: 8080}}";
+    let cases = [
+        json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"clusters": [{"value": "name: c\nconnect_timeout: 1s"}]}}),
+        json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"clusters": [{"value": "name: c\nconect_timeout: 1s"}]}}),
+        json!({"nodeID": "proxy", "resources": [
+            {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
+            {"type": "listener", "value": {"name": "l", "adress": {}}},
+            {"type": "listener", "value": {"name": "l2", "address": "nope"}},
+        ]}),
+        json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"listeners": [{"value": listener}]}, "resources": [{"type": "cluster", "value": {"name": "c"}}]}),
+        json!({"nodeID": "Not_A_Node", "envoyAPI": "v2"}),
+        json!({"nodeID": "proxy", "envoyResourcez": {}}),
+        json!({"nodeID": 7}),
+        json!({"nodeID": "proxy", "resources": [{"type": "listner", "value": {}}]}),
+        // The two the issue found apart: an empty spec, a Secret of another namespace.
+        json!({}),
+        json!({"nodeID": "proxy", "envoyResources": {"secrets": [{"name": "cert", "ref": {"name": "cert", "namespace": "other"}}]}}),
+    ];
+    for spec in cases {
+        let obj = object(spec.clone());
+        assert_eq!(admission(&obj), offline(&obj), "{spec}");
+    }
+    // The refusals name their field paths.
+    let bad = object(cases_bad_typed());
+    let problems = admission(&bad);
+    assert!(
+        problems[0].starts_with("spec.resources[1].value: "),
+        "{problems:?}"
+    );
+    assert_eq!(admission(&json!({"metadata": {}})), ["spec: missing"]);
+}
+
+fn cases_bad_typed() -> Value {
+    json!({"nodeID": "proxy", "resources": [
+        {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
+        {"type": "listener", "value": {"name": "l", "adress": {}}},
+    ]})
 }

@@ -67,7 +67,7 @@ pub struct Config {
     pub reconcile_timeout: Option<std::time::Duration>,
     /// Envoy, the last judge of a new version before it gets its revision (`None`: our own
     /// checks only).
-    pub judge: Option<crate::judge::EnvoyJudge>,
+    pub judge: Option<marin3r_envoyconfig::judge::EnvoyJudge>,
 }
 
 /// The one watch of each kind the controllers read (see [`index`]).

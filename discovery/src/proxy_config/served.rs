@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::Entry;
 use super::redact::redact_resource;
-use crate::convert::pool::descriptor_pool;
+use marin3r_envoyconfig::convert::descriptor_pool;
 use marin3r_xds::resource::ResourceType;
 use marin3r_xds::{Cache, Snapshot};
 

@@ -3,8 +3,8 @@
 //! Envoy refuses is denied with Envoy's words on the resource; a good one is admitted; an
 //! Envoy that cannot run admits on marin3r's own checks, so admission stays up.
 
-use marin3r_discovery::judge::EnvoyJudge;
-use marin3r_discovery::rules::validator_with;
+use marin3r_envoyconfig::judge::EnvoyJudge;
+use marin3r_envoyconfig::rules::validator_with;
 use marin3r_webhook::validate::review_envoy_config;
 use serde_json::{Value, json};
 
@@ -108,7 +108,7 @@ fn only_the_entries_envoy_refuses_are_blamed() {
         listener("good", 8080, router.clone()),
         listener("bad", 8081, name_only),
     ]));
-    let Err(marin3r_discovery::judge::JudgeError::Refused(blamed)) = judge.judge(&s) else {
+    let Err(marin3r_envoyconfig::judge::JudgeError::Refused(blamed)) = judge.judge(&s) else {
         panic!("Envoy refuses a name-only router");
     };
     assert_eq!(blamed.len(), 1, "{blamed:#?}");
@@ -123,7 +123,7 @@ fn only_the_entries_envoy_refuses_are_blamed() {
         listener("one", 8080, router.clone()),
         listener("two", 8081, router.clone()),
     ]));
-    let Err(marin3r_discovery::judge::JudgeError::Refused(blamed)) = judge.judge(&s) else {
+    let Err(marin3r_envoyconfig::judge::JudgeError::Refused(blamed)) = judge.judge(&s) else {
         panic!("Envoy refuses an original-destination cluster balanced round robin");
     };
     assert!(
@@ -158,7 +158,7 @@ fn a_hung_envoy_is_given_up_on_within_the_budget() {
     let hung = dir.path().join("envoy");
     std::fs::write(&hung, "#!/bin/sh\nexec sleep 60\n").unwrap();
     std::fs::set_permissions(&hung, std::fs::Permissions::from_mode(0o755)).unwrap();
-    assert!(marin3r_discovery::judge::ADMISSION_BUDGET < Duration::from_secs(10));
+    assert!(marin3r_envoyconfig::judge::ADMISSION_BUDGET < Duration::from_secs(10));
     // The stand-in hangs where the sandbox would start Envoy: a script could not run inside
     // the sandbox itself (it reads no shell).
     let judge = EnvoyJudge::new("/nonexistent/envoy")
@@ -171,7 +171,7 @@ fn a_hung_envoy_is_given_up_on_within_the_budget() {
     ])));
     let took = started.elapsed();
     assert!(
-        matches!(&verdict, Err(marin3r_discovery::judge::JudgeError::Unavailable(why)) if why.contains("no verdict within")),
+        matches!(&verdict, Err(marin3r_envoyconfig::judge::JudgeError::Unavailable(why)) if why.contains("no verdict within")),
         "{verdict:?}"
     );
     assert!(took < Duration::from_secs(3), "took {took:?}");
@@ -210,7 +210,7 @@ fn a_file_of_the_proxys_pod_hides_no_other_refusal() {
     let bad_regex = json!({"type": "route", "value": {"name": "api", "virtual_hosts": [{
         "name": "all", "domains": ["*"],
         "routes": [{"match": {"safe_regex": {"regex": "/v1(["}}, "direct_response": {"status": 200}}]}]}});
-    let Err(marin3r_discovery::judge::JudgeError::Refused(blamed)) =
+    let Err(marin3r_envoyconfig::judge::JudgeError::Refused(blamed)) =
         judge.judge(&spec(json!([lua, bad_regex])))
     else {
         panic!("Envoy refuses an invalid RE2 beside a Lua module it cannot read");
@@ -256,7 +256,7 @@ fn a_config_over_120_kib_is_judged() {
     let resources = json!([{"type": "route", "value": route}]);
     assert!(resources.to_string().len() > 120 * 1024);
     let verdict = judge.judge(&spec(resources));
-    let Err(marin3r_discovery::judge::JudgeError::Refused(problems)) = &verdict else {
+    let Err(marin3r_envoyconfig::judge::JudgeError::Refused(problems)) = &verdict else {
         panic!("{verdict:?}")
     };
     assert!(

@@ -6,7 +6,7 @@
 use crate::support;
 
 use marin3r_api::envoy_config::CacheState;
-use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use marin3r_webhook::bootstrap::AdsMode;
 use support::free_port;
 use support::plane::*;
 

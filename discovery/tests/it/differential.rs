@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 
 use marin3r_api::EnvoyConfigSpec;
-use marin3r_discovery::judge::EnvoyJudge;
+use marin3r_envoyconfig::judge::EnvoyJudge;
 use serde_json::{Value, json};
 
 /// One case: resources by `spec.resources` type.
@@ -382,7 +382,7 @@ fn envoy_verdict(judge: &EnvoyJudge, case: &Case) -> bool {
 /// (marin3r's own checks, marin3r with Envoy as the last judge).
 fn marin3r_verdicts(judge: &EnvoyJudge, case: &Case) -> (bool, bool) {
     let spec = spec(case);
-    let own = marin3r_discovery::rules::problems(&spec, "differential", false).is_empty();
+    let own = marin3r_envoyconfig::rules::problems(&spec, "differential", false).is_empty();
     (own, own && judge.judge(&spec).is_ok())
 }
 

@@ -9,8 +9,8 @@
 use crate::support;
 
 use marin3r_api::envoy_config::CacheState;
-use marin3r_discovery::judge::EnvoyJudge;
-use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use marin3r_envoyconfig::judge::EnvoyJudge;
+use marin3r_webhook::bootstrap::AdsMode;
 use support::free_port;
 use support::plane::{NS, Plane, condition, nacked_spec, revision_versions, spec};
 

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use marin3r_certs::{CertificateRequest, Usage};
-use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use marin3r_webhook::bootstrap::AdsMode;
 use marin3r_xds::resource::ResourceType;
 use serde_json::json;
 use support::free_port;

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use marin3r_discovery::judge::EnvoyJudge;
-use marin3r_discovery::rules::validator_with;
+use marin3r_envoyconfig::judge::EnvoyJudge;
+use marin3r_envoyconfig::rules::validator_with;
 use marin3r_webhook::validate::review_envoy_config;
 use serde_json::{Value, json};
 

@@ -8,8 +8,8 @@ use crate::support;
 use std::time::Duration;
 
 use marin3r_api::EnvoyConfigSpec;
-use marin3r_discovery::judge::EnvoyJudge;
-use marin3r_discovery::sidecar::bootstrap::AdsMode;
+use marin3r_envoyconfig::judge::EnvoyJudge;
+use marin3r_webhook::bootstrap::AdsMode;
 use marin3r_xds::resource::ResourceType;
 use support::{Pki, Proxy, XdsServer, free_port, snapshot};
 
@@ -46,7 +46,9 @@ fn a_listener_on_an_address_the_proxy_lacks_passes_the_judge_and_is_nacked() {
     let pki = Pki::new();
     let server = XdsServer::start(&pki);
     let resources = |s: &EnvoyConfigSpec| {
-        snapshot(marin3r_discovery::convert::validate_config(s).unwrap_or_else(|e| panic!("{e:?}")))
+        snapshot(
+            marin3r_envoyconfig::convert::validate_config(s).unwrap_or_else(|e| panic!("{e:?}")),
+        )
     };
     server.cache.set_snapshot(NS, NODE, resources(&good));
     let proxy = Proxy::start(

@@ -8,10 +8,10 @@ use crate::support;
 
 use std::time::Duration;
 
-use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_testkit::xds::resources::{
     ListenerFlaw, direct_response_config, eds_cluster_with_timeout,
 };
+use marin3r_webhook::bootstrap::AdsMode;
 use marin3r_xds::resource::ResourceType;
 use support::{Pki, Proxy, XdsServer, envoy_serial, free_port, snapshot, wait_for};
 
@@ -605,7 +605,7 @@ envoyResources:
 "#
     );
     let spec: marin3r_api::EnvoyConfigSpec = serde_saphyr::from_str(&spec).unwrap();
-    let mut resources = marin3r_discovery::convert::validate_config(&spec)
+    let mut resources = marin3r_envoyconfig::convert::validate_config(&spec)
         .unwrap_or_else(|errors| panic!("{errors:?}"));
     let pki = Pki::new();
     let served = pki
@@ -620,7 +620,7 @@ envoyResources:
         )
         .unwrap();
     resources.push(
-        marin3r_discovery::convert::tls_secret(
+        marin3r_envoyconfig::convert::tls_secret(
             "server-cert",
             served.cert_pem.as_bytes(),
             served.key_pem.as_bytes(),

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use marin3r_api::{EnvoyResource, EnvoyResources, Serialization};
-use marin3r_discovery::convert::{descriptor_pool, envoy_resources};
+use marin3r_envoyconfig::convert::{descriptor_pool, envoy_resources};
 
 use super::{Row, Stats, human};
 

@@ -1309,13 +1309,13 @@ mod tests {
         // Both reach Envoy (the bad one is refused by the proxy, not by marin3r validate nor
         // by Envoy's validate mode, which the webhook runs).
         let judge =
-            marin3r_discovery::judge::EnvoyJudge::new(marin3r_testkit::tools::envoy().unwrap())
+            marin3r_envoyconfig::judge::EnvoyJudge::new(marin3r_testkit::tools::envoy().unwrap())
                 .with_launcher(crate::product::marin3r_bin().unwrap());
         for bad in [false, true] {
             let mut ec = envoy_config("soak", 7).unwrap();
             ec.spec.envoy_resources.listeners[0].value = listener(7, bad).unwrap();
             let spec = &ec.spec;
-            let converted = marin3r_discovery::convert::envoy_resources(
+            let converted = marin3r_envoyconfig::convert::envoy_resources(
                 &spec.envoy_resources,
                 spec.serialization,
             );

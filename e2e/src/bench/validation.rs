@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use marin3r_discovery::judge::EnvoyJudge;
+use marin3r_envoyconfig::judge::EnvoyJudge;
 use serde_json::{Value, json};
 
 use super::convert::{cluster, listener, route};
@@ -42,7 +42,7 @@ pub fn validation(scale: f64) -> anyhow::Result<Vec<Row>> {
 
     // The webhook's verdict: every check of our own.
     let own =
-        |object: &Value| marin3r_discovery::rules::envoy_config_problems("bench", object, false);
+        |object: &Value| marin3r_envoyconfig::rules::envoy_config_problems("bench", object, false);
     anyhow::ensure!(
         own(&object).is_empty(),
         "benchmark input is invalid: {:?}",
@@ -67,8 +67,8 @@ pub fn validation(scale: f64) -> anyhow::Result<Vec<Row>> {
     let envoy = marin3r_testkit::tools::envoy()?;
     let judge =
         EnvoyJudge::new(&envoy).with_launcher(crate::product::marin3r_bin().unwrap_or_default());
-    let (spec, _) =
-        marin3r_discovery::rules::read_spec(object["spec"].clone()).map_err(anyhow::Error::msg)?;
+    let (spec, _) = marin3r_envoyconfig::rules::read_spec(object["spec"].clone())
+        .map_err(anyhow::Error::msg)?;
     let mut timings = Vec::with_capacity(samples);
     for _ in 0..samples {
         let start = Instant::now();
@@ -116,8 +116,8 @@ fn refused(envoy: &std::path::Path, mut object: Value, samples: usize) -> anyhow
     .to_string();
     let judge = EnvoyJudge::new(envoy)
         .with_launcher(crate::product::marin3r_bin().unwrap_or_default())
-        .with_budget(marin3r_discovery::judge::ADMISSION_BUDGET);
-    let validator = marin3r_discovery::rules::validator_with(false, Some(judge));
+        .with_budget(marin3r_envoyconfig::judge::ADMISSION_BUDGET);
+    let validator = marin3r_envoyconfig::rules::validator_with(false, Some(judge));
     let mut timings = Vec::with_capacity(samples);
     let mut message = String::new();
     for _ in 0..samples {

@@ -1,5 +1,5 @@
 //! What the conversion encodes is what a real Envoy runs: an EnvoyConfig's resources, parsed
-//! from YAML and encoded by `marin3r_discovery::convert`, become the static resources of a
+//! from YAML and encoded by `marin3r_envoyconfig::convert`, become the static resources of a
 //! binary-protobuf bootstrap; Envoy starts with it, serves the listener's route, loads the
 //! TLS secret built from PEM data, and shows the runtime layer.
 
@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::service::runtime::v3::Runtime;
 use marin3r_api::EnvoyConfigSpec;
 use marin3r_certs::{CertificateInfo, CertificateRequest, Usage, issue_self_signed};
-use marin3r_discovery::convert::{tls_secret, validate_config};
+use marin3r_envoyconfig::convert::{tls_secret, validate_config};
 use marin3r_testkit::envoy::{Envoy, get_body};
 use marin3r_xds::resource::{Resource, ResourceType};
 use prost::Message as _;
@@ -233,7 +233,7 @@ fn envoy_validates(list: &str, resource_yaml: &str) -> (bool, String) {
 #[test]
 fn local_validation_rules_agree_with_envoy() {
     use marin3r_api::Serialization;
-    use marin3r_discovery::convert::convert_value;
+    use marin3r_envoyconfig::convert::convert_value;
 
     let good = [
         ("listeners", ResourceType::Listener, LISTENER.to_owned()),

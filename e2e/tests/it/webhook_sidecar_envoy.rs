@@ -180,7 +180,7 @@ fn local_address() -> String {
 #[test]
 fn the_sidecar_with_the_rendered_bootstrap_passes_envoy_validation() {
     use marin3r_certs::{CertificateAuthority, CertificateRequest, Usage, issue_self_signed};
-    use marin3r_discovery::sidecar::bootstrap::{BootstrapOptions, CONFIG_FILE, render};
+    use marin3r_webhook::bootstrap::{BootstrapOptions, CONFIG_FILE, render};
 
     let dir = tempfile::tempdir().unwrap();
     let bootstrap_dir = dir.path().join("bootstrap");

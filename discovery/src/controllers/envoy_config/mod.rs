@@ -152,7 +152,10 @@ async fn envoy_refusal(
         .any(|r| r.spec.node_id == ec.spec.node_id && r.spec.version == version);
     let ns = ec.namespace().unwrap_or_default();
     let allow = ctx.config.allow_cross_namespace_secrets;
-    if node_taken || exists || !crate::rules::problems(&ec.spec, &ns, allow).is_empty() {
+    if node_taken
+        || exists
+        || !marin3r_envoyconfig::rules::problems(&ec.spec, &ns, allow).is_empty()
+    {
         return Vec::new();
     }
     ctx.verdicts.refusal(judge, ec, &version).await

@@ -11,7 +11,6 @@ use marin3r_controller::{Note, set_condition};
 
 use super::revisions::{self, MAX_REVISIONS};
 use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, revision_name};
-use crate::rules::problems;
 use marin3r_api::envoy_config::CacheState;
 use marin3r_api::envoy_config_revision::{
     ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
@@ -20,6 +19,7 @@ use marin3r_api::{
     ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
     EnvoyConfigRevisionStatus, EnvoyConfigStatus,
 };
+use marin3r_envoyconfig::rules::problems;
 
 marin3r_controller::reasons! {
     /// The reasons of an `EnvoyConfig`'s conditions and Events.

@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use crate::judge::{EnvoyJudge, JudgeError};
 use marin3r_api::EnvoyConfig;
+use marin3r_envoyconfig::judge::{EnvoyJudge, JudgeError};
 
 /// The version judged, and Envoy's answer.
 type Verdict = (String, Result<(), JudgeError>);

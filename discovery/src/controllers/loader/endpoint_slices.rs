@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::controllers::{Context, Error};
-use crate::convert;
 use marin3r_api::EnvoyConfigRevision;
+use marin3r_envoyconfig::convert;
 
 /// The slices each `generateFromEndpointSlices` of the revision selects, in spec order. A
 /// selector that is not valid selects nothing here: validation refuses the revision anyway.

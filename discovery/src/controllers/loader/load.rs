@@ -13,11 +13,11 @@ use marin3r_xds::Snapshot;
 use marin3r_xds::resource::ResourceType;
 use sha2::{Digest, Sha256};
 
-use crate::{convert, rules};
 use marin3r_api::EnvoyConfigRevision;
 use marin3r_api::envoy_config_revision::{
     EnvoyConfigRevisionStatus, RevisionReason, VersionTracker,
 };
+use marin3r_envoyconfig::{convert, rules};
 
 /// The revision's snapshot and its secrets version (`<version>-<hash of the loaded
 /// secrets>`), or why it cannot be served. `secrets` are the referenced Secrets, in order.

@@ -26,9 +26,9 @@ mod watch;
 pub(super) use watch::Deletions;
 
 use super::{Context, Error};
-use crate::{convert, rules};
 use load::{load_status, snapshot_for};
 use marin3r_api::EnvoyConfigRevision;
+use marin3r_envoyconfig::{convert, rules};
 use marin3r_xds::NodeKey;
 
 /// How long to wait before loading a revision again whose Secret is missing or unusable (a

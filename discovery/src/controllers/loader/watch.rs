@@ -21,10 +21,10 @@ use tracing::{debug, info, warn};
 use super::{endpoint_slices, key_of};
 use crate::controllers::Publisher;
 use crate::controllers::{Context, Error};
-use crate::convert;
 use marin3r_api::EnvoyConfigRevision;
 use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_api::envoy_config_revision::RevisionReason;
+use marin3r_envoyconfig::convert;
 
 /// Sets `ready` once every revision published when the store was first listed has been
 /// loaded, or has failed to load and says why in its status: a new discovery pod gets

@@ -8,7 +8,7 @@ use marin3r_certs::api::{
 };
 use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
 
-use crate::sidecar::bootstrap::{BootstrapError, BootstrapOptions, render};
+use marin3r_webhook::bootstrap::{BootstrapError, BootstrapOptions, render};
 
 use super::{CLIENT_NAMESPACE_LABEL, Children, TRUST_DOMAIN};
 

@@ -27,8 +27,8 @@ use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
 use crate::operator::build::restricted_pod_security;
-use crate::sidecar::bootstrap::{BootstrapError, BootstrapOptions, render};
 use marin3r_api::envoy_deployment::{EnvoyDeployment, ProbeSpec, Replicas, Resolved};
+use marin3r_webhook::bootstrap::{BootstrapError, BootstrapOptions, render};
 
 /// The pod template label holding the bootstrap's hash (the original's key): a changed
 /// bootstrap (the discovery service moved) rolls the pods, since Envoy reads it only at start.

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use marin3r_certs::{CertificateInfo, IssuedCertificate};
-use marin3r_discovery::sidecar::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
 use marin3r_testkit::envoy::{Envoy, get_body};
+use marin3r_webhook::bootstrap::{self, Admin, AdsMode, BootstrapOptions};
 
 pub use marin3r_testkit::pki::Pki;
 pub use marin3r_testkit::ports::free_port;

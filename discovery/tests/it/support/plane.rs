@@ -17,9 +17,9 @@ use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_api_faults::{FaultProxy, Faults};
 use marin3r_certs::IssuedCertificate;
 use marin3r_discovery::controllers::{self, Readiness};
-use marin3r_discovery::sidecar::bootstrap::AdsMode;
 use marin3r_testkit::cluster::Cluster;
 use marin3r_testkit::kubectl::Kubectl;
+use marin3r_webhook::bootstrap::AdsMode;
 use marin3r_xds::{Cache, Server, server_config};
 use serde_json::json;
 

@@ -13,8 +13,8 @@ use marin3r_api::{Blueprint, EnvoyConfig, EnvoyConfigSpec};
 
 fn manifest(file: &str) -> EnvoyConfigSpec {
     let text = match file {
-        "tls-endpoints" => include_str!("../../tests/testdata/resources/tls-endpoints.yaml"),
-        "oauth2" => include_str!("../../tests/testdata/resources/oauth2.yaml"),
+        "tls-endpoints" => include_str!("../../../tests/testdata/resources/tls-endpoints.yaml"),
+        "oauth2" => include_str!("../../../tests/testdata/resources/oauth2.yaml"),
         _ => unreachable!(),
     };
     serde_saphyr::from_str::<EnvoyConfig>(text).unwrap().spec

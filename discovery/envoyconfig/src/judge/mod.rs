@@ -101,7 +101,7 @@ pub const IMAGE_ENVOY: &str = "/usr/local/bin/envoy";
 
 /// The clusters every injected sidecar's bootstrap defines, which a route may name.
 pub const SIDECAR_CLUSTERS: [&str; 2] = [
-    crate::sidecar::bootstrap::XDS_CLUSTER,
+    marin3r_webhook::bootstrap::XDS_CLUSTER,
     marin3r_webhook::readiness::ADMIN_CLUSTER,
 ];
 

@@ -80,7 +80,7 @@ pub fn validate_config(spec: &EnvoyConfigSpec) -> Result<Vec<Resource>, Vec<Conv
 /// `marin3r.3scale.net/node-id` (at most 63 characters) and the start of revision names
 /// `<nodeID>-<version>` (a DNS-1123 subdomain: lowercase), so it must be both.
 pub fn node_id_problem(node_id: &str) -> Option<String> {
-    let ok = node_id.len() <= 63 && marin3r_certs::api::is_dns_subdomain(node_id);
+    let ok = node_id.len() <= 63 && marin3r_certs::names::is_dns_subdomain(node_id);
     (!ok).then(|| {
         format!(
             "{node_id:?} is not a valid node id: use at most 63 lowercase letters, digits, '-' \
@@ -177,7 +177,7 @@ fn check_secrets(resources: &EnvoyResources, errors: &mut Vec<ConversionError>) 
                 "must name a kubernetes.io/tls Secret",
             ));
         } else if let Some(why) = (!secret.secret_name().trim().is_empty())
-            .then(|| marin3r_certs::api::object_name_problem(secret.secret_name()))
+            .then(|| marin3r_certs::names::object_name_problem(secret.secret_name()))
             .flatten()
         {
             errors.push(ConversionError::new(name_at, why));
@@ -185,7 +185,7 @@ fn check_secrets(resources: &EnvoyResources, errors: &mut Vec<ConversionError>) 
         if let Some(why) = secret
             .secret_namespace()
             .filter(|ns| !ns.is_empty())
-            .and_then(marin3r_certs::api::namespace_name_problem)
+            .and_then(marin3r_certs::names::namespace_name_problem)
         {
             errors.push(ConversionError::new(format!("{at}.ref.namespace"), why));
         }

@@ -131,7 +131,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::cli::validate::{Document, validate_manifests};
     use marin3r_api::{EnvoySecretResource, SecretReference};
 
     fn object(spec: Value) -> Value {
@@ -141,61 +140,6 @@ mod tests {
             "metadata": {"name": "ec", "namespace": "shop"},
             "spec": spec,
         })
-    }
-
-    /// What `marin3r validate` says about the same object, as YAML on disk.
-    fn offline(object: &Value) -> Vec<String> {
-        let text = serde_json::to_string(object).unwrap();
-        match validate_manifests(&text).as_slice() {
-            [Document::Valid { .. }] => Vec::new(),
-            [Document::Invalid { errors, .. }] => errors.iter().map(|p| p.text.clone()).collect(),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn admission_refuses_what_marin3r_validate_refuses_with_the_same_paths() {
-        let listener = "name: l\naddress: {socket_address: {address: 0.0.0.0, port_value: 8080}}";
-        let cases = [
-            json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"clusters": [{"value": "name: c\nconnect_timeout: 1s"}]}}),
-            json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"clusters": [{"value": "name: c\nconect_timeout: 1s"}]}}),
-            json!({"nodeID": "proxy", "resources": [
-                {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
-                {"type": "listener", "value": {"name": "l", "adress": {}}},
-                {"type": "listener", "value": {"name": "l2", "address": "nope"}},
-            ]}),
-            json!({"nodeID": "proxy", "serialization": "yaml", "envoyResources": {"listeners": [{"value": listener}]}, "resources": [{"type": "cluster", "value": {"name": "c"}}]}),
-            json!({"nodeID": "Not_A_Node", "envoyAPI": "v2"}),
-            json!({"nodeID": "proxy", "envoyResourcez": {}}),
-            json!({"nodeID": 7}),
-            json!({"nodeID": "proxy", "resources": [{"type": "listner", "value": {}}]}),
-            // The two the issue found apart: an empty spec, a Secret of another namespace.
-            json!({}),
-            json!({"nodeID": "proxy", "envoyResources": {"secrets": [{"name": "cert", "ref": {"name": "cert", "namespace": "other"}}]}}),
-        ];
-        for spec in cases {
-            let obj = object(spec.clone());
-            let admission = envoy_config_problems("shop", &obj, false);
-            assert_eq!(admission, offline(&obj), "{spec}");
-        }
-        // The refusals name their field paths.
-        let bad = object(cases_bad_typed());
-        let problems = envoy_config_problems("shop", &bad, false);
-        assert!(
-            problems[0].starts_with("spec.resources[1].value: "),
-            "{problems:?}"
-        );
-        assert_eq!(
-            envoy_config_problems("shop", &json!({"metadata": {}}), false),
-            ["spec: missing"]
-        );
-    }
-
-    fn cases_bad_typed() -> Value {
-        json!({"nodeID": "proxy", "resources": [
-            {"type": "cluster", "value": {"name": "c", "connect_timeout": "1s"}},
-            {"type": "listener", "value": {"name": "l", "adress": {}}},
-        ]})
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use marin3r_webhook::config as layout;
+use crate::config as layout;
 
 /// File names in the bootstrap ConfigMap (and in `marin3r bootstrap --out-dir`): the webhook
 /// mounts the ConfigMap and starts Envoy with the first.

@@ -207,7 +207,7 @@ fn secret_name_problem(name: &str) -> Option<String> {
     if name.trim().is_empty() {
         return Some("must name a Secret in the config's namespace".to_owned());
     }
-    marin3r_certs::api::object_name_problem(name)
+    marin3r_certs::names::object_name_problem(name)
 }
 
 /// A Secret data key is made of alphanumerics, `-`, `_` and `.` (Kubernetes' rule).
