@@ -3,7 +3,6 @@
 pub mod cli;
 pub mod controllers;
 pub mod crds;
-pub mod operator;
 pub mod proxy_config;
 pub mod sidecar;
 

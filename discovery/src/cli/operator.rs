@@ -12,8 +12,8 @@ use marin3r_controller::ReconcileMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::operator;
 use marin3r_controller::leader;
+use marin3r_operator as operator;
 
 #[derive(Debug, Args)]
 pub struct OperatorArgs {
@@ -102,9 +102,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
                 },
                 stop.clone().cancelled_owned(),
             );
-            let gateways = operator::gateway::run(
+            let gateways = operator::envoy_deployment::run(
                 client.clone(),
-                operator::gateway::Config {
+                operator::envoy_deployment::Config {
                     marin3r_image: args.discovery_service_image.clone(),
                     json_logs,
                     metrics: metrics.clone(),

@@ -23,7 +23,7 @@ use marin3r_api::discovery_service::{
 };
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_controller::leader;
-use marin3r_discovery::operator;
+use marin3r_operator as operator;
 use marin3r_testkit::cluster::OperatorStopped;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;

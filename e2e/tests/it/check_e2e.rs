@@ -225,7 +225,7 @@ async fn check_passes_then_names_each_broken_part() {
 
     // A webhook that trusts another CA: the API server could not call it.
     let webhooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let owned = marin3r_discovery::operator::build::owner_selector(ds, OPS);
+    let owned = marin3r_operator::build::owner_selector(ds, OPS);
     let list = webhooks
         .list(&ListParams::default().labels(&owned))
         .await

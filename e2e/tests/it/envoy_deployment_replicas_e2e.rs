@@ -14,8 +14,8 @@
 
 use std::time::{Duration, Instant};
 
-use marin3r_discovery::operator::gateway::build::REPLICAS_HANDOVER_MANAGER;
 use marin3r_e2e::real::Scenario;
+use marin3r_operator::envoy_deployment::build::REPLICAS_HANDOVER_MANAGER;
 use marin3r_testkit::wait::until;
 use serde_json::Value;
 

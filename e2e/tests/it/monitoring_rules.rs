@@ -62,7 +62,7 @@ fn gateway_pods_are_scraped_by_their_own_podmonitor_on_their_stats_port() {
     let gateways = object(&objects, "PodMonitor", "marin3r-envoy-gateways").unwrap();
     let sidecars = object(&objects, "PodMonitor", "marin3r-envoy-sidecars").unwrap();
     // The labels the operator gives every gateway pod (the Deployment's selector).
-    let pod = marin3r_discovery::operator::gateway::build::labels("front-door");
+    let pod = marin3r_operator::envoy_deployment::build::labels("front-door");
     assert!(selects(gateways, &pod), "{gateways}");
     assert!(!selects(sidecars, &pod), "{sidecars}");
     // ...and only them: not the operator's or a discovery pod's labels.

@@ -283,7 +283,7 @@ async fn check_discovery_service(
     let Ok(spec) = ds.resolve(crate::IMAGE) else {
         return;
     };
-    let ca = match crate::operator::ca_certificate_pem(client, &ns, &spec.ca_secret).await {
+    let ca = match marin3r_operator::ca_certificate_pem(client, &ns, &spec.ca_secret).await {
         Ok(Some(ca)) => ca,
         _ => {
             let fix = format!("kubectl get dsc -n {ns}; the operator issues it");

@@ -11,8 +11,8 @@ use kube::{Api, ResourceExt};
 use time::OffsetDateTime;
 
 use super::Report;
-use crate::operator::build;
 use marin3r_api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
+use marin3r_operator::build;
 use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
 
 /// The namespaces `ds` serves, which `marin3r check` looks at: those its status says the

@@ -1,11 +1,15 @@
-//! The `DiscoveryService` controller: keeps every child of a discovery service in shape (PKI,
+//! marin3r's operator: the `DiscoveryService` controller (this module, with `build`,
+//! `namespaces` and `plan`) and the `EnvoyDeployment` controller (`envoy_deployment`), which
+//! `marin3r operator` runs together.
+//!
+//! The `DiscoveryService` controller keeps every child of a discovery service in shape (PKI,
 //! RBAC, Service, Deployment, injection and validation webhooks, per-namespace client certificate and
 //! bootstrap) and reports readiness. What to build is decided in `build` and `namespaces`;
 //! this module only reads and writes the API. A finalizer removes what ownerReferences
 //! cannot reach: cluster-scoped objects and objects in the served namespaces.
 
 pub mod build;
-pub mod gateway;
+pub mod envoy_deployment;
 pub mod namespaces;
 pub mod plan;
 
@@ -353,7 +357,7 @@ fn is_ours<K: Resource>(obj: &K, children: &Children<'_>) -> bool {
 
 /// What the webhook's `caBundle` must trust, from the CA's Secret once issued: the CA's
 /// trust bundle, which holds the next or the previous CA too while the CA is rotated.
-pub(crate) async fn ca_certificate_pem(
+pub async fn ca_certificate_pem(
     client: &Client,
     ns: &str,
     name: &str,

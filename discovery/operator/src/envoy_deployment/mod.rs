@@ -203,7 +203,7 @@ async fn apply(
     }
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
     let live = deployments.get_opt(&children.deployment.name_any()).await?;
-    if !crate::operator::plan::certificate_ready(&certificate) && live.is_none() {
+    if !crate::plan::certificate_ready(&certificate) && live.is_none() {
         return Ok(Ok((certificate, None)));
     }
     // Dynamic replicas: the count the Deployment has stays (see `REPLICAS_HANDOVER_MANAGER`).

@@ -26,7 +26,7 @@ use marin3r_webhook::config::DRAIN_GRACE_MARGIN;
 use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
-use crate::operator::build::restricted_pod_security;
+use crate::build::restricted_pod_security;
 use marin3r_api::envoy_deployment::{EnvoyDeployment, ProbeSpec, Replicas, Resolved};
 use marin3r_webhook::bootstrap::{BootstrapError, BootstrapOptions, render};
 

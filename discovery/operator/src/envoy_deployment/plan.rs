@@ -15,7 +15,7 @@ use marin3r_controller::{Note, set_condition};
 use marin3r_webhook::annotations::{PROMETHEUS_ANNOTATIONS, parse_bool};
 
 use super::build::{Gateway, Inputs, bootstrap_hash, current_token};
-use crate::operator::plan::{certificate_ready, deployment_state};
+use crate::plan::{certificate_ready, deployment_state};
 use marin3r_api::EnvoyConfig;
 use marin3r_api::discovery_service::DiscoveryService;
 use marin3r_api::envoy_deployment::{EnvoyDeployment, EnvoyDeploymentStatus, Resolved};
