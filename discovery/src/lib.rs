@@ -1,4 +1,7 @@
-//! marin3r's discovery service and the `marin3r` command line.
+//! marin3r's discovery service (its controllers, the sidecar's shutdown manager,
+//! `proxy-config`) and the `marin3r` command line. The one binary runs every process (the
+//! operator of `marin3r-operator`, the discovery service) and every subcommand, so it sits on
+//! top of the crates beside this one: `marin3r-api`, `marin3r-envoyconfig`, `marin3r-operator`.
 
 pub mod cli;
 pub mod controllers;

@@ -1,35 +1,7 @@
-//! What the scenarios take from the product: the built `marin3r` (which `hack/image` puts in
-//! the image), the example manifests, and a DiscoveryService's readiness.
-
-use std::path::PathBuf;
+//! What the scenarios take from the product besides the built `marin3r`
+//! (`marin3r_testkit::image`): the example manifests, and a DiscoveryService's readiness.
 
 use marin3r_testkit::tools;
-
-/// The built `marin3r`: `MARIN3R_BIN`, else the newest of the one beside the running
-/// executable (tests run from `<target>/<profile>/deps`) and the `debug` and `release`
-/// builds in `$CARGO_TARGET_DIR` or the workspace's `target/`.
-pub fn marin3r_bin() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("MARIN3R_BIN") {
-        return Some(PathBuf::from(path)).filter(|p| p.is_file());
-    }
-    let beside = std::env::current_exe().ok().and_then(|exe| {
-        let dir = exe.parent()?;
-        let dir = if dir.ends_with("deps") {
-            dir.parent()?
-        } else {
-            dir
-        };
-        Some(dir.join("marin3r"))
-    });
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| tools::repo_root().join("target"), PathBuf::from);
-    let built = ["debug", "release"].map(|profile| target.join(profile).join("marin3r"));
-    beside
-        .into_iter()
-        .chain(built)
-        .filter(|p| p.is_file())
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-}
 
 /// An example manifest of `manifests/examples/` with its namespace (`demo`) replaced by `ns`.
 pub fn example_in(file: &str, ns: &str) -> std::io::Result<String> {

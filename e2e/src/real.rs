@@ -4,13 +4,13 @@
 //! namespace beside the other scenarios'.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use marin3r_testkit::cluster::{Cluster, Held};
+use marin3r_testkit::image::load_images;
 use marin3r_testkit::kubectl::Kubectl;
 use marin3r_testkit::tools;
 
@@ -161,35 +161,6 @@ fn load_images_once(cluster: &Cluster, images: &[String]) -> anyhow::Result<()> 
     if !missing.is_empty() {
         load_images(cluster, &missing)?;
         loaded.extend(missing.iter().map(|i| (*i).to_owned()));
-    }
-    Ok(())
-}
-
-/// The images of `hack/image` a scenario asks for (`marin3r`, `envoy`, `python`...), the
-/// marin3r one holding this build's `marin3r` ([`crate::product::marin3r_bin`]), written (or
-/// kept when unchanged) and loaded into the cluster; pods running an older marin3r image are
-/// started again on this one. An attached cluster must have them already.
-pub fn load_images(cluster: &Cluster, images: &[&str]) -> anyhow::Result<()> {
-    if !cluster.is_local() {
-        return Ok(());
-    }
-    let marin3r = crate::product::marin3r_bin()
-        .context("no built marin3r for the image (cargo build -p marin3r-discovery)")?;
-    let out = Command::new(tools::repo_root().join("hack/image"))
-        .args(images)
-        .arg("--marin3r")
-        .arg(&marin3r)
-        .output()
-        .context("running hack/image")?;
-    if !out.status.success() {
-        bail!(
-            "hack/image {images:?} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    for archive in String::from_utf8_lossy(&out.stdout).lines() {
-        cluster.load(&PathBuf::from(archive))?;
     }
     Ok(())
 }

@@ -236,9 +236,9 @@ fn the_controllers_client_times_out_requests_but_not_quiet_watches() {
 
     let rt = crate::support::plane::runtime();
     rt.block_on(async {
-        let cluster = crate::support::cluster::cluster();
+        let cluster = marin3r_testkit::namespaces::cluster();
         let admin = cluster.client().await.unwrap();
-        let space = crate::support::cluster::Namespaces::new(&cluster, &admin).await;
+        let space = marin3r_testkit::namespaces::Namespaces::new(&cluster, &admin).await;
         let ns = space.create("client-timeout", &[]).await;
         // The client reaches the API server through the proxy, which leaves one request
         // unanswered.

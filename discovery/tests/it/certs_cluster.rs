@@ -10,7 +10,7 @@ use kube::Client;
 use kube::api::Api;
 use marin3r_certs::CertificateInfo;
 
-use crate::support::cluster::{Namespaces, cluster};
+use marin3r_testkit::namespaces::{Namespaces, cluster};
 
 const CERTIFICATE: &str = r#"
 apiVersion: operator.marin3r.3scale.net/v1alpha1

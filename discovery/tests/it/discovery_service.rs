@@ -19,9 +19,9 @@ use marin3r_api::EnvoyConfig;
 use marin3r_api::discovery_service::DISCOVERY_SERVICE_LABEL;
 use marin3r_api_faults::FaultProxy;
 use marin3r_testkit::envoy::get_body;
+use marin3r_testkit::namespaces::{Namespaces, cluster, unique};
 use marin3r_webhook::bootstrap::AdsMode;
 use serde_json::json;
-use support::cluster::{Namespaces, cluster, unique};
 use support::plane::pem_der;
 use support::{Pki, Proxy, free_port, wait_for};
 

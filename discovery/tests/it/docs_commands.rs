@@ -3,12 +3,12 @@
 //! the lines below it (up to the next `$ `) its expected output. Offline `marin3r` commands are
 //! run here against the checked-in files and their output compared; every other command must
 //! be one that `hack/demo` (or, for the EnvoyDeployment guide, its end-to-end test) runs,
-//! word for word (`marin3r_e2e::demo::commands`).
+//! word for word (`marin3r_testkit::commands`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use marin3r_e2e::demo::commands;
+use marin3r_testkit::commands;
 
 /// `marin3r` subcommands that need nothing but files: run by this test.
 const OFFLINE: &[&str] = &[
@@ -25,7 +25,7 @@ const OFFLINE: &[&str] = &[
 const SCRIPTS: &[&str] = &["hack/demo", "hack/test"];
 
 /// Whether the demo, or the EnvoyDeployment guide's end-to-end test, runs this cluster
-/// command as the docs show it (`marin3r_e2e::demo::commands`).
+/// command as the docs show it (`marin3r_testkit::commands`).
 fn run_by_the_demo(command: &str) -> bool {
     commands::ALL.contains(&command) || commands::GATEWAY.contains(&command)
 }
@@ -197,7 +197,7 @@ fn every_other_command_in_the_docs_is_run_by_the_demo() {
     assert!(
         unknown.is_empty(),
         "commands shown in the docs that nothing runs (make them offline examples, or have \
-         the demo run them: marin3r_e2e::demo::commands):\n{}",
+         the demo run them: marin3r_testkit::commands):\n{}",
         unknown.join("\n")
     );
 }

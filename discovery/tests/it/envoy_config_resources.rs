@@ -49,7 +49,7 @@ fn server_cert(plane: &Plane) -> IssuedCertificate {
 fn node_address(plane: &Plane) -> std::net::IpAddr {
     plane
         .rt
-        .block_on(crate::support::cluster::local_address(&plane.cluster))
+        .block_on(marin3r_testkit::namespaces::local_address(&plane.cluster))
 }
 
 /// An HTTP server on [`node_address`] that answers every request with `body` (the example's

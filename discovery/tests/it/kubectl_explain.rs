@@ -7,7 +7,7 @@
 use marin3r_discovery::crds;
 use serde_json::Value;
 
-use crate::support::cluster::{Namespaces, cluster};
+use marin3r_testkit::namespaces::{Namespaces, cluster};
 
 /// Whitespace-insensitive: kubectl wraps long lines.
 fn words(text: &str) -> String {

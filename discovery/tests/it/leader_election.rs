@@ -14,7 +14,7 @@ use marin3r_api_faults::FaultProxy;
 use marin3r_controller::leader::{self, LeaderError, LeaseConfig};
 use serde_json::json;
 
-use crate::support::cluster::{Namespaces, cluster};
+use marin3r_testkit::namespaces::{Namespaces, cluster};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

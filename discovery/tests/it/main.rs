@@ -29,7 +29,7 @@ mod kubectl_explain;
 mod leader_election;
 mod log_format;
 mod metrics_conventions;
-mod operator_controller;
+mod operator_process;
 mod proxy_status;
 mod reference;
 mod replicas;

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use marin3r_testkit::envoy::get_body;
 
-use crate::support::cluster::{Namespaces, cluster};
 use crate::support::plane::runtime;
 use crate::support::{Pki, free_port, metric_value};
+use marin3r_testkit::namespaces::{Namespaces, cluster};
 
 /// A `marin3r` process, killed on drop unless stopped.
 struct Process(Child);
@@ -148,7 +148,7 @@ fn the_discovery_service_reports_its_build_its_leadership_and_lowercase_labels()
     let client = rt.block_on(cluster.client()).unwrap();
     let space = rt.block_on(Namespaces::new(&cluster, &client));
     let ns = rt.block_on(space.create("metrics-discovery", &[]));
-    let ds = crate::support::cluster::unique("ds");
+    let ds = marin3r_testkit::namespaces::unique("ds");
     let kubeconfig = cluster.kubeconfig();
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new();

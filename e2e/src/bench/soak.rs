@@ -281,7 +281,7 @@ async fn run(config: &SoakConfig) -> anyhow::Result<SoakOutcome> {
     .await??;
     tokio::task::spawn_blocking({
         let cluster = cluster.clone();
-        move || crate::real::load_images(&cluster, &["marin3r", "envoy", "python"])
+        move || marin3r_testkit::image::load_images(&cluster, &["marin3r", "envoy", "python"])
     })
     .await??;
     let kubectl = cluster.kubectl()?;
@@ -1310,7 +1310,7 @@ mod tests {
         // by Envoy's validate mode, which the webhook runs).
         let judge =
             marin3r_envoyconfig::judge::EnvoyJudge::new(marin3r_testkit::tools::envoy().unwrap())
-                .with_launcher(crate::product::marin3r_bin().unwrap());
+                .with_launcher(marin3r_testkit::image::marin3r_bin().unwrap());
         for bad in [false, true] {
             let mut ec = envoy_config("soak", 7).unwrap();
             ec.spec.envoy_resources.listeners[0].value = listener(7, bad).unwrap();

@@ -65,8 +65,8 @@ pub fn validation(scale: f64) -> anyhow::Result<Vec<Row>> {
 
     // With Envoy as the last judge, as `marin3r validate` runs it.
     let envoy = marin3r_testkit::tools::envoy()?;
-    let judge =
-        EnvoyJudge::new(&envoy).with_launcher(crate::product::marin3r_bin().unwrap_or_default());
+    let judge = EnvoyJudge::new(&envoy)
+        .with_launcher(marin3r_testkit::image::marin3r_bin().unwrap_or_default());
     let (spec, _) = marin3r_envoyconfig::rules::read_spec(object["spec"].clone())
         .map_err(anyhow::Error::msg)?;
     let mut timings = Vec::with_capacity(samples);
@@ -115,7 +115,7 @@ fn refused(envoy: &std::path::Path, mut object: Value, samples: usize) -> anyhow
     })
     .to_string();
     let judge = EnvoyJudge::new(envoy)
-        .with_launcher(crate::product::marin3r_bin().unwrap_or_default())
+        .with_launcher(marin3r_testkit::image::marin3r_bin().unwrap_or_default())
         .with_budget(marin3r_envoyconfig::judge::ADMISSION_BUDGET);
     let validator = marin3r_envoyconfig::rules::validator_with(false, Some(judge));
     let mut timings = Vec::with_capacity(samples);

@@ -60,7 +60,7 @@ async fn tell(
         Some(path) => {
             std::fs::canonicalize(path).with_context(|| format!("--marin3r {}", path.display()))?
         }
-        None => marin3r_e2e::product::marin3r_bin()
+        None => marin3r_testkit::image::marin3r_bin()
             .context("no marin3r binary for proxy-status (cargo build -p marin3r-discovery)")?,
     };
     let config = kube::Config::from_custom_kubeconfig(

@@ -2,10 +2,10 @@
 //! DiscoveryService, an EnvoyConfig and an annotated Deployment from `manifests/examples/`, and
 //! narrate each step of the story as the Kubernetes API and the proxies show it happening.
 
-pub mod commands;
 pub mod narrate;
 
 use marin3r_api::envoy_config::CacheState;
+use marin3r_testkit::commands;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -22,7 +22,7 @@ use serde_json::json;
 
 /// Runs `marin3r check`; its exit status and output.
 async fn check(kubeconfig: &Path) -> (bool, String) {
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
     let out = tokio::process::Command::new(marin3r)
         .arg("check")
         .env("KUBECONFIG", kubeconfig)

@@ -36,7 +36,7 @@ fn the_demo_story_succeeds_step_by_step() {
 
     let cluster = Cluster::start_or_attach().unwrap();
     let _held = cluster.exclusive().unwrap();
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("a built marin3r");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("a built marin3r");
     let out = if cluster.is_local() {
         // The script itself, as a newcomer runs it, with the binaries this test was built with.
         Command::new(repo.join("hack/demo"))

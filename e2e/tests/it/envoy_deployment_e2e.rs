@@ -22,10 +22,10 @@ use kube::{Api, ResourceExt};
 use marin3r_api::EnvoyConfig;
 use marin3r_api::envoy_config::CacheState;
 use marin3r_api::envoy_deployment::EnvoyDeployment;
-use marin3r_e2e::demo::commands;
 use marin3r_e2e::product::ready_condition;
 use marin3r_e2e::real::{self, Scenario};
 use marin3r_e2e::rejected::nacked_by_proxies;
+use marin3r_testkit::commands;
 use marin3r_testkit::kubectl::Output;
 use marin3r_testkit::wait::until;
 
@@ -71,7 +71,7 @@ async fn guide(s: &Scenario, command: &str) -> String {
     let here = command.replace(&format!(" -n {GUIDE_NS}"), &format!(" -n {}", s.ns));
     assert_ne!(here, command, "`{command}` runs in no namespace");
     let repo = marin3r_testkit::tools::repo_root();
-    let marin3r = marin3r_e2e::product::marin3r_bin().unwrap();
+    let marin3r = marin3r_testkit::image::marin3r_bin().unwrap();
     commands::run(&here, &repo, &s.kubectl, s.cluster.kubeconfig(), &marin3r)
         .await
         .unwrap()

@@ -222,7 +222,7 @@ fn the_install_guide_runs_word_for_word_on_hack_cluster() {
         "install_guide: the cluster is ours after {:.1} s",
         waited.elapsed().as_secs_f64()
     );
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("a built marin3r");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("a built marin3r");
     // The reader's PATH: the tools of hack/install-tools and a `marin3r` CLI.
     let bin = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(&marin3r, bin.path().join("marin3r")).unwrap();

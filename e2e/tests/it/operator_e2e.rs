@@ -254,7 +254,7 @@ async fn serving_pod(client: &Client, ns: &str) -> Pod {
 async fn marin3r_end_to_end() {
     let started = std::time::Instant::now();
     let step = |what: &str| println!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
     // 1. Installed (by the scenario, from manifests/), the example DiscoveryService created
     //    under this run's name, serving the scenario's namespace: everything appears, Ready.
     let scenario = Scenario::start("op", &[]).await.unwrap();

@@ -104,7 +104,7 @@ fn pod() -> Pod {
 
 /// `marin3r proxy-config -n NS web ARGS...`: exit status, stdout, stderr.
 async fn proxy_config(kubeconfig: &Path, ns: &str, args: &[&str]) -> (bool, String, String) {
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
     let out = tokio::process::Command::new(marin3r)
         .args(["proxy-config", "-n", ns, "web"])
         .args(args)

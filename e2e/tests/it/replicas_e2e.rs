@@ -90,7 +90,7 @@ async fn two_discovery_replicas_share_the_fleet_and_survive_one() {
     let scenario = Scenario::start("replicas", &["python"]).await.unwrap();
     let (client, ns) = (scenario.client.clone(), scenario.ns.as_str());
     let kubeconfig = scenario.cluster.kubeconfig().to_path_buf();
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
 
     // A DiscoveryService with two replicas.
     scenario

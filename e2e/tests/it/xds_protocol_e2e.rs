@@ -124,7 +124,7 @@ async fn sidecars_speak_the_protocol_their_discovery_service_or_annotation_choos
     step("both pods serve the config");
 
     // What each Envoy speaks, as the discovery pod saw its stream.
-    let marin3r = marin3r_e2e::product::marin3r_bin().expect("the built marin3r binary");
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
     let protocols = until(
         "both proxies in proxy-status",
         Duration::from_secs(30),

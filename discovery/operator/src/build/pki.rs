@@ -102,7 +102,7 @@ impl Children<'_> {
         dsc
     }
 
-    /// The shared bootstrap of the sidecars in `namespace` (see `crate::bootstrap`).
+    /// The shared bootstrap of the sidecars in `namespace` (see `marin3r_webhook::bootstrap`).
     pub fn bootstrap_config_map(&self, namespace: &str) -> Result<ConfigMap, BootstrapError> {
         let bootstrap = render(&BootstrapOptions::new(self.xds_host(), self.spec.xds_port))?;
         let data = bootstrap

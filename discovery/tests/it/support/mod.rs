@@ -2,7 +2,6 @@
 //! bootstrap with a Kubernetes-style client certificate folder, pointed at the xDS server
 //! fixture (testkit's, re-exported here with its PKI), and the controllers' plane.
 
-pub mod cluster;
 pub mod plane;
 
 use std::path::{Path, PathBuf};

@@ -23,8 +23,8 @@ use marin3r_webhook::bootstrap::AdsMode;
 use marin3r_xds::{Cache, Server, server_config};
 use serde_json::json;
 
-use super::cluster::{Namespaces, cluster, unique};
 use super::{Pki, Proxy};
+use marin3r_testkit::namespaces::{Namespaces, cluster, unique};
 
 /// The xDS server and the controllers, on their own runtime, on the real cluster.
 pub struct Plane {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 
-use marin3r_testkit::kubectl::Kubectl;
+use crate::kubectl::Kubectl;
 
 pub const INSTALL: &str = "kubectl apply -k manifests/";
 pub const APPLY_DISCOVERY_SERVICE: &str =

@@ -28,7 +28,7 @@ use marin3r_testkit::cluster::OperatorStopped;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::cluster::{Namespaces, cluster};
+use marin3r_testkit::namespaces::{Namespaces, cluster};
 
 /// Polls `f` until it returns `Some`, failing with `what` after 30 s.
 async fn wait_for<T, Fut: Future<Output = Option<T>>>(what: &str, f: impl FnMut() -> Fut) -> T {
@@ -92,7 +92,7 @@ async fn start() -> Operator {
         .get_or_init(|| async {
             let cluster = cluster.clone();
             tokio::task::spawn_blocking(move || {
-                marin3r_e2e::real::load_images(&cluster, &["marin3r", "envoy"])
+                marin3r_testkit::image::load_images(&cluster, &["marin3r", "envoy"])
             })
             .await
             .unwrap()
@@ -139,7 +139,8 @@ fn controllers(
     let dss = tokio::spawn(operator::run(
         client.clone(),
         operator::Config {
-            default_image: marin3r_discovery::IMAGE.into(),
+            // The marin3r image of this release, as `marin3r_discovery::IMAGE` names it.
+            default_image: concat!("marin3r:v", env!("CARGO_PKG_VERSION")).into(),
             trusted_namespaces: trusted,
             ..Default::default()
         },
@@ -946,7 +947,7 @@ async fn the_standalone_certificate_example_is_issued() {
     let demo = demo.as_str();
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../manifests/examples/certificate.yaml"
+        "/../../manifests/examples/certificate.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap();
     let dscs: Api<DiscoveryServiceCertificate> = Api::namespaced(client.clone(), demo);
@@ -1032,59 +1033,4 @@ async fn an_original_v0_13_3_affinity_reaches_the_discovery_pods() {
     })
     .await;
     assert_eq!(&serde_json::to_value(affinity).unwrap(), want);
-}
-
-/// The `marin3r operator` process serves `/healthz` (its probes) and `/metrics` on both IP
-/// families from `[::]`, its default, so an IPv6-only cluster's kubelet reaches it too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_operator_process_answers_over_ipv4_and_ipv6() {
-    let op = start().await;
-    let ops = op.ops.as_str();
-    let kubeconfig = op.space.kubeconfig();
-    let marin3r = env!("CARGO_BIN_EXE_marin3r");
-    let help = std::process::Command::new(marin3r)
-        .args(["operator", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8_lossy(&help.stdout);
-    assert!(help.contains("[default: [::]:8383]"), "{help}");
-    let port = std::net::TcpListener::bind("[::]:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = tokio::process::Command::new(marin3r)
-        .args([
-            "operator",
-            "--no-leader-election",
-            "--trusted-namespace",
-            ops,
-        ])
-        .args(["--metrics-addr", &format!("[::]:{port}")])
-        .env("KUBECONFIG", kubeconfig)
-        .env("POD_NAMESPACE", ops)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    for host in ["127.0.0.1", "[::1]"] {
-        let url = format!("http://{host}:{port}/healthz");
-        let body = wait_for(&format!("the operator's {url}"), || async {
-            let url = url.clone();
-            tokio::task::spawn_blocking(move || {
-                ureq::get(&url)
-                    .call()
-                    .ok()?
-                    .into_body()
-                    .read_to_string()
-                    .ok()
-            })
-            .await
-            .unwrap()
-        })
-        .await;
-        assert_eq!(body, "ok\n", "{host}");
-    }
-    drop(child);
 }

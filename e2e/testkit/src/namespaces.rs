@@ -1,21 +1,22 @@
 //! The real cluster the controller tests run on (`hack/cluster`, or the one
 //! `MARIN3R_E2E_KUBECONFIG` names), shared with the other tests of this process and with other
 //! processes: the checked-in CRDs applied as users apply them, every object a test makes named
-//! for this run ([`unique`]), and its namespaces deleted when it ends ([`Namespaces`]).
+//! for this run ([`unique`]), and its namespaces deleted when it ends ([`Namespaces`]). Shared
+//! by the integration tests of the discovery and operator crates.
+#![allow(clippy::unwrap_used, clippy::panic)] // test code: a failed step fails the test
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::cluster::{Cluster, Held};
+use crate::kubectl::Kubectl;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::PostParams;
-use marin3r_testkit::cluster::{Cluster, Held};
-use marin3r_testkit::kubectl::Kubectl;
 
 /// The CRDs of `manifests/crds/`, by name.
 const CRDS: [&str; 5] = [
@@ -70,7 +71,7 @@ pub async fn ensure_crds(cluster: &Cluster, client: &kube::Client) {
     if *applied && present {
         return;
     }
-    let crds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../manifests/crds");
+    let crds = crate::tools::repo_root().join("manifests/crds");
     let crds = crds.to_str().unwrap();
     let kubectl = cluster.kubectl().unwrap();
     kubectl.ok(&["apply", "-f", crds]).await.unwrap();
@@ -104,7 +105,7 @@ impl Namespaces {
 
     /// Holds the cluster [`Cluster::exclusive`]ly (or shared), and ensures the CRDs.
     pub async fn held(cluster: &Cluster, client: &kube::Client, alone: bool) -> Self {
-        let test = marin3r_testkit::cluster::current_test();
+        let test = crate::cluster::current_test();
         let held = tokio::task::spawn_blocking({
             let cluster = cluster.clone();
             move || {
@@ -166,7 +167,7 @@ impl Namespaces {
 
 impl Drop for Namespaces {
     fn drop(&mut self) {
-        let Ok(kubectl) = marin3r_testkit::tools::kubectl() else {
+        let Ok(kubectl) = crate::tools::kubectl() else {
             return;
         };
         let names = std::mem::take(&mut *self.names.lock().unwrap_or_else(|e| e.into_inner()));
