@@ -54,13 +54,7 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
     let cluster = cluster();
     // The certificate controller reconciles every certificate of the cluster: the in-cluster
     // operator's must not at the same time.
-    let operator_stopped = tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
-        move || cluster.operator_stopped()
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let operator_stopped = marin3r_testkit::namespaces::operator_stopped(&cluster).await;
     let client = cluster.client().await.unwrap();
     let space = Namespaces::holding(&cluster, &client, None).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

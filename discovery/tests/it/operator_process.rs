@@ -18,13 +18,7 @@ async fn the_operator_process_answers_over_ipv4_and_ipv6() {
     let cluster = cluster();
     // Two operators on one cluster would fight over every DiscoveryService: the in-cluster one
     // is stopped meanwhile, as for the operator crate's own tests.
-    let _stopped = tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
-        move || cluster.operator_stopped()
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let _stopped = marin3r_testkit::namespaces::operator_stopped(&cluster).await;
     let client = cluster.client().await.unwrap();
     let space = Namespaces::holding(&cluster, &client, None).await;
     let ops = space.create("ops", &[]).await;

@@ -11,12 +11,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::cluster::{Cluster, Held};
-use crate::kubectl::Kubectl;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::PostParams;
+
+use crate::cluster::{Cluster, Held, OperatorStopped};
+use crate::kubectl::Kubectl;
 
 /// The CRDs of `manifests/crds/`, by name.
 const CRDS: [&str; 5] = [
@@ -49,6 +50,17 @@ pub fn cluster() -> Cluster {
     Cluster::start_or_attach().unwrap_or_else(|e| {
         panic!("the controller tests run on the real cluster (hack/cluster up --reuse): {e:#}")
     })
+}
+
+/// The in-cluster operator stopped until the guard drops ([`Cluster::operator_stopped`], which
+/// blocks, on a blocking thread): a test running its own controllers must not share the
+/// cluster's objects with it.
+pub async fn operator_stopped(cluster: &Cluster) -> OperatorStopped {
+    let cluster = cluster.clone();
+    tokio::task::spawn_blocking(move || cluster.operator_stopped())
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 /// The checked-in CRDs (`manifests/crds/`), applied with `kubectl apply -f` as

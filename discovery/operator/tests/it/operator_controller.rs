@@ -81,13 +81,7 @@ static IMAGES: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
 
 async fn start() -> Operator {
     let cluster = cluster();
-    let stopped = tokio::task::spawn_blocking({
-        let cluster = cluster.clone();
-        move || cluster.operator_stopped()
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let stopped = marin3r_testkit::namespaces::operator_stopped(&cluster).await;
     IMAGES
         .get_or_init(|| async {
             let cluster = cluster.clone();
