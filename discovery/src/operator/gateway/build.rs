@@ -21,8 +21,8 @@ use kube::{Resource, ResourceExt};
 use marin3r_certs::api::{
     CaSigned, DiscoveryServiceCertificate, DiscoveryServiceCertificateSpec, SecretReference, Signer,
 };
-use marin3r_webhook::annotations::{Admin, Layout, Resources, ShutdownManager, SidecarSpec};
-use marin3r_webhook::config::DRAIN_GRACE_MARGIN;
+use marin3r_webhook::annotations::{Admin, Layout, ShutdownManager, SidecarSpec};
+use marin3r_webhook::config::{DRAIN_GRACE_MARGIN, Resources};
 use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
