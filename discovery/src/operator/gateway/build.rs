@@ -26,7 +26,8 @@ use marin3r_webhook::config::{DRAIN_GRACE_MARGIN, Resources};
 use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
-use crate::api::envoy_deployment::{EnvoyDeployment, ProbeSpec, Replicas, Resolved};
+use crate::api::envoy_deployment::{EnvoyDeployment, ProbeSpec};
+use crate::api::envoy_deployment_resolve::{Replicas, Resolved};
 use crate::operator::build::restricted_pod_security;
 use crate::sidecar::bootstrap::{BootstrapError, BootstrapOptions, render};
 
