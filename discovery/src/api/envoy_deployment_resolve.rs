@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use marin3r_certs::api::is_dns_subdomain;
 pub use marin3r_webhook::annotations::{DrainStrategy, PortSpec as ResolvedPort, Protocol};
 use marin3r_webhook::config::{DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_TIME, DEFAULT_ENVOY_IMAGE};
 
-use super::discovery_service::is_dns_subdomain;
 use super::envoy_deployment::{
     DynamicReplicasSpec, EnvoyDeployment, NO_ACCESS_LOG, PodDisruptionBudgetSpec, ProbeSpec,
     parse_duration,
