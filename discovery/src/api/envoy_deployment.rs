@@ -15,12 +15,6 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[cfg(test)]
-pub(crate) use super::envoy_deployment_resolve::fixture;
-pub use super::envoy_deployment_resolve::{
-    DrainStrategy, Protocol, Replicas, Resolved, ResolvedPort, ResolvedShutdownManager,
-};
-
 /// A Deployment of Envoy proxies (a gateway) configured by an `EnvoyConfig`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

@@ -7,7 +7,7 @@ pub mod duration;
 pub mod envoy_config;
 pub mod envoy_config_revision;
 pub mod envoy_deployment;
-mod envoy_deployment_resolve;
+pub mod envoy_deployment_resolve;
 pub mod proxy_sync;
 pub mod reference;
 pub mod resources;

@@ -21,12 +21,13 @@ use kube::{Resource, ResourceExt};
 use marin3r_certs::api::{
     CaSigned, DiscoveryServiceCertificate, DiscoveryServiceCertificateSpec, SecretReference, Signer,
 };
-use marin3r_webhook::annotations::{Admin, Layout, Resources, ShutdownManager, SidecarSpec};
-use marin3r_webhook::config::DRAIN_GRACE_MARGIN;
+use marin3r_webhook::annotations::{Admin, Layout, ShutdownManager, SidecarSpec};
+use marin3r_webhook::config::{DRAIN_GRACE_MARGIN, Resources};
 use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
-use crate::api::envoy_deployment::{EnvoyDeployment, ProbeSpec, Replicas, Resolved};
+use crate::api::envoy_deployment::{EnvoyDeployment, ProbeSpec};
+use crate::api::envoy_deployment_resolve::{Replicas, Resolved};
 use crate::operator::build::restricted_pod_security;
 use crate::sidecar::bootstrap::{BootstrapError, BootstrapOptions, render};
 

@@ -17,7 +17,8 @@ use marin3r_webhook::annotations::{PROMETHEUS_ANNOTATIONS, parse_bool};
 use super::build::{Gateway, Inputs, bootstrap_hash, current_token};
 use crate::api::EnvoyConfig;
 use crate::api::discovery_service::DiscoveryService;
-use crate::api::envoy_deployment::{EnvoyDeployment, EnvoyDeploymentStatus, Resolved};
+use crate::api::envoy_deployment::{EnvoyDeployment, EnvoyDeploymentStatus};
+use crate::api::envoy_deployment_resolve::Resolved;
 use crate::operator::plan::{certificate_ready, deployment_state};
 
 const READY: &str = "Ready";

@@ -2,7 +2,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 use super::*;
-use crate::api::envoy_deployment::fixture as mk_ed;
+use crate::api::envoy_deployment_resolve::fixture as mk_ed;
 
 fn mk_ds() -> DiscoveryService {
     serde_json::from_value(json!({
