@@ -7,6 +7,7 @@ mod abuse_smoke;
 mod ca_rotation_e2e;
 mod certificate_controller;
 mod check_e2e;
+mod check_structure;
 mod convert_envoy;
 mod demo;
 mod envoy_deployment_e2e;
