@@ -4,6 +4,9 @@
 //! controller: typed condition reasons, conditions that keep their transition time, Events,
 //! server-side apply, status patches, the error policy and the reconcile metrics; and leader
 //! election, which both marin3r processes use.
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod act;
 pub mod client;

@@ -2,6 +2,9 @@
 //! the pure `mutate(&Pod, &InjectionConfig) -> Result<Patch, Denial>`, the AdmissionReview v1
 //! codec, the validating admission of EnvoyConfigs (judged by a validator the binary
 //! supplies), the HTTPS server (certificate reloaded from disk) and offline injection of YAML.
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod annotations;
 mod clients;
