@@ -4,6 +4,9 @@
 //!
 //! Certificates are input (anyone who can write a Secret picks their validity, up to the year
 //! 9999), and a panic in the operator stops every renewal: no arithmetic here may overflow.
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 #![cfg_attr(not(test), deny(clippy::arithmetic_side_effects))]
 
 #[cfg(feature = "kube")]

@@ -3,8 +3,6 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::annotations::Resources;
-
 /// The Envoy image a sidecar runs unless the pod asks for another (`envoy-image`).
 pub const DEFAULT_ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
 /// The shutdown manager's image when nothing else says (`marin3r inject` and tests): the
@@ -167,5 +165,21 @@ impl XdsProtocol {
             "delta" => Ok(Self::Delta),
             _ => Err("must be sotw (state of the world) or delta".into()),
         }
+    }
+}
+
+/// Envoy's requests and limits, Kubernetes quantities (already validated): the cluster's
+/// defaults ([`InjectionConfig::resources`]), each overridden by its pod annotation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub requests_cpu: Option<String>,
+    pub requests_memory: Option<String>,
+    pub limits_cpu: Option<String>,
+    pub limits_memory: Option<String>,
+}
+
+impl Resources {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
     }
 }

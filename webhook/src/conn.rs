@@ -2,6 +2,7 @@
 //! too long, or is closed to make room; with its client address's share of connections and
 //! requests (see [`crate::clients`]).
 
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -21,7 +22,6 @@ use tokio_rustls::server::TlsStream;
 
 use crate::clients::{Clients, Place};
 use crate::metrics::{Refusal, WebhookMetrics};
-use crate::server::{Peer, WebhookServerConfig};
 
 /// How long a closing connection is given to acknowledge its GOAWAY.
 const CLOSE_ACK_WAIT: Duration = Duration::from_secs(1);
@@ -37,20 +37,29 @@ pub(crate) struct ConnLimits {
     stalled_after: Duration,
 }
 
-impl From<&WebhookServerConfig> for ConnLimits {
-    fn from(c: &WebhookServerConfig) -> Self {
+impl ConnLimits {
+    pub(crate) fn new(
+        handshake_timeout: Duration,
+        body_timeout: Duration,
+        idle_timeout: Duration,
+        max_concurrent_streams: u32,
+    ) -> Self {
         Self {
-            handshake_timeout: c.handshake_timeout,
-            body_timeout: c.body_timeout,
-            idle_timeout: c.idle_timeout,
-            max_concurrent_streams: c.max_concurrent_streams.max(1),
+            handshake_timeout,
+            body_timeout,
+            idle_timeout,
+            max_concurrent_streams: max_concurrent_streams.max(1),
             // A review's body arrives in milliseconds; one that takes a tenth of the body
             // deadline to arrive is not the API server's.
             // (At least 50 ms: a waiting connection asks again that often.)
-            stalled_after: (c.body_timeout / 10).max(Duration::from_millis(50)),
+            stalled_after: (body_timeout / 10).max(Duration::from_millis(50)),
         }
     }
 }
+
+/// The client address of a request, which the connection puts in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) IpAddr);
 
 pub(crate) enum Slot {
     Taken(OwnedSemaphorePermit),

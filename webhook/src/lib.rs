@@ -4,6 +4,9 @@
 //! supplies), the HTTPS server (certificate reloaded from disk) and offline injection of YAML;
 //! and the bootstrap the injected sidecar starts from (`bootstrap`), which the operator writes
 //! into each namespace, so that the sidecar's whole shape lives in this crate.
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod annotations;
 pub mod bootstrap;

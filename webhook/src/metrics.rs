@@ -9,6 +9,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The `webhook` label of the admission metrics.
+pub(crate) const SIDECAR_INJECTION: &str = "sidecar-injection";
+pub(crate) const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
+/// The outcome of a request that is no AdmissionReview.
+pub(crate) const BAD_REQUEST: &str = "bad_request";
+/// The outcome of a validation refused its turn.
+pub(crate) const THROTTLED: &str = "throttled";
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     webhook: &'static str,
@@ -74,13 +82,10 @@ impl WebhookMetrics {
     pub fn register(&self, registry: &mut Registry) {
         // The error series from the start, at 0, so `increase()` counts the first error and
         // the shipped alerts fire on it.
-        for webhook in [
-            crate::server::SIDECAR_INJECTION,
-            crate::server::ENVOY_CONFIG_VALIDATION,
-        ] {
+        for webhook in [SIDECAR_INJECTION, ENVOY_CONFIG_VALIDATION] {
             let _ = self.admissions.get_or_create(&OutcomeLabels {
                 webhook,
-                outcome: crate::server::BAD_REQUEST,
+                outcome: BAD_REQUEST,
             });
         }
         for limit in [

@@ -4,7 +4,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::annotations::{NATIVE_SIDECAR, Resources};
+use crate::annotations::NATIVE_SIDECAR;
+use crate::config::Resources;
 
 fn pod(annotations: &[(&str, &str)], spec: Value) -> Value {
     let mut all = serde_json::Map::new();

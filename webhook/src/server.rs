@@ -27,8 +27,10 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::clients::Clients;
 use crate::config::InjectionConfig;
-use crate::conn::{Conn, ConnLimits, Slot};
-use crate::metrics::{Refusal, WebhookMetrics};
+use crate::conn::{Conn, ConnLimits, Peer, Slot};
+use crate::metrics::{
+    BAD_REQUEST, ENVOY_CONFIG_VALIDATION, Refusal, SIDECAR_INJECTION, THROTTLED, WebhookMetrics,
+};
 use crate::review::{BadRequest, Outcome, review};
 use crate::tls::{TlsError, load_cert, server_config};
 use crate::validate::{EnvoyConfigValidator, review_envoy_config};
@@ -237,18 +239,6 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| (StatusCode::INTERNAL_SERVER_ERROR, "the decision failed\n").into_response())
 }
 
-/// The client address of a request, which the connection puts in its extensions.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Peer(pub(crate) IpAddr);
-
-/// The `webhook` label of the admission metrics.
-pub(crate) const SIDECAR_INJECTION: &str = "sidecar-injection";
-pub(crate) const ENVOY_CONFIG_VALIDATION: &str = "envoyconfig-validation";
-/// The outcome of a request that is no AdmissionReview.
-pub(crate) const BAD_REQUEST: &str = "bad_request";
-/// The outcome of a validation refused its turn.
-pub(crate) const THROTTLED: &str = "throttled";
-
 /// The review body, read under the body deadline and size limit; else the response that
 /// refuses it. It is read before a permit is taken: a client trickling its body holds only
 /// its own stream, never a permit that real reviews wait for.
@@ -336,7 +326,12 @@ pub async fn serve(
     // Bumped by a connection that waits for a slot: idle connections then close.
     let (pressure, _) = tokio::sync::watch::channel(0u64);
     let pressure = Arc::new(pressure);
-    let limits = ConnLimits::from(&config);
+    let limits = ConnLimits::new(
+        config.handshake_timeout,
+        config.body_timeout,
+        config.idle_timeout,
+        config.max_concurrent_streams,
+    );
     let clients = Arc::new(Clients::new(
         config.max_connections_per_address,
         config.max_requests_per_address,

@@ -15,6 +15,9 @@
 //! server.serve(listener, tls, async { let _ = tokio::signal::ctrl_c().await; }).await?;
 //! # drop((router, nacks.try_recv())); Ok(()) }
 //! ```
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 mod cache;
 pub mod convergence;

@@ -123,8 +123,6 @@ impl Limit {
     }
 }
 
-crate::metrics::label_value!(Limit);
-
 impl Limits {
     /// The message of the status a stream over `limit` is closed with.
     pub(crate) fn exceeded(&self, limit: Limit) -> tonic::Status {

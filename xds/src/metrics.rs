@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::limits::Limit;
 use crate::resource::ResourceType;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,9 +58,8 @@ macro_rules! label_value {
         }
     )*};
 }
-pub(crate) use label_value;
 
-label_value!(Protocol, RefusalReason);
+label_value!(Protocol, RefusalReason, Limit);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct ProtocolLabels {
@@ -106,7 +106,7 @@ impl RefusalReason {
 /// Which limit closed a stream (see [`crate::Limits`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct LimitLabels {
-    pub limit: crate::limits::Limit,
+    pub limit: Limit,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -171,7 +171,7 @@ impl Metrics {
                 .refused_connections
                 .get_or_create(&RefusalLabels { reason });
         }
-        for limit in crate::limits::Limit::ALL {
+        for limit in Limit::ALL {
             let _ = m.refused_streams.get_or_create(&LimitLabels { limit });
         }
         let r = registry.sub_registry_with_prefix("marin3r_xds");

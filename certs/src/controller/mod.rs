@@ -1,7 +1,7 @@
 //! The `DiscoveryServiceCertificate` controller: issues each certificate into its Secret,
 //! reissues on every trigger of SPEC §2.1, and wakes up exactly at the renewal instant.
 //! The decisions are pure: [`plan::decide`] (from the triggers in [`triggers`] and the CA
-//! rotation in [`rotation`]) and [`plan::report`]; this module only reads and writes the API.
+//! rotation in [`rotation`]) and [`report::report`]; this module only reads and writes the API.
 
 pub mod bundle;
 mod immutable;
@@ -273,17 +273,17 @@ async fn apply(dsc: Arc<DiscoveryServiceCertificate>, ctx: &Context) -> Result<A
 }
 
 /// Carries out the plan for what was observed: writes the Secret, issuing first when asked.
-async fn act(ctx: &Context, obs: &Observed<'_>) -> Result<plan::Outcome, Error> {
+async fn act(ctx: &Context, obs: &Observed<'_>) -> Result<report::Outcome, Error> {
     let valid = match &obs.spec {
         Ok(valid) => valid,
-        Err(not_ready) => return Ok(plan::not_ready(obs, not_ready.clone())),
+        Err(not_ready) => return Ok(report::not_ready(obs, not_ready.clone())),
     };
     Ok(match plan::decide(obs) {
-        Plan::NotReady(not_ready) => plan::not_ready(obs, not_ready),
-        Plan::Keep(current) => plan::report(obs, valid, &current, None),
+        Plan::NotReady(not_ready) => report::not_ready(obs, not_ready),
+        Plan::Keep(current) => report::report(obs, valid, &current, None),
         Plan::Update { update, then } => {
             patch_secret(ctx, obs.dsc, valid, &update).await?;
-            plan::report(obs, valid, &then, None)
+            report::report(obs, valid, &then, None)
         }
         Plan::StartRotation {
             state,
@@ -323,13 +323,13 @@ async fn start_rotation(
     state: &rotation::CaState<bundle::Cert>,
     reason: triggers::IssueReason,
     renew_request: Option<String>,
-) -> Result<plan::Outcome, Error> {
+) -> Result<report::Outcome, Error> {
     let request = valid.request.clone();
     let next = match off_the_runtime(move || issue_self_signed(&request)).await {
         Ok(next) => next,
         Err(e) => {
             let not_ready = NotReady::new(Reason::IssuanceFailed, e.to_string());
-            return Ok(plan::not_ready(obs, not_ready));
+            return Ok(report::not_ready(obs, not_ready));
         }
     };
     let update = bundle::start(state, &next, renew_request.as_deref());
@@ -343,7 +343,7 @@ async fn start_rotation(
     let dsc = obs.dsc;
     info!(certificate = %dsc.name_any(), namespace = ?dsc.namespace(), %reason, "issued the next CA; rotation started");
     let current = plan::started(&reason, bundle_pem, state.signer.id.pem.clone());
-    Ok(plan::report(obs, valid, &current, None))
+    Ok(report::report(obs, valid, &current, None))
 }
 
 /// Issues the certificate (signed by the CA, or self-signed) and writes it into its Secret.
@@ -352,7 +352,7 @@ async fn issue(
     obs: &Observed<'_>,
     valid: &ValidSpec,
     issuing: Issuing,
-) -> Result<plan::Outcome, Error> {
+) -> Result<report::Outcome, Error> {
     let Issuing {
         ca,
         reason,
@@ -369,7 +369,7 @@ async fn issue(
         Ok(issued) => issued,
         Err(e) => {
             let not_ready = NotReady::new(Reason::IssuanceFailed, e.to_string());
-            return Ok(plan::not_ready(obs, not_ready));
+            return Ok(report::not_ready(obs, not_ready));
         }
     };
     if let Some(trust) = trust_pem {
@@ -387,7 +387,7 @@ async fn issue(
         ca_pem: Some(issued.ca_pem.clone()),
         rotation: None,
     };
-    Ok(plan::report(obs, valid, &current, Some(&reason)))
+    Ok(report::report(obs, valid, &current, Some(&reason)))
 }
 
 async fn write_secret(

@@ -1,6 +1,6 @@
 //! The certificate controller's decisions, pure: from what was observed (the certificate,
 //! its CA Secret, its Secret, the clock) to what to do and what to report. Issuing itself
-//! draws a new key, so it is the one step between [`decide`] and [`report`].
+//! draws a new key, so it is the one step between [`decide`] and [`super::report::report`].
 
 use std::time::Duration;
 
@@ -13,12 +13,7 @@ use super::bundle::{self, Cert, SecretUpdate};
 use super::rotation::{self, Ca, CaState, Step};
 use super::triggers::{IssueReason, TlsFiles, needs_issue, until};
 use crate::CertificateAuthority;
-use crate::api::{
-    DiscoveryServiceCertificate, DiscoveryServiceCertificateStatus, RENEW_ANNOTATION, ValidSpec,
-};
-
-// The report half lives in its own module; callers and tests keep reaching it through here.
-pub use super::report::{not_ready, report, to_time};
+use crate::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION, ValidSpec};
 
 /// How long to wait before looking again for a CA Secret that is missing or unusable.
 const DEPENDENCY_RETRY: Duration = Duration::from_secs(15);
@@ -51,9 +46,6 @@ marin3r_controller::reasons! {
         RotationProceeding,
     }
 }
-
-/// The condition a CA sets while certificates it signs do not take the next CA.
-pub const ROTATION_BLOCKED_CONDITION: &str = "RotationBlocked";
 
 /// Why a certificate is not ready, as the Ready condition's reason and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,14 +156,6 @@ impl RotationNote {
             blocked: None,
         }
     }
-}
-
-/// What to write after acting: the status, the Events, when to look again.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    pub status: DiscoveryServiceCertificateStatus,
-    pub events: Vec<Note>,
-    pub requeue: Option<Duration>,
 }
 
 /// The Secret of `dsc` when the CA Secret `ca` signs it: a certificate whose spec the checks

@@ -3,6 +3,7 @@
 #![allow(clippy::arithmetic_side_effects)] // test code
 
 use super::*;
+use crate::controller::report::{Outcome, ROTATION_BLOCKED_CONDITION, report};
 use crate::issue_self_signed;
 use k8s_openapi::ByteString;
 use marin3r_controller::Reason as _;

@@ -1,6 +1,7 @@
 //! The plan of a certificate without a rotation: a missing CA, a missing Secret, a good one kept.
 
 use super::*;
+use crate::controller::report::{report, to_time};
 use marin3r_controller::Reason as _;
 
 fn dsc(signer: serde_json::Value) -> DiscoveryServiceCertificate {
@@ -36,7 +37,7 @@ fn a_missing_ca_is_not_ready_and_looked_for_again_with_one_warning() {
     };
     assert_eq!(not_ready.reason, Reason::CASecretNotFound);
     assert_eq!(not_ready.retry, Some(DEPENDENCY_RETRY));
-    let outcome = super::not_ready(&obs, not_ready.clone());
+    let outcome = crate::controller::report::not_ready(&obs, not_ready.clone());
     assert_eq!(outcome.status.ready, Some(false));
     assert_eq!(outcome.status.conditions[0].reason, "CASecretNotFound");
     assert_eq!(outcome.status.observed_generation, Some(3));
@@ -45,7 +46,7 @@ fn a_missing_ca_is_not_ready_and_looked_for_again_with_one_warning() {
     // The same problem again: no second Warning.
     let mut seen = dsc.clone();
     seen.status = Some(outcome.status);
-    let again = super::not_ready(&observe(&seen, None), not_ready);
+    let again = crate::controller::report::not_ready(&observe(&seen, None), not_ready);
     assert!(again.events.is_empty(), "{:?}", again.events);
 }
 

@@ -1,17 +1,28 @@
 //! What the certificate controller reports, pure: the status, Ready condition, Events and
 //! wake-up of a certificate after [`super::plan::decide`] (and any issuance) ran.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use marin3r_controller::{Note, set_condition};
 use time::OffsetDateTime;
 
-use super::plan::{
-    Current, MIN_WAKEUP, NotReady, Observed, Outcome, ROTATION_BLOCKED_CONDITION, Reason,
-};
+use super::plan::{Current, MIN_WAKEUP, NotReady, Observed, Reason};
 use super::triggers::{IssueReason, Readiness, next_wakeup, readiness, renewal_due_at};
 use crate::CertificateInfo;
 use crate::api::{DiscoveryServiceCertificateStatus, READY_CONDITION, RENEW_ANNOTATION, ValidSpec};
+
+/// The condition a CA sets while certificates it signs do not take the next CA.
+pub const ROTATION_BLOCKED_CONDITION: &str = "RotationBlocked";
+
+/// What to write after acting: the status, the Events, when to look again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub status: DiscoveryServiceCertificateStatus,
+    pub events: Vec<Note>,
+    pub requeue: Option<Duration>,
+}
 
 /// The status, Events and wake-up for the certificate now in the Secret (`issued`: why it
 /// was just issued).

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube_derive::CustomResource;
+use marin3r_certs::names::{is_dns_label, is_dns_subdomain};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -429,9 +430,6 @@ impl Resolved {
         Ok(())
     }
 }
-
-/// Object-name rules, shared with the certificate API.
-pub use marin3r_certs::names::{is_dns_label, is_dns_subdomain};
 
 #[cfg(test)]
 mod tests {

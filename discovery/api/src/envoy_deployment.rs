@@ -15,10 +15,6 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use super::envoy_deployment_resolve::{
-    DrainStrategy, Protocol, Replicas, Resolved, ResolvedPort, ResolvedShutdownManager,
-};
-
 /// A Deployment of Envoy proxies (a gateway) configured by an `EnvoyConfig`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

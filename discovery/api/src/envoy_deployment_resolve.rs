@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use marin3r_certs::names::is_dns_subdomain;
 pub use marin3r_webhook::annotations::{DrainStrategy, PortSpec as ResolvedPort, Protocol};
 use marin3r_webhook::config::{DEFAULT_ADMIN_PORT, DEFAULT_DRAIN_TIME, DEFAULT_ENVOY_IMAGE};
 
-use super::discovery_service::is_dns_subdomain;
 use super::envoy_deployment::{
     DynamicReplicasSpec, EnvoyDeployment, NO_ACCESS_LOG, PodDisruptionBudgetSpec, ProbeSpec,
     parse_duration,
@@ -87,41 +87,13 @@ impl EnvoyDeployment {
     /// Applies the defaults and checks the spec; the error names the field.
     pub fn resolve(&self) -> Result<Resolved, String> {
         let spec = &self.spec;
-        let name = self.metadata.name.as_deref().unwrap_or_default();
-        if name.len() > 63 {
-            return Err(format!(
-                "metadata.name {name:?} is longer than 63 characters; it is the value of the \
-                 app.kubernetes.io/instance label that selects the Envoy pods"
-            ));
-        }
-        for (field, value) in [
-            ("spec.envoyConfigRef", &spec.envoy_config_ref),
-            ("spec.discoveryServiceRef", &spec.discovery_service_ref),
-        ] {
-            if !is_dns_subdomain(value) {
-                return Err(format!("{field}: {value:?} is not an object name"));
-            }
-        }
-        if spec.cluster_id.as_deref().is_some_and(str::is_empty) {
-            return Err("spec.clusterID: must not be empty when set".into());
-        }
+        check_names(self)?;
         let image = match spec.image.as_deref() {
             Some("") => return Err("spec.image: must not be empty when set".into()),
             Some(image) => image.to_owned(),
             None => DEFAULT_ENVOY_IMAGE.to_owned(),
         };
-        let admin_port = match spec.admin_port {
-            None => DEFAULT_ADMIN_PORT,
-            Some(p) => u16::try_from(p)
-                .ok()
-                .filter(|p| (1..u16::MAX).contains(p))
-                .ok_or_else(|| {
-                    format!(
-                        "spec.adminPort: {p} is not a port between 1 and 65534 (the readiness \
-                         listener takes the next one)"
-                    )
-                })?,
-        };
+        let admin_port = admin_port(spec.admin_port)?;
         let readiness_port = admin_port + 1;
         let shutdown_manager = spec
             .shutdown_manager
@@ -132,15 +104,7 @@ impl EnvoyDeployment {
         let extra_args = spec.extra_args.clone().unwrap_or_default();
         marin3r_webhook::annotations::check_extra_args(&extra_args, shutdown_manager.is_some())
             .map_err(|e| format!("spec.extraArgs: {e}"))?;
-        let admin_access_log_path = match spec.admin_access_log_path.as_deref() {
-            None | Some(NO_ACCESS_LOG) => None,
-            Some(path) if path.starts_with('/') => Some(path.to_owned()),
-            Some(path) => {
-                return Err(format!(
-                    "spec.adminAccessLogPath: {path:?} is not an absolute path"
-                ));
-            }
-        };
+        let admin_access_log_path = admin_access_log_path(spec.admin_access_log_path.as_deref())?;
         let liveness = spec.liveness_probe.clone().unwrap_or(DEFAULT_LIVENESS);
         check_probe("spec.livenessProbe", &liveness)?;
         if liveness.success_threshold != 1 {
@@ -168,6 +132,57 @@ impl EnvoyDeployment {
             shutdown_manager,
             init_manager: spec.init_manager.is_some(),
         })
+    }
+}
+
+/// The names the EnvoyDeployment's objects and references are made of.
+fn check_names(ed: &EnvoyDeployment) -> Result<(), String> {
+    let spec = &ed.spec;
+    let name = ed.metadata.name.as_deref().unwrap_or_default();
+    if name.len() > 63 {
+        return Err(format!(
+            "metadata.name {name:?} is longer than 63 characters; it is the value of the \
+             app.kubernetes.io/instance label that selects the Envoy pods"
+        ));
+    }
+    for (field, value) in [
+        ("spec.envoyConfigRef", &spec.envoy_config_ref),
+        ("spec.discoveryServiceRef", &spec.discovery_service_ref),
+    ] {
+        if !is_dns_subdomain(value) {
+            return Err(format!("{field}: {value:?} is not an object name"));
+        }
+    }
+    if spec.cluster_id.as_deref().is_some_and(str::is_empty) {
+        return Err("spec.clusterID: must not be empty when set".into());
+    }
+    Ok(())
+}
+
+/// `spec.adminPort`, which leaves room for the readiness listener on the next port.
+fn admin_port(port: Option<u32>) -> Result<u16, String> {
+    let Some(p) = port else {
+        return Ok(DEFAULT_ADMIN_PORT);
+    };
+    u16::try_from(p)
+        .ok()
+        .filter(|p| (1..u16::MAX).contains(p))
+        .ok_or_else(|| {
+            format!(
+                "spec.adminPort: {p} is not a port between 1 and 65534 (the readiness \
+                 listener takes the next one)"
+            )
+        })
+}
+
+/// `spec.adminAccessLogPath`: an absolute path, else none.
+fn admin_access_log_path(path: Option<&str>) -> Result<Option<String>, String> {
+    match path {
+        None | Some(NO_ACCESS_LOG) => Ok(None),
+        Some(path) if path.starts_with('/') => Ok(Some(path.to_owned())),
+        Some(path) => Err(format!(
+            "spec.adminAccessLogPath: {path:?} is not an absolute path"
+        )),
     }
 }
 

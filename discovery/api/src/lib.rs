@@ -2,13 +2,16 @@
 //! client: the controllers, the validator and the CLI share them. The resources derive
 //! through `kube-derive` and `kube-core` (`crates(kube_core = ...)`), not the `kube` facade,
 //! so this crate, and the EnvoyConfig pipeline built on it, cannot reach a kube client.
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod discovery_service;
 pub mod duration;
 pub mod envoy_config;
 pub mod envoy_config_revision;
 pub mod envoy_deployment;
-mod envoy_deployment_resolve;
+pub mod envoy_deployment_resolve;
 pub mod proxy_sync;
 pub mod reference;
 pub mod resources;

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{LocalObjectReference, ResourceRequirements};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::discovery_service::is_dns_subdomain;
+use marin3r_certs::names::is_dns_subdomain;
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

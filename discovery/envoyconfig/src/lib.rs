@@ -3,6 +3,9 @@
 //! resources (`convert`), why a spec is refused (`rules`), what is only warned about
 //! (`warnings`), and Envoy's own verdict from a sandboxed run (`judge`). It depends on no kube
 //! client, as the xDS server does not: the callers read the cluster and hand over what it holds.
+// The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
+// tests may run past it.
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod convert;
 pub mod judge;

@@ -12,6 +12,7 @@ mod discovery_pods;
 mod discovery_service;
 mod inject;
 mod judge_sandbox;
+mod limits;
 mod listen;
 mod logging;
 mod operator;

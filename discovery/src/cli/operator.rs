@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -54,25 +55,13 @@ const LEASE_NAME: &str = "marin3r-operator";
 
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = marin3r_controller::client::infer().await?;
-    let reconcile_timeout = Some(std::time::Duration::from_secs(
-        args.reconcile_timeout_seconds,
-    ));
-    let mut trusted: BTreeSet<String> = args.trusted_namespaces.into_iter().collect();
-    if trusted.is_empty()
-        && let Ok(ns) = std::env::var("POD_NAMESPACE")
-    {
-        trusted.insert(ns);
-    }
-    // The pods the operator runs log as it does.
-    let json_logs = args.log.log_format == super::logging::LogFormat::Json;
     let stop = CancellationToken::new();
-    let metrics = ReconcileMetrics::default();
-    let certificate_metrics = certificates::CertificateMetrics::default();
+    let controllers = Controllers::new(&args);
     let leader_metrics = leader::LeaderMetrics::default();
     let mut registry = Registry::default();
     super::admin::register_build_info(&mut registry, "operator");
-    metrics.register(&mut registry);
-    certificate_metrics.register(&mut registry);
+    controllers.metrics.register(&mut registry);
+    controllers.certificates.register(&mut registry);
     leader_metrics.register(&mut registry);
     let admin = super::admin::serve(
         args.metrics_addr,
@@ -80,52 +69,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         stop.clone(),
     )
     .await?;
-    let work = {
-        let (client, stop, trusted) = (client.clone(), stop.clone(), trusted.clone());
-        let metrics = metrics.clone();
-        async move {
-            tracing::info!(
-                ?trusted,
-                "starting the certificate, DiscoveryService and EnvoyDeployment controllers"
-            );
-            let certs = certificates::run(
-                client.clone(),
-                certificates::Config {
-                    trusted_namespaces: trusted.clone(),
-                    metrics: metrics.clone(),
-                    certificates: certificate_metrics,
-                    trust_propagation: std::time::Duration::from_secs(
-                        args.trust_propagation_seconds,
-                    ),
-                    reconcile_timeout,
-                    ..Default::default()
-                },
-                stop.clone().cancelled_owned(),
-            );
-            let gateways = operator::envoy_deployment::run(
-                client.clone(),
-                operator::envoy_deployment::Config {
-                    marin3r_image: args.discovery_service_image.clone(),
-                    json_logs,
-                    metrics: metrics.clone(),
-                    reconcile_timeout,
-                },
-                stop.clone().cancelled_owned(),
-            );
-            let discovery_services = operator::run(
-                client,
-                operator::Config {
-                    default_image: args.discovery_service_image,
-                    json_logs,
-                    trusted_namespaces: trusted,
-                    metrics,
-                    reconcile_timeout,
-                },
-                stop.cancelled_owned(),
-            );
-            tokio::join!(certs, gateways, discovery_services);
-        }
-    };
+    let work = controllers.run(client.clone(), stop.clone());
     tokio::spawn({
         let stop = stop.clone();
         async move {
@@ -143,6 +87,89 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     stop.cancel();
     admin.await??;
     result
+}
+
+/// The leader's three controllers: their settings from the flags, and the metrics they record.
+struct Controllers {
+    trusted: BTreeSet<String>,
+    image: String,
+    /// The pods the operator runs log as it does.
+    json_logs: bool,
+    trust_propagation: Duration,
+    reconcile_timeout: Option<Duration>,
+    metrics: ReconcileMetrics,
+    certificates: certificates::CertificateMetrics,
+}
+
+impl Controllers {
+    fn new(args: &OperatorArgs) -> Self {
+        let mut trusted: BTreeSet<String> = args.trusted_namespaces.iter().cloned().collect();
+        if trusted.is_empty()
+            && let Ok(ns) = std::env::var("POD_NAMESPACE")
+        {
+            trusted.insert(ns);
+        }
+        Self {
+            trusted,
+            image: args.discovery_service_image.clone(),
+            json_logs: args.log.log_format == super::logging::LogFormat::Json,
+            trust_propagation: Duration::from_secs(args.trust_propagation_seconds),
+            reconcile_timeout: Some(Duration::from_secs(args.reconcile_timeout_seconds)),
+            metrics: ReconcileMetrics::default(),
+            certificates: certificates::CertificateMetrics::default(),
+        }
+    }
+
+    /// Runs the certificate, DiscoveryService and EnvoyDeployment controllers until `stop`.
+    async fn run(self, client: kube::Client, stop: CancellationToken) {
+        let Self {
+            trusted,
+            image,
+            json_logs,
+            trust_propagation,
+            reconcile_timeout,
+            metrics,
+            certificates: certificate_metrics,
+        } = self;
+        tracing::info!(
+            ?trusted,
+            "starting the certificate, DiscoveryService and EnvoyDeployment controllers"
+        );
+        let certs = certificates::run(
+            client.clone(),
+            certificates::Config {
+                trusted_namespaces: trusted.clone(),
+                metrics: metrics.clone(),
+                certificates: certificate_metrics,
+                trust_propagation,
+                reconcile_timeout,
+                ..Default::default()
+            },
+            stop.clone().cancelled_owned(),
+        );
+        let gateways = operator::envoy_deployment::run(
+            client.clone(),
+            operator::envoy_deployment::Config {
+                marin3r_image: image.clone(),
+                json_logs,
+                metrics: metrics.clone(),
+                reconcile_timeout,
+            },
+            stop.clone().cancelled_owned(),
+        );
+        let discovery_services = operator::run(
+            client,
+            operator::Config {
+                default_image: image,
+                json_logs,
+                trusted_namespaces: trusted,
+                metrics,
+                reconcile_timeout,
+            },
+            stop.cancelled_owned(),
+        );
+        tokio::join!(certs, gateways, discovery_services);
+    }
 }
 
 /// Runs `work` while this replica holds the leader Lease.

@@ -4,8 +4,7 @@
 
 use clap::{Args, ValueEnum};
 use marin3r_webhook::InjectionConfig;
-use marin3r_webhook::annotations::Resources;
-use marin3r_webhook::config::XdsProtocol;
+use marin3r_webhook::config::{Resources, XdsProtocol};
 use tracing::{info, warn};
 
 #[derive(Debug, Args)]

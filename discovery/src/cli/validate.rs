@@ -328,37 +328,10 @@ fn validate_document(
     place: &dyn Fn(&ConversionError) -> Option<(u64, u64)>,
     envoy: Option<&EnvoyJudge>,
 ) -> Document {
-    let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
-    let notes = match kind.as_str() {
-        KIND => Vec::new(),
-        other => super::differences::notes(other, &doc),
+    let (manifest, name) = match identify(number, doc) {
+        Ok(found) => found,
+        Err(not_envoy_config) => return not_envoy_config,
     };
-    let manifest = match serde_json::from_value::<Manifest>(doc) {
-        Ok(manifest) => manifest,
-        Err(e) => {
-            return Document::Invalid {
-                object: format!("document {number}"),
-                errors: vec![format!("not a Kubernetes object: {e}").into()],
-            };
-        }
-    };
-    let kind = manifest.kind.as_deref().unwrap_or_default();
-    let name = match (&manifest.metadata.namespace, &manifest.metadata.name) {
-        (Some(ns), Some(name)) => format!("{ns}/{name}"),
-        (None, Some(name)) => name.clone(),
-        _ => format!("document {number}"),
-    };
-    if kind != KIND {
-        let kind = if kind.is_empty() {
-            "object without kind"
-        } else {
-            kind
-        };
-        return Document::Skipped {
-            object: format!("{kind} {name}"),
-            notes,
-        };
-    }
     let object = format!("{KIND} {name}");
     let mut errors = header_problems(&manifest);
     let Some(spec) = manifest.spec else {
@@ -393,27 +366,7 @@ fn validate_document(
                 summary: summary(&spec, &resources),
                 warnings: marin3r_envoyconfig::warnings::warnings(&spec),
             },
-            Some(judge) => match judge.judge(&spec) {
-                Ok(()) => Document::Valid {
-                    object: name,
-                    summary: format!(
-                        "{}; accepted by Envoy {}",
-                        summary(&spec, &resources),
-                        judge.version().as_deref().unwrap_or("(release unknown)")
-                    ),
-                    warnings: marin3r_envoyconfig::warnings::warnings(&spec),
-                },
-                Err(JudgeError::Refused(refused)) => Document::Invalid {
-                    object,
-                    errors: refused.into_iter().map(Problem::from).collect(),
-                },
-                Err(JudgeError::Unavailable(why)) => Document::Invalid {
-                    object,
-                    errors: vec![Problem::from(format!(
-                        "Envoy could not judge it: {why} (--no-envoy runs marin3r's own checks only)"
-                    ))],
-                },
-            },
+            Some(judge) => judged(judge, &spec, &resources, name, object),
         },
         Ok(_) => Document::Invalid { object, errors },
         Err(more) => {
@@ -426,6 +379,75 @@ fn validate_document(
             }));
             Document::Invalid { object, errors }
         }
+    }
+}
+
+/// The manifest of document `number` with its name (`namespace/name`); else what it is
+/// reported as: another kind, skipped with what marin3r does differently with it, or no
+/// Kubernetes object at all.
+fn identify(number: usize, doc: serde_json::Value) -> Result<(Manifest, String), Document> {
+    let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+    let notes = match kind.as_str() {
+        KIND => Vec::new(),
+        other => super::differences::notes(other, &doc),
+    };
+    let manifest = match serde_json::from_value::<Manifest>(doc) {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            return Err(Document::Invalid {
+                object: format!("document {number}"),
+                errors: vec![format!("not a Kubernetes object: {e}").into()],
+            });
+        }
+    };
+    let kind = manifest.kind.as_deref().unwrap_or_default();
+    let name = match (&manifest.metadata.namespace, &manifest.metadata.name) {
+        (Some(ns), Some(name)) => format!("{ns}/{name}"),
+        (None, Some(name)) => name.clone(),
+        _ => format!("document {number}"),
+    };
+    if kind != KIND {
+        let kind = if kind.is_empty() {
+            "object without kind"
+        } else {
+            kind
+        };
+        return Err(Document::Skipped {
+            object: format!("{kind} {name}"),
+            notes,
+        });
+    }
+    Ok((manifest, name))
+}
+
+/// Envoy's verdict on a spec our checks passed (`resources`, its converted resources).
+fn judged(
+    judge: &EnvoyJudge,
+    spec: &EnvoyConfigSpec,
+    resources: &[Resource],
+    name: String,
+    object: String,
+) -> Document {
+    match judge.judge(spec) {
+        Ok(()) => Document::Valid {
+            object: name,
+            summary: format!(
+                "{}; accepted by Envoy {}",
+                summary(spec, resources),
+                judge.version().as_deref().unwrap_or("(release unknown)")
+            ),
+            warnings: marin3r_envoyconfig::warnings::warnings(spec),
+        },
+        Err(JudgeError::Refused(refused)) => Document::Invalid {
+            object,
+            errors: refused.into_iter().map(Problem::from).collect(),
+        },
+        Err(JudgeError::Unavailable(why)) => Document::Invalid {
+            object,
+            errors: vec![Problem::from(format!(
+                "Envoy could not judge it: {why} (--no-envoy runs marin3r's own checks only)"
+            ))],
+        },
     }
 }
 

@@ -6,6 +6,65 @@ use serde_json::Value;
 use super::Entry;
 use super::redact::redact_resource;
 
+/// A `*ConfigDump` section whose items are listed the same way.
+struct Section {
+    /// The last part of its `@type`.
+    dump: &'static str,
+    /// Its entries' kind.
+    kind: &'static str,
+    /// The key each item holds its resource under.
+    key: &'static str,
+    /// Each list of items, with the state of its resources.
+    lists: &'static [(&'static str, &'static str)],
+}
+
+const SECTIONS: &[Section] = &[
+    Section {
+        dump: "ClustersConfigDump",
+        kind: "clusters",
+        key: "cluster",
+        lists: &[
+            ("static_clusters", "static"),
+            ("dynamic_active_clusters", "dynamic"),
+            ("dynamic_warming_clusters", "warming"),
+        ],
+    },
+    Section {
+        dump: "EndpointsConfigDump",
+        kind: "endpoints",
+        key: "endpoint_config",
+        lists: &[
+            ("static_endpoint_configs", "static"),
+            ("dynamic_endpoint_configs", "dynamic"),
+        ],
+    },
+    Section {
+        dump: "ListenersConfigDump",
+        kind: "listeners",
+        key: "listener",
+        lists: &[("static_listeners", "static")],
+    },
+    Section {
+        dump: "RoutesConfigDump",
+        kind: "routes",
+        key: "route_config",
+        lists: &[
+            ("static_route_configs", "static"),
+            ("dynamic_route_configs", "dynamic"),
+        ],
+    },
+    Section {
+        dump: "SecretsConfigDump",
+        kind: "secrets",
+        key: "secret",
+        lists: &[
+            ("static_secrets", "static"),
+            ("dynamic_active_secrets", "dynamic"),
+            ("dynamic_warming_secrets", "warming"),
+        ],
+    },
+];
+
 /// The entries of `dump` (the admin's JSON answer), secret fields redacted.
 pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
     let configs = dump
@@ -18,119 +77,8 @@ pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
             .get("@type")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let section = kind.rsplit('.').next().unwrap_or_default();
-        match section {
-            "BootstrapConfigDump" => out.push(Entry {
-                kind: "bootstrap".into(),
-                name: "bootstrap".into(),
-                state: "static".into(),
-                version: None,
-                last_updated: text(config, "last_updated"),
-                config: config.get("bootstrap").cloned().unwrap_or_default(),
-            }),
-            "ClustersConfigDump" => {
-                take(
-                    &mut out,
-                    config,
-                    "clusters",
-                    "static_clusters",
-                    "static",
-                    "cluster",
-                );
-                take(
-                    &mut out,
-                    config,
-                    "clusters",
-                    "dynamic_active_clusters",
-                    "dynamic",
-                    "cluster",
-                );
-                take(
-                    &mut out,
-                    config,
-                    "clusters",
-                    "dynamic_warming_clusters",
-                    "warming",
-                    "cluster",
-                );
-            }
-            "EndpointsConfigDump" => {
-                let (list, key) = ("endpoints", "endpoint_config");
-                take(
-                    &mut out,
-                    config,
-                    list,
-                    "static_endpoint_configs",
-                    "static",
-                    key,
-                );
-                take(
-                    &mut out,
-                    config,
-                    list,
-                    "dynamic_endpoint_configs",
-                    "dynamic",
-                    key,
-                );
-            }
-            "ListenersConfigDump" => {
-                take(
-                    &mut out,
-                    config,
-                    "listeners",
-                    "static_listeners",
-                    "static",
-                    "listener",
-                );
-                listeners(&mut out, config);
-            }
-            "RoutesConfigDump" => {
-                let (list, key) = ("routes", "route_config");
-                take(
-                    &mut out,
-                    config,
-                    list,
-                    "static_route_configs",
-                    "static",
-                    key,
-                );
-                take(
-                    &mut out,
-                    config,
-                    list,
-                    "dynamic_route_configs",
-                    "dynamic",
-                    key,
-                );
-            }
-            "SecretsConfigDump" => {
-                take(
-                    &mut out,
-                    config,
-                    "secrets",
-                    "static_secrets",
-                    "static",
-                    "secret",
-                );
-                take(
-                    &mut out,
-                    config,
-                    "secrets",
-                    "dynamic_active_secrets",
-                    "dynamic",
-                    "secret",
-                );
-                take(
-                    &mut out,
-                    config,
-                    "secrets",
-                    "dynamic_warming_secrets",
-                    "warming",
-                    "secret",
-                );
-            }
-            _ => {}
-        }
+        let name = kind.rsplit('.').next().unwrap_or_default();
+        section(&mut out, config, name);
     }
     // Secrets the bootstrap reads from files (the sidecar's client certificate and CA) are
     // listed as dynamic, but are the proxy's own: no control plane serves them.
@@ -146,6 +94,31 @@ pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
         super::defuse(entry);
     }
     Ok(out)
+}
+
+/// The entries of one `*ConfigDump` (`name`, its type's last part), in the dump's order:
+/// static, then dynamic, then warming; sections we do not show are skipped.
+fn section(out: &mut Vec<Entry>, config: &Value, name: &str) {
+    if name == "BootstrapConfigDump" {
+        out.push(Entry {
+            kind: "bootstrap".into(),
+            name: "bootstrap".into(),
+            state: "static".into(),
+            version: None,
+            last_updated: text(config, "last_updated"),
+            config: config.get("bootstrap").cloned().unwrap_or_default(),
+        });
+        return;
+    }
+    let Some(section) = SECTIONS.iter().find(|s| s.dump == name) else {
+        return;
+    };
+    for (list, state) in section.lists {
+        take(out, config, section.kind, list, state, section.key);
+    }
+    if name == "ListenersConfigDump" {
+        listeners(out, config);
+    }
 }
 
 /// The names of the SDS secrets `config` asks for from a file (`sds_config` with `path` or

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::config::InjectionConfig;
+use crate::config::{InjectionConfig, Resources};
 use crate::readiness::STATS_PORT_NAME;
 pub use grammar::{MAX_DRAIN_TIME, check_extra_args, parse_bool};
 use grammar::{
@@ -60,21 +60,6 @@ pub struct PortSpec {
     pub port: u16,
     pub protocol: Protocol,
     pub host_port: Option<u16>,
-}
-
-/// Kubernetes quantities as written in the annotations (already validated).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Resources {
-    pub requests_cpu: Option<String>,
-    pub requests_memory: Option<String>,
-    pub limits_cpu: Option<String>,
-    pub limits_memory: Option<String>,
-}
-
-impl Resources {
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

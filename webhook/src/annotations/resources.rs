@@ -5,7 +5,8 @@
 
 use super::grammar::parse_bool;
 use super::names::*;
-use super::{Layout, Reader, Resources};
+use super::{Layout, Reader};
+use crate::config::Resources;
 use crate::quantity::parse_quantity;
 
 impl Reader<'_> {

@@ -2,7 +2,13 @@
 //! the server (`xds_server`), its limits on streams and requests (`xds_limits`), and what
 //! requests begun and never finished may hold (`xds_partial`).
 
-#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)] // test code
+// Test code: it may unwrap, panic, and run past the product's 80-line bar on functions.
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_lines,
+    clippy::unwrap_used
+)]
 
 mod xds_limits;
 mod xds_partial;

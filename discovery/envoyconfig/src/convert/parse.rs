@@ -6,7 +6,6 @@ use base64::Engine as _;
 use prost_reflect::{DeserializeOptions, DynamicMessage, Kind, MessageDescriptor};
 
 use super::ValueError;
-use super::recover::Step;
 use marin3r_api::Serialization;
 
 /// The type URL an empty `Any` (`{}`) is parsed as, and written back as an empty `Any` by the
@@ -14,6 +13,13 @@ use marin3r_api::Serialization;
 /// `typed_per_filter_config` entry `{"@type": ".../FilterConfig", "config": {}}` enables a
 /// filter the listener disabled this way).
 pub const EMPTY_ANY_URL: &str = "type.googleapis.com/marin3r.internal.EmptyAny";
+
+/// One step of a path inside a value, as the parser reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Step {
+    Key(String),
+    Index(usize),
+}
 
 /// Parses `text` as one `desc` message written in `serialization`.
 pub fn parse(

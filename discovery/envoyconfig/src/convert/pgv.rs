@@ -167,32 +167,18 @@ impl Validator {
             errors.push(error(path, Some("typed_config"), why));
         }
         let rules = self.rules(&desc);
-        for oneof in &rules.required_oneofs {
-            if !oneof.fields().any(|f| message.has_field(&f)) {
-                let names: Vec<_> = oneof.fields().map(|f| f.name().to_owned()).collect();
-                errors.push(error(
-                    path,
-                    None,
-                    format!("one of {} must be set", names.join(", ")),
-                ));
-            }
-        }
-        for (field, rule) in &rules.fields {
-            let set = message.has_field(field);
-            // A oneof member's rules apply only when that member is the one set.
-            if field.containing_oneof().is_some() && !set {
-                continue;
-            }
-            if rule.required && !set {
-                errors.push(error(path, Some(field.name()), "is required".into()));
-                continue;
-            }
-            if let Some(check) = &rule.check
-                && let Err(message) = apply(check, field, &message.get_field(field), set)
-            {
-                errors.push(error(path, Some(field.name()), message));
-            }
-        }
+        check_rules(&rules, message, path, errors);
+        self.check_fields(&rules, message, path, errors);
+    }
+
+    /// The messages in `message`'s fields, except those whose rules say to skip them.
+    fn check_fields(
+        &self,
+        rules: &MessageRules,
+        message: &DynamicMessage,
+        path: &mut Vec<String>,
+        errors: &mut Vec<ValueError>,
+    ) {
         for (field, value) in message.fields() {
             if rules.skipped.contains(&field.number()) {
                 continue;
@@ -337,6 +323,41 @@ fn field_rule(rules: &DynamicMessage) -> FieldRule {
     FieldRule {
         required,
         check: type_check(rules),
+    }
+}
+
+/// `message`'s own rules: its required oneofs, and each field's `required` and check.
+fn check_rules(
+    rules: &MessageRules,
+    message: &DynamicMessage,
+    path: &[String],
+    errors: &mut Vec<ValueError>,
+) {
+    for oneof in &rules.required_oneofs {
+        if !oneof.fields().any(|f| message.has_field(&f)) {
+            let names: Vec<_> = oneof.fields().map(|f| f.name().to_owned()).collect();
+            errors.push(error(
+                path,
+                None,
+                format!("one of {} must be set", names.join(", ")),
+            ));
+        }
+    }
+    for (field, rule) in &rules.fields {
+        let set = message.has_field(field);
+        // A oneof member's rules apply only when that member is the one set.
+        if field.containing_oneof().is_some() && !set {
+            continue;
+        }
+        if rule.required && !set {
+            errors.push(error(path, Some(field.name()), "is required".into()));
+            continue;
+        }
+        if let Some(check) = &rule.check
+            && let Err(message) = apply(check, field, &message.get_field(field), set)
+        {
+            errors.push(error(path, Some(field.name()), message));
+        }
     }
 }
 

@@ -8,18 +8,11 @@ use prost_reflect::{DynamicMessage, Kind, MessageDescriptor};
 use serde_json::Value;
 
 use super::ValueError;
-use super::parse::{self, key_segment};
+use super::parse::{self, Step, key_segment};
 use marin3r_api::Serialization;
 
 /// The most problems reported for one value.
 const MAX_PROBLEMS: usize = 20;
-
-/// One step of a path inside a value, as the parser reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Step {
-    Key(String),
-    Index(usize),
-}
 
 /// Every problem of `text` (a `desc` message) once its parse failed with `first`: the
 /// parser's errors, each found after taking the previous one's field out, then the declared

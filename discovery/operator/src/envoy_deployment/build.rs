@@ -21,13 +21,14 @@ use kube::{Resource, ResourceExt};
 use marin3r_certs::api::{
     CaSigned, DiscoveryServiceCertificate, DiscoveryServiceCertificateSpec, SecretReference, Signer,
 };
-use marin3r_webhook::annotations::{Admin, Layout, Resources, ShutdownManager, SidecarSpec};
-use marin3r_webhook::config::DRAIN_GRACE_MARGIN;
+use marin3r_webhook::annotations::{Admin, Layout, ShutdownManager, SidecarSpec};
+use marin3r_webhook::config::{DRAIN_GRACE_MARGIN, Resources};
 use marin3r_webhook::sidecar;
 use sha2::{Digest, Sha256};
 
 use crate::build::restricted_pod_security;
-use marin3r_api::envoy_deployment::{EnvoyDeployment, ProbeSpec, Replicas, Resolved};
+use marin3r_api::envoy_deployment::{EnvoyDeployment, ProbeSpec};
+use marin3r_api::envoy_deployment_resolve::{Replicas, Resolved};
 use marin3r_webhook::bootstrap::{BootstrapError, BootstrapOptions, render};
 
 /// The pod template label holding the bootstrap's hash (the original's key): a changed

@@ -18,7 +18,8 @@ use super::build::{Gateway, Inputs, bootstrap_hash, current_token};
 use crate::plan::{certificate_ready, deployment_state};
 use marin3r_api::EnvoyConfig;
 use marin3r_api::discovery_service::DiscoveryService;
-use marin3r_api::envoy_deployment::{EnvoyDeployment, EnvoyDeploymentStatus, Resolved};
+use marin3r_api::envoy_deployment::{EnvoyDeployment, EnvoyDeploymentStatus};
+use marin3r_api::envoy_deployment_resolve::Resolved;
 
 const READY: &str = "Ready";
 /// How soon to look again while something is not ready yet (owned objects usually wake the

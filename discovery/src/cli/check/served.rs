@@ -156,88 +156,120 @@ pub(super) async fn check_namespaces(
 ) {
     let (ns, name) = (ds.namespace().unwrap_or_default(), ds.name_any());
     let labelled = if ns == operator_ns {
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let params = ListParams::default().labels(&format!("{DISCOVERY_SERVICE_LABEL}={name}"));
-        // A namespace admin may not list Namespaces: those of the status then.
-        namespaces
-            .list(&params)
-            .await
-            .ok()
-            .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
-            .unwrap_or_default()
+        labelled_namespaces(client, &name).await
     } else {
         Vec::new()
     };
     let served = served_namespaces(ds, operator_ns, labelled);
     let now = OffsetDateTime::now_utc();
+    let served_by = (ns.as_str(), name.as_str());
     for served_ns in served {
-        let check = format!("namespace {served_ns}");
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), &served_ns);
-        let maps: Api<ConfigMap> = Api::namespaced(client.clone(), &served_ns);
-        let fix = format!(
-            "the operator issues them for namespaces labelled {DISCOVERY_SERVICE_LABEL}={name}: check its logs"
-        );
-        let cert = match secrets.get_opt(DEFAULT_CLIENT_CERTIFICATE).await {
-            Ok(Some(s)) => s
-                .data
-                .unwrap_or_default()
-                .get("tls.crt")
-                .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
-            Ok(None) => {
-                report.fail(&check, format!("no client certificate Secret {DEFAULT_CLIENT_CERTIFICATE}: injected sidecars cannot start"), fix);
-                continue;
-            }
-            Err(e) => {
-                report.fail(
-                    &check,
-                    format!("cannot read Secret {DEFAULT_CLIENT_CERTIFICATE}: {e}"),
-                    "check your RBAC",
-                );
-                continue;
-            }
-        };
-        let Some(cert) = cert else {
-            report.fail(
-                &check,
-                format!("Secret {DEFAULT_CLIENT_CERTIFICATE} has no tls.crt"),
-                fix,
-            );
-            continue;
-        };
-        // During a CA rotation the bundle holds two CAs; either may have signed it.
-        let signed = ca
-            .split_inclusive("-----END CERTIFICATE-----")
-            .filter(|block| block.contains("-----BEGIN CERTIFICATE-----"))
-            .any(|block| marin3r_certs::verify_signed_by(&cert, block).is_ok());
-        if !signed {
-            report.fail(&check, format!("the client certificate is not signed by the CA of {ns}/{name}: Envoy's TLS handshake fails"), fix);
-            continue;
-        }
-        if let Err(e) = marin3r_certs::check_validity(&cert, now) {
-            report.fail(
-                &check,
-                format!("the client certificate is not valid now: {e}"),
-                fix,
-            );
-            continue;
-        }
-        match maps.get_opt(DEFAULT_BOOTSTRAP_CONFIG_MAP).await {
-            Ok(Some(_)) => report.pass(
-                check,
-                "client certificate valid and signed by the CA; bootstrap present",
-            ),
-            Ok(None) => report.fail(
-                check,
-                format!("no bootstrap ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}"),
-                fix,
-            ),
-            Err(e) => report.fail(
-                check,
-                format!("cannot read ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}: {e}"),
-                "check your RBAC",
-            ),
-        }
+        check_namespace(client, served_by, &served_ns, ca, now, report).await;
     }
+}
+
+/// The namespaces labelled for the DiscoveryService `name` of the operator's namespace.
+async fn labelled_namespaces(client: &kube::Client, name: &str) -> Vec<String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let params = ListParams::default().labels(&format!("{DISCOVERY_SERVICE_LABEL}={name}"));
+    // A namespace admin may not list Namespaces: those of the status then.
+    namespaces
+        .list(&params)
+        .await
+        .ok()
+        .map(|l| l.items.iter().map(ResourceExt::name_any).collect())
+        .unwrap_or_default()
+}
+
+/// One namespace the DiscoveryService `ns/name` serves: its client certificate is there,
+/// signed by `ca` and valid `now`, and so is the bootstrap.
+async fn check_namespace(
+    client: &kube::Client,
+    (ns, name): (&str, &str),
+    served_ns: &str,
+    ca: &str,
+    now: OffsetDateTime,
+    report: &mut Report,
+) {
+    let check = format!("namespace {served_ns}");
+    let fix = format!(
+        "the operator issues them for namespaces labelled {DISCOVERY_SERVICE_LABEL}={name}: check its logs"
+    );
+    let Some(cert) = client_certificate(client, served_ns, &check, &fix, report).await else {
+        return;
+    };
+    // During a CA rotation the bundle holds two CAs; either may have signed it.
+    let signed = ca
+        .split_inclusive("-----END CERTIFICATE-----")
+        .filter(|block| block.contains("-----BEGIN CERTIFICATE-----"))
+        .any(|block| marin3r_certs::verify_signed_by(&cert, block).is_ok());
+    if !signed {
+        report.fail(&check, format!("the client certificate is not signed by the CA of {ns}/{name}: Envoy's TLS handshake fails"), fix);
+        return;
+    }
+    if let Err(e) = marin3r_certs::check_validity(&cert, now) {
+        report.fail(
+            &check,
+            format!("the client certificate is not valid now: {e}"),
+            fix,
+        );
+        return;
+    }
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), served_ns);
+    match maps.get_opt(DEFAULT_BOOTSTRAP_CONFIG_MAP).await {
+        Ok(Some(_)) => report.pass(
+            check,
+            "client certificate valid and signed by the CA; bootstrap present",
+        ),
+        Ok(None) => report.fail(
+            check,
+            format!("no bootstrap ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}"),
+            fix,
+        ),
+        Err(e) => report.fail(
+            check,
+            format!("cannot read ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}: {e}"),
+            "check your RBAC",
+        ),
+    }
+}
+
+/// The client certificate (`tls.crt`) of `served_ns`; else its absence is reported.
+async fn client_certificate(
+    client: &kube::Client,
+    served_ns: &str,
+    check: &str,
+    fix: &str,
+    report: &mut Report,
+) -> Option<String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), served_ns);
+    let cert = match secrets.get_opt(DEFAULT_CLIENT_CERTIFICATE).await {
+        Ok(Some(s)) => s
+            .data
+            .unwrap_or_default()
+            .get("tls.crt")
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
+        Ok(None) => {
+            report.fail(check, format!("no client certificate Secret {DEFAULT_CLIENT_CERTIFICATE}: injected sidecars cannot start"), fix);
+            return None;
+        }
+        Err(e) => {
+            report.fail(
+                check,
+                format!("cannot read Secret {DEFAULT_CLIENT_CERTIFICATE}: {e}"),
+                "check your RBAC",
+            );
+            return None;
+        }
+    };
+    if cert.is_none() {
+        report.fail(
+            check,
+            format!("Secret {DEFAULT_CLIENT_CERTIFICATE} has no tls.crt"),
+            fix,
+        );
+    }
+    cert
 }
 
 #[cfg(test)]
