@@ -23,6 +23,7 @@ mod convergence;
 mod crds;
 mod differential;
 mod discovery_service;
+mod docs_architecture;
 mod docs_commands;
 mod envoy_config;
 mod envoy_config_judged;
