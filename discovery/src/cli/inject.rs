@@ -12,7 +12,8 @@ use marin3r_webhook::{InjectionConfig, inject_yaml};
 #[derive(Debug, Args)]
 pub struct InjectArgs {
     /// YAML file with Pods or workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet,
-    /// Job); `-` reads standard input. Other documents are printed unchanged.
+    /// ReplicationController, Job, CronJob); `-` reads standard input. Other documents are
+    /// printed unchanged.
     #[arg(short = 'f', long = "filename", value_name = "FILE")]
     file: PathBuf,
     /// The Envoy image used when a pod does not set marin3r.3scale.net/envoy-image.
