@@ -349,12 +349,15 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
     }
     let from = plane.requests().len();
     faults.drop_watches();
+    // A logged request is `METHOD target`.
+    let asks = |request: &str, path: &str| {
+        request
+            .split(' ')
+            .nth(1)
+            .is_some_and(|uri| uri.starts_with(path))
+    };
     let to = |path: &str, requests: &[String]| -> Vec<String> {
-        requests
-            .iter()
-            .filter(|r| r.split(' ').nth(1).is_some_and(|uri| uri.starts_with(path)))
-            .cloned()
-            .collect()
+        requests.iter().filter(|r| asks(r, path)).cloned().collect()
     };
     // The window opens at the first refused request of each (a busy machine can take a
     // moment to restart the watches), so it counts the retries, not the start. A watch the
@@ -363,11 +366,9 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
     let dropped = std::cell::Cell::new(std::time::Instant::now());
     let first = wait("a refused request to each", Duration::from_secs(30), || {
         let requests = plane.requests().split_off(from);
-        let firsts = paths.iter().map(|path| {
-            requests
-                .iter()
-                .position(|r| r.split(' ').nth(1).is_some_and(|uri| uri.starts_with(path)))
-        });
+        let firsts = paths
+            .iter()
+            .map(|path| requests.iter().position(|r| asks(r, path)));
         let firsts = firsts.collect::<Option<Vec<_>>>();
         if firsts.is_none() && dropped.get().elapsed() > Duration::from_secs(1) {
             faults.drop_watches();

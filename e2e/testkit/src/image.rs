@@ -16,15 +16,7 @@ pub fn marin3r_bin() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("MARIN3R_BIN") {
         return Some(PathBuf::from(path)).filter(|p| p.is_file());
     }
-    let beside = std::env::current_exe().ok().and_then(|exe| {
-        let dir = exe.parent()?;
-        let dir = if dir.ends_with("deps") {
-            dir.parent()?
-        } else {
-            dir
-        };
-        Some(dir.join("marin3r"))
-    });
+    let beside = beside_this_build("marin3r");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| tools::repo_root().join("target"), PathBuf::from);
     let built = ["debug", "release"].map(|profile| target.join(profile).join("marin3r"));
@@ -33,6 +25,19 @@ pub fn marin3r_bin() -> Option<PathBuf> {
         .chain(built)
         .filter(|p| p.is_file())
         .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+}
+
+/// `name` in the build folder of the running executable (`<target>/<profile>`; tests run
+/// from its `deps/`), whether or not it exists.
+pub fn beside_this_build(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let dir = if dir.ends_with("deps") {
+        dir.parent()?
+    } else {
+        dir
+    };
+    Some(dir.join(name))
 }
 
 /// The images of `hack/image` a scenario asks for (`marin3r`, `envoy`, `python`...), the

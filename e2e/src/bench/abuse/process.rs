@@ -22,14 +22,8 @@ pub fn marin3r_beside_bench() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("MARIN3R_BIN") {
         return Ok(PathBuf::from(path));
     }
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("the benchmark binary has no folder")?;
-    // Unit tests run from target/<profile>/deps.
-    let dir = match dir.file_name() {
-        Some(name) if name == "deps" => dir.parent().unwrap_or(dir),
-        _ => dir,
-    };
-    let bin = dir.join("marin3r");
+    let bin = marin3r_testkit::image::beside_this_build("marin3r")
+        .context("the benchmark binary has no folder")?;
     anyhow::ensure!(
         bin.is_file(),
         "{} not found: build it with `cargo build --release -p marin3r-discovery` \
