@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 use anyhow::{Context, anyhow, bail};
 
@@ -28,6 +28,123 @@ pub struct Cluster {
 #[derive(Debug)]
 pub struct Held {
     _file: Arc<std::fs::File>,
+    /// A test's turn in its process's hold alone ([`Alone`]).
+    _turn: Option<Turn>,
+}
+
+/// The cluster held alone by this process, lent in turn to its tests that need it alone
+/// ([`Cluster::exclusive`], [`Cluster::operator_stopped`]). It is taken once and kept while
+/// any of them runs or waits, so tests that follow one another (libtest hands out tests in
+/// name order: a file's tests come together) do not each wait for every scenario of the
+/// other test processes to end: with a hold per test, those waits cost the suite minutes.
+#[derive(Debug)]
+struct Alone {
+    cluster: Cluster,
+    file: Arc<std::fs::File>,
+    state: Mutex<AloneState>,
+    turn_ended: Condvar,
+}
+
+#[derive(Debug)]
+struct AloneState {
+    /// A test has the turn.
+    busy: bool,
+    /// The in-cluster operator's replicas before a test stopped it (`Some(None)`: it is not
+    /// installed); `None` while it runs as installed.
+    stopped_from: Option<Option<String>>,
+}
+
+/// Each cluster's [`Alone`] hold in this process, by kubeconfig (locked on its own while the
+/// hold is taken, which waits for the other processes).
+static ALONE: Mutex<BTreeMap<PathBuf, Arc<Mutex<Weak<Alone>>>>> = Mutex::new(BTreeMap::new());
+
+/// One test's turn in its process's [`Alone`] hold; the next waiting test's when it drops.
+#[derive(Debug)]
+struct Turn(Arc<Alone>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.busy = false;
+        self.0.turn_ended.notify_one();
+    }
+}
+
+impl Alone {
+    /// The in-cluster operator stopped (scaled to 0, its pods gone) if it is installed.
+    fn stop_operator(&self) -> anyhow::Result<()> {
+        if self.state()?.stopped_from.is_some() {
+            return Ok(());
+        }
+        let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
+        let replicas = self
+            .cluster
+            .kubectl_blocking(&[
+                "get",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &deployment,
+                "--ignore-not-found",
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ])?
+            .trim()
+            .to_owned();
+        let installed = !replicas.is_empty();
+        if installed {
+            self.cluster.kubectl_blocking(&[
+                "scale",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &deployment,
+                "--replicas=0",
+            ])?;
+            self.cluster.kubectl_blocking(&[
+                "wait",
+                "-n",
+                OPERATOR_NAMESPACE,
+                "--for=delete",
+                "pod",
+                "-l",
+                OPERATOR_PODS,
+                "--timeout=120s",
+            ])?;
+        }
+        self.state()?.stopped_from = Some(installed.then_some(replicas));
+        Ok(())
+    }
+
+    /// The in-cluster operator scaled back to what it was if a test stopped it (not waiting
+    /// for it to be ready, as it was started before).
+    fn start_operator(&self) -> anyhow::Result<()> {
+        let Some(replicas) = self.state()?.stopped_from.take() else {
+            return Ok(());
+        };
+        if let Some(replicas) = replicas {
+            let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
+            let replicas = format!("--replicas={replicas}");
+            self.cluster.kubectl_blocking(&[
+                "scale",
+                "-n",
+                OPERATOR_NAMESPACE,
+                &deployment,
+                &replicas,
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn state(&self) -> anyhow::Result<std::sync::MutexGuard<'_, AloneState>> {
+        self.state
+            .lock()
+            .map_err(|_| anyhow!("the cluster's hold alone is poisoned"))
+    }
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        let _ = self.start_operator();
+    }
 }
 
 /// The holds of this process by the test that took them, so a test that holds the cluster
@@ -63,29 +180,11 @@ const OPERATOR_DEPLOYMENT: &str = "marin3r-operator";
 const OPERATOR_PODS: &str = "app.kubernetes.io/name=marin3r,app.kubernetes.io/component=operator";
 
 /// The cluster held [`Cluster::exclusive`]ly with marin3r's in-cluster operator stopped
-/// ([`Cluster::operator_stopped`]); dropping it starts the operator again.
+/// ([`Cluster::operator_stopped`]); the operator starts again when the next test of this
+/// process to hold the cluster alone needs it, or when none is left.
 #[derive(Debug)]
 pub struct OperatorStopped {
-    cluster: Cluster,
-    /// The operator's replicas before, when it was installed.
-    replicas: Option<String>,
     _held: Held,
-}
-
-impl Drop for OperatorStopped {
-    fn drop(&mut self) {
-        if let Some(replicas) = &self.replicas {
-            let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
-            let replicas = format!("--replicas={replicas}");
-            let _ = self.cluster.kubectl_blocking(&[
-                "scale",
-                "-n",
-                OPERATOR_NAMESPACE,
-                &deployment,
-                &replicas,
-            ]);
-        }
-    }
 }
 
 /// `hack/cluster up --reuse` runs once per test process; its kubeconfig path (or the error,
@@ -198,11 +297,60 @@ impl Cluster {
     /// Holds the whole cluster for one scenario (blocking until every scenario holding it,
     /// [`Cluster::shared`] or [`Cluster::exclusive`], has let go), across test processes: a
     /// scenario that changes marin3r's cluster-wide parts (uninstalls it, or uses the fixed
-    /// `marin3r-system/instance` and `demo`) takes it. Released when the guard drops.
+    /// `marin3r-system/instance` and `demo`) takes it. The test's turn ends when the guard
+    /// drops; the process lets the cluster go once none of its tests holds or waits for it
+    /// alone ([`Alone`]).
     pub fn exclusive(&self) -> anyhow::Result<Held> {
-        let held = self.hold(rustix::fs::FlockOperation::LockExclusive)?;
+        let turn = self.alone()?;
+        turn.0.start_operator()?;
+        let held = Held {
+            _file: Arc::clone(&turn.0.file),
+            _turn: Some(turn),
+        };
         remember(current_test(), &held)?;
         Ok(held)
+    }
+
+    /// This test's turn in the process's [`Alone`] hold, taking that hold first when no test
+    /// of this process has it.
+    fn alone(&self) -> anyhow::Result<Turn> {
+        let poisoned = || anyhow!("the holds alone are poisoned");
+        let slot = ALONE
+            .lock()
+            .map_err(|_| poisoned())?
+            .entry(self.kubeconfig.clone())
+            .or_default()
+            .clone();
+        let alone = {
+            let mut slot = slot.lock().map_err(|_| poisoned())?;
+            match slot.upgrade() {
+                Some(alone) => alone,
+                None => {
+                    let held = self.hold(rustix::fs::FlockOperation::LockExclusive)?;
+                    let alone = Arc::new(Alone {
+                        cluster: self.clone(),
+                        file: held._file,
+                        state: Mutex::new(AloneState {
+                            busy: false,
+                            stopped_from: None,
+                        }),
+                        turn_ended: Condvar::new(),
+                    });
+                    *slot = Arc::downgrade(&alone);
+                    alone
+                }
+            }
+        };
+        let mut state = alone.state()?;
+        while state.busy {
+            state = alone
+                .turn_ended
+                .wait(state)
+                .map_err(|_| anyhow!("the cluster's hold alone is poisoned"))?;
+        }
+        state.busy = true;
+        drop(state);
+        Ok(Turn(alone))
     }
 
     /// Holds the cluster beside other scenarios that keep to their own namespaces (waiting
@@ -220,7 +368,10 @@ impl Cluster {
                 .lock()
                 .map_err(|_| anyhow!("the holds' lock is poisoned"))?;
             if let Some(file) = holds.get(test).and_then(Weak::upgrade) {
-                return Ok(Held { _file: file });
+                return Ok(Held {
+                    _file: file,
+                    _turn: None,
+                });
             }
         }
         let held = self.hold(rustix::fs::FlockOperation::LockShared)?;
@@ -232,47 +383,17 @@ impl Cluster {
     /// (`marin3r-system/marin3r-operator` scaled to 0, its pods gone) when it is installed, for
     /// a test that runs the operator's controllers itself: they reconcile every
     /// DiscoveryService and DiscoveryServiceCertificate of the cluster, and two operators on
-    /// one object prove nothing. The operator is scaled back when the guard drops.
+    /// one object prove nothing. The operator is scaled back when the next test of this
+    /// process to hold the cluster alone needs it running, or when none is left.
     pub fn operator_stopped(&self) -> anyhow::Result<OperatorStopped> {
-        let held = self.exclusive()?;
-        let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
-        let replicas = self
-            .kubectl_blocking(&[
-                "get",
-                "-n",
-                OPERATOR_NAMESPACE,
-                &deployment,
-                "--ignore-not-found",
-                "-o",
-                "jsonpath={.spec.replicas}",
-            ])?
-            .trim()
-            .to_owned();
-        let stopped = OperatorStopped {
-            cluster: self.clone(),
-            replicas: (!replicas.is_empty()).then_some(replicas),
-            _held: held,
-        };
-        if stopped.replicas.is_some() {
-            self.kubectl_blocking(&[
-                "scale",
-                "-n",
-                OPERATOR_NAMESPACE,
-                &deployment,
-                "--replicas=0",
-            ])?;
-            self.kubectl_blocking(&[
-                "wait",
-                "-n",
-                OPERATOR_NAMESPACE,
-                "--for=delete",
-                "pod",
-                "-l",
-                OPERATOR_PODS,
-                "--timeout=120s",
-            ])?;
-        }
-        Ok(stopped)
+        let turn = self.alone()?;
+        turn.0.stop_operator()?;
+        Ok(OperatorStopped {
+            _held: Held {
+                _file: Arc::clone(&turn.0.file),
+                _turn: Some(turn),
+            },
+        })
     }
 
     /// kubectl run to completion on this thread; its stdout, or an error with its stderr.
@@ -300,15 +421,6 @@ impl Cluster {
     /// exclusively, and lets it go once it has the first: while an exclusive hold waits for
     /// the shared ones to end, it keeps the turn, and new holds wait behind it.
     fn hold(&self, how: rustix::fs::FlockOperation) -> anyhow::Result<Held> {
-        let name = self
-            .kubeconfig
-            .canonicalize()
-            .unwrap_or_else(|_| self.kubeconfig.clone())
-            .to_string_lossy()
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, b| {
-                (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-            });
         let lock = |path: PathBuf, how| -> anyhow::Result<std::fs::File> {
             let file = std::fs::OpenOptions::new()
                 .create(true)
@@ -319,16 +431,30 @@ impl Cluster {
             rustix::fs::flock(&file, how).with_context(|| format!("locking {}", path.display()))?;
             Ok(file)
         };
-        let base = std::env::temp_dir().join(format!("marin3r-e2e-cluster-{name:016x}"));
-        let turn = lock(
-            base.with_extension("turn"),
-            rustix::fs::FlockOperation::LockExclusive,
-        )?;
-        let file = lock(base.with_extension("lock"), how)?;
+        let [turn, file] = self.hold_files();
+        let turn = lock(turn, rustix::fs::FlockOperation::LockExclusive)?;
+        let file = lock(file, how)?;
         drop(turn);
         Ok(Held {
             _file: Arc::new(file),
+            _turn: None,
         })
+    }
+
+    /// The turn and the lock of [`Cluster::hold`], in the temporary folder, named after the
+    /// kubeconfig.
+    fn hold_files(&self) -> [PathBuf; 2] {
+        let name = self
+            .kubeconfig
+            .canonicalize()
+            .unwrap_or_else(|_| self.kubeconfig.clone())
+            .to_string_lossy()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, b| {
+                (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        let base = std::env::temp_dir().join(format!("marin3r-e2e-cluster-{name:016x}"));
+        [base.with_extension("turn"), base.with_extension("lock")]
     }
 
     /// The client configuration of the cluster's admin, from its kubeconfig.
@@ -356,6 +482,31 @@ impl Cluster {
 mod tests {
     use super::*;
 
+    /// A cluster attached to a kubeconfig of its own; its hold files are removed with it.
+    struct Throwaway {
+        cluster: Cluster,
+        kubeconfig: tempfile::NamedTempFile,
+    }
+
+    impl Throwaway {
+        fn new() -> Self {
+            let kubeconfig = tempfile::NamedTempFile::new().unwrap();
+            let cluster = Cluster::from_env_value(Some(kubeconfig.path().as_os_str())).unwrap();
+            Self {
+                cluster,
+                kubeconfig,
+            }
+        }
+    }
+
+    impl Drop for Throwaway {
+        fn drop(&mut self) {
+            for file in self.cluster.hold_files() {
+                let _ = std::fs::remove_file(file);
+            }
+        }
+    }
+
     #[test]
     fn attaching_to_a_missing_kubeconfig_names_the_variable() {
         let err = Cluster::from_env_value(Some(OsStr::new("/nonexistent/marin3r-kubeconfig")))
@@ -367,8 +518,8 @@ mod tests {
 
     #[test]
     fn shared_holds_coexist_and_an_exclusive_one_waits_for_them() {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let cluster = Cluster::from_env_value(Some(file.path().as_os_str())).unwrap();
+        let throwaway = Throwaway::new();
+        let cluster = &throwaway.cluster;
         let first = cluster.shared().unwrap();
         let second = cluster.shared().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -399,8 +550,8 @@ mod tests {
     fn an_exclusive_hold_waits_its_turn_and_a_test_never_waits_for_itself() {
         use std::sync::mpsc::channel;
         use std::time::Duration;
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let cluster = Cluster::from_env_value(Some(file.path().as_os_str())).unwrap();
+        let throwaway = Throwaway::new();
+        let cluster = &throwaway.cluster;
         let first = cluster.shared().unwrap();
         let (tx, rx) = channel();
         let exclusive = std::thread::spawn({
@@ -439,12 +590,57 @@ mod tests {
         later.join().unwrap();
     }
 
+    /// Tests of one process that need the cluster alone take turns in one hold: the next
+    /// one's turn comes as the last ends, before anyone else's hold, even one asked for
+    /// earlier.
+    #[test]
+    fn a_processs_tests_alone_take_turns_in_one_hold() {
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+        let throwaway = Throwaway::new();
+        let cluster = &throwaway.cluster;
+        let first = cluster.exclusive().unwrap();
+        let (tx, rx) = channel();
+        let shared = std::thread::Builder::new()
+            .name("a test of another process".into())
+            .spawn({
+                let (cluster, tx) = (cluster.clone(), tx.clone());
+                move || {
+                    let held = cluster.shared().unwrap();
+                    tx.send("shared").unwrap();
+                    drop(held);
+                }
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let next = std::thread::spawn({
+            let cluster = cluster.clone();
+            move || {
+                let held = cluster.exclusive().unwrap();
+                tx.send("next alone").unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+                drop(held);
+            }
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "held beside the first test's turn"
+        );
+        drop(first);
+        let order: Vec<&str> = (0..2)
+            .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
+            .collect();
+        assert_eq!(order, ["next alone", "shared"]);
+        next.join().unwrap();
+        shared.join().unwrap();
+    }
+
     #[test]
     fn an_attached_cluster_is_not_loaded_into() {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let cluster = Cluster::from_env_value(Some(file.path().as_os_str())).unwrap();
+        let throwaway = Throwaway::new();
+        let cluster = &throwaway.cluster;
         assert!(!cluster.is_local());
-        assert_eq!(cluster.kubeconfig(), file.path());
+        assert_eq!(cluster.kubeconfig(), throwaway.kubeconfig.path());
         // No hack/cluster is run for an attached cluster, even for an archive that is not there.
         cluster.load(Path::new("/nonexistent/image.tar")).unwrap();
     }

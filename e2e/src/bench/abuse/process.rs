@@ -33,9 +33,11 @@ pub fn marin3r_beside_bench() -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-/// A running discovery process; killed when dropped.
+/// A running discovery process; killed when dropped, and its temporary folder (where the judge
+/// writes the configs it runs, left behind by a kill mid-judgment) removed with it.
 pub struct Discovery {
     child: Child,
+    _tmp: tempfile::TempDir,
     pub xds: SocketAddr,
     pub webhook: SocketAddr,
     metrics: u16,
@@ -56,6 +58,9 @@ impl Discovery {
         let (xds, metrics, webhook) = (free_port(), free_port(), free_port());
         let (probe, admin) = (free_port(), free_port());
         let log_file = std::fs::File::create(&log)?;
+        let tmp = tempfile::Builder::new()
+            .prefix("marin3r-bench-tmp-")
+            .tempdir()?;
         let child = Command::new(bin)
             .args([
                 "discovery-service",
@@ -73,6 +78,7 @@ impl Discovery {
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "warn")
+            .env("TMPDIR", tmp.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -80,6 +86,7 @@ impl Discovery {
             .with_context(|| format!("starting {}", bin.display()))?;
         let process = Self {
             child,
+            _tmp: tmp,
             xds: SocketAddr::from(([127, 0, 0, 1], xds)),
             webhook: SocketAddr::from(([127, 0, 0, 1], webhook)),
             metrics,
