@@ -181,21 +181,46 @@ pub struct ValidSpec {
     pub renewal_enabled: bool,
 }
 
+/// Why a certificate's spec cannot be issued from (the status reason `InvalidSpec`): the field,
+/// and what is wrong with it or the PKI's error about its value.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{field}: {problem}")]
+    Field { field: String, problem: String },
+    #[error("{field}")]
+    Value {
+        field: String,
+        #[source]
+        source: crate::CertError,
+    },
+}
+
+impl SpecError {
+    fn field(field: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self::Field {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
 impl DiscoveryServiceCertificateSpec {
     /// Checks the spec and resolves defaults. `namespace` is the resource's own namespace.
-    pub fn validate(&self, namespace: &str) -> Result<ValidSpec, String> {
+    pub fn validate(&self, namespace: &str) -> Result<ValidSpec, SpecError> {
         if self.common_name.trim().is_empty() {
-            return Err("spec.commonName must not be empty".into());
+            return Err(SpecError::field("spec.commonName", "must not be empty"));
         }
         let valid_for = u64::try_from(self.valid_for)
             .ok()
             .filter(|s| *s > 0)
-            .ok_or_else(|| format!("spec.validFor must be positive, got {}", self.valid_for))?;
+            .ok_or_else(|| {
+                let problem = format!("must be positive, got {}", self.valid_for);
+                SpecError::field("spec.validFor", problem)
+            })?;
+        let value = |field: String| move |source| SpecError::Value { field, source };
         let key_algorithm = match &self.key_algorithm {
             None => KeyAlgorithm::default(),
-            Some(alg) => alg
-                .parse()
-                .map_err(|e: crate::CertError| format!("spec.keyAlgorithm: {e}"))?,
+            Some(alg) => alg.parse().map_err(value("spec.keyAlgorithm".into()))?,
         };
         let hosts = self
             .hosts
@@ -203,18 +228,18 @@ impl DiscoveryServiceCertificateSpec {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| vec![self.common_name.clone()]);
         for (i, host) in hosts.iter().enumerate() {
-            crate::subject_alt_name(host).map_err(|e| format!("spec.hosts[{i}]: {e}"))?;
+            crate::subject_alt_name(host).map_err(value(format!("spec.hosts[{i}]")))?;
         }
         let ca_secret = match (&self.signer.self_signed, &self.signer.ca_signed) {
             (Some(_), None) => None,
             (None, Some(ca)) => Some(resolve(&ca.ca_secret_ref, namespace, "caSecretRef")?),
             (Some(_), Some(_)) => {
-                return Err(
-                    "spec.signer: set exactly one of selfSigned and caSigned, not both".into(),
-                );
+                let problem = "sets both selfSigned and caSigned; set exactly one";
+                return Err(SpecError::field("spec.signer", problem));
             }
             (None, None) => {
-                return Err("spec.signer: set exactly one of selfSigned and caSigned".into());
+                let problem = "sets neither selfSigned nor caSigned; set exactly one";
+                return Err(SpecError::field("spec.signer", problem));
             }
         };
         let secret = resolve(&self.secret_ref, namespace, "secretRef")?;
@@ -255,16 +280,21 @@ impl DiscoveryServiceCertificateSpec {
     }
 }
 
-fn resolve(r: &SecretReference, namespace: &str, field: &str) -> Result<(String, String), String> {
+fn resolve(
+    r: &SecretReference,
+    namespace: &str,
+    field: &str,
+) -> Result<(String, String), SpecError> {
     if r.name.trim().is_empty() {
-        return Err(format!("spec.{field}.name must not be empty"));
+        let field = format!("spec.{field}.name");
+        return Err(SpecError::field(field, "must not be empty"));
     }
     if let Some(why) = object_name_problem(&r.name) {
-        return Err(format!("spec.{field}.name: {why}"));
+        return Err(SpecError::field(format!("spec.{field}.name"), why));
     }
     let ns = r.namespace.clone().filter(|n| !n.is_empty());
     if let Some(why) = ns.as_deref().and_then(namespace_name_problem) {
-        return Err(format!("spec.{field}.namespace: {why}"));
+        return Err(SpecError::field(format!("spec.{field}.namespace"), why));
     }
     Ok((ns.unwrap_or_else(|| namespace.to_owned()), r.name.clone()))
 }
@@ -383,18 +413,27 @@ mod tests {
     fn bad_specs_say_which_field() {
         type Mutation = fn(&mut DiscoveryServiceCertificateSpec);
         let cases: Vec<(Mutation, &str)> = vec![
-            (|s| s.valid_for = 0, "spec.validFor must be positive, got 0"),
+            (
+                |s| s.valid_for = 0,
+                "spec.validFor: must be positive, got 0",
+            ),
             (
                 |s| s.valid_for = -5,
-                "spec.validFor must be positive, got -5",
+                "spec.validFor: must be positive, got -5",
             ),
             (|s| s.common_name = "".into(), "spec.commonName"),
             (
                 |s| s.hosts = Some(vec!["ok".into(), "not ok".into()]),
-                "spec.hosts[1]",
+                "spec.hosts[1]: invalid host \"not ok\"",
             ),
-            (|s| s.signer = Signer::default(), "exactly one of"),
-            (|s| s.signer.self_signed = Some(SelfSigned {}), "not both"),
+            (
+                |s| s.signer = Signer::default(),
+                "spec.signer: sets neither",
+            ),
+            (
+                |s| s.signer.self_signed = Some(SelfSigned {}),
+                "spec.signer: sets both",
+            ),
             (
                 |s| s.secret_ref.name = "../../kube-system/secrets/x".into(),
                 "spec.secretRef.name: \"../../kube-system/secrets/x\" is not a valid object name",
@@ -426,7 +465,7 @@ mod tests {
         for (mutate, want) in cases {
             let mut s = spec();
             mutate(&mut s);
-            let err = s.validate("default").unwrap_err();
+            let err = marin3r_controller::chain(&s.validate("default").unwrap_err());
             assert!(err.contains(want), "{want}: {err}");
         }
     }

@@ -76,25 +76,25 @@ impl CertificateInfo {
     }
 
     pub fn from_der(der: &[u8]) -> Result<Self, CertError> {
-        let (rest, cert) =
-            X509Certificate::from_der(der).map_err(|e| CertError::Certificate(e.to_string()))?;
+        let (rest, cert) = X509Certificate::from_der(der).map_err(CertError::Certificate)?;
         if !rest.is_empty() {
-            return Err(CertError::Certificate(
-                "trailing bytes after the certificate".into(),
-            ));
+            return Err(CertError::TrailingBytes);
         }
-        let bad_ext = |e: x509_parser::error::X509Error| CertError::Certificate(e.to_string());
-        let sans = match cert.subject_alternative_name().map_err(bad_ext)? {
+        let sans = match cert
+            .subject_alternative_name()
+            .map_err(CertError::Extension)?
+        {
             Some(ext) => ext.value.general_names.iter().map(san).collect(),
             None => Vec::new(),
         };
-        let (server_auth, client_auth) = match cert.extended_key_usage().map_err(bad_ext)? {
-            Some(eku) => (eku.value.server_auth, eku.value.client_auth),
-            None => (false, false),
-        };
+        let (server_auth, client_auth) =
+            match cert.extended_key_usage().map_err(CertError::Extension)? {
+                Some(eku) => (eku.value.server_auth, eku.value.client_auth),
+                None => (false, false),
+            };
         let is_ca = cert
             .basic_constraints()
-            .map_err(bad_ext)?
+            .map_err(CertError::Extension)?
             .is_some_and(|bc| bc.value.ca);
         Ok(Self {
             subject: cert.subject().to_string(),

@@ -50,11 +50,14 @@ impl KeyAlgorithm {
         };
         // ring signs with RSA keys but cannot generate them, so the `rsa` crate makes the key
         // and ring does every signature.
-        let key = rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, rsa_bits)
-            .map_err(|e| CertError::Generation(format!("RSA-{rsa_bits} key generation: {e}")))?;
-        let der = key
-            .to_pkcs8_der()
-            .map_err(|e| CertError::Generation(format!("RSA key encoding: {e}")))?;
+        let key =
+            rsa::RsaPrivateKey::new(&mut rsa::rand_core::OsRng, rsa_bits).map_err(|source| {
+                CertError::RsaKey {
+                    bits: rsa_bits,
+                    source,
+                }
+            })?;
+        let der = key.to_pkcs8_der().map_err(CertError::RsaEncoding)?;
         Ok(KeyPair::from_pkcs8_der_and_sign_algo(
             &der.as_bytes().into(),
             &PKCS_RSA_SHA256,
@@ -251,8 +254,7 @@ impl CertificateAuthority {
         key_matches(cert_pem, key_pem)?;
         let key = load_key(key_pem)?;
         let der = first_block(cert_pem, "CERTIFICATE")?;
-        let issuer = Issuer::from_ca_cert_der(&der.into(), key)
-            .map_err(|e| CertError::Certificate(e.to_string()))?;
+        let issuer = Issuer::from_ca_cert_der(&der.into(), key).map_err(CertError::Issuer)?;
         Ok(Self {
             cert_pem: cert_pem.to_owned(),
             issuer,
@@ -313,7 +315,7 @@ fn random_serial() -> Result<SerialNumber, CertError> {
     let mut bytes = [0u8; 16];
     SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| CertError::Generation("no randomness available for the serial".into()))?;
+        .map_err(|_| CertError::NoRandomness)?;
     // Positive and without a leading zero byte, as RFC 5280 asks of serial numbers.
     bytes[0] = (bytes[0] & 0x7f) | 0x40;
     Ok(SerialNumber::from_slice(&bytes))

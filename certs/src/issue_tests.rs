@@ -19,7 +19,7 @@ fn self_signed_ca_is_its_own_issuer() {
     assert_eq!(info.not_after - info.not_before, time::Duration::days(1));
 }
 
-/// Reliability review F25: a peer whose clock is a little behind must not see a brand-new
+/// A peer whose clock is a little behind must not see a brand-new
 /// certificate as not valid yet. The validity still lasts exactly what was asked.
 #[test]
 fn validity_starts_a_minute_early_or_a_tenth_of_a_short_one() {

@@ -11,13 +11,10 @@ use crate::pem::{first_block, private_key_der};
 /// Parses a PKCS#8 private key (`PRIVATE KEY` PEM block).
 pub(crate) fn load_key(key_pem: &str) -> Result<KeyPair, CertError> {
     let der = private_key_der(key_pem)?;
-    let key =
-        KeyPair::try_from(der.as_slice()).map_err(|e| CertError::PrivateKey(e.to_string()))?;
+    let key = KeyPair::try_from(der.as_slice()).map_err(CertError::PrivateKey)?;
     // Reject keys rcgen can parse but we never sign with (such as Ed25519) early and clearly.
     if !key.is_compatible(&PKCS_ECDSA_P256_SHA256) && !key.is_compatible(&PKCS_RSA_SHA256) {
-        return Err(CertError::PrivateKey(
-            "unsupported key type: expected an ECDSA P-256 or RSA key".into(),
-        ));
+        return Err(CertError::KeyType);
     }
     Ok(key)
 }
@@ -25,8 +22,7 @@ pub(crate) fn load_key(key_pem: &str) -> Result<KeyPair, CertError> {
 /// Checks that the PKCS#8 key in `key_pem` is the key of the first certificate in `cert_pem`.
 pub fn key_matches(cert_pem: &str, key_pem: &str) -> Result<(), CertError> {
     let der = first_block(cert_pem, "CERTIFICATE")?;
-    let (_, cert) =
-        X509Certificate::from_der(&der).map_err(|e| CertError::Certificate(e.to_string()))?;
+    let (_, cert) = X509Certificate::from_der(&der).map_err(CertError::Certificate)?;
     let key = load_key(key_pem)?;
     if key.subject_public_key_info() == cert.public_key().raw {
         Ok(())

@@ -7,7 +7,7 @@ use crate::error::CertError;
 /// Every PEM block in `input`, in order.
 pub fn blocks(input: &str) -> Result<Vec<Pem>, CertError> {
     Pem::iter_from_buffer(input.as_bytes())
-        .map(|block| block.map_err(|e| CertError::Pem(e.to_string())))
+        .map(|block| block.map_err(CertError::Pem))
         .collect()
 }
 
@@ -41,11 +41,9 @@ pub fn private_key_der(input: &str) -> Result<Vec<u8>, CertError> {
         .iter()
         .find(|b| b.label == "RSA PRIVATE KEY" || b.label == "EC PRIVATE KEY")
     {
-        return Err(CertError::PrivateKey(format!(
-            "{} blocks are not supported; convert the key to PKCS#8 \
-             (openssl pkcs8 -topk8 -nocrypt)",
-            block.label
-        )));
+        return Err(CertError::KeyFormat {
+            label: block.label.clone(),
+        });
     }
     Err(CertError::NoPemBlock {
         expected: "PRIVATE KEY",

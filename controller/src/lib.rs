@@ -1,16 +1,18 @@
 //! The shape every marin3r controller shares: observe what it needs, decide with a pure
 //! function what the world should look like (children, status, Events, when to look again),
 //! act on that plan. This crate holds the acting half that would otherwise be written once per
-//! controller: typed condition reasons, conditions that keep their transition time, Events,
-//! server-side apply, status patches, the error policy and the reconcile metrics; and leader
-//! election, which both marin3r processes use. Without its default `kube` feature only the
-//! typed reasons and conditions remain, which the API types (marin3r-api) use without a client.
+//! controller: typed condition reasons, conditions that keep their transition time, errors
+//! shown with their causes (`chain`), Events, server-side apply, status patches, the error
+//! policy and the reconcile metrics; and leader election, which both marin3r processes use.
+//! Without its default `kube` feature only the typed reasons, conditions and `chain` remain,
+//! which the API types (marin3r-api) use without a client.
 // The 80-line bar on functions (the workspace's `too_many_lines`) is the product's: unit
 // tests may run past it.
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 #[cfg(feature = "kube")]
 mod act;
+mod chain;
 #[cfg(feature = "kube")]
 pub mod client;
 mod condition;
@@ -25,6 +27,7 @@ mod policy;
 
 #[cfg(feature = "kube")]
 pub use act::{apply, delete_ignoring_missing, patch_status, status_patch};
+pub use chain::chain;
 pub use condition::{Reason, set_condition};
 #[cfg(feature = "kube")]
 pub use event::{Context, Events, Note};

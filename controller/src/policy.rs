@@ -1,6 +1,6 @@
 //! What a controller does when a reconcile fails, and the logging of its results.
 
-use std::fmt::{Debug, Display};
+use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,14 +14,14 @@ use tracing::{debug, warn};
 
 use crate::ReconcileMetrics;
 
-/// What a reconcile fails with.
+/// What a reconcile fails with; its cause is its `source` ([`crate::chain`] shows both).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
-    #[error("encoding an object: {0}")]
+    #[error("encoding an object")]
     Encode(#[from] serde_json::Error),
-    #[error("finalizer: {0}")]
+    #[error("finalizer")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
@@ -100,12 +100,13 @@ pub fn retry_after(err: &impl Conflict) -> Duration {
 pub fn error_policy<K, E>(kind: &str, obj: &K, err: &E) -> Action
 where
     K: Resource,
-    E: Conflict + Display,
+    E: std::error::Error + Conflict + 'static,
 {
+    let error = crate::chain(err);
     if err.is_conflict() {
-        debug!(kind, name = %obj.name_any(), error = %err, "write conflict; retrying");
+        debug!(kind, name = %obj.name_any(), %error, "write conflict; retrying");
     } else {
-        warn!(kind, name = %obj.name_any(), namespace = ?obj.namespace(), error = %err, "reconcile failed; retrying");
+        warn!(kind, name = %obj.name_any(), namespace = ?obj.namespace(), %error, "reconcile failed; retrying");
     }
     Action::requeue(retry_after(err))
 }
@@ -168,14 +169,14 @@ where
 pub async fn drain<K, E, S>(results: S, kind: &'static str)
 where
     K: Resource<DynamicType = ()>,
-    E: Display,
+    E: std::error::Error + 'static,
     S: Stream<Item = Result<(ObjectRef<K>, Action), E>>,
 {
     results
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => debug!(kind, object = %obj, "reconciled"),
-                Err(err) => debug!(kind, error = %err, "reconcile failed"),
+                Err(err) => debug!(kind, error = %crate::chain(&err), "reconcile failed"),
             }
         })
         .await;
@@ -206,7 +207,7 @@ mod tests {
         cm
     }
 
-    /// Issue 26, N6: a reconcile stuck on a request that never answers ends at its deadline
+    /// A reconcile stuck on a request that never answers ends at its deadline
     /// as an error the policy retries later (not as a conflict, retried at once).
     #[tokio::test]
     async fn a_stuck_reconcile_fails_at_its_deadline_and_is_retried() {
@@ -228,7 +229,7 @@ mod tests {
         );
     }
 
-    /// Issue 26, N11: the API server unreachable from the start, the store never lists.
+    /// The API server unreachable from the start, the store never lists.
     #[tokio::test]
     async fn a_controller_that_never_listed_stops_at_its_shutdown() {
         let (store, _writer) = reflector::store::<ConfigMap>();

@@ -374,14 +374,20 @@ pub fn pre_stop_hook(manager: &ShutdownManager, path: &str) -> Lifecycle {
 /// show in every process listing of the node).
 pub const SHUTDOWN_TOKEN_ENV: &str = "MARIN3R_SHUTDOWN_MANAGER_TOKEN";
 
+/// The system's random source failed, so no token can be drawn (the machine's fault, not the
+/// spec's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the system's random source failed")]
+pub struct NoRandomness;
+
 /// A new shutdown manager token: 128 random bits, hex. Each injected pod gets its own, so
 /// holding one pod's spec says nothing of another's.
-pub fn shutdown_token() -> Result<String, String> {
+pub fn shutdown_token() -> Result<String, NoRandomness> {
     use ring::rand::SecureRandom as _;
     let mut bytes = [0u8; 16];
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
-        .map_err(|_| "the system's random source failed".to_owned())?;
+        .map_err(|_| NoRandomness)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 

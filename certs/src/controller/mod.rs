@@ -147,11 +147,7 @@ async fn off_the_runtime(
 ) -> Result<crate::IssuedCertificate, crate::CertError> {
     tokio::task::spawn_blocking(issue)
         .await
-        .unwrap_or_else(|e| {
-            Err(crate::CertError::Generation(format!(
-                "the issuing task failed: {e}"
-            )))
-        })
+        .unwrap_or_else(|e| Err(crate::CertError::IssuingTask(e)))
 }
 
 async fn reconcile(
@@ -328,7 +324,7 @@ async fn start_rotation(
     let next = match off_the_runtime(move || issue_self_signed(&request)).await {
         Ok(next) => next,
         Err(e) => {
-            let not_ready = NotReady::new(Reason::IssuanceFailed, e.to_string());
+            let not_ready = NotReady::new(Reason::IssuanceFailed, marin3r_controller::chain(&e));
             return Ok(report::not_ready(obs, not_ready));
         }
     };
@@ -368,7 +364,7 @@ async fn issue(
     let mut issued = match issued {
         Ok(issued) => issued,
         Err(e) => {
-            let not_ready = NotReady::new(Reason::IssuanceFailed, e.to_string());
+            let not_ready = NotReady::new(Reason::IssuanceFailed, marin3r_controller::chain(&e));
             return Ok(report::not_ready(obs, not_ready));
         }
     };

@@ -178,7 +178,7 @@ pub fn check_spec(dsc: &DiscoveryServiceCertificate, trusted: bool) -> Result<Va
     let valid = dsc
         .spec
         .validate(&ns)
-        .map_err(|message| NotReady::new(Reason::InvalidSpec, message))?;
+        .map_err(|e| NotReady::new(Reason::InvalidSpec, marin3r_controller::chain(&e)))?;
     if !trusted && let Some(message) = forbidden_reference(&ns, &valid) {
         return Err(NotReady::new(Reason::CrossNamespaceReference, message));
     }
@@ -499,6 +499,7 @@ fn usable_ca(
     CertificateAuthority::from_pem(&cert, &key)
         .map(Some)
         .map_err(|e| {
+            let e = marin3r_controller::chain(&e);
             let msg = format!("CA Secret {ca_ns}/{ca_name} is not a usable CA: {e}");
             NotReady::new(Reason::CASecretInvalid, msg).retry()
         })

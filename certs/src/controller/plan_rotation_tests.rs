@@ -352,7 +352,7 @@ fn an_intermediate_ca_secret_is_trusted_as_itself() {
     assert_eq!(certs_in(&bundle::trust_bundle(&files).unwrap()).len(), 2);
 }
 
-/// Issue 26, N4: a certificate whose Secret never takes the bundle (immutable, or one nobody
+/// A certificate whose Secret never takes the bundle (immutable, or one nobody
 /// may write) holds step 1 only until 90% of the CA's life: the next CA then signs, well
 /// before the current one expires, and the CA says which certificate held it and was left
 /// behind (status, the RotationBlocked condition, Warning Events).
@@ -418,7 +418,7 @@ fn a_leaf_that_never_takes_the_bundle_holds_the_rotation_only_until_nine_tenths_
     );
 }
 
-/// Issue 26, N4: a certificate anyone may create elsewhere, pointed at the CA by a
+/// A certificate anyone may create elsewhere, pointed at the CA by a
 /// cross-namespace reference its namespace may not make, is refused, and so does not hold
 /// the CA's rotation; the old filter (`spec.validate`, no namespace check) counted it.
 #[test]

@@ -34,7 +34,12 @@ pub fn report(
 ) -> Outcome {
     let info = match CertificateInfo::from_pem(&current.cert_pem) {
         Ok(info) => info,
-        Err(e) => return not_ready(obs, NotReady::new(Reason::IssuanceFailed, e.to_string())),
+        Err(e) => {
+            return not_ready(
+                obs,
+                NotReady::new(Reason::IssuanceFailed, marin3r_controller::chain(&e)),
+            );
+        }
     };
     let dsc = obs.dsc;
     let mut status = dsc.status.clone().unwrap_or_default();

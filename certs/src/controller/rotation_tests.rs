@@ -112,7 +112,7 @@ fn a_rotation_trusts_then_signs_then_drops() {
     assert_eq!(step(&done, &reissued, false, at(126), D), Step::Idle);
 }
 
-/// Issue 26, N4: a leaf that never takes the bundle holds step 1 until 90% of the signer's
+/// A leaf that never takes the bundle holds step 1 until 90% of the signer's
 /// life only; then the rotation goes on without it, and promotes a propagation later.
 #[test]
 fn a_leaf_that_never_takes_the_bundle_holds_step_one_until_nine_tenths_of_the_life() {

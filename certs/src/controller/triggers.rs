@@ -111,9 +111,13 @@ pub fn needs_issue(
     };
     let info = match CertificateInfo::from_pem(cert) {
         Ok(info) => info,
-        Err(e) => return Some(IssueReason::SecretInvalid(format!("tls.crt: {e}"))),
+        Err(e) => {
+            let e = marin3r_controller::chain(&e);
+            return Some(IssueReason::SecretInvalid(format!("tls.crt: {e}")));
+        }
     };
     if let Err(e) = crate::key_matches(cert, key) {
+        let e = marin3r_controller::chain(&e);
         return Some(IssueReason::SecretInvalid(format!("tls.key: {e}")));
     }
     if let Some(what) = spec_mismatch(spec, &info) {

@@ -301,7 +301,7 @@ fn a_certificate_expiring_at_the_end_of_time_does_not_panic() {
     );
 }
 
-/// F17: `validFor: 1` made the controller reissue every ~200 ms, forever.
+/// `validFor: 1` made the controller reissue every ~200 ms, forever.
 #[test]
 fn renewal_waits_for_the_minimum_interval_after_issuance() {
     let req = CertificateRequest::new("tiny", Usage::Server, Duration::from_secs(1));

@@ -37,11 +37,37 @@ marin3r_controller::reasons! {
         Published,
         Unpublished,
         ResourcesLoaded,
-        LoadFailed,
+        /// Its resources no longer convert, or cannot be served together.
+        InvalidResources,
+        /// It references a Secret of another namespace, which its discovery service refuses.
+        SecretForbidden,
+        SecretNotFound,
+        /// A referenced Secret's type or data cannot make the SDS secret asked of it.
+        SecretInvalid,
+        /// The EndpointSlices of a `generateFromEndpointSlices` resource cannot make its
+        /// endpoints.
+        EndpointsInvalid,
         SecretChanged,
         RejectedByEnvoy,
         RevisionTainted,
     }
+}
+
+/// Whether `reason`, of `ResourcesOutOfSync=True`, says the revision cannot be loaded (and
+/// so is not served). `LoadFailed` is the one reason earlier builds wrote for every such
+/// failure, still on a revision not reloaded since.
+pub fn is_load_failure(reason: &str) -> bool {
+    use RevisionReason as R;
+    [
+        R::InvalidResources,
+        R::SecretForbidden,
+        R::SecretNotFound,
+        R::SecretInvalid,
+        R::EndpointsInvalid,
+    ]
+    .iter()
+    .any(|r| r.to_string() == reason)
+        || reason == "LoadFailed"
 }
 
 /// One version of an `EnvoyConfig`'s resources.
@@ -99,7 +125,13 @@ impl EnvoyConfigRevisionSpec {
         }
     }
 
-    /// The config this revision holds, for conversion.
+    /// How many resources it lists (`envoyResources` and `resources` together).
+    pub fn entries(&self) -> usize {
+        self.envoy_resources.len() + self.resources.len()
+    }
+
+    /// The config this revision holds, for conversion (a copy: where only the resources are
+    /// read, borrow them instead).
     pub fn config(&self) -> EnvoyConfigSpec {
         EnvoyConfigSpec {
             node_id: self.node_id.clone(),
@@ -252,13 +284,11 @@ impl EnvoyConfigRevision {
     }
 
     /// Why the revision cannot be loaded (the message of `ResourcesOutOfSync=True` with
-    /// reason `LoadFailed`), if it cannot.
+    /// one of the load failures' reasons), if it cannot.
     pub fn load_failure(&self) -> Option<&str> {
         self.status.as_ref()?.conditions.iter().find_map(|c| {
-            (c.type_ == RESOURCES_OUT_OF_SYNC
-                && c.status == "True"
-                && c.reason == RevisionReason::LoadFailed.to_string())
-            .then_some(c.message.as_str())
+            (c.type_ == RESOURCES_OUT_OF_SYNC && c.status == "True" && is_load_failure(&c.reason))
+                .then_some(c.message.as_str())
         })
     }
 

@@ -41,7 +41,7 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
         Err(errors) => errors.iter().map(ToString::to_string).collect(),
     };
     out.extend(
-        convert::secret_sources(spec)
+        convert::secret_sources(&spec.envoy_resources, &spec.resources)
             .iter()
             .filter_map(|source| foreign_secret(source, namespace, cross_namespace)),
     );

@@ -8,7 +8,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::judge::{Entry, SIDECAR_CLUSTERS, entries};
+use crate::convert::{Entry, entries};
+use crate::judge::SIDECAR_CLUSTERS;
 use marin3r_api::EnvoyConfigSpec;
 use marin3r_xds::resource::ResourceType;
 
@@ -71,7 +72,7 @@ fn reference_warnings(spec: &EnvoyConfigSpec, entries: &[Entry]) -> Vec<String> 
     let routes = defined(ResourceType::Route);
     let mut secrets = defined(ResourceType::Secret);
     secrets.extend(
-        crate::convert::secret_sources(spec)
+        crate::convert::secret_sources(&spec.envoy_resources, &spec.resources)
             .into_iter()
             .map(|s| s.sds_name),
     );

@@ -86,6 +86,7 @@ fn check_certificates(dir: &Path) -> anyhow::Result<()> {
     marin3r_certs::key_matches(&cert, &key)
         .with_context(|| format!("{} does not belong to {}", file("tls.key"), file("tls.crt")))?;
     if let Err(err) = marin3r_certs::verify_signed_by(&cert, &ca) {
+        let err = marin3r_controller::chain(&err);
         bail!(
             "{} is not signed by {}: {err}",
             file("tls.crt"),

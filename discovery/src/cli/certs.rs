@@ -124,7 +124,7 @@ pub fn inspect(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) ->
 
 fn read_certificates(path: &Path) -> Result<Vec<CertificateInfo>, String> {
     let pem = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    CertificateInfo::all_from_pem(&pem).map_err(|e| e.to_string())
+    CertificateInfo::all_from_pem(&pem).map_err(|e| marin3r_controller::chain(&e))
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {

@@ -352,7 +352,7 @@ fn validate_document(
     // of another namespace (the manifest's namespace, else `default` as kubectl would use).
     let namespace = manifest.metadata.namespace.as_deref().unwrap_or("default");
     errors.extend(
-        secret_sources(&spec)
+        secret_sources(&spec.envoy_resources, &spec.resources)
             .iter()
             .filter_map(|source| {
                 marin3r_envoyconfig::rules::foreign_secret(source, namespace, false)
@@ -476,8 +476,8 @@ fn header_problems(manifest: &Manifest) -> Vec<Problem> {
 fn summary(spec: &EnvoyConfigSpec, resources: &[Resource]) -> String {
     // Secrets and EndpointSlice endpoints are built when the revision is loaded.
     let generated = |kind: ResourceType| match kind {
-        ResourceType::Secret => secret_sources(spec).len(),
-        ResourceType::Endpoint => endpoint_sources(spec).len(),
+        ResourceType::Secret => secret_sources(&spec.envoy_resources, &spec.resources).len(),
+        ResourceType::Endpoint => endpoint_sources(&spec.resources).len(),
         _ => 0,
     };
     let per_type: Vec<(ResourceType, usize)> = ResourceType::ALL

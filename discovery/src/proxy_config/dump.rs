@@ -65,12 +65,17 @@ const SECTIONS: &[Section] = &[
     },
 ];
 
+/// An admin answer that is not a config dump.
+#[derive(Debug, thiserror::Error)]
+#[error("not an Envoy config dump: no `configs` list")]
+pub struct NotADump;
+
 /// The entries of `dump` (the admin's JSON answer), secret fields redacted.
-pub fn entries(dump: &Value) -> anyhow::Result<Vec<Entry>> {
+pub fn entries(dump: &Value) -> Result<Vec<Entry>, NotADump> {
     let configs = dump
         .get("configs")
         .and_then(Value::as_array)
-        .ok_or_else(|| anyhow::anyhow!("not an Envoy config dump: no `configs` list"))?;
+        .ok_or(NotADump)?;
     let mut out = Vec::new();
     for config in configs {
         let kind = config

@@ -49,12 +49,39 @@ async fn handle(State(cache): State<Cache>, Query(q): Query<HashMap<String, Stri
     };
     match render(namespace, node, &snapshot) {
         Ok(served) => Json(served).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+        Err(e) => {
+            let message = format!("{}\n", marin3r_controller::chain(&e));
+            (StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
+        }
     }
 }
 
+/// Why a served resource cannot be shown: the cache holds only what was encoded from
+/// Envoy's types, so each of these is a build's fault, not a tenant's.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error(transparent)]
+    Descriptors(#[from] marin3r_envoyconfig::convert::PoolError),
+    #[error("no descriptor for {0}")]
+    NoDescriptor(&'static str),
+    #[error("decoding {kind} {name}")]
+    Decode {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("encoding {kind} {name} as JSON")]
+    Encode {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Decodes every resource of `snapshot`.
-pub fn render(namespace: &str, node: &str, snapshot: &Snapshot) -> anyhow::Result<Served> {
+pub fn render(namespace: &str, node: &str, snapshot: &Snapshot) -> Result<Served, RenderError> {
     let pool = descriptor_pool()?;
     let options = SerializeOptions::new().use_proto_field_name(true);
     let mut resources = Vec::new();
@@ -67,13 +94,21 @@ pub fn render(namespace: &str, node: &str, snapshot: &Snapshot) -> anyhow::Resul
         versions.insert(kind.spec_field().to_owned(), of_type.version().to_owned());
         let descriptor = pool
             .get_message_by_name(kind.message_name())
-            .ok_or_else(|| anyhow::anyhow!("no descriptor for {}", kind.message_name()))?;
+            .ok_or(RenderError::NoDescriptor(kind.message_name()))?;
         for (name, r) in of_type.resources() {
             let message = DynamicMessage::decode(descriptor.clone(), r.resource.body.clone())
-                .map_err(|e| anyhow::anyhow!("decoding {} {name}: {e}", kind.spec_field()))?;
+                .map_err(|source| RenderError::Decode {
+                    kind: kind.spec_field(),
+                    name: name.to_string(),
+                    source,
+                })?;
             let mut config = message
                 .serialize_with_options(serde_json::value::Serializer, &options)
-                .map_err(|e| anyhow::anyhow!("encoding {} {name}: {e}", kind.spec_field()))?;
+                .map_err(|source| RenderError::Encode {
+                    kind: kind.spec_field(),
+                    name: name.to_string(),
+                    source,
+                })?;
             redact_resource(kind.spec_field(), &mut config);
             resources.push(Entry {
                 kind: kind.spec_field().to_owned(),

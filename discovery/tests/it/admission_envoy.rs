@@ -70,7 +70,7 @@ fn envoy_judges_at_admission_what_passes_our_checks() {
     assert_eq!(decide(&broken, &review(json!({})))["allowed"], true);
 }
 
-/// A spec's entries as `judge::entries` reads them.
+/// A spec's entries as `convert::entries` reads them.
 fn spec(resources: Value) -> marin3r_api::EnvoyConfigSpec {
     serde_json::from_value(json!({"nodeID": "shop", "resources": resources})).unwrap()
 }
@@ -240,7 +240,7 @@ fn a_tap_transport_socket_is_judged_not_crashed_on() {
 }
 
 /// A config over 120 KiB went to Envoy through a temporary folder the discovery pod's
-/// read-only root could not hold, and was never judged there (R9). Every bootstrap now goes
+/// read-only root could not hold, and was never judged there. Every bootstrap now goes
 /// through a file in `TMPDIR` (the pod's memory-backed /var/tmp): a large one Envoy refuses is
 /// refused, in Envoy's words.
 #[test]

@@ -188,7 +188,7 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
             },
         )
     };
-    let c = out_of_sync("LoadFailed");
+    let c = out_of_sync("SecretNotFound");
     assert_eq!(c.status, "True");
     assert!(
         c.message
@@ -232,7 +232,9 @@ fn a_missing_or_wrong_secret_is_reported_on_the_revision_until_it_is_fixed() {
     wait("the type to be refused", Duration::from_secs(20), || {
         let r = plane.rt.block_on(plane.revisions(ns).get(&name)).unwrap();
         r.status?.conditions.into_iter().find(|c| {
-            c.type_ == "ResourcesOutOfSync" && c.message.contains("not kubernetes.io/tls")
+            c.type_ == "ResourcesOutOfSync"
+                && c.reason == "SecretInvalid"
+                && c.message.contains("not kubernetes.io/tls")
         })
     });
 
@@ -401,7 +403,7 @@ fn forbidden_secret_and_endpointslice_watches_back_off_then_recover() {
     });
 }
 
-/// Issue 26, N5: the old revision A is re-loaded after its successor B while both are
+/// The old revision A is re-loaded after its successor B while both are
 /// briefly published (here a Secret only A uses changes in that window), then A is
 /// unpublished. What the node is served must end up being B, the published revision, not A
 /// for good while the status names B. Revisions are written by hand, with no EnvoyConfig,

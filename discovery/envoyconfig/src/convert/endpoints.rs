@@ -18,13 +18,24 @@ use prost::Message as _;
 use super::EndpointSource;
 use marin3r_xds::resource::{Resource, ResourceType};
 
+/// Why the EndpointSlices a selector matched cannot become a `ClusterLoadAssignment`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointsError {
+    #[error(
+        "EndpointSlice {slice} has address type {address_type}; only IPv4 and IPv6 are supported"
+    )]
+    AddressType { slice: String, address_type: String },
+    #[error("no EndpointSlice matching the selector has a port named {0:?}")]
+    NoPort(String),
+}
+
 /// The `ClusterLoadAssignment` of `source` from the slices its selector matched, or why it
 /// cannot be built. No slice at all is an empty assignment (a Service scaled to zero has no
 /// endpoints, and that is what Envoy must be told).
 pub fn endpoints_from_slices(
     source: &EndpointSource,
     slices: &[EndpointSlice],
-) -> Result<Resource, String> {
+) -> Result<Resource, EndpointsError> {
     let mut slices: Vec<&EndpointSlice> = slices.iter().collect();
     // The API server lists by name; sorted anyway, so the same slices give the same bytes.
     slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -34,10 +45,10 @@ pub fn endpoints_from_slices(
     for slice in &slices {
         let name = slice.metadata.name.as_deref().unwrap_or_default();
         if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-            return Err(format!(
-                "EndpointSlice {name} has address type {}; only IPv4 and IPv6 are supported",
-                slice.address_type
-            ));
+            return Err(EndpointsError::AddressType {
+                slice: name.to_owned(),
+                address_type: slice.address_type.clone(),
+            });
         }
         let port = slice.ports.iter().flatten().find_map(|p| {
             (p.name.as_deref().unwrap_or_default() == source.target_port)
@@ -63,10 +74,7 @@ pub fn endpoints_from_slices(
         .iter()
         .any(|s| s.endpoints.as_ref().is_some_and(|e| !e.is_empty()));
     if has_endpoints && !port_found {
-        return Err(format!(
-            "no EndpointSlice matching the selector has a port named {:?}",
-            source.target_port
-        ));
+        return Err(EndpointsError::NoPort(source.target_port.clone()));
     }
     hosts.sort_by_key(|(ip, port, _)| (*ip, *port));
     let assignment = ClusterLoadAssignment {
@@ -225,14 +233,18 @@ mod tests {
         assert!(hosts(&decoded(&empty)).is_empty());
         let fqdn = mk_slice("web", "FQDN", 80, json!([{"addresses": ["a.example"]}]));
         assert_eq!(
-            endpoints_from_slices(&mk_source(), &[fqdn]).unwrap_err(),
+            endpoints_from_slices(&mk_source(), &[fqdn])
+                .unwrap_err()
+                .to_string(),
             "EndpointSlice web has address type FQDN; only IPv4 and IPv6 are supported"
         );
         let mut source = mk_source();
         source.target_port = "grpc".into();
         let slice = mk_slice("web", "IPv4", 80, json!([{"addresses": ["10.0.0.1"]}]));
         assert_eq!(
-            endpoints_from_slices(&source, &[slice]).unwrap_err(),
+            endpoints_from_slices(&source, &[slice])
+                .unwrap_err()
+                .to_string(),
             "no EndpointSlice matching the selector has a port named \"grpc\""
         );
     }

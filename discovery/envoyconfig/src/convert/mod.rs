@@ -5,31 +5,31 @@
 
 mod canonical;
 mod endpoints;
+mod entries;
 mod error;
 mod parse;
 mod pgv;
 pub(crate) mod pool;
 mod recover;
+mod resource;
 mod secret;
 mod sources;
 mod typed;
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
-
-use prost::Message as _;
-use prost_reflect::{DynamicMessage, Value};
 
 use marin3r_api::{EnvoyApi, EnvoyConfigSpec, EnvoyResources, Serialization};
 use marin3r_xds::resource::{Resource, ResourceType};
 
-pub use endpoints::endpoints_from_slices;
+pub use endpoints::{EndpointsError, endpoints_from_slices};
+pub use entries::{Entry, entries};
 pub use error::{ConversionError, ValueError};
 pub use parse::{is_v2_name, key_segment, value_of};
 pub use pool::{PoolError, descriptor_pool};
 pub use secret::{SecretError, generic_secret, tls_secret, validation_context_secret};
 pub use sources::{
-    EndpointSource, SecretBuild, SecretSource, endpoint_sources, secret_resource, secret_sources,
+    EndpointSource, SecretBuild, SecretDataError, SecretSource, endpoint_sources, secret_resource,
+    secret_sources,
 };
 pub use typed::typed_resources;
 
@@ -108,8 +108,13 @@ pub fn envoy_resources(
         let mut seen: HashMap<String, usize> = HashMap::new();
         for (i, entry) in list.iter().enumerate() {
             let at = format!("spec.envoyResources.{}[{i}]", kind.spec_field());
-            let resource = match resource(pool, kind, &entry.value, serialization, Listing::ByType)
-            {
+            let resource = match resource::resource(
+                pool,
+                kind,
+                &entry.value,
+                serialization,
+                resource::Listing::ByType,
+            ) {
                 Ok(resource) => resource,
                 Err(errs) => {
                     let path = format!("{at}.value");
@@ -201,143 +206,7 @@ pub fn convert_value(
     serialization: Serialization,
 ) -> Result<Resource, Vec<ValueError>> {
     let pool = descriptor_pool().map_err(|e| vec![ValueError::whole(e.to_string())])?;
-    resource(pool, kind, value, serialization, Listing::ByType)
-}
-
-/// Where a value sits, for the hint when it holds another type's resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Listing {
-    /// In the list of `spec.envoyResources` for its type.
-    ByType,
-    /// In `spec.resources`, with a `type`.
-    Typed,
-}
-
-/// Envoy's protoc-gen-validate rules, compiled lazily per message type.
-static VALIDATOR: LazyLock<Option<pgv::Validator>> =
-    LazyLock::new(|| descriptor_pool().ok().map(pgv::Validator::new));
-
-fn resource(
-    pool: &prost_reflect::DescriptorPool,
-    kind: ResourceType,
-    value: &str,
-    serialization: Serialization,
-    listing: Listing,
-) -> Result<Resource, Vec<ValueError>> {
-    let desc = pool
-        .get_message_by_name(kind.message_name())
-        .ok_or_else(|| {
-            vec![ValueError::whole(format!(
-                "the descriptor set has no {}",
-                kind.message_name()
-            ))]
-        })?;
-    let message = match parse::parse(&desc, value, serialization) {
-        Ok(message) => message,
-        Err(err) => {
-            let hinted = hint_other_type(pool, kind, value, serialization, listing, err.clone());
-            // A value of another type (or in another serialization) is one problem: that.
-            if hinted != err {
-                return Err(vec![hinted]);
-            }
-            let check =
-                |m: &DynamicMessage| VALIDATOR.as_ref().map_or_else(Vec::new, |v| v.check(m));
-            return Err(recover::every_problem(
-                &desc,
-                value,
-                serialization,
-                err,
-                check,
-            ));
-        }
-    };
-    let name = resource_name(kind, &message);
-    if name.is_empty() {
-        return Err(vec![ValueError::whole(format!(
-            "the resource has no name: set `{}`",
-            name_field(kind)
-        ))]);
-    }
-    if let Some(validator) = VALIDATOR.as_ref() {
-        let violations = validator.check(&message);
-        if !violations.is_empty() {
-            return Err(violations);
-        }
-    }
-    let encoded = message.encode_to_vec();
-    // Our own bytes always walk; should they not, they are still a correct encoding.
-    let body = canonical::canonical(pool, &desc, &encoded).unwrap_or(encoded);
-    Ok(Resource {
-        kind,
-        name,
-        body: body.into(),
-    })
-}
-
-/// The field that names a resource of `kind`.
-fn name_field(kind: ResourceType) -> &'static str {
-    match kind {
-        ResourceType::Endpoint => "cluster_name",
-        _ => "name",
-    }
-}
-
-fn resource_name(kind: ResourceType, message: &DynamicMessage) -> String {
-    match message.get_field_by_name(name_field(kind)).as_deref() {
-        Some(Value::String(name)) => name.clone(),
-        _ => String::new(),
-    }
-}
-
-/// When a value does not parse as its list's type but parses as another resource type, the
-/// user most likely put it in the wrong list: say so instead of listing an unknown field.
-/// Likewise a YAML value in a `json` config. Only runs on the error path, so valid configs
-/// pay nothing for it.
-fn hint_other_type(
-    pool: &prost_reflect::DescriptorPool,
-    kind: ResourceType,
-    value: &str,
-    serialization: Serialization,
-    listing: Listing,
-    err: ValueError,
-) -> ValueError {
-    if serialization == Serialization::Json
-        && err.path.is_empty()
-        && let Some(desc) = pool.get_message_by_name(kind.message_name())
-        && parse::parse(&desc, value, Serialization::Yaml).is_ok()
-    {
-        return ValueError::whole(format!(
-            "the value is YAML, not JSON: set `spec.serialization: yaml` ({err})"
-        ));
-    }
-    if !err.path.is_empty() || !err.message.starts_with("unknown field") {
-        return err;
-    }
-    let fits = ResourceType::ALL
-        .into_iter()
-        .filter(|&other| other != kind)
-        .find(|other| {
-            pool.get_message_by_name(other.message_name())
-                .is_some_and(|desc| parse::parse(&desc, value, serialization).is_ok())
-        });
-    match fits {
-        Some(other) if listing == Listing::Typed => ValueError::whole(format!(
-            "this is an {} resource, not {} as `type` says; set `type: {}` ({})",
-            other.message_name(),
-            kind.message_name(),
-            marin3r_api::ResourceKind::of(other).as_str(),
-            err.message
-        )),
-        Some(other) => ValueError::whole(format!(
-            "this is an {} resource, which belongs in `{}`; `{}` holds {} resources ({})",
-            other.message_name(),
-            other.spec_field(),
-            kind.spec_field(),
-            kind.message_name(),
-            err.message
-        )),
-        None => err,
-    }
+    resource::resource(pool, kind, value, serialization, resource::Listing::ByType)
 }
 
 #[cfg(test)]

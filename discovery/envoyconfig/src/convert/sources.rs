@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use marin3r_api::{Blueprint, EndpointSlicesSource, EnvoyConfigSpec, LabelSelector};
+use marin3r_api::{Blueprint, EndpointSlicesSource, EnvoyResources, LabelSelector};
 use marin3r_xds::resource::Resource;
 
 /// One SDS secret to build from a Kubernetes Secret.
@@ -32,10 +32,13 @@ pub enum SecretBuild {
     Key(String),
 }
 
-/// Every Secret the spec builds an SDS secret from, in spec order.
-pub fn secret_sources(spec: &EnvoyConfigSpec) -> Vec<SecretSource> {
-    let legacy = spec
-        .envoy_resources
+/// Every Secret a spec's `envoyResources` and `resources` (of an EnvoyConfig or a revision)
+/// build an SDS secret from, in spec order.
+pub fn secret_sources(
+    envoy_resources: &EnvoyResources,
+    resources: &[marin3r_api::Resource],
+) -> Vec<SecretSource> {
+    let legacy = envoy_resources
         .secrets
         .iter()
         .enumerate()
@@ -53,7 +56,7 @@ pub fn secret_sources(spec: &EnvoyConfigSpec) -> Vec<SecretSource> {
             namespace: s.secret_namespace().map(str::to_owned),
             build: SecretBuild::Tls(Blueprint::TlsCertificate),
         });
-    let typed = spec.resources.iter().enumerate().filter_map(|(i, r)| {
+    let typed = resources.iter().enumerate().filter_map(|(i, r)| {
         if let Some(name) = &r.generate_from_tls_secret {
             return Some(SecretSource {
                 path: format!("spec.resources[{i}].generateFromTlsSecret"),
@@ -75,20 +78,30 @@ pub fn secret_sources(spec: &EnvoyConfigSpec) -> Vec<SecretSource> {
     legacy.chain(typed).collect()
 }
 
+/// Why a Kubernetes Secret's data cannot become the SDS secret a config asks of it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SecretDataError {
+    #[error("its type is {0:?}, not kubernetes.io/tls")]
+    NotTls(String),
+    #[error("it cannot be served")]
+    Unusable(#[source] super::SecretError),
+    #[error("it has no key {key:?} (it has: {present})")]
+    NoKey { key: String, present: String },
+}
+
 /// Builds the SDS secret of `source` from the Secret's type and data, or says why it
 /// cannot (without the path: the caller knows where the source came from).
 pub fn secret_resource(
     source: &SecretSource,
     secret_type: Option<&str>,
     data: &BTreeMap<String, Vec<u8>>,
-) -> Result<Resource, String> {
+) -> Result<Resource, SecretDataError> {
     let field = |k: &str| data.get(k).map(Vec::as_slice).unwrap_or_default();
     match &source.build {
         SecretBuild::Tls(blueprint) => {
             if secret_type != Some("kubernetes.io/tls") {
-                return Err(format!(
-                    "is of type {:?}, not kubernetes.io/tls",
-                    secret_type.unwrap_or("Opaque")
+                return Err(SecretDataError::NotTls(
+                    secret_type.unwrap_or("Opaque").to_owned(),
                 ));
             }
             match blueprint {
@@ -99,18 +112,18 @@ pub fn secret_resource(
                     super::validation_context_secret(&source.sds_name, field("tls.crt"))
                 }
             }
-            .map_err(|e| format!("cannot be served: {e}"))
+            .map_err(SecretDataError::Unusable)
         }
         SecretBuild::Key(key) => match data.get(key) {
             Some(value) => Ok(super::generic_secret(&source.sds_name, value)),
-            None => Err(format!(
-                "has no key {key:?} (it has: {})",
-                if data.is_empty() {
+            None => Err(SecretDataError::NoKey {
+                key: key.clone(),
+                present: if data.is_empty() {
                     "none".to_owned()
                 } else {
                     data.keys().cloned().collect::<Vec<_>>().join(", ")
-                }
-            )),
+                },
+            }),
         },
     }
 }
@@ -125,9 +138,9 @@ pub struct EndpointSource {
     pub target_port: String,
 }
 
-/// Every EndpointSlice-generated endpoint of the spec, in spec order.
-pub fn endpoint_sources(spec: &EnvoyConfigSpec) -> Vec<EndpointSource> {
-    spec.resources
+/// Every EndpointSlice-generated endpoint of a spec's `resources`, in spec order.
+pub fn endpoint_sources(resources: &[marin3r_api::Resource]) -> Vec<EndpointSource> {
+    resources
         .iter()
         .enumerate()
         .filter_map(|(i, r)| {

@@ -4,6 +4,7 @@
 use base64::Engine as _;
 use envoy_types::pb::envoy;
 use prost::Message as _;
+use prost_reflect::DynamicMessage;
 
 use super::*;
 use marin3r_api::{EnvoyResource, EnvoySecretResource, SecretReference};

@@ -234,12 +234,12 @@ fn convert(
     }
     let json = serde_json::to_string(value)
         .map_err(|e| vec![ValueError::whole(format!("cannot be read as JSON: {e}"))])?;
-    super::resource(
+    super::resource::resource(
         pool,
         kind.resource_type(),
         &json,
         marin3r_api::Serialization::Json,
-        super::Listing::Typed,
+        super::resource::Listing::Typed,
     )
     // Positions are in our own re-serialized text, not the user's: they would mislead.
     .map_err(|errs| {

@@ -48,7 +48,7 @@ fn manifests_in_the_originals_form_convert() {
             (ResourceType::Listener, "front-tls"),
         ]
     );
-    let secrets = secret_sources(&spec);
+    let secrets = secret_sources(&spec.envoy_resources, &spec.resources);
     assert_eq!(secrets.len(), 1);
     assert_eq!(
         (
@@ -62,7 +62,7 @@ fn manifests_in_the_originals_form_convert() {
         secrets[0].build,
         SecretBuild::Tls(Blueprint::TlsCertificate)
     );
-    let endpoints = endpoint_sources(&spec);
+    let endpoints = endpoint_sources(&spec.resources);
     assert_eq!(endpoints.len(), 1);
     assert_eq!(endpoints[0].cluster_name, "kuard");
     assert_eq!(endpoints[0].target_port, "http");
@@ -73,7 +73,7 @@ fn manifests_in_the_originals_form_convert() {
 
     let spec = manifest("oauth2");
     assert_eq!(validate_config(&spec).unwrap().len(), 4);
-    let secrets = secret_sources(&spec);
+    let secrets = secret_sources(&spec.envoy_resources, &spec.resources);
     let opaque: Vec<(&str, &str, &SecretBuild)> = secrets
         .iter()
         .map(|s| (s.sds_name.as_str(), s.secret_name.as_str(), &s.build))
@@ -265,7 +265,7 @@ fn secrets_are_built_by_blueprint_and_key() {
         {"type": "secret", "generateFromOpaqueSecret":
             {"name": "oauth", "key": "hmac", "alias": "oauth_hmac"}},
     ]));
-    let sources = secret_sources(&spec);
+    let sources = secret_sources(&spec.envoy_resources, &spec.resources);
     let tls = data(&[("tls.crt", b"CERT"), ("tls.key", b"KEY")]);
     let cert = secret_resource(&sources[0], Some("kubernetes.io/tls"), &tls).unwrap();
     assert_eq!(cert.name, "cert");
@@ -300,16 +300,19 @@ fn secrets_are_built_by_blueprint_and_key() {
     }
     // What cannot be built says why.
     assert_eq!(
-        secret_resource(&sources[0], Some("Opaque"), &tls).unwrap_err(),
-        "is of type \"Opaque\", not kubernetes.io/tls"
+        secret_resource(&sources[0], Some("Opaque"), &tls)
+            .unwrap_err()
+            .to_string(),
+        "its type is \"Opaque\", not kubernetes.io/tls"
     );
     assert_eq!(
-        secret_resource(&sources[2], Some("Opaque"), &data(&[("other", b"x")])).unwrap_err(),
-        "has no key \"hmac\" (it has: other)"
-    );
-    assert!(
-        secret_resource(&sources[1], Some("kubernetes.io/tls"), &data(&[]))
+        secret_resource(&sources[2], Some("Opaque"), &data(&[("other", b"x")]))
             .unwrap_err()
-            .contains("tls.crt is empty")
+            .to_string(),
+        "it has no key \"hmac\" (it has: other)"
     );
+    let unusable = secret_resource(&sources[1], Some("kubernetes.io/tls"), &data(&[])).unwrap_err();
+    assert_eq!(unusable.to_string(), "it cannot be served");
+    let cause = std::error::Error::source(&unusable).map(ToString::to_string);
+    assert!(cause.is_some_and(|c| c.contains("tls.crt is empty")));
 }

@@ -10,8 +10,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::Entry;
 use super::extensions::{CARRIES_CODE, LOADED_AS_WRITTEN};
+use crate::convert::Entry;
 
 /// What the judge does with a typed config of a given type.
 #[derive(Debug, Clone, PartialEq, Eq)]

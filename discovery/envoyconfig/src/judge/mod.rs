@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::convert::{Entry, entries};
 use marin3r_api::EnvoyConfigSpec;
 use marin3r_xds::resource::ResourceType;
 
@@ -87,12 +88,16 @@ impl Drop for Slot {
     }
 }
 
-/// Why Envoy did not accept a config.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why Envoy did not accept a config. The variant decides what becomes of it: a refusal is
+/// the config's fault (refused at admission, not published), no verdict is nobody's (marin3r's
+/// own checks decide).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JudgeError {
     /// Envoy refused it: each problem as `path: Envoy: message`.
+    #[error("Envoy refused it: {}", .0.join("; "))]
     Refused(Vec<String>),
     /// Envoy could not be run (missing binary, timeout): no verdict.
+    #[error("Envoy gave no verdict: {0}")]
     Unavailable(String),
 }
 
@@ -118,15 +123,6 @@ pub struct EnvoyJudge {
     /// The longest one verdict may take, every Envoy run included; past it there is no
     /// verdict ([`JudgeError::Unavailable`]), or only the whole spec's when Envoy refused it.
     budget: Duration,
-}
-
-/// One resource as the user wrote it, and where.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    /// `spec.resources[3].value`, `spec.envoyResources.listeners[0].value`.
-    pub path: String,
-    pub kind: ResourceType,
-    pub value: Value,
 }
 
 impl EnvoyJudge {
@@ -239,7 +235,7 @@ impl EnvoyJudge {
 
     /// Envoy's verdict on every entry of `spec`.
     pub fn judge(&self, spec: &EnvoyConfigSpec) -> Result<(), JudgeError> {
-        let entries = entries(spec).map_err(|e| JudgeError::Refused(vec![e]))?;
+        let entries = entries(spec).map_err(|e| JudgeError::Refused(vec![e.to_string()]))?;
         self.judge_entries(&entries)
     }
 
@@ -337,12 +333,13 @@ impl EnvoyJudge {
         })
     }
 
-    /// Runs `envoy --mode validate` on `bootstrap`: `Ok` or Envoy's message (or why Envoy
-    /// could not run).
-    pub fn validate(&self, bootstrap: &Value) -> Result<(), String> {
+    /// Runs `envoy --mode validate` on a whole `bootstrap`: `Ok`, Envoy's message, or why
+    /// Envoy gave no verdict.
+    pub fn validate(&self, bootstrap: &Value) -> Result<(), JudgeError> {
         let deadline = Instant::now() + self.budget;
         self.run(bootstrap, deadline).map_err(|r| match r {
-            Run::Refused(m) | Run::Unavailable(m) => m,
+            Run::Refused(m) => JudgeError::Refused(vec![m]),
+            Run::Unavailable(m) => JudgeError::Unavailable(m),
         })
     }
 
@@ -390,30 +387,6 @@ fn reads_a_file(reason: &str, entries: &[&Entry]) -> bool {
 enum Run {
     Refused(String),
     Unavailable(String),
-}
-
-/// The entries of `spec` Envoy can judge, as the user wrote them: `envoyResources` first, in
-/// the order `EnvoyResources::serialized` lists them, then `resources`.
-pub fn entries(spec: &EnvoyConfigSpec) -> Result<Vec<Entry>, String> {
-    let mut out = Vec::new();
-    for (kind, list) in spec.envoy_resources.serialized() {
-        for (i, entry) in list.iter().enumerate() {
-            let path = format!("spec.envoyResources.{}[{i}].value", kind.spec_field());
-            let value = crate::convert::value_of(&entry.value, spec.serialization)
-                .map_err(|e| format!("{path}: {e}"))?;
-            out.push(Entry { path, kind, value });
-        }
-    }
-    for (i, r) in spec.resources.iter().enumerate() {
-        if let Some(value) = &r.value {
-            out.push(Entry {
-                path: format!("spec.resources[{i}].value"),
-                kind: r.kind.resource_type(),
-                value: value.clone(),
-            });
-        }
-    }
-    Ok(out)
 }
 
 /// The bootstrap holding `entries` (see the module's documentation).

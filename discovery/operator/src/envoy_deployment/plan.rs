@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use marin3r_certs::api::DiscoveryServiceCertificate;
 use marin3r_controller::{Note, set_condition};
 use marin3r_webhook::annotations::{PROMETHEUS_ANNOTATIONS, parse_bool};
+use marin3r_webhook::sidecar::NoRandomness;
 
 use super::build::{Gateway, Inputs, bootstrap_hash, current_token};
 use crate::plan::{certificate_ready, deployment_state};
@@ -37,6 +38,8 @@ marin3r_controller::reasons! {
         EnvoyConfigNotFound,
         CertificateNotReady,
         DeploymentNotReady,
+        /// No shutdown manager token could be drawn (the system's random source failed).
+        ShutdownTokenUnavailable,
         InitManagerUnused,
     }
 }
@@ -100,7 +103,7 @@ pub struct Children {
 /// token when the current Deployment has none.
 pub fn decide(
     obs: &Observed<'_>,
-    new_token: impl FnOnce() -> Result<String, String>,
+    new_token: impl FnOnce() -> Result<String, NoRandomness>,
 ) -> Result<Children, NotReady> {
     let spec = obs.spec.as_ref().map_err(NotReady::invalid)?;
     let ns = obs.ed.namespace().unwrap_or_default();
@@ -130,7 +133,10 @@ pub fn decide(
     };
     let shutdown_token = match obs.deployment.as_ref().and_then(current_token) {
         Some(token) => token,
-        None if spec.shutdown_manager.is_some() => new_token().map_err(NotReady::invalid)?,
+        None if spec.shutdown_manager.is_some() => new_token().map_err(|e| NotReady {
+            reason: Reason::ShutdownTokenUnavailable,
+            message: format!("drawing the shutdown manager's token: {e}"),
+        })?,
         None => String::new(),
     };
     let inputs = Inputs {

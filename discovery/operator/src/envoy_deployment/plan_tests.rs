@@ -51,7 +51,7 @@ fn observed(ed: &EnvoyDeployment) -> Observed<'_> {
     }
 }
 
-fn token() -> Result<String, String> {
+fn token() -> Result<String, NoRandomness> {
     Ok("fresh-token".into())
 }
 
@@ -199,8 +199,12 @@ fn the_shutdown_manager_keeps_its_token_across_reconciles() {
     );
     let mut obs = observed(&ed);
     obs.deployment = Some(first.deployment.clone());
-    let again = decide(&obs, || Err("no new token may be drawn".into())).unwrap();
+    let again = decide(&obs, || Err(NoRandomness)).unwrap();
     assert_eq!(again.deployment, first.deployment);
+    // Without one, and none can be drawn: the machine's fault, not the spec's.
+    let err = decide(&observed(&ed), || Err(NoRandomness)).unwrap_err();
+    assert_eq!(err.reason, Reason::ShutdownTokenUnavailable);
+    assert!(err.message.contains("random source"), "{err:?}");
     // An operator logging JSON runs shutdown managers that do too.
     let mut obs = observed(&ed);
     obs.json_logs = true;

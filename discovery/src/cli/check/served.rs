@@ -210,7 +210,10 @@ async fn check_namespace(
     if let Err(e) = marin3r_certs::check_validity(&cert, now) {
         report.fail(
             &check,
-            format!("the client certificate is not valid now: {e}"),
+            format!(
+                "the client certificate is not valid now: {}",
+                marin3r_controller::chain(&e)
+            ),
             fix,
         );
         return;

@@ -114,7 +114,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
     if ec.spec.entries() == 0
         && let Some(served) = mine
             .iter()
-            .find(|r| r.is_published() && r.spec.config().entries() > 0)
+            .find(|r| r.is_published() && r.spec.entries() > 0)
     {
         return Plan::Invalid(Box::new(refused_empty(obs, &version, served)));
     }

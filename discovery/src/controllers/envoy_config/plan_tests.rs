@@ -61,7 +61,7 @@ fn mk_revision(ec: &EnvoyConfig, version: &str, loaded: bool) -> EnvoyConfigRevi
     let mut status = EnvoyConfigRevisionStatus::default();
     let (reason, message) = match loaded {
         true => (RevisionReason::ResourcesLoaded, "served"),
-        false => (RevisionReason::LoadFailed, "Secret ns/web not found"),
+        false => (RevisionReason::SecretNotFound, "Secret ns/web not found"),
     };
     let now = Time("2026-01-01T00:00:00Z".parse().unwrap());
     status.set_resources_sync(loaded, reason, message, None, &now);
@@ -69,7 +69,7 @@ fn mk_revision(ec: &EnvoyConfig, version: &str, loaded: bool) -> EnvoyConfigRevi
     r
 }
 
-/// Issue 26, N7, as the controller decides it: after v1..v9 each failed to load, the
+/// As the controller decides it: after v1..v9 each failed to load, the
 /// tenth new version must not delete v0, which every running replica still serves.
 #[test]
 fn pruning_keeps_the_revision_served_while_newer_ones_fail_to_load() {

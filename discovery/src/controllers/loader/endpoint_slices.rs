@@ -28,7 +28,7 @@ pub(super) async fn observe(
     let api: Api<EndpointSlice> =
         Api::namespaced(ctx.client.clone(), &r.namespace().unwrap_or_default());
     let mut out = Vec::new();
-    for source in convert::endpoint_sources(&r.spec.config()) {
+    for source in convert::endpoint_sources(&r.spec.resources) {
         let Ok(query) = source.selector.to_query() else {
             out.push(Vec::new());
             continue;
@@ -74,10 +74,12 @@ pub(super) async fn watch(
             if !r.is_published() || r.namespace().as_deref() != Some(ns.as_str()) {
                 continue;
             }
-            let selects = convert::endpoint_sources(&r.spec.config()).iter().any(|s| {
-                s.selector.matches(&labels)
-                    || before.as_ref().is_some_and(|b| s.selector.matches(b))
-            });
+            let selects = convert::endpoint_sources(&r.spec.resources)
+                .iter()
+                .any(|s| {
+                    s.selector.matches(&labels)
+                        || before.as_ref().is_some_and(|b| s.selector.matches(b))
+                });
             if selects && triggers.send(ObjectRef::from_obj(&*r)).await.is_err() {
                 return;
             }

@@ -19,6 +19,60 @@ use marin3r_api::envoy_config_revision::{
 };
 use marin3r_envoyconfig::{convert, rules};
 
+/// Why a revision cannot be loaded into the xDS cache. The variant is the reason its
+/// `ResourcesOutOfSync` condition gives ([`LoadError::reason`]); the message, with its
+/// causes ([`marin3r_controller::chain`]), names the field and the object.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LoadError {
+    /// Its resources no longer convert (the spec was written past the webhook, or by an older
+    /// marin3r that let it through).
+    #[error("invalid resources: {}", join(.0))]
+    InvalidResources(Vec<convert::ConversionError>),
+    /// A Secret of another namespace, which the discovery service does not allow.
+    #[error("{0}")]
+    SecretForbidden(String),
+    #[error("{path}: Secret {namespace}/{name} not found")]
+    SecretNotFound {
+        path: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("{path}: Secret {namespace}/{name}")]
+    SecretInvalid {
+        path: String,
+        namespace: String,
+        name: String,
+        source: convert::SecretDataError,
+    },
+    #[error("{path}")]
+    EndpointsInvalid {
+        path: String,
+        #[source]
+        source: convert::EndpointsError,
+    },
+    /// The xDS cache refused the resources together (two of one type with one name).
+    #[error("the resources cannot be served together")]
+    Snapshot(#[source] marin3r_xds::SnapshotError),
+}
+
+impl LoadError {
+    /// The reason of the revision's sync conditions and of its Warning.
+    pub(super) fn reason(&self) -> RevisionReason {
+        match self {
+            Self::InvalidResources(_) | Self::Snapshot(_) => RevisionReason::InvalidResources,
+            Self::SecretForbidden(_) => RevisionReason::SecretForbidden,
+            Self::SecretNotFound { .. } => RevisionReason::SecretNotFound,
+            Self::SecretInvalid { .. } => RevisionReason::SecretInvalid,
+            Self::EndpointsInvalid { .. } => RevisionReason::EndpointsInvalid,
+        }
+    }
+}
+
+fn join(errors: &[convert::ConversionError]) -> String {
+    let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    all.join("; ")
+}
+
 /// The revision's snapshot and its secrets version (`<version>-<hash of the loaded
 /// secrets>`), or why it cannot be served. `secrets` are the referenced Secrets, in order.
 pub(super) fn snapshot_for(
@@ -26,23 +80,29 @@ pub(super) fn snapshot_for(
     secrets: &[Option<Secret>],
     slices: &[Vec<EndpointSlice>],
     allow_cross_namespace_secrets: bool,
-) -> Result<(Snapshot, String), String> {
-    let mut resources = convert::validate_config(&r.spec.config()).map_err(|errors| {
-        let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        format!("invalid resources: {}", all.join("; "))
-    })?;
+) -> Result<(Snapshot, String), LoadError> {
+    let config = r.spec.config();
+    let mut resources = convert::validate_config(&config).map_err(LoadError::InvalidResources)?;
     let own = r.namespace().unwrap_or_default();
     let mut hasher = Sha256::new();
-    let sources = convert::secret_sources(&r.spec.config());
-    for (source, secret) in sources.iter().zip(secrets) {
-        let path = &source.path;
-        let ns = source.namespace.as_deref().unwrap_or(&own);
-        let secret_name = &source.secret_name;
+    for (source, secret) in convert::secret_sources(&config.envoy_resources, &config.resources)
+        .iter()
+        .zip(secrets)
+    {
         if let Some(problem) = rules::foreign_secret(source, &own, allow_cross_namespace_secrets) {
-            return Err(problem);
+            return Err(LoadError::SecretForbidden(problem));
         }
+        let (path, namespace, name) = (
+            source.path.clone(),
+            source.namespace.clone().unwrap_or_else(|| own.clone()),
+            source.secret_name.clone(),
+        );
         let Some(secret) = secret else {
-            return Err(format!("{path}: Secret {ns}/{secret_name} not found"));
+            return Err(LoadError::SecretNotFound {
+                path,
+                namespace,
+                name,
+            });
         };
         let data: BTreeMap<String, Vec<u8>> = secret
             .data
@@ -50,17 +110,28 @@ pub(super) fn snapshot_for(
             .flatten()
             .map(|(k, v)| (k.clone(), v.0.clone()))
             .collect();
-        let resource = convert::secret_resource(source, secret.type_.as_deref(), &data)
-            .map_err(|e| format!("{path}: Secret {ns}/{secret_name} {e}"))?;
+        let resource =
+            convert::secret_resource(source, secret.type_.as_deref(), &data).map_err(|source| {
+                LoadError::SecretInvalid {
+                    path,
+                    namespace,
+                    name,
+                    source,
+                }
+            })?;
         hasher.update(&resource.body);
         resources.push(resource);
     }
-    for (source, slices) in convert::endpoint_sources(&r.spec.config())
+    for (source, slices) in convert::endpoint_sources(&config.resources)
         .iter()
         .zip(slices)
     {
-        let resource = convert::endpoints_from_slices(source, slices)
-            .map_err(|e| format!("{}: {e}", source.path))?;
+        let resource = convert::endpoints_from_slices(source, slices).map_err(|e| {
+            LoadError::EndpointsInvalid {
+                path: source.path.clone(),
+                source: e,
+            }
+        })?;
         resources.push(resource);
     }
     let secrets_hash: String = hasher
@@ -72,7 +143,7 @@ pub(super) fn snapshot_for(
     let secrets_version = format!("{}-{secrets_hash}", r.spec.version);
     // Envoy sees the SDS version as `<revision>-<hash of the secrets>` (SPEC §2.4): it
     // changes with the revision and whenever a referenced Secret does.
-    let snapshot = Snapshot::new(resources).map_err(|e| e.to_string())?;
+    let snapshot = Snapshot::new(resources).map_err(LoadError::Snapshot)?;
     Ok((
         snapshot.with_version(ResourceType::Secret, secrets_version.clone()),
         secrets_version,
@@ -82,7 +153,7 @@ pub(super) fn snapshot_for(
 /// The `ResourcesInSync` and `ResourcesOutOfSync` conditions after a load, and a Warning when the problem is new.
 pub(super) fn load_status(
     r: &EnvoyConfigRevision,
-    loaded: &Result<(Snapshot, String), String>,
+    loaded: &Result<(Snapshot, String), LoadError>,
 ) -> (EnvoyConfigRevisionStatus, Option<Note>) {
     let mut status = r.status.clone().unwrap_or_default();
     if let Ok((snapshot, _)) = loaded {
@@ -97,7 +168,7 @@ pub(super) fn load_status(
                 r.spec.node_id
             ),
         ),
-        Err(message) => (false, RevisionReason::LoadFailed, message.clone()),
+        Err(e) => (false, e.reason(), marin3r_controller::chain(e)),
     };
     let now = crate::controllers::now();
     let changed = status.set_resources_sync(in_sync, reason, &message, r.metadata.generation, &now);
@@ -133,6 +204,58 @@ mod tests {
         status.conditions.iter().find(|c| c.type_ == type_).unwrap()
     }
 
+    /// Each kind of failure has a reason of its own, every one of which the EnvoyConfig
+    /// controller reads as "cannot be served", and a message naming the field with its cause.
+    #[test]
+    fn each_load_error_picks_its_reason_and_keeps_its_cause() {
+        use marin3r_api::envoy_config_revision::is_load_failure;
+        let path = || "spec.resources[1]".to_owned();
+        let (namespace, name) = (|| "team-a".to_owned(), || "tls".to_owned());
+        let errors = [
+            LoadError::InvalidResources(vec![convert::ConversionError {
+                path: path(),
+                message: "missing name".into(),
+                value_location: None,
+            }]),
+            LoadError::SecretForbidden("spec.resources[1].namespace: another namespace".into()),
+            LoadError::SecretNotFound {
+                path: path(),
+                namespace: namespace(),
+                name: name(),
+            },
+            LoadError::SecretInvalid {
+                path: path(),
+                namespace: namespace(),
+                name: name(),
+                source: convert::SecretDataError::NotTls("Opaque".into()),
+            },
+            LoadError::EndpointsInvalid {
+                path: path(),
+                source: convert::EndpointsError::NoPort("http".into()),
+            },
+        ];
+        let reasons: std::collections::BTreeSet<String> =
+            errors.iter().map(|e| e.reason().to_string()).collect();
+        assert_eq!(reasons.len(), errors.len(), "{reasons:?}");
+        assert!(reasons.iter().all(|r| is_load_failure(r)), "{reasons:?}");
+        let messages: Vec<String> = errors
+            .iter()
+            .map(|e| marin3r_controller::chain(e))
+            .collect();
+        assert_eq!(
+            messages[3],
+            "spec.resources[1]: Secret team-a/tls: its type is \"Opaque\", not kubernetes.io/tls"
+        );
+        assert_eq!(
+            messages[4],
+            "spec.resources[1]: no EndpointSlice matching the selector has a port named \"http\""
+        );
+        assert_eq!(
+            messages[0],
+            "invalid resources: spec.resources[1]: missing name"
+        );
+    }
+
     /// HEAD tooling waits on `ResourcesInSync`, v0.6 tooling on `ResourcesOutOfSync`: both
     /// are written on every load, opposite, with one reason and message.
     #[test]
@@ -158,8 +281,13 @@ mod tests {
         assert_eq!(in_sync.reason, "ResourcesLoaded");
 
         r.status = Some(status);
-        let (mut status, note) = load_status(&r, &Err("Secret team-a/x not found".into()));
-        assert_eq!(note.unwrap().reason, "LoadFailed");
+        let missing = LoadError::SecretNotFound {
+            path: "spec.envoyResources.secrets[0]".into(),
+            namespace: "team-a".into(),
+            name: "x".into(),
+        };
+        let (mut status, note) = load_status(&r, &Err(missing));
+        assert_eq!(note.unwrap().reason, "SecretNotFound");
         let (in_sync, out) = (
             condition(&status, RESOURCES_IN_SYNC),
             condition(&status, RESOURCES_OUT_OF_SYNC),
@@ -168,7 +296,10 @@ mod tests {
             (in_sync.status.as_str(), out.status.as_str()),
             ("False", "True")
         );
-        assert_eq!(in_sync.message, "Secret team-a/x not found");
+        assert_eq!(
+            in_sync.message,
+            "spec.envoyResources.secrets[0]: Secret team-a/x not found"
+        );
 
         // Unpublished: only HEAD's condition goes, as in HEAD.
         assert!(status.clear_resources_in_sync());

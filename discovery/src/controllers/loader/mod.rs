@@ -56,7 +56,7 @@ pub(crate) async fn run(
     let controller = ctx.watch_namespaces(controller);
     // Secret changes reach the controller through `triggers` (see `watch_secrets`).
     let controller = controller.reconcile_on(ReceiverStream::new(triggers));
-    // A retired revision still served hands its node back to the published one (N5).
+    // A retired revision still served hands its node back to the published one.
     let (reloads_tx, reloads) = mpsc::channel(256);
     let controller = controller.reconcile_on(ReceiverStream::new(reloads));
     let reconcile = move |r, ctx| reconcile(r, ctx, reloads_tx.clone());
@@ -126,10 +126,11 @@ async fn reconcile(
             }
             Action::await_change()
         }
-        Err(message) => {
+        Err(e) => {
             // What was served stays served: a missing Secret must not take a proxy's
             // configuration away.
-            warn!(revision = %name, %message, "cannot load revision");
+            let error = marin3r_controller::chain(e);
+            warn!(revision = %name, %error, "cannot load revision");
             Action::requeue(LOAD_RETRY)
         }
     };
@@ -290,7 +291,7 @@ async fn observe_secrets(
 ) -> Result<Vec<Option<Secret>>, Error> {
     let own = r.namespace().unwrap_or_default();
     let mut secrets = Vec::new();
-    for source in convert::secret_sources(&r.spec.config()) {
+    for source in convert::secret_sources(&r.spec.envoy_resources, &r.spec.resources) {
         let allowed =
             rules::foreign_secret(&source, &own, ctx.config.allow_cross_namespace_secrets)
                 .is_none();

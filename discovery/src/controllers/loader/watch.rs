@@ -270,7 +270,7 @@ fn references(r: &EnvoyConfigRevision, ns: &str, name: &str) -> bool {
 /// The (namespace, name) of every Secret a revision references.
 fn secret_refs(r: &EnvoyConfigRevision) -> impl Iterator<Item = (String, String)> + '_ {
     let own = r.namespace().unwrap_or_default();
-    convert::secret_sources(&r.spec.config())
+    convert::secret_sources(&r.spec.envoy_resources, &r.spec.resources)
         .into_iter()
         .map(move |s| (s.namespace.unwrap_or_else(|| own.clone()), s.secret_name))
 }
@@ -297,7 +297,7 @@ mod tests {
         r
     }
 
-    /// Issue 26, N9: a Secret event looks at the revisions of its own namespace only (their
+    /// A Secret event looks at the revisions of its own namespace only (their
     /// specs are not even read elsewhere), unless cross-namespace Secrets are allowed.
     #[test]
     fn a_secret_event_concerns_the_published_revisions_of_its_namespace() {
