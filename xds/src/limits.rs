@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(c1.0.load(Ordering::SeqCst), 0);
     }
 
-    /// Issue 26, N12: connections are capped per namespace, not only streams.
+    /// Connections are capped per namespace, not only streams.
     #[test]
     fn connections_are_counted_per_namespace_and_given_back() {
         let counts = Arc::new(NamespaceConnections::default());
@@ -489,7 +489,7 @@ mod tests {
         assert_eq!((held.total, gauge.get()), (0, 0));
     }
 
-    /// Issue 36, R11: no namespace is over its budget, but together they are over the
+    /// No namespace is over its budget, but together they are over the
     /// process's; each gauge shows its own charges.
     #[test]
     fn bytes_over_every_namespace_are_refused_past_the_process_budget() {

@@ -4,7 +4,7 @@
 //! against its namespace's and the process's byte budgets (`marin3r_xds_request_bytes`), and
 //! it must arrive whole within [`Limits::request_timeout`] of its first bytes. Before this a
 //! client could make every stream hold up to a request's size, uncounted, for as long as it
-//! liked (issue 36, R4).
+//! liked.
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(requests.message().await.unwrap(), None);
     }
 
-    /// Issue 36, R4: a request begun is charged its declared length, refused past the
+    /// a request begun is charged its declared length, refused past the
     /// namespace's budget at its prefix, and must be finished within its deadline.
     #[tokio::test]
     async fn a_request_begun_is_charged_refused_past_the_budget_and_timed() {

@@ -17,11 +17,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::cache::Cache;
-use super::http;
 use super::limits::{Limits, NamespaceBytes, NamespaceConnections, NamespaceStreams};
 use super::metrics::Metrics;
 use super::status::{NackEvent, StatusRegistry, SyncStatus};
 use super::stream::Shared;
+use super::sync_status;
 use super::tls::{self, TlsSource};
 use super::wire::AdsService;
 
@@ -159,7 +159,7 @@ impl Server {
     /// `/sync-status`, for the admin port: it names every tenant's proxies and shows their
     /// NACK texts, so it is served on loopback only, never on the network.
     pub fn admin_router(&self) -> axum::Router {
-        http::admin_router(self.shared.status.clone())
+        sync_status::admin_router(self.shared.status.clone())
     }
 
     /// Serves ADS on `listener` until `shutdown` completes, then ends every stream and waits

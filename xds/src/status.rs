@@ -175,7 +175,7 @@ impl StatusRegistry {
     /// Proxies, not streams: the streams of one [`proxy_identity`] (one peer address) count
     /// once (rejecting when any of them rejected), so a holder of the namespace's certificate
     /// opening many streams under a node id, whatever pod names they declare, gets one vote,
-    /// not one per stream (issue 26, N8; issue 36, R10).
+    /// not one per stream.
     pub fn tally(
         &self,
         namespace: &str,
@@ -205,7 +205,7 @@ impl StatusRegistry {
 /// address (not the port, which changes with each connection). Not the node metadata
 /// `pod_name`, which is whatever the client declares: one holder of the namespace's
 /// certificate naming a new pod on each stream would count as many proxies, diluting a
-/// taint with ACKs or forcing one with NACKs (issue 36, R10). A pod's IP is its own, and
+/// taint with ACKs or forcing one with NACKs. A pod's IP is its own, and
 /// every stream of one Envoy comes from it; proxies sharing an address (host-network pods
 /// of one node, clients behind one NAT) count as one.
 pub(crate) fn proxy_identity(p: &ProxyStatus) -> String {
@@ -265,7 +265,7 @@ mod tests {
         assert!(reg.snapshot().proxies.is_empty());
     }
 
-    /// Issue 26, N8 and issue 36, R10: one client opening several streams under a node id
+    /// one client opening several streams under a node id
     /// is one proxy, whether it ACKs (to hold back a taint) or NACKs (to force one), and
     /// whatever pod name each stream declares: proxies are told apart by peer address.
     #[test]

@@ -546,7 +546,7 @@ mod tests {
     /// Every connected proxy keeps one such future for the life of its stream, sized for the
     /// largest state it can be in: the rare paths (the first request, handling a request,
     /// a push, a refusal) are boxed, and no request is held in it. It was 5.7 KiB (SotW) and
-    /// 6.2 KiB (delta) before issue 15's measurements; `-Zprint-type-sizes` shows what it holds.
+    /// 6.2 KiB (delta) before it was measured; `-Zprint-type-sizes` shows what it holds.
     #[test]
     fn stream_task_futures_are_small() {
         let sotw = future_size(run::<SotwState>);

@@ -420,7 +420,7 @@ mod tests {
             None
         );
         assert_eq!(namespace_of(b"not a certificate"), None);
-        // Reliability review F18: another trust domain, or two namespaces, is no identity.
+        // another trust domain, or two namespaces, is no identity.
         assert_eq!(
             namespace_of(&der(vec![spiffe_id("evil.example", "team-a")])),
             None

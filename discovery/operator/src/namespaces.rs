@@ -98,8 +98,8 @@ pub fn plan(
 }
 
 /// Whether a change to the Namespace `ns` may change what `ds` (of `scope`) serves, so a
-/// Namespace event reconciles only the discovery services it concerns rather than every one
-/// (issue 26, N10). A namespace-scoped one is concerned by its own namespace only; a
+/// Namespace event reconciles only the discovery services it concerns rather than every one.
+/// A namespace-scoped one is concerned by its own namespace only; a
 /// cluster-scoped one by a namespace it lists, one labelled for it (by a user, or by the
 /// operator on its behalf), or one it serves now, which may have to leave.
 pub fn concerns(ds: &DiscoveryService, scope: Scope, ns: &Namespace) -> bool {

@@ -111,7 +111,7 @@ fn dechunk(mut rest: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    /// Issue 36, R12: an error answer is printed escaped, and only its start.
+    /// An error answer is printed escaped, and only its start.
     #[test]
     fn an_error_answer_is_escaped_and_cut() {
         let mut answer = b"HTTP/1.1 500 \x1b[2JBad\r\nServer: x\r\n\r\n\x1b]0;pwned\x07".to_vec();

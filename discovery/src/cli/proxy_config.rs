@@ -377,7 +377,7 @@ mod tests {
              clusters   app    dynamic   c1        -\n"
         );
         assert_eq!(query_escape("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
-        // Issue 36, R12: names from a pod's answer cannot drive the terminal.
+        // Names from a pod's answer cannot drive the terminal.
         let sly = Entry {
             kind: "clusters".into(),
             name: "app\u{1b}[2J\n".into(),

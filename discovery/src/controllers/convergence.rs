@@ -104,7 +104,7 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             () = tokio::time::sleep(PERIOD) => {}
         }
         let store = ctx.index.configs.store();
-        // During an API outage the list never comes: stop must still end this (R6).
+        // During an API outage the list never comes: stop must still end this.
         let listed = tokio::select! {
             () = &mut stop => return,
             listed = super::listed(&store) => listed,
@@ -201,7 +201,7 @@ pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             () = tokio::time::sleep(PERIOD) => {}
         }
         let store = ctx.index.configs.store();
-        // During an API outage the list never comes: stop must still end this (R6).
+        // During an API outage the list never comes: stop must still end this.
         let listed = tokio::select! {
             () = &mut stop => return,
             listed = super::listed(&store) => listed,

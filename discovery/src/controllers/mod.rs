@@ -354,7 +354,7 @@ pub async fn run_stepping_down(
     stepping_down.abort();
     stop.cancel();
     // The watches end first: whatever still waits for a first list (during an API outage it
-    // never comes) is told the watch is gone instead of waiting for good (issue 36, R6).
+    // never comes) is told the watch is gone instead of waiting for good.
     for watch in &watches {
         watch.abort();
     }

@@ -113,7 +113,7 @@ fn defuse_value(value: &mut serde_json::Value) {
 mod tests {
     use super::*;
 
-    /// Issue 36, R12: a pod's answer cannot drive the terminal it is printed on.
+    /// A pod's answer cannot drive the terminal it is printed on.
     #[test]
     fn control_characters_from_a_pod_are_escaped() {
         assert_eq!(printable("plain"), "plain");

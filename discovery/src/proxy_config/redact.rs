@@ -2,7 +2,7 @@
 //! their values become `"[redacted]"`, at any depth, on both sides of a comparison (Envoy
 //! already redacts private keys in its own dump, in its own way).
 //!
-//! A field is secret for what it is, not for its name alone (issue 36, R12): a TLS `Secret`
+//! A field is secret for what it is, not for its name alone: a TLS `Secret`
 //! or `TlsCertificate` keeps only its public parts, an HTTP header value is redacted when its
 //! name says it carries credentials, `api_key_auth` keys and `basic_auth` users are redacted
 //! in their filters' configs; and any field whose name looks secret (`*secret*`,
@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(secret["listeners"][0]["private_key"], REDACTED);
     }
 
-    /// Issue 36, R12: secrets under field names no list of keys named, found by what the
+    /// Secrets under field names no list of keys named, found by what the
     /// field is.
     #[test]
     fn secrets_are_found_by_what_a_field_is() {

@@ -1,12 +1,12 @@
-//! SIGTERM during an API server outage (issue 26, N11): `marin3r discovery-service` and
+//! SIGTERM during an API server outage: `marin3r discovery-service` and
 //! `marin3r operator` must exit within their grace period even though their controllers never
 //! listed anything, whether the API server refuses connections (down) or accepts them and
 //! never answers (unreachable behind a black hole). Before the fix they stayed up until
 //! SIGKILL: kube's controller runner waits for its store to be ready before it ends.
 //! And the same after several seconds of outage, once every watch is backing off and the
-//! controllers wait for their first list (issue 36, R6: only SIGTERM within the first half
+//! controllers wait for their first list (only SIGTERM within the first half
 //! second was tested, and a later one was ignored until SIGKILL).
-//! And the controllers' client against a request that is never answered (issue 26, N6).
+//! And the controllers' client against a request that is never answered.
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -225,7 +225,7 @@ fn the_operator_exits_on_sigterm_seconds_into_an_outage() {
     operator(Outage::Refused, true, LATE);
 }
 
-/// Issue 26, N6: the controllers' client fails a request that is never answered after its
+/// The controllers' client fails a request that is never answered after its
 /// read timeout instead of waiting for good, while a watch through the same client stays
 /// open past that timeout and still delivers (watches keep kube's idle deadline instead).
 #[test]

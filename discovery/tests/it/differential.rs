@@ -1,4 +1,4 @@
-//! The differential harness (issue 25): marin3r's verdict on an EnvoyConfig must be real
+//! The differential harness: marin3r's verdict on an EnvoyConfig must be real
 //! Envoy's. A corpus the project writes itself, from Envoy's documented API, plus mutations of
 //! it generated here (fields removed, lists emptied, enums in lower case, list items
 //! duplicated, extensions given by name only, a single object for a one-element list); each

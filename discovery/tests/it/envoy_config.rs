@@ -233,7 +233,7 @@ fn the_same_node_id_in_two_namespaces_gets_each_namespace_its_own_config() {
     assert!(!listeners.contains(&p2.to_string()), "{listeners}");
 }
 
-/// Reliability review F16: two configs of one node id were both published and the proxy got
+/// Two configs of one node id were both published and the proxy got
 /// whichever reconciled last. The second is refused, naming the first, and takes over when
 /// the first is deleted.
 #[test]

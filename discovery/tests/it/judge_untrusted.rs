@@ -1,4 +1,4 @@
-//! A tenant's EnvoyConfig is untrusted input, and some of it is code. The review's R1 put a
+//! A tenant's EnvoyConfig is untrusted input, and some of it is code. A review put a
 //! Lua filter in one that read the discovery pod's server key and raised it as an error:
 //! Envoy's validate mode ran it, and the key came back in the admission denial. Here the
 //! same attack, plus a file written, a process forked and a connection opened, goes through
@@ -51,7 +51,7 @@ impl Bait {
         self.dir.path().join("written")
     }
 
-    /// The R1 script, and more: read the key, write a file, fork a sleeper, connect out, and
+    /// That script, and more: read the key, write a file, fork a sleeper, connect out, and
     /// raise what was read as the error Envoy reports.
     fn script(&self) -> String {
         let port = self.listener.local_addr().unwrap().port();

@@ -89,7 +89,7 @@ fn the_controllers_open_one_watch_per_kind() {
     }
 }
 
-/// Issue 26, N9: the Secrets of a served namespace are listed and watched without the types
+/// The Secrets of a served namespace are listed and watched without the types
 /// no revision is served from (Helm releases, ServiceAccount tokens): the API server leaves
 /// them out, so a namespace full of them costs the discovery pod nothing.
 #[test]

@@ -239,7 +239,7 @@ fn rotated_client_certificate_is_presented_without_a_restart() {
     );
 }
 
-/// Reliability review F18: a connection lived until the proxy went away, so a renewed CA or a
+/// A connection lived until the proxy went away, so a renewed CA or a
 /// disabled namespace was never checked again. Past its age it is closed; Envoy reconnects,
 /// keeps serving meanwhile and follows the next change over the new connection.
 #[test]

@@ -1,4 +1,4 @@
-//! What judging a 100-resource EnvoyConfig costs (issue 25): marin3r's own checks (what the
+//! What judging a 100-resource EnvoyConfig costs: marin3r's own checks (what the
 //! validating webhook runs at admission), then the same with real Envoy as the last judge
 //! (what `marin3r validate` runs when an Envoy binary is at hand), before and after adding it.
 

@@ -10,7 +10,7 @@ struct Args {
     scale: f64,
     /// Run only these benchmarks (comma separated: certs, convert, validation, admission, xds,
     /// soak, abuse); all but soak and abuse by default. abuse mounts the review's N1 and N2 attacks
-    /// on the release `marin3r discovery-service` (issue 26; a few minutes).
+    /// on the release `marin3r discovery-service` (a few minutes).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// How long the soak churns pods, updates the EnvoyConfig and injects faults (e.g.

@@ -1,4 +1,4 @@
-//! `marin3r-slow-envoy`: the judge flood's stand-in Envoy (`hack/bench --only abuse`, R3).
+//! `marin3r-slow-envoy`: the judge flood's stand-in Envoy (`hack/bench --only abuse`).
 //! It answers `--version` as Envoy 1.40.0 and accepts every config, as Envoy's validate mode
 //! says so; a config naming `bench-slow-judge` takes 5 s first. A compiled program, not a
 //! script: the judge's sandbox lets the Envoy it runs read its own binary and the system

@@ -1,6 +1,6 @@
 //! Clients of the admission webhook's HTTPS server, well-behaved and not: TLS from a chosen
 //! loopback address (so one process can be several clients by address), and HTTP/2
-//! connections holding requests whose bodies never end (issue 26, N2). The webhook's own
+//! connections holding requests whose bodies never end. The webhook's own
 //! tests and the `abuse` benchmark share them.
 
 use std::convert::Infallible;

@@ -590,7 +590,7 @@ async fn each_trigger_reissues_exactly_once() {
         .await;
 
     // 5. The Secret made immutable (a namespace admin may): the renewal replaces it whole
-    //    rather than failing on it for ever (issue 26, N4).
+    //    rather than failing on it for ever.
     let freeze = json!({"immutable": true});
     env.secrets(&env.ns)
         .patch(
@@ -1038,7 +1038,7 @@ async fn converges_through_dropped_watches_and_api_errors() {
         .await;
 }
 
-/// Issue 26, N6: a request that is never answered (its connection died without a reset)
+/// a request that is never answered (its connection died without a reset)
 /// holds its reconcile only until the reconcile's deadline; the retry, on a fresh request,
 /// issues the certificate. With no deadline the reconcile waits for good, and the object is
 /// never reconciled again.

@@ -2,17 +2,17 @@
 //! namespace, two tenants (namespaces of the scenario), one of them hostile. Tenant A's namespace admin holds
 //! A's client certificate (a Secret of their namespace) and may run pods on the pod network;
 //! they try what the reliability review found, all at once: webhook connections held with
-//! slow bodies from several pods, reopened as the webhook closes them, for the whole test
-//! (N2); tenant B's shutdown manager asked to drain and stop B's Envoy (N3); xDS
-//! subscriptions that would make the discovery pod hold gigabytes (N1); more xDS connections
-//! than the namespace may have, held idle (N12, against the discovery pod's cap, 4,096, the
+//! slow bodies from several pods, reopened as the webhook closes them, for the whole test;
+//! tenant B's shutdown manager asked to drain and stop B's Envoy; xDS subscriptions that
+//! would make the discovery pod hold gigabytes; more xDS connections
+//! than the namespace may have, held idle (against the discovery pod's cap, 4,096, the
 //! default: opened 64 at a time from the host); and A's client-certificate Secret made immutable,
-//! which stalled renewals and CA rotations (N4). Meanwhile B's Envoy keeps its config and
+//! which stalled renewals and CA rotations. Meanwhile B's Envoy keeps its config and
 //! takes an update, B's pods keep being admitted and injected, each within a second, no
 //! connection of B is refused, B's certificate is left alone, A's frozen one is renewed all
 //! the same, and the discovery pod's own accounting stays within its bounds.
 //!
-//! Not tried: holding B's NACK tally (N8). A tally is kept per namespace and node id, and
+//! Not tried: holding B's NACK tally. A tally is kept per namespace and node id, and
 //! A's certificate names namespace A, so no stream of A reports for B's proxies; what A's
 //! streams claim stays within A.
 
@@ -242,7 +242,7 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     let b_cert_before = secrets_b.get(CLIENT_CERT).await.unwrap();
     println!("set up in {:?}", started.elapsed());
 
-    // N2 and N3: tenant A's pods hold slow webhook connections; the first calls B's manager.
+    // Tenant A's pods hold slow webhook connections; the first calls B's manager.
     let attack_began = Instant::now();
     for i in 0..ATTACKERS {
         let attacker = attacker_pod(a, i, &discovery_ip, &pod_ip(&victim));
@@ -282,7 +282,7 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     let evicted_before = evictions().await;
     let mut admissions = vec![admit(&pods_b, b, "b-dry-1", false).await];
 
-    // N1: tenant A's subscriptions, over the name size and over the namespace's budget.
+    // Tenant A's subscriptions, over the name size and over the namespace's budget.
     let tls_a = client_tls(&client, a, &xds_server_name).await;
     let mut held = Vec::new();
     if let Some(s) = subscribe(xds, &tls_a, 0, 1, 5000).await {
@@ -301,7 +301,7 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     );
     admissions.push(admit(&pods_b, b, "b-dry-2", false).await);
 
-    // N12: tenant A opens more connections than the namespace may have, and keeps them.
+    // Tenant A opens more connections than the namespace may have, and keeps them.
     let refused_connections = || {
         metric(
             &metrics(),
@@ -327,7 +327,7 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     assert!(refused_counted >= refused as f64, "{refused_counted}");
     admissions.push(admit(&pods_b, b, "b-dry-3", false).await);
 
-    // N4: A's admin freezes A's certificate Secret, then A's certificate is renewed (asked
+    // A's admin freezes A's certificate Secret, then A's certificate is renewed (asked
     // for here as `marin3r certs renew` asks: the renewal that would have stalled).
     let a_cert_before = text(&secrets_a.get(CLIENT_CERT).await.unwrap(), "tls.crt");
     let freeze = json!({"immutable": true});
@@ -411,7 +411,7 @@ async fn a_hostile_tenant_cannot_stop_another_tenants_proxies_or_pods() {
     );
     assert!(per_address >= 1.0, "{per_address}");
 
-    // N4: A's frozen Secret was replaced by its renewal; B's was not touched and is valid,
+    // A's frozen Secret was replaced by its renewal; B's was not touched and is valid,
     // and neither the operator nor the discovery pod ever restarted.
     let a_cert = until(
         "A's frozen certificate Secret to be renewed",

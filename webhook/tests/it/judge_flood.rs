@@ -3,7 +3,7 @@
 //! seconds) must hold up neither another tenant's pod admissions nor its EnvoyConfig
 //! validations: injections have their own capacity, validations take turns by namespace, and
 //! the flooding tenant's excess is refused at once (429) instead of filling the address's
-//! request share (reliability review R3).
+//! request share.
 
 use crate::support;
 

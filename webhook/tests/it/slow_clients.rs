@@ -281,7 +281,7 @@ async fn stalled_connections_from_several_addresses_make_room_for_a_new_one() {
 /// A connection just accepted has not had time to send its first request: it is not idle to
 /// a connection waiting for its slot. The local API server opens one connection per call;
 /// while attackers kept every slot wanted, one was closed between its handshake and its
-/// request, and the pod creation failed (found by the tenants e2e test, issue 26 N2).
+/// request, and the pod creation failed (found by the tenants e2e test).
 #[tokio::test]
 async fn a_new_connection_keeps_its_slot_for_its_first_request() {
     let pki = support::pki();
@@ -333,7 +333,7 @@ async fn keep_pressing(from: IpAddr, addr: SocketAddr, ca_pem: String) {
 
 /// A review whose decision takes two seconds (Envoy judging a large config) is in flight with
 /// its body read in full: under the pressure of slow-body connections from several addresses,
-/// it is answered, not dropped as stalled (reliability review R5: the stall rule counted
+/// it is answered, not dropped as stalled (the stall rule counted
 /// slow decisions as stalled requests, and the API server's review failed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowly_decided_review_is_answered_under_slow_body_pressure() {

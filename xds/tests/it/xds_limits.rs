@@ -164,7 +164,7 @@ fn one_namespace_at_its_limit_does_not_stop_another() {
     assert_eq!(refused(&server, "streams_per_namespace"), 1.0);
 }
 
-/// Issue 26, N12: a namespace's certificate holds at most so many connections, idle ones
+/// A namespace's certificate holds at most so many connections, idle ones
 /// included; a connection over the cap is closed after its handshake and counted, another
 /// namespace is unaffected, and a closed connection gives its place back.
 #[test]

@@ -1,4 +1,4 @@
-//! Requests begun and never finished (issue 36, R4 and R11): each is charged its declared
+//! Requests begun and never finished: each is charged its declared
 //! length from its length prefix on, against its namespace's budget and the process's, shown
 //! in `marin3r_xds_request_bytes`, and must arrive whole within the request deadline. Before,
 //! every stream could hold up to a request's size, uncounted, until the client left.

@@ -83,7 +83,7 @@ fn clients_without_a_valid_namespace_certificate_are_refused() {
     }
 }
 
-/// Issue 36, R10: one holder of the namespace's certificate opening streams that each
+/// One holder of the namespace's certificate opening streams that each
 /// claim another pod is one proxy in the NACK tally, not one per claimed pod; another
 /// address is another proxy.
 #[test]

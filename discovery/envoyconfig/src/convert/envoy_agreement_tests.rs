@@ -1,4 +1,4 @@
-//! Verdicts that must be Envoy's (issue 25): what Envoy 1.40 accepts that a descriptor-only
+//! Verdicts that must be Envoy's: what Envoy 1.40 accepts that a descriptor-only
 //! check refused (types outside the `envoy.*` packages, an empty `Any`), and what it refuses
 //! that parsing alone let through (an extension given by name only).
 

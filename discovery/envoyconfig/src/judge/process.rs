@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_child_holding_the_pipes_neither_outlives_the_deadline_nor_the_run() {
-        // The review's R2: a grandchild keeps Envoy's stdout open and sleeps.
+        // A grandchild keeps Envoy's stdout open and sleeps.
         let marker = format!("{}.{}", 40 + std::process::id() % 50, std::process::id());
         let (ended, took) = run_with(
             &format!("sleep {marker} & echo started; exec sleep {marker}"),

@@ -214,7 +214,7 @@ fn the_discovery_pod_meets_pod_security_restricted_as_the_images_user() {
 }
 
 /// The judge writes each bootstrap to a temporary folder: on a read-only root that is a
-/// memory-backed emptyDir of bounded size (the review's R9: configs over 120 KiB were never
+/// memory-backed emptyDir of bounded size (configs over 120 KiB were never
 /// judged in a real pod). Without `resources` in the spec, the pod still has a memory limit.
 #[test]
 fn the_discovery_pod_has_a_bounded_temporary_folder_and_memory() {

@@ -82,7 +82,7 @@ pub fn plan(
 
 /// The revision the proxies are served while `publish` has not loaded (its load failed, or
 /// it was published a moment ago): the newest whose last load succeeded. A running replica
-/// keeps serving it until a successor loads, and deleting it would unload it (issue 26, N7).
+/// keeps serving it until a successor loads, and deleting it would unload it.
 fn served<'a>(
     revisions: &'a [String],
     publish: &str,
@@ -117,7 +117,7 @@ mod tests {
         super::plan(current, existing, desired, tainted, &BTreeSet::new(), limit)
     }
 
-    /// Issue 26, N7: ten versions in a row that fail to load leave the last one that loaded
+    /// Ten versions in a row that fail to load leave the last one that loaded
     /// served by every running replica; the limit drops the next oldest instead of it.
     #[test]
     fn the_limit_never_drops_the_revision_still_served_after_failed_loads() {

@@ -1,4 +1,4 @@
-//! The attacks of the 2026-11-25 reliability review, N1 and N2 (issue 26), and of the
+//! The attacks of the 2026-11-25 reliability review, N1 and N2, and of the
 //! 2026-11-27 one, R3 (the judge flood) and R4 (requests begun and never finished; issue
 //! 36), mounted at full
 //! scale against a release `marin3r discovery-service` process: real mutual TLS from a test

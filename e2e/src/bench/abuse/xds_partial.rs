@@ -1,4 +1,4 @@
-//! R4 (issue 36): a holder of one namespace's client certificate opens SotW streams, sends
+//! R4: a holder of one namespace's client certificate opens SotW streams, sends
 //! a valid first request on each, then a gRPC length prefix declaring a request of almost
 //! the largest size and all of it but its last bytes, and holds it. The review's run was 20
 //! connections of 15 streams each: 338 MiB of RSS while the byte gauge read 0. Now each
