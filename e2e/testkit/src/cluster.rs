@@ -49,6 +49,8 @@ struct Alone {
 struct AloneState {
     /// A test has the turn.
     busy: bool,
+    /// Tests waiting for it.
+    waiting: usize,
     /// The in-cluster operator's replicas before a test stopped it (`Some(None)`: it is not
     /// installed); `None` while it runs as installed.
     stopped_from: Option<Option<String>>,
@@ -62,11 +64,28 @@ static ALONE: Mutex<BTreeMap<PathBuf, Arc<Mutex<Weak<Alone>>>>> = Mutex::new(BTr
 #[derive(Debug)]
 struct Turn(Arc<Alone>);
 
+/// How long a process keeps the cluster alone after its last such test: libtest starts the
+/// next test on the thread the last one freed, and one that needs the cluster alone too then
+/// joins at once instead of waiting behind every other process.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl Drop for Turn {
     fn drop(&mut self) {
+        // No test of this process waits: the operator runs again now, not when the hold
+        // ends (a process may exit before then, and nothing would start it).
+        let waiting = self.0.state().map(|s| s.waiting).unwrap_or_default();
+        if waiting == 0 {
+            let _ = self.0.start_operator();
+        }
         let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
         state.busy = false;
         self.0.turn_ended.notify_one();
+        drop(state);
+        let alone = Arc::clone(&self.0);
+        std::thread::spawn(move || {
+            std::thread::sleep(LINGER);
+            drop(alone);
+        });
     }
 }
 
@@ -332,6 +351,7 @@ impl Cluster {
                         file: held._file,
                         state: Mutex::new(AloneState {
                             busy: false,
+                            waiting: 0,
                             stopped_from: None,
                         }),
                         turn_ended: Condvar::new(),
@@ -342,12 +362,14 @@ impl Cluster {
             }
         };
         let mut state = alone.state()?;
+        state.waiting += 1;
         while state.busy {
             state = alone
                 .turn_ended
                 .wait(state)
                 .map_err(|_| anyhow!("the cluster's hold alone is poisoned"))?;
         }
+        state.waiting -= 1;
         state.busy = true;
         drop(state);
         Ok(Turn(alone))
@@ -632,6 +654,37 @@ mod tests {
             .collect();
         assert_eq!(order, ["next alone", "shared"]);
         next.join().unwrap();
+        shared.join().unwrap();
+    }
+
+    /// The next test libtest starts on a freed thread joins the hold alone if it comes within
+    /// the linger, before a hold asked for by another process meanwhile.
+    #[test]
+    fn a_test_alone_right_after_the_last_joins_its_hold() {
+        use std::time::Duration;
+        let throwaway = Throwaway::new();
+        let cluster = &throwaway.cluster;
+        let first = cluster.exclusive().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let shared = std::thread::Builder::new()
+            .name("a test of another process".into())
+            .spawn({
+                let cluster = cluster.clone();
+                move || {
+                    let held = cluster.shared().unwrap();
+                    tx.send(()).unwrap();
+                    drop(held);
+                }
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(first);
+        std::thread::sleep(Duration::from_millis(100));
+        let again = cluster.exclusive().unwrap();
+        assert!(rx.try_recv().is_err(), "another hold came in between");
+        drop(again);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the other hold once the linger ended");
         shared.join().unwrap();
     }
 

@@ -146,6 +146,25 @@ fn the_demo_story_succeeds_step_by_step() {
             && l.ends_with(" true")),
         "no started envoy-sidecar container:\n{sidecar}"
     );
+    // The demo's look-around names the native sidecar's log: the API server serves it.
+    let logs = Command::new(tools.join("kubectl"))
+        .args([
+            "logs",
+            "-n",
+            "demo",
+            "deployment/demo",
+            "-c",
+            "envoy-sidecar",
+        ])
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&logs.stdout);
+    assert!(
+        logs.status.success() && log.contains("lds: add/update listener"),
+        "kubectl logs -c envoy-sidecar: {log}{}",
+        String::from_utf8_lossy(&logs.stderr)
+    );
 }
 
 #[test]

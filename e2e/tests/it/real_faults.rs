@@ -27,12 +27,15 @@ fn restart(part: &str) {
     );
 }
 
-/// The EnvoyConfig's published version, once it is in sync.
+/// The EnvoyConfig's published version, once it is in sync with its current spec (the status
+/// is written after the proxies are served: an update seen through Envoy may not be in it
+/// yet).
 async fn published(configs: &Api<EnvoyConfig>) -> Option<String> {
-    let status = configs.get(NODE_ID).await.ok()?.status?;
-    (status.cache_state == Some(CacheState::InSync))
-        .then_some(status.published_version)
-        .flatten()
+    let ec = configs.get(NODE_ID).await.ok()?;
+    let status = ec.status?;
+    let version = status.published_version?;
+    (status.cache_state == Some(CacheState::InSync) && version == ec.spec.version())
+        .then_some(version)
 }
 
 #[tokio::test(flavor = "multi_thread")]

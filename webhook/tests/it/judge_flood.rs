@@ -20,6 +20,10 @@ const API_SERVER: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
 /// How long judging one of the flooding tenant's configs takes.
 const SLOW_JUDGE: Duration = Duration::from_secs(5);
 const FLOOD: usize = 300;
+/// Longer than an admission takes on a loaded machine (1.3 s seen with the whole suite
+/// running), shorter than being held up: waiting for a slot a flooding judgment holds takes
+/// `SLOW_JUDGE`, and a validation that waited its turn in vain is refused (429), not allowed.
+const NOT_HELD_UP: Duration = Duration::from_millis(2_500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_flooding_slow_validations_holds_up_no_other_tenants_admissions() {
@@ -61,10 +65,7 @@ async fn a_tenant_flooding_slow_validations_holds_up_no_other_tenants_admissions
         (200, &json!(true)),
         "{out}"
     );
-    assert!(
-        took < Duration::from_secs(1),
-        "the pod review took {took:?}"
-    );
+    assert!(took < NOT_HELD_UP, "the pod review took {took:?}");
     let started = Instant::now();
     let config = envoy_config_review("uid-team-b", "team-b");
     let (status, out) = h2_post(&api, VALIDATE_ENVOY_CONFIG_PATH, &config)
@@ -76,10 +77,7 @@ async fn a_tenant_flooding_slow_validations_holds_up_no_other_tenants_admissions
         (200, &json!(true)),
         "{out}"
     );
-    assert!(
-        took < Duration::from_secs(1),
-        "team-b's validation took {took:?}"
-    );
+    assert!(took < NOT_HELD_UP, "team-b's validation took {took:?}");
 
     // The flooding tenant's own writes: a few judged, the rest refused with 429, every one
     // answered (in the first burst, some may have found the address's request share full).
