@@ -65,6 +65,11 @@ impl Report {
         self.lines.iter().filter(failed).count()
     }
 
+    fn warnings(&self) -> usize {
+        let warned = |(_, v): &&(String, Verdict)| matches!(v, Verdict::Warn(..));
+        self.lines.iter().filter(warned).count()
+    }
+
     fn render(&self) -> String {
         let mut out = String::new();
         for (check, verdict) in &self.lines {
@@ -78,11 +83,14 @@ impl Report {
                 }
             };
         }
-        let failures = self.failures();
-        let _ = if failures == 0 {
-            writeln!(out, "\nAll {} checks passed.", self.lines.len())
-        } else {
-            writeln!(out, "\n{failures} of {} checks failed.", self.lines.len())
+        // A warning is never counted as a pass.
+        let (all, failures, warnings) = (self.lines.len(), self.failures(), self.warnings());
+        let passed = all - failures - warnings;
+        let _ = match (failures, warnings) {
+            (0, 0) => writeln!(out, "\nAll {all} checks passed."),
+            (0, w) => writeln!(out, "\n{passed} of {all} checks passed; {w} warned."),
+            (f, 0) => writeln!(out, "\n{f} of {all} checks failed."),
+            (f, w) => writeln!(out, "\n{f} of {all} checks failed; {w} warned."),
         };
         out
     }
@@ -362,10 +370,10 @@ async fn check_proxies(client: &kube::Client, report: &mut Report) {
         }
         if status.published_version.is_some() && status.published_version != status.desired_version
         {
-            let what = format!(
-                "its desired version is not published ({:?})",
-                status.cache_state.map(|s| s.as_str())
-            );
+            let state = status
+                .cache_state
+                .map_or("no cache state yet", |s| s.as_str());
+            let what = format!("its desired version is not published ({state})");
             report.add(
                 format!("EnvoyConfig {id}"),
                 Verdict::Warn(
@@ -409,7 +417,8 @@ mod tests {
             Verdict::Warn("rolled back".into(), "describe it".into()),
         );
         assert_eq!(r.failures(), 0);
-        assert!(r.render().ends_with("All 2 checks passed.\n"));
+        // A warning is not a pass.
+        assert!(r.render().ends_with("\n1 of 2 checks passed; 1 warned.\n"));
         r.fail("webhook w", "bad caBundle", "rewrite it");
         assert_eq!(r.failures(), 1);
         let out = r.render();
@@ -417,6 +426,9 @@ mod tests {
             out.contains("[FAIL] webhook w: bad caBundle\n       -> rewrite it\n"),
             "{out}"
         );
-        assert!(out.ends_with("1 of 3 checks failed.\n"), "{out}");
+        assert!(out.ends_with("1 of 3 checks failed; 1 warned.\n"), "{out}");
+        let mut clean = Report::default();
+        clean.pass("CRD a", "current");
+        assert!(clean.render().ends_with("\nAll 1 checks passed.\n"));
     }
 }
