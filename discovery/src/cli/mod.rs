@@ -41,14 +41,25 @@ pub struct Cli {
     pub command: Command,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct CompletionArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Write an Envoy bootstrap (config.json and its SDS files) for a proxy.
     Bootstrap(bootstrap::BootstrapArgs),
     /// Check the installation on the current cluster: CRDs, operator, discovery services,
     /// webhooks, per-namespace certificates and bootstraps, expiring certificates, proxies
-    /// out of sync; each failure says what to do. Exit code 0 only when all pass.
+    /// out of sync; each failure says what to do. Exit code 0 when none fails (a warning
+    /// does not).
     Check(check::CheckArgs),
+    /// Print the shell completion script for bash, zsh, fish, elvish or PowerShell (for bash:
+    /// `source <(marin3r completion bash)`).
+    Completion(CompletionArgs),
     /// Work with certificates.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -92,6 +103,12 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Bootstrap(args) => bootstrap::run(args).map(|()| ExitCode::SUCCESS),
         Command::Certs(cmd) => certs::run(cmd).await,
         Command::Check(args) => check::run(args).await,
+        Command::Completion(args) => {
+            use clap::CommandFactory as _;
+            let mut cli = Cli::command();
+            clap_complete::generate(args.shell, &mut cli, "marin3r", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Crds(args) => crds::run(args).map(|()| ExitCode::SUCCESS),
         Command::DiscoveryService(args) => {
             logging::init(
@@ -132,18 +149,7 @@ pub async fn run(cli: Cli) -> ExitCode {
 /// An error and its causes on one line, each said once: some errors (kube's configuration
 /// errors) already print their sources in their own message, which `{:#}` would repeat.
 pub(crate) fn error_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line
+    marin3r_controller::chain(err.as_ref())
 }
 
 /// Resolves on SIGINT or SIGTERM.

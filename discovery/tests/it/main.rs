@@ -17,6 +17,7 @@ mod api_outage;
 mod bootstrap;
 mod certs_cluster;
 mod cli_certs;
+mod cli_completion;
 mod cli_inject;
 mod cli_validate;
 mod convergence;
