@@ -102,19 +102,22 @@ fn the_demo_story_succeeds_step_by_step() {
     assert!(stdout.contains("GET http://"), "{stdout}");
     assert!(stdout.contains("Rollback"), "{stdout}");
 
+    let kubectl = |args: &[&str]| {
+        Command::new(tools.join("kubectl"))
+            .args(args)
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .output()
+            .unwrap()
+    };
     // The operator and discovery pods ran our image, the sidecar a real Envoy container.
-    let images = Command::new(tools.join("kubectl"))
-        .args([
-            "get",
-            "pods",
-            "-n",
-            "marin3r-system",
-            "-o",
-            "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].image}{\"\\n\"}{end}",
-        ])
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .output()
-        .unwrap();
+    let images = kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "marin3r-system",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].image}{\"\\n\"}{end}",
+    ]);
     let images = String::from_utf8_lossy(&images.stdout);
     let ours = format!("marin3r:v{}", env!("CARGO_PKG_VERSION"));
     for pod in ["marin3r-operator-", "marin3r-instance-"] {
@@ -125,20 +128,16 @@ fn the_demo_story_succeeds_step_by_step() {
             "no {pod} pod runs {ours}:\n{images}"
         );
     }
-    let sidecar = Command::new(tools.join("kubectl"))
-        .args([
-            "get",
-            "pods",
-            "-n",
-            "demo",
-            "-l",
-            "app=demo",
-            "-o",
-            "jsonpath={range .items[*].status.initContainerStatuses[*]}{.name} {.image} {.started}{\"\\n\"}{end}{range .items[*].status.containerStatuses[*]}{.name} {.image} {.started}{\"\\n\"}{end}",
-        ])
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .output()
-        .unwrap();
+    let sidecar = kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "demo",
+        "-l",
+        "app=demo",
+        "-o",
+        "jsonpath={range .items[*].status.initContainerStatuses[*]}{.name} {.image} {.started}{\"\\n\"}{end}{range .items[*].status.containerStatuses[*]}{.name} {.image} {.started}{\"\\n\"}{end}",
+    ]);
     let sidecar = String::from_utf8_lossy(&sidecar.stdout);
     assert!(
         sidecar.lines().any(|l| l.starts_with("envoy-sidecar ")
@@ -147,18 +146,14 @@ fn the_demo_story_succeeds_step_by_step() {
         "no started envoy-sidecar container:\n{sidecar}"
     );
     // The demo's look-around names the native sidecar's log: the API server serves it.
-    let logs = Command::new(tools.join("kubectl"))
-        .args([
-            "logs",
-            "-n",
-            "demo",
-            "deployment/demo",
-            "-c",
-            "envoy-sidecar",
-        ])
-        .env("KUBECONFIG", cluster.kubeconfig())
-        .output()
-        .unwrap();
+    let logs = kubectl(&[
+        "logs",
+        "-n",
+        "demo",
+        "deployment/demo",
+        "-c",
+        "envoy-sidecar",
+    ]);
     let log = String::from_utf8_lossy(&logs.stdout);
     assert!(
         logs.status.success() && log.contains("lds: add/update listener"),
