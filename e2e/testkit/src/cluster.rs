@@ -111,13 +111,7 @@ impl Alone {
             .to_owned();
         let installed = !replicas.is_empty();
         if installed {
-            self.cluster.kubectl_blocking(&[
-                "scale",
-                "-n",
-                OPERATOR_NAMESPACE,
-                &deployment,
-                "--replicas=0",
-            ])?;
+            self.scale_operator("0")?;
             self.cluster.kubectl_blocking(&[
                 "wait",
                 "-n",
@@ -140,17 +134,16 @@ impl Alone {
             return Ok(());
         };
         if let Some(replicas) = replicas {
-            let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
-            let replicas = format!("--replicas={replicas}");
-            self.cluster.kubectl_blocking(&[
-                "scale",
-                "-n",
-                OPERATOR_NAMESPACE,
-                &deployment,
-                &replicas,
-            ])?;
+            self.scale_operator(&replicas)?;
         }
         Ok(())
+    }
+
+    fn scale_operator(&self, replicas: &str) -> anyhow::Result<()> {
+        let deployment = format!("deployment/{OPERATOR_DEPLOYMENT}");
+        let replicas = format!("--replicas={replicas}");
+        let scale = ["scale", "-n", OPERATOR_NAMESPACE, &deployment, &replicas];
+        self.cluster.kubectl_blocking(&scale).map(drop)
     }
 
     fn state(&self) -> anyhow::Result<std::sync::MutexGuard<'_, AloneState>> {

@@ -42,6 +42,7 @@ pub(super) enum LoadError {
         path: String,
         namespace: String,
         name: String,
+        #[source]
         source: convert::SecretDataError,
     },
     #[error("{path}")]
