@@ -40,7 +40,7 @@ mod wire;
 
 pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource};
 pub use limits::{Limit, Limits};
-pub use server::{ServeError, Server, ServerBuilder};
+pub use server::{CONNECTION_WINDOW, STREAM_WINDOW, ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};
 pub use sync_status::SYNC_STATUS_PATH;
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};

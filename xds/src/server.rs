@@ -33,8 +33,9 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// reading its requests). Read bytes are counted (see `requests`); these bound the rest,
 /// 128 KiB a connection instead of hyper's 1 MiB. Discovery requests are small, and a large
 /// one (an ACK naming thousands of resources) only takes a few more round trips.
-const STREAM_WINDOW: u32 = 64 << 10;
-const CONNECTION_WINDOW: u32 = 128 << 10;
+pub const STREAM_WINDOW: u32 = 64 << 10;
+/// The connection's window: see [`STREAM_WINDOW`].
+pub const CONNECTION_WINDOW: u32 = 128 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -7,6 +7,7 @@ pub mod convert;
 pub mod soak;
 pub mod validation;
 pub mod xds;
+pub mod xds_bound;
 
 use std::time::Duration;
 

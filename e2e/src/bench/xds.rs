@@ -4,7 +4,15 @@
 //! as the replicas of one Deployment share a node id. Measures, per snapshot change, the time
 //! until each stream ACKed it (p50/p99/max over streams, and until all did), the server's CPU
 //! seconds per push, and its peak RSS per stream. The server runs as a child process (this
-//! binary with `--xds-bench-server`) so its CPU and memory are its own.
+//! binary with `--xds-bench-server`) so its CPU and memory are its own. Beside every row, the
+//! same push served by a writer of nothing but TLS and HTTP/2 ([`super::xds_bound`], this
+//! binary with `--xds-bound-server`) gives the bound the server's CPU per stream is measured
+//! against.
+//!
+//! Every simulated Envoy is a proxy of one namespace, with the limits a user sets for a
+//! namespace of that many proxies: `--xds-max-connections-per-namespace` and
+//! `--xds-max-streams-per-namespace` raised to it (docs/operations.md), read through the
+//! product's own flags.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -18,6 +26,7 @@ use anyhow::{Context, bail};
 use marin3r_certs::{
     CertificateAuthority, CertificateRequest, Usage, issue_self_signed, spiffe_id,
 };
+use marin3r_discovery::cli::XdsLimitArgs;
 use marin3r_xds::resource::ResourceType;
 use marin3r_xds::{Cache, Limits, Server, Snapshot, TlsFiles, server_config};
 use tokio::io::AsyncBufReadExt;
@@ -42,25 +51,46 @@ fn subscriptions() -> Vec<(ResourceType, Vec<String>)> {
     ]
 }
 
-fn snapshot(generation: u64) -> anyhow::Result<Snapshot> {
+/// The types the simulated Envoys subscribe to.
+pub(super) fn subscribed_kinds() -> Vec<ResourceType> {
+    subscriptions().into_iter().map(|(k, _)| k).collect()
+}
+
+pub(super) fn snapshot(generation: u64) -> anyhow::Result<Snapshot> {
     Ok(Snapshot::new(realistic_config(generation))?)
 }
 
+/// The limits of `marin3r discovery-service` run with the flags docs/operations.md gives a
+/// namespace of `proxies` proxies (the defaults are 4,096 of each).
+fn limits_for(proxies: usize) -> anyhow::Result<Limits> {
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        xds: XdsLimitArgs,
+    }
+    let n = proxies.to_string();
+    let flags = <Flags as clap::Parser>::try_parse_from([
+        "marin3r",
+        "--xds-max-connections-per-namespace",
+        &n,
+        "--xds-max-streams-per-namespace",
+        &n,
+    ])?;
+    Ok(flags.xds.limits())
+}
+
 /// The body of the child process: serves ADS on an ephemeral port with the TLS files in
-/// `dir`, prints `ready <addr>`, then obeys `set <generation>` and `quit` lines on stdin.
-pub fn run_server(dir: &Path) -> anyhow::Result<()> {
+/// `dir` to `proxies` proxies of one namespace, prints `ready <addr>`, then obeys
+/// `set <generation>` and `quit` lines on stdin.
+pub fn run_server(dir: &Path, proxies: usize) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let tls = server_config(&TlsFiles::in_dir(dir))?;
         let cache = Cache::new();
         cache.set_snapshot(NAMESPACE, NODE, snapshot(0)?);
-        // Every simulated Envoy is in one namespace: lift the per-namespace cap (a safety
-        // default of the product) so the run measures the server, not the cap.
-        let limits = Limits {
-            max_streams_per_namespace: usize::MAX,
-            ..Limits::default()
-        };
-        let (server, _nacks) = Server::builder(cache.clone()).limits(limits).build();
+        let (server, _nacks) = Server::builder(cache.clone())
+            .limits(limits_for(proxies)?)
+            .build();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -92,10 +122,24 @@ struct ServerProcess {
     addr: SocketAddr,
 }
 
+/// Which server a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writer {
+    /// marin3r's xDS server.
+    Product,
+    /// The minimal writer of [`super::xds_bound`].
+    Bound,
+}
+
 impl ServerProcess {
-    fn start(dir: &Path) -> anyhow::Result<Self> {
-        // `MARIN3R_BENCH_SERVER_WRAPPER="heaptrack -o /tmp/xds"` profiles the server.
-        let wrapper = std::env::var("MARIN3R_BENCH_SERVER_WRAPPER").unwrap_or_default();
+    fn start(writer: Writer, dir: &Path, proxies: usize) -> anyhow::Result<Self> {
+        // `MARIN3R_BENCH_SERVER_WRAPPER="heaptrack -o /tmp/xds"` profiles the product's
+        // server (`MARIN3R_BENCH_BOUND_WRAPPER` the bound's).
+        let variable = match writer {
+            Writer::Product => "MARIN3R_BENCH_SERVER_WRAPPER",
+            Writer::Bound => "MARIN3R_BENCH_BOUND_WRAPPER",
+        };
+        let wrapper = std::env::var(variable).unwrap_or_default();
         let mut words = wrapper.split_whitespace();
         let exe = std::env::current_exe()?;
         let mut command = match words.next() {
@@ -106,9 +150,14 @@ impl ServerProcess {
             }
             None => Command::new(&exe),
         };
+        match writer {
+            Writer::Product => command
+                .arg("--xds-bench-server")
+                .arg(dir)
+                .args(["--xds-bench-proxies", &proxies.to_string()]),
+            Writer::Bound => command.arg("--xds-bound-server").arg(dir),
+        };
         let mut child = command
-            .arg("--xds-bench-server")
-            .arg(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -349,17 +398,19 @@ struct RunResult {
     idle_rss_per_stream: f64,
     rss_per_stream: f64,
     steady_rss_per_stream: f64,
+    peak_rss: u64,
     connect_time: Duration,
 }
 
 fn run_at(
+    writer: Writer,
     protocol: Protocol,
     n: usize,
     pushes: u64,
     dir: &Path,
     tls: &ClientTls,
 ) -> anyhow::Result<RunResult> {
-    let mut server = ServerProcess::start(dir)?;
+    let mut server = ServerProcess::start(writer, dir, n)?;
     let baseline_rss = server.memory("VmRSS")?;
     let rt = tokio::runtime::Runtime::new()?;
     let (acks_tx, mut acks) = mpsc::unbounded_channel();
@@ -394,6 +445,7 @@ fn run_at(
         idle_rss_per_stream: idle_rss.saturating_sub(baseline_rss) as f64 / n as f64,
         rss_per_stream: 0.0,
         steady_rss_per_stream: 0.0,
+        peak_rss: 0,
         connect_time,
     };
     for generation in 1..=pushes {
@@ -412,6 +464,7 @@ fn run_at(
         result.cpu_per_push.push(server.cpu_seconds()? - cpu_before);
     }
     let peak = server.memory("VmHWM")?;
+    result.peak_rss = peak;
     result.rss_per_stream = peak.saturating_sub(baseline_rss) as f64 / n as f64;
     std::thread::sleep(Duration::from_secs(2));
     let steady = server.memory("VmRSS")?;
@@ -437,8 +490,9 @@ fn fd_limit() -> usize {
         .unwrap_or(1024)
 }
 
-/// Runs the benchmark at N = 100, 1,000 and 10,000 (up to `max_streams`, and when the fd
-/// limit allows) for each protocol; `scale` multiplies the number of pushes per N.
+/// Runs the benchmark at N = 100, 2,000 and 10,000 (up to `max_streams`, and when the fd
+/// limit allows) for each protocol, each N first against the bound then against the product;
+/// `scale` multiplies the number of pushes per N.
 pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
     let dir = tempfile::Builder::new()
         .prefix("marin3r-xds-bench-")
@@ -476,7 +530,7 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
     let limit = fd_limit();
     let mut rows = Vec::new();
     let runs = [Protocol::Sotw, Protocol::Delta].into_iter().flat_map(|p| {
-        [(100usize, 20u64), (1_000, 10), (10_000, 3)]
+        [(100usize, 20u64), (2_000, 10), (10_000, 3)]
             .into_iter()
             .map(move |(n, pushes)| (p, n, pushes))
     });
@@ -494,39 +548,81 @@ pub fn convergence(scale: f64, max_streams: usize) -> anyhow::Result<Vec<Row>> {
             continue;
         }
         let pushes = ((base_pushes as f64 * scale).round() as u64).max(1);
-        let r = run_at(protocol, n, pushes, dir.path(), &tls)
-            .with_context(|| format!("{} N={n}", protocol.label()))?;
-        let s = Stats::of(&r.per_stream).context("no samples")?;
-        let all = Stats::of(&r.all_acked).context("no samples")?;
-        let cpu = r.cpu_per_push.iter().sum::<f64>() / r.cpu_per_push.len().max(1) as f64;
-        rows.push(Row {
-            benchmark: format!(
-                "xDS convergence ({}, mTLS, one push = routes + runtime changed)",
-                protocol.label()
-            ),
-            case: format!(
-                "N={n}, config {} KB, {} KB pushed per stream",
-                size / 1000,
-                pushed / 1000
-            ),
-            samples: r.per_stream.len(),
-            result: format!(
-                "per stream p50 {}, p99 {}, max {}; all {n} ACKed: median {}, max {}; \
-                 server CPU {:.3} s/push; server RSS per stream: idle {:.1} KiB, peak {:.1} KiB, \
-                 idle after the pushes {:.1} KiB; \
-                 {n} streams connected and synced in {}",
-                human(s.p50),
-                human(s.p99),
-                human(s.max),
-                human(all.p50),
-                human(all.max),
-                cpu,
-                r.idle_rss_per_stream / 1024.0,
-                r.rss_per_stream / 1024.0,
-                r.steady_rss_per_stream / 1024.0,
-                human(r.connect_time),
-            ),
-        });
+        let run = |writer| {
+            run_at(writer, protocol, n, pushes, dir.path(), &tls)
+                .with_context(|| format!("{} N={n} ({writer:?})", protocol.label()))
+        };
+        let bound = run(Writer::Bound)?;
+        let product = run(Writer::Product)?;
+        let bound_per_stream = bound.cpu_per_stream(n);
+        for (writer, r) in [(Writer::Bound, &bound), (Writer::Product, &product)] {
+            let against = match writer {
+                Writer::Bound => "the bound".to_owned(),
+                Writer::Product => format!(
+                    "{:.2}x the bound",
+                    r.cpu_per_stream(n) / bound_per_stream.max(f64::MIN_POSITIVE)
+                ),
+            };
+            rows.push(row(writer, protocol, n, r, &against, (size, pushed))?);
+        }
     }
     Ok(rows)
+}
+
+impl RunResult {
+    /// Mean server CPU seconds per push.
+    fn cpu(&self) -> f64 {
+        self.cpu_per_push.iter().sum::<f64>() / self.cpu_per_push.len().max(1) as f64
+    }
+
+    /// Mean server CPU seconds per stream per push.
+    fn cpu_per_stream(&self, n: usize) -> f64 {
+        self.cpu() / n.max(1) as f64
+    }
+}
+
+fn row(
+    writer: Writer,
+    protocol: Protocol,
+    n: usize,
+    r: &RunResult,
+    against: &str,
+    (size, pushed): (usize, usize),
+) -> anyhow::Result<Row> {
+    let s = Stats::of(&r.per_stream).context("no samples")?;
+    let all = Stats::of(&r.all_acked).context("no samples")?;
+    let what = match writer {
+        Writer::Product => "xDS convergence",
+        Writer::Bound => "xDS push bound (TLS + HTTP/2 only)",
+    };
+    Ok(Row {
+        benchmark: format!(
+            "{what} ({}, mTLS, one push = routes + runtime changed)",
+            protocol.label()
+        ),
+        case: format!(
+            "N={n}, config {} KB, {} KB pushed per stream",
+            size / 1000,
+            pushed / 1000
+        ),
+        samples: r.per_stream.len(),
+        result: format!(
+            "per stream p50 {}, p99 {}, max {}; all {n} ACKed: median {}, max {}; \
+             server CPU {:.3} s/push, {:.1} µs per stream ({against}); server RSS per \
+             stream: idle {:.1} KiB, peak {:.1} KiB, idle after the pushes {:.1} KiB; peak RSS \
+             {}; {n} streams connected and synced in {}",
+            human(s.p50),
+            human(s.p99),
+            human(s.max),
+            human(all.p50),
+            human(all.max),
+            r.cpu(),
+            r.cpu_per_stream(n) * 1e6,
+            r.idle_rss_per_stream / 1024.0,
+            r.rss_per_stream / 1024.0,
+            r.steady_rss_per_stream / 1024.0,
+            super::mib(r.peak_rss),
+            human(r.connect_time),
+        ),
+    })
 }

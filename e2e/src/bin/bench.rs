@@ -21,12 +21,18 @@ struct Args {
     /// sidecars into this folder.
     #[arg(long)]
     soak_logs: Option<std::path::PathBuf>,
-    /// The largest number of simulated Envoys in the xDS benchmark (100, 1000 or 10000).
+    /// The largest number of simulated Envoys in the xDS benchmark (100, 2000 or 10000).
     #[arg(long, default_value_t = 10_000)]
     xds_max_streams: usize,
     /// Internal: run the xDS bench server child with the TLS files of this folder.
     #[arg(long, hide = true)]
     xds_bench_server: Option<std::path::PathBuf>,
+    /// Internal: the number of proxies the xDS bench server is set up for.
+    #[arg(long, hide = true, default_value_t = 10_000)]
+    xds_bench_proxies: usize,
+    /// Internal: run the xDS push bound's writer child with the TLS files of this folder.
+    #[arg(long, hide = true)]
+    xds_bound_server: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,7 +45,10 @@ fn main() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     if let Some(dir) = &args.xds_bench_server {
-        return marin3r_e2e::bench::xds::run_server(dir);
+        return marin3r_e2e::bench::xds::run_server(dir, args.xds_bench_proxies);
+    }
+    if let Some(dir) = &args.xds_bound_server {
+        return marin3r_e2e::bench::xds_bound::run_server(dir);
     }
     anyhow::ensure!(args.scale > 0.0, "--scale must be positive");
     // The soak needs root and minutes, the attacks minutes: only when asked for.
