@@ -184,6 +184,11 @@ impl Snapshot {
         (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::from(name)))
     }
 
+    /// Whether [`Snapshot::requested`] answers `name` with a stand-in the snapshot lacks.
+    pub fn stands_in(&self, kind: ResourceType, name: &str) -> bool {
+        kind == ResourceType::Runtime && !self.of_type(kind).resources().contains_key(name)
+    }
+
     /// [`Snapshot::requested`] for a name the caller keeps: a stand-in shares its string, so
     /// a stream that remembers the stand-in it sent keeps no second copy of the name.
     pub(crate) fn requested_shared(

@@ -209,12 +209,14 @@ proptest! {
         let record = |seen: &mut HashMap<ResourceType, Seen>,
                       nonces: &mut BTreeSet<String>,
                       subscribed: &HashMap<ResourceType, Vec<String>>,
-                      r: &SotwResponse|
+                      r: &SotwResponse,
+                      snapshot: Option<&Snapshot>|
          -> Result<(), TestCaseError> {
             check_response(seen, nonces, r.kind, &r.version, &r.nonce)?;
             let names = subscribed.get(&r.kind).cloned().unwrap_or_default();
             let wildcard = names.is_empty() || names.iter().any(|n| n == "*");
-            for res in &r.resources {
+            prop_assert!(snapshot.is_some(), "a response without a snapshot");
+            for res in snapshot.map(|s| r.resources(s)).unwrap_or_default() {
                 prop_assert_eq!(res.kind, r.kind);
                 prop_assert!(wildcard || names.contains(&res.name), "{} not subscribed", res.name);
             }
@@ -225,7 +227,7 @@ proptest! {
                 Event::Snapshot(i) => {
                     snapshot = Some(&snaps[i]);
                     for r in state.on_snapshot(&snaps[i]) {
-                        record(&mut seen, &mut nonces, &subscribed, &r)?;
+                        record(&mut seen, &mut nonces, &subscribed, &r, snapshot)?;
                     }
                 }
                 Event::NoSnapshot => snapshot = None,
@@ -255,7 +257,7 @@ proptest! {
                         subscribed.insert(k, names);
                     }
                     for r in out.response.iter().chain(&out.also) {
-                        record(&mut seen, &mut nonces, &subscribed, r)?;
+                        record(&mut seen, &mut nonces, &subscribed, r, snapshot)?;
                     }
                 }
             }

@@ -4,6 +4,9 @@
 //! once Envoy answers, so a slow proxy never gets a backlog.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
 
 use crate::resource::{Resource, ResourceType};
 
@@ -21,16 +24,56 @@ pub struct SotwRequest {
     pub error: Option<String>,
 }
 
-/// A response to send: the resources share their encoded bytes with the snapshot.
+/// A response to send. It names what it holds (every resource of the type, or those of the
+/// names subscribed) rather than holding it: its resources are taken from the snapshot it was
+/// decided on only when no stream of that snapshot has had the same response encoded yet, so a
+/// push to many proxies that subscribe alike costs one lookup per proxy, not one per resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SotwResponse {
     pub kind: ResourceType,
     pub version: String,
     pub nonce: String,
-    pub resources: Vec<Resource>,
-    /// Some resources are stand-ins made for names the snapshot lacks (empty runtime
-    /// layers): the response is the stream's own and is not remembered with the snapshot.
-    pub stand_ins: bool,
+    selection: Arc<Subscription>,
+}
+
+impl SotwResponse {
+    /// The resources it holds of `snapshot` (the one it was decided on), in name order.
+    pub fn resources(&self, snapshot: &Snapshot) -> Vec<Resource> {
+        let typed = snapshot.of_type(self.kind);
+        if self.selection.wildcard {
+            return typed
+                .resources()
+                .values()
+                .map(|r| r.resource.clone())
+                .collect();
+        }
+        self.selection
+            .names
+            .iter()
+            .filter_map(|n| match typed.resources().get(n.as_str()) {
+                Some(r) => Some(r.resource.clone()),
+                None => snapshot.requested(self.kind, n).map(|r| r.resource),
+            })
+            .collect()
+    }
+
+    /// Whether some of its resources are stand-ins the snapshot lacks (empty runtime layers
+    /// made for names the proxy asked for): such a response is the stream's own and is not
+    /// remembered with the snapshot.
+    pub fn has_stand_ins(&self, snapshot: &Snapshot) -> bool {
+        !self.selection.wildcard
+            && self
+                .selection
+                .names
+                .iter()
+                .any(|n| snapshot.stands_in(self.kind, n))
+    }
+
+    /// A digest of what it selects (the wildcard, or the names): with the type and the
+    /// version, it says exactly what the response holds within one snapshot.
+    pub fn selection(&self) -> &[u8; 32] {
+        &self.selection.digest
+    }
 }
 
 /// What a proxy asked for of one type.
@@ -38,11 +81,13 @@ pub struct SotwResponse {
 struct Subscription {
     wildcard: bool,
     names: BTreeSet<String>,
+    /// SHA-256 of the two above, length-prefixed; computed once per subscription.
+    digest: [u8; 32],
 }
 
 #[derive(Debug, Default)]
 struct TypeState {
-    subscription: Subscription,
+    subscription: Arc<Subscription>,
     last_nonce: Option<String>,
     /// The version of the response Envoy has not answered yet.
     in_flight: Option<String>,
@@ -67,7 +112,7 @@ impl TypeState {
     fn resubscribe(&mut self, names: &[String], first: bool) {
         let may_be_legacy_wildcard = first || self.subscription.wildcard;
         if !self.subscription.is(names, may_be_legacy_wildcard) {
-            self.subscription = subscription(names, may_be_legacy_wildcard);
+            self.subscription = Arc::new(subscription(names, may_be_legacy_wildcard));
             self.generation = self.generation.wrapping_add(1);
             self.bytes = self.subscription.names.iter().map(String::len).sum();
         }
@@ -211,9 +256,18 @@ impl SotwState {
 /// `*` subscribes to everything; so does an empty list on a type's first request (the legacy
 /// wildcard of LDS/CDS) and for as long as the list stays empty after that.
 fn subscription(names: &[String], may_be_legacy_wildcard: bool) -> Subscription {
+    let wildcard = is_wildcard(names, may_be_legacy_wildcard);
+    let names: BTreeSet<String> = names.iter().filter(|n| *n != "*").cloned().collect();
+    let mut digest = Sha256::new();
+    digest.update([u8::from(wildcard)]);
+    for name in &names {
+        digest.update((name.len() as u64).to_le_bytes());
+        digest.update(name.as_bytes());
+    }
     Subscription {
-        wildcard: is_wildcard(names, may_be_legacy_wildcard),
-        names: names.iter().filter(|n| *n != "*").cloned().collect(),
+        wildcard,
+        names,
+        digest: digest.finalize().into(),
     }
 }
 
@@ -265,27 +319,6 @@ fn respond(
         return None;
     }
     st.always_respond = false;
-    let mut stand_ins = false;
-    let resources = if st.subscription.wildcard {
-        typed
-            .resources()
-            .values()
-            .map(|r| r.resource.clone())
-            .collect()
-    } else {
-        st.subscription
-            .names
-            .iter()
-            .filter_map(|n| match typed.resources().get(n.as_str()) {
-                Some(r) => Some(r.resource.clone()),
-                None => {
-                    let stand_in = snapshot.requested(kind, n).map(|r| r.resource);
-                    stand_ins |= stand_in.is_some();
-                    stand_in
-                }
-            })
-            .collect()
-    };
     let nonce = nonces.next();
     st.last_nonce = Some(nonce.clone());
     st.in_flight = Some(version.to_owned());
@@ -294,8 +327,7 @@ fn respond(
         kind,
         version: version.to_owned(),
         nonce,
-        resources,
-        stand_ins,
+        selection: Arc::clone(&st.subscription),
     })
 }
 

@@ -68,8 +68,11 @@ fn nack(resp: &SotwResponse, message: &str) -> SotwRequest {
     }
 }
 
-fn names(resp: &SotwResponse) -> Vec<&str> {
-    resp.resources.iter().map(|r| r.name.as_str()).collect()
+fn names(resp: &SotwResponse, snapshot: &Snapshot) -> Vec<String> {
+    resp.resources(snapshot)
+        .into_iter()
+        .map(|r| r.name)
+        .collect()
 }
 
 #[test]
@@ -82,7 +85,7 @@ fn first_request_gets_the_current_state_and_waits_for_a_snapshot() {
     assert_eq!(pushed.len(), 1);
     assert_eq!(pushed[0].kind, LDS);
     assert_eq!(pushed[0].version, snap.version(LDS));
-    assert_eq!(names(&pushed[0]), ["http"]);
+    assert_eq!(names(&pushed[0], &snap), ["http"]);
 
     // With a snapshot already there the first request is answered at once...
     let mut st = SotwState::default();
@@ -132,7 +135,7 @@ fn a_proxy_back_with_the_current_version_of_a_wildcard_type_gets_no_resend() {
         ..mk_req(RDS, &["r1"], "")
     };
     let out = st.on_request(&req, Some(&snap));
-    assert_eq!(names(&out.response.unwrap()), ["r1"]);
+    assert_eq!(names(&out.response.unwrap(), &snap), ["r1"]);
 }
 
 #[test]
@@ -249,18 +252,21 @@ fn resource_names_are_honoured_and_changes_answered() {
         .on_request(&mk_req(RDS, &["a", "zz"], ""), Some(&snap))
         .response
         .unwrap();
-    assert_eq!(names(&r1), ["a"], "only requested names that exist");
+    assert_eq!(names(&r1, &snap), ["a"], "only requested names that exist");
     // An ACK that adds a name gets the added resource at the same version.
     let out = st.on_request(&ack(&r1, &["a", "b"]), Some(&snap));
     assert!(out.ack.is_some());
     let r2 = out.response.unwrap();
-    assert_eq!((names(&r2), &r2.version), (vec!["a", "b"], &r1.version));
+    assert_eq!(
+        (names(&r2, &snap), &r2.version),
+        (vec!["a".to_owned(), "b".to_owned()], &r1.version)
+    );
     // An ACK with the same names gets nothing.
     let out = st.on_request(&ack(&r2, &["a", "b"]), Some(&snap));
     assert_eq!(out.response, None);
     // Route names do not become a wildcard when emptied later: nothing is subscribed.
     let r3 = st.on_request(&ack(&r2, &[]), Some(&snap)).response.unwrap();
-    assert!(names(&r3).is_empty());
+    assert!(names(&r3, &snap).is_empty());
 }
 
 #[test]
@@ -271,14 +277,14 @@ fn wildcard_and_explicit_star() {
         .on_request(&mk_req(RDS, &["*"], ""), Some(&snap))
         .response
         .unwrap();
-    assert_eq!(names(&r), ["a", "b"]);
+    assert_eq!(names(&r, &snap), ["a", "b"]);
     let mut st = SotwState::default();
     let r = st
         .on_request(&mk_req(RDS, &[], ""), Some(&snap))
         .response
         .unwrap();
     assert_eq!(
-        names(&r),
+        names(&r, &snap),
         ["a", "b"],
         "legacy wildcard on the first request"
     );
@@ -287,10 +293,10 @@ fn wildcard_and_explicit_star() {
         .on_request(&ack(&r, &["b"]), Some(&snap))
         .response
         .unwrap();
-    assert_eq!(names(&r2), ["b"]);
+    assert_eq!(names(&r2, &snap), ["b"]);
     // After that, an empty list is an empty subscription, not a wildcard.
     let r3 = st.on_request(&ack(&r2, &[]), Some(&snap)).response.unwrap();
-    assert!(names(&r3).is_empty());
+    assert!(names(&r3, &snap).is_empty());
 }
 
 #[test]
@@ -424,7 +430,7 @@ fn a_request_naming_too_many_resources_is_refused() {
     assert_eq!(out.response, None);
     let out = st.on_request(&mk_req(RDS, &asked[..3], ""), Some(&s));
     assert_eq!(out.exceeded, None);
-    assert_eq!(names(&out.response.unwrap()), ["a"]);
+    assert_eq!(names(&out.response.unwrap(), &s), ["a"]);
 }
 
 #[test]

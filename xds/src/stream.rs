@@ -79,8 +79,10 @@ pub(crate) trait Flavour: Send + 'static {
     /// The bytes the stream's state keeps of its own (names the proxy brought).
     fn held_bytes(&self) -> usize;
     fn describe(resp: &Self::Resp) -> (ResourceType, &str);
+    /// The frame of `resp`, decided on `snapshot`, its body shared through `memo`.
     fn frame(
         resp: Self::Resp,
+        snapshot: Option<&Snapshot>,
         control_plane: &ControlPlane,
         memo: Option<&Encoded>,
     ) -> Result<Frame, Status>;
@@ -496,7 +498,8 @@ impl StreamCtx<'_> {
         }
         debug!(resource_type = %kind, %version, "sending");
         let memo = current.map(|p| &*p.encoded);
-        let frame = F::frame(resp, &self.shared.control_plane, memo);
+        let snapshot = current.map(|p| &*p.snapshot);
+        let frame = F::frame(resp, snapshot, &self.shared.control_plane, memo);
         let ok = frame.is_ok();
         tokio::select! {
             r = self.tx.send(Box::new(frame)) => r.is_ok() && ok,

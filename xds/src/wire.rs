@@ -119,8 +119,10 @@ pub fn delta_request(req: DeltaDiscoveryRequest) -> DeltaRequest {
 
 /// The frame of a state-of-the-world response: its body encoded once per snapshot and
 /// content (the memo of the snapshot it came from, when there is one), the nonce its own.
+/// `snapshot` is the one the response was decided on.
 pub(crate) fn sotw_frame(
     resp: SotwResponse,
+    snapshot: &Snapshot,
     control_plane: &ControlPlane,
     memo: Option<&Encoded>,
 ) -> Result<Frame, tonic::Status> {
@@ -129,11 +131,11 @@ pub(crate) fn sotw_frame(
         frame::encode(&WireResponse {
             version_info: resp.version.clone(),
             resources: resp
-                .resources
-                .iter()
+                .resources(snapshot)
+                .into_iter()
                 .map(|r| AnyBytes {
                     type_url: type_url.to_owned(),
-                    value: r.body.clone(),
+                    value: r.body,
                 })
                 .collect(),
             type_url: type_url.to_owned(),
@@ -142,17 +144,15 @@ pub(crate) fn sotw_frame(
         })
     };
     // A response with stand-ins holds names the proxy made up: it is the stream's own.
-    let body = match memo.filter(|_| !resp.stand_ins) {
-        // Within one snapshot a name has one content, so the names and the version say
-        // exactly what the response holds.
+    let body = match memo.filter(|_| !resp.has_stand_ins(snapshot)) {
+        // Within one snapshot a type's version and what the response selects say exactly
+        // what it holds.
         Some(memo) => {
-            let mut key = Vec::with_capacity(64 + resp.resources.len() * 32);
+            let mut key = Vec::with_capacity(128);
             key_part(&mut key, "sotw");
             key_part(&mut key, type_url);
             key_part(&mut key, &resp.version);
-            for r in &resp.resources {
-                key_part(&mut key, &r.name);
-            }
+            key.extend_from_slice(resp.selection());
             memo.body(key, message)
         }
         None => message(),
@@ -241,10 +241,15 @@ impl Flavour for SotwState {
     }
     fn frame(
         resp: SotwResponse,
+        snapshot: Option<&Snapshot>,
         cp: &ControlPlane,
         memo: Option<&Encoded>,
     ) -> Result<Frame, tonic::Status> {
-        sotw_frame(resp, cp, memo)
+        // A response is only ever decided on a snapshot; without one it holds nothing.
+        match snapshot {
+            Some(snapshot) => sotw_frame(resp, snapshot, cp, memo),
+            None => sotw_frame(resp, &Snapshot::empty(), cp, None),
+        }
     }
 }
 
@@ -280,6 +285,7 @@ impl Flavour for DeltaState {
     }
     fn frame(
         resp: DeltaResponse,
+        _snapshot: Option<&Snapshot>,
         cp: &ControlPlane,
         memo: Option<&Encoded>,
     ) -> Result<Frame, tonic::Status> {
@@ -427,27 +433,35 @@ mod tests {
             identifier: "marin3r".into(),
         };
         let memo = Encoded::default();
-        let resp = |nonce: &str| SotwResponse {
+        let snap = Snapshot::new([Resource {
             kind,
-            version: "v1".into(),
-            nonce: nonce.into(),
-            resources: vec![Resource {
-                kind,
-                name: "name".into(),
-                body: body.clone(),
-            }],
-            stand_ins: false,
+            name: "name".into(),
+            body: body.clone(),
+        }])
+        .unwrap();
+        let mut st = SotwState::default();
+        let request = |names: &[&str]| DiscoveryRequest {
+            type_url: kind.type_url().into(),
+            resource_names: names.iter().map(|n| (*n).to_owned()).collect(),
+            ..Default::default()
         };
-        let frame = sotw_frame(resp("7"), &cp, Some(&memo)).unwrap();
+        let resp = st
+            .on_request(&sotw_request(request(&[])), Some(&snap))
+            .response
+            .unwrap();
+        let version = resp.version.clone();
+        let frame = sotw_frame(resp.clone(), &snap, &cp, Some(&memo)).unwrap();
         let decoded = DiscoveryResponse::decode(message(&frame).as_slice()).unwrap();
-        assert_eq!(decoded.version_info, "v1");
-        assert_eq!(decoded.nonce, "7");
+        assert_eq!(decoded.version_info, version);
+        assert_eq!(decoded.nonce, resp.nonce);
         assert_eq!(decoded.type_url, kind.type_url());
         assert_eq!(decoded.resources[0].type_url, kind.type_url());
         assert_eq!(decoded.resources[0].value, body.to_vec());
         assert_eq!(decoded.control_plane.unwrap().identifier, "marin3r");
         // Another stream: its own nonce, the same encoded body; without a memo, the same bytes.
-        let other = sotw_frame(resp("8"), &cp, Some(&memo)).unwrap();
+        let mut other = resp.clone();
+        other.nonce = "8".into();
+        let other = sotw_frame(other, &snap, &cp, Some(&memo)).unwrap();
         assert_eq!(
             DiscoveryResponse::decode(message(&other).as_slice())
                 .unwrap()
@@ -455,23 +469,28 @@ mod tests {
             "8"
         );
         assert_eq!(memo.len(), 1);
-        let alone = sotw_frame(resp("7"), &cp, None).unwrap();
+        let alone = sotw_frame(resp, &snap, &cp, None).unwrap();
         assert_eq!(message(&alone), message(&frame));
-        // A response holding stand-ins (names the proxy made up) is not remembered.
-        let made_up = SotwResponse {
-            version: "v2".into(),
-            stand_ins: true,
-            ..resp("9")
-        };
-        sotw_frame(made_up, &cp, Some(&memo)).unwrap();
+        // A response holding stand-ins (runtime layers the proxy named and the snapshot
+        // lacks) is not remembered.
+        let mut rtds = SotwState::default();
+        let made_up = rtds
+            .on_request(
+                &sotw_request(DiscoveryRequest {
+                    type_url: ResourceType::Runtime.type_url().into(),
+                    resource_names: vec!["made-up".into()],
+                    ..Default::default()
+                }),
+                Some(&snap),
+            )
+            .response
+            .unwrap();
+        assert!(made_up.has_stand_ins(&snap));
+        let frame = sotw_frame(made_up, &snap, &cp, Some(&memo)).unwrap();
+        let decoded = DiscoveryResponse::decode(message(&frame).as_slice()).unwrap();
+        assert_eq!(decoded.resources.len(), 1, "an empty layer stands in");
         assert_eq!(memo.len(), 1);
 
-        let snap = Snapshot::new([Resource {
-            kind,
-            name: "name".into(),
-            body: body.clone(),
-        }])
-        .unwrap();
         let versioned = snap.of_type(kind).resources()["name"].clone();
         let delta = |removed: &str| DeltaResponse {
             kind,
