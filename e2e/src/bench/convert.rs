@@ -125,6 +125,14 @@ pub fn conversion(scale: f64) -> anyhow::Result<Vec<Row>> {
         listeners: entries(1_000, listener),
         ..Default::default()
     };
+    let clusters_1000 = EnvoyResources {
+        clusters: entries(1_000, cluster),
+        ..Default::default()
+    };
+    let routes_1000 = EnvoyResources {
+        routes: entries(1_000, route),
+        ..Default::default()
+    };
     let realistic = EnvoyResources {
         listeners: entries(50, listener),
         clusters: entries(50, cluster),
@@ -141,6 +149,31 @@ pub fn conversion(scale: f64) -> anyhow::Result<Vec<Row>> {
         (
             "1,000 HCM listeners, json",
             as_json(&hcm_1000)?,
+            Serialization::Json,
+            10,
+        ),
+        // Each shape alone, so a regression in one does not hide behind the others.
+        (
+            "1,000 clusters, yaml",
+            clusters_1000.clone(),
+            Serialization::Yaml,
+            10,
+        ),
+        (
+            "1,000 clusters, json",
+            as_json(&clusters_1000)?,
+            Serialization::Json,
+            10,
+        ),
+        (
+            "1,000 routes, yaml",
+            routes_1000.clone(),
+            Serialization::Yaml,
+            10,
+        ),
+        (
+            "1,000 routes, json",
+            as_json(&routes_1000)?,
             Serialization::Json,
             10,
         ),

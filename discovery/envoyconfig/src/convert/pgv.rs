@@ -14,13 +14,38 @@ use prost_reflect::{
 
 use super::ValueError;
 
-/// The compiled rules of one message type: what to check without decoding options again.
+/// The compiled rules of one message type: what to check without decoding options again, nor
+/// looking fields up by name on every message.
 #[derive(Debug, Default)]
 struct MessageRules {
+    walk: Walk,
+    /// The fields [`name_only_extension`] reads, when the type is an extension's config.
+    extension: Option<ExtensionFields>,
     fields: Vec<(FieldDescriptor, FieldRule)>,
     required_oneofs: Vec<OneofDescriptor>,
     /// Set message fields to skip when descending (`(validate.rules).message.skip`).
     skipped: Vec<u32>,
+}
+
+/// How the walk treats a message of the type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Walk {
+    /// Its fields' rules are checked and its message fields descended into.
+    #[default]
+    Fields,
+    /// `google.protobuf.Any`: its payload is checked as the message it names.
+    Any,
+    /// Well-known types carry no rules and are leaves for validation.
+    Leaf,
+}
+
+/// A message with a `name` and an `Any` `typed_config`, and which of the fields that make a
+/// name-only extension acceptable it has.
+#[derive(Debug)]
+struct ExtensionFields {
+    typed_config: FieldDescriptor,
+    name: FieldDescriptor,
+    excusing: Vec<FieldDescriptor>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -95,8 +120,7 @@ impl Validator {
     /// Every rule violation in `message`, with field paths relative to it.
     pub fn check(&self, message: &DynamicMessage) -> Vec<ValueError> {
         let mut errors = Vec::new();
-        let mut path = Vec::new();
-        self.check_message(message, &mut path, &mut errors);
+        self.check_message(message, &Path::Root, &mut errors);
         errors
     }
 
@@ -115,6 +139,15 @@ impl Validator {
 
     fn compile(&self, desc: &MessageDescriptor) -> MessageRules {
         let mut rules = MessageRules::default();
+        if desc.full_name() == "google.protobuf.Any" {
+            rules.walk = Walk::Any;
+            return rules;
+        }
+        if desc.full_name().starts_with("google.protobuf.") {
+            rules.walk = Walk::Leaf;
+            return rules;
+        }
+        rules.extension = extension_fields(desc);
         if let Some(ext) = &self.field_rules {
             for field in desc.fields() {
                 let options = field.options();
@@ -151,22 +184,22 @@ impl Validator {
     fn check_message(
         &self,
         message: &DynamicMessage,
-        path: &mut Vec<String>,
+        path: &Path<'_>,
         errors: &mut Vec<ValueError>,
     ) {
-        let desc = message.descriptor();
-        if desc.full_name() == "google.protobuf.Any" {
-            self.check_any(message, path, errors);
-            return;
+        let rules = self.rules(&message.descriptor());
+        match rules.walk {
+            Walk::Any => return self.check_any(message, path, errors),
+            Walk::Leaf => return,
+            Walk::Fields => {}
         }
-        // Well-known types carry no rules and are leaves for validation.
-        if desc.full_name().starts_with("google.protobuf.") {
-            return;
-        }
-        if let Some(why) = name_only_extension(message) {
+        if let Some(why) = rules
+            .extension
+            .as_ref()
+            .and_then(|fields| name_only_extension(fields, message))
+        {
             errors.push(error(path, Some("typed_config"), why));
         }
-        let rules = self.rules(&desc);
         check_rules(&rules, message, path, errors);
         self.check_fields(&rules, message, path, errors);
     }
@@ -176,38 +209,31 @@ impl Validator {
         &self,
         rules: &MessageRules,
         message: &DynamicMessage,
-        path: &mut Vec<String>,
+        path: &Path<'_>,
         errors: &mut Vec<ValueError>,
     ) {
         for (field, value) in message.fields() {
             if rules.skipped.contains(&field.number()) {
                 continue;
             }
+            let name = field.name();
             match value {
                 Value::Message(nested) => {
-                    path.push(field.name().to_owned());
-                    self.check_message(nested, path, errors);
-                    path.pop();
+                    self.check_message(nested, &Path::Step(path, Step::Field(name)), errors);
                 }
                 Value::List(items) => {
                     for (i, item) in items.iter().enumerate() {
                         if let Value::Message(nested) = item {
-                            path.push(format!("{}[{i}]", field.name()));
-                            self.check_message(nested, path, errors);
-                            path.pop();
+                            let here = Path::Step(path, Step::Item(name, i));
+                            self.check_message(nested, &here, errors);
                         }
                     }
                 }
                 Value::Map(map) => {
                     for (key, item) in map {
                         if let Value::Message(nested) = item {
-                            path.push(format!(
-                                "{}{}",
-                                field.name(),
-                                super::parse::key_segment(&map_key(key), false)
-                            ));
-                            self.check_message(nested, path, errors);
-                            path.pop();
+                            let here = Path::Step(path, Step::Entry(name, key));
+                            self.check_message(nested, &here, errors);
                         }
                     }
                 }
@@ -216,14 +242,10 @@ impl Validator {
         }
     }
 
-    fn check_any(
-        &self,
-        any: &DynamicMessage,
-        path: &mut Vec<String>,
-        errors: &mut Vec<ValueError>,
-    ) {
-        let url = any.get_field_by_name("type_url");
-        let bytes = any.get_field_by_name("value");
+    fn check_any(&self, any: &DynamicMessage, path: &Path<'_>, errors: &mut Vec<ValueError>) {
+        // `type_url = 1`, `value = 2`.
+        let url = any.get_field_by_number(1);
+        let bytes = any.get_field_by_number(2);
         let (Some(Value::String(url)), Some(Value::Bytes(bytes))) =
             (url.as_deref(), bytes.as_deref())
         else {
@@ -239,8 +261,47 @@ impl Validator {
     }
 }
 
-fn error(path: &[String], field: Option<&str>, message: String) -> ValueError {
-    let mut full: Vec<&str> = path.iter().map(String::as_str).collect();
+/// Where the walk is: each step borrows from the message being checked, and the text is
+/// written only for an error (most messages break no rule).
+#[derive(Debug, Clone, Copy)]
+enum Path<'a> {
+    Root,
+    Step(&'a Path<'a>, Step<'a>),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step<'a> {
+    /// A message field: `field`.
+    Field(&'a str),
+    /// An item of a repeated field: `field[i]`.
+    Item(&'a str, usize),
+    /// An entry of a map field: `field.key` or `field["key"]`.
+    Entry(&'a str, &'a MapKey),
+}
+
+impl Path<'_> {
+    /// The steps' texts, from the root.
+    fn segments(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at = self;
+        while let Path::Step(parent, step) = at {
+            out.push(match step {
+                Step::Field(name) => (*name).to_owned(),
+                Step::Item(name, i) => format!("{name}[{i}]"),
+                Step::Entry(name, key) => {
+                    format!("{name}{}", super::parse::key_segment(&map_key(key), false))
+                }
+            });
+            at = parent;
+        }
+        out.reverse();
+        out
+    }
+}
+
+fn error(path: &Path<'_>, field: Option<&str>, message: String) -> ValueError {
+    let segments = path.segments();
+    let mut full: Vec<&str> = segments.iter().map(String::as_str).collect();
     full.extend(field);
     ValueError {
         path: full.join("."),
@@ -330,7 +391,7 @@ fn field_rule(rules: &DynamicMessage) -> FieldRule {
 fn check_rules(
     rules: &MessageRules,
     message: &DynamicMessage,
-    path: &[String],
+    path: &Path<'_>,
     errors: &mut Vec<ValueError>,
 ) {
     for oneof in &rules.required_oneofs {
@@ -568,28 +629,37 @@ impl Bounds {
 #[path = "pgv_tests.rs"]
 mod tests;
 
+/// The fields of an extension's config message that [`name_only_extension`] reads: a `name`
+/// and an `Any` `typed_config`; `None` for any other message.
+fn extension_fields(desc: &MessageDescriptor) -> Option<ExtensionFields> {
+    let typed_config = desc.get_field_by_name("typed_config")?;
+    let name = desc.get_field_by_name("name")?;
+    if !matches!(typed_config.kind(), Kind::Message(m) if m.full_name() == "google.protobuf.Any") {
+        return None;
+    }
+    let excusing = ["config_discovery", "is_optional"]
+        .into_iter()
+        .filter_map(|field| desc.get_field_by_name(field))
+        .collect();
+    Some(ExtensionFields {
+        typed_config,
+        name,
+        excusing,
+    })
+}
+
 /// Not a validation rule but Envoy's own behaviour, checked on the same walk: since 1.40 Envoy
 /// finds an extension (a filter, listener filter, access log, transport socket...) by the type
 /// of its `typed_config` only, so one given by `name` alone is refused by every proxy. Envoy
 /// skips it when it is an optional HTTP filter (`is_optional`), or when its config comes from
 /// discovery (`config_discovery`). Envoy's words, and what to do.
-fn name_only_extension(message: &DynamicMessage) -> Option<String> {
-    let desc = message.descriptor();
-    let typed_config = desc.get_field_by_name("typed_config")?;
-    let name = desc.get_field_by_name("name")?;
-    if !matches!(typed_config.kind(), Kind::Message(m) if m.full_name() == "google.protobuf.Any")
-        || message.has_field(&typed_config)
+fn name_only_extension(fields: &ExtensionFields, message: &DynamicMessage) -> Option<String> {
+    if message.has_field(&fields.typed_config)
+        || fields.excusing.iter().any(|f| message.has_field(f))
     {
         return None;
     }
-    let set = |field: &str| {
-        desc.get_field_by_name(field)
-            .is_some_and(|f| message.has_field(&f))
-    };
-    if set("config_discovery") || set("is_optional") {
-        return None;
-    }
-    let Value::String(name) = message.get_field(&name).into_owned() else {
+    let Value::String(name) = message.get_field(&fields.name).into_owned() else {
         return None;
     };
     Some(format!(
