@@ -1,3 +1,4 @@
+use super::rules::{format_number, sizes};
 use super::*;
 
 fn check(bounds: Bounds, v: f64) -> Result<(), String> {
