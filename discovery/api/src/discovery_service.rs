@@ -114,6 +114,13 @@ pub struct DiscoveryServiceSpec {
     /// can (a preference, which never leaves a pod unscheduled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// How many proxies of one namespace may hold a connection and an ADS stream to each
+    /// discovery pod at once (default 4096, at least 1): the pod's
+    /// `--xds-max-connections-per-namespace` and `--xds-max-streams-per-namespace`. Raise it
+    /// for a namespace of more sidecars and gateway pods than that; the next one is refused
+    /// and retries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_proxies_per_namespace: Option<u32>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -209,6 +216,8 @@ pub struct Resolved {
     /// The discovery pod logs JSON (`--log-format json`). Not a spec field: the operator's
     /// own log format, so that one installation logs one way.
     pub json_logs: bool,
+    /// `spec.maxProxiesPerNamespace`, when set.
+    pub max_proxies_per_namespace: Option<u32>,
 }
 
 impl DiscoveryService {
@@ -261,6 +270,10 @@ impl DiscoveryService {
             sidecar_args: spec.sidecar.clone().unwrap_or_default().args()?,
             affinity: spec.affinity.clone().unwrap_or_else(default_affinity),
             json_logs: false,
+            max_proxies_per_namespace: match spec.max_proxies_per_namespace {
+                Some(0) => return Err("spec.maxProxiesPerNamespace must be at least 1".into()),
+                other => other,
+            },
         };
         resolved.check_names()?;
         resolved.check_ports()?;

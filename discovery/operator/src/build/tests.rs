@@ -492,3 +492,34 @@ fn a_namespace_scoped_discovery_service_reaches_nothing_outside_its_namespace() 
 
 #[path = "webhooks_rbac_tests.rs"]
 mod webhooks_and_rbac;
+
+#[test]
+fn max_proxies_per_namespace_raises_both_xds_caps_and_must_be_positive() {
+    let args = |spec| {
+        with(spec, |c| c.deployment("h"))
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .args
+            .clone()
+            .unwrap()
+    };
+    let raised = args(serde_json::json!({"maxProxiesPerNamespace": 10000}));
+    for flag in [
+        "--xds-max-connections-per-namespace=10000",
+        "--xds-max-streams-per-namespace=10000",
+    ] {
+        assert!(raised.iter().any(|a| a == flag), "{flag} in {raised:?}");
+    }
+    let default = args(serde_json::json!({}));
+    assert!(
+        !default.iter().any(|a| a.contains("per-namespace")),
+        "the defaults are the binary's own: {default:?}"
+    );
+    let err = ds(serde_json::json!({"maxProxiesPerNamespace": 0}))
+        .resolve("marin3r:test")
+        .unwrap_err();
+    assert_eq!(err, "spec.maxProxiesPerNamespace must be at least 1");
+}

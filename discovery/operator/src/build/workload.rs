@@ -146,6 +146,10 @@ impl Children<'_> {
         if s.json_logs {
             args.push("--log-format=json".into());
         }
+        if let Some(n) = s.max_proxies_per_namespace {
+            args.push(format!("--xds-max-connections-per-namespace={n}"));
+            args.push(format!("--xds-max-streams-per-namespace={n}"));
+        }
         args
     }
 
