@@ -626,3 +626,28 @@ fn row(
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_namespace_is_served_with_the_two_caps_raised_and_the_rest_default() {
+        let limits = limits_for(10_000).unwrap();
+        assert_eq!(
+            (
+                limits.max_connections_per_namespace,
+                limits.max_streams_per_namespace
+            ),
+            (10_000, 10_000)
+        );
+        assert_eq!(
+            Limits {
+                max_connections_per_namespace: Limits::default().max_connections_per_namespace,
+                max_streams_per_namespace: Limits::default().max_streams_per_namespace,
+                ..limits
+            },
+            Limits::default()
+        );
+    }
+}
