@@ -77,9 +77,11 @@ impl Frame {
 
 /// The encoded bodies of one published snapshot's responses, by what they contain.
 ///
-/// Keys are SHA-256 digests of what names a response (its names and versions), so an entry
-/// costs its body and 32 bytes however long the names a proxy asked for; and the bodies are
-/// bounded in bytes as well as in count, relative to the snapshot they come from.
+/// Keys are SHA-256 digests of what names a response within its snapshot (its type, version
+/// and selection, or the snapshot entries it carries), so an entry costs its body and 32 bytes
+/// however long the names a proxy asked for; and the bodies are bounded in bytes as well as in
+/// count, relative to the snapshot they come from. A memo lives exactly as long as its
+/// snapshot, which keys may rely on.
 #[derive(Debug)]
 pub(crate) struct Encoded {
     bodies: Mutex<Bodies>,

@@ -191,13 +191,16 @@ pub(crate) fn delta_frame(
     };
     let body = match memo.filter(|_| !resp.stand_ins) {
         Some(memo) => {
-            let mut key = Vec::with_capacity(64 + resp.resources.len() * 48);
+            let mut key = Vec::with_capacity(64 + resp.resources.len() * 8);
             key_part(&mut key, "delta");
             key_part(&mut key, type_url);
             key_part(&mut key, &resp.system_version);
+            // Without stand-ins every resource is one of the snapshot's entries, and the
+            // memo lives no longer than that snapshot: the address of an entry's shared name
+            // names it (name, version, body) for the memo's whole life, in 8 bytes instead of
+            // its name and version. (Hashing those showed in profiles of 2,000 streams.)
             for r in &resp.resources {
-                key_part(&mut key, &r.resource.name);
-                key_part(&mut key, &r.version);
+                key.extend_from_slice(&(Arc::as_ptr(&r.name).cast::<u8>() as usize).to_le_bytes());
             }
             // A name cannot be both sent and removed; the marker keeps the lists apart.
             key_part(&mut key, "\0removed");
