@@ -181,12 +181,12 @@ impl Snapshot {
         if let Some(r) = self.of_type(kind).resources().get(name) {
             return Some(r.clone());
         }
-        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::from(name)))
+        has_stand_ins(kind).then(|| empty_runtime_layer(Arc::from(name)))
     }
 
     /// Whether [`Snapshot::requested`] answers `name` with a stand-in the snapshot lacks.
     pub fn stands_in(&self, kind: ResourceType, name: &str) -> bool {
-        kind == ResourceType::Runtime && !self.of_type(kind).resources().contains_key(name)
+        has_stand_ins(kind) && !self.of_type(kind).resources().contains_key(name)
     }
 
     /// [`Snapshot::requested`] for a name the caller keeps: a stand-in shares its string, so
@@ -199,7 +199,7 @@ impl Snapshot {
         if let Some(r) = self.of_type(kind).resources().get(&**name) {
             return Some(r.clone());
         }
-        (kind == ResourceType::Runtime).then(|| empty_runtime_layer(Arc::clone(name)))
+        has_stand_ins(kind).then(|| empty_runtime_layer(Arc::clone(name)))
     }
 
     /// The bytes of every resource's encoded body, every type together.
@@ -215,6 +215,12 @@ impl Snapshot {
     pub fn versions(&self) -> BTreeMap<ResourceType, &str> {
         self.types.iter().map(|(t, s)| (*t, s.version())).collect()
     }
+}
+
+/// Whether a name the snapshot lacks is served a stand-in for `kind`: only runtime layers, since
+/// Envoy waits for every RTDS layer of its bootstrap.
+fn has_stand_ins(kind: ResourceType) -> bool {
+    kind == ResourceType::Runtime
 }
 
 fn empty_runtime_layer(name: Arc<str>) -> VersionedResource {

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::resource::{Resource, ResourceType};
 
 use super::cache::Snapshot;
+use super::frame::key_part;
 use super::protocol::{Ack, Bounds, Ignored, Nonces, Outcome, PUSH_ORDER, RejectedVersions, admit};
 
 /// The parts of a `DiscoveryRequest` the protocol looks at.
@@ -39,9 +40,9 @@ pub struct SotwResponse {
 impl SotwResponse {
     /// The resources it holds of `snapshot` (the one it was decided on), in name order.
     pub fn resources(&self, snapshot: &Snapshot) -> Vec<Resource> {
-        let typed = snapshot.of_type(self.kind);
         if self.selection.wildcard {
-            return typed
+            return snapshot
+                .of_type(self.kind)
                 .resources()
                 .values()
                 .map(|r| r.resource.clone())
@@ -50,10 +51,7 @@ impl SotwResponse {
         self.selection
             .names
             .iter()
-            .filter_map(|n| match typed.resources().get(n.as_str()) {
-                Some(r) => Some(r.resource.clone()),
-                None => snapshot.requested(self.kind, n).map(|r| r.resource),
-            })
+            .filter_map(|n| snapshot.requested(self.kind, n).map(|r| r.resource))
             .collect()
     }
 
@@ -81,7 +79,7 @@ impl SotwResponse {
 struct Subscription {
     wildcard: bool,
     names: BTreeSet<String>,
-    /// SHA-256 of the two above, length-prefixed; computed once per subscription.
+    /// SHA-256 of the two above (names as memo key parts); computed once per subscription.
     digest: [u8; 32],
 }
 
@@ -258,16 +256,14 @@ impl SotwState {
 fn subscription(names: &[String], may_be_legacy_wildcard: bool) -> Subscription {
     let wildcard = is_wildcard(names, may_be_legacy_wildcard);
     let names: BTreeSet<String> = names.iter().filter(|n| *n != "*").cloned().collect();
-    let mut digest = Sha256::new();
-    digest.update([u8::from(wildcard)]);
+    let mut key = vec![u8::from(wildcard)];
     for name in &names {
-        digest.update((name.len() as u64).to_le_bytes());
-        digest.update(name.as_bytes());
+        key_part(&mut key, name);
     }
     Subscription {
         wildcard,
         names,
-        digest: digest.finalize().into(),
+        digest: Sha256::digest(&key).into(),
     }
 }
 

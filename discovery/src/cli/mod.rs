@@ -28,11 +28,11 @@ mod wait_for_proxy;
 
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
+
 /// The xDS server's limits as `marin3r discovery-service` reads them from its flags (the
 /// benchmarks set them as a user would).
 pub use limits::XdsLimitArgs;
-
-use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(

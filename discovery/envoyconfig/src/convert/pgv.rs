@@ -14,6 +14,9 @@ use prost_reflect::{
 
 use super::ValueError;
 
+mod rules;
+use rules::{check_rules, field_rule, flag};
+
 /// The compiled rules of one message type: what to check without decoding options again, nor
 /// looking fields up by name on every message.
 #[derive(Debug, Default)]
@@ -320,9 +323,6 @@ fn map_key(key: &MapKey) -> String {
         MapKey::U64(n) => n.to_string(),
     }
 }
-
-mod rules;
-use rules::{check_rules, field_rule, flag};
 
 #[cfg(test)]
 #[path = "pgv_tests.rs"]
