@@ -11,10 +11,12 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use marin3r_certs::CertificateInfo;
 use marin3r_certs::api::{DiscoveryServiceCertificate, RENEW_ANNOTATION};
+use serde::Serialize;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::cluster::ClusterArgs;
+use super::output::Output;
 
 #[derive(Debug, Subcommand)]
 pub enum CertsCommand {
@@ -24,6 +26,10 @@ pub enum CertsCommand {
         /// PEM files (a bundle prints every certificate in it).
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
+        /// `table` (a block per certificate), `json` or `yaml`: `{"certificates": [...]}`,
+        /// each with its `file`; a file that cannot be read is said on stderr.
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
     /// Request a renewal of a DiscoveryServiceCertificate (sets the
     /// `marin3r.3scale.net/renew` annotation to the current time).
@@ -46,6 +52,10 @@ pub enum CertsCommand {
         namespace: Option<String>,
         #[command(flatten)]
         cluster: ClusterArgs,
+        /// `table` (a report), `json` or `yaml`: its `name`, `namespace`, `spec` and `status`,
+        /// and its `secret` with the certificate inside.
+        #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+        output: Output,
     },
 }
 
@@ -69,6 +79,7 @@ pub async fn run(cmd: CertsCommand) -> anyhow::Result<ExitCode> {
             name,
             namespace,
             cluster,
+            output,
         } => {
             let (api, ns) = certificates(&cluster, namespace).await?;
             let dsc = api
@@ -78,11 +89,17 @@ pub async fn run(cmd: CertsCommand) -> anyhow::Result<ExitCode> {
             let secrets: Api<Secret> =
                 Api::namespaced(api_client(&api), &secret_namespace(&dsc, &ns));
             let secret = secrets.get_opt(&dsc.spec.secret_ref.name).await?;
-            print!("{}", status_report(&dsc, &ns, secret.as_ref()));
+            let document = status_document(&dsc, &ns, secret.as_ref());
+            let report = || status_report(&dsc, &ns, secret.as_ref());
+            print!("{}", output.render(&document, report)?);
             Ok(ExitCode::SUCCESS)
         }
-        CertsCommand::Inspect { files } => {
-            let ok = inspect(&files, &mut io::stdout().lock(), &mut io::stderr().lock())?;
+        CertsCommand::Inspect { files, output } => {
+            let (out, err) = (&mut io::stdout().lock(), &mut io::stderr().lock());
+            let ok = match output {
+                Output::Table => inspect(&files, out, err)?,
+                _ => inspect_document(&files, output, out, err)?,
+            };
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -122,6 +139,80 @@ pub fn inspect(files: &[PathBuf], out: &mut impl Write, err: &mut impl Write) ->
     Ok(all_ok)
 }
 
+/// `marin3r certs inspect -o json|yaml`: one document of every certificate of every file;
+/// a file that cannot be read is reported on `err`. Returns whether every file was fine.
+fn inspect_document(
+    files: &[PathBuf],
+    output: Output,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> anyhow::Result<bool> {
+    let mut all_ok = true;
+    let mut certificates = Vec::new();
+    for path in files {
+        match read_certificates(path) {
+            Ok(certs) => certificates.extend(
+                certs
+                    .iter()
+                    .map(|c| CertificateView::new(c, Some(path.display().to_string()))),
+            ),
+            Err(reason) => {
+                all_ok = false;
+                writeln!(err, "error: {}: {reason}", path.display())?;
+            }
+        }
+    }
+    let document = serde_json::json!({ "certificates": certificates });
+    write!(out, "{}", output.render(&document, String::new)?)?;
+    Ok(all_ok)
+}
+
+/// What `certs inspect` and `certs status` say of one certificate.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CertificateView {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
+    subject: String,
+    issuer: String,
+    sans: Vec<String>,
+    serial: String,
+    key: String,
+    usage: Vec<&'static str>,
+    not_before: String,
+    not_after: String,
+    /// 80% of its validity, when marin3r renews it.
+    renewal_time: String,
+    hash: String,
+}
+
+impl CertificateView {
+    fn new(info: &CertificateInfo, file: Option<String>) -> Self {
+        let usages = [
+            (info.is_ca, "CA"),
+            (info.server_auth, "server auth"),
+            (info.client_auth, "client auth"),
+        ];
+        Self {
+            file,
+            subject: info.subject.clone(),
+            issuer: info.issuer.clone(),
+            sans: info.sans.iter().map(ToString::to_string).collect(),
+            serial: info.serial.clone(),
+            key: info.key_algorithm.clone(),
+            usage: usages
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, u)| *u)
+                .collect(),
+            not_before: rfc3339(info.not_before),
+            not_after: rfc3339(info.not_after),
+            renewal_time: rfc3339(info.renewal_time()),
+            hash: info.hash(),
+        }
+    }
+}
+
 fn read_certificates(path: &Path) -> Result<Vec<CertificateInfo>, String> {
     let pem = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     CertificateInfo::all_from_pem(&pem).map_err(|e| marin3r_controller::chain(&e))
@@ -132,44 +223,26 @@ fn rfc3339(t: OffsetDateTime) -> String {
 }
 
 fn write_certificate(info: &CertificateInfo, out: &mut impl Write) -> io::Result<()> {
-    let sans = if info.sans.is_empty() {
-        "(none)".to_owned()
-    } else {
-        info.sans
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+    let view = CertificateView::new(info, None);
+    let listed = |items: &[String]| match items.is_empty() {
+        true => "(none)".to_owned(),
+        false => items.join(", "),
     };
-    let mut usage = Vec::new();
-    if info.is_ca {
-        usage.push("CA");
-    }
-    if info.server_auth {
-        usage.push("server auth");
-    }
-    if info.client_auth {
-        usage.push("client auth");
-    }
-    let usage = if usage.is_empty() {
-        "(none)".to_owned()
-    } else {
-        usage.join(", ")
-    };
-    writeln!(out, "  Subject:     {}", info.subject)?;
-    writeln!(out, "  Issuer:      {}", info.issuer)?;
-    writeln!(out, "  SANs:        {sans}")?;
-    writeln!(out, "  Serial:      {}", info.serial)?;
-    writeln!(out, "  Key:         {}", info.key_algorithm)?;
-    writeln!(out, "  Usage:       {usage}")?;
-    writeln!(out, "  Not before:  {}", rfc3339(info.not_before))?;
-    writeln!(out, "  Not after:   {}", rfc3339(info.not_after))?;
+    let usage: Vec<String> = view.usage.iter().map(|u| (*u).to_owned()).collect();
+    writeln!(out, "  Subject:     {}", view.subject)?;
+    writeln!(out, "  Issuer:      {}", view.issuer)?;
+    writeln!(out, "  SANs:        {}", listed(&view.sans))?;
+    writeln!(out, "  Serial:      {}", view.serial)?;
+    writeln!(out, "  Key:         {}", view.key)?;
+    writeln!(out, "  Usage:       {}", listed(&usage))?;
+    writeln!(out, "  Not before:  {}", view.not_before)?;
+    writeln!(out, "  Not after:   {}", view.not_after)?;
     writeln!(
         out,
         "  Renewal at:  {} (80% of validity)",
-        rfc3339(info.renewal_time())
+        view.renewal_time
     )?;
-    writeln!(out, "  Hash:        {}", info.hash())?;
+    writeln!(out, "  Hash:        {}", view.hash)?;
     Ok(())
 }
 
@@ -193,6 +266,44 @@ fn secret_namespace(dsc: &DiscoveryServiceCertificate, ns: &str) -> String {
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| ns.to_owned())
+}
+
+/// The `marin3r certs status -o json|yaml` document.
+fn status_document(
+    dsc: &DiscoveryServiceCertificate,
+    ns: &str,
+    secret: Option<&Secret>,
+) -> serde_json::Value {
+    let secret_ref = format!("{}/{}", secret_namespace(dsc, ns), dsc.spec.secret_ref.name);
+    let secret = match secret {
+        None => serde_json::json!({ "name": secret_ref, "found": false }),
+        Some(secret) => {
+            let keys: Vec<&String> = secret.data.iter().flat_map(|d| d.keys()).collect();
+            let pem = secret.data.as_ref().and_then(|d| d.get("tls.crt"));
+            let certificate =
+                pem.map(|b| CertificateInfo::from_pem(&String::from_utf8_lossy(&b.0)));
+            let (certificate, error) = match certificate {
+                Some(Ok(info)) => (Some(CertificateView::new(&info, None)), None),
+                Some(Err(e)) => (None, Some(format!("tls.crt is unreadable: {e}"))),
+                None => (None, Some("tls.crt is missing".to_owned())),
+            };
+            serde_json::json!({
+                "name": secret_ref,
+                "found": true,
+                "type": secret.type_,
+                "keys": keys,
+                "certificate": certificate,
+                "error": error,
+            })
+        }
+    };
+    serde_json::json!({
+        "name": dsc.metadata.name,
+        "namespace": ns,
+        "spec": dsc.spec,
+        "status": dsc.status,
+        "secret": secret,
+    })
 }
 
 /// The `marin3r certs status` report.

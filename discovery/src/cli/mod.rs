@@ -16,6 +16,7 @@ mod limits;
 mod listen;
 mod logging;
 mod operator;
+mod output;
 pub mod port_forward;
 mod proxy_config;
 mod proxy_status;
@@ -23,6 +24,7 @@ mod shutdown_manager;
 mod sidecar_defaults;
 mod table;
 pub(crate) mod validate;
+mod validate_document;
 mod version;
 mod wait_for_proxy;
 
@@ -43,6 +45,32 @@ pub use limits::XdsLimitArgs;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The name kubectl finds a plugin by: with `kubectl-marin3r` on `PATH` (a link to `marin3r`
+/// or a copy), `kubectl marin3r ARGS...` runs it with ARGS.
+pub const PLUGIN_BINARY: &str = "kubectl-marin3r";
+
+impl Cli {
+    /// Parses the process's arguments, exiting with clap's message on an error. Run as the
+    /// kubectl plugin, help and errors name the command as typed: `kubectl marin3r`.
+    pub fn from_env() -> Self {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let invoked = std::env::args_os().next();
+        let mut command = Self::command();
+        if invoked.as_deref().is_some_and(is_plugin) {
+            command = command.bin_name("kubectl marin3r");
+        }
+        let matches = command.get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Whether the program was run by its plugin name (kubectl runs it by its full path).
+fn is_plugin(argv0: &std::ffi::OsStr) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .is_some_and(|name| name == PLUGIN_BINARY)
 }
 
 #[derive(Debug, clap::Args)]

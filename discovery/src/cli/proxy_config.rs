@@ -16,6 +16,7 @@ use marin3r_webhook::annotations::{ADMIN_PORT, NODE_ID};
 use marin3r_xds::{SYNC_STATUS_PATH, SyncStatus};
 
 use super::cluster::ClusterArgs;
+use super::output::Output;
 use crate::proxy_config::served::{SERVED_CONFIG_PATH, Served};
 use crate::proxy_config::{Entry, defuse, diff, dump, printable};
 use marin3r_api::discovery_service::DEFAULT_ADMIN_PORT;
@@ -81,13 +82,6 @@ impl Section {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Output {
-    Table,
-    Json,
-    Yaml,
-}
-
 pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
     let client = args.cluster.client().await?;
     let ns = args
@@ -135,9 +129,9 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<ExitCode> {
         printable(&node),
         comparison.render()
     );
-    match args.output {
-        Output::Table => print!("{report}"),
-        Output::Json | Output::Yaml => eprint!("{report}"),
+    match args.output.is_document() {
+        false => print!("{report}"),
+        true => eprint!("{report}"),
     }
     // Nothing served at all is a node without config (a wrong node id?); nothing of one
     // chosen type is just that.
@@ -306,12 +300,8 @@ fn query_escape(value: &str) -> String {
 }
 
 fn render(entries: &[Entry], output: Output) -> anyhow::Result<String> {
-    Ok(match output {
-        Output::Json => {
-            serde_json::to_string_pretty(&serde_json::json!({ "resources": entries }))? + "\n"
-        }
-        Output::Yaml => serde_saphyr::to_string(&serde_json::json!({ "resources": entries }))?,
-        Output::Table => table(entries),
+    output.render(&serde_json::json!({ "resources": entries }), || {
+        table(entries)
     })
 }
 

@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::cluster::ClusterArgs;
+use super::output::Output;
 use marin3r_api::discovery_service::DEFAULT_ADMIN_PORT;
 use marin3r_xds::{ProxyStatus, SYNC_STATUS_PATH, SyncStatus, TypeStatus};
 
@@ -37,17 +38,11 @@ pub struct ProxyStatusArgs {
     /// Only proxies of this namespace.
     #[arg(long, short = 'n')]
     namespace: Option<String>,
-    /// `table`, or `json`: `{"proxies": [...]}` with every field of the sync status and, per
-    /// proxy, the discovery pod it is connected to (`replica`, when asked through the API
-    /// server).
+    /// `table`, `json` or `yaml`: `{"proxies": [...]}` with every field of the sync status
+    /// and, per proxy, the discovery pod it is connected to (`replica`, when asked through the
+    /// API server).
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     output: Output,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Output {
-    Table,
-    Json,
 }
 
 pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
@@ -81,10 +76,11 @@ pub async fn run(args: ProxyStatusArgs) -> anyhow::Result<()> {
         let why: Vec<String> = failures.iter().map(super::error_line).collect();
         bail!("no discovery pod answered: {}", why.join("; "));
     }
-    match args.output {
-        Output::Table => print!("{}", render(&replicas)),
-        Output::Json => println!("{}", to_json(&replicas)?),
-    }
+    print!(
+        "{}",
+        args.output
+            .render(&document(&replicas)?, || render(&replicas))?
+    );
     if failures.is_empty() {
         return Ok(());
     }
@@ -229,7 +225,7 @@ pub fn render(answers: &[Answer]) -> String {
     if replica_column {
         header.push("REPLICA");
     }
-    header.push("PROTOCOL");
+    header.extend(["ENVOY", "PROTOCOL"]);
     let mut rows = vec![
         header
             .into_iter()
@@ -246,6 +242,7 @@ pub fn render(answers: &[Answer]) -> String {
         if replica_column {
             row.push(replica.unwrap_or("-").to_owned());
         }
+        row.push(p.envoy_version.clone().unwrap_or_else(|| "-".into()));
         row.push(p.protocol.clone());
         row.extend(columns.iter().map(|c| cell(p.types.get(*c))));
         rows.push(row);
@@ -262,8 +259,8 @@ pub fn render(answers: &[Answer]) -> String {
     out
 }
 
-/// The `-o json` document: every proxy of every answer, with the pod that answered.
-pub fn to_json(answers: &[Answer]) -> anyhow::Result<String> {
+/// The `-o json|yaml` document: every proxy of every answer, with the pod that answered.
+pub fn document(answers: &[Answer]) -> anyhow::Result<serde_json::Value> {
     let mut proxies = Vec::new();
     for answer in answers {
         for p in &answer.status.proxies {
@@ -274,9 +271,7 @@ pub fn to_json(answers: &[Answer]) -> anyhow::Result<String> {
             proxies.push(proxy);
         }
     }
-    Ok(serde_json::to_string_pretty(
-        &serde_json::json!({ "proxies": proxies }),
-    )?)
+    Ok(serde_json::json!({ "proxies": proxies }))
 }
 
 fn nack_lines(p: &ProxyStatus) -> Vec<String> {
@@ -340,11 +335,11 @@ mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(
             lines[0],
-            "NAMESPACE   NODE ID   POD    PROTOCOL   CLUSTERS          LISTENERS         ROUTES"
+            "NAMESPACE   NODE ID   POD    ENVOY    PROTOCOL   CLUSTERS          LISTENERS         ROUTES"
         );
         assert_eq!(
             lines[1],
-            "team-a      gw        gw-1   delta      SYNCED aaaaaaaa   NACKED bbbbbbbb   STALE"
+            "team-a      gw        gw-1   1.34.1   delta      SYNCED aaaaaaaa   NACKED bbbbbbbb   STALE"
         );
         assert!(out.contains(
             "  team-a/gw listeners version bbbbbbbbbbbb at 2026-01-01T00:00:00Z: bad listener"
@@ -392,15 +387,15 @@ mod tests {
         let out = render(&answers);
         assert_eq!(
             out,
-            "NAMESPACE   NODE ID   POD    REPLICA       PROTOCOL   CLUSTERS\n\
-             team-a      gw        gw-1   discovery-a   sotw       SYNCED aaaaaaaa\n\
-             team-a      gw        gw-2   discovery-b   sotw       SYNCED aaaaaaaa\n\
-             team-a      db        db-1   discovery-b   sotw       SYNCED bbbb\n"
+            "NAMESPACE   NODE ID   POD    REPLICA       ENVOY   PROTOCOL   CLUSTERS\n\
+             team-a      gw        gw-1   discovery-a   -       sotw       SYNCED aaaaaaaa\n\
+             team-a      gw        gw-2   discovery-b   -       sotw       SYNCED aaaaaaaa\n\
+             team-a      db        db-1   discovery-b   -       sotw       SYNCED bbbb\n"
         );
         // One pod asked: no REPLICA column (the single-replica table is unchanged).
         let one = render(&answers[1..2]);
         assert!(
-            one.starts_with("NAMESPACE   NODE ID   POD    PROTOCOL"),
+            one.starts_with("NAMESPACE   NODE ID   POD    ENVOY   PROTOCOL"),
             "{one}"
         );
         // Replicas that all have nobody connected.
@@ -426,7 +421,7 @@ mod tests {
                 },
             },
         ];
-        let doc: serde_json::Value = serde_json::from_str(&to_json(&answers).unwrap()).unwrap();
+        let doc = document(&answers).unwrap();
         let proxies = doc["proxies"].as_array().unwrap();
         assert_eq!(proxies.len(), 2);
         assert_eq!(proxies[0]["replica"], "discovery-a");
@@ -434,7 +429,7 @@ mod tests {
         assert_eq!(proxies[0]["types"]["clusters"]["acked_version"], "aaaa");
         // Read from a URL: no replica to name.
         assert!(proxies[1].get("replica").is_none());
-        assert_eq!(to_json(&[]).unwrap(), "{\n  \"proxies\": []\n}");
+        assert_eq!(document(&[]).unwrap(), serde_json::json!({"proxies": []}));
     }
 
     #[test]

@@ -10,6 +10,8 @@ use std::process::ExitCode;
 use clap::Args;
 use serde::Deserialize;
 
+use super::output::Output;
+
 use marin3r_xds::resource::{Resource, ResourceType};
 
 use marin3r_api::EnvoyConfigSpec;
@@ -33,6 +35,10 @@ pub struct ValidateArgs {
     /// marin3r's own checks only, even with an Envoy on PATH.
     #[arg(long)]
     no_envoy: bool,
+    /// `table` (a line per config and per problem, problems on stderr), `json` or `yaml`:
+    /// `{"valid": bool, "files": [{file, documents: [{object, result, ...}]}]}` on stdout.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
@@ -54,12 +60,19 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
     if let Some(judge) = judge.clone() {
         std::thread::spawn(move || judge.version());
     }
-    let ok = validate_files_with(
-        &args.files,
-        judge.as_ref(),
-        &mut io::stdout().lock(),
-        &mut io::stderr().lock(),
-    )?;
+    let ok = match args.output {
+        Output::Table => validate_files_with(
+            &args.files,
+            judge.as_ref(),
+            &mut io::stdout().lock(),
+            &mut io::stderr().lock(),
+        )?,
+        output => {
+            let (document, ok) = super::validate_document::files(&args.files, judge.as_ref());
+            print!("{}", output.render(&document, String::new)?);
+            ok
+        }
+    };
     if judge.is_none() && !args.no_envoy {
         eprintln!(
             "note: no Envoy found on PATH (--envoy PATH): marin3r's own checks only; Envoy may still refuse what passed them"
@@ -83,13 +96,7 @@ pub fn validate_files_with(
 ) -> io::Result<bool> {
     let mut all_ok = true;
     for path in files {
-        let (name, text) = if path.as_os_str() == "-" {
-            let mut text = String::new();
-            let read = io::stdin().read_to_string(&mut text).map(|_| text);
-            ("<stdin>".to_owned(), read)
-        } else {
-            (path.display().to_string(), std::fs::read_to_string(path))
-        };
+        let (name, text) = read_input(path);
         let text = match text {
             Ok(text) => text,
             Err(e) => {
@@ -140,6 +147,17 @@ pub fn validate_files_with(
         }
     }
     Ok(all_ok)
+}
+
+/// The name a file is reported by, and its text; `-` is standard input.
+pub(super) fn read_input(path: &std::path::Path) -> (String, io::Result<String>) {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        let read = io::stdin().read_to_string(&mut text).map(|_| text);
+        ("<stdin>".to_owned(), read)
+    } else {
+        (path.display().to_string(), std::fs::read_to_string(path))
+    }
 }
 
 /// The verdict on one document of a manifest file.

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use super::cluster::ClusterArgs;
 use super::discovery_pods::DISCOVERY_POD_SELECTOR;
+use super::output::Output;
 use super::proxy_status::sync_status_of;
 use marin3r_api::discovery_service::{DEFAULT_ADMIN_PORT, DiscoveryService};
 
@@ -35,16 +36,10 @@ pub struct VersionArgs {
     /// The discovery pods' admin port (their --admin-address), for their proxies' versions.
     #[arg(long, default_value_t = DEFAULT_ADMIN_PORT)]
     admin_port: u16,
-    /// `text`, or `json`: `{"client": {...}, "server": {...}}`, or `"serverError"` in place
-    /// of `server` when the cluster could not be asked.
-    #[arg(long, short = 'o', value_enum, default_value_t = Output::Text)]
+    /// `table` (or `text`), `json` or `yaml`: `{"client": {...}, "server": {...}}`, or
+    /// `"serverError"` in place of `server` when the cluster could not be asked.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     output: Output,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Output {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Serialize)]
@@ -111,10 +106,7 @@ pub async fn run(args: VersionArgs) -> anyhow::Result<()> {
         server,
         server_error,
     };
-    match args.output {
-        Output::Text => print!("{}", render(&report)),
-        Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-    }
+    print!("{}", args.output.render(&report, || render(&report))?);
     Ok(())
 }
 

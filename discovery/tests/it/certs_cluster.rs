@@ -116,6 +116,33 @@ async fn kubectl_and_marin3r_certs_manage_a_certificate() {
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    // The same for scripts, as JSON and as YAML.
+    let (ok, out, err) = marin3r(
+        &kubeconfig,
+        &["certs", "status", "my-cert", "-n", &ns, "-o", "json"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["name"], "my-cert", "{doc}");
+    assert_eq!(doc["status"]["ready"], true, "{doc}");
+    assert_eq!(doc["secret"]["name"], format!("{ns}/my-cert-tls"), "{doc}");
+    assert_eq!(
+        doc["secret"]["certificate"]["usage"],
+        serde_json::json!(["server auth"])
+    );
+    assert_eq!(
+        doc["secret"]["certificate"]["sans"],
+        serde_json::json!(["DNS:my-service", "DNS:my-service.default.svc"])
+    );
+    let (ok, out, err) = marin3r(
+        &kubeconfig,
+        &["certs", "status", "my-cert", "-n", &ns, "-o", "yaml"],
+    )
+    .await;
+    assert!(ok, "{err}");
+    let yaml: serde_json::Value = serde_saphyr::from_str(&out).unwrap();
+    assert_eq!(yaml["secret"], doc["secret"]);
 
     // `marin3r certs renew` reissues once.
     let before = serial(&client, &ns).await;

@@ -172,3 +172,54 @@ fn a_missing_kubeconfig_is_reported_once() {
         "{stderr}"
     );
 }
+
+/// `-o json` and `-o yaml` print one document of every certificate for scripts, each with its
+/// file; a bad file is still said on stderr and fails the run.
+#[test]
+fn inspect_prints_one_document_for_scripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let day = Duration::from_secs(86_400);
+    let ca = issue_self_signed(&CertificateRequest::ca("marin3r-ca", day)).unwrap();
+    let leaf = CertificateAuthority::from_issued(&ca)
+        .unwrap()
+        .issue(&CertificateRequest::new("envoy", Usage::Client, day).with_hosts(["10.0.0.7"]))
+        .unwrap();
+    let bundle = write(
+        dir.path(),
+        "bundle.pem",
+        &format!("{}{}", ca.cert_pem, leaf.cert_pem),
+    );
+    let out = marin3r(&["certs", "inspect", "-o", "json", &bundle]);
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let certs = doc["certificates"].as_array().unwrap();
+    assert_eq!(certs.len(), 2, "{doc}");
+    let info = CertificateInfo::from_pem(&leaf.cert_pem).unwrap();
+    let ts = |t: time::OffsetDateTime| t.format(&Rfc3339).unwrap();
+    assert_eq!(
+        certs[1],
+        serde_json::json!({
+            "file": bundle,
+            "subject": "CN=envoy",
+            "issuer": "CN=marin3r-ca",
+            "sans": ["IP:10.0.0.7"],
+            "serial": info.serial,
+            "key": "ECDSA P-256",
+            "usage": ["client auth"],
+            "notBefore": ts(info.not_before),
+            "notAfter": ts(info.not_after),
+            "renewalTime": ts(info.renewal_time()),
+            "hash": certificate_hash(&leaf.cert_pem).unwrap(),
+        })
+    );
+    assert_eq!(certs[0]["usage"], serde_json::json!(["CA"]));
+
+    let missing = dir.path().join("missing.crt").to_str().unwrap().to_owned();
+    let out = marin3r(&["certs", "inspect", "-o", "yaml", &bundle, &missing]);
+    assert_eq!(out.status.code(), Some(1));
+    let yaml: serde_json::Value =
+        serde_saphyr::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    assert_eq!(yaml, doc, "the YAML is the same document");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains(&format!("error: {missing}: ")), "{stderr}");
+}

@@ -437,3 +437,47 @@ spec:
         "{err}"
     );
 }
+
+/// `-o json|yaml`: the same verdicts as one document on stdout, each problem with its line
+/// and column, for CI jobs that read them.
+#[test]
+fn the_verdicts_are_one_document_for_scripts() {
+    let missing = "/nonexistent/marin3r-validate.yaml";
+    let out = marin3r(&["validate", "-o", "json", "-f", GOOD, BAD, missing]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["valid"], false);
+    let files = doc["files"].as_array().unwrap();
+    assert_eq!(files.len(), 3, "{doc}");
+    assert_eq!(files[0]["file"], GOOD);
+    assert_eq!(
+        files[0]["documents"],
+        serde_json::json!([
+            {"object": "default/test", "result": "valid",
+             "summary": "node my-proxy, 3 resources: clusters 1, listeners 1, secrets 1; \
+                         accepted by Envoy 1.40.0"},
+            {"object": "Secret other", "result": "skipped"},
+        ])
+    );
+    let bad = &files[1]["documents"][0];
+    assert_eq!(bad["result"], "invalid", "{bad}");
+    assert_eq!(
+        bad["problems"][1],
+        serde_json::json!({"line": 21, "column": 17,
+            "message": "spec.envoyResources.clusters[0].value: type: unknown enum value \"STRICTDNS\""})
+    );
+    assert!(bad["problems"][0].get("line").is_none(), "{bad}");
+    assert!(
+        files[2]["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("cannot read: ")),
+        "{doc}"
+    );
+
+    let out = marin3r(&["validate", "-o", "yaml", "-f", GOOD]);
+    assert!(out.status.success(), "{out:?}");
+    let yaml: serde_json::Value =
+        serde_saphyr::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    assert_eq!(yaml["valid"], true);
+    assert_eq!(yaml["files"][0]["documents"], doc["files"][0]["documents"]);
+}

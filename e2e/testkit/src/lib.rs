@@ -25,6 +25,7 @@ pub mod namespaces;
 #[cfg(feature = "pki")]
 pub mod pki;
 pub mod ports;
+pub mod readable;
 pub mod secret_volume;
 pub mod tools;
 pub mod wait;

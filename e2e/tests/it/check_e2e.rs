@@ -22,16 +22,28 @@ use serde_json::json;
 
 /// Runs `marin3r check`; its exit status and output.
 async fn check(kubeconfig: &Path) -> (bool, String) {
+    check_with(kubeconfig, &[]).await
+}
+
+/// Runs `marin3r check ARGS...`; its exit status and output (stdout, then stderr).
+async fn check_with(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
     let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
     let out = tokio::process::Command::new(marin3r)
         .arg("check")
+        .args(args)
         .env("KUBECONFIG", kubeconfig)
         .output()
         .await
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), format!("{stdout}{stderr}"))
+    let all = format!("{stdout}{stderr}");
+    let line = marin3r_testkit::readable::debug_line(&all);
+    assert_eq!(
+        line, None,
+        "check {args:?} printed Debug formatting:\n{all}"
+    );
+    (out.status.success(), all)
 }
 
 /// This run's objects in `marin3r check`'s report: the scenario's namespace and the
@@ -288,4 +300,126 @@ async fn check_passes_then_names_each_broken_part() {
     let out = scale(&kubeconfig, "marin3r-operator", 1).unwrap();
     assert!(out.status.success(), "{out:?}");
     check_until(&kubeconfig, ours, true, &[]).await;
+}
+
+/// Deletes the pod-mutating webhook configuration the `--pre` test made.
+struct WebhookGone(kube::Client, String);
+
+impl Drop for WebhookGone {
+    fn drop(&mut self) {
+        let (client, name) = (self.0.clone(), self.1.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+            runtime.block_on(async {
+                let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+            })
+        })
+        .join();
+    }
+}
+
+/// The checks of a `-o json` report, by name: (result, detail).
+fn results(out: &str) -> std::collections::BTreeMap<String, (String, String)> {
+    let doc: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    doc["checks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no checks: {out}"))
+        .iter()
+        .map(|c| {
+            let text = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (text("check"), (text("result"), text("detail")))
+        })
+        .collect()
+}
+
+/// `marin3r check --pre`, as someone about to install would run it, on the cluster where
+/// marin3r is installed: the cluster's version passes and a cluster administrator may
+/// install, what is there already is warned of (never failed: the exit code is 0), and
+/// another webhook that mutates pods is named. As a ServiceAccount with no permission, it
+/// fails and names what the install would be refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_pre_says_what_an_install_would_meet() {
+    let scenario = Scenario::start("precheck", &[]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.as_str());
+    let kubeconfig = scenario.cluster.kubeconfig().to_path_buf();
+
+    // A webhook of another product on pod creation, which matches no namespace (so it
+    // changes nothing for the other scenarios) and is ignored if unreachable.
+    let name = format!("{ns}-injector");
+    let _gone = WebhookGone(client.clone(), name.clone());
+    scenario
+        .kubectl
+        .ok_with(
+            &["apply", "-f", "-"],
+            &format!(
+                "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\n\
+                 metadata: {{name: {name}}}\nwebhooks:\n- name: inject.example.com\n  \
+                 admissionReviewVersions: [v1]\n  sideEffects: None\n  failurePolicy: Ignore\n  \
+                 clientConfig: {{url: 'https://127.0.0.1:1/inject'}}\n  \
+                 namespaceSelector: {{matchLabels: {{{ns}: never}}}}\n  \
+                 rules: [{{apiGroups: [''], apiVersions: [v1], resources: [pods], operations: [CREATE]}}]\n"
+            ),
+        )
+        .await
+        .unwrap();
+
+    let (ok, out) = check_with(&kubeconfig, &["--pre", "-o", "json"]).await;
+    let checks = results(&out);
+    assert!(ok, "a warning does not fail --pre:\n{out}");
+    let result = |check: &str| {
+        checks
+            .get(check)
+            .cloned()
+            .unwrap_or_else(|| panic!("{check} not checked: {out}"))
+    };
+    let (verdict, detail) = result("Kubernetes version");
+    assert_eq!(verdict, "pass", "{detail}");
+    assert!(detail.starts_with("v1."), "{detail}");
+    assert_eq!(result("permissions to install").0, "pass", "{out}");
+    assert_eq!(
+        result("permissions the operator is granted").0,
+        "pass",
+        "{out}"
+    );
+    let (verdict, detail) = result("CRDs");
+    assert_eq!(verdict, "warn", "{detail}");
+    assert!(detail.contains("already installed"), "{detail}");
+    let (verdict, detail) = result("webhooks mutating pods");
+    assert_eq!(verdict, "warn", "{detail}");
+    assert!(detail.contains(&name), "{detail}");
+
+    // The same report for people, and as YAML.
+    let (ok, out) = check_with(&kubeconfig, &["--pre"]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("[warn] webhooks mutating pods: {name}")),
+        "{out}"
+    );
+    assert!(out.contains(" checks passed; "), "{out}");
+    let (_, out) = check_with(&kubeconfig, &["--pre", "-o", "yaml"]).await;
+    assert!(out.starts_with("checks:\n"), "{out}");
+
+    // A ServiceAccount that may do nothing: the install would be refused, and it says what.
+    scenario
+        .kubectl
+        .ok(&["create", "serviceaccount", "installer", "-n", ns])
+        .await
+        .unwrap();
+    let (_, dir) = scenario.kubectl_as(ns, "installer").await.unwrap();
+    let (ok, out) = check_with(&dir.path().join("kubeconfig"), &["--pre", "-o", "json"]).await;
+    assert!(!ok, "{out}");
+    let checks = results(&out);
+    let (verdict, detail) = &checks["permissions to install"];
+    assert_eq!(verdict, "fail", "{detail}");
+    for refused in [
+        "create customresourcedefinitions.apiextensions.k8s.io",
+        "create clusterroles.rbac.authorization.k8s.io",
+        "create deployments.apps in marin3r-system",
+    ] {
+        assert!(detail.contains(refused), "{refused}: {detail}");
+    }
+    let (verdict, detail) = &checks["permissions the operator is granted"];
+    assert_eq!(verdict, "fail", "{detail}");
+    assert!(detail.contains("mutatingwebhookconfigurations"), "{detail}");
 }

@@ -112,11 +112,25 @@ async fn proxy_config(kubeconfig: &Path, ns: &str, args: &[&str]) -> (bool, Stri
         .output()
         .await
         .unwrap();
-    (
-        out.status.success(),
+    let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    );
+    // What people read (the table, and the comparison on stderr) shows no Rust Debug
+    // formatting; a JSON or YAML document carries the proxy's own strings.
+    let people = if args.contains(&"-o") {
+        vec![&stderr]
+    } else {
+        vec![&stdout, &stderr]
+    };
+    for text in people {
+        let line = marin3r_testkit::readable::debug_line(text);
+        assert_eq!(
+            line, None,
+            "proxy-config {args:?} printed Debug formatting:\n{text}"
+        );
+    }
+    (out.status.success(), stdout, stderr)
 }
 
 /// Runs proxy-config with `args` until it exits `success` with `wanted` in its output.

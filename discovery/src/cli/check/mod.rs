@@ -3,10 +3,11 @@
 //! (a config rolled back, which is the user's config and not the installation) are printed
 //! and do not fail.
 
-use std::fmt::Write;
 use std::process::ExitCode;
 
 mod certificates;
+mod pre;
+mod report;
 mod served;
 
 use clap::Args;
@@ -19,9 +20,11 @@ use marin3r_certs::api::DiscoveryServiceCertificate;
 use time::OffsetDateTime;
 
 use super::cluster::ClusterArgs;
+use super::output::Output;
 use crate::crds;
 use marin3r_api::EnvoyConfig;
 use marin3r_api::discovery_service::DiscoveryService;
+use report::Report;
 use served::{check_namespaces, check_webhooks};
 
 #[derive(Debug, Args)]
@@ -31,76 +34,40 @@ pub struct CheckArgs {
     /// Where the operator runs.
     #[arg(long, default_value = "marin3r-system")]
     operator_namespace: String,
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Verdict {
-    Pass(String),
-    Warn(String, String),
-    /// What is wrong, and what to do.
-    Fail(String, String),
-}
-
-#[derive(Debug, Default)]
-struct Report {
-    lines: Vec<(String, Verdict)>,
-}
-
-impl Report {
-    fn add(&mut self, check: impl Into<String>, verdict: Verdict) {
-        self.lines.push((check.into(), verdict));
-    }
-
-    fn pass(&mut self, check: impl Into<String>, detail: impl Into<String>) {
-        self.add(check, Verdict::Pass(detail.into()));
-    }
-
-    fn fail(&mut self, check: impl Into<String>, what: impl Into<String>, fix: impl Into<String>) {
-        self.add(check, Verdict::Fail(what.into(), fix.into()));
-    }
-
-    fn failures(&self) -> usize {
-        let failed = |(_, v): &&(String, Verdict)| matches!(v, Verdict::Fail(..));
-        self.lines.iter().filter(failed).count()
-    }
-
-    fn warnings(&self) -> usize {
-        let warned = |(_, v): &&(String, Verdict)| matches!(v, Verdict::Warn(..));
-        self.lines.iter().filter(warned).count()
-    }
-
-    fn render(&self) -> String {
-        let mut out = String::new();
-        for (check, verdict) in &self.lines {
-            let _ = match verdict {
-                Verdict::Pass(detail) => writeln!(out, "[ok]   {check}: {detail}"),
-                Verdict::Warn(what, fix) => {
-                    writeln!(out, "[warn] {check}: {what}\n       -> {fix}")
-                }
-                Verdict::Fail(what, fix) => {
-                    writeln!(out, "[FAIL] {check}: {what}\n       -> {fix}")
-                }
-            };
-        }
-        // A warning is never counted as a pass.
-        let (all, failures, warnings) = (self.lines.len(), self.failures(), self.warnings());
-        let passed = all - failures - warnings;
-        let _ = match (failures, warnings) {
-            (0, 0) => writeln!(out, "\nAll {all} checks passed."),
-            (0, w) => writeln!(out, "\n{passed} of {all} checks passed; {w} warned."),
-            (f, 0) => writeln!(out, "\n{f} of {all} checks failed."),
-            (f, w) => writeln!(out, "\n{f} of {all} checks failed; {w} warned."),
-        };
-        out
-    }
+    /// Before installing: whether this cluster can take marin3r (its Kubernetes version, your
+    /// permissions to install it, webhooks and CRDs already there that would clash), instead
+    /// of whether the installation works.
+    #[arg(long)]
+    pre: bool,
+    /// `table` (the report's lines), `json` or `yaml`: `{"checks": [{check, result, detail,
+    /// fix}], "summary": {total, passed, warned, failed}}`, `result` one of pass, warn, fail.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
 }
 
 pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
     let client = args.cluster.client().await?;
     let mut report = Report::default();
-    check_crds(&client, &mut report).await;
-    check_operator(&client, &args.operator_namespace, &mut report).await;
+    if args.pre {
+        pre::check(&client, &args.operator_namespace, &mut report).await;
+    } else {
+        installed(&client, &args, &mut report).await;
+    }
+    print!(
+        "{}",
+        args.output.render(&report.document(), || report.render())?
+    );
+    Ok(if report.failures() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The checks of an installation.
+async fn installed(client: &kube::Client, args: &CheckArgs, report: &mut Report) {
+    check_crds(client, report).await;
+    check_operator(client, &args.operator_namespace, report).await;
     let dss: Api<DiscoveryService> = Api::all(client.clone());
     match dss.list(&ListParams::default()).await {
         Ok(list) if list.items.is_empty() => report.fail(
@@ -110,7 +77,7 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
         ),
         Ok(list) => {
             for ds in &list.items {
-                check_discovery_service(&client, ds, &args.operator_namespace, &mut report).await;
+                check_discovery_service(client, ds, &args.operator_namespace, report).await;
             }
         }
         Err(e) => report.fail(
@@ -119,17 +86,22 @@ pub async fn run(args: CheckArgs) -> anyhow::Result<ExitCode> {
             "install the CRDs and check your RBAC",
         ),
     }
-    check_certificates(&client, &mut report).await;
-    check_proxies(&client, &mut report).await;
-    print!("{}", report.render());
-    Ok(if report.failures() == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    check_certificates(client, report).await;
+    check_proxies(client, report).await;
 }
 
 const REINSTALL: &str = "apply this release's manifests: kubectl apply --server-side -k manifests/ (or its install.yaml)";
+
+/// Whether two CRDs serve the same versions with the same schemas.
+fn same_schema(a: &CustomResourceDefinition, b: &CustomResourceDefinition) -> bool {
+    let schema = |crd: &CustomResourceDefinition| {
+        let versions = crd.spec.versions.iter();
+        versions
+            .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
+            .collect::<Vec<_>>()
+    };
+    schema(a) == schema(b)
+}
 
 async fn check_crds(client: &kube::Client, report: &mut Report) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -139,13 +111,7 @@ async fn check_crds(client: &kube::Client, report: &mut Report) {
         match api.get_opt(&name).await {
             Ok(None) => report.fail(check, "not installed", REINSTALL),
             Ok(Some(have)) => {
-                let schema = |crd: &CustomResourceDefinition| {
-                    let versions = crd.spec.versions.iter();
-                    versions
-                        .map(|v| (v.name.clone(), serde_json::to_value(&v.schema).ok()))
-                        .collect::<Vec<_>>()
-                };
-                if schema(&have) == schema(&want) {
+                if same_schema(&have, &want) {
                     report.pass(check, format!("current ({})", env!("CARGO_PKG_VERSION")));
                 } else {
                     let what = format!(
@@ -374,17 +340,12 @@ async fn check_proxies(client: &kube::Client, report: &mut Report) {
                 .cache_state
                 .map_or("no cache state yet", |s| s.as_str());
             let what = format!("its desired version is not published ({state})");
-            report.add(
-                format!("EnvoyConfig {id}"),
-                Verdict::Warn(
-                    what,
-                    format!(
-                        "kubectl describe ec {} -n {}",
-                        ec.name_any(),
-                        ec.namespace().unwrap_or_default()
-                    ),
-                ),
+            let fix = format!(
+                "kubectl describe ec {} -n {}",
+                ec.name_any(),
+                ec.namespace().unwrap_or_default()
             );
+            report.warn(format!("EnvoyConfig {id}"), what, fix);
         }
     }
     if behind.is_empty() {
@@ -401,34 +362,5 @@ async fn check_proxies(client: &kube::Client, report: &mut Report) {
             format!("out of sync: {}", behind.join(", ")),
             "marin3r proxy-status, then marin3r proxy-config POD for one of them",
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_report_says_what_failed_and_what_to_do() {
-        let mut r = Report::default();
-        r.pass("CRD a", "current");
-        r.add(
-            "EnvoyConfig x",
-            Verdict::Warn("rolled back".into(), "describe it".into()),
-        );
-        assert_eq!(r.failures(), 0);
-        // A warning is not a pass.
-        assert!(r.render().ends_with("\n1 of 2 checks passed; 1 warned.\n"));
-        r.fail("webhook w", "bad caBundle", "rewrite it");
-        assert_eq!(r.failures(), 1);
-        let out = r.render();
-        assert!(
-            out.contains("[FAIL] webhook w: bad caBundle\n       -> rewrite it\n"),
-            "{out}"
-        );
-        assert!(out.ends_with("1 of 3 checks failed; 1 warned.\n"), "{out}");
-        let mut clean = Report::default();
-        clean.pass("CRD a", "current");
-        assert!(clean.render().ends_with("\nAll 1 checks passed.\n"));
     }
 }
