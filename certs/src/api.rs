@@ -98,7 +98,10 @@ pub struct DiscoveryServiceCertificateSpec {
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("minProperties" = 1, "maxProperties" = 1))]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.selfSigned) != has(self.caSigned)",
+    "message": "set exactly one of selfSigned or caSigned",
+}]))]
 pub struct Signer {
     /// The certificate signs itself (`{}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,6 +172,7 @@ pub struct DiscoveryServiceCertificateStatus {
     pub observed_generation: Option<i64>,
     /// `Ready`, with the reason when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

@@ -172,6 +172,7 @@ pub struct ServiceConfig {
 pub struct DiscoveryServiceStatus {
     /// `Ready`, with the reason when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// Namespaces currently enabled (listed or labelled).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

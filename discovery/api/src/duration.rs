@@ -1,5 +1,11 @@
 //! Durations written the Go way (`2160h`, `1h30m`, `90s`), as the original MARIN3R's
 //! `metav1.Duration` fields are.
+//!
+//! Not `kube::core::Duration`, the type made for this: its parser panics on a duration longer
+//! than Rust's `Duration` holds (`99999999999999999999999h`), and tenants write these fields,
+//! so a field of that type would let one object stop the controller decoding it. The fields
+//! stay strings, read with this parser, which refuses such a value with an error (the test
+//! `kubes_duration_parser_panics_where_ours_refuses` fails once kube's stops panicking).
 
 use std::time::Duration;
 
@@ -65,6 +71,20 @@ mod tests {
                 secs,
                 "{text}"
             );
+        }
+    }
+
+    #[test]
+    fn kubes_duration_parser_panics_where_ours_refuses() {
+        let text = "99999999999999999999999h";
+        let kube = std::panic::catch_unwind(|| text.parse::<kube_core::Duration>());
+        assert!(kube.is_err(), "kube's parser no longer panics: {kube:?}");
+        let ours = parse_go_duration(text).unwrap_err();
+        assert!(ours.contains("out of range"), "{ours}");
+        // Where both read a value, they agree.
+        for text in ["2160h", "1h30m", "1.5h", "500ms", "0"] {
+            let kube: std::time::Duration = text.parse::<kube_core::Duration>().unwrap().into();
+            assert_eq!(parse_go_duration(text).unwrap(), kube, "{text}");
         }
     }
 

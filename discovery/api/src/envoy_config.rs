@@ -280,6 +280,7 @@ pub struct EnvoyConfigStatus {
     /// `CacheOutOfSync`, `Ready` (its opposite), `RollbackFailed` and `Synced` (every
     /// connected proxy acknowledged the desired version).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The revisions in publication order; the last published one is last.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

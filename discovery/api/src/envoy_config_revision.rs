@@ -164,6 +164,7 @@ pub struct EnvoyConfigRevisionStatus {
     /// `RevisionPublished`, `RevisionTainted`, `ResourcesInSync` (while published) and its
     /// opposite `ResourcesOutOfSync`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// What each discovery replica saw of the NACKs of this revision, one entry per
     /// replica (keyed by `replica`). Each replica writes only its own entry; the leader sums

@@ -113,7 +113,10 @@ pub struct ContainerPort {
 
 /// How many replicas the Deployment runs. `static` and `dynamic` exclude each other.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[schemars(extend("oneOf" = [{"required": ["static"]}, {"required": ["dynamic"]}]))]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.static) != has(self.dynamic)",
+    "message": "set exactly one of static (a fixed number) or dynamic (an autoscaler)",
+}]))]
 pub struct ReplicasSpec {
     /// A fixed number of replicas.
     #[serde(default, rename = "static", skip_serializing_if = "Option::is_none")]
@@ -126,6 +129,10 @@ pub struct ReplicasSpec {
 /// The HorizontalPodAutoscaler's bounds, metrics and behavior.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+    "message": "minReplicas must not be more than maxReplicas",
+}]))]
 pub struct DynamicReplicasSpec {
     /// The fewest replicas (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -160,7 +167,10 @@ pub struct ProbeSpec {
 /// The PodDisruptionBudget of the Envoy pods: one of the two fields.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("not" = {"required": ["minAvailable", "maxUnavailable"]}))]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.minAvailable) && has(self.maxUnavailable))",
+    "message": "set minAvailable or maxUnavailable, not both",
+}]))]
 pub struct PodDisruptionBudgetSpec {
     /// Evictions are allowed while at least this many (or this percentage of) pods stay
     /// available.
@@ -207,6 +217,7 @@ pub struct InitManager {
 pub struct EnvoyDeploymentStatus {
     /// `Ready`, with the reason when it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// The name of the Envoy Deployment (`marin3r-envoydeployment-<name>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

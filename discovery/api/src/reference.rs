@@ -182,6 +182,16 @@ fn row(field: &str, prop: &Value, required: bool) -> String {
             limits.push(format!("{what} `{}`", plain(v)));
         }
     }
+    for rule in prop
+        .get("x-kubernetes-validations")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(message) = rule.get("message").and_then(Value::as_str) {
+            limits.push(message.to_owned());
+        }
+    }
     if !limits.is_empty() {
         if !description.is_empty() {
             description.push(' ');

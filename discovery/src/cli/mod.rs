@@ -36,6 +36,9 @@ use clap::{Parser, Subcommand};
 /// benchmarks set them as a user would).
 pub use limits::XdsLimitArgs;
 
+/// The oldest Kubernetes minor (1.x) marin3r installs on, as `marin3r check --pre` enforces.
+pub use check::OLDEST_MINOR as OLDEST_KUBERNETES_MINOR;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "marin3r",

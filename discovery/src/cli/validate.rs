@@ -3,7 +3,7 @@
 //! `kubectl apply`.
 
 use std::collections::HashMap;
-use std::io::{self, Read as _, Write};
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -11,6 +11,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use super::output::Output;
+use super::validate_document::{self, Verdict, read_input};
 
 use marin3r_xds::resource::{Resource, ResourceType};
 
@@ -68,7 +69,11 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<ExitCode> {
             &mut io::stderr().lock(),
         )?,
         output => {
-            let (document, ok) = super::validate_document::files(&args.files, judge.as_ref());
+            let verdicts = |text: &str| {
+                let documents = validate_manifests_with(text, judge.as_ref());
+                documents.into_iter().map(Verdict::from).collect()
+            };
+            let (document, ok) = validate_document::files(&args.files, verdicts);
             print!("{}", output.render(&document, String::new)?);
             ok
         }
@@ -149,17 +154,6 @@ pub fn validate_files_with(
     Ok(all_ok)
 }
 
-/// The name a file is reported by, and its text; `-` is standard input.
-pub(super) fn read_input(path: &std::path::Path) -> (String, io::Result<String>) {
-    if path.as_os_str() == "-" {
-        let mut text = String::new();
-        let read = io::stdin().read_to_string(&mut text).map(|_| text);
-        ("<stdin>".to_owned(), read)
-    } else {
-        (path.display().to_string(), std::fs::read_to_string(path))
-    }
-}
-
 /// The verdict on one document of a manifest file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Document {
@@ -178,6 +172,23 @@ pub enum Document {
     /// Another kind of object, e.g. a Secret in the same file, with what marin3r does
     /// differently from the original with it ([`super::differences`]).
     Skipped { object: String, notes: Vec<String> },
+}
+
+impl From<Document> for Verdict {
+    fn from(document: Document) -> Self {
+        match document {
+            Document::Valid {
+                object,
+                summary,
+                warnings,
+            } => Verdict::valid(object, summary, warnings),
+            Document::Invalid { object, errors } => {
+                let problems = errors.into_iter().map(|p| (p.at, p.text)).collect();
+                Verdict::invalid(object, problems)
+            }
+            Document::Skipped { object, notes } => Verdict::skipped(object, notes),
+        }
+    }
 }
 
 /// One problem, with its line and column in the file when it can be placed there.

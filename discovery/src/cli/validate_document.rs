@@ -1,12 +1,10 @@
 //! `marin3r validate -o json|yaml`: the verdicts as one document for scripts and CI, every
 //! problem with its place in the file, instead of lines on stdout and stderr.
 
+use std::io::{self, Read as _};
 use std::path::PathBuf;
 
 use serde::Serialize;
-
-use super::validate::{Document, read_input, validate_manifests_with};
-use marin3r_envoyconfig::judge::EnvoyJudge;
 
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -26,7 +24,7 @@ struct File {
 }
 
 #[derive(Debug, Serialize)]
-struct Verdict {
+pub(super) struct Verdict {
     /// An EnvoyConfig's `NAMESPACE/NAME`, or the kind and name of another object.
     object: String,
     /// `valid`, `invalid`, or `skipped` (not an EnvoyConfig).
@@ -50,47 +48,66 @@ struct Problem {
     message: String,
 }
 
-impl From<Document> for Verdict {
-    fn from(document: Document) -> Self {
-        let verdict = |object, result| Verdict {
+impl Verdict {
+    fn new(object: String, result: &'static str) -> Self {
+        Self {
             object,
             result,
             summary: None,
             warnings: Vec::new(),
             problems: Vec::new(),
             notes: Vec::new(),
-        };
-        match document {
-            Document::Valid {
-                object,
-                summary,
-                warnings,
-            } => Verdict {
-                summary: Some(summary),
-                warnings,
-                ..verdict(object, "valid")
-            },
-            Document::Invalid { object, errors } => Verdict {
-                problems: errors
-                    .into_iter()
-                    .map(|p| Problem {
-                        line: p.at.map(|(line, _)| line),
-                        column: p.at.map(|(_, column)| column),
-                        message: p.text,
-                    })
-                    .collect(),
-                ..verdict(object, "invalid")
-            },
-            Document::Skipped { object, notes } => Verdict {
-                notes,
-                ..verdict(object, "skipped")
-            },
+        }
+    }
+
+    /// An EnvoyConfig that converts cleanly.
+    pub(super) fn valid(object: String, summary: String, warnings: Vec<String>) -> Self {
+        Self {
+            summary: Some(summary),
+            warnings,
+            ..Self::new(object, "valid")
+        }
+    }
+
+    /// A document with its problems, each at its (line, column) when it can be placed.
+    pub(super) fn invalid(object: String, problems: Vec<(Option<(u64, u64)>, String)>) -> Self {
+        let problems = problems
+            .into_iter()
+            .map(|(at, message)| Problem {
+                line: at.map(|(line, _)| line),
+                column: at.map(|(_, column)| column),
+                message,
+            })
+            .collect();
+        Self {
+            problems,
+            ..Self::new(object, "invalid")
+        }
+    }
+
+    /// Another kind of object, with what marin3r does differently from the original with it.
+    pub(super) fn skipped(object: String, notes: Vec<String>) -> Self {
+        Self {
+            notes,
+            ..Self::new(object, "skipped")
         }
     }
 }
 
-/// Validates every file as `marin3r validate` does: the document, and whether all is valid.
-pub fn files(paths: &[PathBuf], judge: Option<&EnvoyJudge>) -> (Report, bool) {
+/// The name a file is reported by, and its text; `-` is standard input.
+pub(super) fn read_input(path: &std::path::Path) -> (String, io::Result<String>) {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        let read = io::stdin().read_to_string(&mut text).map(|_| text);
+        ("<stdin>".to_owned(), read)
+    } else {
+        (path.display().to_string(), std::fs::read_to_string(path))
+    }
+}
+
+/// Validates every file with `validate` (its text to a verdict per document), as `marin3r
+/// validate` does: the document, and whether all is valid.
+pub(super) fn files(paths: &[PathBuf], validate: impl Fn(&str) -> Vec<Verdict>) -> (Report, bool) {
     let mut files = Vec::new();
     for path in paths {
         let (file, text) = read_input(path);
@@ -106,10 +123,7 @@ pub fn files(paths: &[PathBuf], judge: Option<&EnvoyJudge>) -> (Report, bool) {
                 continue;
             }
         };
-        let documents: Vec<Verdict> = validate_manifests_with(&text, judge)
-            .into_iter()
-            .map(Verdict::from)
-            .collect();
+        let documents = validate(&text);
         let none = documents.iter().all(|d| d.result == "skipped");
         let error = none.then(|| "no EnvoyConfig (marin3r.3scale.net/v1alpha1) found".to_owned());
         files.push(File {

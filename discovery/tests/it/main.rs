@@ -46,6 +46,7 @@ mod replicas;
 mod runtime_rejection;
 mod shutdown_manager;
 mod shutdown_manager_reach;
+mod support_matrix;
 mod version;
 mod watches;
 mod xds_envoy;

@@ -911,7 +911,7 @@ async fn bad_specs_are_reported_and_never_cost_an_issued_secret() {
     .await;
     env.wait_reason("good", "Issued").await;
     let (before, _) = env.secret_cert(&env.ns, "good").await.unwrap();
-    // (Two signers at once never get here: the schema's maxProperties refuses them.)
+    // (Two signers at once never get here: the CRD's validation rule refuses them.)
     let both = json!({
         "apiVersion": "operator.marin3r.3scale.net/v1alpha1",
         "kind": "DiscoveryServiceCertificate",

@@ -10,6 +10,7 @@
 )]
 
 mod abuse_smoke;
+mod api_conventions_e2e;
 mod ca_rotation_e2e;
 mod certificate_controller;
 mod check_e2e;

@@ -24,6 +24,7 @@ use super::output::Output;
 use crate::crds;
 use marin3r_api::EnvoyConfig;
 use marin3r_api::discovery_service::DiscoveryService;
+pub use pre::OLDEST_MINOR;
 use report::Report;
 use served::{check_namespaces, check_webhooks};
 
@@ -82,7 +83,7 @@ async fn installed(client: &kube::Client, args: &CheckArgs, report: &mut Report)
         }
         Err(e) => report.fail(
             "DiscoveryServices",
-            format!("cannot list them: {e}"),
+            format!("cannot list them: {}", said(&e)),
             "install the CRDs and check your RBAC",
         ),
     }
@@ -91,6 +92,11 @@ async fn installed(client: &kube::Client, args: &CheckArgs, report: &mut Report)
 }
 
 const REINSTALL: &str = "apply this release's manifests: kubectl apply --server-side -k manifests/ (or its install.yaml)";
+
+/// What an error from the API server says, for a person (not kube's Debug form).
+fn said(e: &kube::Error) -> String {
+    marin3r_controller::chain(e)
+}
 
 /// Whether two CRDs serve the same versions with the same schemas.
 fn same_schema(a: &CustomResourceDefinition, b: &CustomResourceDefinition) -> bool {
@@ -121,7 +127,11 @@ async fn check_crds(client: &kube::Client, report: &mut Report) {
                     report.fail(check, what, REINSTALL);
                 }
             }
-            Err(e) => report.fail(check, format!("cannot read it: {e}"), "check your RBAC"),
+            Err(e) => report.fail(
+                check,
+                format!("cannot read it: {}", said(&e)),
+                "check your RBAC",
+            ),
         }
     }
 }
@@ -157,7 +167,7 @@ async fn check_operator(client: &kube::Client, ns: &str, report: &mut Report) {
         }
         Err(e) => report.fail(
             "operator",
-            format!("cannot list Deployments in {ns}: {e}"),
+            format!("cannot list Deployments in {ns}: {}", said(&e)),
             "check your RBAC",
         ),
     }
@@ -188,7 +198,7 @@ async fn check_operator(client: &kube::Client, ns: &str, report: &mut Report) {
         ),
         Err(e) => report.fail(
             check,
-            format!("cannot read the Lease: {e}"),
+            format!("cannot read the Lease: {}", said(&e)),
             "check your RBAC",
         ),
     }
@@ -250,7 +260,7 @@ async fn check_discovery_service(
         ),
         Err(e) => report.fail(
             pods_check,
-            format!("cannot read Deployment {owned}: {e}"),
+            format!("cannot read Deployment {owned}: {}", said(&e)),
             "check your RBAC",
         ),
     }
@@ -282,7 +292,7 @@ async fn check_certificates(client: &kube::Client, report: &mut Report) {
         Err(e) => {
             report.fail(
                 "certificates",
-                format!("cannot list DiscoveryServiceCertificates: {e}"),
+                format!("cannot list DiscoveryServiceCertificates: {}", said(&e)),
                 "check your RBAC",
             );
             return;
@@ -316,7 +326,7 @@ async fn check_proxies(client: &kube::Client, report: &mut Report) {
         Err(e) => {
             report.fail(
                 "proxies",
-                format!("cannot list EnvoyConfigs: {e}"),
+                format!("cannot list EnvoyConfigs: {}", said(&e)),
                 "check your RBAC",
             );
             return;

@@ -15,7 +15,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use super::Report;
+use super::{Report, said};
 use crate::crds;
 use marin3r_operator::build::OWNER_NAME_LABEL;
 
@@ -27,11 +27,15 @@ pub const OLDEST_MINOR: u32 = 29;
 const TESTED_MINOR: u32 = 36;
 
 /// The operator's objects, as `kubectl apply -k manifests/` creates them.
-const OPERATOR_MANIFESTS: [&str; 3] = [
+const OPERATOR_MANIFESTS: [&str; 4] = [
     include_str!("../../../../manifests/operator/namespace.yaml"),
     include_str!("../../../../manifests/operator/rbac.yaml"),
+    include_str!("../../../../manifests/operator/user-roles.yaml"),
     include_str!("../../../../manifests/operator/deployment.yaml"),
 ];
+
+/// The ClusterRole the operator runs with.
+const OPERATOR_ROLE: &str = "marin3r-operator";
 
 pub(super) async fn check(client: &kube::Client, operator_ns: &str, report: &mut Report) {
     check_version(client, report).await;
@@ -45,7 +49,7 @@ async fn check_version(client: &kube::Client, report: &mut Report) {
     match client.apiserver_version().await {
         Err(e) => report.fail(
             check,
-            format!("cannot ask the API server: {e}"),
+            format!("cannot ask the API server: {}", said(&e)),
             "check your kubeconfig and that the cluster is up",
         ),
         Ok(info) => match minor_of(&info.major, &info.minor) {
@@ -174,11 +178,12 @@ fn install_accesses(operator_ns: &str) -> anyhow::Result<Vec<Access>> {
 }
 
 /// What creating the operator's ClusterRole asks when the caller may not `escalate`: every
-/// permission it grants, cluster-wide.
+/// permission it grants, cluster-wide. (The users' roles of `user-roles.yaml` grant a part of
+/// the same.)
 fn granted_accesses() -> anyhow::Result<Vec<Access>> {
     let mut accesses = Vec::new();
     for object in operator_objects()? {
-        if object["kind"] != "ClusterRole" {
+        if object["kind"] != "ClusterRole" || object["metadata"]["name"] != OPERATOR_ROLE {
             continue;
         }
         let role: ClusterRole = serde_json::from_value(object)?;
@@ -216,16 +221,30 @@ async fn allowed(client: &kube::Client, access: &Access) -> anyhow::Result<bool>
     Ok(answer.status.is_some_and(|s| s.allowed))
 }
 
-/// The accesses of `wanted` the caller lacks.
+/// The accesses of `wanted` the caller lacks, said per resource: `get, list discoveryservices.
+/// operator.marin3r.3scale.net; create namespaces`.
 async fn lacking(client: &kube::Client, wanted: &[Access]) -> anyhow::Result<Vec<String>> {
     let answers = futures::future::join_all(wanted.iter().map(|a| allowed(client, a))).await;
-    let mut missing = Vec::new();
+    let mut missing: Vec<(String, Vec<&str>)> = Vec::new();
     for (access, answer) in wanted.iter().zip(answers) {
-        if !answer? {
-            missing.push(access.describe());
+        if answer? {
+            continue;
+        }
+        let resource = Access {
+            verb: String::new(),
+            ..access.clone()
+        }
+        .describe();
+        let resource = resource.trim_start().to_owned();
+        match missing.iter_mut().find(|(r, _)| *r == resource) {
+            Some((_, verbs)) => verbs.push(&access.verb),
+            None => missing.push((resource, vec![&access.verb])),
         }
     }
-    Ok(missing)
+    Ok(missing
+        .into_iter()
+        .map(|(resource, verbs)| format!("{} {resource}", verbs.join(", ")))
+        .collect())
 }
 
 async fn check_permissions(client: &kube::Client, operator_ns: &str, report: &mut Report) {
@@ -235,7 +254,11 @@ async fn check_permissions(client: &kube::Client, operator_ns: &str, report: &mu
         Err(e) => return report.fail("permissions to install", e.to_string(), fix),
     };
     match lacking(client, &wanted).await {
-        Err(e) => report.fail("permissions to install", format!("cannot ask: {e}"), fix),
+        Err(e) => report.fail(
+            "permissions to install",
+            format!("cannot ask: {}", crate::cli::error_line(&e)),
+            fix,
+        ),
         Ok(missing) if missing.is_empty() => report.pass(
             "permissions to install",
             format!(
@@ -245,7 +268,7 @@ async fn check_permissions(client: &kube::Client, operator_ns: &str, report: &mu
         ),
         Ok(missing) => report.fail(
             "permissions to install",
-            format!("you may not {}", missing.join(", ")),
+            format!("you may not {}", missing.join("; ")),
             fix,
         ),
     }
@@ -267,7 +290,11 @@ async fn check_permissions(client: &kube::Client, operator_ns: &str, report: &mu
         Err(e) => return report.fail(check, e.to_string(), fix),
     };
     match lacking(client, &granted).await {
-        Err(e) => report.fail(check, format!("cannot ask: {e}"), fix),
+        Err(e) => report.fail(
+            check,
+            format!("cannot ask: {}", crate::cli::error_line(&e)),
+            fix,
+        ),
         Ok(missing) if missing.is_empty() => report.pass(
             check,
             "you hold every permission the operator's ClusterRole grants, so you may grant it",
@@ -276,7 +303,7 @@ async fn check_permissions(client: &kube::Client, operator_ns: &str, report: &mu
             check,
             format!(
                 "RBAC refuses a ClusterRole granting what you do not hold: {}",
-                missing.join(", ")
+                missing.join("; ")
             ),
             fix,
         ),
@@ -306,7 +333,11 @@ async fn check_crds(client: &kube::Client, report: &mut Report) {
                      read docs/migrating.md first",
                 );
             }
-            Err(e) => report.fail(check, format!("cannot read it: {e}"), "check your RBAC"),
+            Err(e) => report.fail(
+                check,
+                format!("cannot read it: {}", said(&e)),
+                "check your RBAC",
+            ),
         }
     }
     if !ours.is_empty() {
@@ -337,7 +368,11 @@ async fn check_webhooks(client: &kube::Client, report: &mut Report) {
     let list = match api.list(&ListParams::default()).await {
         Ok(list) => list,
         Err(e) => {
-            return report.fail(check, format!("cannot list them: {e}"), "check your RBAC");
+            return report.fail(
+                check,
+                format!("cannot list them: {}", said(&e)),
+                "check your RBAC",
+            );
         }
     };
     let (mut marin3r, mut other_marin3r, mut others) = (Vec::new(), Vec::new(), Vec::new());

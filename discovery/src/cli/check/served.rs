@@ -10,7 +10,7 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use time::OffsetDateTime;
 
-use super::Report;
+use super::{Report, said};
 use marin3r_api::discovery_service::{DISCOVERY_SERVICE_LABEL, DiscoveryService};
 use marin3r_operator::build;
 use marin3r_webhook::config::{DEFAULT_BOOTSTRAP_CONFIG_MAP, DEFAULT_CLIENT_CERTIFICATE};
@@ -84,7 +84,7 @@ pub(super) async fn check_webhooks(
         (Err(e), _) | (_, Err(e)) => {
             report.fail(
                 format!("webhooks of {ns}/{name}"),
-                format!("cannot list them: {e}"),
+                format!("cannot list them: {}", said(&e)),
                 "check your RBAC",
             );
             return;
@@ -116,7 +116,7 @@ pub(super) async fn check_webhooks(
         match ready {
             Ok(0) => report.fail(check, format!("Service {sns}/{sname} has no ready pod: pod creation in served namespaces fails"), format!("the discovery pods of {ns}/{name} are down (above)")),
             Ok(n) => report.pass(check, format!("trusts the CA; {n} ready pod(s) behind {sns}/{sname}")),
-            Err(e) => report.fail(check, format!("cannot read the pods behind {sns}/{sname}: {e}"), "check your RBAC"),
+            Err(e) => report.fail(check, format!("cannot read the pods behind {sns}/{sname}: {}", crate::cli::error_line(&e)), "check your RBAC"),
         }
     }
 }
@@ -231,7 +231,10 @@ async fn check_namespace(
         ),
         Err(e) => report.fail(
             check,
-            format!("cannot read ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}: {e}"),
+            format!(
+                "cannot read ConfigMap {DEFAULT_BOOTSTRAP_CONFIG_MAP}: {}",
+                said(&e)
+            ),
             "check your RBAC",
         ),
     }
@@ -259,7 +262,10 @@ async fn client_certificate(
         Err(e) => {
             report.fail(
                 check,
-                format!("cannot read Secret {DEFAULT_CLIENT_CERTIFICATE}: {e}"),
+                format!(
+                    "cannot read Secret {DEFAULT_CLIENT_CERTIFICATE}: {}",
+                    said(&e)
+                ),
                 "check your RBAC",
             );
             return None;
