@@ -12,14 +12,8 @@ use clap::CommandFactory as _;
 use marin3r_discovery::cli::Cli;
 use marin3r_testkit::readable::debug_line;
 
-const GOOD: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/testdata/envoyconfig-good.yaml"
-);
-const BAD: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/testdata/envoyconfig-bad.yaml"
-);
+use crate::support::{BAD_CONFIG as BAD, GOOD_CONFIG as GOOD};
+
 const DEPLOYMENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../manifests/examples/deployment.yaml"
@@ -63,16 +57,7 @@ fn no_command_prints_rust_debug_formatting() {
     let dir = tempfile::tempdir().unwrap();
     let nowhere = dir.path().join("no-kubeconfig");
     // A cluster whose API server is not listening.
-    let port = marin3r_testkit::ports::free_port();
-    let refused = dir.path().join("kubeconfig");
-    std::fs::write(
-        &refused,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}\n\
-             users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
-        ),
-    )
-    .unwrap();
+    let refused = crate::support::refusing_kubeconfig(dir.path());
     let garbage = dir.path().join("garbage.crt");
     std::fs::write(&garbage, "not a certificate\n").unwrap();
     let garbage = garbage.to_str().unwrap();
@@ -101,7 +86,7 @@ fn no_command_prints_rust_debug_formatting() {
         &["completion", "tcsh"],
         &["check", "-o", "wide"],
         &["proxy-status", "--url", "127.0.0.1:1"],
-        &["proxy-status", "--url", &format!("http://127.0.0.1:{port}")],
+        &["proxy-status", "--url", "http://127.0.0.1:9/sync-status"],
         &["no-such-command"],
     ];
     for args in offline {

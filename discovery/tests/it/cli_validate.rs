@@ -3,14 +3,7 @@
 use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 
-const GOOD: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/testdata/envoyconfig-good.yaml"
-);
-const BAD: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/testdata/envoyconfig-bad.yaml"
-);
+use crate::support::{BAD_CONFIG as BAD, GOOD_CONFIG as GOOD};
 
 /// Runs the built `marin3r` with the Envoy `hack/install-tools` installs first on PATH, as
 /// `hack/test` has it, so Envoy's verdict is part of every run.

@@ -6,17 +6,8 @@ use std::process::Command;
 #[test]
 fn without_a_cluster_the_client_version_is_printed_and_the_server_part_explained() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
     // A cluster whose API server is not listening.
-    let port = marin3r_testkit::ports::free_port();
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}\n\
-             users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = crate::support::refusing_kubeconfig(dir.path());
     let version = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_marin3r"))
             .arg("version")

@@ -220,3 +220,31 @@ pub fn path_with_envoy() -> std::ffi::OsString {
     let rest = std::env::var_os("PATH").unwrap_or_default();
     std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).expect("a PATH")
 }
+
+/// An EnvoyConfig file `marin3r validate` finds valid (and a Secret beside it).
+pub const GOOD_CONFIG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/testdata/envoyconfig-good.yaml"
+);
+
+/// An EnvoyConfig file with a problem of every kind `marin3r validate` places in the file.
+pub const BAD_CONFIG: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/testdata/envoyconfig-bad.yaml"
+);
+
+/// Writes into `dir` a kubeconfig naming a cluster on a loopback port nothing listens on, and
+/// returns its path: a cluster that refuses every connection.
+pub fn refusing_kubeconfig(dir: &Path) -> std::path::PathBuf {
+    let port = marin3r_testkit::ports::free_port();
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: 'https://127.0.0.1:{port}', insecure-skip-tls-verify: true}}\n\
+             users:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    path
+}
