@@ -166,12 +166,30 @@ fn load_images_once(cluster: &Cluster, images: &[String]) -> anyhow::Result<()> 
 }
 
 /// `kubectl apply -k manifests/`, then waits until the operator's Deployment has rolled out.
+///
+/// After a scenario that uninstalls marin3r (the install guide, Helm's), the next scenarios
+/// start at once and each installs it: two client-side applies then both find an object
+/// missing and both create it, and the second is refused (`AlreadyExists`). So this process
+/// installs one scenario at a time, and an apply refused that way (by another process's
+/// apply) is made again: it then finds the object and changes nothing.
 pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let kubectl = cluster.kubectl()?;
     let manifests = tools::repo_root().join("manifests");
-    kubectl
-        .ok(&["apply", "-k", &manifests.to_string_lossy()])
-        .await?;
+    let apply = ["apply", "-k", &manifests.to_string_lossy()].map(str::to_owned);
+    let apply: Vec<&str> = apply.iter().map(String::as_str).collect();
+    let mut attempt = 0;
+    loop {
+        let out = kubectl.run(&apply).await?;
+        if out.success {
+            break;
+        }
+        attempt += 1;
+        if attempt == 3 || !out.stderr.contains("(AlreadyExists)") {
+            bail!("kubectl {apply:?} failed:\n{}{}", out.stdout, out.stderr);
+        }
+    }
     let mut last = String::new();
     for _ in 0..60 {
         let out = kubectl
