@@ -37,6 +37,7 @@ mod kubectl_explain;
 mod leader_election;
 mod log_format;
 mod metrics_conventions;
+mod olm_bundle;
 mod operator_process;
 mod proxy_status;
 mod reference;
