@@ -48,3 +48,4 @@ mod shutdown_manager_reach;
 mod version;
 mod watches;
 mod xds_envoy;
+mod xds_envoy_scoped;
