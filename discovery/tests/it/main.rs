@@ -48,4 +48,5 @@ mod shutdown_manager_reach;
 mod version;
 mod watches;
 mod xds_envoy;
+mod xds_envoy_nack_threshold;
 mod xds_envoy_scoped;
