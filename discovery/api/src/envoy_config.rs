@@ -386,4 +386,20 @@ mod nack_threshold_tests {
         let json = serde_json::to_value(&spec).unwrap();
         assert_eq!(json["nackThreshold"], 4);
     }
+
+    /// The revision the controller makes of a config carries the threshold to the loader.
+    #[test]
+    fn a_revision_carries_the_threshold_and_gives_it_back() {
+        let spec = EnvoyConfigSpec {
+            node_id: "gw".into(),
+            nack_threshold: Some(5),
+            ..Default::default()
+        };
+        let revision =
+            crate::envoy_config_revision::EnvoyConfigRevisionSpec::of(&spec, &spec.version());
+        assert_eq!(revision.nack_threshold, Some(5));
+        assert_eq!(revision.config(), spec);
+        let json = serde_json::to_value(&revision).unwrap();
+        assert_eq!(json["nackThreshold"], 5);
+    }
 }
