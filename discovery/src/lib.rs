@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod controllers;
 pub mod crds;
+pub mod olm;
 pub mod proxy_config;
 pub mod sidecar;
 

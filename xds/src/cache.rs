@@ -89,7 +89,13 @@ impl TypeSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     types: BTreeMap<ResourceType, TypeSnapshot>,
+    /// How many times one proxy rejects a version before it counts as rejecting it; until
+    /// then the version is sent to it again after each rejection. 1: the first counts.
+    nack_threshold: u8,
 }
+
+/// The highest NACK threshold a snapshot takes: each rejection below it costs a resend.
+pub const MAX_NACK_THRESHOLD: u8 = 10;
 
 /// A snapshot that cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -139,7 +145,21 @@ impl Snapshot {
                 .into_iter()
                 .map(|(t, r)| (t, TypeSnapshot::new(r)))
                 .collect(),
+            nack_threshold: 1,
         })
+    }
+
+    /// The same snapshot with a NACK threshold (see [`Snapshot::nack_threshold`]), kept
+    /// within 1 and [`MAX_NACK_THRESHOLD`].
+    pub fn with_nack_threshold(mut self, threshold: u8) -> Self {
+        self.nack_threshold = threshold.clamp(1, MAX_NACK_THRESHOLD);
+        self
+    }
+
+    /// How many times one proxy rejects a version of a type before it counts as rejecting
+    /// it (and the version is no longer sent to it); 1 unless set.
+    pub fn nack_threshold(&self) -> u8 {
+        self.nack_threshold
     }
 
     /// Replaces the version of one type, for callers with a version of their own meaning (the
@@ -159,6 +179,7 @@ impl Snapshot {
                 .into_iter()
                 .map(|t| (t, TypeSnapshot::new(BTreeMap::new())))
                 .collect(),
+            nack_threshold: 1,
         }
     }
 

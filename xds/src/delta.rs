@@ -168,14 +168,23 @@ impl TypeState {
     }
 
     /// Settles the response in flight, if any: on an ACK the proxy holds what it carried.
+    /// A NACK below the threshold leaves what the proxy holds as it was: the next response
+    /// carries the rejected resources again.
     fn settle(
         &mut self,
         kind: ResourceType,
         error: Option<&str>,
+        nack_threshold: u8,
         out: &mut Outcome<DeltaResponse>,
     ) {
         if let Some(flight) = self.in_flight.take()
-            && out.settle(kind, &flight.system_version, error, &mut self.rejected)
+            && out.settle(
+                kind,
+                &flight.system_version,
+                error,
+                &mut self.rejected,
+                nack_threshold,
+            )
         {
             self.known.apply(flight.changes);
             self.acked = Some(flight.system_version);
@@ -284,7 +293,8 @@ impl DeltaState {
             st.start(req, typed);
         } else if !req.response_nonce.is_empty() {
             if st.last_nonce.as_deref() == Some(req.response_nonce.as_str()) {
-                st.settle(kind, req.error.as_deref(), &mut out);
+                let threshold = snapshot.map_or(1, Snapshot::nack_threshold);
+                st.settle(kind, req.error.as_deref(), threshold, &mut out);
             } else if req.subscribe.is_empty() && req.unsubscribe.is_empty() {
                 out.ignored = Some(Ignored::StaleNonce);
                 return out;
@@ -369,7 +379,10 @@ fn respond(
         return None;
     }
     let typed = snapshot.of_type(kind);
-    if st.rejected.contains(typed.version()) {
+    if st
+        .rejected
+        .blocks(typed.version(), snapshot.nack_threshold())
+    {
         return None;
     }
     let (resources, removed, stand_ins) = differences(st, kind, snapshot, typed);

@@ -149,7 +149,8 @@ fn nack_keeps_what_the_proxy_holds_and_never_resends_the_version() {
         Some(Rejection {
             kind: CDS,
             version: bad.version(CDS).into(),
-            message: "bad cluster".into()
+            message: "bad cluster".into(),
+            counts: true,
         })
     );
     assert_eq!(out.response, None);
@@ -159,6 +160,33 @@ fn nack_keeps_what_the_proxy_holds_and_never_resends_the_version() {
     assert!(st.on_snapshot(&good).is_empty());
     let fixed = mk_snapshot(CDS, &[("a", "fixed")]);
     assert_eq!(names(&st.on_snapshot(&fixed)[0]), ["a"]);
+}
+
+#[test]
+fn below_the_nack_threshold_the_rejected_resources_are_sent_again() {
+    let good = mk_snapshot(CDS, &[("a", "good")]);
+    let bad = mk_snapshot(CDS, &[("a", "bad"), ("b", "bad")]).with_nack_threshold(2);
+    let mut st = DeltaState::default();
+    let r1 = st
+        .on_request(&mk_req(CDS, &[], ""), Some(&good))
+        .response
+        .unwrap();
+    st.on_request(&ack(&r1), Some(&good));
+    let r2 = st.on_snapshot(&bad).remove(0);
+    let nack = |r: &DeltaResponse| DeltaRequest {
+        error: Some("bad cluster".into()),
+        ..ack(r)
+    };
+    let out = st.on_request(&nack(&r2), Some(&bad));
+    assert!(!out.nack.unwrap().counts);
+    let again = out.response.expect("sent again below the threshold");
+    assert_eq!(names(&again), ["a", "b"]);
+    assert_eq!(again.system_version, bad.version(CDS));
+    let out = st.on_request(&nack(&again), Some(&bad));
+    assert!(out.nack.unwrap().counts);
+    assert_eq!(out.response, None);
+    assert!(st.on_snapshot(&bad).is_empty());
+    assert_eq!(st.acked(CDS), Some(good.version(CDS)));
 }
 
 #[test]

@@ -38,7 +38,9 @@ mod sync_status;
 mod tls;
 mod wire;
 
-pub use cache::{Cache, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource};
+pub use cache::{
+    Cache, MAX_NACK_THRESHOLD, NodeKey, Snapshot, SnapshotError, TypeSnapshot, VersionedResource,
+};
 pub use limits::{Limit, Limits};
 pub use server::{CONNECTION_WINDOW, STREAM_WINDOW, ServeError, Server, ServerBuilder};
 pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};

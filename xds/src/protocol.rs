@@ -19,6 +19,9 @@ pub struct Rejection {
     pub kind: ResourceType,
     pub version: String,
     pub message: String,
+    /// Whether the proxy now counts as rejecting the version: it rejected it as many times as
+    /// the snapshot's NACK threshold. Below it, the version is sent to the proxy again.
+    pub counts: bool,
 }
 
 /// What one request did: at most one of ack/nack, and maybe a response to send.
@@ -51,20 +54,23 @@ impl<R> Default for Outcome<R> {
 
 impl<R> Outcome<R> {
     /// Settles the response in flight (`version` of `kind`) with the request that answers
-    /// it: a NACK (`error`) is recorded and the version never sent to this stream again;
-    /// anything else is an ACK. True for an ACK.
+    /// it: a NACK (`error`) is counted, and once the version has been rejected
+    /// `nack_threshold` times it is never sent to this stream again; anything else is an ACK.
+    /// True for an ACK.
     pub fn settle(
         &mut self,
         kind: ResourceType,
         version: &str,
         error: Option<&str>,
         rejected: &mut RejectedVersions,
+        nack_threshold: u8,
     ) -> bool {
         let version = version.to_owned();
         match error {
             Some(message) => {
                 rejected.insert(version.clone());
                 self.nack = Some(Rejection {
+                    counts: rejected.blocks(&version, nack_threshold),
                     kind,
                     version,
                     message: message.to_owned(),
@@ -171,25 +177,33 @@ pub enum Ignored {
     StaleNonce,
 }
 
-/// Versions a stream has rejected for one type; never sent to that stream again. Bounded so a
-/// proxy that rejects everything for days cannot grow it without limit.
+/// Versions a stream has rejected for one type, with how many times; one rejected as many
+/// times as the NACK threshold is never sent to that stream again. Bounded so a proxy that
+/// rejects everything for days cannot grow it without limit.
 #[derive(Debug, Default, Clone)]
-pub struct RejectedVersions(VecDeque<String>);
+pub struct RejectedVersions(VecDeque<(String, u8)>);
 
 impl RejectedVersions {
     const LIMIT: usize = 32;
 
+    /// Counts one more rejection of `version`.
     pub fn insert(&mut self, version: String) {
-        if !self.contains(&version) {
-            if self.0.len() == Self::LIMIT {
-                self.0.pop_front();
-            }
-            self.0.push_back(version);
+        if let Some((_, times)) = self.0.iter_mut().find(|(v, _)| *v == version) {
+            *times = times.saturating_add(1);
+            return;
         }
+        if self.0.len() == Self::LIMIT {
+            self.0.pop_front();
+        }
+        self.0.push_back((version, 1));
     }
 
-    pub fn contains(&self, version: &str) -> bool {
-        self.0.iter().any(|v| v == version)
+    /// Whether `version` was rejected at least `threshold` times (at least once when
+    /// `threshold` is 0): it is not to be sent again.
+    pub fn blocks(&self, version: &str, threshold: u8) -> bool {
+        self.0
+            .iter()
+            .any(|(v, times)| v == version && *times >= threshold.max(1))
     }
 }
 
@@ -230,8 +244,25 @@ mod tests {
             r.insert(format!("v{i}"));
         }
         assert_eq!(r.0.len(), RejectedVersions::LIMIT);
-        assert!(!r.contains("v0"));
-        assert!(r.contains("v39"));
+        assert!(!r.blocks("v0", 1));
+        assert!(r.blocks("v39", 2));
+        assert!(!r.blocks("v39", 3));
+    }
+
+    #[test]
+    fn a_version_is_blocked_once_rejected_as_often_as_the_threshold() {
+        let mut r = RejectedVersions::default();
+        assert!(!r.blocks("v", 0) && !r.blocks("v", 1));
+        r.insert("v".into());
+        assert!(r.blocks("v", 0) && r.blocks("v", 1) && !r.blocks("v", 3));
+        r.insert("v".into());
+        assert!(!r.blocks("v", 3));
+        r.insert("v".into());
+        assert!(r.blocks("v", 3));
+        for _ in 0..300 {
+            r.insert("v".into());
+        }
+        assert!(r.blocks("v", u8::MAX));
     }
 
     #[test]

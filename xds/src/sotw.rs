@@ -173,10 +173,21 @@ impl SotwState {
                 out.ignored = Some(Ignored::StaleNonce);
                 return out;
             }
+            let threshold = snapshot.map_or(1, Snapshot::nack_threshold);
             if let Some(version) = st.in_flight.take()
-                && out.settle(kind, &version, req.error.as_deref(), &mut st.rejected)
+                && out.settle(
+                    kind,
+                    &version,
+                    req.error.as_deref(),
+                    &mut st.rejected,
+                    threshold,
+                )
             {
                 st.acked = Some(version);
+            }
+            // Rejected fewer times than the threshold: the same version goes again.
+            if out.nack.as_ref().is_some_and(|n| !n.counts) {
+                st.always_respond = true;
             }
         }
         st.resubscribe(&req.resource_names, first);
@@ -304,7 +315,7 @@ fn respond(
     }
     let typed = snapshot.of_type(kind);
     let version = typed.version();
-    if st.rejected.contains(version) {
+    if st.rejected.blocks(version, snapshot.nack_threshold()) {
         return None;
     }
     let unchanged = st

@@ -195,7 +195,8 @@ fn nack_is_recorded_and_the_rejected_version_never_resent() {
         Some(Rejection {
             kind: LDS,
             version: bad.version(LDS).into(),
-            message: "port out of range".into()
+            message: "port out of range".into(),
+            counts: true,
         })
     );
     assert_eq!(out.response, None);
@@ -208,6 +209,34 @@ fn nack_is_recorded_and_the_rejected_version_never_resent() {
     assert_eq!(back[0].version, good.version(LDS));
     st.on_request(&ack(&back[0], &[]), Some(&good));
     assert!(st.on_snapshot(&bad).is_empty());
+}
+
+#[test]
+fn below_the_nack_threshold_the_rejected_version_is_sent_again() {
+    let good = mk_snapshot("good", &[]);
+    let bad = mk_snapshot("bad", &[]).with_nack_threshold(3);
+    let mut st = SotwState::default();
+    let r1 = st
+        .on_request(&mk_req(LDS, &[], ""), Some(&good))
+        .response
+        .unwrap();
+    st.on_request(&ack(&r1, &[]), Some(&good));
+    let mut resp = st.on_snapshot(&bad).remove(0);
+    for attempt in 1..=3u8 {
+        let out = st.on_request(&nack(&resp, "bad"), Some(&bad));
+        let nack = out.nack.unwrap();
+        assert_eq!(nack.counts, attempt == 3, "NACK {attempt}");
+        match out.response {
+            Some(again) => {
+                assert!(attempt < 3, "sent a fourth time");
+                assert_eq!(again.version, bad.version(LDS));
+                resp = again;
+            }
+            None => assert_eq!(attempt, 3, "not sent again after NACK {attempt}"),
+        }
+    }
+    assert!(st.on_snapshot(&bad).is_empty());
+    assert_eq!(st.acked(LDS), Some(good.version(LDS)));
 }
 
 #[test]

@@ -436,10 +436,21 @@ impl StreamCtx<'_> {
         }
     }
 
-    /// Records a NACK, logs its head and tells the NACK consumer.
+    /// Records a NACK, logs its head and tells the NACK consumer. A NACK below the node's
+    /// threshold is only counted and logged: the version is being sent again.
     fn nacked(&self, nack: Rejection) {
         let metrics = &self.shared.metrics;
         metrics.nacks.get_or_create(&Metrics::kind(nack.kind)).inc();
+        if !nack.counts {
+            let head: String = nack.message.chars().take(LOGGED_NACK_CHARS).collect();
+            info!(
+                resource_type = %nack.kind,
+                version = %nack.version,
+                error = %head,
+                "Envoy rejected a configuration (NACK) fewer times than the node's threshold; sending it again"
+            );
+            return;
+        }
         self.handle.nacked(nack.kind, &nack.version, &nack.message);
         let (rejecting, connected) = self.handle.tally(nack.kind, &nack.version);
         // The first line or so: the whole message is in the proxy status and the event.

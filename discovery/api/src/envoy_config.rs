@@ -55,21 +55,45 @@ pub struct EnvoyConfigSpec {
     /// Secret or from EndpointSlices (the original MARIN3R's API since v0.12).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<super::resources::Resource>,
+    /// How many times one proxy must reject (NACK) a version before it counts as rejecting
+    /// it, from 1 to 10 (default 1: the first rejection counts). Below it, the discovery
+    /// service sends the version to that proxy again at once, so one failed load (a race
+    /// with a certificate or a file still arriving) does not taint the revision. A revision
+    /// is tainted, and rolled back, once enough of the node's proxies count as rejecting it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub nack_threshold: Option<u8>,
 }
 
+/// The highest `spec.nackThreshold`: each rejection below it costs every proxy a resend.
+pub const MAX_NACK_THRESHOLD: u8 = 10;
+
 impl EnvoyConfigSpec {
+    /// `spec.nackThreshold`, 1 when unset.
+    pub fn nack_threshold(&self) -> u8 {
+        self.nack_threshold.unwrap_or(1)
+    }
+
     /// The version of the declared resources: a hash of `envoyResources`, or of `resources`
     /// when that is used, so the same resources always get the same version (and a
     /// re-applied spec finds its old revision). `envoyResources` versions are unchanged from
     /// before `resources` existed.
     pub fn version(&self) -> String {
-        if self.resources.is_empty() {
-            return self.envoy_resources.version();
+        let resources = if self.resources.is_empty() {
+            self.envoy_resources.version()
+        } else {
+            // Serializing plain structs and JSON values cannot fail; the fallback keeps this
+            // total. The prefix keeps the two kinds of versions apart.
+            let json = serde_json::to_vec(&self.resources).unwrap_or_default();
+            short_hash(&[b"resources:".as_slice(), &json].concat())
+        };
+        // A NACK threshold other than the default is part of what a revision serves, so a
+        // change of it alone is a new version (a new revision carries it to the proxies);
+        // without one, versions are what they always were.
+        match self.nack_threshold {
+            Some(n) if n != 1 => short_hash(format!("{resources}:nackThreshold={n}").as_bytes()),
+            _ => resources,
         }
-        // Serializing plain structs and JSON values cannot fail; the fallback keeps this
-        // total. The prefix keeps the two kinds of versions apart.
-        let json = serde_json::to_vec(&self.resources).unwrap_or_default();
-        short_hash(&[b"resources:".as_slice(), &json].concat())
     }
 
     /// How many entries the spec declares, in either field.
@@ -337,5 +361,46 @@ impl CacheState {
             Self::Rollback => "rollback",
             Self::RollbackFailed => "rollback_failed",
         }
+    }
+}
+
+#[cfg(test)]
+mod nack_threshold_tests {
+    use super::*;
+
+    #[test]
+    fn only_a_threshold_other_than_the_default_changes_the_version() {
+        let mut spec = EnvoyConfigSpec {
+            node_id: "gw".into(),
+            ..Default::default()
+        };
+        let plain = spec.version();
+        assert_eq!(spec.nack_threshold(), 1);
+        spec.nack_threshold = Some(1);
+        assert_eq!(spec.version(), plain);
+        spec.nack_threshold = Some(3);
+        let three = spec.version();
+        assert_ne!(three, plain);
+        assert_eq!(three.len(), plain.len());
+        spec.nack_threshold = Some(4);
+        assert_ne!(spec.version(), three);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["nackThreshold"], 4);
+    }
+
+    /// The revision the controller makes of a config carries the threshold to the loader.
+    #[test]
+    fn a_revision_carries_the_threshold_and_gives_it_back() {
+        let spec = EnvoyConfigSpec {
+            node_id: "gw".into(),
+            nack_threshold: Some(5),
+            ..Default::default()
+        };
+        let revision =
+            crate::envoy_config_revision::EnvoyConfigRevisionSpec::of(&spec, &spec.version());
+        assert_eq!(revision.nack_threshold, Some(5));
+        assert_eq!(revision.config(), spec);
+        let json = serde_json::to_value(&revision).unwrap();
+        assert_eq!(json["nackThreshold"], 5);
     }
 }

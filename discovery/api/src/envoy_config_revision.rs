@@ -110,6 +110,11 @@ pub struct EnvoyConfigRevisionSpec {
     /// The owning `EnvoyConfig`'s `spec.resources` at this version.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<Resource>,
+    /// The owning `EnvoyConfig`'s `spec.nackThreshold` at this version (part of it): how many
+    /// times one proxy rejects this revision's resources before it counts as rejecting them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub nack_threshold: Option<u8>,
 }
 
 impl EnvoyConfigRevisionSpec {
@@ -122,6 +127,7 @@ impl EnvoyConfigRevisionSpec {
             serialization: Some(config.serialization),
             envoy_resources: config.envoy_resources.clone(),
             resources: config.resources.clone(),
+            nack_threshold: config.nack_threshold,
         }
     }
 
@@ -139,6 +145,7 @@ impl EnvoyConfigRevisionSpec {
             envoy_api: self.envoy_api.unwrap_or_default(),
             envoy_resources: self.envoy_resources.clone(),
             resources: self.resources.clone(),
+            nack_threshold: self.nack_threshold,
         }
     }
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::convert::{self, SecretSource};
 use marin3r_api::EnvoyConfigSpec;
+use marin3r_api::envoy_config::MAX_NACK_THRESHOLD;
 
 /// Reads an EnvoyConfig spec strictly: the spec, and every field the types do not know
 /// (`spec.<path>: unknown field ...`), or the first field that does not deserialize.
@@ -45,6 +46,13 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
             .iter()
             .filter_map(|source| foreign_secret(source, namespace, cross_namespace)),
     );
+    if let Some(n) = spec.nack_threshold
+        && !(1..=MAX_NACK_THRESHOLD).contains(&n)
+    {
+        out.push(format!(
+            "spec.nackThreshold: {n} is not from 1 to {MAX_NACK_THRESHOLD}"
+        ));
+    }
     out
 }
 
@@ -190,6 +198,36 @@ mod tests {
             .unwrap()
             .namespace = Some("mine".into());
         assert!(problems(&spec, "mine", false).is_empty());
+    }
+
+    #[test]
+    fn a_nack_threshold_is_from_1_to_10() {
+        for (n, ok) in [
+            (0u8, false),
+            (1, true),
+            (10, true),
+            (11, false),
+            (255, false),
+        ] {
+            let obj = object(json!({"nodeID": "proxy", "nackThreshold": n}));
+            let p = envoy_config_problems("shop", &obj, false);
+            assert_eq!(p.is_empty(), ok, "{n}: {p:?}");
+            if !ok {
+                assert_eq!(p, [format!("spec.nackThreshold: {n} is not from 1 to 10")]);
+            }
+        }
+        let p = envoy_config_problems(
+            "shop",
+            &object(json!({"nodeID": "p", "nackThreshold": 300})),
+            false,
+        );
+        assert!(p[0].starts_with("spec.nackThreshold: "), "{p:?}");
+        let p = envoy_config_problems(
+            "shop",
+            &object(json!({"nodeID": "p", "nackThreshold": -1})),
+            false,
+        );
+        assert!(p[0].starts_with("spec.nackThreshold: "), "{p:?}");
     }
 
     /// The webhook warns with the same words `marin3r validate` prints.

@@ -1,4 +1,4 @@
-//! Finding the real Envoy, kubectl, Prometheus and promtool that `hack/install-tools` puts in
+//! Finding the real Envoy, kubectl, Prometheus, promtool and olm-validate that `hack/install-tools` puts in
 //! `.tools/bin`.
 
 use std::path::{Path, PathBuf};
@@ -48,6 +48,12 @@ pub fn kubectl() -> anyhow::Result<PathBuf> {
 /// The real Prometheus server (Debian's build).
 pub fn prometheus() -> anyhow::Result<PathBuf> {
     find_tool("prometheus", "MARIN3R_PROMETHEUS")
+}
+
+/// The operator-framework's bundle validators (`hack/olm-validate`, built by
+/// `hack/install-olm-validate`).
+pub fn olm_validate() -> anyhow::Result<PathBuf> {
+    find_tool("olm-validate", "MARIN3R_OLM_VALIDATE")
 }
 
 /// The real promtool (Debian's build, beside Prometheus).

@@ -14,8 +14,11 @@
 //! listener of its own on a pipe address (with `validate_clusters: false` unless it says
 //! otherwise, which is what Envoy assumes for one delivered by RDS); each set of endpoints
 //! as the load assignment of a static cluster of its own; an ADS config source whose cluster
-//! never connects, for the `ads: {}` references. Entries generated from Kubernetes objects
-//! (Secrets, EndpointSlices), scoped routes and extension configs are left to our own checks.
+//! never connects, for the `ads: {}` references; each scoped route configuration as the one
+//! scope of a listener of its own, and each extension config that configures an HTTP or
+//! listener filter as that filter of a listener of its own (`wrap.rs`). Entries generated
+//! from Kubernetes objects (Secrets, EndpointSlices) and extension configs of other kinds are
+//! left to our own checks.
 //!
 //! Envoy stops at its first error: when the whole spec fails, its entries are judged in
 //! halves until the ones that fail are found, so the error names them; one that fails only
@@ -28,6 +31,7 @@ mod extensions;
 mod process;
 mod reason;
 pub mod sandbox;
+mod wrap;
 
 pub use code::NotJudged;
 pub use reason::MAX_REASON;
@@ -407,7 +411,11 @@ pub fn bootstrap(entries: &[Entry]) -> Value {
                 "name": format!("{OWN}-runtime-{i}"),
                 "static_layer": e.value.get("layer").cloned().unwrap_or(json!({})),
             })),
-            ResourceType::Secret | ResourceType::ScopedRoute | ResourceType::ExtensionConfig => {}
+            ResourceType::ScopedRoute => listeners.push(wrap::scoped_route_listener(i, &e.value)),
+            ResourceType::ExtensionConfig => {
+                listeners.extend(wrap::extension_listener(i, &e.value));
+            }
+            ResourceType::Secret => {}
         }
     }
     // What the sidecar's bootstrap defines, which routes may name: stand-ins, unless the

@@ -146,7 +146,9 @@ pub(super) fn snapshot_for(
     // changes with the revision and whenever a referenced Secret does.
     let snapshot = Snapshot::new(resources).map_err(LoadError::Snapshot)?;
     Ok((
-        snapshot.with_version(ResourceType::Secret, secrets_version.clone()),
+        snapshot
+            .with_version(ResourceType::Secret, secrets_version.clone())
+            .with_nack_threshold(r.spec.nack_threshold.unwrap_or(1)),
         secrets_version,
     ))
 }
@@ -255,6 +257,27 @@ mod tests {
             messages[0],
             "invalid resources: spec.resources[1]: missing name"
         );
+    }
+
+    /// The revision's NACK threshold reaches the xDS server with its snapshot, within the
+    /// bounds both sides agree on.
+    #[test]
+    fn the_snapshot_carries_the_revisions_nack_threshold() {
+        assert_eq!(
+            marin3r_api::envoy_config::MAX_NACK_THRESHOLD,
+            marin3r_xds::MAX_NACK_THRESHOLD
+        );
+        let mut r = EnvoyConfigRevision::new("gw-abc", Default::default());
+        r.spec.node_id = "gw".into();
+        r.spec.version = "abc".into();
+        let threshold =
+            |r: &EnvoyConfigRevision| snapshot_for(r, &[], &[], false).unwrap().0.nack_threshold();
+        assert_eq!(threshold(&r), 1);
+        r.spec.nack_threshold = Some(4);
+        assert_eq!(threshold(&r), 4);
+        // Past the API's bounds (written around the webhook): the server's own bounds hold.
+        r.spec.nack_threshold = Some(200);
+        assert_eq!(threshold(&r), marin3r_xds::MAX_NACK_THRESHOLD);
     }
 
     /// HEAD tooling waits on `ResourcesInSync`, v0.6 tooling on `ResourcesOutOfSync`: both
