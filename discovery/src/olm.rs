@@ -34,6 +34,9 @@ pub struct Sources {
     pub deployment: String,
     /// `manifests/operator/rbac.yaml`: a ServiceAccount, ClusterRoles and their bindings.
     pub rbac: String,
+    /// `manifests/operator/user-roles.yaml`: the ClusterRoles aggregated into `view`, `edit`
+    /// and `admin`, shipped as plain manifests of the bundle (OLM installs them as they are).
+    pub user_roles: String,
     /// Each file of `manifests/examples/`, in name order, then the gateway guide's
     /// EnvoyDeployment (`docs/examples/gateway/envoydeployment.yaml`); the documents of
     /// marin3r's own kinds become the CSV's `alm-examples`, and each EnvoyConfig's revision
@@ -76,6 +79,7 @@ impl Sources {
             kustomization: read("kustomization.yaml")?,
             deployment: read("operator/deployment.yaml")?,
             rbac: read("operator/rbac.yaml")?,
+            user_roles: read("operator/user-roles.yaml")?,
             examples,
         })
     }
@@ -136,6 +140,19 @@ pub fn render(
         files.push((
             format!("manifests/{}", crds::file_name(crd)),
             crds::to_yaml(crd)?,
+        ));
+    }
+    for role in documents("operator/user-roles.yaml", &sources.user_roles)? {
+        let name = role["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        if role["kind"] != "ClusterRole" || name.is_empty() {
+            return Err(shape(
+                "operator/user-roles.yaml",
+                "holds something other than named ClusterRoles",
+            ));
+        }
+        files.push((
+            format!("manifests/{name}.clusterrole.yaml"),
+            serde_saphyr::to_string(&role)?,
         ));
     }
     let annotations = json!({"annotations": {
@@ -400,6 +417,7 @@ mod tests {
             kustomization: "images:\n  - name: marin3r\n    newName: reg/marin3r\n    newTag: v9.9.9\n".into(),
             deployment: "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: op, labels: {a: b}}\nspec:\n  template:\n    spec:\n      containers:\n        - name: operator\n          image: marin3r\n          env: [{name: MARIN3R_IMAGE, value: marin3r}]\n".into(),
             rbac: "kind: ServiceAccount\nmetadata: {name: op}\n---\nkind: ClusterRole\nmetadata: {name: r}\nrules: [{apiGroups: [''], resources: [pods], verbs: [get]}]\n---\nkind: ClusterRoleBinding\nmetadata: {name: r}\nroleRef: {name: r}\nsubjects: [{kind: ServiceAccount, name: op, namespace: x}]\n".into(),
+            user_roles: "kind: ClusterRole\nmetadata: {name: v}\nrules: []\n".into(),
             examples: vec![(
                 "a.yaml".into(),
                 "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n---\napiVersion: marin3r.3scale.net/v1alpha1\nkind: EnvoyConfig\nmetadata: {name: e, namespace: demo}\nspec: {nodeID: node-e}\n".into(),
