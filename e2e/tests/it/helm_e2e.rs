@@ -343,6 +343,17 @@ fn helm_installs_upgrades_tests_and_uninstalls_marin3r() {
     ];
     upgrade.extend(HELM_WAIT);
     shell.step(
+        "this chart's CRDs applied first, as the page says",
+        shell.run(
+            "bash",
+            &[
+                "-c",
+                "set -o pipefail; helm show crds manifests/chart \
+                 | kubectl apply --server-side --force-conflicts -f -",
+            ],
+        ),
+    );
+    shell.step(
         "helm upgrade to this checkout's chart",
         shell.helm(&upgrade),
     );
@@ -414,7 +425,10 @@ fn helm_installs_upgrades_tests_and_uninstalls_marin3r() {
         "the CRDs removed (helm show crds | kubectl delete -f -)",
         shell.run(
             "bash",
-            &["-c", "helm show crds manifests/chart | kubectl delete -f -"],
+            &[
+                "-c",
+                "set -o pipefail; helm show crds manifests/chart | kubectl delete -f -",
+            ],
         ),
     );
     shell.step(
