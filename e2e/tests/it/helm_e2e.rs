@@ -157,6 +157,14 @@ impl Shell {
             "--ignore-not-found",
             "--timeout=180s",
         ])?;
+        // Cluster-wide objects of another release's manifests that this checkout's lack.
+        self.kubectl(&[
+            "delete",
+            "clusterroles,clusterrolebindings",
+            "-l",
+            "app.kubernetes.io/name=marin3r",
+            "--ignore-not-found",
+        ])?;
         match self.leftovers()? {
             left if left.is_empty() => Ok(()),
             left => Err(format!("still there: {}", left.join(", "))),
