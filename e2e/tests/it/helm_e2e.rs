@@ -7,7 +7,8 @@
 //! removed as the page says.
 //!
 //! The marin3r image is this build's, under two tags of the scenario's own (the install's
-//! and the upgrade's). Whatever marin3r install the scenario before left is removed first
+//! and the upgrade's); when the previous chart's CRDs are not this build's, this build's
+//! replace them after the install. Whatever marin3r install the scenario before left is removed first
 //! (as install_guide.rs does), and again when the test fails half-way; the cluster is held
 //! alone throughout
 //! ([`Cluster::exclusive`]) and left without marin3r, as the install guide leaves it.
@@ -27,6 +28,10 @@ pub const PREVIOUS_CHART: &str = "e2e/tests/it/fixtures/marin3r-chart-previous.t
 
 /// The version `PREVIOUS_CHART` holds (its Chart.yaml).
 const PREVIOUS_VERSION: &str = "0.1.0";
+
+/// docs/install.md's first step of an upgrade: this chart's CRDs, applied over helm's.
+const APPLY_CRDS: &str = "set -o pipefail; helm show crds manifests/chart \
+                          | kubectl apply --server-side --force-conflicts -f -";
 
 /// helm's `--wait` and `--timeout` for a rollout.
 const HELM_WAIT: &[&str] = &["--wait", "--timeout", "180s"];
@@ -315,6 +320,18 @@ fn helm_installs_upgrades_tests_and_uninstalls_marin3r() {
     ];
     install.extend(HELM_WAIT);
     shell.step("helm install of the previous chart", shell.helm(&install));
+    // Both releases run this build's image (no build of the previous release is at hand), and
+    // `marin3r check` in the story wants the CRDs of the binary: when the previous chart's
+    // differ, this build's replace them now, as the upgrade below would.
+    let same_crds = format!(
+        "cmp -s <(helm show crds {PREVIOUS_CHART} 2>/dev/null) <(helm show crds {CHART} 2>/dev/null)"
+    );
+    if shell.run("bash", &["-c", &same_crds]).is_err() {
+        shell.step(
+            "the previous chart's CRDs differ from this build's: this build's applied",
+            shell.run("bash", &["-c", APPLY_CRDS]),
+        );
+    }
     shell.step(
         "the namespace labelled for the restricted Pod Security level",
         shell.kubectl(&[
@@ -352,14 +369,7 @@ fn helm_installs_upgrades_tests_and_uninstalls_marin3r() {
     upgrade.extend(HELM_WAIT);
     shell.step(
         "this chart's CRDs applied first, as the page says",
-        shell.run(
-            "bash",
-            &[
-                "-c",
-                "set -o pipefail; helm show crds manifests/chart \
-                 | kubectl apply --server-side --force-conflicts -f -",
-            ],
-        ),
+        shell.run("bash", &["-c", APPLY_CRDS]),
     );
     shell.step(
         "helm upgrade to this checkout's chart",
