@@ -25,6 +25,9 @@ struct Args {
     /// `kubectl apply -k manifests/`.
     #[arg(long, value_name = "FILE")]
     install_yaml: Option<PathBuf>,
+    /// marin3r is installed already (with helm, say): wait for it instead of installing.
+    #[arg(long, conflicts_with = "install_yaml")]
+    installed: bool,
     /// Seconds one step may take.
     #[arg(long, default_value_t = 90)]
     step_timeout: u64,
@@ -83,6 +86,7 @@ async fn tell(
             ),
             None => None,
         },
+        installed: args.installed,
     };
     let mut n = Narrator::new();
     let interrupted = tokio::select! {

@@ -51,6 +51,8 @@ pub struct Demo {
     /// Install from this rendered `install.yaml` (`hack/render-install`) instead of
     /// `kubectl apply -k manifests/`.
     pub install_yaml: Option<PathBuf>,
+    /// marin3r is installed already (by helm, say): the story only waits for it.
+    pub installed: bool,
 }
 
 impl Demo {
@@ -79,6 +81,7 @@ impl Demo {
     pub async fn story(&self, n: &mut Narrator) {
         let t = self.step_timeout;
         let what = match &self.install_yaml {
+            _ if self.installed => "marin3r is installed already: waiting for it".to_owned(),
             Some(file) => format!(
                 "installing {} (kubectl apply --server-side -f)",
                 file.display()
@@ -88,6 +91,7 @@ impl Demo {
         let installed = n
             .step(&what, async {
                 let out = match &self.install_yaml {
+                    _ if self.installed => String::new(),
                     Some(file) => {
                         let file = file.to_string_lossy();
                         self.kubectl
@@ -101,7 +105,8 @@ impl Demo {
                     all_deployments_ready(&self.client).await
                 })
                 .await?;
-                Ok(((), format!("{objects} objects; running {ready}")))
+                let made = (!self.installed).then(|| format!("{objects} objects; "));
+                Ok(((), format!("{}running {ready}", made.unwrap_or_default())))
             })
             .await;
         if installed.is_none() {
