@@ -143,7 +143,10 @@ pub fn render(
         ));
     }
     for role in documents("operator/user-roles.yaml", &sources.user_roles)? {
-        let name = role["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let name = role["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         if role["kind"] != "ClusterRole" || name.is_empty() {
             return Err(shape(
                 "operator/user-roles.yaml",

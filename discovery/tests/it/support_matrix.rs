@@ -56,6 +56,16 @@ fn the_support_matrix_names_the_versions_the_tests_install() {
     );
     let prometheus = pinned("hack/install-tools", "PROMETHEUS_VERSION");
     assert!(row("Prometheus").contains(&prometheus), "{prometheus}");
+    let helm = pinned("hack/install-cluster-tools", "HELM_VERSION");
+    assert!(
+        row("Helm").contains(&format!("| {} (", helm.trim_start_matches('v'))),
+        "{helm}"
+    );
+    let olm = pinned(
+        "hack/install-olm-validate",
+        "OPERATOR_FRAMEWORK_API_VERSION",
+    );
+    assert!(row("OLM bundle format").contains(&olm), "{olm}");
     // The oldest Kubernetes the table names is the one `check --pre` enforces.
     let oldest = marin3r_discovery::cli::OLDEST_KUBERNETES_MINOR;
     assert!(
