@@ -930,7 +930,9 @@ async fn bad_specs_are_reported_and_never_cost_an_issued_secret() {
         .await
     {
         Err(kube::Error::Api(s)) => assert!(
-            s.code == 422 && s.message.contains("spec.signer: Too many: 2"),
+            s.code == 422
+                && s.message
+                    .contains("set exactly one of selfSigned or caSigned"),
             "{}",
             s.message
         ),

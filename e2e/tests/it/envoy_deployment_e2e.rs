@@ -481,7 +481,13 @@ async fn a_gateway_serves_through_a_service_follows_its_config_and_rolls_without
     let both = r#"{"spec":{"replicas":{"static":1,"dynamic":{"maxReplicas":3}}}}"#;
     let out = patch(s, both).await;
     assert!(!out.success, "{out:?}");
-    assert!(out.stderr.contains("spec.replicas"), "{out:?}");
+    assert!(
+        out.stderr.contains("spec.replicas")
+            && out
+                .stderr
+                .contains("set exactly one of static (a fixed number) or dynamic"),
+        "{out:?}"
+    );
     let failures = ClientLog::read(s).await.failures();
     assert!(failures.is_empty(), "{failures:?}");
     step("bad specs reported");

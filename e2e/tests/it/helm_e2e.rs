@@ -283,11 +283,18 @@ fn helm_installs_upgrades_tests_and_uninstalls_marin3r() {
         eprintln!("helm_e2e: its images are loaded with hack/cluster, not on an attached cluster");
         return;
     }
-    let _held = cluster.exclusive().unwrap();
     let marin3r = marin3r_testkit::image::marin3r_bin().expect("a built marin3r");
-    marin3r_testkit::image::load_images(&cluster, &["envoy"]).unwrap();
-    let install_tag = load_tagged_image(&cluster, &marin3r, "install");
-    let upgrade_tag = load_tagged_image(&cluster, &marin3r, "upgrade");
+    // The images are written and loaded beside the other scenarios: new tags, which no pod
+    // runs yet, disturb none of them, and the cluster is held alone only once they are in.
+    let (install_tag, upgrade_tag) = {
+        let _shared = cluster.shared().unwrap();
+        marin3r_testkit::image::load_images(&cluster, &["envoy"]).unwrap();
+        (
+            load_tagged_image(&cluster, &marin3r, "install"),
+            load_tagged_image(&cluster, &marin3r, "upgrade"),
+        )
+    };
+    let _held = cluster.exclusive().unwrap();
     let shell = Shell {
         path: format!(
             "{}:{}",
