@@ -165,6 +165,27 @@ fn load_images_once(cluster: &Cluster, images: &[String]) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// The cluster-scoped kinds an install of marin3r creates objects of, which an uninstall
+/// must leave empty of them (see [`is_marin3rs`]).
+pub const INSTALLED_KINDS: [&str; 6] = [
+    "customresourcedefinitions",
+    "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
+    "clusterroles",
+    "clusterrolebindings",
+    "namespaces",
+];
+
+/// Whether the object `name` of `kind` (one of [`INSTALLED_KINDS`]) is marin3r's or the
+/// demo's: its CRDs, anything named `marin3r...`, its namespace and `demo`.
+pub fn is_marin3rs(kind: &str, name: &str) -> bool {
+    match kind {
+        "customresourcedefinitions" => name.ends_with("marin3r.3scale.net"),
+        "namespaces" => name == OPERATOR_NAMESPACE || name == "demo",
+        _ => name.starts_with("marin3r"),
+    }
+}
+
 /// `kubectl apply -k manifests/`, then waits until the operator's Deployment has rolled out.
 ///
 /// After a scenario that uninstalls marin3r (the install guide, Helm's), the next scenarios
@@ -177,8 +198,8 @@ pub async fn install(cluster: &Cluster) -> anyhow::Result<()> {
     let _turn = ONE_AT_A_TIME.lock().await;
     let kubectl = cluster.kubectl()?;
     let manifests = tools::repo_root().join("manifests");
-    let apply = ["apply", "-k", &manifests.to_string_lossy()].map(str::to_owned);
-    let apply: Vec<&str> = apply.iter().map(String::as_str).collect();
+    let manifests = manifests.to_string_lossy();
+    let apply = ["apply", "-k", &manifests];
     let mut attempt = 0;
     loop {
         let out = kubectl.run(&apply).await?;

@@ -91,23 +91,11 @@ impl Shell {
     fn leftovers(&self) -> Result<Vec<String>, String> {
         let names = "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}";
         let mut left = Vec::new();
-        for kind in [
-            "customresourcedefinitions",
-            "mutatingwebhookconfigurations",
-            "validatingwebhookconfigurations",
-            "clusterroles",
-            "clusterrolebindings",
-            "namespaces",
-        ] {
-            let is_ours = |name: &str| match kind {
-                "customresourcedefinitions" => name.ends_with("marin3r.3scale.net"),
-                "namespaces" => name == NAMESPACE || name == "demo",
-                _ => name.starts_with("marin3r"),
-            };
+        for kind in marin3r_e2e::real::INSTALLED_KINDS {
             let out = self.kubectl(&["get", kind, "-o", names])?;
             left.extend(
                 out.lines()
-                    .filter(|name| is_ours(name))
+                    .filter(|name| marin3r_e2e::real::is_marin3rs(kind, name))
                     .map(|name| format!("{kind}/{name}")),
             );
         }

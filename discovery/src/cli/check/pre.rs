@@ -113,14 +113,21 @@ impl Access {
         }
     }
 
+    /// `create deployments.apps in NS`, as the report says it.
+    #[cfg(test)]
     fn describe(&self) -> String {
+        format!("{} {}", self.verb, self.target())
+    }
+
+    /// What it is done to: `deployments.apps in NS`, `namespaces`.
+    fn target(&self) -> String {
         let group = match self.group.as_str() {
             "" => String::new(),
             g => format!(".{g}"),
         };
         match &self.namespace {
-            Some(ns) => format!("{} {}{group} in {ns}", self.verb, self.resource),
-            None => format!("{} {}{group}", self.verb, self.resource),
+            Some(ns) => format!("{}{group} in {ns}", self.resource),
+            None => format!("{}{group}", self.resource),
         }
     }
 }
@@ -230,12 +237,7 @@ async fn lacking(client: &kube::Client, wanted: &[Access]) -> anyhow::Result<Vec
         if answer? {
             continue;
         }
-        let resource = Access {
-            verb: String::new(),
-            ..access.clone()
-        }
-        .describe();
-        let resource = resource.trim_start().to_owned();
+        let resource = access.target();
         match missing.iter_mut().find(|(r, _)| *r == resource) {
             Some((_, verbs)) => verbs.push(&access.verb),
             None => missing.push((resource, vec![&access.verb])),
