@@ -1,6 +1,6 @@
 //! Envoy's stats on an injected pod: the named `envoy-stats` port, the `prometheus.io/*`
 //! annotations (never over the user's, and off by annotation or cluster default), and the
-//! admin port a pod may declare once the admin is off loopback.
+//! admin port a pod may declare: the admin itself off loopback, Envoy's stats alone on it.
 
 use serde_json::json;
 
@@ -101,8 +101,75 @@ fn the_annotations_are_off_by_pod_annotation_or_cluster_default() {
     );
 }
 
-/// The original's ratelimit example: the admin on every pod address, declared as
-/// `envoy-metrics:9901`. Allowed then; on loopback it is denied (annotations/tests.rs).
+/// The sidecar container's `--config-yaml` overlay, parsed.
+fn overlay(pod: &Value) -> Value {
+    let args = pod["spec"]["containers"][1]["args"].as_array().unwrap();
+    let at = args.iter().position(|a| a == "--config-yaml").unwrap();
+    serde_json::from_str(args[at + 1].as_str().unwrap()).unwrap()
+}
+
+/// The original's ratelimit example as it is written: `envoy-metrics:9901` declared, the
+/// admin left where marin3r puts it, on loopback. Admitted, with a warning: the declared port
+/// serves, on the pod's addresses, what `envoy-stats` serves (a second address of the
+/// readiness listener, which shares the port with the admin by `SO_REUSEPORT`), and the admin
+/// stays on loopback (what a real Envoy makes of it: e2e/tests/it/webhook_sidecar_envoy.rs).
+#[test]
+fn the_admin_port_declared_on_a_loopback_admin_serves_the_stats_alone() {
+    let mut pod = mk_pod(json!({
+        "marin3r.3scale.net/node-id": "kuard",
+        "marin3r.3scale.net/ports": "envoy-http:38080,envoy-metrics:9901",
+    }));
+    let (_, warnings) = inject_json(&mut pod, &InjectionConfig::default()).unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains(r#""envoy-metrics" is Envoy's admin port 9901"#)
+            && warnings[0].contains("serves only GET /ready and GET /stats/prometheus"),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        pod["spec"]["containers"][1]["ports"],
+        json!([
+            {"name": "envoy-http", "containerPort": 38080, "protocol": "TCP"},
+            {"name": "envoy-metrics", "containerPort": 9901, "protocol": "TCP"},
+            {"name": "envoy-stats", "containerPort": 9902, "protocol": "TCP"},
+        ])
+    );
+    let overlay = overlay(&pod);
+    let admin = &overlay["admin"];
+    assert_eq!(
+        admin["address"]["socket_address"],
+        json!({"address": "127.0.0.1", "port_value": 9901})
+    );
+    assert_eq!(
+        admin["socket_options"],
+        crate::readiness::admin_sharing_its_port()
+    );
+    let listener = &overlay["static_resources"]["listeners"][0];
+    assert_eq!(listener["name"], crate::readiness::READINESS_LISTENER);
+    assert_eq!(
+        listener["additional_addresses"][0]["address"]["socket_address"]["port_value"],
+        9901
+    );
+    assert_eq!(
+        listener["address"]["socket_address"]["port_value"], 9902,
+        "the readiness port stays"
+    );
+    // Without the declaration, neither.
+    let plain = patched(
+        &mk_pod(json!({"marin3r.3scale.net/node-id": "kuard"})),
+        &InjectionConfig::default(),
+    );
+    let overlay = self::overlay(&plain);
+    assert!(overlay["admin"].get("socket_options").is_none());
+    assert!(
+        overlay["static_resources"]["listeners"][0]
+            .get("additional_addresses")
+            .is_none()
+    );
+}
+
+/// The original's ratelimit example with the admin on every pod address, as the original
+/// put it: the declared port is the admin itself.
 #[test]
 fn the_admin_port_may_be_declared_when_the_admin_is_off_loopback() {
     for bind in ["0.0.0.0", "::", "10.1.2.3"] {

@@ -72,13 +72,36 @@ pub fn any_address(port: u16, ipv6: bool) -> serde_json::Value {
     }
 }
 
-/// The readiness listener on every pod address and `port`, and the admin (at `admin`) as its
+/// The readiness listener on every pod address and `port` (and `also`, the admin's port when
+/// the pod declares it while the admin is on loopback), and the admin (at `admin`) as its
 /// upstream cluster.
 pub fn listener_and_cluster(
     port: u16,
+    also: Option<u16>,
     admin: std::net::SocketAddr,
 ) -> (serde_json::Value, serde_json::Value) {
-    (listener(port), admin_cluster(admin))
+    let mut listener = listener(port);
+    if let Some(also) = also {
+        let ipv6 = ipv6_available();
+        listener["additional_addresses"] = json!([{"address": any_address(also, ipv6)}]);
+    }
+    (listener, admin_cluster(admin))
+}
+
+/// The admin's socket options when the readiness listener shares its port (see
+/// [`listener_and_cluster`]): `SO_REUSEPORT`, which Envoy's listeners set too, lets the two
+/// sockets bind the same port, the admin on loopback and the listener on every address, and
+/// the kernel hands a connection to the socket bound to its exact address first. So
+/// loopback, where `kubectl port-forward` arrives, keeps reaching the admin, and the pod's
+/// addresses reach the stats alone.
+pub fn admin_sharing_its_port() -> serde_json::Value {
+    json!([{
+        "description": "SO_REUSEPORT: the readiness listener also binds this port, on every address",
+        "level": 1,
+        "name": 15,
+        "int_value": 1,
+        "state": "STATE_PREBIND",
+    }])
 }
 
 const LOCAL_RATE_LIMIT: &str = "envoy.filters.http.local_ratelimit";
@@ -183,7 +206,7 @@ mod tests {
     #[test]
     fn only_ready_and_prometheus_stats_reach_the_admin() {
         let admin = "127.0.0.1:9901".parse().unwrap();
-        let (listener, cluster) = listener_and_cluster(9902, admin);
+        let (listener, cluster) = listener_and_cluster(9902, None, admin);
         let routes = &listener["filter_chains"][0]["filters"][0]["typed_config"]["route_config"]["virtual_hosts"]
             [0]["routes"];
         let routes = routes.as_array().unwrap();

@@ -124,8 +124,12 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
     }
     let admin_address =
         std::net::SocketAddr::new(admin_target(spec.admin.bind_address), spec.admin.port);
+    let also = spec.admin.stats_on_port.then_some(spec.admin.port);
+    if also.is_some() {
+        admin["socket_options"] = crate::readiness::admin_sharing_its_port();
+    }
     let (listener, cluster) =
-        crate::readiness::listener_and_cluster(spec.readiness_port, admin_address);
+        crate::readiness::listener_and_cluster(spec.readiness_port, also, admin_address);
     let mut overlay = json!({
         "node": {
             "metadata": {

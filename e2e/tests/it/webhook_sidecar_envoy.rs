@@ -4,8 +4,9 @@
 //! with and without an `admin` of its own (the rendered one has one; the overlay wins). And the
 //! command line with the real rendered bootstrap passes `envoy --mode validate`. The
 //! readiness listener answers `GET /ready` and `GET /stats/prometheus` from the admin and
-//! nothing else. (That the admin is
-//! unreachable from another pod is proven through the pod network in operator_e2e.rs.)
+//! nothing else, also on the admin's port when a pod declares it with the admin on loopback.
+//! (That the admin is unreachable from another pod is proven through the pod network in
+//! operator_e2e.rs.)
 
 use std::time::{Duration, Instant};
 
@@ -115,6 +116,71 @@ fn run_sidecar(bootstrap: &str) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The original's ratelimit example declares the admin's port (`envoy-metrics:9901`) with the
+/// admin on loopback: a real Envoy binds both, the admin on loopback and the readiness
+/// listener's second address on every address, and the kernel keeps them apart. The pod's
+/// address on that port serves the stats alone; loopback (where `kubectl port-forward`
+/// arrives) is the admin.
+#[test]
+fn the_admin_port_declared_on_a_loopback_admin_serves_the_stats_alone() {
+    let free_port = marin3r_testkit::ports::free_port;
+    let (admin_port, readiness_port) = (free_port(), free_port());
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {
+            "generateName": "kuard-",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {
+                "marin3r.3scale.net/node-id": "kuard",
+                "marin3r.3scale.net/ports": format!("envoy-http:38080,envoy-metrics:{admin_port}"),
+                "marin3r.3scale.net/admin.port": admin_port.to_string(),
+                "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
+            },
+        },
+        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
+    }))
+    .unwrap();
+    let args = sidecar_command_line(&pod, &InjectionConfig::default(), "kuard-1", "shop").unwrap();
+    let rest: Vec<&str> = args[2..].iter().map(String::as_str).collect();
+    let envoy = Envoy::start(BOOTSTRAPS[0], &rest).unwrap();
+    assert_eq!(envoy.admin_address(), format!("127.0.0.1:{admin_port}"));
+    let info = envoy.admin_get("/server_info").unwrap();
+    assert!(
+        info.contains(r#""id": "kuard""#),
+        "the admin on loopback: {info}"
+    );
+
+    let host = local_address();
+    assert_ne!(
+        host, "127.0.0.1",
+        "this test needs an address besides loopback"
+    );
+    let url = |port: u16, path: &str| format!("http://{host}:{port}{path}");
+    for port in [admin_port, readiness_port] {
+        let (status, body) = marin3r_testkit::envoy::request("GET", &url(port, "/ready")).unwrap();
+        assert_eq!((status, body.trim()), (200, "LIVE"), "port {port}");
+        for (method, path) in [
+            ("GET", "/config_dump"),
+            ("GET", "/server_info"),
+            ("POST", "/quitquitquit"),
+            ("GET", "/"),
+        ] {
+            let (status, body) = marin3r_testkit::envoy::request(method, &url(port, path)).unwrap();
+            assert_eq!(status, 404, "{method} {path} on port {port}: {body}");
+        }
+    }
+    let (status, body) =
+        marin3r_testkit::envoy::request("GET", &url(admin_port, "/stats/prometheus")).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("# TYPE envoy_server_live gauge"), "{body}");
+    assert!(
+        envoy
+            .admin_get("/config_dump")
+            .unwrap()
+            .contains("marin3r_sidecar_readiness"),
+        "loopback still reaches the whole admin"
+    );
 }
 
 /// Envoy's stats through the readiness listener: `GET /stats/prometheus` (a query string

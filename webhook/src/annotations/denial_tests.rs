@@ -4,9 +4,6 @@
 
 use super::*;
 
-/// The hint of a declared port that is the admin's while the admin is on loopback.
-const ADMIN_ON_LOOPBACK: &str = r#" (the admin listens on loopback, which no port of the pod can expose: marin3r.3scale.net/admin.bind-address "0.0.0.0" puts it on the pod's addresses, where any pod can reach the whole admin API; Envoy's stats alone are served on the "envoy-stats" port)"#;
-
 #[test]
 fn bad_values_are_denied_naming_annotation_and_value() {
     let long = "a".repeat(64);
@@ -33,7 +30,6 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(PORTS, "a-very-long-port-name:80")], r#"marin3r.3scale.net/ports: "a-very-long-port-name:80": port name "a-very-long-port-name" must be 1 to 15 characters"#.into()),
         (vec![(PORTS, "http:80,http:81")], r#"marin3r.3scale.net/ports: "http:81": port name "http" is declared twice"#.into()),
         (vec![(PORTS, "a:80,b:80:tcp")], r#"marin3r.3scale.net/ports: "b:80:tcp": port 80/TCP is declared twice"#.into()),
-        (vec![(PORTS, "http:9901")], format!(r#"marin3r.3scale.net/admin.port: "9901": Envoy's admin port clashes with the port "http" declared in marin3r.3scale.net/ports{ADMIN_ON_LOOPBACK}"#)),
         (vec![(PORTS, "envoy-stats:8080")], r#"marin3r.3scale.net/ports: "envoy-stats:8080": "envoy-stats" names the sidecar's own port for Envoy's stats (its readiness listener); give this port another name"#.into()),
         (vec![(PROMETHEUS_ANNOTATIONS, "no")], r#"marin3r.3scale.net/prometheus-annotations: "no": must be true or false"#.into()),
         (vec![(PORTS, "http:80"), (HOST_PORT_MAPPINGS, "http:70000")], r#"marin3r.3scale.net/host-port-mappings: "http:70000": port must be between 1 and 65535"#.into()),
@@ -58,8 +54,6 @@ fn bad_values_are_denied_naming_annotation_and_value() {
         (vec![(ADMIN_PORT, "0")], r#"marin3r.3scale.net/admin.port: "0": port must be between 1 and 65535"#.into()),
         (vec![(ADMIN_PORT, "65536")], r#"marin3r.3scale.net/admin.port: "65536": port must be between 1 and 65535"#.into()),
         (vec![(ADMIN_PORT, " 9901")], r#"marin3r.3scale.net/admin.port: " 9901": port " 9901" is not a number"#.into()),
-        (vec![(PORTS, "admin:15000"), (ADMIN_PORT, "15000")], format!(r#"marin3r.3scale.net/admin.port: "15000": Envoy's admin port clashes with the port "admin" declared in marin3r.3scale.net/ports{ADMIN_ON_LOOPBACK}"#)),
-        (vec![(PORTS, "envoy-metrics:9901"), (ADMIN_BIND_ADDRESS, "::1")], format!(r#"marin3r.3scale.net/admin.port: "9901": Envoy's admin port clashes with the port "envoy-metrics" declared in marin3r.3scale.net/ports{ADMIN_ON_LOOPBACK}"#)),
         (vec![(ADMIN_BIND_ADDRESS, "localhost")], r#"marin3r.3scale.net/admin.bind-address: "localhost": not an IPv4 or IPv6 address"#.into()),
         (vec![(READINESS_PORT, "0")], r#"marin3r.3scale.net/readiness.port: "0": port must be between 1 and 65535"#.into()),
         (vec![(READINESS_PORT, "9901")], r#"marin3r.3scale.net/readiness.port: "9901": the readiness listener's port is Envoy's admin port"#.into()),

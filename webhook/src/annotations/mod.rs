@@ -13,7 +13,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::config::{InjectionConfig, Resources};
-use crate::readiness::STATS_PORT_NAME;
+use crate::readiness::{READY_PATH, STATS_PATH, STATS_PORT_NAME};
 pub use grammar::{MAX_DRAIN_TIME, check_extra_args, parse_bool};
 use grammar::{
     absolute_path, apply_host_port_mappings, command_line_arg, dns_label, dns_subdomain,
@@ -67,6 +67,11 @@ pub struct Admin {
     pub port: u16,
     pub bind_address: IpAddr,
     pub access_log_path: Option<String>,
+    /// `marin3r.3scale.net/ports` declares the admin's port while the admin is on loopback
+    /// (the original's `envoy-metrics:9901`): on the pod's addresses that port serves what
+    /// the readiness listener serves, `GET /ready` and `GET /stats/prometheus`, and the admin
+    /// keeps loopback.
+    pub stats_on_port: bool,
 }
 
 /// How Envoy drains its listeners (`--drain-strategy`): `gradual` asks a growing share of the
@@ -465,14 +470,23 @@ impl<'a> Reader<'a> {
             .value(ADMIN_BIND_ADDRESS, parse_bind_address)
             .unwrap_or(config.admin_bind_address);
         let admin = Listener::ADMIN;
-        // An admin on the pod's addresses may be declared in `ports` (the original's examples
-        // name it `envoy-metrics`); on loopback, a declared port there could only be another.
-        let declared = if bind_address.is_loopback() {
-            ports
-        } else {
-            &[]
-        };
-        let admin_port = self.listener_port(admin, config.admin_port, &[], declared);
+        // The admin's port may be declared in `ports` (the original's examples name it
+        // `envoy-metrics`): it is the admin itself when the admin is on the pod's addresses,
+        // and Envoy's stats alone when the admin is on loopback.
+        let admin_port = self.listener_port(admin, config.admin_port, &[], &[]);
+        let declared = ports
+            .iter()
+            .find(|p| p.port == admin_port && p.protocol == Protocol::Tcp);
+        let stats_on_port = bind_address.is_loopback() && declared.is_some();
+        if let Some(declared) = declared.filter(|_| stats_on_port) {
+            self.warnings.push(format!(
+                "{PORTS}: {:?} is Envoy's admin port {admin_port}, and the admin listens on \
+                 loopback: on the pod's addresses that port serves only GET {READY_PATH} and \
+                 GET {STATS_PATH}, as {STATS_PORT_NAME:?} does ({ADMIN_BIND_ADDRESS} \
+                 \"0.0.0.0\" would put the whole admin API there, where any pod can reach it)",
+                declared.name
+            ));
+        }
         let readiness = Listener::READINESS;
         let earlier = [(admin_port, admin)];
         let readiness_port = self.listener_port(readiness, config.readiness_port, &earlier, ports);
@@ -488,6 +502,7 @@ impl<'a> Reader<'a> {
                     absolute_path(v).map(|()| v.to_owned())
                 })
                 .or_else(|| config.admin_access_log_path.clone()),
+            stats_on_port,
         };
         (admin, readiness_port)
     }
@@ -529,16 +544,7 @@ impl<'a> Reader<'a> {
             .find(|p| p.port == port && p.protocol == Protocol::Tcp)
         {
             let name = &clash.name;
-            let hint = match listener {
-                Listener::ADMIN => format!(
-                    " (the admin listens on loopback, which no port of the pod can expose: \
-                     {ADMIN_BIND_ADDRESS} \"0.0.0.0\" puts it on the pod's addresses, where \
-                     any pod can reach the whole admin API; Envoy's stats alone are served \
-                     on the {STATS_PORT_NAME:?} port)"
-                ),
-                _ => String::new(),
-            };
-            format!("{what} clashes with the port {name:?} declared in {PORTS}{hint}")
+            format!("{what} clashes with the port {name:?} declared in {PORTS}")
         } else {
             return;
         };

@@ -64,6 +64,7 @@ fn defaults_fill_in_everything_but_the_node_id() {
                 port: 9901,
                 bind_address: "127.0.0.1".parse().unwrap(),
                 access_log_path: None,
+                stats_on_port: false,
             },
             readiness_port: 9902,
             bootstrap_config_map: "envoy-sidecar-bootstrap".into(),
@@ -234,6 +235,7 @@ fn good_values_are_read() {
                         port: 15000,
                         bind_address: "::".parse::<IpAddr>().unwrap(),
                         access_log_path: Some("/dev/stdout".into()),
+                        stats_on_port: false,
                     }
                 )
             }),

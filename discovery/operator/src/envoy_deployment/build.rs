@@ -178,6 +178,7 @@ impl<'a> Gateway<'a> {
                 port: s.admin_port,
                 bind_address: IpAddr::V4(Ipv4Addr::LOCALHOST),
                 access_log_path: s.admin_access_log_path.clone(),
+                stats_on_port: false,
             },
             readiness_port: s.readiness_port,
             bootstrap_config_map: self.owned_name(),
