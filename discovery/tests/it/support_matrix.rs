@@ -54,8 +54,11 @@ fn the_support_matrix_names_the_versions_the_tests_install() {
         row("kubectl").contains(&format!("| {minor} (")),
         "{kubectl}"
     );
-    let prometheus = pinned("hack/install-tools", "PROMETHEUS_VERSION");
-    assert!(row("Prometheus").contains(&prometheus), "{prometheus}");
+    let prometheus = pinned("hack/install-cluster-tools", "PROMETHEUS_VERSION");
+    assert!(
+        row("Prometheus").contains(&format!("| {} (", prometheus.trim_start_matches('v'))),
+        "{prometheus}"
+    );
     let helm = pinned("hack/install-cluster-tools", "HELM_VERSION");
     assert!(
         row("Helm").contains(&format!("| {} (", helm.trim_start_matches('v'))),

@@ -1,4 +1,4 @@
-//! A real Prometheus (Debian's 2.42, from `hack/install-tools`) scrapes the real cluster
+//! A real Prometheus (3.16, built by `hack/install-cluster-tools`) scrapes the real cluster
 //! (`hack/cluster`) as `manifests/monitoring/` tells one to: the operator and the discovery pod
 //! on their `metrics` ports, and the injected Envoy on its `envoy-stats` port and
 //! `prometheus.io/*` annotations, found through the API as the PodMonitors and
