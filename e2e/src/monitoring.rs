@@ -1,6 +1,6 @@
 //! `manifests/monitoring/` as the tests use it: the Component rendered by kubectl's kustomize
 //! over `manifests/` (what a user applies), its PrometheusRule and Grafana dashboard read out
-//! of that rendering, and a real Prometheus (Debian's, from `hack/install-tools`) run as a
+//! of that rendering, and a real Prometheus (built by `hack/install-cluster-tools`) run as a
 //! process with a given scrape configuration, asked over its HTTP API.
 
 use std::path::{Path, PathBuf};
@@ -247,6 +247,159 @@ pub fn config(jobs: &[Job], interval: &str) -> String {
         }
     }
     out
+}
+
+/// The scrape jobs the prometheus-operator makes of a PodMonitor (one per endpoint), for a
+/// Prometheus that finds the pods itself through the API server (`kubeconfig`): pods of the
+/// PodMonitor's namespace (or its `namespaceSelector.matchNames`) whose labels match
+/// `selector.matchLabels`, not ended, on the container port named `port` (an init
+/// container's too: a native sidecar's), labelled `namespace`, `pod`, `container`,
+/// `endpoint` and `job` as the operator labels them, then the endpoint's `relabelings`. What
+/// the operator offers beyond that (`matchExpressions`, metric relabelings, TLS) is refused,
+/// not guessed at.
+pub fn pod_monitor_jobs(monitor: &Value, kubeconfig: &Path) -> anyhow::Result<Vec<Value>> {
+    use serde_json::json;
+    let name = monitor["metadata"]["name"]
+        .as_str()
+        .context("a PodMonitor without a name")?;
+    let namespace = monitor["metadata"]["namespace"]
+        .as_str()
+        .context("a PodMonitor without a namespace")?;
+    let spec = &monitor["spec"];
+    if spec["selector"].get("matchExpressions").is_some() {
+        bail!("PodMonitor {namespace}/{name}: selector.matchExpressions is not translated");
+    }
+    let namespaces: Vec<&str> = match spec["namespaceSelector"]["matchNames"].as_array() {
+        Some(names) => names.iter().filter_map(Value::as_str).collect(),
+        None if spec["namespaceSelector"]["any"] == true => Vec::new(),
+        None => vec![namespace],
+    };
+    let job = spec["jobLabel"]
+        .as_str()
+        .map(|label| format!("__meta_kubernetes_pod_label_{}", sanitized(label)));
+    let mut selected = vec![json!({
+        "source_labels": ["__meta_kubernetes_pod_phase"],
+        "regex": "(Failed|Succeeded)",
+        "action": "drop",
+    })];
+    for (label, value) in spec["selector"]["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let value = value
+            .as_str()
+            .context("a matchLabels value that is not a string")?;
+        selected.push(json!({
+            "source_labels": [
+                format!("__meta_kubernetes_pod_label_{}", sanitized(label)),
+                format!("__meta_kubernetes_pod_labelpresent_{}", sanitized(label)),
+            ],
+            "regex": format!("({});true", regex_quoted(value)),
+            "action": "keep",
+        }));
+    }
+    let endpoints = spec["podMetricsEndpoints"]
+        .as_array()
+        .context("a PodMonitor without podMetricsEndpoints")?;
+    endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, endpoint)| {
+            for unsupported in ["metricRelabelings", "tlsConfig", "targetPort"] {
+                if endpoint.get(unsupported).is_some() {
+                    bail!("PodMonitor {namespace}/{name}: {unsupported} is not translated");
+                }
+            }
+            let port = endpoint["port"]
+                .as_str()
+                .context("a podMetricsEndpoint without a port name")?;
+            let mut relabel = selected.clone();
+            relabel.extend([
+                json!({"source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                    "regex": regex_quoted(port), "action": "keep"}),
+                json!({"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"}),
+                json!({"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"}),
+                json!({"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}),
+                json!({"target_label": "job", "replacement": format!("{namespace}/{name}")}),
+                json!({"target_label": "endpoint", "replacement": port}),
+            ]);
+            if let Some(label) = &job {
+                relabel.push(json!({"source_labels": [label], "regex": "(.+)",
+                    "target_label": "job", "replacement": "${1}"}));
+            }
+            // The endpoint's own relabelings come last, their fields in Prometheus' names.
+            for rule in endpoint["relabelings"].as_array().into_iter().flatten() {
+                let rule = rule.as_object().context("a relabeling that is not an object")?;
+                relabel.push(Value::Object(
+                    rule.iter()
+                        .map(|(k, v)| (snake_case(k), v.clone()))
+                        .collect(),
+                ));
+            }
+            let mut sd = json!({"role": "pod", "kubeconfig_file": kubeconfig});
+            if !namespaces.is_empty() {
+                sd["namespaces"] = json!({"names": namespaces});
+            }
+            let mut job = json!({
+                "job_name": format!("podMonitor/{namespace}/{name}/{i}"),
+                "honor_labels": endpoint["honorLabels"] == true,
+                "metrics_path": endpoint["path"].as_str().unwrap_or("/metrics"),
+                "scheme": endpoint["scheme"].as_str().unwrap_or("http"),
+                "kubernetes_sd_configs": [sd],
+                "relabel_configs": relabel,
+            });
+            if let Some(interval) = endpoint["interval"].as_str() {
+                job["scrape_interval"] = json!(interval);
+                job["scrape_timeout"] = json!(interval);
+            }
+            Ok(job)
+        })
+        .collect()
+}
+
+/// A PodMonitor field's name as Prometheus' configuration spells it (`sourceLabels` is
+/// `source_labels`).
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+/// A Kubernetes label name as Prometheus' service discovery writes it in a meta label.
+fn sanitized(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+/// `text` matched literally by a Prometheus (RE2) regex.
+fn regex_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A Prometheus configuration of `jobs` (scrape configs, as JSON, which is YAML) evaluating
+/// every `interval`.
+pub fn config_of_jobs(jobs: &[Value], interval: &str) -> String {
+    serde_json::json!({
+        "global": {"scrape_interval": interval, "scrape_timeout": interval,
+            "evaluation_interval": interval},
+        "scrape_configs": jobs,
+    })
+    .to_string()
 }
 
 /// `ip:port` with IPv6 addresses bracketed.

@@ -31,6 +31,7 @@ mod native_sidecars_e2e;
 mod operator_e2e;
 mod own_namespace_e2e;
 mod proxy_config_e2e;
+mod ratelimit_example;
 mod real_cluster;
 mod real_faults;
 mod real_journey;
