@@ -43,6 +43,29 @@ struct Alone {
     file: Arc<std::fs::File>,
     state: Mutex<AloneState>,
     turn_ended: Condvar,
+    /// When the hold was taken, for [`log_hold`].
+    since: std::time::Instant,
+}
+
+/// Appends `event` to the file `MARIN3R_HOLD_LOG` names, if set, as
+/// `<unix seconds> <pid> <event>`: `hack/test` sums from it how long each test process held
+/// the cluster alone, and which tests it held it for, which is what makes the suite wait.
+fn log_hold(event: &str) {
+    let Some(path) = std::env::var_os("MARIN3R_HOLD_LOG") else {
+        return;
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    let line = format!("{now:.1} {} {event}\n", std::process::id());
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = std::io::Write::write_all(&mut file, line.as_bytes());
+    }
 }
 
 #[derive(Debug)]
@@ -62,7 +85,7 @@ static ALONE: Mutex<BTreeMap<PathBuf, Arc<Mutex<Weak<Alone>>>>> = Mutex::new(BTr
 
 /// One test's turn in its process's [`Alone`] hold; the next waiting test's when it drops.
 #[derive(Debug)]
-struct Turn(Arc<Alone>);
+struct Turn(Arc<Alone>, std::time::Instant, Option<String>);
 
 /// How long a process keeps the cluster alone after its last such test: libtest starts the
 /// next test on the thread the last one freed, and one that needs the cluster alone too then
@@ -71,6 +94,11 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(3);
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        log_hold(&format!(
+            "turn {:.1}s {}",
+            self.1.elapsed().as_secs_f64(),
+            self.2.as_deref().unwrap_or("?")
+        ));
         // No test of this process waits: the operator runs again now, not when the hold
         // ends (a process may exit before then, and nothing would start it).
         let waiting = self.0.state().map(|s| s.waiting).unwrap_or_default();
@@ -156,6 +184,10 @@ impl Alone {
 impl Drop for Alone {
     fn drop(&mut self) {
         let _ = self.start_operator();
+        log_hold(&format!(
+            "released {:.1}s",
+            self.since.elapsed().as_secs_f64()
+        ));
     }
 }
 
@@ -338,7 +370,9 @@ impl Cluster {
             match slot.upgrade() {
                 Some(alone) => alone,
                 None => {
+                    let asked = std::time::Instant::now();
                     let held = self.hold(rustix::fs::FlockOperation::LockExclusive)?;
+                    log_hold(&format!("taken {:.1}s", asked.elapsed().as_secs_f64()));
                     let alone = Arc::new(Alone {
                         cluster: self.clone(),
                         file: held._file,
@@ -348,6 +382,7 @@ impl Cluster {
                             stopped_from: None,
                         }),
                         turn_ended: Condvar::new(),
+                        since: std::time::Instant::now(),
                     });
                     *slot = Arc::downgrade(&alone);
                     alone
@@ -365,7 +400,7 @@ impl Cluster {
         state.waiting -= 1;
         state.busy = true;
         drop(state);
-        Ok(Turn(alone))
+        Ok(Turn(alone, std::time::Instant::now(), current_test()))
     }
 
     /// Holds the cluster beside other scenarios that keep to their own namespaces (waiting
