@@ -59,7 +59,7 @@ impl Scenario {
             let cluster = cluster.clone();
             move || {
                 if alone {
-                    cluster.exclusive()
+                    cluster.exclusive_for(test)
                 } else {
                     cluster.shared_for(test)
                 }

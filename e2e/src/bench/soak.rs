@@ -274,9 +274,10 @@ async fn run(config: &SoakConfig) -> anyhow::Result<SoakOutcome> {
         "the soak's API faults reach the pods through hack/cluster's node, with its API \
          server's certificate: it runs on this machine's hack/cluster only",
     )?;
+    let test = marin3r_testkit::cluster::current_test();
     let _held = tokio::task::spawn_blocking({
         let cluster = cluster.clone();
-        move || cluster.exclusive()
+        move || cluster.exclusive_for(test)
     })
     .await??;
     tokio::task::spawn_blocking({

@@ -345,7 +345,13 @@ impl Cluster {
     /// drops; the process lets the cluster go once none of its tests holds or waits for it
     /// alone ([`Alone`]).
     pub fn exclusive(&self) -> anyhow::Result<Held> {
-        let turn = self.alone()?;
+        self.exclusive_for(current_test())
+    }
+
+    /// [`Cluster::exclusive`] for test `test` ([`current_test`] taken on the test's own
+    /// thread before handing the wait to another), which the hold log names.
+    pub fn exclusive_for(&self, test: Option<String>) -> anyhow::Result<Held> {
+        let turn = self.alone(test)?;
         turn.0.start_operator()?;
         let held = Held {
             _file: Arc::clone(&turn.0.file),
@@ -357,7 +363,7 @@ impl Cluster {
 
     /// This test's turn in the process's [`Alone`] hold, taking that hold first when no test
     /// of this process has it.
-    fn alone(&self) -> anyhow::Result<Turn> {
+    fn alone(&self, test: Option<String>) -> anyhow::Result<Turn> {
         let poisoned = || anyhow!("the holds alone are poisoned");
         let slot = ALONE
             .lock()
@@ -400,7 +406,7 @@ impl Cluster {
         state.waiting -= 1;
         state.busy = true;
         drop(state);
-        Ok(Turn(alone, std::time::Instant::now(), current_test()))
+        Ok(Turn(alone, std::time::Instant::now(), test))
     }
 
     /// Holds the cluster beside other scenarios that keep to their own namespaces (waiting
@@ -436,7 +442,12 @@ impl Cluster {
     /// one object prove nothing. The operator is scaled back when the next test of this
     /// process to hold the cluster alone needs it running, or when none is left.
     pub fn operator_stopped(&self) -> anyhow::Result<OperatorStopped> {
-        let turn = self.alone()?;
+        self.operator_stopped_for(current_test())
+    }
+
+    /// [`Cluster::operator_stopped`] for test `test` (see [`Cluster::exclusive_for`]).
+    pub fn operator_stopped_for(&self, test: Option<String>) -> anyhow::Result<OperatorStopped> {
+        let turn = self.alone(test)?;
         turn.0.stop_operator()?;
         Ok(OperatorStopped {
             _held: Held {

@@ -57,7 +57,8 @@ pub fn cluster() -> Cluster {
 /// cluster's objects with it.
 pub async fn operator_stopped(cluster: &Cluster) -> OperatorStopped {
     let cluster = cluster.clone();
-    tokio::task::spawn_blocking(move || cluster.operator_stopped())
+    let test = crate::cluster::current_test();
+    tokio::task::spawn_blocking(move || cluster.operator_stopped_for(test))
         .await
         .unwrap()
         .unwrap()
@@ -122,7 +123,7 @@ impl Namespaces {
             let cluster = cluster.clone();
             move || {
                 if alone {
-                    cluster.exclusive()
+                    cluster.exclusive_for(test)
                 } else {
                     cluster.shared_for(test)
                 }

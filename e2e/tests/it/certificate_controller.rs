@@ -53,9 +53,10 @@ impl Env {
             .unwrap();
         // The cluster's operator runs this controller too, on every certificate of the
         // cluster: it stops while the test's runs.
+        let test = marin3r_testkit::cluster::current_test();
         let operator_stopped = tokio::task::spawn_blocking({
             let cluster = cluster.clone();
-            move || cluster.operator_stopped()
+            move || cluster.operator_stopped_for(test)
         })
         .await
         .unwrap()
