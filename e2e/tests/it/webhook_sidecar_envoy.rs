@@ -23,6 +23,19 @@ const BOOTSTRAPS: [&str; 2] = [
         "node": {"metadata": {"from_bootstrap": "kept"}}}"#,
 ];
 
+/// A pod labelled for injection, with `annotations`, whose one container is `kuard`.
+fn labelled_pod(annotations: Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "generateName": "kuard-",
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": annotations,
+        },
+        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
+    }))
+    .unwrap()
+}
+
 #[test]
 fn the_sidecar_command_line_configures_a_real_envoy() {
     for bootstrap in BOOTSTRAPS {
@@ -35,22 +48,14 @@ fn run_sidecar(bootstrap: &str) {
     let access_log = dir.path().join("admin-access.log");
     let free_port = marin3r_testkit::ports::free_port;
     let (admin_port, readiness_port) = (free_port(), free_port());
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {
-            "generateName": "kuard-",
-            "labels": {"marin3r.3scale.net/status": "enabled"},
-            "annotations": {
-                "marin3r.3scale.net/node-id": "kuard",
-                "marin3r.3scale.net/cluster-id": "edge",
-                "marin3r.3scale.net/admin.port": admin_port.to_string(),
-                "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
-                "marin3r.3scale.net/admin.access-log-path": access_log.to_str().unwrap(),
-                "marin3r.3scale.net/envoy-extra-args": "--log-level info --file-flush-interval-msec 100",
-            },
-        },
-        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
-    }))
-    .unwrap();
+    let pod = labelled_pod(json!({
+        "marin3r.3scale.net/node-id": "kuard",
+        "marin3r.3scale.net/cluster-id": "edge",
+        "marin3r.3scale.net/admin.port": admin_port.to_string(),
+        "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
+        "marin3r.3scale.net/admin.access-log-path": access_log.to_str().unwrap(),
+        "marin3r.3scale.net/envoy-extra-args": "--log-level info --file-flush-interval-msec 100",
+    }));
     // The default binds the admin to loopback.
     let config = InjectionConfig::default();
     let args = sidecar_command_line(&pod, &config, "kuard-7d4b9", "shop").unwrap();
@@ -127,20 +132,12 @@ fn run_sidecar(bootstrap: &str) {
 fn the_admin_port_declared_on_a_loopback_admin_serves_the_stats_alone() {
     let free_port = marin3r_testkit::ports::free_port;
     let (admin_port, readiness_port) = (free_port(), free_port());
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {
-            "generateName": "kuard-",
-            "labels": {"marin3r.3scale.net/status": "enabled"},
-            "annotations": {
-                "marin3r.3scale.net/node-id": "kuard",
-                "marin3r.3scale.net/ports": format!("envoy-http:38080,envoy-metrics:{admin_port}"),
-                "marin3r.3scale.net/admin.port": admin_port.to_string(),
-                "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
-            },
-        },
-        "spec": {"containers": [{"name": "app", "image": "kuard"}]},
-    }))
-    .unwrap();
+    let pod = labelled_pod(json!({
+        "marin3r.3scale.net/node-id": "kuard",
+        "marin3r.3scale.net/ports": format!("envoy-http:38080,envoy-metrics:{admin_port}"),
+        "marin3r.3scale.net/admin.port": admin_port.to_string(),
+        "marin3r.3scale.net/readiness.port": readiness_port.to_string(),
+    }));
     let args = sidecar_command_line(&pod, &InjectionConfig::default(), "kuard-1", "shop").unwrap();
     let rest: Vec<&str> = args[2..].iter().map(String::as_str).collect();
     let envoy = Envoy::start(BOOTSTRAPS[0], &rest).unwrap();
