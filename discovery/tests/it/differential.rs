@@ -437,8 +437,10 @@ fn marin3rs_verdict_is_envoys_on_every_case_of_the_corpus() {
     // test with Envoy's reason; one still differing is a disagreement.
     let mut again = String::new();
     for (v, case) in verdicts.iter_mut().zip(&corpus) {
+        // The cases listed apart below differ by design.
+        let by_design = v.0.ends_with(" remove /name") || v.0.ends_with(READS_FILES);
         for _ in 0..2 {
-            if !unanswered(v) && v.1.is_ok() == v.3.is_ok() {
+            if !unanswered(v) && (by_design || v.1.is_ok() == v.3.is_ok()) {
                 break;
             }
             again.push_str(&format!("differential: judged again, alone: {v:?}\n"));
