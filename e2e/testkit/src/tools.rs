@@ -45,7 +45,7 @@ pub fn kubectl() -> anyhow::Result<PathBuf> {
     find_tool("kubectl", "MARIN3R_KUBECTL")
 }
 
-/// The real Prometheus server (Debian's build).
+/// The real Prometheus server (3.x, built by `hack/install-cluster-tools`).
 pub fn prometheus() -> anyhow::Result<PathBuf> {
     find_tool("prometheus", "MARIN3R_PROMETHEUS")
 }
@@ -56,7 +56,7 @@ pub fn olm_validate() -> anyhow::Result<PathBuf> {
     find_tool("olm-validate", "MARIN3R_OLM_VALIDATE")
 }
 
-/// The real promtool (Debian's build, beside Prometheus).
+/// The real promtool (built beside Prometheus by `hack/install-cluster-tools`).
 pub fn promtool() -> anyhow::Result<PathBuf> {
     find_tool("promtool", "MARIN3R_PROMTOOL")
 }
