@@ -226,27 +226,31 @@ pub struct Job<'a> {
 
 /// A Prometheus configuration scraping `jobs` every `interval` and loading `rules.yaml`.
 pub fn config(jobs: &[Job], interval: &str) -> String {
-    let mut out = format!(
-        "global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: {interval}\nrule_files: [rules.yaml]\nscrape_configs:\n"
-    );
-    for job in jobs {
-        out.push_str(&format!(
-            "  - job_name: {}\n    metrics_path: {}\n    honor_labels: {}\n    static_configs:\n",
-            job.name, job.path, job.honor_labels
-        ));
-        for (address, labels) in &job.targets {
-            let labels: Vec<String> = labels
+    let jobs: Vec<Value> = jobs
+        .iter()
+        .map(|job| {
+            let targets: Vec<Value> = job
+                .targets
                 .iter()
-                .map(|(name, value)| format!("{name}: {}", Value::from(value.as_str())))
+                .map(|(address, labels)| {
+                    let labels: serde_json::Map<String, Value> = labels
+                        .iter()
+                        .map(|(name, value)| ((*name).to_owned(), Value::from(value.as_str())))
+                        .collect();
+                    serde_json::json!({"targets": [address], "labels": labels})
+                })
                 .collect();
-            out.push_str(&format!(
-                "      - targets: [{}]\n        labels: {{{}}}\n",
-                Value::from(address.as_str()),
-                labels.join(", ")
-            ));
-        }
-    }
-    out
+            serde_json::json!({
+                "job_name": job.name,
+                "metrics_path": job.path,
+                "honor_labels": job.honor_labels,
+                "static_configs": targets,
+            })
+        })
+        .collect();
+    let mut config = configuration(&jobs, interval);
+    config["rule_files"] = serde_json::json!(["rules.yaml"]);
+    config.to_string()
 }
 
 /// The scrape jobs the prometheus-operator makes of a PodMonitor (one per endpoint), for a
@@ -391,15 +395,18 @@ fn regex_quoted(text: &str) -> String {
     out
 }
 
-/// A Prometheus configuration of `jobs` (scrape configs, as JSON, which is YAML) evaluating
-/// every `interval`.
+/// A Prometheus configuration of `jobs` (scrape configs, as JSON, which is YAML) scraping
+/// and evaluating every `interval`.
 pub fn config_of_jobs(jobs: &[Value], interval: &str) -> String {
+    configuration(jobs, interval).to_string()
+}
+
+fn configuration(jobs: &[Value], interval: &str) -> Value {
     serde_json::json!({
         "global": {"scrape_interval": interval, "scrape_timeout": interval,
             "evaluation_interval": interval},
         "scrape_configs": jobs,
     })
-    .to_string()
 }
 
 /// `ip:port` with IPv6 addresses bracketed.

@@ -85,7 +85,12 @@ static ALONE: Mutex<BTreeMap<PathBuf, Arc<Mutex<Weak<Alone>>>>> = Mutex::new(BTr
 
 /// One test's turn in its process's [`Alone`] hold; the next waiting test's when it drops.
 #[derive(Debug)]
-struct Turn(Arc<Alone>, std::time::Instant, Option<String>);
+struct Turn {
+    alone: Arc<Alone>,
+    /// When the turn began, and whose it is, for [`log_hold`].
+    since: std::time::Instant,
+    test: Option<String>,
+}
 
 /// How long a process keeps the cluster alone after its last such test: libtest starts the
 /// next test on the thread the last one freed, and one that needs the cluster alone too then
@@ -96,20 +101,20 @@ impl Drop for Turn {
     fn drop(&mut self) {
         log_hold(&format!(
             "turn {:.1}s {}",
-            self.1.elapsed().as_secs_f64(),
-            self.2.as_deref().unwrap_or("?")
+            self.since.elapsed().as_secs_f64(),
+            self.test.as_deref().unwrap_or("?")
         ));
         // No test of this process waits: the operator runs again now, not when the hold
         // ends (a process may exit before then, and nothing would start it).
-        let waiting = self.0.state().map(|s| s.waiting).unwrap_or_default();
+        let waiting = self.alone.state().map(|s| s.waiting).unwrap_or_default();
         if waiting == 0 {
-            let _ = self.0.start_operator();
+            let _ = self.alone.start_operator();
         }
-        let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = self.alone.state.lock().unwrap_or_else(|e| e.into_inner());
         state.busy = false;
-        self.0.turn_ended.notify_one();
+        self.alone.turn_ended.notify_one();
         drop(state);
-        let alone = Arc::clone(&self.0);
+        let alone = Arc::clone(&self.alone);
         std::thread::spawn(move || {
             std::thread::sleep(LINGER);
             drop(alone);
@@ -352,9 +357,9 @@ impl Cluster {
     /// thread before handing the wait to another), which the hold log names.
     pub fn exclusive_for(&self, test: Option<String>) -> anyhow::Result<Held> {
         let turn = self.alone(test)?;
-        turn.0.start_operator()?;
+        turn.alone.start_operator()?;
         let held = Held {
-            _file: Arc::clone(&turn.0.file),
+            _file: Arc::clone(&turn.alone.file),
             _turn: Some(turn),
         };
         remember(current_test(), &held)?;
@@ -376,9 +381,7 @@ impl Cluster {
             match slot.upgrade() {
                 Some(alone) => alone,
                 None => {
-                    let asked = std::time::Instant::now();
                     let held = self.hold(rustix::fs::FlockOperation::LockExclusive)?;
-                    log_hold(&format!("taken {:.1}s", asked.elapsed().as_secs_f64()));
                     let alone = Arc::new(Alone {
                         cluster: self.clone(),
                         file: held._file,
@@ -406,7 +409,11 @@ impl Cluster {
         state.waiting -= 1;
         state.busy = true;
         drop(state);
-        Ok(Turn(alone, std::time::Instant::now(), test))
+        Ok(Turn {
+            alone,
+            since: std::time::Instant::now(),
+            test,
+        })
     }
 
     /// Holds the cluster beside other scenarios that keep to their own namespaces (waiting
@@ -448,10 +455,10 @@ impl Cluster {
     /// [`Cluster::operator_stopped`] for test `test` (see [`Cluster::exclusive_for`]).
     pub fn operator_stopped_for(&self, test: Option<String>) -> anyhow::Result<OperatorStopped> {
         let turn = self.alone(test)?;
-        turn.0.stop_operator()?;
+        turn.alone.stop_operator()?;
         Ok(OperatorStopped {
             _held: Held {
-                _file: Arc::clone(&turn.0.file),
+                _file: Arc::clone(&turn.alone.file),
                 _turn: Some(turn),
             },
         })

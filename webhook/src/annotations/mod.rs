@@ -474,11 +474,15 @@ impl<'a> Reader<'a> {
         // `envoy-metrics`): it is the admin itself when the admin is on the pod's addresses,
         // and Envoy's stats alone when the admin is on loopback.
         let admin_port = self.listener_port(admin, config.admin_port, &[], &[]);
-        let declared = ports
-            .iter()
-            .find(|p| p.port == admin_port && p.protocol == Protocol::Tcp);
-        let stats_on_port = bind_address.is_loopback() && declared.is_some();
-        if let Some(declared) = declared.filter(|_| stats_on_port) {
+        let declared = bind_address
+            .is_loopback()
+            .then(|| {
+                ports
+                    .iter()
+                    .find(|p| p.port == admin_port && p.protocol == Protocol::Tcp)
+            })
+            .flatten();
+        if let Some(declared) = declared {
             self.warnings.push(format!(
                 "{PORTS}: {:?} is Envoy's admin port {admin_port}, and the admin listens on \
                  loopback: on the pod's addresses that port serves only GET {READY_PATH} and \
@@ -502,7 +506,7 @@ impl<'a> Reader<'a> {
                     absolute_path(v).map(|()| v.to_owned())
                 })
                 .or_else(|| config.admin_access_log_path.clone()),
-            stats_on_port,
+            stats_on_port: declared.is_some(),
         };
         (admin, readiness_port)
     }
