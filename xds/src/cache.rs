@@ -54,11 +54,12 @@ pub struct VersionedResource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TypeSnapshot {
     version: Arc<str>,
-    resources: BTreeMap<Arc<str>, VersionedResource>,
+    /// Shared, so that a response carries pointers to them rather than copies.
+    resources: BTreeMap<Arc<str>, Arc<VersionedResource>>,
 }
 
 impl TypeSnapshot {
-    fn new(resources: BTreeMap<Arc<str>, VersionedResource>) -> Self {
+    fn new(resources: BTreeMap<Arc<str>, Arc<VersionedResource>>) -> Self {
         let mut hasher = Sha256::new();
         for (name, r) in &resources {
             hasher.update((name.len() as u64).to_be_bytes());
@@ -80,7 +81,7 @@ impl TypeSnapshot {
         &self.version
     }
 
-    pub fn resources(&self) -> &BTreeMap<Arc<str>, VersionedResource> {
+    pub fn resources(&self) -> &BTreeMap<Arc<str>, Arc<VersionedResource>> {
         &self.resources
     }
 }
@@ -112,7 +113,7 @@ impl Snapshot {
     /// A runtime layer a proxy subscribes to (the sidecar bootstrap's `runtime`) that the
     /// snapshot does not hold is served as an empty layer (see [`Snapshot::requested`]).
     pub fn new(resources: impl IntoIterator<Item = Resource>) -> Result<Self, SnapshotError> {
-        let mut by_type: BTreeMap<ResourceType, BTreeMap<Arc<str>, VersionedResource>> =
+        let mut by_type: BTreeMap<ResourceType, BTreeMap<Arc<str>, Arc<VersionedResource>>> =
             ResourceType::ALL
                 .into_iter()
                 .map(|t| (t, BTreeMap::new()))
@@ -133,11 +134,11 @@ impl Snapshot {
             let name: Arc<str> = resource.name.as_str().into();
             slot.insert(
                 Arc::clone(&name),
-                VersionedResource {
+                Arc::new(VersionedResource {
                     resource,
                     name,
                     version,
-                },
+                }),
             );
         }
         Ok(Self {
@@ -198,9 +199,9 @@ impl Snapshot {
     /// The resource a proxy asked for by name. A runtime layer the snapshot lacks is served
     /// empty: Envoy waits for every RTDS layer of its bootstrap before it starts (15 s by
     /// default), and a configuration without runtime values means exactly an empty layer.
-    pub fn requested(&self, kind: ResourceType, name: &str) -> Option<VersionedResource> {
+    pub fn requested(&self, kind: ResourceType, name: &str) -> Option<Arc<VersionedResource>> {
         if let Some(r) = self.of_type(kind).resources().get(name) {
-            return Some(r.clone());
+            return Some(Arc::clone(r));
         }
         has_stand_ins(kind).then(|| empty_runtime_layer(Arc::from(name)))
     }
@@ -216,9 +217,9 @@ impl Snapshot {
         &self,
         kind: ResourceType,
         name: &Arc<str>,
-    ) -> Option<VersionedResource> {
+    ) -> Option<Arc<VersionedResource>> {
         if let Some(r) = self.of_type(kind).resources().get(&**name) {
-            return Some(r.clone());
+            return Some(Arc::clone(r));
         }
         has_stand_ins(kind).then(|| empty_runtime_layer(Arc::clone(name)))
     }
@@ -244,13 +245,13 @@ fn has_stand_ins(kind: ResourceType) -> bool {
     kind == ResourceType::Runtime
 }
 
-fn empty_runtime_layer(name: Arc<str>) -> VersionedResource {
+fn empty_runtime_layer(name: Arc<str>) -> Arc<VersionedResource> {
     let body = Runtime {
         name: name.to_string(),
         layer: Some(Struct::default()),
     }
     .encode_to_vec();
-    VersionedResource {
+    Arc::new(VersionedResource {
         version: short_hex(&Sha256::digest(&body)).into(),
         resource: Resource {
             kind: ResourceType::Runtime,
@@ -258,7 +259,7 @@ fn empty_runtime_layer(name: Arc<str>) -> VersionedResource {
             body: body.into(),
         },
         name,
-    }
+    })
 }
 
 fn short_hex(digest: &[u8]) -> String {

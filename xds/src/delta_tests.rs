@@ -129,6 +129,39 @@ fn named_subscriptions_and_unsubscribe() {
 }
 
 #[test]
+fn a_name_unsubscribed_while_its_response_is_in_flight_is_forgotten_at_the_ack() {
+    let s = mk_snapshot(EDS, &[("a", "1"), ("b", "1")]);
+    let mut st = DeltaState::default();
+    let r1 = st
+        .on_request(&mk_req(EDS, &["a", "b"], ""), Some(&s))
+        .response
+        .unwrap();
+    assert_eq!(names(&r1), ["a", "b"]);
+    // The proxy drops "a" before it acknowledges the response that carried it.
+    let unsub = DeltaRequest {
+        unsubscribe: vec!["a".into()],
+        ..mk_req(EDS, &[], "")
+    };
+    assert_eq!(st.on_request(&unsub, Some(&s)).response, None);
+    assert!(st.on_request(&ack(&r1), Some(&s)).ack.is_some());
+    assert_eq!(
+        st.held(EDS)
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+    // A change to "a" is not sent, one to "b" is; and the next ACK keeps "a" away.
+    let s2 = mk_snapshot(EDS, &[("a", "2"), ("b", "2")]);
+    let r2 = st.on_snapshot(&s2).remove(0);
+    assert_eq!(names(&r2), ["b"]);
+    assert!(r2.removed.is_empty());
+    st.on_request(&ack(&r2), Some(&s2));
+    let s3 = mk_snapshot(EDS, &[("a", "3"), ("b", "2")]);
+    assert!(st.on_snapshot(&s3).is_empty());
+}
+
+#[test]
 fn nack_keeps_what_the_proxy_holds_and_never_resends_the_version() {
     let good = mk_snapshot(CDS, &[("a", "good")]);
     let bad = mk_snapshot(CDS, &[("a", "bad"), ("b", "bad")]);

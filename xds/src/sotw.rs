@@ -51,7 +51,7 @@ impl SotwResponse {
         self.selection
             .names
             .iter()
-            .filter_map(|n| snapshot.requested(self.kind, n).map(|r| r.resource))
+            .filter_map(|n| snapshot.requested(self.kind, n).map(|r| r.resource.clone()))
             .collect()
     }
 

@@ -24,6 +24,9 @@ struct Args {
     /// The largest number of simulated Envoys in the xDS benchmark (100, 2000 or 10000).
     #[arg(long, default_value_t = 10_000)]
     xds_max_streams: usize,
+    /// The ADS flavours of the xDS benchmark (comma separated: sotw, delta).
+    #[arg(long, value_delimiter = ',', default_value = "sotw,delta")]
+    xds_protocols: Vec<marin3r_e2e::bench::xds::Protocol>,
     /// Internal: run the xDS bench server child with the TLS files of this folder.
     #[arg(long, hide = true)]
     xds_bench_server: Option<std::path::PathBuf>,
@@ -88,6 +91,7 @@ fn main() -> anyhow::Result<()> {
         rows.extend(marin3r_e2e::bench::xds::convergence(
             args.scale,
             args.xds_max_streams,
+            &args.xds_protocols,
         )?);
     }
     if wanted("abuse") {

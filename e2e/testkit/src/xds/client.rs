@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -77,22 +76,64 @@ fn node(node_id: &str, pod: Option<&str>) -> Node {
     }
 }
 
-/// A state-of-the-world ADS stream.
-pub struct SotwStream {
+/// Opens one ADS call at `path`, its responses decoded as `Resp`: Envoy's own message, or a
+/// lighter one that leaves parts undecoded (the load generator's).
+async fn open_call<Req, Resp>(
+    channel: Channel,
+    path: &'static str,
+) -> anyhow::Result<(mpsc::Sender<Req>, Streaming<Resp>)>
+where
+    Req: prost::Message + Send + 'static,
+    Resp: prost::Message + Default + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(16);
+    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(64 << 20);
+    grpc.ready()
+        .await
+        .map_err(|e| anyhow::anyhow!("the ADS channel is not ready: {e}"))?;
+    let rx = grpc
+        .streaming(
+            tonic::Request::new(ReceiverStream::new(rx)),
+            tonic::codegen::http::uri::PathAndQuery::from_static(path),
+            tonic_prost::ProstCodec::<Req, Resp>::default(),
+        )
+        .await?
+        .into_inner();
+    Ok((tx, rx))
+}
+
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// A state-of-the-world ADS stream, its responses decoded as `R` (Envoy's message unless
+/// said otherwise).
+pub struct SotwStream<R = DiscoveryResponse> {
     tx: mpsc::Sender<DiscoveryRequest>,
-    rx: Streaming<DiscoveryResponse>,
+    rx: Streaming<R>,
     node: Option<Node>,
 }
 
 impl SotwStream {
     pub async fn open(channel: Channel, node_id: &str, pod: Option<&str>) -> anyhow::Result<Self> {
-        let (tx, rx) = mpsc::channel(16);
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
-        let rx = client
-            .stream_aggregated_resources(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+        Self::open_as(channel, node_id, pod).await
+    }
+
+    pub async fn ack(&mut self, resp: &DiscoveryResponse, names: &[String]) -> anyhow::Result<()> {
+        self.send(&resp.type_url, names, &resp.version_info, &resp.nonce, None)
+            .await
+    }
+}
+
+impl<R: prost::Message + Default + Send + 'static> SotwStream<R> {
+    /// A stream whose responses are decoded as `R`.
+    pub async fn open_as(
+        channel: Channel,
+        node_id: &str,
+        pod: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let (tx, rx) = open_call(channel, SOTW_PATH).await?;
         Ok(Self {
             tx,
             rx,
@@ -133,12 +174,7 @@ impl SotwStream {
         self.send(type_url, names, "", "", None).await
     }
 
-    pub async fn ack(&mut self, resp: &DiscoveryResponse, names: &[String]) -> anyhow::Result<()> {
-        self.send(&resp.type_url, names, &resp.version_info, &resp.nonce, None)
-            .await
-    }
-
-    pub async fn recv(&mut self) -> anyhow::Result<DiscoveryResponse> {
+    pub async fn recv(&mut self) -> anyhow::Result<R> {
         self.rx
             .message()
             .await?
@@ -146,22 +182,31 @@ impl SotwStream {
     }
 }
 
-/// A delta ADS stream.
-pub struct DeltaStream {
+/// A delta ADS stream, its responses decoded as `R` (Envoy's message unless said otherwise).
+pub struct DeltaStream<R = DeltaDiscoveryResponse> {
     tx: mpsc::Sender<DeltaDiscoveryRequest>,
-    rx: Streaming<DeltaDiscoveryResponse>,
+    rx: Streaming<R>,
     node: Option<Node>,
 }
 
 impl DeltaStream {
     pub async fn open(channel: Channel, node_id: &str, pod: Option<&str>) -> anyhow::Result<Self> {
-        let (tx, rx) = mpsc::channel(16);
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
-        let rx = client
-            .delta_aggregated_resources(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+        Self::open_as(channel, node_id, pod).await
+    }
+
+    pub async fn ack(&mut self, resp: &DeltaDiscoveryResponse) -> anyhow::Result<()> {
+        self.ack_nonce(&resp.type_url, &resp.nonce).await
+    }
+}
+
+impl<R: prost::Message + Default + Send + 'static> DeltaStream<R> {
+    /// A stream whose responses are decoded as `R`.
+    pub async fn open_as(
+        channel: Channel,
+        node_id: &str,
+        pod: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let (tx, rx) = open_call(channel, DELTA_PATH).await?;
         Ok(Self {
             tx,
             rx,
@@ -178,16 +223,17 @@ impl DeltaStream {
         Ok(())
     }
 
-    pub async fn ack(&mut self, resp: &DeltaDiscoveryResponse) -> anyhow::Result<()> {
+    /// Acknowledges the response of `type_url` carrying `nonce`.
+    pub async fn ack_nonce(&mut self, type_url: &str, nonce: &str) -> anyhow::Result<()> {
         self.send(DeltaDiscoveryRequest {
-            type_url: resp.type_url.clone(),
-            response_nonce: resp.nonce.clone(),
+            type_url: type_url.to_owned(),
+            response_nonce: nonce.to_owned(),
             ..Default::default()
         })
         .await
     }
 
-    pub async fn recv(&mut self) -> anyhow::Result<DeltaDiscoveryResponse> {
+    pub async fn recv(&mut self) -> anyhow::Result<R> {
         self.rx
             .message()
             .await?
