@@ -153,7 +153,12 @@ impl<M: Message + Default> Requests<M> {
         let mut message = self.buf.split_to(whole);
         message.advance(PREFIX);
         self.declared = None;
-        if self.buf.capacity() > KEPT_CAPACITY {
+        if self.buf.is_empty() {
+            // An idle stream keeps no buffer: the next request allocates its own. (The request
+            // just split off shared this allocation; keeping it held a request's size per idle
+            // stream.)
+            self.buf = BytesMut::new();
+        } else if self.buf.capacity() > KEPT_CAPACITY {
             self.buf = BytesMut::from(&self.buf[..]);
         }
         self.deadline = (!self.buf.is_empty()).then(|| Instant::now() + self.timeout);
@@ -229,6 +234,8 @@ mod tests {
         tx.send(data(tail)).await.unwrap();
         assert_eq!(requests.message().await.unwrap(), Some(b));
         assert_eq!(gauge.get(), 0);
+        // Nothing left to read: the stream holds no buffer while it waits.
+        assert_eq!(requests.buf.capacity(), 0);
         drop(tx);
         assert_eq!(requests.message().await.unwrap(), None);
     }

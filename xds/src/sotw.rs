@@ -4,7 +4,7 @@
 //! once Envoy answers, so a slow proxy never gets a backlog.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use sha2::{Digest, Sha256};
 
@@ -110,7 +110,7 @@ impl TypeState {
     fn resubscribe(&mut self, names: &[String], first: bool) {
         let may_be_legacy_wildcard = first || self.subscription.wildcard;
         if !self.subscription.is(names, may_be_legacy_wildcard) {
-            self.subscription = Arc::new(subscription(names, may_be_legacy_wildcard));
+            self.subscription = shared(subscription(names, may_be_legacy_wildcard));
             self.generation = self.generation.wrapping_add(1);
             self.bytes = self.subscription.names.iter().map(String::len).sum();
         }
@@ -276,6 +276,35 @@ fn subscription(names: &[String], may_be_legacy_wildcard: bool) -> Subscription 
         names,
         digest: Sha256::digest(&key).into(),
     }
+}
+
+/// How many distinct subscriptions the streams of the process share at most; past it, a new
+/// one is its stream's own.
+const MAX_SHARED_SUBSCRIPTIONS: usize = 4096;
+
+/// The subscriptions streams hold, by digest: the replicas of a Deployment ask for the same
+/// names, and each of their streams holding its own copy cost kilobytes per stream.
+fn subscriptions() -> &'static Mutex<HashMap<[u8; 32], Weak<Subscription>>> {
+    static SHARED: OnceLock<Mutex<HashMap<[u8; 32], Weak<Subscription>>>> = OnceLock::new();
+    SHARED.get_or_init(Mutex::default)
+}
+
+/// `sub`, or the equal subscription another stream holds.
+fn shared(sub: Subscription) -> Arc<Subscription> {
+    let mut by_digest = subscriptions().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(held) = by_digest.get(&sub.digest).and_then(Weak::upgrade)
+        && *held == sub
+    {
+        return held;
+    }
+    let sub = Arc::new(sub);
+    if by_digest.len() >= MAX_SHARED_SUBSCRIPTIONS {
+        by_digest.retain(|_, held| held.strong_count() > 0);
+    }
+    if by_digest.len() < MAX_SHARED_SUBSCRIPTIONS {
+        by_digest.insert(sub.digest, Arc::downgrade(&sub));
+    }
+    sub
 }
 
 fn is_wildcard(names: &[String], may_be_legacy_wildcard: bool) -> bool {

@@ -24,6 +24,37 @@ fn a_subscription_is_the_same_only_for_the_same_set_of_names() {
     assert!(!wildcard.is(&[], false));
 }
 
+#[test]
+fn streams_asking_for_the_same_names_share_one_subscription() {
+    // Names no other test asks for: the subscriptions are the process's.
+    let snapshot = mk_snapshot("l", &["shared-a", "shared-b"]);
+    let selection = |names: &[&str]| {
+        let mut st = SotwState::default();
+        let resp = st
+            .on_request(&mk_req(RDS, names, ""), Some(&snapshot))
+            .response
+            .unwrap();
+        Arc::clone(&resp.selection)
+    };
+    let first = selection(&["shared-a", "shared-b"]);
+    // The same set in another order, repeated: the same subscription, not a copy.
+    assert!(Arc::ptr_eq(
+        &first,
+        &selection(&["shared-b", "shared-a", "shared-b"])
+    ));
+    assert!(!Arc::ptr_eq(&first, &selection(&["shared-a"])));
+    // Once no stream holds it, it goes; a later stream builds it again.
+    let digest = first.digest;
+    drop(first);
+    assert!(
+        subscriptions()
+            .lock()
+            .unwrap()
+            .get(&digest)
+            .is_none_or(|held| held.upgrade().is_none())
+    );
+}
+
 fn mk_snapshot(listener_body: &str, routes: &[&str]) -> Snapshot {
     let mut resources = vec![
         Resource {
