@@ -112,6 +112,9 @@ impl Held {
 
     /// Applies an acknowledged response's changes (sorted by name) in one merge pass.
     fn apply(&mut self, changes: Vec<Change>) {
+        if self.replace_versions(&changes) {
+            return;
+        }
         let mut merged = Vec::with_capacity(self.0.len() + changes.len());
         let mut old = std::mem::take(&mut self.0).into_iter().peekable();
         for (name, version) in changes {
@@ -128,6 +131,39 @@ impl Held {
         merged.shrink_to_fit();
         self.0 = merged;
     }
+
+    /// What most pushes do: new versions of names the proxy holds, nothing added or removed.
+    /// Those are set in place (no new vector per ACK); false, changing nothing, otherwise.
+    fn replace_versions(&mut self, changes: &[Change]) -> bool {
+        let mut from = 0;
+        for (name, version) in changes {
+            match (version, position(&self.0, from, name)) {
+                (Some(_), Some(at)) => from = at + 1,
+                _ => return false,
+            }
+        }
+        let mut from = 0;
+        for (name, version) in changes {
+            if let (Some(version), Some(at)) = (version, position(&self.0, from, name)) {
+                self.0[at].1 = Arc::clone(version);
+                from = at + 1;
+            }
+        }
+        true
+    }
+}
+
+/// Where `name` is in `held` (sorted by name), looking from `from` on.
+fn position(held: &[(Arc<str>, Arc<str>)], from: usize, name: &Arc<str>) -> Option<usize> {
+    let rest = held.get(from..)?;
+    let at = from
+        + rest
+            .iter()
+            .take_while(|(k, _)| by_name(k, name).is_lt())
+            .count();
+    held.get(at)
+        .is_some_and(|(k, _)| by_name(k, name).is_eq())
+        .then_some(at)
 }
 
 #[derive(Debug, Default)]
@@ -425,8 +461,12 @@ fn respond(
         .map(|r| (Arc::clone(&r.name), Some(Arc::clone(&r.version))))
         .chain(removed.iter().map(|n| (Arc::clone(n), None)))
         .collect();
-    // Sent and removed names are distinct; the stand-ins and removals follow the snapshot's.
-    changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    // Sent and removed names are distinct. The snapshot's come in name order; the stand-ins
+    // and removals follow them, each in name order, so only then is there sorting to do.
+    if stand_ins || !removed.is_empty() {
+        changes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    }
+    debug_assert!(changes.is_sorted_by(|a, b| a.0 < b.0));
     st.last_nonce = Some(nonce.clone());
     st.in_flight = Some(InFlight {
         system_version: Arc::clone(typed.shared_version()),

@@ -538,3 +538,41 @@ fn a_stand_in_the_proxy_holds_shares_its_subscribed_name() {
     // The name bytes are counted once (in the subscription), so they are kept once.
     assert!(Arc::ptr_eq(&held[0].0, subscribed));
 }
+
+#[test]
+fn an_acknowledged_push_of_new_versions_only_is_set_in_place_and_any_other_is_merged() {
+    let s = |v: &str| -> Arc<str> { Arc::from(v) };
+    let (a, b, c) = (s("a"), s("b"), s("c"));
+    let mut held = Held(vec![
+        (Arc::clone(&a), s("1")),
+        (Arc::clone(&b), s("1")),
+        (Arc::clone(&c), s("1")),
+    ]);
+    let before = held.0.as_ptr();
+    held.apply(vec![
+        (Arc::clone(&a), Some(s("2"))),
+        (Arc::clone(&c), Some(s("2"))),
+    ]);
+    assert_eq!(
+        held.0.as_ptr(),
+        before,
+        "a new vector for new versions only"
+    );
+    let versions = |h: &Held| {
+        h.iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(versions(&held), ["a=2", "b=1", "c=2"]);
+    // A name added, one removed: merged, and nothing half-applied.
+    held.apply(vec![
+        (s("a"), None),
+        (s("ab"), Some(s("1"))),
+        (s("c"), Some(s("3"))),
+    ]);
+    assert_eq!(versions(&held), ["ab=1", "b=1", "c=3"]);
+    // A removal alone, and a name the proxy does not hold: merged as well.
+    held.apply(vec![(s("b"), None)]);
+    held.apply(vec![(s("c"), Some(s("4"))), (s("d"), Some(s("1")))]);
+    assert_eq!(versions(&held), ["ab=1", "c=4", "d=1"]);
+}
