@@ -284,25 +284,38 @@ const MAX_SHARED_SUBSCRIPTIONS: usize = 4096;
 
 /// The subscriptions streams hold, by digest: the replicas of a Deployment ask for the same
 /// names, and each of their streams holding its own copy cost kilobytes per stream.
-fn subscriptions() -> &'static Mutex<HashMap<[u8; 32], Weak<Subscription>>> {
-    static SHARED: OnceLock<Mutex<HashMap<[u8; 32], Weak<Subscription>>>> = OnceLock::new();
+#[derive(Default)]
+struct SharedSubscriptions {
+    by_digest: HashMap<[u8; 32], Weak<Subscription>>,
+    /// New subscriptions since the gone ones were last swept out; a full table is swept at
+    /// most once every quarter of its size, so that a full table of live ones costs a
+    /// stream changing its subscription no more than a few entries' look.
+    since_sweep: usize,
+}
+
+fn subscriptions() -> &'static Mutex<SharedSubscriptions> {
+    static SHARED: OnceLock<Mutex<SharedSubscriptions>> = OnceLock::new();
     SHARED.get_or_init(Mutex::default)
 }
 
 /// `sub`, or the equal subscription another stream holds.
 fn shared(sub: Subscription) -> Arc<Subscription> {
-    let mut by_digest = subscriptions().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(held) = by_digest.get(&sub.digest).and_then(Weak::upgrade)
+    let mut shared = subscriptions().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(held) = shared.by_digest.get(&sub.digest).and_then(Weak::upgrade)
         && *held == sub
     {
         return held;
     }
     let sub = Arc::new(sub);
-    if by_digest.len() >= MAX_SHARED_SUBSCRIPTIONS {
-        by_digest.retain(|_, held| held.strong_count() > 0);
+    shared.since_sweep = shared.since_sweep.saturating_add(1);
+    if shared.by_digest.len() >= MAX_SHARED_SUBSCRIPTIONS
+        && shared.since_sweep >= MAX_SHARED_SUBSCRIPTIONS / 4
+    {
+        shared.by_digest.retain(|_, held| held.strong_count() > 0);
+        shared.since_sweep = 0;
     }
-    if by_digest.len() < MAX_SHARED_SUBSCRIPTIONS {
-        by_digest.insert(sub.digest, Arc::downgrade(&sub));
+    if shared.by_digest.len() < MAX_SHARED_SUBSCRIPTIONS {
+        shared.by_digest.insert(sub.digest, Arc::downgrade(&sub));
     }
     sub
 }

@@ -50,6 +50,7 @@ fn streams_asking_for_the_same_names_share_one_subscription() {
         subscriptions()
             .lock()
             .unwrap()
+            .by_digest
             .get(&digest)
             .is_none_or(|held| held.upgrade().is_none())
     );
