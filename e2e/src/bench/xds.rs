@@ -257,29 +257,15 @@ impl Protocol {
     }
 }
 
-/// What a simulated Envoy reads of a state-of-the-world response: its resources stay
-/// undecoded bytes. The clients share the machine's two cores with the server; decoding every
-/// resource of every response (as Envoy does, on its own machine) would time the clients as
-/// much as the server.
+/// What a simulated Envoy reads of a response, state of the world or delta (both messages
+/// number these fields alike): its version, type and nonce; the resources are skipped. The
+/// clients share the machine's two cores with the server; decoding every resource of every
+/// response (as Envoy does, on its own machine) would time the clients as much as the server.
 #[derive(Clone, PartialEq, prost::Message)]
-struct SotwReply {
+struct Reply {
+    /// `version_info`, or delta's `system_version_info`.
     #[prost(string, tag = "1")]
-    version_info: String,
-    #[prost(bytes = "bytes", repeated, tag = "2")]
-    resources: Vec<bytes::Bytes>,
-    #[prost(string, tag = "4")]
-    type_url: String,
-    #[prost(string, tag = "5")]
-    nonce: String,
-}
-
-/// What a simulated Envoy reads of a delta response (see [`SotwReply`]).
-#[derive(Clone, PartialEq, prost::Message)]
-struct DeltaReply {
-    #[prost(string, tag = "1")]
-    system_version_info: String,
-    #[prost(bytes = "bytes", repeated, tag = "2")]
-    resources: Vec<bytes::Bytes>,
+    version: String,
     #[prost(string, tag = "4")]
     type_url: String,
     #[prost(string, tag = "5")]
@@ -311,7 +297,7 @@ async fn simulated_envoy(
     };
     match protocol {
         Protocol::Sotw => {
-            let mut stream = SotwStream::<SotwReply>::open_as(channel, NODE, Some(&pod)).await?;
+            let mut stream = SotwStream::<Reply>::open_as(channel, NODE, Some(&pod)).await?;
             let subs: HashMap<String, Vec<String>> = subscriptions()
                 .into_iter()
                 .map(|(k, names)| (k.type_url().to_owned(), names))
@@ -323,22 +309,16 @@ async fn simulated_envoy(
             while let Ok(resp) = stream.recv().await {
                 let names = subs.get(&resp.type_url).cloned().unwrap_or_default();
                 stream
-                    .send(
-                        &resp.type_url,
-                        &names,
-                        &resp.version_info,
-                        &resp.nonce,
-                        None,
-                    )
+                    .send(&resp.type_url, &names, &resp.version, &resp.nonce, None)
                     .await?;
-                report(&resp.type_url, resp.version_info);
+                report(&resp.type_url, resp.version);
             }
         }
         // As Envoy runs delta: one request per type naming what it subscribes to (an empty
         // list is the wildcard), then an ACK (the nonce) for every response; the version is
         // the response's `system_version_info`, the type's version.
         Protocol::Delta => {
-            let mut stream = DeltaStream::<DeltaReply>::open_as(channel, NODE, Some(&pod)).await?;
+            let mut stream = DeltaStream::<Reply>::open_as(channel, NODE, Some(&pod)).await?;
             for (kind, names) in subscriptions() {
                 stream
                     .send(
@@ -353,7 +333,7 @@ async fn simulated_envoy(
             drop(permit);
             while let Ok(resp) = stream.recv().await {
                 stream.ack_nonce(&resp.type_url, &resp.nonce).await?;
-                report(&resp.type_url, resp.system_version_info);
+                report(&resp.type_url, resp.version);
             }
         }
     }
