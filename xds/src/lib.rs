@@ -46,3 +46,4 @@ pub use server::{CONNECTION_WINDOW, STREAM_WINDOW, ServeError, Server, ServerBui
 pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};
 pub use sync_status::SYNC_STATUS_PATH;
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};
+pub use wire::{DELTA_PATH, SOTW_PATH};

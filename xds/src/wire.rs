@@ -296,9 +296,11 @@ impl Flavour for DeltaState {
     }
 }
 
-const SOTW_PATH: &str =
+/// The gRPC path of the state-of-the-world ADS call.
+pub const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-const DELTA_PATH: &str =
+/// The gRPC path of the delta ADS call.
+pub const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// The `AggregatedDiscoveryService` as a tower service for tonic's router.

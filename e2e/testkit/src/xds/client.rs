@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::{Struct, Value, value};
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use marin3r_xds::{DELTA_PATH, SOTW_PATH};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
@@ -101,11 +102,6 @@ where
         .into_inner();
     Ok((tx, rx))
 }
-
-const SOTW_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-const DELTA_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// A state-of-the-world ADS stream, its responses decoded as `R` (Envoy's message unless
 /// said otherwise).

@@ -15,8 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{Service, http};
 use tonic::transport::Channel;
 
-const SOTW_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+use marin3r_xds::SOTW_PATH;
 
 type Chunk = Result<Frame<Bytes>, Infallible>;
 
