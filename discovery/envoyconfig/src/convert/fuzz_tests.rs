@@ -9,7 +9,7 @@ use serde_json::{Map, Value, json};
 
 use super::*;
 
-const FIXTURES: [(ResourceType, &str); 8] = [
+pub(super) const FIXTURES: [(ResourceType, &str); 8] = [
     (
         ResourceType::Listener,
         include_str!("testdata/listener_hcm.yaml"),
@@ -114,7 +114,7 @@ fn json_value() -> impl Strategy<Value = Value> {
 
 /// One change at a random place of a valid resource.
 #[derive(Debug, Clone)]
-enum Mutation {
+pub(super) enum Mutation {
     Replace(Value),
     Remove,
     Insert(String, Value),
@@ -122,7 +122,7 @@ enum Mutation {
     Stringify,
 }
 
-fn mutation() -> impl Strategy<Value = Mutation> {
+pub(super) fn mutation() -> impl Strategy<Value = Mutation> {
     prop_oneof![
         3 => json_value().prop_map(Mutation::Replace),
         2 => Just(Mutation::Remove),
@@ -133,7 +133,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 /// Applies `m` at the `pick`-th node (in pre-order, modulo the node count) of `doc`.
-fn mutate(doc: &mut Value, pick: usize, m: &Mutation) {
+pub(super) fn mutate(doc: &mut Value, pick: usize, m: &Mutation) {
     fn count(v: &Value) -> usize {
         1 + match v {
             Value::Array(a) => a.iter().map(count).sum(),

@@ -4,6 +4,7 @@
 //! field path from `spec`.
 
 mod canonical;
+mod direct;
 mod endpoints;
 mod entries;
 mod error;

@@ -53,7 +53,7 @@ fn parse_streaming(
 }
 
 /// The JSON text a `b64json` value holds.
-fn b64_json(text: &str) -> Result<String, String> {
+pub(super) fn b64_json(text: &str) -> Result<String, String> {
     // Manifests often wrap long base64 strings; whitespace is not part of the data.
     let compact: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
     let bytes = base64::engine::general_purpose::STANDARD
@@ -274,7 +274,7 @@ fn parse_yaml(desc: &MessageDescriptor, text: &str) -> Result<DynamicMessage, Va
     .or_else(|_| parse_yaml_tracked(desc, text))
 }
 
-fn yaml_options() -> serde_saphyr::Options {
+pub(super) fn yaml_options() -> serde_saphyr::Options {
     serde_saphyr::options! { with_snippet: false }
 }
 

@@ -8,7 +8,7 @@ use prost::Message as _;
 use prost_reflect::{DynamicMessage, Value};
 
 use super::pool::descriptor_pool;
-use super::{ValueError, canonical, parse, pgv, recover};
+use super::{ValueError, canonical, direct, parse, pgv, recover};
 use marin3r_api::Serialization;
 use marin3r_xds::resource::{Resource, ResourceType};
 
@@ -40,6 +40,9 @@ pub(super) fn resource(
                 kind.message_name()
             ))]
         })?;
+    if let Some(resource) = direct(pool, kind, &desc, value, serialization) {
+        return Ok(resource);
+    }
     let message = match parse::parse(&desc, value, serialization) {
         Ok(message) => message,
         Err(err) => {
@@ -76,6 +79,34 @@ pub(super) fn resource(
     // Our own bytes always walk; should they not, they are still a correct encoding.
     let body = canonical::canonical(pool, &desc, &encoded).unwrap_or(encoded);
     Ok(Resource {
+        kind,
+        name,
+        body: body.into(),
+    })
+}
+
+/// The fast path of a JSON value (`direct`): the resource, when the fast path takes the value
+/// and the message it makes is named and breaks no rule. Anything else goes the full way,
+/// which finds every problem and words it.
+fn direct(
+    pool: &prost_reflect::DescriptorPool,
+    kind: ResourceType,
+    desc: &prost_reflect::MessageDescriptor,
+    value: &str,
+    serialization: Serialization,
+) -> Option<Resource> {
+    let body = match serialization {
+        Serialization::Json => direct::encode(pool, desc, value)?,
+        Serialization::B64json => direct::encode(pool, desc, &parse::b64_json(value).ok()?)?,
+        Serialization::Yaml => direct::encode_yaml(pool, desc, value)?,
+    };
+    // Decoded only to name it and check it; `Any` payloads stay bytes until checked.
+    let message = DynamicMessage::decode(desc.clone(), body.as_slice()).ok()?;
+    let name = resource_name(kind, &message);
+    let valid = VALIDATOR
+        .as_ref()
+        .is_none_or(|validator| validator.check(&message).is_empty());
+    (!name.is_empty() && valid).then(|| Resource {
         kind,
         name,
         body: body.into(),
