@@ -544,6 +544,26 @@ impl Scenario {
 /// grace period).
 pub const IDLE_PY: &str = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\ntime.sleep(3600)\n";
 
+/// The Pod `name`, labelled for injection and annotated with `node_id`, whose one container
+/// idles ([`IDLE_PY`]): a sidecar with nothing in front of it, for tests of what the proxy
+/// holds.
+pub fn idle_injected_pod(
+    name: &str,
+    node_id: &str,
+) -> serde_json::Result<k8s_openapi::api::core::v1::Pod> {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": name,
+            "labels": {"marin3r.3scale.net/status": "enabled"},
+            "annotations": {"marin3r.3scale.net/node-id": node_id},
+        },
+        "spec": {
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [python_container(IDLE_PY)],
+        },
+    }))
+}
+
 /// The container `app` running `script` with `hack/image`'s python, as the restricted Pod
 /// Security level wants it: user 65532, read-only root, no privilege, no capability.
 pub fn python_container(script: &str) -> serde_json::Value {

@@ -20,6 +20,7 @@ mod output;
 pub mod port_forward;
 mod proxy_config;
 mod proxy_status;
+mod rollout;
 mod shutdown_manager;
 mod sidecar_defaults;
 mod table;
@@ -121,6 +122,9 @@ pub enum Command {
     ProxyConfig(proxy_config::ProxyConfigArgs),
     /// Show every proxy connected to a discovery service and its per-type sync state.
     ProxyStatus(proxy_status::ProxyStatusArgs),
+    /// Read an EnvoyConfig's revisions: their history, and what changes between two of them.
+    #[command(subcommand)]
+    Rollout(rollout::RolloutCommand),
     /// Drain an Envoy sidecar when its pod terminates (the container the webhook injects
     /// with marin3r.3scale.net/shutdown-manager.enabled): /healthz, /drain, /shutdown.
     ShutdownManager(shutdown_manager::ShutdownManagerArgs),
@@ -161,6 +165,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         }
         Command::ProxyConfig(args) => proxy_config::run(args).await,
         Command::ProxyStatus(args) => proxy_status::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Rollout(command) => rollout::run(command).await,
         Command::ShutdownManager(args) => {
             logging::init("info", args.log.log_format);
             shutdown_manager::run(args)

@@ -102,12 +102,28 @@ pub fn compare(proxy: &[Entry], served: &[Entry]) -> Comparison {
 }
 
 fn unified(name: &str, served: &serde_json::Value, held: &serde_json::Value) -> String {
+    unified_between(
+        &format!("served {name}"),
+        &format!("proxy {name}"),
+        served,
+        held,
+    )
+}
+
+/// A unified diff of two resources' pretty JSON, three lines of context, headed `--- a`,
+/// `+++ b`.
+pub fn unified_between(
+    a_label: &str,
+    b_label: &str,
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+) -> String {
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
-    let (a, b) = (pretty(served), pretty(held));
+    let (a, b) = (pretty(a), pretty(b));
     similar::TextDiff::from_lines(&a, &b)
         .unified_diff()
         .context_radius(3)
-        .header(&format!("served {name}"), &format!("proxy {name}"))
+        .header(a_label, b_label)
         .to_string()
 }
 

@@ -37,6 +37,7 @@ mod real_faults;
 mod real_journey;
 mod release;
 mod replicas_e2e;
+mod rollout_e2e;
 mod shutdown_manager_e2e;
 mod soak_smoke;
 mod tenants_e2e;

@@ -87,21 +87,6 @@ spec:
     )
 }
 
-fn pod() -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {
-            "name": "web",
-            "labels": {"marin3r.3scale.net/status": "enabled"},
-            "annotations": {"marin3r.3scale.net/node-id": "web"},
-        },
-        "spec": {
-            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [real::python_container(real::IDLE_PY)],
-        },
-    }))
-    .unwrap()
-}
-
 /// `marin3r proxy-config -n NS web ARGS...`: exit status, stdout, stderr.
 async fn proxy_config(kubeconfig: &Path, ns: &str, args: &[&str]) -> (bool, String, String) {
     let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
@@ -188,7 +173,12 @@ async fn proxy_config_shows_no_key_and_diffs_what_the_proxy_rejected() {
         .unwrap();
     scenario.apply(&envoy_config("0.0.0.0")).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &pod()).await.unwrap();
+    pods.create(
+        &PostParams::default(),
+        &real::idle_injected_pod("web", "web").unwrap(),
+    )
+    .await
+    .unwrap();
     until("the pod Ready", Duration::from_secs(120), || async {
         marin3r_e2e::demo::ready_ip(&pods.get("web").await.ok()?)
     })
