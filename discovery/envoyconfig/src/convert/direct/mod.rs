@@ -152,15 +152,28 @@ impl Encoder<'_> {
         if matches!(node, Node::Null) {
             return None;
         }
+        self.value_as(field, field.number, node, always, out)
+    }
+
+    /// `node` as a value of `field` (a message, or a scalar written when `always` or not
+    /// default) under the field number `number`: the field's own, or 2 in a map entry.
+    fn value_as(
+        &self,
+        field: &Field,
+        number: u32,
+        node: &Node<'_>,
+        always: bool,
+        out: &mut Vec<u8>,
+    ) -> Option<()> {
         if matches!(field.kind, Kind::Message(_)) {
             let mut nested = Vec::new();
             self.message(field.child()?, node, &mut nested)?;
-            len_field(field.number, &nested, out);
+            len_field(number, &nested, out);
             return Some(());
         }
         let value = scalar(&field.kind, node)?;
         if always || !value.is_default() {
-            value.write(field.number, out);
+            value.write(number, out);
         }
         Some(())
     }
@@ -168,10 +181,10 @@ impl Encoder<'_> {
     /// A map with string keys; its entries sorted by their encoding, as `canonical` sorts them.
     /// A key written twice is declined: the full parser says what it makes of it.
     fn map(&self, field: &Field, node: &Node<'_>, out: &mut Vec<u8>) -> Option<()> {
-        let (Node::Map(entries), Kind::Message(entry)) = (node, &field.kind) else {
+        let Node::Map(entries) = node else {
             return None;
         };
-        if !matches!(entry.map_entry_key_field().kind(), Kind::String) {
+        if field.other_keys {
             return None;
         }
         let mut keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_ref()).collect();
@@ -179,23 +192,14 @@ impl Encoder<'_> {
         if keys.windows(2).any(|pair| pair[0] == pair[1]) {
             return None;
         }
-        let value_kind = entry.map_entry_value_field().kind();
         let mut encoded: Vec<Vec<u8>> = Vec::with_capacity(entries.len());
         for (k, v) in entries {
+            // An entry is `key = 1`, `value = 2`, each left out at its default.
             let mut e = Vec::new();
             if !k.is_empty() {
                 len_field(1, k.as_bytes(), &mut e);
             }
-            if let Kind::Message(_) = value_kind {
-                let mut nested = Vec::new();
-                self.message(field.child()?, v, &mut nested)?;
-                len_field(2, &nested, &mut e);
-            } else {
-                let value = scalar(&value_kind, v)?;
-                if !value.is_default() {
-                    value.write(2, &mut e);
-                }
-            }
+            self.value_as(field, 2, v, false, &mut e)?;
             encoded.push(e);
         }
         encoded.sort_unstable();

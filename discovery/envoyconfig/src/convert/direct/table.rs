@@ -28,13 +28,17 @@ pub(super) enum Shape {
 
 pub(super) struct Field {
     pub(super) number: u32,
+    /// The field's kind; of a map field, its values' kind.
     pub(super) kind: Kind,
     pub(super) list: bool,
+    /// A map field.
     pub(super) map: bool,
+    /// A map field whose keys are not strings: declined.
+    pub(super) other_keys: bool,
     pub(super) packed: bool,
     pub(super) presence: bool,
     pub(super) oneof: Option<u32>,
-    /// The table of a message field (of a map field: its entry's value), once looked up.
+    /// The table of a message field (of a map field: its values'), once looked up.
     pub(super) child: OnceLock<Arc<Table>>,
 }
 
@@ -78,11 +82,19 @@ fn build(desc: &MessageDescriptor) -> Table {
         let index = fields.len();
         by_name.insert(field.name().into(), index);
         by_name.insert(field.json_name().into(), index);
+        let (kind, other_keys) = match field.kind() {
+            Kind::Message(entry) if field.is_map() => (
+                entry.map_entry_value_field().kind(),
+                !matches!(entry.map_entry_key_field().kind(), Kind::String),
+            ),
+            kind => (kind, false),
+        };
         fields.push(Field {
             number: field.number(),
-            kind: field.kind(),
+            kind,
             list: field.is_list(),
             map: field.is_map(),
+            other_keys,
             packed: field.is_packed(),
             presence: field.supports_presence(),
             oneof: field
@@ -104,14 +116,6 @@ impl Field {
         let Kind::Message(desc) = &self.kind else {
             return None;
         };
-        let desc = if self.map {
-            match desc.map_entry_value_field().kind() {
-                Kind::Message(value) => value,
-                _ => return None,
-            }
-        } else {
-            desc.clone()
-        };
-        Some(self.child.get_or_init(|| table(&desc)))
+        Some(self.child.get_or_init(|| table(desc)))
     }
 }

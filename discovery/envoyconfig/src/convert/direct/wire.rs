@@ -1,21 +1,12 @@
 //! Scalars as they go on the wire.
 
-use prost::encoding::encode_varint;
+use prost::encoding::{WireType, encode_key, encode_varint};
 use prost_reflect::{EnumDescriptor, Kind};
 
 use super::node::{Node, integer, plain_is_text, plain_number, string};
 
-const VARINT: u32 = 0;
-const FIXED64: u32 = 1;
-const LEN: u32 = 2;
-const FIXED32: u32 = 5;
-
-pub(super) fn key(number: u32, wire_type: u32, out: &mut Vec<u8>) {
-    encode_varint(u64::from(number << 3 | wire_type), out);
-}
-
 pub(super) fn len_field(number: u32, payload: &[u8], out: &mut Vec<u8>) {
-    key(number, LEN, out);
+    encode_key(number, WireType::LengthDelimited, out);
     encode_varint(payload.len() as u64, out);
     out.extend_from_slice(payload);
 }
@@ -52,12 +43,12 @@ impl Scalar<'_> {
 
     pub(super) fn write(&self, number: u32, out: &mut Vec<u8>) {
         let wire_type = match self {
-            Scalar::Varint(_) => VARINT,
-            Scalar::Fixed64(_) => FIXED64,
-            Scalar::Fixed32(_) => FIXED32,
-            Scalar::Bytes(_) => LEN,
+            Scalar::Varint(_) => WireType::Varint,
+            Scalar::Fixed64(_) => WireType::SixtyFourBit,
+            Scalar::Fixed32(_) => WireType::ThirtyTwoBit,
+            Scalar::Bytes(_) => WireType::LengthDelimited,
         };
-        key(number, wire_type, out);
+        encode_key(number, wire_type, out);
         self.write_value(out);
     }
 }
