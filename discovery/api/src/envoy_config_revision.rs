@@ -311,10 +311,17 @@ impl EnvoyConfigRevision {
         })
     }
 
+    /// The `RevisionTainted` condition, when tainted: its reason and message.
+    pub fn taint_condition(&self) -> Option<&Condition> {
+        self.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == REVISION_TAINTED && c.status == "True")
+    }
+
     /// The message of the `RevisionTainted` condition, when tainted.
     pub fn taint_message(&self) -> Option<&str> {
-        self.status.as_ref()?.conditions.iter().find_map(|c| {
-            (c.type_ == REVISION_TAINTED && c.status == "True").then_some(c.message.as_str())
-        })
+        self.taint_condition().map(|c| c.message.as_str())
     }
 }

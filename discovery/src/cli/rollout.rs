@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::cluster::ClusterArgs;
 use super::output::Output;
 use super::table::aligned;
-use crate::proxy_config::{Entry, diff::unified_between, printable, served};
+use crate::proxy_config::{Entry, diff, printable, served};
 use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use marin3r_envoyconfig::convert;
 
@@ -141,8 +141,7 @@ impl History {
             .with_context(|| format!("no EnvoyConfig {ns}/{}", target.name))?;
         let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client, &ns);
         let mut objects = Vec::new();
-        let status = config.status.clone().unwrap_or_default();
-        for entry in &status.revisions {
+        for entry in config.status.iter().flat_map(|s| &s.revisions) {
             let Some(name) = entry.revision_ref.name.as_deref() else {
                 continue;
             };
@@ -159,10 +158,11 @@ impl History {
     }
 
     fn of(config: &EnvoyConfig, objects: Vec<EnvoyConfigRevision>) -> Self {
-        let status = config.status.clone().unwrap_or_default();
+        let status = config.status.as_ref();
+        let desired_version = status.and_then(|s| s.desired_version.clone());
         let revisions = objects
             .iter()
-            .map(|r| Row::of(r, status.desired_version.as_deref()))
+            .map(|r| Row::of(r, desired_version.as_deref()))
             .collect();
         Self {
             envoy_config: format!(
@@ -170,8 +170,8 @@ impl History {
                 config.namespace().unwrap_or_default(),
                 config.name_any()
             ),
-            desired_version: status.desired_version,
-            published_version: status.published_version,
+            desired_version,
+            published_version: status.and_then(|s| s.published_version.clone()),
             revisions,
             objects,
         }
@@ -251,13 +251,7 @@ impl History {
 
 impl Row {
     fn of(revision: &EnvoyConfigRevision, desired: Option<&str>) -> Self {
-        let status = revision.status.as_ref();
-        let taint = status.and_then(|s| {
-            s.conditions.iter().find(|c| {
-                c.type_ == marin3r_api::envoy_config_revision::REVISION_TAINTED
-                    && c.status == "True"
-            })
-        });
+        let taint = revision.taint_condition();
         Self {
             version: revision.spec.version.clone(),
             revision: revision.name_any(),
@@ -267,7 +261,9 @@ impl Row {
             tainted: revision.is_tainted(),
             taint_reason: taint.map(|c| c.reason.clone()),
             taint_message: taint.map(|c| c.message.clone()),
-            last_published_at: status
+            last_published_at: revision
+                .status
+                .as_ref()
                 .and_then(|s| s.last_published_at.as_ref())
                 .map(|t| t.0.to_string()),
         }
@@ -369,19 +365,12 @@ struct Report {
 fn compare(from: &Side, to: &Side) -> Report {
     let mut out = String::new();
     let _ = writeln!(out, "from {}\nto   {}", from.label, to.label);
-    let (mut added, mut removed, mut changed, mut same) = (Vec::new(), Vec::new(), Vec::new(), 0);
-    for (key, entry) in &to.resources {
-        match from.resources.get(key) {
-            None => added.push(key.as_str()),
-            Some(old) if old.config == entry.config => same += 1,
-            Some(old) => changed.push((key.as_str(), &old.config, &entry.config)),
-        }
-    }
-    for key in from.resources.keys() {
-        if !to.resources.contains_key(key) {
-            removed.push(key.as_str());
-        }
-    }
+    let split = diff::split(
+        &from.resources,
+        &to.resources,
+        |key| format!("{key} {}", from.label),
+        |key| format!("{key} {}", to.label),
+    );
     let sources_added: Vec<&String> = to
         .sources
         .iter()
@@ -392,20 +381,21 @@ fn compare(from: &Side, to: &Side) -> Report {
         .iter()
         .filter(|s| !to.sources.contains(s))
         .collect();
-    let alike = added.is_empty()
-        && removed.is_empty()
-        && changed.is_empty()
+    let alike = split.only_first.is_empty()
+        && split.only_second.is_empty()
+        && split.differ.is_empty()
         && sources_added.is_empty()
         && sources_removed.is_empty();
+    let same = split.same.len();
     if alike {
         let _ = writeln!(out, "No difference: the {same} resource(s) are alike.");
         return Report { alike, text: out };
     }
     let _ = writeln!(out, "{same} resource(s) alike.");
-    for key in &removed {
+    for key in &split.only_first {
         let _ = writeln!(out, "  removed: {key}");
     }
-    for key in &added {
+    for key in &split.only_second {
         let _ = writeln!(out, "  added: {key}");
     }
     for source in &sources_removed {
@@ -414,11 +404,9 @@ fn compare(from: &Side, to: &Side) -> Report {
     for source in &sources_added {
         let _ = writeln!(out, "  now built: {source}");
     }
-    for (key, old, new) in &changed {
+    for (key, unified) in &split.differ {
         let _ = writeln!(out, "  changed: {key}");
-        let from_label = format!("{key} {}", from.label);
-        let to_label = format!("{key} {}", to.label);
-        out.push_str(&unified_between(&from_label, &to_label, old, new));
+        out.push_str(unified);
     }
     Report { alike, text: out }
 }

@@ -3,6 +3,7 @@
 //! served and not held (not requested yet, or rejected) and what is held and not served
 //! (left over from an older version).
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
@@ -83,41 +84,69 @@ pub fn compare(proxy: &[Entry], served: &[Entry]) -> Comparison {
         .map(|e| (key(e), e))
         .collect();
     let served: BTreeMap<String, &Entry> = served.iter().map(|e| (key(e), e)).collect();
-    let mut c = Comparison::default();
-    for (name, s) in &served {
-        match held.get(name) {
-            None => c.not_held.push(name.clone()),
-            Some(h) if h.config == s.config => c.same.push(name.clone()),
-            Some(h) => c
-                .differ
-                .push((name.clone(), unified(name, &s.config, &h.config))),
-        }
+    let split = split(
+        &served,
+        &held,
+        |name| format!("served {name}"),
+        |name| format!("proxy {name}"),
+    );
+    Comparison {
+        same: split.same,
+        differ: split.differ,
+        not_held: split.only_first,
+        not_served: split.only_second,
     }
-    c.not_served = held
-        .keys()
-        .filter(|name| !served.contains_key(*name))
-        .cloned()
-        .collect();
-    c
 }
 
-fn unified(name: &str, served: &serde_json::Value, held: &serde_json::Value) -> String {
-    unified_between(
-        &format!("served {name}"),
-        &format!("proxy {name}"),
-        served,
-        held,
-    )
+/// Two sets of resources by `type/name`, each in name order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    /// Held by the first set only.
+    pub only_first: Vec<String>,
+    /// Held by the second set only.
+    pub only_second: Vec<String>,
+    /// Held alike by both.
+    pub same: Vec<String>,
+    /// Held by both, differently: the name and a unified diff (the first `-`, the second
+    /// `+`, each headed by its label of the name).
+    pub differ: Vec<(String, String)>,
+}
+
+/// Compares `first` with `second`, resources keyed by `type/name`.
+pub fn split<A: Borrow<Entry>, B: Borrow<Entry>>(
+    first: &BTreeMap<String, A>,
+    second: &BTreeMap<String, B>,
+    first_label: impl Fn(&str) -> String,
+    second_label: impl Fn(&str) -> String,
+) -> Split {
+    let mut split = Split::default();
+    for (name, a) in first {
+        let a = a.borrow();
+        match second.get(name).map(Borrow::borrow) {
+            None => split.only_first.push(name.clone()),
+            Some(b) if a.config == b.config => split.same.push(name.clone()),
+            Some(b) => {
+                let diff = unified(
+                    &first_label(name),
+                    &second_label(name),
+                    &a.config,
+                    &b.config,
+                );
+                split.differ.push((name.clone(), diff));
+            }
+        }
+    }
+    split.only_second = second
+        .keys()
+        .filter(|name| !first.contains_key(*name))
+        .cloned()
+        .collect();
+    split
 }
 
 /// A unified diff of two resources' pretty JSON, three lines of context, headed `--- a`,
 /// `+++ b`.
-pub fn unified_between(
-    a_label: &str,
-    b_label: &str,
-    a: &serde_json::Value,
-    b: &serde_json::Value,
-) -> String {
+fn unified(a_label: &str, b_label: &str, a: &serde_json::Value, b: &serde_json::Value) -> String {
     let pretty = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default() + "\n";
     let (a, b) = (pretty(a), pretty(b));
     similar::TextDiff::from_lines(&a, &b)
