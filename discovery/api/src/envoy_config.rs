@@ -30,6 +30,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Published Version","type":"string","jsonPath":".status.publishedVersion"}"#,
     printcolumn = r#"{"name":"Cache State","type":"string","jsonPath":".status.cacheState"}"#,
     printcolumn = r#"{"name":"Synced","type":"string","jsonPath":".status.proxies.synced"}"#,
+    // Only `-o wide` shows it: the default columns stay what they were.
+    printcolumn = r#"{"name":"Rollout","type":"string","priority":1,"jsonPath":".status.rollout.phase"}"#,
     // kube-apiserver adds Age only to a CRD that declares no printer columns.
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -63,6 +65,11 @@ pub struct EnvoyConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10))]
     pub nack_threshold: Option<u8>,
+    /// How a new version reaches the proxies. Unset, it is published at once. Set (even
+    /// empty), a version that removes much of what the node serves or empties a listener is
+    /// held until approved. Not part of the version: changing it makes no revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<super::rollout::RolloutStrategy>,
 }
 
 /// The highest `spec.nackThreshold`: each rejection below it costs every proxy a resend.
@@ -321,6 +328,9 @@ pub struct EnvoyConfigStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["replica"]))]
     pub sync_reports: Vec<super::proxy_sync::SyncReport>,
+    /// Where the desired version's rollout stands, while `spec.rollout` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<super::rollout::RolloutStatus>,
 }
 
 /// One entry of `status.revisions`.

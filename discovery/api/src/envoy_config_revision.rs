@@ -146,6 +146,7 @@ impl EnvoyConfigRevisionSpec {
             envoy_resources: self.envoy_resources.clone(),
             resources: self.resources.clone(),
             nack_threshold: self.nack_threshold,
+            rollout: None,
         }
     }
 }

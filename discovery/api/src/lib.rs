@@ -15,6 +15,7 @@ pub mod envoy_deployment_resolve;
 pub mod proxy_sync;
 pub mod reference;
 pub mod resources;
+pub mod rollout;
 pub mod sidecar_defaults;
 
 pub use envoy_config::{

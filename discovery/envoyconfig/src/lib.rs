@@ -8,6 +8,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod convert;
+pub mod guard;
 pub mod judge;
 pub mod rules;
 pub mod warnings;

@@ -19,7 +19,7 @@ use marin3r_api::envoy_config::MAX_NACK_THRESHOLD;
 /// admission every unknown field is an error, since the API server would silently drop it.
 pub fn read_spec(spec: Value) -> Result<(EnvoyConfigSpec, Vec<String>), String> {
     let mut unknown = Vec::new();
-    let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let mut on_unknown = |path: serde_ignored::Path<'_>| unknown.push(field_path(&path));
     let lenient = serde_ignored::Deserializer::new(spec, &mut on_unknown);
     let spec: EnvoyConfigSpec = serde_path_to_error::deserialize(lenient).map_err(|e| {
         // The root's path is "." (a field missing from `spec` itself).
@@ -33,6 +33,23 @@ pub fn read_spec(spec: Value) -> Result<(EnvoyConfigSpec, Vec<String>), String> 
         .map(|path| format!("spec.{path}: unknown field (the API server would drop it)"))
         .collect();
     Ok((spec, unknown))
+}
+
+/// `path` as a field path: `rollout.blastRadius.x`, `resources[2].value` (serde_ignored
+/// writes an optional field's value as `?`, which names nothing the user wrote).
+fn field_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", field_path(parent)),
+        Path::Map { parent, key } => match field_path(parent) {
+            p if p.is_empty() => key.clone(),
+            p => format!("{p}.{key}"),
+        },
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => field_path(parent),
+    }
 }
 
 /// Why a spec cannot be published: every problem, each naming its field path.
@@ -51,6 +68,18 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
     {
         out.push(format!(
             "spec.nackThreshold: {n} is not from 1 to {MAX_NACK_THRESHOLD}"
+        ));
+    }
+    if let Some(n) = spec
+        .rollout
+        .as_ref()
+        .and_then(|r| r.blast_radius.as_ref())
+        .and_then(|b| b.max_removed_percent)
+        && !(1..=100).contains(&n)
+    {
+        out.push(format!(
+            "spec.rollout.blastRadius.maxRemovedPercent: {n} is not from 1 to 100 (100 \
+             never holds a version for what it removes)"
         ));
     }
     out
@@ -228,6 +257,33 @@ mod tests {
             false,
         );
         assert!(p[0].starts_with("spec.nackThreshold: "), "{p:?}");
+    }
+
+    #[test]
+    fn a_rollout_strategy_is_read_strictly_and_its_share_is_from_1_to_100() {
+        let ok = object(json!({"nodeID": "p", "rollout": {}}));
+        assert!(envoy_config_problems("shop", &ok, false).is_empty());
+        let ok = object(json!({"nodeID": "p", "rollout": {"blastRadius": {
+            "maxRemovedPercent": 100, "holdEmptiedListeners": false}}}));
+        assert!(envoy_config_problems("shop", &ok, false).is_empty());
+        let zero =
+            object(json!({"nodeID": "p", "rollout": {"blastRadius": {"maxRemovedPercent": 0}}}));
+        let p = envoy_config_problems("shop", &zero, false);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("spec.rollout.blastRadius.maxRemovedPercent: 0 is not from 1 to 100"),
+            "{p:?}"
+        );
+        let typo = object(json!({"nodeID": "p", "rollout": {"blastRadious": {}}}));
+        let p = envoy_config_problems("shop", &typo, false);
+        assert!(
+            p.iter()
+                .any(|p| p.starts_with("spec.rollout.blastRadious: unknown field")),
+            "{p:?}"
+        );
+        let big =
+            object(json!({"nodeID": "p", "rollout": {"blastRadius": {"maxRemovedPercent": 101}}}));
+        assert_eq!(envoy_config_problems("shop", &big, false).len(), 1);
     }
 
     /// The webhook warns with the same words `marin3r validate` prints.

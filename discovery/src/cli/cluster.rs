@@ -1,4 +1,5 @@
-//! Which cluster a command talks to: the kubeconfig file and context, as kubectl takes them.
+//! Which cluster a command talks to: the kubeconfig file and context, as kubectl takes them;
+//! and which EnvoyConfig in it, for the commands that act on one.
 
 use std::path::PathBuf;
 
@@ -41,5 +42,32 @@ impl ClusterArgs {
                 .context("finding the cluster (no kubeconfig, not in a pod)")?,
         };
         kube::Client::try_from(config).context("connecting to the cluster")
+    }
+}
+
+/// One EnvoyConfig, by name and namespace, in the chosen cluster: what `marin3r rollout`
+/// commands act on.
+#[derive(Debug, Args)]
+pub struct ConfigTarget {
+    /// The EnvoyConfig.
+    pub name: String,
+    /// Its namespace (default: the kubeconfig context's).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+impl ConfigTarget {
+    /// The EnvoyConfigs of the target's namespace, and its name.
+    pub async fn config_api(
+        &self,
+    ) -> anyhow::Result<(kube::Api<marin3r_api::EnvoyConfig>, String)> {
+        let client = self.cluster.client().await?;
+        let ns = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        Ok((kube::Api::namespaced(client, &ns), self.name.clone()))
     }
 }

@@ -16,7 +16,7 @@ use clap::{Args, Subcommand};
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
-use super::cluster::ClusterArgs;
+use super::cluster::ConfigTarget as Target;
 use super::output::Output;
 use super::table::aligned;
 use crate::proxy_config::{Entry, diff, printable, served};
@@ -32,17 +32,12 @@ pub enum RolloutCommand {
     /// terms (secret fields redacted). Exit code 0 when they are alike, 1 when they differ, 2
     /// when they could not be compared.
     Diff(DiffArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct Target {
-    /// The EnvoyConfig.
-    name: String,
-    /// Its namespace (default: the kubeconfig context's).
-    #[arg(long, short = 'n')]
-    namespace: Option<String>,
-    #[command(flatten)]
-    cluster: ClusterArgs,
+    /// Where the rollout of an EnvoyConfig's desired version stands: its phase, the version
+    /// it replaces, and why it is held. `--watch` waits until the discovery service has
+    /// acted on the spec, then exits 0 when its version is published and 1 when not.
+    Status(super::rollout_status::StatusArgs),
+    /// Approves the version the blast-radius guard holds, so that it is published.
+    Promote(super::rollout_status::PromoteArgs),
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +72,8 @@ pub async fn run(command: RolloutCommand) -> anyhow::Result<ExitCode> {
         }
         // As `diff` and `kubectl diff`: 1 when the revisions differ, 2 when they could not
         // be compared.
+        RolloutCommand::Status(args) => super::rollout_status::status(args).await,
+        RolloutCommand::Promote(args) => super::rollout_status::promote(args).await,
         RolloutCommand::Diff(args) => match diff(&args).await {
             Ok(alike) => Ok(ExitCode::from(u8::from(!alike))),
             Err(err) => {
@@ -128,18 +125,14 @@ struct Row {
 
 impl History {
     async fn read(target: &Target) -> anyhow::Result<Self> {
-        let client = target.cluster.client().await?;
-        let ns = target
-            .namespace
-            .clone()
-            .unwrap_or_else(|| client.default_namespace().to_owned());
-        let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), &ns);
+        let (configs, name) = target.config_api().await?;
+        let ns = configs.namespace().unwrap_or_default().to_owned();
         let config = configs
-            .get_opt(&target.name)
+            .get_opt(&name)
             .await
-            .with_context(|| format!("reading EnvoyConfig {ns}/{}", target.name))?
-            .with_context(|| format!("no EnvoyConfig {ns}/{}", target.name))?;
-        let revisions: Api<EnvoyConfigRevision> = Api::namespaced(client, &ns);
+            .with_context(|| format!("reading EnvoyConfig {ns}/{name}"))?
+            .with_context(|| format!("no EnvoyConfig {ns}/{name}"))?;
+        let revisions: Api<EnvoyConfigRevision> = Api::namespaced(configs.into_client(), &ns);
         let mut objects = Vec::new();
         for entry in config.status.iter().flat_map(|s| &s.revisions) {
             let Some(name) = entry.revision_ref.name.as_deref() else {

@@ -115,6 +115,8 @@ fn the_envoy_config_crds_have_the_original_names_columns_and_fields() {
                 "Cache State",
                 // Ours: how many connected proxies acknowledged the published version.
                 "Synced",
+                // Ours, `-o wide` only: the rollout's phase.
+                "Rollout",
                 // A CRD with printer columns gets no Age unless it declares one.
                 "Age",
             ][..],
@@ -146,6 +148,12 @@ fn the_envoy_config_crds_have_the_original_names_columns_and_fields() {
             .map(|c| c.name.as_str())
             .collect();
         assert_eq!(names, columns);
+        // Only the original's columns (and ours before rollouts) show by default: the rest
+        // are priority 1, for `-o wide`.
+        for column in version.additional_printer_columns.iter().flatten() {
+            let wide = column.name == "Rollout";
+            assert_eq!(column.priority, wide.then_some(1), "{kind} {}", column.name);
+        }
         let schema = serde_json::to_value(&version.schema).unwrap();
         assert_structural(kind, &schema);
         let spec = &schema["openAPIV3Schema"]["properties"]["spec"]["properties"];

@@ -235,3 +235,198 @@ async fn history_and_diff_show_a_rejected_change_and_what_it_changed() {
     );
     step("diffs read");
 }
+
+/// An EnvoyConfig with a rollout strategy (`rollout: {}`, the guard's defaults), `clusters`
+/// and a listener answering `body`.
+fn guarded_config(clusters: &[&str], body: &str) -> String {
+    let clusters: String = clusters
+        .iter()
+        .map(|c| {
+            format!(
+                "    - type: cluster\n      value: {{name: {c}, connect_timeout: 1s, type: STATIC, \
+                 load_assignment: {{cluster_name: {c}, endpoints: [{{lb_endpoints: [{{endpoint: \
+                 {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9}}}}}}}}]}}]}}}}\n"
+            )
+        })
+        .collect();
+    let base = envoy_config("0.0.0.0", body, "unused");
+    let (head, listener) = base
+        .split_once("    - type: listener")
+        .expect("the config has a listener");
+    let head = head
+        .split_once("  resources:\n")
+        .expect("the config has resources")
+        .0;
+    format!("{head}  rollout: {{}}\n  resources:\n{clusters}    - type: listener{listener}")
+}
+
+/// The clusters the sidecar of `pod` has, as its Envoy reports them (`/clusters`), without
+/// the sidecar's own.
+async fn sidecar_clusters(scenario: &real::Scenario, pod: &str) -> Option<Vec<String>> {
+    let text = scenario.envoy_admin(pod, "/clusters").await.ok()?;
+    let mut names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_once("::").map(|(name, _)| name.to_owned()))
+        .filter(|n| n.starts_with("c-"))
+        .collect();
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_removing_most_clusters_waits_for_approval_then_is_published() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::ListParams;
+    use marin3r_api::rollout::RolloutPhase;
+
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    let scenario = real::Scenario::start("guard", &["python"]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.clone());
+    let kubeconfig = scenario.cluster.kubeconfig().to_owned();
+    scenario.apply(real::DISCOVERY_SERVICE).await.unwrap();
+    scenario
+        .discovery_service_ready("instance", Duration::from_secs(120))
+        .await
+        .unwrap();
+    step("DiscoveryService Ready");
+
+    let all = ["c-a", "c-b", "c-c", "c-d", "c-e"];
+    scenario.apply(&guarded_config(&all, "one")).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.create(
+        &PostParams::default(),
+        &real::idle_injected_pod("web", "web").unwrap(),
+    )
+    .await
+    .unwrap();
+    until("the pod Ready", Duration::from_secs(120), || async {
+        marin3r_e2e::demo::ready_ip(&pods.get("web").await.ok()?)
+    })
+    .await;
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), &ns);
+    let first = until(
+        "the first version InSync",
+        Duration::from_secs(90),
+        || async {
+            let status = configs.get("web").await.ok()?.status?;
+            let rollout = status.rollout?;
+            (status.cache_state? == CacheState::InSync && rollout.phase == RolloutPhase::Completed)
+                .then_some(status.published_version?)
+        },
+    )
+    .await;
+    until(
+        "the sidecar has the five clusters",
+        Duration::from_secs(60),
+        || async {
+            sidecar_clusters(&scenario, "web")
+                .await
+                .filter(|c| c.len() == 5)
+        },
+    )
+    .await;
+    step("first version served, with a rollout strategy");
+
+    // Four of the five clusters go: 80% > 30%, held.
+    scenario
+        .apply(&guarded_config(&["c-a"], "one"))
+        .await
+        .unwrap();
+    let (second, message) = until("the version held", Duration::from_secs(90), || async {
+        let status = configs.get("web").await.ok()?.status?;
+        let rollout = status.rollout?;
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (rollout.phase == RolloutPhase::Held
+            && ready.reason == "RolloutHeld"
+            && ready.status == "False")
+            .then_some((rollout.version, ready.message.clone()))
+    })
+    .await;
+    assert_ne!(second, first);
+    assert!(
+        message.contains("removes 4 of 5 clusters (80% > 30%): c-b, c-c, c-d, c-e"),
+        "{message}"
+    );
+    let status = configs.get("web").await.unwrap().status.unwrap();
+    assert_eq!(status.published_version.as_deref(), Some(first.as_str()));
+    assert_eq!(status.desired_version.as_deref(), Some(second.as_str()));
+    // The real Envoy still has every cluster.
+    assert_eq!(
+        sidecar_clusters(&scenario, "web").await.unwrap(),
+        all.map(String::from).to_vec()
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    until(
+        "the BlastRadiusExceeded Event",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("BlastRadiusExceeded")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    step("held, the sidecar keeps its clusters, an Event says why");
+
+    let (code, text, err) = rollout(&kubeconfig, &["status", "-n", &ns, "web", "--watch"]).await;
+    assert_eq!(
+        code,
+        Some(1),
+        "a held version is not published: {text}{err}"
+    );
+    assert!(text.contains("Phase:   Held\n"), "{text}");
+    assert!(text.contains(&format!("Version: {second}\n")), "{text}");
+    assert!(text.contains(&format!("Stable:  {first}\n")), "{text}");
+    assert!(text.contains("removes 4 of 5 clusters"), "{text}");
+    // The held version has its revision: the diff names what it removes.
+    let (code, diff, err) = rollout(
+        &kubeconfig,
+        &["diff", "-n", &ns, "web", "--from", &first, "--to", &second],
+    )
+    .await;
+    assert_eq!(code, Some(1), "{diff}{err}");
+    assert!(diff.contains("  removed: clusters/c-e\n"), "{diff}");
+
+    let (code, out, err) = rollout(&kubeconfig, &["promote", "-n", &ns, "web"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains(&format!("Approved version {second}")), "{out}");
+    until(
+        "the approved version InSync",
+        Duration::from_secs(90),
+        || async {
+            let status = configs.get("web").await.ok()?.status?;
+            let rollout = status.rollout?;
+            (status.published_version.as_deref() == Some(second.as_str())
+                && status.cache_state? == CacheState::InSync
+                && rollout.phase == RolloutPhase::Completed)
+                .then_some(())
+        },
+    )
+    .await;
+    until(
+        "the sidecar has one cluster",
+        Duration::from_secs(60),
+        || async {
+            sidecar_clusters(&scenario, "web")
+                .await
+                .filter(|c| c == &["c-a".to_owned()])
+        },
+    )
+    .await;
+    let (code, text, err) = rollout(&kubeconfig, &["status", "-n", &ns, "web", "--watch"]).await;
+    assert_eq!(code, Some(0), "{text}{err}");
+    assert!(text.contains("Phase:   Completed\n"), "{text}");
+    // Nothing is held any more: promote says so and changes nothing.
+    let (code, _, err) = rollout(&kubeconfig, &["promote", "-n", &ns, "web"]).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("has nothing to promote"), "{err}");
+    step("approved with `marin3r rollout promote`, published and served");
+}

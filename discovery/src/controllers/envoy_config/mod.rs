@@ -4,6 +4,7 @@
 //! (`revisions::plan`) with the revisions Envoy tainted, marks the chosen one published and
 //! writes the status.
 
+pub mod gate;
 pub mod plan;
 pub mod revisions;
 pub mod verdicts;
@@ -202,7 +203,7 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
             );
         delete(&api, &name).await?;
     }
-    Ok(plan::report(obs, algorithm, &mine))
+    Ok(plan::report(obs, algorithm, &mine, &plan.gate))
 }
 
 fn report_state(ctx: &Context, ec: &EnvoyConfig, outcome: &Outcome, state: CacheState) {
@@ -255,7 +256,12 @@ async fn write_status(
         Api::namespaced(ctx.client.clone(), &ec.namespace().unwrap_or_default());
     let patch = status_patch(
         status,
-        &["cacheState", "publishedVersion", "lastNackMessage"],
+        &[
+            "cacheState",
+            "publishedVersion",
+            "lastNackMessage",
+            "rollout",
+        ],
         ec.metadata.resource_version.as_deref(),
     )?;
     patch_status(&api, &ec.name_any(), patch, super::FIELD_MANAGER).await?;
@@ -354,7 +360,7 @@ mod tests {
             panic!("a valid spec is published");
         };
         assert!(publish.create.is_none(), "its revision exists already");
-        let outcome = plan::report(&obs, &publish.algorithm, &publish.mine);
+        let outcome = plan::report(&obs, &publish.algorithm, &publish.mine, &publish.gate);
         let refs = &outcome.status.revisions;
         assert_eq!(refs.len(), 1);
         assert_eq!(

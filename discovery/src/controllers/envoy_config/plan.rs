@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 use marin3r_controller::{Note, set_condition};
 
+use super::gate::{self, Gate};
 use super::revisions::{self, MAX_REVISIONS};
 use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, revision_name};
 use marin3r_api::envoy_config::CacheState;
@@ -32,6 +33,9 @@ marin3r_controller::reasons! {
         AllRevisionsTainted,
         UntaintedRevisionPublished,
         EmptyConfigRefused,
+        /// The blast-radius guard holds the desired version (`Ready=False`; the guard's own
+        /// reasons are `gate::Reason`).
+        RolloutHeld,
     }
 }
 
@@ -75,6 +79,8 @@ pub struct Publish {
     /// The revision of the desired version, when it has none yet.
     pub create: Option<EnvoyConfigRevision>,
     pub algorithm: revisions::Plan,
+    /// What the blast-radius guard decided.
+    pub gate: Gate,
 }
 
 /// What to write after acting.
@@ -140,19 +146,32 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .cloned()
         .chain(since_status(&mine, &current))
         .collect();
-    let algorithm = revisions::plan(
-        &order,
-        &existing,
-        &version,
-        &tainted,
-        &loaded,
-        MAX_REVISIONS,
-    );
+    let gate = gate::judge(ec, &mine, &version, tainted.contains(&version));
+    let algorithm = match gate.held() {
+        None => revisions::plan(
+            &order,
+            &existing,
+            &version,
+            &tainted,
+            &loaded,
+            MAX_REVISIONS,
+        ),
+        Some(stable) => revisions::plan_holding(
+            &order,
+            &existing,
+            &version,
+            &tainted,
+            &loaded,
+            MAX_REVISIONS,
+            stable,
+        ),
+    };
     Plan::Publish(Box::new(Publish {
         stale: stale.iter().map(ResourceExt::name_any).collect(),
         create: algorithm.create.then(|| new_revision(ec, &version)),
         mine,
         algorithm,
+        gate,
     }))
 }
 
@@ -319,12 +338,23 @@ pub fn publication(
 /// The status after publishing: the revisions in order, the cache state and why, and an
 /// Event when the cache state changed. `mine` are the revisions of its node id, created
 /// ones included.
-pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRevision]) -> Outcome {
+pub fn report(
+    obs: &Observed<'_>,
+    plan: &revisions::Plan,
+    mine: &[EnvoyConfigRevision],
+    gate: &Gate,
+) -> Outcome {
     let ec = obs.ec;
     let generation = ec.metadata.generation;
     let version = ec.spec.version();
     let mut status = ec.status.clone().unwrap_or_default();
     let previous_state = status.cache_state;
+    let mut events = gate::Report {
+        ec,
+        version: &version,
+        now: &obs.now,
+    }
+    .write(&mut status, gate, plan.cache_state);
     status.desired_version = Some(version.clone());
     status.revisions = plan
         .revisions
@@ -335,12 +365,20 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
         })
         .collect();
     status.published_version = Some(plan.publish.clone());
-    status.cache_state = Some(plan.cache_state);
+    // A held version leaves the cache state what it was: it describes what is served.
+    let cache_state = match gate.held() {
+        Some(_) => previous_state.unwrap_or(plan.cache_state),
+        None => plan.cache_state,
+    };
+    status.cache_state = Some(cache_state);
     let nack = mine
         .iter()
         .find(|r| r.spec.version == version)
         .and_then(|r| r.taint_message().map(str::to_owned));
-    let (out_of_sync, reason, message) = served_condition(plan, mine, &version, nack.as_deref());
+    let (out_of_sync, reason, message) = match (gate, &status.rollout) {
+        (Gate::Held { .. }, Some(rollout)) => (true, Reason::RolloutHeld, rollout.message.clone()),
+        _ => served_condition(plan, mine, &version, nack.as_deref()),
+    };
     let set = |status: &mut EnvoyConfigStatus, type_, value, reason, message: &str| {
         set_condition(
             &mut status.conditions,
@@ -374,18 +412,17 @@ pub fn report(obs: &Observed<'_>, plan: &revisions::Plan, mine: &[EnvoyConfigRev
     };
     set(&mut status, ROLLBACK_FAILED, failed, reason, &why);
     status.last_nack_message = nack;
-    let changed = previous_state != Some(plan.cache_state);
-    let events = if !changed {
-        Vec::new()
-    } else if plan.cache_state == CacheState::InSync {
-        vec![Note::normal(Reason::from(plan.cache_state), message)]
-    } else {
-        vec![Note::warning(Reason::from(plan.cache_state), message)]
-    };
+    let changed = previous_state != Some(cache_state);
+    if changed {
+        events.push(match cache_state {
+            CacheState::InSync => Note::normal(Reason::from(cache_state), message),
+            _ => Note::warning(Reason::from(cache_state), message),
+        });
+    }
     Outcome {
         status,
         events,
-        state_change: changed.then_some(plan.cache_state),
+        state_change: changed.then_some(cache_state),
     }
 }
 

@@ -37,6 +37,41 @@ pub fn plan(
     loaded: &BTreeSet<String>,
     limit: usize,
 ) -> Plan {
+    run(current, existing, desired, tainted, loaded, limit, None)
+}
+
+/// The plan when the blast-radius guard holds the desired version: `stable` stays published
+/// (and is kept within the limit) where the algorithm would publish the desired version; the
+/// desired version still gets its revision, the newest in the order.
+pub fn plan_holding(
+    current: &[String],
+    existing: &BTreeSet<String>,
+    desired: &str,
+    tainted: &BTreeSet<String>,
+    loaded: &BTreeSet<String>,
+    limit: usize,
+    stable: &str,
+) -> Plan {
+    run(
+        current,
+        existing,
+        desired,
+        tainted,
+        loaded,
+        limit,
+        Some(stable),
+    )
+}
+
+fn run(
+    current: &[String],
+    existing: &BTreeSet<String>,
+    desired: &str,
+    tainted: &BTreeSet<String>,
+    loaded: &BTreeSet<String>,
+    limit: usize,
+    hold: Option<&str>,
+) -> Plan {
     let limit = limit.max(1);
     let mut revisions: Vec<String> = Vec::with_capacity(current.len() + 1);
     for version in current {
@@ -58,6 +93,13 @@ pub fn plan(
         Some(v) if v == desired => (v, CacheState::InSync),
         Some(v) => (v, CacheState::Rollback),
         None => (desired.to_owned(), CacheState::RollbackFailed),
+    };
+    // Held: what is served stays served. Only an existing revision can be.
+    let publish = match hold {
+        Some(stable) if publish == desired && revisions.iter().any(|v| v == stable) => {
+            stable.to_owned()
+        }
+        _ => publish,
     };
 
     let served = served(&revisions, &publish, loaded).cloned();
@@ -115,6 +157,44 @@ mod tests {
         limit: usize,
     ) -> Plan {
         super::plan(current, existing, desired, tainted, &BTreeSet::new(), limit)
+    }
+
+    /// A held version gets its place as the newest, the stable one stays published and is
+    /// never the one the limit drops; a held version Envoy rejected holds nothing.
+    #[test]
+    fn a_held_version_leaves_the_stable_one_published_and_kept() {
+        let existing = set(&["s", "b", "c"]);
+        let p = super::plan_holding(
+            &v(&["s", "b", "c"]),
+            &existing,
+            "new",
+            &set(&[]),
+            &set(&["s"]),
+            3,
+            "s",
+        );
+        assert_eq!(p.publish, "s");
+        assert_eq!(p.cache_state, CacheState::InSync);
+        assert!(p.create);
+        assert_eq!(p.revisions, v(&["s", "c", "new"]));
+        assert_eq!(p.delete, v(&["b"]));
+        // Rejected: the rollback is the algorithm's, not the guard's.
+        let p = super::plan_holding(
+            &v(&["s", "new"]),
+            &set(&["s", "new"]),
+            "new",
+            &set(&["new"]),
+            &set(&["s"]),
+            10,
+            "s",
+        );
+        assert_eq!(
+            (p.publish.as_str(), p.cache_state),
+            ("s", CacheState::Rollback)
+        );
+        // A stable version without a revision cannot be served: the desired one is.
+        let p = super::plan_holding(&v(&[]), &set(&[]), "new", &set(&[]), &set(&[]), 10, "gone");
+        assert_eq!(p.publish, "new");
     }
 
     /// Ten versions in a row that fail to load leave the last one that loaded

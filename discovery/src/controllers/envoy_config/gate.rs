@@ -1,0 +1,190 @@
+//! The blast-radius guard in the `EnvoyConfig` controller, pure: whether the desired version
+//! is held for approval (`spec.rollout`), and what the status says of it. A held version has
+//! its revision (so `marin3r rollout diff` can show it) but is not published: the version the
+//! proxies are served stays served until a person approves (`marin3r rollout promote`, or
+//! the annotation `marin3r.3scale.net/rollout-approve: <version>`).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use marin3r_controller::{Note, set_condition};
+
+use marin3r_api::envoy_config::CacheState;
+use marin3r_api::rollout::{APPROVE_ANNOTATION, ROLLOUT_HELD, RolloutPhase, RolloutStatus};
+use marin3r_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigStatus};
+use marin3r_envoyconfig::convert::validate_config;
+use marin3r_envoyconfig::guard;
+
+marin3r_controller::reasons! {
+    /// The reasons of `RolloutHeld` and of the guard's Events.
+    pub enum Reason {
+        /// Held: what the version takes away.
+        BlastRadiusExceeded,
+        /// A person approved the version the guard held.
+        Approved,
+        WithinBlastRadius,
+    }
+}
+
+/// What the guard decided about the desired version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// The config has no `spec.rollout`: published as it always was.
+    Off,
+    /// Nothing held: within the limits, or nothing to compare with (nothing else is
+    /// published, the published revision is tainted, the desired version is published
+    /// already or was rejected by Envoy).
+    Within,
+    /// The guard would hold it, and a person approved this version.
+    Approved { why: String },
+    /// Held: `stable` stays published.
+    Held { stable: String, why: String },
+}
+
+impl Gate {
+    /// The version to publish in place of the desired one, when held.
+    pub fn held(&self) -> Option<&str> {
+        match self {
+            Self::Held { stable, .. } => Some(stable),
+            _ => None,
+        }
+    }
+}
+
+/// Judges the desired version (`version`, valid and converted already) against the published
+/// revision among `mine`. `rejected`: Envoy rejected the desired version (it is not
+/// published anyway).
+pub fn judge(
+    ec: &EnvoyConfig,
+    mine: &[EnvoyConfigRevision],
+    version: &str,
+    rejected: bool,
+) -> Gate {
+    let Some(strategy) = &ec.spec.rollout else {
+        return Gate::Off;
+    };
+    // A fix is never held behind a broken revision: a tainted one is served only because
+    // nothing else could be.
+    let stable = mine
+        .iter()
+        .find(|r| r.is_published() && !r.is_tainted() && r.spec.version != version);
+    let Some(stable) = stable.filter(|_| !rejected) else {
+        return Gate::Within;
+    };
+    // Either version failing to convert leaves nothing to compare: the desired one was
+    // checked already, and a stable one that no longer converts is not served as written.
+    let (Ok(before), Ok(after)) = (
+        validate_config(&stable.spec.config()),
+        validate_config(&ec.spec),
+    ) else {
+        return Gate::Within;
+    };
+    let Some(why) = guard::compare(&before, &after).hold(&strategy.blast_radius()) else {
+        return Gate::Within;
+    };
+    if ec.annotations().get(APPROVE_ANNOTATION).map(String::as_str) == Some(version) {
+        Gate::Approved { why }
+    } else {
+        Gate::Held {
+            stable: stable.spec.version.clone(),
+            why,
+        }
+    }
+}
+
+/// The conditions, cache condition and Events of a held version.
+pub struct Report<'a> {
+    pub ec: &'a EnvoyConfig,
+    pub version: &'a str,
+    pub now: &'a Time,
+}
+
+impl Report<'_> {
+    /// Writes `status.rollout` and `RolloutHeld` for `gate`, with the cache state the plan
+    /// chose (`state`); when held, also `Ready=False`/`CacheOutOfSync=True` with why. The
+    /// Events to send.
+    pub fn write(
+        &self,
+        status: &mut EnvoyConfigStatus,
+        gate: &Gate,
+        state: CacheState,
+    ) -> Vec<Note> {
+        if self.ec.spec.rollout.is_none() {
+            status.rollout = None;
+            status.conditions.retain(|c| c.type_ != ROLLOUT_HELD);
+            return Vec::new();
+        }
+        let previous = status.published_version.clone();
+        let generation = self.ec.metadata.generation;
+        let set = |status: &mut EnvoyConfigStatus, value: bool, reason: Reason, message: &str| {
+            set_condition(
+                &mut status.conditions,
+                ROLLOUT_HELD,
+                value,
+                reason,
+                message,
+                generation,
+                self.now,
+            )
+        };
+        let version = self.version;
+        let (phase, message, events) = match gate {
+            Gate::Held { stable, why } => {
+                let message = format!(
+                    "version {version} is held by the blast-radius guard and not published \
+                     (version {stable} is served): it {why}. If that is intended, approve it \
+                     with `marin3r rollout promote {name} -n {ns}` (or annotate the \
+                     EnvoyConfig {APPROVE_ANNOTATION}={version})",
+                    name = self.ec.name_any(),
+                    ns = self.ec.namespace().unwrap_or_default(),
+                );
+                let changed = set(status, true, Reason::BlastRadiusExceeded, &message);
+                let events = changed
+                    .then(|| Note::warning(Reason::BlastRadiusExceeded, message.clone()))
+                    .into_iter()
+                    .collect();
+                (RolloutPhase::Held, message, events)
+            }
+            Gate::Approved { why } => {
+                let message = format!("version {version} was approved though it {why}");
+                let changed = set(status, false, Reason::Approved, &message);
+                let events = changed
+                    .then(|| Note::normal(Reason::Approved, message.clone()))
+                    .into_iter()
+                    .collect();
+                (phase_of(state), message, events)
+            }
+            Gate::Within | Gate::Off => {
+                let message = format!("version {version} is within the blast-radius limits");
+                set(status, false, Reason::WithinBlastRadius, &message);
+                (phase_of(state), String::new(), Vec::new())
+            }
+        };
+        // The version served before this rollout: kept while the rollout is of one version.
+        let stable_version = match &status.rollout {
+            Some(r) if r.version == version => r.stable_version.clone(),
+            _ => previous.filter(|p| p != version),
+        };
+        status.rollout = Some(RolloutStatus {
+            version: version.to_owned(),
+            stable_version,
+            phase,
+            message: if phase == RolloutPhase::Held {
+                message
+            } else {
+                String::new()
+            },
+        });
+        events
+    }
+}
+
+fn phase_of(state: CacheState) -> RolloutPhase {
+    match state {
+        CacheState::InSync => RolloutPhase::Completed,
+        CacheState::Rollback | CacheState::RollbackFailed => RolloutPhase::RolledBack,
+    }
+}
+
+#[cfg(test)]
+#[path = "gate_tests.rs"]
+mod tests;
