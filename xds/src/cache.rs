@@ -1,6 +1,7 @@
 //! The snapshot cache: one immutable [`Snapshot`] per (namespace, node id), published through a
 //! `watch` channel per key so that setting a snapshot wakes only the streams of that key, and a
-//! stream that falls behind simply reads the newest value when it gets to it.
+//! stream that falls behind simply reads the newest value when it gets to it. A node may also
+//! have a canary snapshot for some of its proxies (`tracks`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -315,7 +316,30 @@ pub struct Published {
     pub(crate) encoded: Arc<Encoded>,
 }
 
-type Slot = watch::Sender<Option<Published>>;
+/// What one node is served: the stable snapshot, and the canary one for some proxies.
+#[derive(Debug, Clone, Default)]
+pub struct Served {
+    pub(crate) stable: Option<Published>,
+    pub(crate) canary: Option<Arc<Canary>>,
+}
+
+impl Served {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.stable.is_none() && self.canary.is_none()
+    }
+}
+
+/// The canary snapshot of a node and which proxies get it.
+#[derive(Debug)]
+pub struct Canary {
+    pub(crate) published: Published,
+    /// The canary version: what makes each rollout's choice of proxies its own.
+    pub salt: Arc<str>,
+    /// Proxies whose [`crate::track_hash`] is at most this get the canary (`u64::MAX`: all).
+    pub cutoff: u64,
+}
+
+type Slot = watch::Sender<Served>;
 
 /// The shared snapshot cache. Cloning is cheap; all clones see the same snapshots.
 #[derive(Clone, Default)]
@@ -353,9 +377,8 @@ impl Cache {
         // Shared with the snapshot it replaces outside the lock of every node; a set racing
         // this one only makes the sharing less, never wrong (equal content is all it takes).
         let previous = self
-            .lock()
-            .get(&key)
-            .and_then(|slot| slot.borrow().as_ref().map(|p| Arc::clone(&p.snapshot)));
+            .slot_value(&key)
+            .and_then(|served| served.stable.map(|p| Arc::clone(&p.snapshot)));
         let snapshot = match previous {
             Some(previous) => snapshot.sharing_with(&previous),
             None => snapshot,
@@ -365,38 +388,81 @@ impl Cache {
             snapshot: Arc::new(snapshot),
             set_at: Instant::now(),
         };
-        let mut slots = self.lock();
-        let slot = slots.entry(key).or_insert_with(|| watch::Sender::new(None));
-        slot.send_if_modified(|current| {
-            let same = current
+        self.modify(key, |served| {
+            let same = served
+                .stable
                 .as_ref()
                 .is_some_and(|c| c.snapshot == published.snapshot);
-            if !same {
-                *current = Some(published);
+            // A canary the stable snapshot has caught up with is over: its proxies get the
+            // same content from the stable one (nothing is resent: versions are hashes).
+            let caught_up = served
+                .canary
+                .as_ref()
+                .is_some_and(|c| c.published.snapshot == published.snapshot);
+            if caught_up {
+                served.canary = None;
             }
-            !same
+            if !same {
+                served.stable = Some(published);
+            }
+            !same || caught_up
         })
     }
 
-    /// Removes a proxy's snapshot. Connected proxies keep the configuration they have (nothing
-    /// is sent); they get the next snapshot set for their key.
+    /// Changes the value of `key` with `f` (which says whether it changed anything), waking
+    /// the key's streams when it did.
+    pub(crate) fn modify(&self, key: NodeKey, f: impl FnOnce(&mut Served) -> bool) -> bool {
+        let mut slots = self.lock();
+        let slot = slots
+            .entry(key)
+            .or_insert_with(|| watch::Sender::new(Served::default()));
+        slot.send_if_modified(f)
+    }
+
+    /// The value of `key`, if the cache holds it.
+    pub(crate) fn slot_value(&self, key: &NodeKey) -> Option<Served> {
+        self.lock().get(key).map(|slot| slot.borrow().clone())
+    }
+
+    /// A receiver of `key`'s value, creating the key's slot if needed.
+    pub(crate) fn subscribe(&self, key: &NodeKey) -> watch::Receiver<Served> {
+        let mut slots = self.lock();
+        slots
+            .entry(key.clone())
+            .or_insert_with(|| watch::Sender::new(Served::default()))
+            .subscribe()
+    }
+
+    /// Drops `key`'s slot when no stream watches it and nothing is served there.
+    pub(crate) fn forget_if_unused(&self, key: &NodeKey) {
+        let mut slots = self.lock();
+        if let Some(slot) = slots.get(key)
+            && slot.receiver_count() == 0
+            && slot.borrow().is_empty()
+        {
+            slots.remove(key);
+        }
+    }
+
+    /// Removes a proxy's snapshot, and its canary. Connected proxies keep the configuration
+    /// they have (nothing is sent); they get the next snapshot set for their key.
     pub fn clear(&self, namespace: &str, node_id: &str) {
         let key = NodeKey::new(namespace, node_id);
         let mut slots = self.lock();
         if let Some(slot) = slots.get(&key) {
-            slot.send_replace(None);
+            slot.send_replace(Served::default());
             if slot.receiver_count() == 0 {
                 slots.remove(&key);
             }
         }
     }
 
-    /// The current snapshot of a proxy, if any.
+    /// The current (stable) snapshot of a proxy, if any.
     pub fn snapshot(&self, namespace: &str, node_id: &str) -> Option<Arc<Snapshot>> {
         let key = NodeKey::new(namespace, node_id);
-        self.lock()
-            .get(&key)
-            .and_then(|s| s.borrow().as_ref().map(|p| Arc::clone(&p.snapshot)))
+        self.slot_value(&key)?
+            .stable
+            .map(|p| Arc::clone(&p.snapshot))
     }
 
     /// How many keys the cache holds (with a snapshot or with a watching stream).
@@ -406,63 +472,6 @@ impl Cache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    /// Subscribes to a key; the returned watch sees the current snapshot as changed at once
-    /// when there is one.
-    pub fn watch(&self, key: NodeKey) -> Watch {
-        let mut rx = {
-            let mut slots = self.lock();
-            slots
-                .entry(key.clone())
-                .or_insert_with(|| watch::Sender::new(None))
-                .subscribe()
-        };
-        rx.mark_changed();
-        Watch {
-            rx: Some(rx),
-            key,
-            cache: self.clone(),
-        }
-    }
-}
-
-/// A stream's subscription to one key; the slot is dropped with its last watcher when no
-/// snapshot is set, so the cache does not grow with proxies that come and go.
-pub struct Watch {
-    rx: Option<watch::Receiver<Option<Published>>>,
-    key: NodeKey,
-    cache: Cache,
-}
-
-impl Watch {
-    /// Waits until the key's snapshot changes (or is cleared) and returns the newest value;
-    /// several changes in between are seen as one.
-    pub async fn changed(&mut self) -> Option<Published> {
-        let rx = self.rx.as_mut()?;
-        // The sender lives in the cache map for as long as a receiver exists, so this only
-        // fails if the cache itself is gone; then nothing will ever change again.
-        if rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        rx.borrow_and_update().clone()
-    }
-
-    pub fn key(&self) -> &NodeKey {
-        &self.key
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        drop(self.rx.take());
-        let mut slots = self.cache.lock();
-        if let Some(slot) = slots.get(&self.key)
-            && slot.receiver_count() == 0
-            && slot.borrow().is_none()
-        {
-            slots.remove(&self.key);
-        }
     }
 }
 

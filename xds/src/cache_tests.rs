@@ -5,6 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::*;
+use crate::tracks::Watch;
 
 fn res(kind: ResourceType, name: &str, body: &str) -> Resource {
     Resource {
@@ -117,8 +118,8 @@ async fn woke(w: &mut Watch) -> Option<Option<Published>> {
 #[tokio::test]
 async fn setting_a_snapshot_wakes_only_its_key() {
     let cache = Cache::new();
-    let mut a = cache.watch(NodeKey::new("ns-a", "node"));
-    let mut b = cache.watch(NodeKey::new("ns-b", "node"));
+    let mut a = cache.watch(NodeKey::new("ns-a", "node"), "10.0.0.1".into());
+    let mut b = cache.watch(NodeKey::new("ns-b", "node"), "10.0.0.1".into());
     // Nothing set yet: the first wake-up reports "no snapshot".
     assert!(woke(&mut a).await.unwrap().is_none());
     assert!(woke(&mut b).await.unwrap().is_none());
@@ -133,7 +134,7 @@ async fn setting_a_snapshot_wakes_only_its_key() {
 #[tokio::test]
 async fn several_sets_are_seen_as_the_newest_one() {
     let cache = Cache::new();
-    let mut w = cache.watch(NodeKey::new("ns", "n"));
+    let mut w = cache.watch(NodeKey::new("ns", "n"), "10.0.0.1".into());
     woke(&mut w).await.unwrap();
     for body in ["1", "2", "3"] {
         cache.set_snapshot("ns", "n", snap(body));
@@ -147,7 +148,7 @@ async fn several_sets_are_seen_as_the_newest_one() {
 async fn an_identical_snapshot_wakes_nobody() {
     let cache = Cache::new();
     assert!(cache.set_snapshot("ns", "n", snap("1")));
-    let mut w = cache.watch(NodeKey::new("ns", "n"));
+    let mut w = cache.watch(NodeKey::new("ns", "n"), "10.0.0.1".into());
     assert!(woke(&mut w).await.unwrap().is_some());
     assert!(!cache.set_snapshot("ns", "n", snap("1")));
     assert!(woke(&mut w).await.is_none());
@@ -157,7 +158,7 @@ async fn an_identical_snapshot_wakes_nobody() {
 async fn clearing_wakes_with_nothing_and_unused_slots_are_dropped() {
     let cache = Cache::new();
     cache.set_snapshot("ns", "n", snap("1"));
-    let mut w = cache.watch(NodeKey::new("ns", "n"));
+    let mut w = cache.watch(NodeKey::new("ns", "n"), "10.0.0.1".into());
     assert!(woke(&mut w).await.unwrap().is_some());
     cache.clear("ns", "n");
     assert!(woke(&mut w).await.unwrap().is_none());
@@ -168,7 +169,7 @@ async fn clearing_wakes_with_nothing_and_unused_slots_are_dropped() {
 
     // A snapshot set with nobody watching stays until cleared.
     cache.set_snapshot("ns", "m", snap("1"));
-    drop(cache.watch(NodeKey::new("ns", "m")));
+    drop(cache.watch(NodeKey::new("ns", "m"), "10.0.0.1".into()));
     assert!(cache.snapshot("ns", "m").is_some());
     cache.clear("ns", "m");
     assert!(cache.is_empty());

@@ -123,6 +123,7 @@ mod tests {
                     ((*kind).to_owned(), status)
                 })
                 .collect(),
+            track: None,
         }
     }
 

@@ -36,6 +36,7 @@ mod status;
 mod stream;
 mod sync_status;
 mod tls;
+mod tracks;
 mod wire;
 
 pub use cache::{
@@ -46,4 +47,5 @@ pub use server::{CONNECTION_WINDOW, STREAM_WINDOW, ServeError, Server, ServerBui
 pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};
 pub use sync_status::SYNC_STATUS_PATH;
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};
+pub use tracks::{Track, track_hash};
 pub use wire::{DELTA_PATH, SOTW_PATH};

@@ -69,6 +69,10 @@ pub struct ProxyStatus {
     pub connected_at: String,
     /// Keyed by the type's `spec.envoyResources` list name (`listeners`, `clusters`, ...).
     pub types: BTreeMap<String, TypeStatus>,
+    /// `canary` while the proxy is served its node's canary snapshot; left out on the
+    /// stable track.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub track: Option<String>,
 }
 
 /// The JSON document of the sync-status endpoint.
@@ -130,6 +134,13 @@ impl ProxyHandle {
     fn update(&self, kind: ResourceType, f: impl FnOnce(&mut TypeStatus)) {
         if let Some(p) = self.registry.lock().get_mut(&self.id) {
             f(p.types.entry(kind.spec_field().to_owned()).or_default());
+        }
+    }
+
+    /// The proxy is served the snapshot of `track`.
+    pub fn on_track(&self, track: crate::tracks::Track) {
+        if let Some(p) = self.registry.lock().get_mut(&self.id) {
+            p.track = (track == crate::tracks::Track::Canary).then(|| track.as_str().to_owned());
         }
     }
 
@@ -239,6 +250,7 @@ mod tests {
             peer: peer.into(),
             connected_at: now_rfc3339(),
             types: BTreeMap::new(),
+            track: None,
         }
     }
 

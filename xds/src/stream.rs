@@ -187,6 +187,7 @@ fn proxy_status(
         peer: peer.remote_addr.to_string(),
         connected_at: now_rfc3339(),
         types: Default::default(),
+        track: None,
     }
 }
 
@@ -217,9 +218,12 @@ fn run<F: Flavour>(
             return;
         };
         let mut ctx = StreamCtx::open::<F>(&shared, &peer, node, &tx, &stop);
-        let mut watch = shared.cache.watch(ctx.key.clone());
+        // As the proxy its address makes it (see `proxy_identity`): what puts it on a track.
+        let identity = peer.remote_addr.ip().to_canonical().to_string();
+        let mut watch = shared.cache.watch(ctx.key.clone(), identity);
         // The watch starts out "changed": this returns the current snapshot at once.
         let mut current: Option<Published> = watch.changed().await;
+        ctx.handle.on_track(watch.track());
         let mut state = F::new(&shared.limits);
 
         let mut next = Some(first);
@@ -251,6 +255,7 @@ fn run<F: Flavour>(
                 published = watch.changed() => published,
             };
             current = published;
+            ctx.handle.on_track(watch.track());
             // A cleared snapshot sends nothing: the proxy keeps what it has.
             let Some(p) = &current else { continue };
             let pushed = state.on_snapshot(&p.snapshot);

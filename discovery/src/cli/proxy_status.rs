@@ -216,6 +216,8 @@ pub fn render(answers: &[Answer]) -> String {
         return "no proxies connected\n".into();
     }
     let replica_column = answers.len() > 1;
+    // Only while a canary is served: every other table stays as it was.
+    let track_column = proxies.iter().any(|(_, p)| p.track.is_some());
     let used: BTreeSet<&str> = proxies
         .iter()
         .flat_map(|(_, p)| p.types.keys().map(String::as_str))
@@ -226,6 +228,9 @@ pub fn render(answers: &[Answer]) -> String {
         header.push("REPLICA");
     }
     header.extend(["ENVOY", "PROTOCOL"]);
+    if track_column {
+        header.push("TRACK");
+    }
     let mut rows = vec![
         header
             .into_iter()
@@ -244,6 +249,9 @@ pub fn render(answers: &[Answer]) -> String {
         }
         row.push(p.envoy_version.clone().unwrap_or_else(|| "-".into()));
         row.push(p.protocol.clone());
+        if track_column {
+            row.push(p.track.clone().unwrap_or_else(|| "stable".into()));
+        }
         row.extend(columns.iter().map(|c| cell(p.types.get(*c))));
         rows.push(row);
     }
@@ -329,6 +337,7 @@ mod tests {
                     ),
                     ("routes".into(), ts("dddd", Some("eeee"), None)),
                 ]),
+                track: None,
             }],
         };
         let out = render(&[Answer { pod: None, status }]);
@@ -357,6 +366,7 @@ mod tests {
             peer: "10.0.0.1:4000".into(),
             connected_at: "now".into(),
             types: BTreeMap::from([("clusters".into(), ts(version, Some(version), None))]),
+            track: None,
         }
     }
 
@@ -402,6 +412,22 @@ mod tests {
         assert_eq!(
             render(&[Answer::default(), Answer::default()]),
             "no proxies connected\n"
+        );
+    }
+
+    /// While a canary is served, a TRACK column says who runs it; the others are stable.
+    #[test]
+    fn a_track_column_shows_while_a_canary_is_served() {
+        let mut canary = proxy("gw", "gw-2", "bbbb");
+        canary.track = Some("canary".into());
+        let status = SyncStatus {
+            proxies: vec![proxy("gw", "gw-1", "aaaaaaaaaa"), canary],
+        };
+        assert_eq!(
+            render(&[Answer { pod: None, status }]),
+            "NAMESPACE   NODE ID   POD    ENVOY   PROTOCOL   TRACK    CLUSTERS\n\
+             team-a      gw        gw-1   -       sotw       stable   SYNCED aaaaaaaa\n\
+             team-a      gw        gw-2   -       sotw       canary   SYNCED bbbb\n"
         );
     }
 

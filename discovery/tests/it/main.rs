@@ -53,3 +53,4 @@ mod watches;
 mod xds_envoy;
 mod xds_envoy_nack_threshold;
 mod xds_envoy_scoped;
+mod xds_tracks;
