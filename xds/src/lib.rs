@@ -44,7 +44,9 @@ pub use cache::{
 };
 pub use limits::{Limit, Limits};
 pub use server::{CONNECTION_WINDOW, STREAM_WINDOW, ServeError, Server, ServerBuilder};
-pub use status::{LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus};
+pub use status::{
+    LastNack, NackEvent, ProxyStatus, StatusRegistry, SyncStatus, TypeStatus, proxy_identity,
+};
 pub use sync_status::SYNC_STATUS_PATH;
 pub use tls::{PeerIdentity, TlsError, TlsFiles, TlsSource, namespace_of, server_config};
 pub use tracks::{Track, track_hash};

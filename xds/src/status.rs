@@ -11,6 +11,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use crate::resource::ResourceType;
+use crate::tracks::Track;
 
 /// Envoy rejected a configuration: everything the revision controller needs to taint it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +74,16 @@ pub struct ProxyStatus {
     /// stable track.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub track: Option<String>,
+}
+
+impl ProxyStatus {
+    /// The track the proxy is on.
+    pub fn track(&self) -> Track {
+        match self.track.as_deref() {
+            Some("canary") => Track::Canary,
+            _ => Track::Stable,
+        }
+    }
 }
 
 /// The JSON document of the sync-status endpoint.
@@ -164,17 +175,18 @@ impl ProxyHandle {
 }
 
 impl ProxyHandle {
-    /// How many proxies of this proxy's (namespace, node id) have `version` of `kind` as
-    /// their latest NACK, and how many are connected.
+    /// How many proxies of this proxy's (namespace, node id) and track have `version` of
+    /// `kind` as their latest NACK, and how many are connected.
     pub fn tally(&self, kind: ResourceType, version: &str) -> (usize, usize) {
-        let (namespace, node_id) = {
+        let (namespace, node_id, track) = {
             let proxies = self.registry.lock();
             let Some(me) = proxies.get(&self.id) else {
                 return (0, 0);
             };
-            (me.namespace.clone(), me.node_id.clone())
+            (me.namespace.clone(), me.node_id.clone(), me.track())
         };
-        self.registry.tally(&namespace, &node_id, kind, version)
+        self.registry
+            .tally(&namespace, &node_id, track, kind, version)
     }
 }
 
@@ -187,17 +199,22 @@ impl StatusRegistry {
     /// once (rejecting when any of them rejected), so a holder of the namespace's certificate
     /// opening many streams under a node id, whatever pod names they declare, gets one vote,
     /// not one per stream.
+    ///
+    /// Only the proxies of `track` count: a canary version is judged by the proxies it was
+    /// served to, not diluted by the ones still on the stable version (without a canary,
+    /// every proxy is on the stable track).
     pub fn tally(
         &self,
         namespace: &str,
         node_id: &str,
+        track: Track,
         kind: ResourceType,
         version: &str,
     ) -> (usize, usize) {
         let proxies = self.lock();
         let peers = proxies
             .values()
-            .filter(|p| p.namespace == namespace && p.node_id == node_id);
+            .filter(|p| p.namespace == namespace && p.node_id == node_id && p.track() == track);
         let mut by_proxy: BTreeMap<String, bool> = BTreeMap::new();
         for p in peers {
             let nacked = p
@@ -219,7 +236,7 @@ impl StatusRegistry {
 /// taint with ACKs or forcing one with NACKs. A pod's IP is its own, and
 /// every stream of one Envoy comes from it; proxies sharing an address (host-network pods
 /// of one node, clients behind one NAT) count as one.
-pub(crate) fn proxy_identity(p: &ProxyStatus) -> String {
+pub fn proxy_identity(p: &ProxyStatus) -> String {
     match p.peer.parse::<std::net::SocketAddr>() {
         Ok(addr) => addr.ip().to_canonical().to_string(),
         Err(_) => p.peer.clone(),
@@ -341,5 +358,45 @@ mod tests {
         assert_eq!(two.tally(ResourceType::Listener, "v2"), (2, 2));
         drop(one);
         assert_eq!(two.tally(ResourceType::Listener, "v2"), (1, 1));
+    }
+
+    /// A canary version is judged by the proxies it was served to: one canary of four
+    /// rejecting it is all of its track; the stable track is counted on its own.
+    #[test]
+    fn a_nack_is_tallied_over_the_proxies_of_its_track() {
+        let reg = StatusRegistry::default();
+        let proxies: Vec<ProxyHandle> = (1..=4)
+            .map(|i| reg.register(mk_proxy_of("ns", "node", None, &format!("10.0.0.{i}:1"))))
+            .collect();
+        proxies[0].on_track(Track::Canary);
+        proxies[0].nacked(ResourceType::Listener, "canary", "bad");
+        assert_eq!(proxies[0].tally(ResourceType::Listener, "canary"), (1, 1));
+        assert_eq!(
+            reg.tally(
+                "ns",
+                "node",
+                Track::Canary,
+                ResourceType::Listener,
+                "canary"
+            ),
+            (1, 1)
+        );
+        assert_eq!(
+            reg.tally(
+                "ns",
+                "node",
+                Track::Stable,
+                ResourceType::Listener,
+                "canary"
+            ),
+            (0, 3)
+        );
+        proxies[1].nacked(ResourceType::Listener, "stable", "bad");
+        assert_eq!(proxies[1].tally(ResourceType::Listener, "stable"), (1, 3));
+        // Back on the stable track, it counts there again.
+        proxies[0].on_track(Track::Stable);
+        assert_eq!(proxies[1].tally(ResourceType::Listener, "stable"), (1, 4));
+        let json = serde_json::to_value(reg.snapshot()).unwrap();
+        assert!(json["proxies"][0].get("track").is_none(), "{json}");
     }
 }

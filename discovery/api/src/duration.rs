@@ -29,6 +29,9 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .ok_or_else(|| bad("missing unit (ns, us, ms, s, m, h)"))?;
         let (number, tail) = rest.split_at(number_len);
+        if number.is_empty() {
+            return Err(bad(&format!("{rest:?} does not start with a number")));
+        }
         let value: f64 = number
             .parse()
             .map_err(|_| bad(&format!("{number:?} is not a number")))?;
@@ -95,7 +98,7 @@ mod tests {
             ("10", "missing unit"),
             ("10d", "unknown unit \"d\""),
             ("-1h", "must not be negative"),
-            ("h", "\"\" is not a number"),
+            ("h", "\"h\" does not start with a number"),
             ("1..2s", "is not a number"),
         ] {
             let err = parse_go_duration(text).unwrap_err();

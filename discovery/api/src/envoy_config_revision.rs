@@ -180,6 +180,38 @@ pub struct EnvoyConfigRevisionStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["replica"]))]
     pub nack_reports: Vec<NackReport>,
+    /// While the revision is served to some of its node's proxies ahead of the others (a
+    /// rollout step), which ones: written by the leader, read by every discovery replica.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<RevisionCanary>,
+}
+
+/// `status.canary` of a revision in a rollout step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionCanary {
+    /// The step (from 1).
+    pub step: u32,
+    /// The proxies whose hash (of this revision's version, their namespace, node id and
+    /// address) is at most this, 16 hex digits, get this revision.
+    pub cutoff: String,
+}
+
+impl RevisionCanary {
+    /// The cutoff as a number; None when it is not 16 hex digits.
+    pub fn cutoff(&self) -> Option<u64> {
+        if self.cutoff.len() != 16 {
+            return None;
+        }
+        u64::from_str_radix(&self.cutoff, 16).ok()
+    }
+
+    pub fn new(step: u32, cutoff: u64) -> Self {
+        Self {
+            step,
+            cutoff: format!("{cutoff:016x}"),
+        }
+    }
 }
 
 /// One discovery replica's count of the proxies of a revision's node that rejected it.
@@ -310,6 +342,16 @@ impl EnvoyConfigRevision {
                 .iter()
                 .any(|c| c.type_ == RESOURCES_OUT_OF_SYNC && c.status == "False")
         })
+    }
+
+    /// Its canary step and cutoff, while it is served to some of its node's proxies ahead of
+    /// the others; never for a tainted or published revision.
+    pub fn canary(&self) -> Option<(u32, u64)> {
+        if self.is_tainted() || self.is_published() {
+            return None;
+        }
+        let canary = self.status.as_ref()?.canary.as_ref()?;
+        Some((canary.step, canary.cutoff()?))
     }
 
     /// The `RevisionTainted` condition, when tainted: its reason and message.

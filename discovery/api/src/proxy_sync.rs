@@ -27,6 +27,27 @@ pub struct SyncReport {
     pub nacked: u32,
     /// When the replica counted.
     pub reported_at: Time,
+    /// While the config's rollout is in a canary step: the node's proxies on this replica, as
+    /// the leader needs them to choose the canaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryReport>,
+}
+
+/// The most hashes one replica reports for a canary step.
+pub const MAX_CANARY_HASHES: usize = 32;
+
+/// One replica's proxies of a node, for a rollout of `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryReport {
+    /// The version rolled out (the hash's salt).
+    pub version: String,
+    /// How many distinct proxies (by address) of the node are connected to this replica.
+    pub proxies: u32,
+    /// The lowest hashes of those proxies under `version`, 16 hex digits each, at most 32,
+    /// lowest first.
+    #[schemars(length(max = 32))]
+    pub lowest: Vec<String>,
 }
 
 /// `status.proxies`: the sum over the live discovery replicas, for the published version.
@@ -81,6 +102,7 @@ mod tests {
             acked,
             nacked,
             reported_at: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            canary: None,
         }
     }
 

@@ -1,10 +1,14 @@
 //! `spec.rollout` and `status.rollout` of an `EnvoyConfig`: how a new version reaches the
 //! node's proxies. Without `spec.rollout` a new version is published at once, as it always
 //! was. With it, a version that removes much of what the node serves, or empties one of its
-//! listeners, is held until a person approves it (the blast-radius guard).
+//! listeners, is held until a person approves it (the blast-radius guard); and with `steps`,
+//! a new version is served first to some of the node's proxies (the canaries), step by step,
+//! each step baking for a while, and published to all once the last step has baked. A
+//! canary that Envoy rejects rolls the version back before the other proxies ever get it.
 //!
 //! The strategy is not part of the config's version: changing it makes no revision.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +21,12 @@ pub const ROLLOUT_HELD: &str = "RolloutHeld";
 
 /// The default of `blastRadius.maxRemovedPercent`.
 pub const DEFAULT_MAX_REMOVED_PERCENT: u8 = 30;
+/// The most steps a rollout takes.
+pub const MAX_STEPS: usize = 10;
+/// The default bake time of a step.
+pub const DEFAULT_BAKE: std::time::Duration = std::time::Duration::from_secs(60);
+/// The longest bake time of a step.
+pub const MAX_BAKE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// `spec.rollout`: how a new version reaches the proxies. Set (even empty, `rollout: {}`),
 /// the blast-radius guard is on with its defaults.
@@ -28,6 +38,99 @@ pub struct RolloutStrategy {
     /// `holdEmptiedListeners: false`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blast_radius: Option<BlastRadius>,
+    /// The canary steps, at most 10: a new version is served to the proxies each step names
+    /// (chosen stably among the node's connected proxies by the hash of their address), the
+    /// others keeping the version served before; once the last step has baked, it is
+    /// published to every proxy. A NACK from the canaries rolls it back. Empty (the default):
+    /// published to every proxy at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10))]
+    pub steps: Vec<RolloutStep>,
+}
+
+/// One canary step: `proxies` or `percent` (exactly one), and how long it bakes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.proxies) != has(self.percent)",
+    "message": "a step names either proxies or percent"
+}]))]
+pub struct RolloutStep {
+    /// How many of the node's connected proxies get the new version (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub proxies: Option<u32>,
+    /// Which share of the node's connected proxies gets it, rounded up (from 1 to 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub percent: Option<u8>,
+    /// How long the step lasts before the next one, as a Go duration (`30s`, `5m`; default
+    /// `1m`, at most `24h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake: Option<String>,
+}
+
+impl RolloutStep {
+    /// How many of `connected` proxies the step takes: at least one when any is connected,
+    /// at most all.
+    pub fn target(&self, connected: u32) -> u32 {
+        let wanted = match (self.proxies, self.percent) {
+            (Some(n), _) => n,
+            (None, Some(p)) => (u64::from(connected) * u64::from(p)).div_ceil(100) as u32,
+            (None, None) => connected,
+        };
+        wanted.clamp(1, connected.max(1)).min(connected)
+    }
+
+    /// The bake time, or why it is not one.
+    pub fn bake(&self) -> Result<std::time::Duration, String> {
+        let Some(text) = &self.bake else {
+            return Ok(DEFAULT_BAKE);
+        };
+        let bake = crate::duration::parse_go_duration(text)?;
+        if bake > MAX_BAKE {
+            return Err(format!("{text:?} is longer than 24h"));
+        }
+        Ok(bake)
+    }
+
+    /// What the step takes, for people: `1 proxy`, `25%`.
+    pub fn describe(&self) -> String {
+        match (self.proxies, self.percent) {
+            (Some(1), _) => "1 proxy".into(),
+            (Some(n), _) => format!("{n} proxies"),
+            (None, Some(p)) => format!("{p}%"),
+            (None, None) => "all".into(),
+        }
+    }
+}
+
+/// Why `steps` cannot be rolled out, each naming its field path.
+pub fn step_problems(steps: &[RolloutStep]) -> Vec<String> {
+    let mut out = Vec::new();
+    if steps.len() > MAX_STEPS {
+        out.push(format!(
+            "spec.rollout.steps: {} steps; at most {MAX_STEPS}",
+            steps.len()
+        ));
+    }
+    for (i, step) in steps.iter().enumerate() {
+        let at = format!("spec.rollout.steps[{i}]");
+        match (step.proxies, step.percent) {
+            (Some(_), Some(_)) | (None, None) => {
+                out.push(format!("{at}: name either proxies or percent"));
+            }
+            (Some(0), _) => out.push(format!("{at}.proxies: must be at least 1")),
+            (_, Some(p)) if !(1..=100).contains(&p) => {
+                out.push(format!("{at}.percent: {p} is not from 1 to 100"));
+            }
+            _ => {}
+        }
+        if let Err(why) = step.bake() {
+            out.push(format!("{at}.bake: {why}"));
+        }
+    }
+    out
 }
 
 impl RolloutStrategy {
@@ -79,9 +182,23 @@ pub struct RolloutStatus {
     #[serde(default)]
     pub stable_version: Option<String>,
     pub phase: RolloutPhase,
-    /// Why it is in this phase: for `Held`, what the version removes or empties.
+    /// Why it is in this phase: for `Held`, what the version removes or empties; for
+    /// `Progressing`, what the step waits for.
     #[serde(default)]
     pub message: String,
+    /// While `Progressing`: the step being baked (from 1), null otherwise.
+    #[serde(default)]
+    pub step: Option<u32>,
+    /// How many canary steps the rollout has.
+    #[serde(default)]
+    pub steps: Option<u32>,
+    /// When the current step started.
+    #[serde(default)]
+    pub step_started_at: Option<Time>,
+    /// While `Progressing`: how many proxies get the new version, of how many are connected
+    /// (`1/4`), null otherwise.
+    #[serde(default)]
+    pub canary: Option<String>,
 }
 
 /// The phase of a rollout.
@@ -89,6 +206,8 @@ pub struct RolloutStatus {
 pub enum RolloutPhase {
     /// Held by the blast-radius guard until approved; the stable version is served.
     Held,
+    /// Served to the canaries of a step; the others keep the stable version.
+    Progressing,
     /// The version is published.
     #[default]
     Completed,
@@ -100,6 +219,7 @@ impl RolloutPhase {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Held => "Held",
+            Self::Progressing => "Progressing",
             Self::Completed => "Completed",
             Self::RolledBack => "RolledBack",
         }

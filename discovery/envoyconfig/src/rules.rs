@@ -70,6 +70,9 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
             "spec.nackThreshold: {n} is not from 1 to {MAX_NACK_THRESHOLD}"
         ));
     }
+    if let Some(rollout) = &spec.rollout {
+        out.extend(marin3r_api::rollout::step_problems(&rollout.steps));
+    }
     if let Some(n) = spec
         .rollout
         .as_ref()
@@ -280,6 +283,29 @@ mod tests {
             p.iter()
                 .any(|p| p.starts_with("spec.rollout.blastRadious: unknown field")),
             "{p:?}"
+        );
+        let steps = object(json!({"nodeID": "p", "rollout": {"steps": [
+            {"proxies": 1, "bake": "30s"}, {"percent": 50}, {"percent": 0},
+            {"proxies": 1, "percent": 5}, {}, {"percent": 5, "bake": "25h"},
+            {"percent": 5, "bake": "soon"}, {"proxies": 0}
+        ]}}));
+        let p = envoy_config_problems("shop", &steps, false);
+        assert_eq!(
+            p,
+            [
+                "spec.rollout.steps[2].percent: 0 is not from 1 to 100",
+                "spec.rollout.steps[3]: name either proxies or percent",
+                "spec.rollout.steps[4]: name either proxies or percent",
+                "spec.rollout.steps[5].bake: \"25h\" is longer than 24h",
+                "spec.rollout.steps[6].bake: invalid duration \"soon\": \"soon\" does not start with a number",
+                "spec.rollout.steps[7].proxies: must be at least 1",
+            ]
+        );
+        let many: Vec<_> = (0..11).map(|_| json!({"percent": 10})).collect();
+        let many = object(json!({"nodeID": "p", "rollout": {"steps": many}}));
+        assert_eq!(
+            envoy_config_problems("shop", &many, false),
+            ["spec.rollout.steps: 11 steps; at most 10"]
         );
         let big =
             object(json!({"nodeID": "p", "rollout": {"blastRadius": {"maxRemovedPercent": 101}}}));

@@ -33,8 +33,9 @@ pub enum RolloutCommand {
     /// when they could not be compared.
     Diff(DiffArgs),
     /// Where the rollout of an EnvoyConfig's desired version stands: its phase, the version
-    /// it replaces, and why it is held. `--watch` waits until the discovery service has
-    /// acted on the spec, then exits 0 when its version is published and 1 when not.
+    /// it replaces, its canary step, and why it is held. `--watch` waits until the discovery
+    /// service has acted on the spec and no step is under way, then exits 0 when its version
+    /// is published and 1 when not.
     Status(super::rollout_status::StatusArgs),
     /// Approves the version the blast-radius guard holds, so that it is published.
     Promote(super::rollout_status::PromoteArgs),

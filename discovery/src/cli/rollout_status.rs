@@ -27,9 +27,9 @@ pub struct StatusArgs {
     /// "publishedVersion", "observed", "rollout": {...}}`.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     output: Output,
-    /// Wait until the discovery service has acted on the current spec, then print: exit 0
-    /// when its version is published, 1 when it is held or was rolled back (as `kubectl
-    /// rollout status`).
+    /// Wait until the discovery service has acted on the current spec and no canary step is
+    /// under way, then print: exit 0 when its version is published, 1 when it is held or
+    /// was rolled back (as `kubectl rollout status`).
     #[arg(long, short = 'w')]
     watch: bool,
     /// With `--watch`: give up after this many seconds (exit 1).
@@ -107,11 +107,29 @@ impl Status {
                 lines.push(format!("Stable:  {stable}"));
             }
             lines.push(format!("Served:  {published}"));
+            if let (Some(step), Some(of)) = (r.step, r.steps) {
+                let canary = r.canary.as_deref().unwrap_or("-");
+                let since = r
+                    .step_started_at
+                    .as_ref()
+                    .map_or_else(|| "not started".to_owned(), |t| format!("since {}", t.0));
+                lines.push(format!("Step:    {step} of {of}, {since}"));
+                lines.push(format!("Canary:  {canary} proxies"));
+            }
             if !r.message.is_empty() {
                 lines.push(format!("Why:     {}", printable(&r.message)));
             }
         }
         lines.join("\n") + "\n"
+    }
+
+    /// Whether a watch is over: the spec is acted on and no step is under way.
+    fn settled(&self) -> bool {
+        self.observed
+            && self
+                .rollout
+                .as_ref()
+                .is_none_or(|r| r.phase != RolloutPhase::Progressing)
     }
 
     /// `--watch`'s exit: 0 when the desired version is published, 1 otherwise.
@@ -126,14 +144,14 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     loop {
         let ec = read(&api, &name).await?;
         let status = Status::of(&ec);
-        if !args.watch || status.observed || Instant::now() >= deadline {
+        if !args.watch || status.settled() || Instant::now() >= deadline {
             print!("{}", args.output.render(&status, || status.text())?);
             if !args.watch {
                 return Ok(ExitCode::SUCCESS);
             }
-            if !status.observed {
+            if !status.settled() {
                 eprintln!(
-                    "error: the discovery service did not act on version {} within {} s",
+                    "error: version {} was not rolled out within {} s",
                     status.desired_version, args.timeout
                 );
             }
@@ -224,6 +242,7 @@ mod tests {
             stable_version: Some("stable1".into()),
             phase: RolloutPhase::Held,
             message: "version x is held: it removes 4 of 5 clusters\u{1b}[2J".into(),
+            ..Default::default()
         };
         let status = Status::of(&config(Some(rollout), true, true));
         let text = status.text();

@@ -20,9 +20,10 @@ use tracing::{debug, warn};
 use super::{Context, Error};
 use marin3r_api::EnvoyConfig;
 use marin3r_api::envoy_config::EnvoyConfigStatus;
-use marin3r_api::proxy_sync::{ProxySync, SYNCED, SyncReport};
-use marin3r_xds::NodeKey;
+use marin3r_api::proxy_sync::{CanaryReport, MAX_CANARY_HASHES, ProxySync, SYNCED, SyncReport};
+use marin3r_api::rollout::RolloutPhase;
 use marin3r_xds::convergence::{self, Convergence};
+use marin3r_xds::{NodeKey, proxy_identity, track_hash};
 
 /// How often replicas count and the leader sums.
 pub const PERIOD: Duration = Duration::from_secs(2);
@@ -131,12 +132,13 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
                 continue;
             }
             let key = NodeKey::new(ns.clone(), ec.spec.node_id.clone());
+            let proxies = nodes.get(&(ns.as_str(), ec.spec.node_id.as_str()));
             let count = ctx.publisher.current(&key).and_then(|load| {
-                let proxies = nodes.get(&(ns.as_str(), ec.spec.node_id.as_str()))?;
-                let c = convergence::count(proxies.iter().copied(), &load.types);
+                let c = convergence::count(proxies?.iter().copied(), &load.types);
                 (c.connected > 0).then_some((load.version, c))
             });
-            let Some(reports) = reports_with(ec, &ctx.config.replica, count) else {
+            let canary = proxies.and_then(|p| canary_report(ec, &key, p));
+            let Some(reports) = reports_with(ec, &ctx.config.replica, count, canary) else {
                 continue;
             };
             writes += 1;
@@ -147,12 +149,41 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
     }
 }
 
-/// The config's reports with this replica's entry replaced by `count` (removed when `None`);
-/// `None` when its entry already says so.
+/// While `ec`'s rollout is in a canary step: this replica's proxies of its node (`proxies`),
+/// counted once per address, and the lowest of their hashes under the version rolled out.
+fn canary_report(
+    ec: &EnvoyConfig,
+    key: &NodeKey,
+    proxies: &[&marin3r_xds::ProxyStatus],
+) -> Option<CanaryReport> {
+    let rollout = ec.status.as_ref()?.rollout.as_ref()?;
+    if rollout.phase != RolloutPhase::Progressing {
+        return None;
+    }
+    let identities: BTreeSet<String> = proxies.iter().map(|p| proxy_identity(p)).collect();
+    let mut hashes: Vec<u64> = identities
+        .iter()
+        .map(|ip| track_hash(&rollout.version, key, ip))
+        .collect();
+    hashes.sort_unstable();
+    Some(CanaryReport {
+        version: rollout.version.clone(),
+        proxies: u32::try_from(identities.len()).unwrap_or(u32::MAX),
+        lowest: hashes
+            .iter()
+            .take(MAX_CANARY_HASHES)
+            .map(|h| format!("{h:016x}"))
+            .collect(),
+    })
+}
+
+/// The config's reports with this replica's entry replaced by `count` and `canary` (removed
+/// when `count` is `None`); `None` when its entry already says so.
 fn reports_with(
     ec: &EnvoyConfig,
     me: &str,
     count: Option<(String, Convergence)>,
+    canary: Option<CanaryReport>,
 ) -> Option<Vec<SyncReport>> {
     let reports = ec
         .status
@@ -167,12 +198,24 @@ fn reports_with(
         acked: u32::try_from(c.acked).unwrap_or(u32::MAX),
         nacked: u32::try_from(c.nacked).unwrap_or(u32::MAX),
         reported_at: super::now(),
+        canary,
     });
     let same = match (mine, &entry) {
         (None, None) => true,
         (Some(old), Some(new)) => {
-            (&old.version, old.connected, old.acked, old.nacked)
-                == (&new.version, new.connected, new.acked, new.nacked)
+            (
+                &old.version,
+                old.connected,
+                old.acked,
+                old.nacked,
+                &old.canary,
+            ) == (
+                &new.version,
+                new.connected,
+                new.acked,
+                new.nacked,
+                &new.canary,
+            )
         }
         _ => false,
     };

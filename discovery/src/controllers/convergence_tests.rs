@@ -18,6 +18,7 @@ fn report(replica: &str, version: &str, connected: u32, acked: u32, nacked: u32)
         acked,
         nacked,
         reported_at: at(1),
+        canary: None,
     }
 }
 
@@ -167,24 +168,24 @@ fn a_replica_writes_its_entry_only_when_its_count_changed() {
     };
     let ec = config("v2", Some("v2"), vec![report("d-2", "v2", 1, 1, 0)]);
     // A new entry, kept in replica order.
-    let reports = reports_with(&ec, "d-1", Some(("v2".into(), c(2, 1, 0)))).unwrap();
+    let reports = reports_with(&ec, "d-1", Some(("v2".into(), c(2, 1, 0))), None).unwrap();
     let names: Vec<&str> = reports.iter().map(|r| r.replica.as_str()).collect();
     assert_eq!(names, ["d-1", "d-2"]);
     // The same count again: no write, whatever the time.
     let mut ec = ec;
     ec.status.as_mut().unwrap().sync_reports = reports;
     assert_eq!(
-        reports_with(&ec, "d-1", Some(("v2".into(), c(2, 1, 0)))),
+        reports_with(&ec, "d-1", Some(("v2".into(), c(2, 1, 0))), None),
         None
     );
     // Another version, or its proxies gone: rewritten, or removed.
-    let moved = reports_with(&ec, "d-1", Some(("v3".into(), c(2, 1, 0)))).unwrap();
+    let moved = reports_with(&ec, "d-1", Some(("v3".into(), c(2, 1, 0))), None).unwrap();
     assert_eq!(moved[0].version, "v3");
-    let gone = reports_with(&ec, "d-1", None).unwrap();
+    let gone = reports_with(&ec, "d-1", None, None).unwrap();
     assert_eq!(gone.len(), 1);
     assert_eq!(gone[0].replica, "d-2");
     // A replica with nothing to say and no entry writes nothing.
-    assert_eq!(reports_with(&ec, "d-9", None), None);
+    assert_eq!(reports_with(&ec, "d-9", None, None), None);
 }
 
 #[test]

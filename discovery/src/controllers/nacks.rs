@@ -33,8 +33,8 @@ use tracing::{debug, info, warn};
 use super::{Context, Error};
 use marin3r_api::EnvoyConfigRevision;
 use marin3r_api::envoy_config_revision::{NackReport, REVISION_TAINTED, RevisionReason};
-use marin3r_xds::NackEvent;
 use marin3r_xds::resource::ResourceType;
+use marin3r_xds::{NackEvent, Track};
 
 /// How many NACK events wait per namespace; more are dropped (and counted), which only
 /// affects that namespace.
@@ -182,9 +182,16 @@ async fn report(ctx: &Context, nack: &NackEvent) -> Result<(), Error> {
         debug!(namespace = %nack.namespace, node = %nack.node_id, version = %nack.version, "NACK of a version no revision served; ignored");
         return Ok(());
     };
+    // A canary version is counted among the proxies it was served to.
+    let key = marin3r_xds::NodeKey::new(nack.namespace.clone(), nack.node_id.clone());
+    let track = match ctx.publisher.canary(&key) {
+        Some(canary) if canary.uid == load.uid => Track::Canary,
+        _ => Track::Stable,
+    };
     let now = ctx.config.proxies.tally(
         &nack.namespace,
         &nack.node_id,
+        track,
         nack.resource_type,
         &nack.version,
     );
@@ -286,10 +293,14 @@ pub(crate) async fn answer(r: &EnvoyConfigRevision, ctx: &Context) -> Result<(),
         return Ok(());
     };
     let namespace = r.namespace().unwrap_or_default();
+    let track = match r.canary() {
+        Some(_) => Track::Canary,
+        None => Track::Stable,
+    };
     let (rejecting, connected) =
         ctx.config
             .proxies
-            .tally(&namespace, &r.spec.node_id, kind, &newest.version);
+            .tally(&namespace, &r.spec.node_id, track, kind, &newest.version);
     let entry = NackReport {
         replica: me.clone(),
         connected_proxies: count(connected),

@@ -31,8 +31,36 @@ pub struct Load {
 #[derive(Default)]
 struct Entry {
     current: Option<Load>,
+    /// The revision served to the node's canaries, while one is.
+    canary: Option<Load>,
     /// Newest last.
     history: VecDeque<Load>,
+}
+
+impl Load {
+    fn of(revision: &str, uid: &str, version: &str, snapshot: &Snapshot) -> Self {
+        Self {
+            revision: revision.to_owned(),
+            uid: uid.to_owned(),
+            version: version.to_owned(),
+            types: snapshot
+                .versions()
+                .into_iter()
+                .map(|(t, v)| (t, v.to_owned()))
+                .collect(),
+        }
+    }
+}
+
+impl Entry {
+    fn remember(&mut self, load: &Load) {
+        if self.history.back() != Some(load) {
+            self.history.push_back(load.clone());
+            while self.history.len() > HISTORY {
+                self.history.pop_front();
+            }
+        }
+    }
 }
 
 /// Writes to the xDS cache on behalf of revisions. Cheap to clone.
@@ -68,28 +96,63 @@ impl Publisher {
         version: &str,
         snapshot: Snapshot,
     ) -> bool {
-        let load = Load {
-            revision: revision.to_owned(),
-            uid: uid.to_owned(),
-            version: version.to_owned(),
-            types: snapshot
-                .versions()
-                .into_iter()
-                .map(|(t, v)| (t, v.to_owned()))
-                .collect(),
-        };
+        let load = Load::of(revision, uid, version, &snapshot);
         let mut entries = self.lock();
         let entry = entries.entry(key.clone()).or_default();
-        if entry.history.back() != Some(&load) {
-            entry.history.push_back(load.clone());
-            while entry.history.len() > HISTORY {
-                entry.history.pop_front();
-            }
+        entry.remember(&load);
+        // The canary, published: its proxies now get it as the stable snapshot.
+        let promoted = entry.canary.as_ref().is_some_and(|c| c.uid == uid);
+        if promoted {
+            entry.canary = None;
         }
         entry.current = Some(load);
         // Under the lock, so a concurrent unload of another revision cannot interleave.
+        let changed = self
+            .cache
+            .set_snapshot(key.namespace.clone(), key.node_id.clone(), snapshot);
+        changed | (promoted && self.cache.clear_canary(&key.namespace, &key.node_id))
+    }
+
+    /// Serves `snapshot` of revision `revision` (`uid`) to the proxies of `key` that the
+    /// canary `cutoff` picks, as canary version `version`; returns whether any proxy gets
+    /// anything new. The same revision again only moves the cutoff.
+    pub fn load_canary(
+        &self,
+        key: &NodeKey,
+        revision: &str,
+        uid: &str,
+        version: &str,
+        snapshot: Snapshot,
+        cutoff: u64,
+    ) -> bool {
+        let load = Load::of(revision, uid, version, &snapshot);
+        let mut entries = self.lock();
+        let entry = entries.entry(key.clone()).or_default();
+        // NACKs of the canary's versions map back to it.
+        entry.remember(&load);
+        entry.canary = Some(load);
         self.cache
-            .set_snapshot(key.namespace.clone(), key.node_id.clone(), snapshot)
+            .set_canary(&key.namespace, &key.node_id, snapshot, version, cutoff)
+    }
+
+    /// The revision with `uid` is no longer a canary (tainted, deleted, its rollout over):
+    /// its proxies get the stable snapshot again. Returns whether it was the canary.
+    pub fn end_canary(&self, key: &NodeKey, uid: &str) -> bool {
+        let mut entries = self.lock();
+        let Some(entry) = entries.get_mut(key) else {
+            return false;
+        };
+        if entry.canary.as_ref().is_none_or(|c| c.uid != uid) {
+            return false;
+        }
+        entry.canary = None;
+        self.cache.clear_canary(&key.namespace, &key.node_id);
+        true
+    }
+
+    /// The revision served to `key`'s canaries, if any.
+    pub fn canary(&self, key: &NodeKey) -> Option<Load> {
+        self.lock().get(key).and_then(|e| e.canary.clone())
     }
 
     /// The revision with `uid` is no longer published. What it loaded stays served until
@@ -112,10 +175,16 @@ impl Publisher {
         let Some(entry) = entries.get_mut(key) else {
             return false;
         };
+        if entry.canary.as_ref().is_some_and(|c| c.uid == uid) {
+            entry.canary = None;
+            self.cache.clear_canary(&key.namespace, &key.node_id);
+        }
         if entry.current.as_ref().is_none_or(|l| l.uid != uid) {
             return false;
         }
         entry.current = None;
+        // Clears the canary too: its revision loads it again on its next reconcile.
+        entry.canary = None;
         self.cache.clear(&key.namespace, &key.node_id);
         true
     }

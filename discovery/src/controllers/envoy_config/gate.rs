@@ -14,6 +14,8 @@ use marin3r_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigStatus};
 use marin3r_envoyconfig::convert::validate_config;
 use marin3r_envoyconfig::guard;
 
+use super::steps::Steps;
+
 marin3r_controller::reasons! {
     /// The reasons of `RolloutHeld` and of the guard's Events.
     pub enum Reason {
@@ -22,6 +24,12 @@ marin3r_controller::reasons! {
         /// A person approved the version the guard held.
         Approved,
         WithinBlastRadius,
+        /// A canary step started.
+        RolloutStep,
+        /// The version was published to every proxy after its steps.
+        RolloutCompleted,
+        /// The version was rolled back during its steps.
+        RolloutRolledBack,
     }
 }
 
@@ -91,7 +99,7 @@ pub fn judge(
     }
 }
 
-/// The conditions, cache condition and Events of a held version.
+/// What `status.rollout`, `RolloutHeld` and the rollout's Events say.
 pub struct Report<'a> {
     pub ec: &'a EnvoyConfig,
     pub version: &'a str,
@@ -99,13 +107,13 @@ pub struct Report<'a> {
 }
 
 impl Report<'_> {
-    /// Writes `status.rollout` and `RolloutHeld` for `gate`, with the cache state the plan
-    /// chose (`state`); when held, also `Ready=False`/`CacheOutOfSync=True` with why. The
-    /// Events to send.
+    /// Writes `status.rollout` and `RolloutHeld` for `gate` and `steps`, with the cache
+    /// state the plan chose (`state`). The Events to send.
     pub fn write(
         &self,
         status: &mut EnvoyConfigStatus,
         gate: &Gate,
+        steps: &Steps,
         state: CacheState,
     ) -> Vec<Note> {
         if self.ec.spec.rollout.is_none() {
@@ -114,8 +122,45 @@ impl Report<'_> {
             return Vec::new();
         }
         let previous = status.published_version.clone();
+        let before = status.rollout.clone();
+        let version = self.version;
+        let (mut events, held) = self.held_condition(status, gate);
+        let mut rollout = RolloutStatus {
+            version: version.to_owned(),
+            // The version served before this rollout: kept while the rollout is of one
+            // version.
+            stable_version: match &before {
+                Some(r) if r.version == version => r.stable_version.clone(),
+                _ => previous.filter(|p| p != version),
+            },
+            phase: phase_of(state),
+            ..RolloutStatus::default()
+        };
+        if let Some(message) = held {
+            rollout.phase = RolloutPhase::Held;
+            rollout.message = message;
+        } else if let Steps::Canary(step) = steps {
+            rollout.phase = RolloutPhase::Progressing;
+            rollout.message.clone_from(&step.message);
+            rollout.step = Some(step.number);
+            rollout.steps = Some(step.of);
+            rollout.step_started_at.clone_from(&step.started);
+            rollout.canary = Some(format!("{}/{}", step.target, step.connected));
+        }
+        events.extend(step_events(before.as_ref(), &rollout));
+        status.rollout = Some(rollout);
+        events
+    }
+
+    /// Sets `RolloutHeld`; the Events, and why the version is held when it is.
+    fn held_condition(
+        &self,
+        status: &mut EnvoyConfigStatus,
+        gate: &Gate,
+    ) -> (Vec<Note>, Option<String>) {
         let generation = self.ec.metadata.generation;
-        let set = |status: &mut EnvoyConfigStatus, value: bool, reason: Reason, message: &str| {
+        let version = self.version;
+        let mut set = |value: bool, reason: Reason, message: &str| {
             set_condition(
                 &mut status.conditions,
                 ROLLOUT_HELD,
@@ -126,8 +171,7 @@ impl Report<'_> {
                 self.now,
             )
         };
-        let version = self.version;
-        let (phase, message, events) = match gate {
+        match gate {
             Gate::Held { stable, why } => {
                 let message = format!(
                     "version {version} is held by the blast-radius guard and not published \
@@ -137,44 +181,73 @@ impl Report<'_> {
                     name = self.ec.name_any(),
                     ns = self.ec.namespace().unwrap_or_default(),
                 );
-                let changed = set(status, true, Reason::BlastRadiusExceeded, &message);
+                let changed = set(true, Reason::BlastRadiusExceeded, &message);
                 let events = changed
                     .then(|| Note::warning(Reason::BlastRadiusExceeded, message.clone()))
                     .into_iter()
                     .collect();
-                (RolloutPhase::Held, message, events)
+                (events, Some(message))
             }
             Gate::Approved { why } => {
                 let message = format!("version {version} was approved though it {why}");
-                let changed = set(status, false, Reason::Approved, &message);
+                let changed = set(false, Reason::Approved, &message);
                 let events = changed
-                    .then(|| Note::normal(Reason::Approved, message.clone()))
+                    .then(|| Note::normal(Reason::Approved, message))
                     .into_iter()
                     .collect();
-                (phase_of(state), message, events)
+                (events, None)
             }
             Gate::Within | Gate::Off => {
                 let message = format!("version {version} is within the blast-radius limits");
-                set(status, false, Reason::WithinBlastRadius, &message);
-                (phase_of(state), String::new(), Vec::new())
+                set(false, Reason::WithinBlastRadius, &message);
+                (Vec::new(), None)
             }
-        };
-        // The version served before this rollout: kept while the rollout is of one version.
-        let stable_version = match &status.rollout {
-            Some(r) if r.version == version => r.stable_version.clone(),
-            _ => previous.filter(|p| p != version),
-        };
-        status.rollout = Some(RolloutStatus {
-            version: version.to_owned(),
-            stable_version,
-            phase,
-            message: if phase == RolloutPhase::Held {
-                message
-            } else {
-                String::new()
-            },
-        });
-        events
+        }
+    }
+}
+
+/// The Events of a rollout moving from `before` to `after`: a step started, the version
+/// published after its steps, or rolled back during them.
+fn step_events(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Vec<Note> {
+    let was_rolling =
+        before.filter(|b| b.version == after.version && b.phase == RolloutPhase::Progressing);
+    match after.phase {
+        RolloutPhase::Progressing => {
+            let same_step = was_rolling.is_some_and(|b| b.step == after.step);
+            (!same_step)
+                .then(|| Note::normal(Reason::RolloutStep, after.message.clone()))
+                .into_iter()
+                .collect()
+        }
+        RolloutPhase::Completed => was_rolling
+            .map(|b| {
+                Note::normal(
+                    Reason::RolloutCompleted,
+                    format!(
+                        "version {} is published to every proxy after {} step(s)",
+                        after.version,
+                        b.steps.unwrap_or(0)
+                    ),
+                )
+            })
+            .into_iter()
+            .collect(),
+        RolloutPhase::RolledBack => was_rolling
+            .map(|b| {
+                Note::warning(
+                    Reason::RolloutRolledBack,
+                    format!(
+                        "version {} was rolled back during step {} of {}: its canaries \
+                         rejected it; the other proxies never got it",
+                        after.version,
+                        b.step.unwrap_or(0),
+                        b.steps.unwrap_or(0)
+                    ),
+                )
+            })
+            .into_iter()
+            .collect(),
+        RolloutPhase::Held => Vec::new(),
     }
 }
 

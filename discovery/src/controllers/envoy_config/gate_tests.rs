@@ -81,7 +81,7 @@ fn run(
     };
     let mut mine = publish.mine.clone();
     mine.extend(publish.create.clone());
-    let outcome = report(&obs, &publish.algorithm, &mine, &publish.gate);
+    let outcome = report(&obs, &publish.algorithm, &mine, &publish.rollout);
     (publish.algorithm.publish.clone(), outcome)
 }
 

@@ -7,6 +7,7 @@
 pub mod gate;
 pub mod plan;
 pub mod revisions;
+pub mod steps;
 pub mod verdicts;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use tracing::info;
 
 use super::{Context, Error};
 use marin3r_api::envoy_config::CacheState;
+use marin3r_api::envoy_config_revision::RevisionCanary;
 use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use plan::{Observed, Outcome, Plan, Publish};
 
@@ -98,7 +100,9 @@ async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action
         report_state(&ctx, &ec, &outcome, state);
     }
     ctx.events.publish_all(&ec, &outcome.events).await;
-    Ok(Action::await_change())
+    Ok(outcome
+        .requeue
+        .map_or_else(Action::await_change, Action::requeue))
 }
 
 /// Reads the revisions the config owns and the other configs of its node id, and asks Envoy
@@ -203,7 +207,44 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
             );
         delete(&api, &name).await?;
     }
-    Ok(plan::report(obs, algorithm, &mine, &plan.gate))
+    mark_canary(
+        &api,
+        &mine,
+        &algorithm.delete,
+        &obs.ec.spec.version(),
+        plan.rollout.canary(),
+    )
+    .await?;
+    Ok(plan::report(obs, algorithm, &mine, &plan.rollout))
+}
+
+/// Writes `status.canary` on the desired revision (`version`) while it is in a canary step,
+/// and takes it off every other revision: every replica's loader serves a canary revision to
+/// the proxies its cutoff picks. Only the leader writes the field, so the write needs no
+/// resourceVersion (the publication writes before it may have changed the revision's).
+async fn mark_canary(
+    api: &Api<EnvoyConfigRevision>,
+    mine: &[EnvoyConfigRevision],
+    deleted: &[String],
+    version: &str,
+    canary: Option<&RevisionCanary>,
+) -> Result<(), Error> {
+    for r in mine.iter().filter(|r| !deleted.contains(&r.spec.version)) {
+        let want = canary.filter(|_| r.spec.version == version);
+        let have = r.status.as_ref().and_then(|s| s.canary.as_ref());
+        if have == want {
+            continue;
+        }
+        let patch = serde_json::json!({ "status": { "canary": want } });
+        patch_status(api, &r.name_any(), patch, super::FIELD_MANAGER).await?;
+        match want {
+            Some(c) => {
+                info!(revision = %r.name_any(), step = c.step, cutoff = %c.cutoff, "canary step")
+            }
+            None => info!(revision = %r.name_any(), "no longer a canary"),
+        }
+    }
+    Ok(())
 }
 
 fn report_state(ctx: &Context, ec: &EnvoyConfig, outcome: &Outcome, state: CacheState) {
@@ -360,7 +401,7 @@ mod tests {
             panic!("a valid spec is published");
         };
         assert!(publish.create.is_none(), "its revision exists already");
-        let outcome = plan::report(&obs, &publish.algorithm, &publish.mine, &publish.gate);
+        let outcome = plan::report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
         let refs = &outcome.status.revisions;
         assert_eq!(refs.len(), 1);
         assert_eq!(

@@ -11,10 +11,12 @@ use marin3r_controller::{Note, set_condition};
 
 use super::gate::{self, Gate};
 use super::revisions::{self, MAX_REVISIONS};
+use super::steps::{self, Steps};
 use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, revision_name};
 use marin3r_api::envoy_config::CacheState;
 use marin3r_api::envoy_config_revision::{
-    ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
+    ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionCanary, RevisionReason,
+    VERSION_LABEL,
 };
 use marin3r_api::{
     ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
@@ -36,6 +38,8 @@ marin3r_controller::reasons! {
         /// The blast-radius guard holds the desired version (`Ready=False`; the guard's own
         /// reasons are `gate::Reason`).
         RolloutHeld,
+        /// The desired version is in a canary step (`Ready=False` until it is published).
+        RolloutInProgress,
     }
 }
 
@@ -79,8 +83,60 @@ pub struct Publish {
     /// The revision of the desired version, when it has none yet.
     pub create: Option<EnvoyConfigRevision>,
     pub algorithm: revisions::Plan,
-    /// What the blast-radius guard decided.
+    pub rollout: Rollout,
+}
+
+/// What `spec.rollout` decided about the desired version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    /// The blast-radius guard.
     pub gate: Gate,
+    /// The canary steps.
+    pub steps: Steps,
+}
+
+impl Rollout {
+    /// The version that stays published in place of the desired one, while it is held or in
+    /// a canary step.
+    fn stable(&self) -> Option<&str> {
+        match &self.steps {
+            Steps::Canary(step) => Some(&step.stable),
+            _ => self.gate.held(),
+        }
+    }
+
+    /// When to decide again though nothing changes: when a canary step's bake ends.
+    fn requeue(&self) -> Option<std::time::Duration> {
+        match &self.steps {
+            Steps::Canary(step) => Some(step.requeue),
+            _ => None,
+        }
+    }
+
+    /// `CacheOutOfSync` while the desired version is held or in a step.
+    fn served_condition(
+        &self,
+        status: &EnvoyConfigStatus,
+        version: &str,
+    ) -> Option<(bool, Reason, String)> {
+        match (&self.gate, &self.steps, &status.rollout) {
+            (Gate::Held { .. }, _, Some(r)) => Some((true, Reason::RolloutHeld, r.message.clone())),
+            (_, Steps::Canary(step), _) => Some((
+                true,
+                Reason::RolloutInProgress,
+                format!("version {version} is rolling out: {}", step.message),
+            )),
+            _ => None,
+        }
+    }
+
+    /// The desired revision's canary status: its step and cutoff while in a step.
+    pub fn canary(&self) -> Option<&RevisionCanary> {
+        match &self.steps {
+            Steps::Canary(step) => step.canary.as_ref(),
+            _ => None,
+        }
+    }
 }
 
 /// What to write after acting.
@@ -90,6 +146,8 @@ pub struct Outcome {
     pub events: Vec<Note>,
     /// The cache state, when it changed.
     pub state_change: Option<CacheState>,
+    /// When to decide again though nothing changed (a canary step's bake ends).
+    pub requeue: Option<std::time::Duration>,
 }
 
 pub fn decide(obs: &Observed<'_>) -> Plan {
@@ -147,31 +205,30 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .chain(since_status(&mine, &current))
         .collect();
     let gate = gate::judge(ec, &mine, &version, tainted.contains(&version));
-    let algorithm = match gate.held() {
-        None => revisions::plan(
-            &order,
-            &existing,
-            &version,
-            &tainted,
-            &loaded,
-            MAX_REVISIONS,
-        ),
-        Some(stable) => revisions::plan_holding(
-            &order,
-            &existing,
-            &version,
-            &tainted,
-            &loaded,
-            MAX_REVISIONS,
-            stable,
-        ),
-    };
+    let steps = steps::judge(
+        ec,
+        &mine,
+        &version,
+        tainted.contains(&version),
+        gate.held().is_some(),
+        &obs.now,
+    );
+    let rollout = Rollout { gate, steps };
+    let algorithm = revisions::plan_holding(
+        &order,
+        &existing,
+        &version,
+        &tainted,
+        &loaded,
+        MAX_REVISIONS,
+        rollout.stable(),
+    );
     Plan::Publish(Box::new(Publish {
         stale: stale.iter().map(ResourceExt::name_any).collect(),
         create: algorithm.create.then(|| new_revision(ec, &version)),
         mine,
         algorithm,
-        gate,
+        rollout,
     }))
 }
 
@@ -241,6 +298,7 @@ fn invalid(obs: &Observed<'_>, version: &str, problems: &[String]) -> Outcome {
             .into_iter()
             .collect(),
         state_change: None,
+        requeue: None,
     }
 }
 
@@ -271,6 +329,7 @@ fn refused_empty(obs: &Observed<'_>, version: &str, served: &EnvoyConfigRevision
             .into_iter()
             .collect(),
         state_change: None,
+        requeue: None,
     }
 }
 
@@ -342,7 +401,7 @@ pub fn report(
     obs: &Observed<'_>,
     plan: &revisions::Plan,
     mine: &[EnvoyConfigRevision],
-    gate: &Gate,
+    rollout: &Rollout,
 ) -> Outcome {
     let ec = obs.ec;
     let generation = ec.metadata.generation;
@@ -354,7 +413,7 @@ pub fn report(
         version: &version,
         now: &obs.now,
     }
-    .write(&mut status, gate, plan.cache_state);
+    .write(&mut status, &rollout.gate, &rollout.steps, plan.cache_state);
     status.desired_version = Some(version.clone());
     status.revisions = plan
         .revisions
@@ -365,8 +424,9 @@ pub fn report(
         })
         .collect();
     status.published_version = Some(plan.publish.clone());
-    // A held version leaves the cache state what it was: it describes what is served.
-    let cache_state = match gate.held() {
+    // A held or rolling version leaves the cache state what it was: it describes what is
+    // served.
+    let cache_state = match rollout.stable() {
         Some(_) => previous_state.unwrap_or(plan.cache_state),
         None => plan.cache_state,
     };
@@ -375,10 +435,9 @@ pub fn report(
         .iter()
         .find(|r| r.spec.version == version)
         .and_then(|r| r.taint_message().map(str::to_owned));
-    let (out_of_sync, reason, message) = match (gate, &status.rollout) {
-        (Gate::Held { .. }, Some(rollout)) => (true, Reason::RolloutHeld, rollout.message.clone()),
-        _ => served_condition(plan, mine, &version, nack.as_deref()),
-    };
+    let (out_of_sync, reason, message) = rollout
+        .served_condition(&status, &version)
+        .unwrap_or_else(|| served_condition(plan, mine, &version, nack.as_deref()));
     let set = |status: &mut EnvoyConfigStatus, type_, value, reason, message: &str| {
         set_condition(
             &mut status.conditions,
@@ -423,6 +482,7 @@ pub fn report(
         status,
         events,
         state_change: changed.then_some(cache_state),
+        requeue: rollout.requeue(),
     }
 }
 

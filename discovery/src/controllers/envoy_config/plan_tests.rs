@@ -170,7 +170,7 @@ fn a_rollback_returns_to_the_served_revision_even_when_the_status_missed_it() {
     assert_eq!(algorithm.cache_state, CacheState::Rollback);
     assert_eq!(&algorithm.revisions[..3], &versions[..]);
     // The status written then lists every revision, so none is left out of the limit.
-    let outcome = report(&obs, algorithm, &publish.mine, &publish.gate);
+    let outcome = report(&obs, algorithm, &publish.mine, &publish.rollout);
     assert_eq!(outcome.status.revisions.len(), 4);
 }
 

@@ -40,9 +40,10 @@ pub fn plan(
     run(current, existing, desired, tainted, loaded, limit, None)
 }
 
-/// The plan when the blast-radius guard holds the desired version: `stable` stays published
-/// (and is kept within the limit) where the algorithm would publish the desired version; the
-/// desired version still gets its revision, the newest in the order.
+/// The plan when the desired version may be held (by the blast-radius guard, or in a canary
+/// step): `stable`, when given, stays published (and is kept within the limit) where the
+/// algorithm would publish the desired version; the desired version still gets its revision,
+/// the newest in the order.
 pub fn plan_holding(
     current: &[String],
     existing: &BTreeSet<String>,
@@ -50,17 +51,9 @@ pub fn plan_holding(
     tainted: &BTreeSet<String>,
     loaded: &BTreeSet<String>,
     limit: usize,
-    stable: &str,
+    stable: Option<&str>,
 ) -> Plan {
-    run(
-        current,
-        existing,
-        desired,
-        tainted,
-        loaded,
-        limit,
-        Some(stable),
-    )
+    run(current, existing, desired, tainted, loaded, limit, stable)
 }
 
 fn run(
@@ -171,7 +164,7 @@ mod tests {
             &set(&[]),
             &set(&["s"]),
             3,
-            "s",
+            Some("s"),
         );
         assert_eq!(p.publish, "s");
         assert_eq!(p.cache_state, CacheState::InSync);
@@ -186,14 +179,22 @@ mod tests {
             &set(&["new"]),
             &set(&["s"]),
             10,
-            "s",
+            Some("s"),
         );
         assert_eq!(
             (p.publish.as_str(), p.cache_state),
             ("s", CacheState::Rollback)
         );
         // A stable version without a revision cannot be served: the desired one is.
-        let p = super::plan_holding(&v(&[]), &set(&[]), "new", &set(&[]), &set(&[]), 10, "gone");
+        let p = super::plan_holding(
+            &v(&[]),
+            &set(&[]),
+            "new",
+            &set(&[]),
+            &set(&[]),
+            10,
+            Some("gone"),
+        );
         assert_eq!(p.publish, "new");
     }
 

@@ -86,6 +86,12 @@ async fn reconcile(
         }
         return Ok(Action::await_change());
     }
+    if let Some((step, cutoff)) = r.canary() {
+        return load_canary(&r, &ctx, step, cutoff).await;
+    }
+    if ctx.publisher.end_canary(&key, &uid) {
+        info!(revision = %name, node = %key, "no longer a canary; its proxies get the stable revision");
+    }
     if !r.is_published() {
         if ctx.publisher.retire(&key, &uid) {
             info!(revision = %name, node = %key, "unpublished; served until its successor loads");
@@ -149,6 +155,52 @@ async fn reconcile(
         ctx.events.publish(&*r, &note).await;
     }
     Ok(action)
+}
+
+/// Serves a revision in a canary step to the proxies of its node that `cutoff` picks, with
+/// its Secrets and EndpointSlice endpoints, as a published one is served to all. A canary
+/// that cannot be built is not served (its proxies keep the stable revision) and is tried
+/// again; its status is the published revision's to describe, not this one's.
+async fn load_canary(
+    r: &EnvoyConfigRevision,
+    ctx: &Context,
+    step: u32,
+    cutoff: u64,
+) -> Result<Action, Error> {
+    let (key, name, uid) = (key_of(r), r.name_any(), r.uid().unwrap_or_default());
+    if !ctx.serves(&key.namespace).await? {
+        ctx.publisher.end_canary(&key, &uid);
+        ctx.mark_attempted(&uid);
+        return Ok(Action::await_change());
+    }
+    let secrets = observe_secrets(r, ctx).await?;
+    let slices = endpoint_slices::observe(r, ctx).await?;
+    let loaded = snapshot_for(
+        r,
+        &secrets,
+        &slices,
+        ctx.config.allow_cross_namespace_secrets,
+    );
+    ctx.mark_attempted(&uid);
+    match loaded {
+        Ok((snapshot, _)) => {
+            if ctx
+                .publisher
+                .load_canary(&key, &name, &uid, &r.spec.version, snapshot, cutoff)
+            {
+                info!(revision = %name, node = %key, step, cutoff = %format!("{cutoff:016x}"), "serving the canary step");
+            }
+            // Another replica saw a canary's NACK: add this replica's count.
+            super::nacks::answer(r, ctx).await?;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            ctx.publisher.end_canary(&key, &uid);
+            let error = marin3r_controller::chain(&e);
+            warn!(revision = %name, %error, "cannot serve the canary; its proxies keep the stable revision");
+            Ok(Action::requeue(LOAD_RETRY))
+        }
+    }
 }
 
 /// Where a reconcile asks for other revisions to be reconciled again.

@@ -44,7 +44,8 @@ pub(super) async fn mark_loaded(
     for r in store.state() {
         let ns = r.namespace().unwrap_or_default();
         // A failed lookup counts as served: waiting for it is the safe side.
-        if r.is_published() && ctx.serves(&ns).await.unwrap_or(true) {
+        // A canary too: a replica that starts mid-rollout serves each proxy its track.
+        if (r.is_published() || r.canary().is_some()) && ctx.serves(&ns).await.unwrap_or(true) {
             pending.insert(r.uid().unwrap_or_default());
         }
     }
@@ -52,7 +53,7 @@ pub(super) async fn mark_loaded(
         let current: BTreeSet<String> = store
             .state()
             .iter()
-            .filter(|r| r.is_published())
+            .filter(|r| r.is_published() || r.canary().is_some())
             .filter_map(|r| r.uid())
             .collect();
         let attempted = ctx.attempted.lock().map(|a| a.clone()).unwrap_or_default();

@@ -1,0 +1,314 @@
+//! Canary steps on the real cluster (`hack/cluster`), marin3r installed from `manifests/`:
+//! four injected sidecars of one node, each answering a request loop of its own. A new
+//! version with two steps (one proxy, then half) reaches one proxy, then two, then all, with
+//! no failed request anywhere; `marin3r proxy-status` names the canary, and it is the proxy
+//! that answers with the new body. A version the real Envoy rejects reaches the first step's
+//! proxy only: it is rolled back by itself, the other three never get it, and every proxy
+//! keeps answering with the good version. The same with two discovery replicas, the sidecars
+//! spread over both: every replica serves each proxy its track, and the leader alone steps.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use marin3r_api::EnvoyConfig;
+use marin3r_api::envoy_config::CacheState;
+use marin3r_api::rollout::RolloutPhase;
+use marin3r_e2e::real;
+use marin3r_e2e::rejected::NO_POD_ADDRESS;
+use marin3r_testkit::wait::until;
+
+/// Sidecars at first; with two replicas, more until each replica has one.
+const PODS: usize = 4;
+const MOST_PODS: usize = 8;
+
+/// The EnvoyConfig `web`: a listener on `address`:8080 answering `body`, rolled out in two
+/// steps of 8 s (one proxy, then half).
+fn config(address: &str, body: &str) -> String {
+    format!(
+        r#"
+apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {{name: web}}
+spec:
+  nodeID: web
+  rollout:
+    steps:
+      - {{proxies: 1, bake: 8s}}
+      - {{percent: 50, bake: 8s}}
+  resources:
+    - type: listener
+      value:
+        name: http
+        address: {{socket_address: {{address: {address}, port_value: 8080}}}}
+        filter_chains:
+          - filters:
+              - name: envoy.filters.network.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                  stat_prefix: http
+                  route_config:
+                    name: http
+                    virtual_hosts:
+                      - name: web
+                        domains: ["*"]
+                        routes:
+                          - match: {{prefix: "/"}}
+                            direct_response: {{status: 200, body: {{inline_string: "{body}"}}}}
+                  http_filters:
+                    - name: envoy.filters.http.router
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
+    )
+}
+
+/// What each pod answers now, by pod name (`None`: no answer).
+async fn bodies(ips: &[(String, String)]) -> Vec<(String, Option<String>)> {
+    let mut out = Vec::new();
+    for (pod, ip) in ips {
+        let body = marin3r_e2e::demo::get(&format!("http://{ip}:8080/"))
+            .await
+            .ok()
+            .flatten();
+        out.push((pod.clone(), body));
+    }
+    out
+}
+
+/// The pods answering `body`.
+fn answering(bodies: &[(String, Option<String>)], body: &str) -> BTreeSet<String> {
+    bodies
+        .iter()
+        .filter(|(_, b)| b.as_deref() == Some(body))
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+/// `marin3r proxy-status -n NS -o json`'s proxies.
+async fn proxies(kubeconfig: &Path, ns: &str) -> Vec<serde_json::Value> {
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
+    let json = marin3r_e2e::cli::proxy_status(&marin3r, kubeconfig, &["-n", ns, "-o", "json"])
+        .await
+        .unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(&json)
+        .ok()
+        .and_then(|v| v["proxies"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+/// The pods proxy-status shows on the canary track.
+fn canaries(proxies: &[serde_json::Value]) -> BTreeSet<String> {
+    proxies
+        .iter()
+        .filter(|p| p["track"] == "canary")
+        .filter_map(|p| p["pod"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_reaches_the_canaries_step_by_step_and_a_rejected_one_goes_no_further() {
+    rolls_out("steps", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_discovery_replicas_serve_each_proxy_its_track() {
+    rolls_out("steps2", 2).await;
+}
+
+/// The replicas the proxies of proxy-status are on.
+fn replicas_of(proxies: &[serde_json::Value]) -> BTreeSet<String> {
+    proxies
+        .iter()
+        .filter_map(|p| p["replica"].as_str().map(str::to_owned))
+        .collect()
+}
+
+async fn rolls_out(prefix: &str, replicas: usize) {
+    let start = Instant::now();
+    let step = |what: &str| println!("[{:>6.1}s] {what}", start.elapsed().as_secs_f64());
+    let scenario = real::Scenario::start(prefix, &["python"]).await.unwrap();
+    let (client, ns) = (scenario.client.clone(), scenario.ns.clone());
+    let kubeconfig = scenario.cluster.kubeconfig().to_owned();
+    let spec = format!("spec: {{replicas: {replicas}}}");
+    scenario
+        .apply(&real::DISCOVERY_SERVICE.replace("spec: {}", &spec))
+        .await
+        .unwrap();
+    scenario
+        .discovery_service_ready("instance", Duration::from_secs(180))
+        .await
+        .unwrap();
+    scenario.apply(&config("0.0.0.0", "one")).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut ips: Vec<(String, String)> = Vec::new();
+    while ips.len() < MOST_PODS {
+        let name = format!("web-{}", ips.len());
+        let pod = real::idle_injected_pod(&name, "web").unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let ip = until(
+            &format!("{name} Ready"),
+            Duration::from_secs(120),
+            || async { marin3r_e2e::demo::ready_ip(&pods.get(&name).await.ok()?) },
+        )
+        .await;
+        ips.push((name, ip));
+        if ips.len() < PODS {
+            continue;
+        }
+        let spread = until(
+            "every sidecar connected",
+            Duration::from_secs(60),
+            || async {
+                let all = proxies(&kubeconfig, &ns).await;
+                (all.len() == ips.len()).then(|| replicas_of(&all).len())
+            },
+        )
+        .await;
+        if spread == replicas {
+            break;
+        }
+    }
+    let n = ips.len();
+    let spread = replicas_of(&proxies(&kubeconfig, &ns).await);
+    assert_eq!(spread.len(), replicas, "{n} sidecars on {spread:?}");
+    until(
+        "every pod answering one",
+        Duration::from_secs(90),
+        || async { (answering(&bodies(&ips).await, "one").len() == n).then_some(()) },
+    )
+    .await;
+    step(&format!("{n} sidecars on {spread:?} serve version one"));
+
+    // A request loop per proxy, for the whole rollout.
+    let loops: Vec<real::Traffic> = ips
+        .iter()
+        .map(|(_, ip)| real::Traffic::start(&format!("http://{ip}:8080/")))
+        .collect();
+    scenario.apply(&config("0.0.0.0", "two")).await.unwrap();
+    let configs: Api<EnvoyConfig> = Api::namespaced(client.clone(), &ns);
+    let rollout = || async { configs.get("web").await.ok()?.status?.rollout };
+    let first = until(
+        "step 1: one proxy answers two",
+        Duration::from_secs(60),
+        || async {
+            let r = rollout().await?;
+            let two = answering(&bodies(&ips).await, "two");
+            (r.phase == RolloutPhase::Progressing
+                && r.step == Some(1)
+                && r.canary.as_deref() == Some(format!("1/{n}").as_str())
+                && two.len() == 1)
+                .then_some(two)
+        },
+    )
+    .await;
+    // The server says which proxy is the canary: the one answering two.
+    let named = until(
+        "proxy-status naming the canary",
+        Duration::from_secs(20),
+        || async {
+            let c = canaries(&proxies(&kubeconfig, &ns).await);
+            (c == first).then_some(c)
+        },
+    )
+    .await;
+    step(&format!("step 1: {named:?} on the canary track"));
+    let second = until(
+        "step 2: half the proxies answer two",
+        Duration::from_secs(60),
+        || async {
+            let r = rollout().await?;
+            let two = answering(&bodies(&ips).await, "two");
+            (r.step == Some(2)
+                && r.canary.as_deref() == Some(format!("{}/{n}", n.div_ceil(2)).as_str())
+                && two.len() == n.div_ceil(2))
+            .then_some(two)
+        },
+    )
+    .await;
+    assert!(
+        second.is_superset(&first),
+        "a canary of step 1 stays one in step 2: {first:?} {second:?}"
+    );
+    step(&format!("step 2: {second:?}"));
+    until("published to all", Duration::from_secs(60), || async {
+        let r = rollout().await?;
+        (r.phase == RolloutPhase::Completed && answering(&bodies(&ips).await, "two").len() == n)
+            .then_some(())
+    })
+    .await;
+    for (l, (pod, _)) in loops.into_iter().zip(&ips) {
+        let (answered, failed) = l.stop().await.unwrap();
+        assert!(answered > 0, "{pod}: no request answered");
+        assert!(
+            failed.is_empty(),
+            "{pod}: {} failed: {failed:?}",
+            failed.len()
+        );
+    }
+    step("completed, no request failed");
+
+    // Rejected by the real Envoy (an address no pod has): only the first step's proxy gets
+    // it, and it is rolled back by itself.
+    let loops: Vec<real::Traffic> = ips
+        .iter()
+        .map(|(_, ip)| real::Traffic::start(&format!("http://{ip}:8080/")))
+        .collect();
+    scenario
+        .apply(&config(NO_POD_ADDRESS, "three"))
+        .await
+        .unwrap();
+    until("rolled back", Duration::from_secs(90), || async {
+        let status = configs.get("web").await.ok()?.status?;
+        let r = status.rollout?;
+        (r.phase == RolloutPhase::RolledBack && status.cache_state? == CacheState::Rollback)
+            .then_some(())
+    })
+    .await;
+    let rejecting = until(
+        "one proxy's NACK, on record",
+        Duration::from_secs(30),
+        || async {
+            let all = proxies(&kubeconfig, &ns).await;
+            let nacked: BTreeSet<String> = all
+                .iter()
+                .filter(|p| !p["types"]["listeners"]["last_nack"].is_null())
+                .filter_map(|p| p["pod"].as_str().map(str::to_owned))
+                .collect();
+            (all.len() == n && canaries(&all).is_empty() && !nacked.is_empty()).then_some(nacked)
+        },
+    )
+    .await;
+    assert_eq!(
+        rejecting.len(),
+        1,
+        "only the canary got the version: {rejecting:?}"
+    );
+    assert_eq!(answering(&bodies(&ips).await, "two").len(), n);
+    for (l, (pod, _)) in loops.into_iter().zip(&ips) {
+        let (_, failed) = l.stop().await.unwrap();
+        assert!(
+            failed.is_empty(),
+            "{pod}: {} failed: {failed:?}",
+            failed.len()
+        );
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let reasons: BTreeSet<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("web"))
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["RolloutStep", "RolloutCompleted", "RolloutRolledBack"] {
+        assert!(reasons.contains(reason), "no {reason} Event: {reasons:?}");
+    }
+    step(&format!("rejected by {rejecting:?} alone, rolled back"));
+}
