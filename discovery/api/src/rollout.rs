@@ -16,6 +16,18 @@ use serde::{Deserialize, Serialize};
 /// (`status.rollout.version`). Bound to a version, so an approval left behind never lets a
 /// later version through.
 pub const APPROVE_ANNOTATION: &str = "marin3r.3scale.net/rollout-approve";
+/// The annotation that pauses a rollout's steps (`"true"`): the current step keeps its
+/// canaries and does not end; a canary's NACK still rolls the version back.
+pub const PAUSE_ANNOTATION: &str = "marin3r.3scale.net/rollout-paused";
+/// The annotation that ends the current step's bake at once: `<version>/<step>`, so it acts
+/// on that step of that version only.
+pub const PROMOTE_ANNOTATION: &str = "marin3r.3scale.net/rollout-promote";
+/// The annotation that aborts the rollout of a version (its value): every proxy gets the
+/// published version back, and the version is not published while the annotation names it.
+pub const ABORT_ANNOTATION: &str = "marin3r.3scale.net/rollout-abort";
+/// The annotation that publishes an earlier revision in place of the desired version:
+/// `<revision version>@<desired version>`, so it lapses once the spec changes.
+pub const UNDO_ANNOTATION: &str = "marin3r.3scale.net/rollout-undo";
 /// Condition on the EnvoyConfig: a version is held for approval.
 pub const ROLLOUT_HELD: &str = "RolloutHeld";
 
@@ -133,6 +145,13 @@ pub fn step_problems(steps: &[RolloutStep]) -> Vec<String> {
     out
 }
 
+/// The version an undo annotation (`<version>@<desired>`) publishes while the spec's version
+/// is `desired`.
+pub fn undo_target<'a>(annotation: &'a str, desired: &str) -> Option<&'a str> {
+    let (version, at) = annotation.split_once('@')?;
+    (at == desired && !version.is_empty() && version != desired).then_some(version)
+}
+
 impl RolloutStrategy {
     /// The guard's limits, defaults filled in.
     pub fn blast_radius(&self) -> BlastRadius {
@@ -213,6 +232,14 @@ pub enum RolloutPhase {
     Completed,
     /// Envoy rejected the version; an earlier one is served.
     RolledBack,
+    /// The steps are paused by a person (`marin3r rollout pause`).
+    Paused,
+    /// Aborted by a person (`marin3r rollout abort`): the published version is served to
+    /// every proxy.
+    Aborted,
+    /// An earlier revision is published in place of this version by a person (`marin3r
+    /// rollout undo`).
+    Undone,
 }
 
 impl RolloutPhase {
@@ -222,6 +249,9 @@ impl RolloutPhase {
             Self::Progressing => "Progressing",
             Self::Completed => "Completed",
             Self::RolledBack => "RolledBack",
+            Self::Paused => "Paused",
+            Self::Aborted => "Aborted",
+            Self::Undone => "Undone",
         }
     }
 }

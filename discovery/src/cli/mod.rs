@@ -21,6 +21,7 @@ pub mod port_forward;
 mod proxy_config;
 mod proxy_status;
 mod rollout;
+mod rollout_control;
 mod rollout_status;
 mod shutdown_manager;
 mod sidecar_defaults;

@@ -37,8 +37,21 @@ pub enum RolloutCommand {
     /// service has acted on the spec and no step is under way, then exits 0 when its version
     /// is published and 1 when not.
     Status(super::rollout_status::StatusArgs),
-    /// Approves the version the blast-radius guard holds, so that it is published.
-    Promote(super::rollout_status::PromoteArgs),
+    /// Approves the version the blast-radius guard holds, so that it is published; during
+    /// canary steps, ends the current step's bake at once.
+    Promote(super::rollout_control::ControlArgs),
+    /// Stops the canary steps where they are: the canaries keep the new version, the others
+    /// wait; a canary's NACK still rolls it back.
+    Pause(super::rollout_control::ControlArgs),
+    /// Removes a pause, an abort or an undo: the rollout goes on (an aborted one from step
+    /// 1; an undone one publishes the desired version).
+    Resume(super::rollout_control::ControlArgs),
+    /// Aborts the canary steps: every proxy gets the published version back; the new
+    /// version is not published while the spec stays.
+    Abort(super::rollout_control::ControlArgs),
+    /// Publishes an earlier revision in place of the desired version, without changing the
+    /// spec, until the spec changes.
+    Undo(super::rollout_control::UndoArgs),
 }
 
 #[derive(Debug, Args)]
@@ -74,7 +87,11 @@ pub async fn run(command: RolloutCommand) -> anyhow::Result<ExitCode> {
         // As `diff` and `kubectl diff`: 1 when the revisions differ, 2 when they could not
         // be compared.
         RolloutCommand::Status(args) => super::rollout_status::status(args).await,
-        RolloutCommand::Promote(args) => super::rollout_status::promote(args).await,
+        RolloutCommand::Promote(args) => super::rollout_control::promote(args).await,
+        RolloutCommand::Pause(args) => super::rollout_control::pause(args).await,
+        RolloutCommand::Resume(args) => super::rollout_control::resume(args).await,
+        RolloutCommand::Abort(args) => super::rollout_control::abort(args).await,
+        RolloutCommand::Undo(args) => super::rollout_control::undo(args).await,
         RolloutCommand::Diff(args) => match diff(&args).await {
             Ok(alike) => Ok(ExitCode::from(u8::from(!alike))),
             Err(err) => {

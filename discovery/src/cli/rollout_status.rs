@@ -1,15 +1,12 @@
-//! `marin3r rollout status` and `marin3r rollout promote`: where an EnvoyConfig's rollout
-//! stands (the phase, the version rolled out and the one it replaces, why it is held), and a
-//! person's approval of a version the blast-radius guard holds. The approval is the
-//! annotation `marin3r.3scale.net/rollout-approve: <version>`: bound to the held version, so
-//! it never lets a later one through.
+//! `marin3r rollout status`: where an EnvoyConfig's rollout stands (the phase, the version
+//! rolled out and the one it replaces, its canary step, why it is held), once or until no
+//! step is under way (`--watch`).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde::Serialize;
 
@@ -17,7 +14,7 @@ use super::cluster::ConfigTarget as Target;
 use super::output::Output;
 use crate::proxy_config::printable;
 use marin3r_api::EnvoyConfig;
-use marin3r_api::rollout::{APPROVE_ANNOTATION, RolloutPhase, RolloutStatus};
+use marin3r_api::rollout::{RolloutPhase, RolloutStatus};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
@@ -37,29 +34,23 @@ pub struct StatusArgs {
     timeout: u64,
 }
 
-#[derive(Debug, Args)]
-pub struct PromoteArgs {
-    #[command(flatten)]
-    target: Target,
-}
-
 /// What `status` prints.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Status {
-    envoy_config: String,
+pub(super) struct Status {
+    pub(super) envoy_config: String,
     /// Whether the config has a rollout strategy (`spec.rollout`).
     strategy: bool,
     /// The version of the spec as it is now.
-    desired_version: String,
-    published_version: Option<String>,
+    pub(super) desired_version: String,
+    pub(super) published_version: Option<String>,
     /// Whether the discovery service has acted on the spec as it is now.
     observed: bool,
-    rollout: Option<RolloutStatus>,
+    pub(super) rollout: Option<RolloutStatus>,
 }
 
 impl Status {
-    fn of(ec: &EnvoyConfig) -> Self {
+    pub(super) fn of(ec: &EnvoyConfig) -> Self {
         let status = ec.status.as_ref();
         let desired_version = ec.spec.version();
         let observed = status.is_some_and(|s| {
@@ -78,6 +69,16 @@ impl Status {
                 .and_then(|s| s.rollout.clone())
                 .filter(|_| ec.spec.rollout.is_some()),
         }
+    }
+
+    /// Where it stands, in one line: `rollout phase Completed, version a published`.
+    pub(super) fn summary(&self) -> String {
+        let phase = self.rollout.as_ref().map_or("none", |r| r.phase.as_str());
+        format!(
+            "rollout phase {phase}, desired version {}, version {} published",
+            self.desired_version,
+            self.published_version.as_deref().unwrap_or("none")
+        )
     }
 
     /// Whether the desired version is what the proxies are served.
@@ -161,37 +162,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub async fn promote(args: PromoteArgs) -> anyhow::Result<ExitCode> {
-    let (api, name) = args.target.config_api().await?;
-    let ec = read(&api, &name).await?;
-    let status = Status::of(&ec);
-    let held = status
-        .rollout
-        .as_ref()
-        .filter(|r| r.phase == RolloutPhase::Held && r.version == status.desired_version);
-    let Some(held) = held else {
-        let phase = status.rollout.as_ref().map_or("none", |r| r.phase.as_str());
-        bail!(
-            "EnvoyConfig {} has nothing to promote: its version {} is not held (rollout \
-             phase: {phase}; published: {})",
-            status.envoy_config,
-            status.desired_version,
-            status.published_version.as_deref().unwrap_or("none")
-        );
-    };
-    let patch =
-        serde_json::json!({"metadata": {"annotations": {APPROVE_ANNOTATION: held.version}}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .with_context(|| format!("annotating EnvoyConfig {}", status.envoy_config))?;
-    println!(
-        "Approved version {} of EnvoyConfig {}; the discovery service publishes it next.",
-        held.version, status.envoy_config
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn read(api: &Api<EnvoyConfig>, name: &str) -> anyhow::Result<EnvoyConfig> {
+pub(super) async fn read(api: &Api<EnvoyConfig>, name: &str) -> anyhow::Result<EnvoyConfig> {
     let ns = api.namespace().unwrap_or_default();
     api.get_opt(name)
         .await

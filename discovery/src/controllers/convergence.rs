@@ -157,7 +157,10 @@ fn canary_report(
     proxies: &[&marin3r_xds::ProxyStatus],
 ) -> Option<CanaryReport> {
     let rollout = ec.status.as_ref()?.rollout.as_ref()?;
-    if rollout.phase != RolloutPhase::Progressing {
+    if !matches!(
+        rollout.phase,
+        RolloutPhase::Progressing | RolloutPhase::Paused
+    ) {
         return None;
     }
     let identities: BTreeSet<String> = proxies.iter().map(|p| proxy_identity(p)).collect();

@@ -429,4 +429,61 @@ async fn a_change_removing_most_clusters_waits_for_approval_then_is_published() 
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("has nothing to promote"), "{err}");
     step("approved with `marin3r rollout promote`, published and served");
+
+    // Undo to the first version by name: published in its place, the spec untouched.
+    let (code, out, err) = rollout(
+        &kubeconfig,
+        &["undo", "-n", &ns, "web", "--to-revision", &first],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains(&format!("Version {first} of")), "{out}");
+    until(
+        "the first version published again",
+        Duration::from_secs(60),
+        || async {
+            let status = configs.get("web").await.ok()?.status?;
+            let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+            (status.published_version.as_deref() == Some(first.as_str())
+                && status.desired_version.as_deref() == Some(second.as_str())
+                && ready.reason == "Undone"
+                && ready.status == "False")
+                .then_some(())
+        },
+    )
+    .await;
+    until(
+        "the sidecar has the five clusters again",
+        Duration::from_secs(60),
+        || async {
+            sidecar_clusters(&scenario, "web")
+                .await
+                .filter(|c| c.len() == 5)
+        },
+    )
+    .await;
+    let spec = configs.get("web").await.unwrap().spec;
+    assert_eq!(spec.version(), second, "the spec is as it was applied");
+    // Resume: the desired version is published again (undoing the undo holds nothing: it
+    // was approved).
+    let (code, out, err) = rollout(&kubeconfig, &["resume", "-n", &ns, "web"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    until(
+        "the sidecar has one cluster again",
+        Duration::from_secs(60),
+        || async {
+            sidecar_clusters(&scenario, "web")
+                .await
+                .filter(|c| c == &["c-a".to_owned()])
+        },
+    )
+    .await;
+    let (code, _, err) = rollout(
+        &kubeconfig,
+        &["undo", "-n", &ns, "web", "--to-revision", "nope"],
+    )
+    .await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no revision of version nope"), "{err}");
+    step("`marin3r rollout undo --to-revision` and `resume`");
 }

@@ -311,4 +311,76 @@ async fn rolls_out(prefix: &str, replicas: usize) {
         assert!(reasons.contains(reason), "no {reason} Event: {reasons:?}");
     }
     step(&format!("rejected by {rejecting:?} alone, rolled back"));
+    if replicas == 1 {
+        paused_then_aborted(&scenario, &ips).await;
+        step("paused, resumed and aborted");
+    }
+}
+
+/// `marin3r rollout pause`, `resume` and `abort` on a good version: a paused step outlasts
+/// its bake; resumed, the next step comes; aborted, every proxy answers the published
+/// version again.
+async fn paused_then_aborted(scenario: &real::Scenario, ips: &[(String, String)]) {
+    let (ns, kubeconfig) = (&scenario.ns, scenario.cluster.kubeconfig());
+    let configs: Api<EnvoyConfig> = Api::namespaced(scenario.client.clone(), ns);
+    let rollout = || async { configs.get("web").await.ok()?.status?.rollout };
+    let marin3r = marin3r_testkit::image::marin3r_bin().expect("the built marin3r binary");
+    let run = |command: &'static str| {
+        let marin3r = marin3r.clone();
+        async move {
+            let out = tokio::process::Command::new(marin3r)
+                .args(["rollout", command, "-n", ns, "web"])
+                .env("KUBECONFIG", kubeconfig)
+                .output()
+                .await
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "rollout {command}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    scenario.apply(&config("0.0.0.0", "four")).await.unwrap();
+    until(
+        "step 1 of version four",
+        Duration::from_secs(60),
+        || async {
+            let r = rollout().await?;
+            (r.step == Some(1) && answering(&bodies(ips).await, "four").len() == 1).then_some(())
+        },
+    )
+    .await;
+    run("pause").await;
+    until("paused", Duration::from_secs(30), || async {
+        (rollout().await?.phase == RolloutPhase::Paused).then_some(())
+    })
+    .await;
+    // Longer than the bake: still step 1.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let r = rollout().await.unwrap();
+    assert_eq!((r.phase, r.step), (RolloutPhase::Paused, Some(1)), "{r:?}");
+    assert_eq!(answering(&bodies(ips).await, "four").len(), 1);
+    run("resume").await;
+    until(
+        "step 2 of version four",
+        Duration::from_secs(30),
+        || async {
+            let r = rollout().await?;
+            (r.phase == RolloutPhase::Progressing && r.step == Some(2)).then_some(())
+        },
+    )
+    .await;
+    run("abort").await;
+    until(
+        "aborted, every proxy back on two",
+        Duration::from_secs(60),
+        || async {
+            let r = rollout().await?;
+            (r.phase == RolloutPhase::Aborted
+                && answering(&bodies(ips).await, "two").len() == ips.len())
+            .then_some(())
+        },
+    )
+    .await;
 }

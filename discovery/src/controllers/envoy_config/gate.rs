@@ -9,7 +9,9 @@ use kube::ResourceExt;
 use marin3r_controller::{Note, set_condition};
 
 use marin3r_api::envoy_config::CacheState;
-use marin3r_api::rollout::{APPROVE_ANNOTATION, ROLLOUT_HELD, RolloutPhase, RolloutStatus};
+use marin3r_api::rollout::{
+    APPROVE_ANNOTATION, ROLLOUT_HELD, RolloutPhase, RolloutStatus, UNDO_ANNOTATION, undo_target,
+};
 use marin3r_api::{EnvoyConfig, EnvoyConfigRevision, EnvoyConfigStatus};
 use marin3r_envoyconfig::convert::validate_config;
 use marin3r_envoyconfig::guard;
@@ -30,6 +32,12 @@ marin3r_controller::reasons! {
         RolloutCompleted,
         /// The version was rolled back during its steps.
         RolloutRolledBack,
+        /// A person paused the steps.
+        RolloutPaused,
+        /// A person aborted the rollout.
+        RolloutAborted,
+        /// A person published an earlier revision in place of the desired version.
+        RolloutUndone,
     }
 }
 
@@ -99,6 +107,17 @@ pub fn judge(
     }
 }
 
+/// The earlier version a person published in place of `version` (`rollout undo`): the
+/// undo annotation names it for this desired version, and it is a revision of the config
+/// Envoy has not rejected.
+pub fn undone(ec: &EnvoyConfig, mine: &[EnvoyConfigRevision], version: &str) -> Option<String> {
+    let annotation = ec.annotations().get(UNDO_ANNOTATION)?;
+    let target = undo_target(annotation, version)?;
+    mine.iter()
+        .find(|r| r.spec.version == target && !r.is_tainted())
+        .map(|r| r.spec.version.clone())
+}
+
 /// What `status.rollout`, `RolloutHeld` and the rollout's Events say.
 pub struct Report<'a> {
     pub ec: &'a EnvoyConfig,
@@ -114,6 +133,7 @@ impl Report<'_> {
         status: &mut EnvoyConfigStatus,
         gate: &Gate,
         steps: &Steps,
+        undone: Option<&str>,
         state: CacheState,
     ) -> Vec<Note> {
         if self.ec.spec.rollout.is_none() {
@@ -136,16 +156,25 @@ impl Report<'_> {
             phase: phase_of(state),
             ..RolloutStatus::default()
         };
-        if let Some(message) = held {
+        if let Some(published) = undone {
+            rollout.phase = RolloutPhase::Undone;
+            rollout.message = undone_message(published, version);
+        } else if let Some(message) = held {
             rollout.phase = RolloutPhase::Held;
             rollout.message = message;
         } else if let Steps::Canary(step) = steps {
-            rollout.phase = RolloutPhase::Progressing;
+            rollout.phase = match step.paused {
+                true => RolloutPhase::Paused,
+                false => RolloutPhase::Progressing,
+            };
             rollout.message.clone_from(&step.message);
             rollout.step = Some(step.number);
             rollout.steps = Some(step.of);
             rollout.step_started_at.clone_from(&step.started);
             rollout.canary = Some(format!("{}/{}", step.target, step.connected));
+        } else if let Steps::Aborted { message, .. } = steps {
+            rollout.phase = RolloutPhase::Aborted;
+            rollout.message.clone_from(message);
         }
         events.extend(step_events(before.as_ref(), &rollout));
         status.rollout = Some(rollout);
@@ -209,8 +238,17 @@ impl Report<'_> {
 /// The Events of a rollout moving from `before` to `after`: a step started, the version
 /// published after its steps, or rolled back during them.
 fn step_events(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Vec<Note> {
-    let was_rolling =
-        before.filter(|b| b.version == after.version && b.phase == RolloutPhase::Progressing);
+    let was_rolling = before.filter(|b| {
+        b.version == after.version
+            && matches!(b.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
+    });
+    let entered = before.is_none_or(|b| b.version != after.version || b.phase != after.phase);
+    let person = |reason: Reason| {
+        entered
+            .then(|| Note::normal(reason, after.message.clone()))
+            .into_iter()
+            .collect()
+    };
     match after.phase {
         RolloutPhase::Progressing => {
             let same_step = was_rolling.is_some_and(|b| b.step == after.step);
@@ -247,8 +285,20 @@ fn step_events(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Vec<Not
             })
             .into_iter()
             .collect(),
+        RolloutPhase::Paused => person(Reason::RolloutPaused),
+        RolloutPhase::Aborted => person(Reason::RolloutAborted),
+        RolloutPhase::Undone => person(Reason::RolloutUndone),
         RolloutPhase::Held => Vec::new(),
     }
+}
+
+/// Why the desired version is not published after an undo.
+pub fn undone_message(published: &str, desired: &str) -> String {
+    format!(
+        "version {published} is published in place of version {desired} by `marin3r rollout \
+         undo`; apply another spec to publish that, or remove the annotation \
+         {UNDO_ANNOTATION} to publish version {desired} again"
+    )
 }
 
 fn phase_of(state: CacheState) -> RolloutPhase {

@@ -6,7 +6,9 @@
 
 pub mod gate;
 pub mod plan;
+mod reason;
 pub mod revisions;
+pub mod rollout;
 pub mod steps;
 pub mod verdicts;
 

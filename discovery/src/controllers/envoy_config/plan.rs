@@ -9,49 +9,21 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 use marin3r_controller::{Note, set_condition};
 
-use super::gate::{self, Gate};
+use super::gate;
+pub use super::reason::Reason;
 use super::revisions::{self, MAX_REVISIONS};
-use super::steps::{self, Steps};
+pub use super::rollout::Rollout;
+use super::steps;
 use super::{CACHE_OUT_OF_SYNC, READY, ROLLBACK_FAILED, revision_name};
 use marin3r_api::envoy_config::CacheState;
 use marin3r_api::envoy_config_revision::{
-    ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionCanary, RevisionReason,
-    VERSION_LABEL,
+    ENVOY_API_LABEL, NODE_ID_LABEL, REVISION_PUBLISHED, RevisionReason, VERSION_LABEL,
 };
 use marin3r_api::{
     ConfigRevisionRef, EnvoyConfig, EnvoyConfigRevision, EnvoyConfigRevisionSpec,
     EnvoyConfigRevisionStatus, EnvoyConfigStatus,
 };
 use marin3r_envoyconfig::rules::problems;
-
-marin3r_controller::reasons! {
-    /// The reasons of an `EnvoyConfig`'s conditions and Events.
-    pub enum Reason {
-        InvalidSpec,
-        InSync,
-        Rollback,
-        RollbackFailed,
-        ResourcesOutOfSync,
-        AllRevisionsTainted,
-        UntaintedRevisionPublished,
-        EmptyConfigRefused,
-        /// The blast-radius guard holds the desired version (`Ready=False`; the guard's own
-        /// reasons are `gate::Reason`).
-        RolloutHeld,
-        /// The desired version is in a canary step (`Ready=False` until it is published).
-        RolloutInProgress,
-    }
-}
-
-impl From<CacheState> for Reason {
-    fn from(state: CacheState) -> Self {
-        match state {
-            CacheState::InSync => Self::InSync,
-            CacheState::Rollback => Self::Rollback,
-            CacheState::RollbackFailed => Self::RollbackFailed,
-        }
-    }
-}
 
 /// What the controller read for one config.
 pub struct Observed<'a> {
@@ -84,59 +56,6 @@ pub struct Publish {
     pub create: Option<EnvoyConfigRevision>,
     pub algorithm: revisions::Plan,
     pub rollout: Rollout,
-}
-
-/// What `spec.rollout` decided about the desired version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rollout {
-    /// The blast-radius guard.
-    pub gate: Gate,
-    /// The canary steps.
-    pub steps: Steps,
-}
-
-impl Rollout {
-    /// The version that stays published in place of the desired one, while it is held or in
-    /// a canary step.
-    fn stable(&self) -> Option<&str> {
-        match &self.steps {
-            Steps::Canary(step) => Some(&step.stable),
-            _ => self.gate.held(),
-        }
-    }
-
-    /// When to decide again though nothing changes: when a canary step's bake ends.
-    fn requeue(&self) -> Option<std::time::Duration> {
-        match &self.steps {
-            Steps::Canary(step) => Some(step.requeue),
-            _ => None,
-        }
-    }
-
-    /// `CacheOutOfSync` while the desired version is held or in a step.
-    fn served_condition(
-        &self,
-        status: &EnvoyConfigStatus,
-        version: &str,
-    ) -> Option<(bool, Reason, String)> {
-        match (&self.gate, &self.steps, &status.rollout) {
-            (Gate::Held { .. }, _, Some(r)) => Some((true, Reason::RolloutHeld, r.message.clone())),
-            (_, Steps::Canary(step), _) => Some((
-                true,
-                Reason::RolloutInProgress,
-                format!("version {version} is rolling out: {}", step.message),
-            )),
-            _ => None,
-        }
-    }
-
-    /// The desired revision's canary status: its step and cutoff while in a step.
-    pub fn canary(&self) -> Option<&RevisionCanary> {
-        match &self.steps {
-            Steps::Canary(step) => step.canary.as_ref(),
-            _ => None,
-        }
-    }
 }
 
 /// What to write after acting.
@@ -204,16 +123,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .cloned()
         .chain(since_status(&mine, &current))
         .collect();
-    let gate = gate::judge(ec, &mine, &version, tainted.contains(&version));
-    let steps = steps::judge(
-        ec,
-        &mine,
-        &version,
-        tainted.contains(&version),
-        gate.held().is_some(),
-        &obs.now,
-    );
-    let rollout = Rollout { gate, steps };
+    let rollout = decide_rollout(obs, &mine, &version, &tainted);
     let algorithm = revisions::plan_holding(
         &order,
         &existing,
@@ -230,6 +140,38 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         algorithm,
         rollout,
     }))
+}
+
+/// What `spec.rollout` and a person's annotations decide about `version`: an undo stands
+/// over the guard and the steps (a person chose what is served).
+fn decide_rollout(
+    obs: &Observed<'_>,
+    mine: &[EnvoyConfigRevision],
+    version: &str,
+    tainted: &BTreeSet<String>,
+) -> Rollout {
+    let ec = obs.ec;
+    if let Some(undone) = gate::undone(ec, mine, version) {
+        return Rollout {
+            gate: gate::Gate::Within,
+            steps: steps::Steps::None,
+            undone: Some(undone),
+        };
+    }
+    let gate = gate::judge(ec, mine, version, tainted.contains(version));
+    let steps = steps::judge(
+        ec,
+        mine,
+        version,
+        tainted.contains(version),
+        gate.held().is_some(),
+        &obs.now,
+    );
+    Rollout {
+        gate,
+        steps,
+        undone: None,
+    }
 }
 
 /// The revisions acted on after the status was last written, oldest first: they come after
@@ -408,12 +350,7 @@ pub fn report(
     let version = ec.spec.version();
     let mut status = ec.status.clone().unwrap_or_default();
     let previous_state = status.cache_state;
-    let mut events = gate::Report {
-        ec,
-        version: &version,
-        now: &obs.now,
-    }
-    .write(&mut status, &rollout.gate, &rollout.steps, plan.cache_state);
+    let mut events = rollout.write(ec, &version, &obs.now, &mut status, plan.cache_state);
     status.desired_version = Some(version.clone());
     status.revisions = plan
         .revisions

@@ -51,9 +51,20 @@ pub fn plan_holding(
     tainted: &BTreeSet<String>,
     loaded: &BTreeSet<String>,
     limit: usize,
-    stable: Option<&str>,
+    stable: Option<Hold<'_>>,
 ) -> Plan {
     run(current, existing, desired, tainted, loaded, limit, stable)
+}
+
+/// A version published in place of the one the algorithm chooses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold<'a> {
+    /// Kept published while the desired version waits (held by the guard, or in a canary
+    /// step): only in place of the desired version (a rollback is the algorithm's).
+    Stable(&'a str),
+    /// Published by a person (`marin3r rollout undo`) in place of whatever the algorithm
+    /// chooses, as long as it is not tainted.
+    Pinned(&'a str),
 }
 
 fn run(
@@ -63,7 +74,7 @@ fn run(
     tainted: &BTreeSet<String>,
     loaded: &BTreeSet<String>,
     limit: usize,
-    hold: Option<&str>,
+    hold: Option<Hold<'_>>,
 ) -> Plan {
     let limit = limit.max(1);
     let mut revisions: Vec<String> = Vec::with_capacity(current.len() + 1);
@@ -87,11 +98,12 @@ fn run(
         Some(v) => (v, CacheState::Rollback),
         None => (desired.to_owned(), CacheState::RollbackFailed),
     };
-    // Held: what is served stays served. Only an existing revision can be.
+    // Held: what is served stays served; pinned: what a person chose. Only an existing,
+    // untainted revision can be.
+    let exists = |v: &str| revisions.iter().any(|r| r == v) && !tainted.contains(v);
     let publish = match hold {
-        Some(stable) if publish == desired && revisions.iter().any(|v| v == stable) => {
-            stable.to_owned()
-        }
+        Some(Hold::Stable(stable)) if publish == desired && exists(stable) => stable.to_owned(),
+        Some(Hold::Pinned(pinned)) if exists(pinned) => pinned.to_owned(),
         _ => publish,
     };
 
@@ -164,7 +176,7 @@ mod tests {
             &set(&[]),
             &set(&["s"]),
             3,
-            Some("s"),
+            Some(Hold::Stable("s")),
         );
         assert_eq!(p.publish, "s");
         assert_eq!(p.cache_state, CacheState::InSync);
@@ -179,7 +191,7 @@ mod tests {
             &set(&["new"]),
             &set(&["s"]),
             10,
-            Some("s"),
+            Some(Hold::Stable("s")),
         );
         assert_eq!(
             (p.publish.as_str(), p.cache_state),
@@ -193,9 +205,29 @@ mod tests {
             &set(&[]),
             &set(&[]),
             10,
-            Some("gone"),
+            Some(Hold::Stable("gone")),
         );
         assert_eq!(p.publish, "new");
+        // Pinned by a person: published whatever the algorithm chose, and kept in the
+        // limit, even when it is the oldest; never a tainted one.
+        let existing = set(&["old", "b", "c", "new"]);
+        let order = v(&["old", "b", "c", "new"]);
+        let pin = |pinned, tainted: &[&str]| {
+            super::plan_holding(
+                &order,
+                &existing,
+                "new",
+                &set(tainted),
+                &set(&[]),
+                3,
+                Some(Hold::Pinned(pinned)),
+            )
+        };
+        let p = pin("old", &[]);
+        assert_eq!(p.publish, "old");
+        assert_eq!(p.delete, v(&["b"]));
+        assert_eq!(pin("old", &["new"]).publish, "old");
+        assert_eq!(pin("b", &["b"]).publish, "new");
     }
 
     /// Ten versions in a row that fail to load leave the last one that loaded

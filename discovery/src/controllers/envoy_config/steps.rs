@@ -13,12 +13,17 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use kube::ResourceExt;
 use marin3r_api::envoy_config_revision::RevisionCanary;
-use marin3r_api::rollout::{RolloutPhase, RolloutStep};
+use marin3r_api::rollout::{
+    ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RolloutPhase, RolloutStep,
+};
 use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 
 /// How soon to look again while the replicas have not reported the node's proxies yet.
 const REPORTS_WAIT: Duration = Duration::from_secs(2);
+/// How often a paused step is looked at again.
+const PAUSED_LOOK: Duration = Duration::from_secs(300);
 
 /// Where the desired version's rollout stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +35,8 @@ pub enum Steps {
     Canary(Box<Step>),
     /// Every step has baked: publish it.
     Done,
+    /// Aborted by a person: `stable` stays published, to every proxy.
+    Aborted { stable: String, message: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +56,8 @@ pub struct Step {
     pub requeue: Duration,
     /// What the step is, for people.
     pub message: String,
+    /// Paused by a person: the step does not end.
+    pub paused: bool,
 }
 
 /// The rollout of the desired version `version`; `rejected`: Envoy rejected it; `held`: the
@@ -73,24 +82,14 @@ pub fn judge(
     else {
         return Steps::None;
     };
-    let desired = mine.iter().find(|r| r.spec.version == version);
-    let status = ec.status.as_ref();
-    let ongoing = status
-        .and_then(|s| s.rollout.as_ref())
-        .filter(|r| r.version == version && r.phase == RolloutPhase::Progressing);
-    let (mut number, mut started) = match ongoing {
-        Some(r) => (r.step.unwrap_or(1).max(1), r.step_started_at.clone()),
-        None => (1, None),
-    };
-    let of = u32::try_from(steps.len()).unwrap_or(u32::MAX);
-    // The step's bake is over: the next one (one step per run, so each is reported).
-    let elapsed = |started: &Option<Time>| started.as_ref().map(|t| since(t, now));
-    if let (Some(step), Some(elapsed)) = (steps.get(index(number)), elapsed(&started))
-        && elapsed >= bake(step)
-    {
-        number += 1;
-        started = None;
+    let said = |key: &str| ec.annotations().get(key).map(String::as_str);
+    if said(ABORT_ANNOTATION) == Some(version) {
+        return aborted(version, &stable.spec.version);
     }
+    let paused = said(PAUSE_ANNOTATION) == Some("true");
+    let desired = mine.iter().find(|r| r.spec.version == version);
+    let (number, started) = progress(ec, version, steps, paused, now);
+    let of = u32::try_from(steps.len()).unwrap_or(u32::MAX);
     let Some(step) = steps.get(index(number)) else {
         return Steps::Done;
     };
@@ -98,15 +97,7 @@ pub fn judge(
     let previous = desired
         .and_then(|r| r.status.as_ref()?.canary.as_ref())
         .and_then(RevisionCanary::cutoff);
-    let cutoff = cutoff(
-        step.target(reports.connected),
-        reports.connected,
-        &reports.lowest,
-    )
-    .map(|c| match previous {
-        Some(p) => c.max(p),
-        None => c,
-    });
+    let cutoff = reports.cutoff(step, previous);
     let target = reports.taken(cutoff, step);
     let base = Step {
         stable: stable.spec.version.clone(),
@@ -118,6 +109,7 @@ pub fn judge(
         connected: reports.connected,
         requeue: REPORTS_WAIT,
         message: String::new(),
+        paused,
     };
     let started = match started {
         Some(t) => t,
@@ -140,8 +132,12 @@ pub fn judge(
         message: base.describe(step, version, left),
         started: Some(started),
         canary: cutoff.map(|c| RevisionCanary::new(number, c)),
-        // A little after the bake ends, so the next run finds it over.
-        requeue: left + Duration::from_millis(100),
+        // A little after the bake ends, so the next run finds it over (paused: a person's
+        // annotation wakes it; the look now and then is a safety net).
+        requeue: match paused {
+            true => PAUSED_LOOK,
+            false => left + Duration::from_millis(100),
+        },
         ..base
     }))
 }
@@ -150,6 +146,13 @@ impl Step {
     /// What the step does, for people, with `left` of its bake to go.
     fn describe(&self, step: &RolloutStep, version: &str, left: Duration) -> String {
         let (number, of) = (self.number, self.of);
+        if self.paused {
+            return format!(
+                "paused at step {number} of {of} ({} of {} proxies get version {version}); \
+                 `marin3r rollout resume` continues",
+                self.target, self.connected
+            );
+        }
         if self.connected == 0 {
             return format!(
                 "step {number} of {of} ({}): no proxy of the node is connected; the step bakes \
@@ -167,6 +170,50 @@ impl Step {
             self.stable,
             seconds(left)
         )
+    }
+}
+
+fn aborted(version: &str, stable: &str) -> Steps {
+    let message = format!(
+        "the rollout of version {version} was aborted; version {stable} is served to every \
+         proxy. Apply another spec, or `marin3r rollout resume` to start it again"
+    );
+    Steps::Aborted {
+        stable: stable.to_owned(),
+        message,
+    }
+}
+
+/// The step `version` is in and when it started (None: not yet): the one `status.rollout`
+/// says, or the next once its bake is over (one step per run, so each is reported) or a
+/// person ended it (`rollout promote`, paused or not); step 1 for a new rollout.
+fn progress(
+    ec: &EnvoyConfig,
+    version: &str,
+    steps: &[RolloutStep],
+    paused: bool,
+    now: &Time,
+) -> (u32, Option<Time>) {
+    let ongoing = ec
+        .status
+        .as_ref()
+        .and_then(|s| s.rollout.as_ref())
+        .filter(|r| {
+            r.version == version
+                && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
+        });
+    let Some(r) = ongoing else {
+        return (1, None);
+    };
+    let number = r.step.unwrap_or(1).max(1);
+    let promote = format!("{version}/{number}");
+    let promoted = ec.annotations().get(PROMOTE_ANNOTATION) == Some(&promote);
+    let elapsed = r.step_started_at.as_ref().map(|t| since(t, now));
+    match (steps.get(index(number)), elapsed) {
+        (Some(step), Some(elapsed)) if promoted || (!paused && elapsed >= bake(step)) => {
+            (number + 1, None)
+        }
+        _ => (number, r.step_started_at.clone()),
     }
 }
 
@@ -203,6 +250,15 @@ struct Reports {
 }
 
 impl Reports {
+    /// The cutoff that takes `step`'s share of the reported proxies, never below
+    /// `previous` (a canary stays one while the version rolls out).
+    fn cutoff(&self, step: &RolloutStep, previous: Option<u64>) -> Option<u64> {
+        cutoff(step.target(self.connected), self.connected, &self.lowest).map(|c| match previous {
+            Some(p) => c.max(p),
+            None => c,
+        })
+    }
+
     /// How many proxies `cutoff` takes: counted where every hash is known, else the step's
     /// share.
     fn taken(&self, cutoff: Option<u64>, step: &RolloutStep) -> u32 {

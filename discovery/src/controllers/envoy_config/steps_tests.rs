@@ -302,3 +302,132 @@ fn a_rolling_version_keeps_the_stable_one_published_until_done() {
     assert_eq!(reasons, ["RolloutCompleted"]);
     assert_eq!(done.requeue, None);
 }
+
+fn annotate(ec: &mut EnvoyConfig, key: &str, value: &str) {
+    ec.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.to_owned(), value.to_owned());
+}
+
+#[test]
+fn a_person_pauses_promotes_and_aborts_a_step() {
+    use marin3r_api::rollout::{ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION};
+    let (mut ec, mine) = scene();
+    let version = ec.spec.version();
+    in_step(&mut ec, 1, 0);
+    // Paused: the bake is long over, the step stays.
+    annotate(&mut ec, PAUSE_ANNOTATION, "true");
+    let paused = step(judge(&ec, &mine, &version, false, false, &at(60)));
+    assert_eq!((paused.number, paused.paused), (1, true));
+    assert!(
+        paused.message.starts_with("paused at step 1 of 2"),
+        "{}",
+        paused.message
+    );
+    assert_eq!(paused.requeue, Duration::from_secs(300));
+    // Promoted: this step ends now, paused or not; a promotion of another step is nothing.
+    annotate(&mut ec, PROMOTE_ANNOTATION, &format!("{version}/2"));
+    assert_eq!(
+        step(judge(&ec, &mine, &version, false, false, &at(60))).number,
+        1
+    );
+    annotate(&mut ec, PROMOTE_ANNOTATION, &format!("{version}/1"));
+    assert_eq!(
+        step(judge(&ec, &mine, &version, false, false, &at(3))).number,
+        2
+    );
+    // Aborted: the published version stays, to every proxy.
+    annotate(&mut ec, ABORT_ANNOTATION, &version);
+    let Steps::Aborted { stable, message } = judge(&ec, &mine, &version, false, false, &at(3))
+    else {
+        panic!("aborted")
+    };
+    assert_eq!(stable, mine[0].spec.version);
+    assert!(message.contains("was aborted"), "{message}");
+    // An abort of another version is nothing.
+    annotate(&mut ec, ABORT_ANNOTATION, "other");
+    assert!(matches!(
+        judge(&ec, &mine, &version, false, false, &at(3)),
+        Steps::Canary(_)
+    ));
+}
+
+/// As the controller decides it: an aborted rollout publishes nothing new and says so; an
+/// undo publishes the revision a person named in place of the desired version.
+#[test]
+fn an_abort_and_an_undo_are_what_is_served_until_the_spec_changes() {
+    use marin3r_api::rollout::{ABORT_ANNOTATION, UNDO_ANNOTATION};
+    let (mut ec, mine) = scene();
+    let version = ec.spec.version();
+    let stable = mine[0].spec.version.clone();
+    let run = |ec: &EnvoyConfig, mine: &[EnvoyConfigRevision]| {
+        let obs = Observed {
+            ec,
+            node_served_by: None,
+            allow_cross_namespace_secrets: false,
+            revisions: mine.to_vec(),
+            envoy_refusal: Vec::new(),
+            now: at(5),
+        };
+        let Plan::Publish(publish) = decide(&obs) else {
+            panic!("a valid spec is published")
+        };
+        let outcome = report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
+        (
+            publish.algorithm.publish.clone(),
+            publish.rollout.canary().cloned(),
+            outcome,
+        )
+    };
+    let reason = |outcome: &super::super::plan::Outcome| {
+        let ready = outcome
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        (ready.status.clone(), ready.reason.clone())
+    };
+    in_step(&mut ec, 1, 0);
+    annotate(&mut ec, ABORT_ANNOTATION, &version);
+    let (published, canary, outcome) = run(&ec, &mine);
+    assert_eq!((published.as_str(), canary), (stable.as_str(), None));
+    assert_eq!(reason(&outcome), ("False".into(), "RolloutAborted".into()));
+    assert_eq!(
+        outcome.status.rollout.as_ref().unwrap().phase,
+        RolloutPhase::Aborted
+    );
+    let events: Vec<String> = outcome
+        .events
+        .iter()
+        .map(|e| e.reason.to_string())
+        .collect();
+    assert_eq!(events, ["RolloutAborted"]);
+
+    // The new version published to all, then undone to the one before.
+    let mut ec = scene().0;
+    let mut mine = mine.clone();
+    for r in &mut mine {
+        r.status.as_mut().unwrap().published = Some(r.spec.version == version);
+    }
+    ec.status.as_mut().unwrap().published_version = Some(version.clone());
+    annotate(&mut ec, UNDO_ANNOTATION, &format!("{stable}@{version}"));
+    let (published, _, outcome) = run(&ec, &mine);
+    assert_eq!(published, stable);
+    assert_eq!(reason(&outcome), ("False".into(), "Undone".into()));
+    let rollout = outcome.status.rollout.as_ref().unwrap();
+    assert_eq!(rollout.phase, RolloutPhase::Undone);
+    assert!(
+        rollout.message.contains("by `marin3r rollout undo`"),
+        "{}",
+        rollout.message
+    );
+    // Once the spec changes, the undo lapses: an undo of another desired version is nothing.
+    annotate(&mut ec, UNDO_ANNOTATION, &format!("{stable}@elsewhere"));
+    assert_eq!(run(&ec, &mine).0, version);
+    // And one naming a rejected revision is nothing either.
+    annotate(&mut ec, UNDO_ANNOTATION, &format!("{stable}@{version}"));
+    mine[0].status.as_mut().unwrap().tainted = Some(true);
+    assert_eq!(run(&ec, &mine).0, version);
+}
