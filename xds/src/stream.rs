@@ -16,6 +16,7 @@ use tonic::codegen::http::Extensions;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::resource::ResourceType;
+use crate::tracks::Track;
 
 use super::cache::{Cache, NodeKey, Published, Snapshot};
 use super::frame::{Encoded, Frame, Sent};
@@ -223,7 +224,9 @@ fn run<F: Flavour>(
         let mut watch = shared.cache.watch(ctx.key.clone(), identity);
         // The watch starts out "changed": this returns the current snapshot at once.
         let mut current: Option<Published> = watch.changed().await;
-        ctx.handle.on_track(watch.track());
+        // Registered on the stable track; the registry's lock is taken only on a change.
+        let mut track = Track::Stable;
+        follow_track(&ctx.handle, &mut track, watch.track());
         let mut state = F::new(&shared.limits);
 
         let mut next = Some(first);
@@ -255,7 +258,7 @@ fn run<F: Flavour>(
                 published = watch.changed() => published,
             };
             current = published;
-            ctx.handle.on_track(watch.track());
+            follow_track(&ctx.handle, &mut track, watch.track());
             // A cleared snapshot sends nothing: the proxy keeps what it has.
             let Some(p) = &current else { continue };
             let pushed = state.on_snapshot(&p.snapshot);
@@ -267,6 +270,14 @@ fn run<F: Flavour>(
             let _ = Box::pin(tx.send(Box::new(Err(status)))).await;
         }
         info!("proxy disconnected");
+    }
+}
+
+/// Tells the registry the stream's track when it changed from `track`.
+fn follow_track(handle: &super::status::ProxyHandle, track: &mut Track, now: Track) {
+    if now != *track {
+        *track = now;
+        handle.on_track(now);
     }
 }
 

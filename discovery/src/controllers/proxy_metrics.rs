@@ -4,6 +4,11 @@
 //! certificate, since an alert must name the config; they go with the object, so a deleted
 //! config leaves no stale series. Only the leader reports (it writes the sums), so take
 //! `max by (namespace, name, state)` over the discovery pods.
+//!
+//! Beside it, from the same status: `marin3r_envoyconfig_rollout_phase{namespace,name,phase}`
+//! (1 for the phase of a config's rollout, for configs with `spec.rollout`) and
+//! `marin3r_envoyconfig_rollout_step_started_timestamp_seconds{namespace,name}` (while a step
+//! runs), what the rollout alerts read.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -86,6 +91,51 @@ impl ProxyMetrics {
     }
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RolloutLabels {
+    namespace: String,
+    name: String,
+    phase: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConfigLabels {
+    namespace: String,
+    name: String,
+}
+
+impl ProxyMetrics {
+    /// The rollouts' phases and their steps' starts, from the configs' `status.rollout`.
+    fn rollouts(&self) -> (Family<RolloutLabels, Gauge>, Family<ConfigLabels, Gauge>) {
+        let phases = Family::<RolloutLabels, Gauge>::default();
+        let started = Family::<ConfigLabels, Gauge>::default();
+        let store = self
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for ec in store.iter().flat_map(Store::state) {
+            let Some(rollout) = ec.status.as_ref().and_then(|s| s.rollout.as_ref()) else {
+                continue;
+            };
+            let (namespace, name) = (ec.namespace().unwrap_or_default(), ec.name_any());
+            phases
+                .get_or_create(&RolloutLabels {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    phase: rollout.phase.as_str(),
+                })
+                .set(1);
+            if let Some(at) = &rollout.step_started_at {
+                started
+                    .get_or_create(&ConfigLabels { namespace, name })
+                    .set(at.0.as_second());
+            }
+        }
+        (phases, started)
+    }
+}
+
 impl Collector for ProxyMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let family = self.family();
@@ -94,6 +144,19 @@ impl Collector for ProxyMetrics {
             "Connected proxies of an EnvoyConfig's node by state for its published version (synced: acknowledged, nacked: rejected, pending: not answered yet), summed over every discovery replica; reported by the leader",
             None,
             family.metric_type(),
+        )?)?;
+        let (phases, started) = self.rollouts();
+        phases.encode(encoder.encode_descriptor(
+            "marin3r_envoyconfig_rollout_phase",
+            "1 for the phase of an EnvoyConfig's rollout (Held, Progressing, Paused, Completed, RolledBack, Aborted, Undone), for configs with spec.rollout; reported by the leader",
+            None,
+            phases.metric_type(),
+        )?)?;
+        started.encode(encoder.encode_descriptor(
+            "marin3r_envoyconfig_rollout_step_started_timestamp_seconds",
+            "When the current canary step of an EnvoyConfig's rollout started (Unix seconds), while one runs; reported by the leader",
+            None,
+            started.metric_type(),
         )?)?;
         Ok(())
     }

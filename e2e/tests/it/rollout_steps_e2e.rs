@@ -311,6 +311,35 @@ async fn rolls_out(prefix: &str, replicas: usize) {
         assert!(reasons.contains(reason), "no {reason} Event: {reasons:?}");
     }
     step(&format!("rejected by {rejecting:?} alone, rolled back"));
+    // The leader exports the phase: what Marin3rRolloutRolledBack alerts on.
+    let series = format!(
+        "marin3r_envoyconfig_rollout_phase{{namespace=\"{ns}\",name=\"web\",phase=\"RolledBack\"}} 1"
+    );
+    until(
+        "the leader's rollout metric",
+        Duration::from_secs(30),
+        || async {
+            for pod in scenario
+                .ready_pods("app.kubernetes.io/component=discovery-service")
+                .await
+            {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let got = marin3r_discovery::cli::port_forward::get(
+                    client.clone(),
+                    &ns,
+                    &name,
+                    8383,
+                    "/metrics",
+                )
+                .await;
+                if got.is_ok_and(|(_, body)| body.lines().any(|l| l == series)) {
+                    return Some(());
+                }
+            }
+            None
+        },
+    )
+    .await;
     if replicas == 1 {
         paused_then_aborted(&scenario, &ips).await;
         step("paused, resumed and aborted");

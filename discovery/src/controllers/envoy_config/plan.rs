@@ -124,7 +124,7 @@ pub fn decide(obs: &Observed<'_>) -> Plan {
         .chain(since_status(&mine, &current))
         .collect();
     let rollout = decide_rollout(obs, &mine, &version, &tainted);
-    let algorithm = revisions::plan_holding(
+    let algorithm = revisions::plan(
         &order,
         &existing,
         &version,

@@ -23,39 +23,6 @@ pub struct Plan {
     pub delete: Vec<String>,
 }
 
-/// Runs the algorithm.
-/// - `current`: `status.revisions` in publication order (unknown or repeated entries are
-///   tolerated: duplicates keep their last position);
-/// - `existing`: versions that have a revision object (a revision deleted by hand drops out);
-/// - `tainted`: versions Envoy rejected;
-/// - `loaded`: versions whose last load into the xDS cache succeeded.
-pub fn plan(
-    current: &[String],
-    existing: &BTreeSet<String>,
-    desired: &str,
-    tainted: &BTreeSet<String>,
-    loaded: &BTreeSet<String>,
-    limit: usize,
-) -> Plan {
-    run(current, existing, desired, tainted, loaded, limit, None)
-}
-
-/// The plan when the desired version may be held (by the blast-radius guard, or in a canary
-/// step): `stable`, when given, stays published (and is kept within the limit) where the
-/// algorithm would publish the desired version; the desired version still gets its revision,
-/// the newest in the order.
-pub fn plan_holding(
-    current: &[String],
-    existing: &BTreeSet<String>,
-    desired: &str,
-    tainted: &BTreeSet<String>,
-    loaded: &BTreeSet<String>,
-    limit: usize,
-    stable: Option<Hold<'_>>,
-) -> Plan {
-    run(current, existing, desired, tainted, loaded, limit, stable)
-}
-
 /// A version published in place of the one the algorithm chooses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold<'a> {
@@ -67,7 +34,14 @@ pub enum Hold<'a> {
     Pinned(&'a str),
 }
 
-fn run(
+/// Runs the algorithm.
+/// - `current`: `status.revisions` in publication order (unknown or repeated entries are
+///   tolerated: duplicates keep their last position);
+/// - `existing`: versions that have a revision object (a revision deleted by hand drops out);
+/// - `tainted`: versions Envoy rejected;
+/// - `loaded`: versions whose last load into the xDS cache succeeded;
+/// - `hold`: a version published in place of the one the algorithm chooses, if any.
+pub fn plan(
     current: &[String],
     existing: &BTreeSet<String>,
     desired: &str,
@@ -161,7 +135,15 @@ mod tests {
         tainted: &BTreeSet<String>,
         limit: usize,
     ) -> Plan {
-        super::plan(current, existing, desired, tainted, &BTreeSet::new(), limit)
+        super::plan(
+            current,
+            existing,
+            desired,
+            tainted,
+            &BTreeSet::new(),
+            limit,
+            None,
+        )
     }
 
     /// A held version gets its place as the newest, the stable one stays published and is
@@ -169,7 +151,7 @@ mod tests {
     #[test]
     fn a_held_version_leaves_the_stable_one_published_and_kept() {
         let existing = set(&["s", "b", "c"]);
-        let p = super::plan_holding(
+        let p = super::plan(
             &v(&["s", "b", "c"]),
             &existing,
             "new",
@@ -184,7 +166,7 @@ mod tests {
         assert_eq!(p.revisions, v(&["s", "c", "new"]));
         assert_eq!(p.delete, v(&["b"]));
         // Rejected: the rollback is the algorithm's, not the guard's.
-        let p = super::plan_holding(
+        let p = super::plan(
             &v(&["s", "new"]),
             &set(&["s", "new"]),
             "new",
@@ -198,7 +180,7 @@ mod tests {
             ("s", CacheState::Rollback)
         );
         // A stable version without a revision cannot be served: the desired one is.
-        let p = super::plan_holding(
+        let p = super::plan(
             &v(&[]),
             &set(&[]),
             "new",
@@ -213,7 +195,7 @@ mod tests {
         let existing = set(&["old", "b", "c", "new"]);
         let order = v(&["old", "b", "c", "new"]);
         let pin = |pinned, tainted: &[&str]| {
-            super::plan_holding(
+            super::plan(
                 &order,
                 &existing,
                 "new",
@@ -238,23 +220,31 @@ mod tests {
         let existing: BTreeSet<String> = names.iter().cloned().collect();
         // r0 loaded; r1..r9 were published in turn and each failed to load; "new" comes.
         let loaded = set(&["r0"]);
-        let p = super::plan(&names, &existing, "new", &set(&[]), &loaded, 10);
+        let p = super::plan(&names, &existing, "new", &set(&[]), &loaded, 10, None);
         assert_eq!(p.publish, "new");
         assert_eq!(p.delete, v(&["r1"]));
         assert_eq!(p.revisions[0], "r0");
         // Once the published revision has loaded, r0 is old news and goes first again.
         let loaded = set(&["r0", "r9"]);
-        let p = super::plan(&names, &existing, "r9", &set(&[]), &loaded, 9);
+        let p = super::plan(&names, &existing, "r9", &set(&[]), &loaded, 9, None);
         assert_eq!(p.publish, "r9");
         assert_eq!(p.delete, v(&["r0"]));
         // The newest revision that loaded is the one served, not every one that did.
         let loaded = set(&["r0", "r2"]);
-        let p = super::plan(&names, &existing, "new", &set(&[]), &loaded, 9);
+        let p = super::plan(&names, &existing, "new", &set(&[]), &loaded, 9, None);
         assert_eq!(p.delete, v(&["r0", "r1"]));
         assert!(p.revisions.contains(&"r2".to_owned()));
         // r9 tainted, the rollback to r8 not loaded yet: r2 is served, and kept beyond the
         // limit with the published and the desired revisions.
-        let p = super::plan(&names, &existing, "r9", &set(&["r9"]), &set(&["r2"]), 1);
+        let p = super::plan(
+            &names,
+            &existing,
+            "r9",
+            &set(&["r9"]),
+            &set(&["r2"]),
+            1,
+            None,
+        );
         assert_eq!(p.publish, "r8");
         assert_eq!(p.revisions, v(&["r2", "r8", "r9"]));
     }
@@ -419,7 +409,7 @@ mod tests {
         (tainted, loaded): (&BTreeSet<String>, &BTreeSet<String>),
         limit: usize,
     ) {
-        let p = super::plan(current, existing, desired, tainted, loaded, limit);
+        let p = super::plan(current, existing, desired, tainted, loaded, limit, None);
         let ctx = format!(
             "{current:?} desired={desired} tainted={tainted:?} loaded={loaded:?} \
              limit={limit}: {p:?}"
