@@ -5,7 +5,9 @@
 //! that answers with the new body. A version the real Envoy rejects reaches the first step's
 //! proxy only: it is rolled back by itself, the other three never get it, and every proxy
 //! keeps answering with the good version. The same with two discovery replicas, the sidecars
-//! spread over both: every replica serves each proxy its track, and the leader alone steps.
+//! spread over both: every replica serves each proxy its track, and the leader alone steps;
+//! when the leader dies mid-step, the next one goes on from the step the status records, and
+//! no canary goes back.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -343,7 +345,126 @@ async fn rolls_out(prefix: &str, replicas: usize) {
     if replicas == 1 {
         paused_then_aborted(&scenario, &ips).await;
         step("paused, resumed and aborted");
+    } else {
+        let canary = leader_dies_mid_step(&scenario, &ips).await;
+        step(&format!(
+            "the leader died during step 1; {canary} stayed a canary, all got five"
+        ));
     }
+}
+
+/// The Lease holder: the leading discovery pod.
+async fn leader(scenario: &real::Scenario) -> Option<String> {
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        scenario.client.clone(),
+        &scenario.ns,
+    )
+    .get_opt("marin3r-discovery-instance")
+    .await
+    .ok()??
+    .spec?
+    .holder_identity
+}
+
+/// The leading discovery pod dies (no grace) during step 1 of a good version: another takes
+/// the Lease and goes on from the step the status records; the canary never goes back to
+/// the old version, and no request fails. Returns the canary.
+async fn leader_dies_mid_step(scenario: &real::Scenario, ips: &[(String, String)]) -> String {
+    let configs: Api<EnvoyConfig> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let rollout = || async { configs.get("web").await.ok()?.status?.rollout };
+    let loops: Vec<real::Traffic> = ips
+        .iter()
+        .map(|(_, ip)| real::Traffic::start(&format!("http://{ip}:8080/")))
+        .collect();
+    scenario.apply(&config("0.0.0.0", "five")).await.unwrap();
+    let canary = until(
+        "step 1 of version five",
+        Duration::from_secs(60),
+        || async {
+            let r = rollout().await?;
+            let five = answering(&bodies(ips).await, "five");
+            (r.step == Some(1) && five.len() == 1).then(|| five.into_iter().next())?
+        },
+    )
+    .await;
+    let dead = until("a leader", Duration::from_secs(30), || leader(scenario)).await;
+    Api::<Pod>::namespaced(scenario.client.clone(), &scenario.ns)
+        .delete(
+            &dead,
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    until(
+        "published to all by the next leader",
+        Duration::from_secs(180),
+        || async {
+            let now = bodies(ips).await;
+            let on_canary = now.iter().find(|(pod, _)| *pod == canary);
+            if let Some((_, Some(body))) = on_canary
+                && body != "five"
+            {
+                let ec = configs.get("web").await.ok();
+                let revs: Api<marin3r_api::EnvoyConfigRevision> =
+                    Api::namespaced(scenario.client.clone(), &scenario.ns);
+                let canaries: Vec<_> = revs
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| {
+                        (
+                            r.spec.version.clone(),
+                            r.status.map(|s| (s.published, s.tainted, s.canary)),
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "rollout={:?}\nreports={:?}\nrevisions={canaries:?}\nleader={:?}",
+                    ec.as_ref()
+                        .and_then(|e| e.status.as_ref())
+                        .map(|s| &s.rollout),
+                    ec.as_ref()
+                        .and_then(|e| e.status.as_ref())
+                        .map(|s| &s.sync_reports),
+                    leader(scenario).await
+                );
+                for pod in scenario
+                    .ready_pods("app.kubernetes.io/component=discovery-service")
+                    .await
+                {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    let logs = scenario.logs(&name, &["discovery-service"]).await;
+                    for line in logs.lines().filter(|l| {
+                        l.contains("canary") || l.contains("lead") || l.contains("loaded")
+                    }) {
+                        eprintln!("{name}: {line}");
+                    }
+                }
+                panic!("the canary {canary} went back: {body}");
+            }
+            let r = rollout().await?;
+            let holder = leader(scenario).await?;
+            (holder != dead
+                && r.phase == RolloutPhase::Completed
+                && answering(&now, "five").len() == ips.len())
+            .then_some(())
+        },
+    )
+    .await;
+    for (l, (pod, _)) in loops.into_iter().zip(ips) {
+        let (_, failed) = l.stop().await.unwrap();
+        assert!(
+            failed.is_empty(),
+            "{pod}: {} failed: {failed:?}",
+            failed.len()
+        );
+    }
+    canary
 }
 
 /// `marin3r rollout pause`, `resume` and `abort` on a good version: a paused step outlasts

@@ -27,8 +27,9 @@ pub struct Rollout {
 }
 
 impl Rollout {
-    /// The version that stays published in place of the desired one, while it is held or in
-    /// a canary step.
+    /// The version published in place of the desired one: the one a person named (`rollout
+    /// undo`), or the stable one while the desired version is held, in a canary step or
+    /// aborted.
     pub fn stable(&self) -> Option<Hold<'_>> {
         if let Some(v) = &self.undone {
             return Some(Hold::Pinned(v));
@@ -48,7 +49,8 @@ impl Rollout {
         }
     }
 
-    /// `CacheOutOfSync` while the desired version is held or in a step.
+    /// `CacheOutOfSync` while the desired version is not published because of the rollout
+    /// (undone, held, in a step, aborted); None otherwise.
     pub fn served_condition(
         &self,
         status: &EnvoyConfigStatus,

@@ -89,7 +89,10 @@ async fn reconcile(
     if let Some((step, cutoff)) = r.canary() {
         return load_canary(&r, &ctx, step, cutoff).await;
     }
-    if ctx.publisher.end_canary(&key, &uid) {
+    // Tainted, or its rollout ended without it: its canaries get the stable revision back.
+    // Published, it stays the canary until it loads as the stable one (`Publisher::load`):
+    // ending it first would give its canaries the old version for as long as the load takes.
+    if !r.is_published() && ctx.publisher.end_canary(&key, &uid) {
         info!(revision = %name, node = %key, "no longer a canary; its proxies get the stable revision");
     }
     if !r.is_published() {
