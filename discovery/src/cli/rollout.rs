@@ -145,11 +145,7 @@ impl History {
     async fn read(target: &Target) -> anyhow::Result<Self> {
         let (configs, name) = target.config_api().await?;
         let ns = configs.namespace().unwrap_or_default().to_owned();
-        let config = configs
-            .get_opt(&name)
-            .await
-            .with_context(|| format!("reading EnvoyConfig {ns}/{name}"))?
-            .with_context(|| format!("no EnvoyConfig {ns}/{name}"))?;
+        let config = super::rollout_status::read(&configs, &name).await?;
         let revisions: Api<EnvoyConfigRevision> = Api::namespaced(configs.into_client(), &ns);
         let mut objects = Vec::new();
         for entry in config.status.iter().flat_map(|s| &s.revisions) {

@@ -62,14 +62,19 @@ impl ProxyMetrics {
         Reporting(self.clone())
     }
 
-    fn family(&self) -> Family<ProxyLabels, Gauge> {
-        let family = Family::<ProxyLabels, Gauge>::default();
+    /// The configs of the store while this replica leads; none otherwise.
+    fn configs(&self) -> Vec<std::sync::Arc<EnvoyConfig>> {
         let store = self
             .store
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        for ec in store.iter().flat_map(Store::state) {
+        store.iter().flat_map(Store::state).collect()
+    }
+
+    fn family(&self) -> Family<ProxyLabels, Gauge> {
+        let family = Family::<ProxyLabels, Gauge>::default();
+        for ec in self.configs() {
             let Some(sum) = ec.status.as_ref().and_then(|s| s.proxies.as_ref()) else {
                 continue;
             };
@@ -109,12 +114,7 @@ impl ProxyMetrics {
     fn rollouts(&self) -> (Family<RolloutLabels, Gauge>, Family<ConfigLabels, Gauge>) {
         let phases = Family::<RolloutLabels, Gauge>::default();
         let started = Family::<ConfigLabels, Gauge>::default();
-        let store = self
-            .store
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        for ec in store.iter().flat_map(Store::state) {
+        for ec in self.configs() {
             let Some(rollout) = ec.status.as_ref().and_then(|s| s.rollout.as_ref()) else {
                 continue;
             };
