@@ -95,7 +95,7 @@ fn the_sidecar_is_added_with_everything_spec_4_lists() {
     assert_eq!(
         overlay,
         json!({
-            "node": {"metadata": {"pod_name": "$(POD_NAME)", "pod_namespace": "$(POD_NAMESPACE)"}},
+            "node": {"metadata": {"pod_name": "$(POD_NAME)", "pod_namespace": "$(POD_NAMESPACE)", "stats_port": 9902}},
             "admin": {
                 "address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}},
                 "access_log": [{
@@ -321,7 +321,7 @@ fn the_command_line_is_the_args_with_the_downward_api_expanded() {
     let overlay: Value = serde_json::from_str(&args[7]).unwrap();
     assert_eq!(
         overlay["node"]["metadata"],
-        json!({"pod_name": "kuard-7d4b9", "pod_namespace": "shop"})
+        json!({"pod_name": "kuard-7d4b9", "pod_namespace": "shop", "stats_port": 9902})
     );
     assert_eq!(args.len(), 8);
 }

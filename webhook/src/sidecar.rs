@@ -40,6 +40,9 @@ pub const POD_NAMESPACE_ENV: &str = "POD_NAMESPACE";
 /// The node-metadata keys the xDS server reads to name the pod behind a proxy.
 pub const METADATA_POD_NAME: &str = "pod_name";
 pub const METADATA_POD_NAMESPACE: &str = "pod_namespace";
+/// The node metadata key of the readiness listener's port, where the discovery service reads
+/// the proxy's stats during a rollout's health analysis.
+pub const METADATA_STATS_PORT: &str = "stats_port";
 pub use crate::readiness::{
     ADMIN_CLUSTER, READINESS_LISTENER, READY_PATH, STATS_PATH, STATS_PORT_NAME, admin_target,
     any_address, ipv6_available,
@@ -135,6 +138,7 @@ fn render_config_yaml(spec: &SidecarSpec) -> String {
             "metadata": {
                 METADATA_POD_NAME: format!("$({POD_NAME_ENV})"),
                 METADATA_POD_NAMESPACE: format!("$({POD_NAMESPACE_ENV})"),
+                METADATA_STATS_PORT: spec.readiness_port,
             }
         },
         "admin": admin,

@@ -124,6 +124,7 @@ mod tests {
                 })
                 .collect(),
             track: None,
+            stats_port: None,
         }
     }
 

@@ -25,6 +25,7 @@ mod delta;
 mod frame;
 mod limits;
 mod metrics;
+mod node;
 mod protocol;
 #[cfg(test)]
 mod protocol_fuzz;

@@ -74,6 +74,10 @@ pub struct ProxyStatus {
     /// stable track.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub track: Option<String>,
+    /// The port of the proxy's stats listener (`GET /stats/prometheus` on its address), from
+    /// the node metadata key `stats_port`, when the proxy sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_port: Option<u16>,
 }
 
 impl ProxyStatus {
@@ -268,6 +272,7 @@ mod tests {
             connected_at: now_rfc3339(),
             types: BTreeMap::new(),
             track: None,
+            stats_port: None,
         }
     }
 

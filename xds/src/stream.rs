@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
 use envoy_types::pb::envoy::config::core::v3::{ControlPlane, Node};
-use envoy_types::pb::google::protobuf::value::Kind;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -22,6 +20,7 @@ use super::cache::{Cache, NodeKey, Published, Snapshot};
 use super::frame::{Encoded, Frame, Sent};
 use super::limits::{BytesCharge, Limit, Limits, NamespaceBytes, NamespaceStreams, StreamSlot};
 use super::metrics::{LimitLabels, Metrics, Protocol, ProtocolLabels};
+use super::node::{envoy_version, pod_name, stats_port};
 use super::protocol::{Ack, Ignored, Outcome, Rejection};
 use super::requests::{ReadError, RequestBody, Requests};
 use super::status::{NackEvent, ProxyStatus, StatusRegistry, now_rfc3339};
@@ -147,30 +146,6 @@ impl Drop for Connected<'_> {
     }
 }
 
-/// The node metadata key the sidecar's bootstrap puts its pod's name under.
-const POD_NAME_METADATA: &str = "pod_name";
-
-fn pod_name(node: &Node) -> Option<String> {
-    let value = node.metadata.as_ref()?.fields.get(POD_NAME_METADATA)?;
-    match &value.kind {
-        Some(Kind::StringValue(s)) if !s.is_empty() => Some(s.clone()),
-        _ => None,
-    }
-}
-
-/// The release the node runs: Envoy sends its semantic version in
-/// `user_agent_build_version`; other clients may send a free-form `user_agent_version`.
-fn envoy_version(node: &Node) -> Option<String> {
-    match node.user_agent_version_type.as_ref()? {
-        UserAgentVersionType::UserAgentBuildVersion(build) => {
-            let v = build.version.as_ref()?;
-            Some(format!("{}.{}.{}", v.major_number, v.minor_number, v.patch))
-        }
-        UserAgentVersionType::UserAgentVersion(v) if !v.is_empty() => Some(v.clone()),
-        UserAgentVersionType::UserAgentVersion(_) => None,
-    }
-}
-
 /// What the sync-status registry shows of a stream that just connected.
 fn proxy_status(
     key: &NodeKey,
@@ -189,6 +164,7 @@ fn proxy_status(
         connected_at: now_rfc3339(),
         types: Default::default(),
         track: None,
+        stats_port: stats_port(node),
     }
 }
 
@@ -540,33 +516,6 @@ mod tests {
     use super::*;
     use crate::delta::DeltaState;
     use crate::sotw::SotwState;
-
-    #[test]
-    fn the_envoy_version_comes_from_the_node() {
-        use envoy_types::pb::envoy::config::core::v3::BuildVersion;
-        use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
-        let node = |v: Option<UserAgentVersionType>| Node {
-            user_agent_version_type: v,
-            ..Default::default()
-        };
-        let build = UserAgentVersionType::UserAgentBuildVersion(BuildVersion {
-            version: Some(SemanticVersion {
-                major_number: 1,
-                minor_number: 34,
-                patch: 1,
-            }),
-            metadata: None,
-        });
-        assert_eq!(envoy_version(&node(Some(build))).as_deref(), Some("1.34.1"));
-        let free = UserAgentVersionType::UserAgentVersion("custom-7".into());
-        assert_eq!(
-            envoy_version(&node(Some(free))).as_deref(),
-            Some("custom-7")
-        );
-        let empty = UserAgentVersionType::UserAgentVersion(String::new());
-        assert_eq!(envoy_version(&node(Some(empty))), None);
-        assert_eq!(envoy_version(&node(None)), None);
-    }
 
     /// The size of the future a stream-task function returns, without calling it.
     fn future_size<A, B, C, D, E, R>(_: fn(A, B, C, D, E) -> R) -> usize {

@@ -49,6 +49,9 @@ marin3r_controller::reasons! {
         EndpointsInvalid,
         SecretChanged,
         RejectedByEnvoy,
+        /// Its canaries did worse than the stable proxies during a rollout step
+        /// (`spec.rollout.analysis`).
+        FailedAnalysis,
         RevisionTainted,
     }
 }

@@ -48,6 +48,60 @@ pub struct CanaryReport {
     /// lowest first.
     #[schemars(length(max = 32))]
     pub lowest: Vec<String>,
+    /// The traffic of this replica's proxies during the current step, per track, for the
+    /// health analysis; absent until their stats were read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<StepTraffic>,
+}
+
+/// What one replica read of its proxies' stats during one step: the counters' growth since
+/// the step began (or since the proxy restarted), summed per track.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StepTraffic {
+    /// The step (from 1) the counts are about.
+    pub step: u32,
+    /// The proxies on the canary track.
+    pub canary: Traffic,
+    /// The proxies on the stable track (a sample of them on a large node).
+    pub stable: Traffic,
+    /// How many proxies' stats could not be read at the last attempt.
+    #[serde(default)]
+    pub unread: u32,
+}
+
+/// Counts of Envoy's stats over some proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Traffic {
+    /// How many proxies were read.
+    pub proxies: u32,
+    /// Downstream HTTP requests (`downstream_rq_total`).
+    pub requests: u64,
+    /// Of them, answered with a 5xx (`downstream_rq_5xx`).
+    pub errors_5xx: u64,
+    /// Requests sent upstream plus failed connects (`upstream_rq_total`,
+    /// `upstream_cx_connect_fail`).
+    pub upstream_attempts: u64,
+    /// Failed upstream attempts: connect failures, resets by the upstream, timeouts.
+    pub upstream_failures: u64,
+}
+
+impl Traffic {
+    /// The sum of two counts, saturating.
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            proxies: self.proxies.saturating_add(other.proxies),
+            requests: self.requests.saturating_add(other.requests),
+            errors_5xx: self.errors_5xx.saturating_add(other.errors_5xx),
+            upstream_attempts: self
+                .upstream_attempts
+                .saturating_add(other.upstream_attempts),
+            upstream_failures: self
+                .upstream_failures
+                .saturating_add(other.upstream_failures),
+        }
+    }
 }
 
 /// `status.proxies`: the sum over the live discovery replicas, for the published version.

@@ -58,6 +58,95 @@ pub struct RolloutStrategy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub steps: Vec<RolloutStep>,
+    /// How the canaries' traffic is judged during each step (with `steps` only; on with its
+    /// defaults whenever there are steps). The discovery replicas read the Envoy stats of
+    /// the node's proxies and compare the canaries with the proxies still on the stable
+    /// version; a canary doing worse than these limits rolls the version back at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<Analysis>,
+}
+
+/// The default of `analysis.minRequests`.
+pub const DEFAULT_MIN_REQUESTS: u32 = 20;
+/// The default of `analysis.max5xxPercentagePoints` and
+/// `analysis.maxUpstreamFailurePercentagePoints`.
+pub const DEFAULT_MAX_POINTS: u8 = 5;
+
+/// `spec.rollout.analysis`: the limits a step's canaries are held to, each against the
+/// proxies still on the stable version over the same step (their share where they had
+/// traffic, zero where they had none). A limit of 100 turns that check off.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Analysis {
+    /// How many requests the canaries must have served in the step before they are judged
+    /// (default 20). With fewer the step is not judged: it bakes for its time and says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub min_requests: Option<u32>,
+    /// How many percentage points the canaries' share of 5xx responses (Envoy's
+    /// `downstream_rq_5xx` over `downstream_rq_total`, every HTTP connection manager but
+    /// marin3r's own) may exceed the stable proxies' (default 5).
+    #[serde(
+        default,
+        rename = "max5xxPercentagePoints",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_5xx_percentage_points: Option<u8>,
+    /// How many percentage points the canaries' share of failed upstream attempts (connect
+    /// failures, resets by the upstream and timeouts, over the requests sent upstream plus
+    /// the connect failures) may exceed the stable proxies' (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_upstream_failure_percentage_points: Option<u8>,
+    /// The lowest request rate per canary, in percent of the rate per stable proxy, below
+    /// which the canaries' traffic counts as collapsed (default 0: off, as a sidecar's
+    /// traffic is its own pod's and proxies seldom get the same share). Judged once the
+    /// stable proxies served `minRequests` each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub min_request_rate_percent: Option<u8>,
+}
+
+impl Analysis {
+    pub fn min_requests(&self) -> u64 {
+        u64::from(self.min_requests.unwrap_or(DEFAULT_MIN_REQUESTS).max(1))
+    }
+
+    pub fn max_5xx_points(&self) -> u8 {
+        self.max_5xx_percentage_points.unwrap_or(DEFAULT_MAX_POINTS)
+    }
+
+    pub fn max_upstream_failure_points(&self) -> u8 {
+        self.max_upstream_failure_percentage_points
+            .unwrap_or(DEFAULT_MAX_POINTS)
+    }
+
+    pub fn min_request_rate_percent(&self) -> u8 {
+        self.min_request_rate_percent.unwrap_or(0)
+    }
+
+    /// Why these limits cannot be used, each naming its field path.
+    pub fn problems(&self) -> Vec<String> {
+        let at = "spec.rollout.analysis";
+        let mut out = Vec::new();
+        if self.min_requests == Some(0) {
+            out.push(format!("{at}.minRequests: must be at least 1"));
+        }
+        for (field, value) in [
+            ("max5xxPercentagePoints", self.max_5xx_percentage_points),
+            (
+                "maxUpstreamFailurePercentagePoints",
+                self.max_upstream_failure_percentage_points,
+            ),
+            ("minRequestRatePercent", self.min_request_rate_percent),
+        ] {
+            if let Some(v) = value.filter(|v| *v > 100) {
+                out.push(format!("{at}.{field}: {v} is not from 0 to 100"));
+            }
+        }
+        out
+    }
 }
 
 /// One canary step: `proxies` or `percent` (exactly one), and how long it bakes.
@@ -157,6 +246,11 @@ impl RolloutStrategy {
     pub fn blast_radius(&self) -> BlastRadius {
         self.blast_radius.clone().unwrap_or_default()
     }
+
+    /// The analysis' limits, defaults filled in.
+    pub fn analysis(&self) -> Analysis {
+        self.analysis.clone().unwrap_or_default()
+    }
 }
 
 /// `spec.rollout.blastRadius`: a version that removes more than `maxRemovedPercent` of the
@@ -218,6 +312,10 @@ pub struct RolloutStatus {
     /// (`1/4`), null otherwise.
     #[serde(default)]
     pub canary: Option<String>,
+    /// The last health analysis of the canaries' traffic: what was measured on the canaries
+    /// and on the stable proxies during the step, and what it decided.
+    #[serde(default)]
+    pub analysis: Option<String>,
 }
 
 /// The phase of a rollout.
@@ -230,7 +328,8 @@ pub enum RolloutPhase {
     /// The version is published.
     #[default]
     Completed,
-    /// Envoy rejected the version; an earlier one is served.
+    /// Envoy rejected the version, or its canaries failed the health analysis; an earlier
+    /// one is served.
     RolledBack,
     /// The steps are paused by a person (`marin3r rollout pause`).
     Paused,

@@ -72,6 +72,9 @@ pub fn problems(spec: &EnvoyConfigSpec, namespace: &str, cross_namespace: bool) 
     }
     if let Some(rollout) = &spec.rollout {
         out.extend(marin3r_api::rollout::step_problems(&rollout.steps));
+        if let Some(analysis) = &rollout.analysis {
+            out.extend(analysis.problems());
+        }
     }
     if let Some(n) = spec
         .rollout
@@ -310,6 +313,25 @@ mod tests {
         let big =
             object(json!({"nodeID": "p", "rollout": {"blastRadius": {"maxRemovedPercent": 101}}}));
         assert_eq!(envoy_config_problems("shop", &big, false).len(), 1);
+        let analysis = object(
+            json!({"nodeID": "p", "rollout": {"steps": [{"percent": 10}],
+            "analysis": {"minRequests": 0, "max5xxPercentagePoints": 101,
+                "maxUpstreamFailurePercentagePoints": 100, "minRequestRatePercent": 0}}}),
+        );
+        assert_eq!(
+            envoy_config_problems("shop", &analysis, false),
+            [
+                "spec.rollout.analysis.minRequests: must be at least 1",
+                "spec.rollout.analysis.max5xxPercentagePoints: 101 is not from 0 to 100",
+            ]
+        );
+        let typo = object(json!({"nodeID": "p", "rollout": {"analysis": {"max5xxPercent": 1}}}));
+        let p = envoy_config_problems("shop", &typo, false);
+        assert!(
+            p.iter()
+                .any(|p| p.starts_with("spec.rollout.analysis.max5xxPercent: unknown field")),
+            "{p:?}"
+        );
     }
 
     /// The webhook warns with the same words `marin3r validate` prints.

@@ -338,6 +338,7 @@ mod tests {
                     ("routes".into(), ts("dddd", Some("eeee"), None)),
                 ]),
                 track: None,
+                stats_port: None,
             }],
         };
         let out = render(&[Answer { pod: None, status }]);
@@ -367,6 +368,7 @@ mod tests {
             connected_at: "now".into(),
             types: BTreeMap::from([("clusters".into(), ts(version, Some(version), None))]),
             track: None,
+            stats_port: None,
         }
     }
 

@@ -120,6 +120,9 @@ impl Status {
             if !r.message.is_empty() {
                 lines.push(format!("Why:     {}", printable(&r.message)));
             }
+            if let Some(analysis) = &r.analysis {
+                lines.push(format!("Health:  {}", printable(analysis)));
+            }
         }
         lines.join("\n") + "\n"
     }
@@ -213,6 +216,7 @@ mod tests {
             stable_version: Some("stable1".into()),
             phase: RolloutPhase::Held,
             message: "version x is held: it removes 4 of 5 clusters\u{1b}[2J".into(),
+            analysis: Some("healthy (canaries: 1 proxies)".into()),
             ..Default::default()
         };
         let status = Status::of(&config(Some(rollout), true, true));
@@ -223,6 +227,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("removes 4 of 5 clusters"), "{text}");
+        assert!(
+            text.contains("Health:  healthy (canaries: 1 proxies)\n"),
+            "{text}"
+        );
         assert!(
             !text.contains('\u{1b}'),
             "a tenant's text is printed escaped: {text}"

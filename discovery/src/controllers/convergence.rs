@@ -137,7 +137,15 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
                 let c = convergence::count(proxies?.iter().copied(), &load.types);
                 (c.connected > 0).then_some((load.version, c))
             });
-            let canary = proxies.and_then(|p| canary_report(ec, &key, p));
+            let canary = proxies
+                .and_then(|p| canary_report(ec, &key, p))
+                .map(|mut c| {
+                    let step = ec.status.as_ref().and_then(|s| s.rollout.as_ref()?.step);
+                    c.traffic = step.and_then(|step| {
+                        ctx.traffic.traffic(&ns, &ec.name_any(), &c.version, step)
+                    });
+                    c
+                });
             let Some(reports) = reports_with(ec, &ctx.config.replica, count, canary) else {
                 continue;
             };
@@ -177,6 +185,7 @@ fn canary_report(
             .take(MAX_CANARY_HASHES)
             .map(|h| format!("{h:016x}"))
             .collect(),
+        traffic: None,
     })
 }
 

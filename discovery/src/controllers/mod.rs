@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod nacks;
 mod proxy_metrics;
 pub mod publisher;
+pub mod traffic;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,6 +141,8 @@ pub(crate) struct Context {
     pub attempted: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Envoy's last verdict on each EnvoyConfig.
     pub verdicts: envoy_config::verdicts::Verdicts,
+    /// What this replica read of its proxies' traffic during rollout steps.
+    pub traffic: traffic::Book,
 }
 
 impl Context {
@@ -310,6 +313,7 @@ pub async fn run_stepping_down(
         publisher: Publisher::new(cache),
         attempted: Default::default(),
         verdicts: Default::default(),
+        traffic: Default::default(),
     });
     let watches = Indexes::run(&ctx);
     let stop = tokio_util::sync::CancellationToken::new();
@@ -324,6 +328,10 @@ pub async fn run_stepping_down(
         stop.clone().cancelled_owned(),
     ));
     let sync_reports = tokio::spawn(convergence::report(
+        Arc::clone(&ctx),
+        stop.clone().cancelled_owned(),
+    ));
+    let traffic = tokio::spawn(traffic::run(
         Arc::clone(&ctx),
         stop.clone().cancelled_owned(),
     ));
@@ -358,7 +366,7 @@ pub async fn run_stepping_down(
     for watch in &watches {
         watch.abort();
     }
-    let tasks = [ecr, nack, sync_reports, leading];
+    let tasks = [ecr, nack, sync_reports, traffic, leading];
     let aborts: Vec<_> = tasks
         .iter()
         .map(tokio::task::JoinHandle::abort_handle)

@@ -443,7 +443,7 @@ async fn reconcile(r: Arc<EnvoyConfigRevision>, ctx: Arc<Context>) -> Result<Act
             Ok(Action::await_change())
         }
         Decision::Taint { message } => {
-            taint(&ctx, &r, &message).await?;
+            taint(&ctx, &r, RevisionReason::RejectedByEnvoy, &message).await?;
             Ok(Action::await_change())
         }
     }
@@ -473,7 +473,12 @@ pub(super) async fn live_replicas(ctx: &Context) -> Result<Option<BTreeSet<Strin
 
 /// Writes the taint on the revision as the leader read it: a stale read is refused with a
 /// conflict (and decided again on the fresh one), so the taint is written once.
-async fn taint(ctx: &Context, revision: &EnvoyConfigRevision, message: &str) -> Result<(), Error> {
+pub(super) async fn taint(
+    ctx: &Context,
+    revision: &EnvoyConfigRevision,
+    reason: RevisionReason,
+    message: &str,
+) -> Result<(), Error> {
     let namespace = revision.namespace().unwrap_or_default();
     let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut status = revision.status.clone().unwrap_or_default();
@@ -482,7 +487,7 @@ async fn taint(ctx: &Context, revision: &EnvoyConfigRevision, message: &str) -> 
         &mut status.conditions,
         REVISION_TAINTED,
         true,
-        RevisionReason::RejectedByEnvoy,
+        reason,
         message,
         revision.metadata.generation,
         &super::now(),

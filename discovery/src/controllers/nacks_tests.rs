@@ -240,6 +240,7 @@ fn unlisted_leader_of(discovery_service: &str) -> Context {
         publisher: super::super::publisher::Publisher::new(marin3r_xds::Cache::new()),
         attempted: Default::default(),
         verdicts: Default::default(),
+        traffic: Default::default(),
     }
 }
 

@@ -4,7 +4,10 @@
 //! no failed request anywhere; `marin3r proxy-status` names the canary, and it is the proxy
 //! that answers with the new body. A version the real Envoy rejects reaches the first step's
 //! proxy only: it is rolled back by itself, the other three never get it, and every proxy
-//! keeps answering with the good version. The same with two discovery replicas, the sidecars
+//! keeps answering with the good version. A version the real Envoy accepts but whose every
+//! request is answered 503 reaches the first step's proxy only, and the health analysis of
+//! its traffic rolls it back well within the step's bake: only that proxy's loop saw an
+//! error. The same with two discovery replicas, the sidecars
 //! spread over both: every replica serves each proxy its track, and the leader alone steps;
 //! when the leader dies mid-step, the next one goes on from the step the status records, and
 //! no canary goes back.
@@ -66,6 +69,70 @@ spec:
                       typed_config:
                         "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#
+    )
+}
+
+/// How long the first step of the broken version bakes: it must be rolled back well within.
+const BROKEN_BAKE: Duration = Duration::from_secs(90);
+
+/// A version Envoy accepts that breaks every request: the listener routes to a cluster
+/// (another listener of the same Envoy) that answers 503. Two steps, the first baking
+/// [`BROKEN_BAKE`].
+fn broken() -> String {
+    let bake = BROKEN_BAKE.as_secs();
+    let hcm = |name: &str, route: &str| {
+        format!(
+            r#"
+        filter_chains:
+          - filters:
+              - name: envoy.filters.network.http_connection_manager
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                  stat_prefix: {name}
+                  route_config:
+                    name: {name}
+                    virtual_hosts:
+                      - name: {name}
+                        domains: ["*"]
+                        routes:
+                          - match: {{prefix: "/"}}
+                            {route}
+                  http_filters:
+                    - name: envoy.filters.http.router
+                      typed_config:
+                        "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"#
+        )
+    };
+    format!(
+        r#"
+apiVersion: marin3r.3scale.net/v1alpha1
+kind: EnvoyConfig
+metadata: {{name: web}}
+spec:
+  nodeID: web
+  rollout:
+    steps:
+      - {{proxies: 1, bake: {bake}s}}
+      - {{percent: 50, bake: 8s}}
+  resources:
+    - type: cluster
+      value:
+        name: backend
+        connect_timeout: 1s
+        load_assignment:
+          cluster_name: backend
+          endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 8081}}}}}}}}]}}]
+    - type: listener
+      value:
+        name: backend
+        address: {{socket_address: {{address: 127.0.0.1, port_value: 8081}}}}{backend}
+    - type: listener
+      value:
+        name: http
+        address: {{socket_address: {{address: 0.0.0.0, port_value: 8080}}}}{http}
+"#,
+        backend = hcm("backend", "direct_response: {status: 503}"),
+        http = hcm("http", "route: {cluster: backend}"),
     )
 }
 
@@ -342,6 +409,10 @@ async fn rolls_out(prefix: &str, replicas: usize) {
         },
     )
     .await;
+    let broken = fails_its_analysis(&scenario, &ips).await;
+    step(&format!(
+        "a version answering 503 reached {broken} alone and was rolled back by its analysis"
+    ));
     if replicas == 1 {
         paused_then_aborted(&scenario, &ips).await;
         step("paused, resumed and aborted");
@@ -351,6 +422,85 @@ async fn rolls_out(prefix: &str, replicas: usize) {
             "the leader died during step 1; {canary} stayed a canary, all got five"
         ));
     }
+}
+
+/// A version Envoy accepts but whose every request is answered 503: it reaches the first
+/// step's proxy only, the health analysis of the canary's traffic fails well within the
+/// step's bake, and it is rolled back by itself; only the canary's request loop saw an
+/// error. Returns the canary.
+async fn fails_its_analysis(scenario: &real::Scenario, ips: &[(String, String)]) -> String {
+    let configs: Api<EnvoyConfig> = Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let loops: Vec<real::Traffic> = ips
+        .iter()
+        .map(|(_, ip)| real::Traffic::start(&format!("http://{ip}:8080/")))
+        .collect();
+    let applied = Instant::now();
+    scenario.apply(&broken()).await.unwrap();
+    let rollout = until("rolled back by the analysis", BROKEN_BAKE, || async {
+        let status = configs.get("web").await.ok()?.status?;
+        let r = status.rollout?;
+        (r.phase == RolloutPhase::RolledBack
+            && status.cache_state? == CacheState::Rollback
+            && r.analysis.as_deref()?.contains("5xx responses are"))
+        .then_some(r)
+    })
+    .await;
+    let took = applied.elapsed();
+    assert!(
+        took < BROKEN_BAKE - Duration::from_secs(30),
+        "rolled back after {took:?}, not well within the bake: {rollout:?}"
+    );
+    until(
+        "every pod answering two again",
+        Duration::from_secs(30),
+        || async { (answering(&bodies(ips).await, "two").len() == ips.len()).then_some(()) },
+    )
+    .await;
+    let mut failing = Vec::new();
+    for (l, (pod, _)) in loops.into_iter().zip(ips) {
+        let (answered, failed) = l.stop().await.unwrap();
+        assert!(answered > 0, "{pod}: no request answered");
+        if !failed.is_empty() {
+            failing.push((pod.clone(), failed.len()));
+        }
+    }
+    assert_eq!(
+        failing.len(),
+        1,
+        "only the canary's loop saw errors: {failing:?}"
+    );
+    // The revision is tainted for its analysis, not by Envoy, and the status says so.
+    let revisions: Api<marin3r_api::EnvoyConfigRevision> =
+        Api::namespaced(scenario.client.clone(), &scenario.ns);
+    let revision = revisions
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|r| r.spec.version == rollout.version)
+        .expect("the broken version's revision");
+    let taint = revision.taint_condition().expect("tainted");
+    assert_eq!(taint.reason, "FailedAnalysis", "{taint:?}");
+    assert!(
+        rollout
+            .message
+            .contains("failed the health analysis in step 1 of 2"),
+        "{rollout:?}"
+    );
+    let ec = configs.get("web").await.unwrap();
+    let status = ec.status.unwrap();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "CacheOutOfSync")
+        .unwrap();
+    assert!(
+        ready.message.contains("failed the health analysis"),
+        "{ready:?}"
+    );
+    assert_eq!(status.last_nack_message, None, "not a NACK");
+    failing.remove(0).0
 }
 
 /// The Lease holder: the leading discovery pod.

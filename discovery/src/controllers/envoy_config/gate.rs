@@ -175,6 +175,33 @@ impl Report<'_> {
         } else if let Steps::Aborted { message, .. } = steps {
             rollout.phase = RolloutPhase::Aborted;
             rollout.message.clone_from(message);
+        } else if let Steps::Failed {
+            stable,
+            step,
+            of,
+            analysis,
+        } = steps
+        {
+            rollout.phase = RolloutPhase::RolledBack;
+            rollout.message = format!(
+                "version {version} is rolled back: {}; version {stable} is served to every \
+                 proxy",
+                failed_message(*step, *of, analysis)
+            );
+            rollout.analysis = Some(analysis.clone());
+        }
+        // What the last analysis said, and why the version was rolled back, stay while the
+        // rollout is of this version.
+        if let Some(b) = before.as_ref().filter(|b| b.version == version) {
+            if rollout.analysis.is_none() {
+                rollout.analysis.clone_from(&b.analysis);
+            }
+            if rollout.message.is_empty() && b.phase == rollout.phase {
+                rollout.message.clone_from(&b.message);
+            }
+        }
+        if let Steps::Canary(step) = steps {
+            rollout.analysis = step.analysis.clone().or(rollout.analysis);
         }
         events.extend(step_events(before.as_ref(), &rollout));
         status.rollout = Some(rollout);
@@ -272,16 +299,17 @@ fn step_events(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Vec<Not
             .collect(),
         RolloutPhase::RolledBack => was_rolling
             .map(|b| {
-                Note::warning(
-                    Reason::RolloutRolledBack,
-                    format!(
+                let message = match after.message.is_empty() {
+                    true => format!(
                         "version {} was rolled back during step {} of {}: its canaries \
                          rejected it; the other proxies never got it",
                         after.version,
                         b.step.unwrap_or(0),
                         b.steps.unwrap_or(0)
                     ),
-                )
+                    false => after.message.clone(),
+                };
+                Note::warning(Reason::RolloutRolledBack, message)
             })
             .into_iter()
             .collect(),
@@ -290,6 +318,14 @@ fn step_events(before: Option<&RolloutStatus>, after: &RolloutStatus) -> Vec<Not
         RolloutPhase::Undone => person(Reason::RolloutUndone),
         RolloutPhase::Held => Vec::new(),
     }
+}
+
+/// Why a version's canaries were rolled back in step `step` of `of`.
+pub fn failed_message(step: u32, of: u32, analysis: &str) -> String {
+    format!(
+        "its canaries failed the health analysis in step {step} of {of}, and the other \
+         proxies never got it: {analysis}"
+    )
 }
 
 /// Why the desired version is not published after an undo.

@@ -4,6 +4,7 @@
 //! (`revisions::plan`) with the revisions Envoy tainted, marks the chosen one published and
 //! writes the status.
 
+pub mod analysis;
 pub mod gate;
 pub mod plan;
 mod reason;
@@ -23,7 +24,7 @@ use tracing::info;
 
 use super::{Context, Error};
 use marin3r_api::envoy_config::CacheState;
-use marin3r_api::envoy_config_revision::RevisionCanary;
+use marin3r_api::envoy_config_revision::{RevisionCanary, RevisionReason};
 use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 use plan::{Observed, Outcome, Plan, Publish};
 
@@ -209,15 +210,43 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
             );
         delete(&api, &name).await?;
     }
+    let version = obs.ec.spec.version();
     mark_canary(
         &api,
         &mine,
         &algorithm.delete,
-        &obs.ec.spec.version(),
+        &version,
         plan.rollout.canary(),
     )
     .await?;
+    if let Some(why) = plan.rollout.failed() {
+        fail_analysis(ctx, &api, &mine, &version, &why).await?;
+    }
     Ok(plan::report(obs, algorithm, &mine, &plan.rollout))
+}
+
+/// Taints the desired revision (`version`) whose canaries failed the health analysis, as
+/// read now (the canary mark was just taken off it): the next run rolls it back as it does a
+/// version Envoy rejected, and it is not published again until the spec changes.
+async fn fail_analysis(
+    ctx: &Context,
+    api: &Api<EnvoyConfigRevision>,
+    mine: &[EnvoyConfigRevision],
+    version: &str,
+    why: &str,
+) -> Result<(), Error> {
+    let Some(name) = mine
+        .iter()
+        .find(|r| r.spec.version == version && !r.is_tainted())
+        .map(ResourceExt::name_any)
+    else {
+        return Ok(());
+    };
+    let revision = api.get(&name).await?;
+    if revision.is_tainted() {
+        return Ok(());
+    }
+    super::nacks::taint(ctx, &revision, RevisionReason::FailedAnalysis, why).await
 }
 
 /// Writes `status.canary` on the desired revision (`version`) while it is in a canary step,
@@ -319,19 +348,25 @@ mod tests {
     #[test]
     fn the_cache_condition_says_what_is_served_and_why() {
         use plan::cache_condition;
-        let (out, reason, msg) = cache_condition(CacheState::InSync, "b", "b", None);
+        let (out, reason, msg) = cache_condition(CacheState::InSync, "b", "b", None, false);
         assert_eq!(
             (out, reason.to_string().as_str(), msg.as_str()),
             (false, "InSync", "version b is published")
         );
-        let (out, reason, msg) =
-            cache_condition(CacheState::Rollback, "b", "a", Some("router must be last"));
+        let (out, reason, msg) = cache_condition(
+            CacheState::Rollback,
+            "b",
+            "a",
+            Some("router must be last"),
+            false,
+        );
         assert_eq!((out, reason.to_string().as_str()), (true, "Rollback"));
         assert_eq!(
             msg,
             "Envoy rejected version b; rolled back to version a: router must be last"
         );
-        let (out, reason, msg) = cache_condition(CacheState::RollbackFailed, "b", "b", Some("x"));
+        let (out, reason, msg) =
+            cache_condition(CacheState::RollbackFailed, "b", "b", Some("x"), false);
         assert_eq!((out, reason.to_string().as_str()), (true, "RollbackFailed"));
         assert!(msg.ends_with("until the spec is fixed: x"), "{msg}");
     }

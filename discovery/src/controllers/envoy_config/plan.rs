@@ -368,13 +368,16 @@ pub fn report(
         None => plan.cache_state,
     };
     status.cache_state = Some(cache_state);
-    let nack = mine
+    let taint = mine
         .iter()
         .find(|r| r.spec.version == version)
-        .and_then(|r| r.taint_message().map(str::to_owned));
+        .and_then(|r| r.taint_condition());
+    let nack = taint.map(|c| c.message.clone());
+    // Tainted because its canaries failed the health analysis, not by Envoy.
+    let analysis = taint.is_some_and(|c| c.reason == RevisionReason::FailedAnalysis.to_string());
     let (out_of_sync, reason, message) = rollout
         .served_condition(&status, &version)
-        .unwrap_or_else(|| served_condition(plan, mine, &version, nack.as_deref()));
+        .unwrap_or_else(|| served_condition(plan, mine, &version, nack.as_deref(), analysis));
     let set = |status: &mut EnvoyConfigStatus, type_, value, reason, message: &str| {
         set_condition(
             &mut status.conditions,
@@ -407,7 +410,7 @@ pub fn report(
         )
     };
     set(&mut status, ROLLBACK_FAILED, failed, reason, &why);
-    status.last_nack_message = nack;
+    status.last_nack_message = nack.filter(|_| !analysis);
     let changed = previous_state != Some(cache_state);
     if changed {
         events.push(match cache_state {
@@ -462,6 +465,7 @@ fn served_condition(
     mine: &[EnvoyConfigRevision],
     desired: &str,
     nack: Option<&str>,
+    analysis: bool,
 ) -> (bool, Reason, String) {
     let published = mine.iter().find(|r| r.spec.version == plan.publish);
     match published.and_then(|r| r.load_failure()) {
@@ -473,27 +477,31 @@ fn served_condition(
                 plan.publish
             ),
         ),
-        None => cache_condition(plan.cache_state, desired, &plan.publish, nack),
+        None => cache_condition(plan.cache_state, desired, &plan.publish, nack, analysis),
     }
 }
 
 /// The `CacheOutOfSync` condition (status, reason, message) for a cache state: why the
-/// desired version is not what proxies get, with Envoy's words when it rejected it.
+/// desired version is not what proxies get, with Envoy's words when it rejected it, or the
+/// health analysis' when its canaries failed it (`analysis`).
 pub fn cache_condition(
     state: CacheState,
     desired: &str,
     published: &str,
     nack: Option<&str>,
+    analysis: bool,
 ) -> (bool, Reason, String) {
     let why = nack.map(|m| format!(": {m}")).unwrap_or_default();
+    let rejected = match analysis {
+        true => format!("the canaries of version {desired} failed the health analysis"),
+        false => format!("Envoy rejected version {desired}"),
+    };
     let message = match state {
         CacheState::InSync => format!("version {desired} is published"),
-        CacheState::Rollback => {
-            format!("Envoy rejected version {desired}; rolled back to version {published}{why}")
-        }
+        CacheState::Rollback => format!("{rejected}; rolled back to version {published}{why}"),
         CacheState::RollbackFailed => format!(
-            "Envoy rejected version {desired} and no earlier revision is untainted; it stays \
-             published until the spec is fixed{why}"
+            "{rejected} and no earlier revision is untainted; it stays published until the \
+             spec is fixed{why}"
         ),
     };
     (state != CacheState::InSync, Reason::from(state), message)

@@ -23,6 +23,8 @@ marin3r_controller::reasons! {
         RolloutPaused,
         /// A person aborted the desired version's rollout.
         RolloutAborted,
+        /// The desired version's canaries failed the health analysis; it is rolled back.
+        FailedAnalysis,
         /// A person published an earlier revision in its place (`marin3r rollout undo`).
         Undone,
     }

@@ -36,7 +36,9 @@ impl Rollout {
         }
         match &self.steps {
             Steps::Canary(step) => Some(Hold::Stable(&step.stable)),
-            Steps::Aborted { stable, .. } => Some(Hold::Stable(stable)),
+            Steps::Aborted { stable, .. } | Steps::Failed { stable, .. } => {
+                Some(Hold::Stable(stable))
+            }
             _ => self.gate.held().map(Hold::Stable),
         }
     }
@@ -72,6 +74,9 @@ impl Rollout {
             (_, Steps::Aborted { message, .. }, _) => {
                 Some((true, Reason::RolloutAborted, message.clone()))
             }
+            (_, Steps::Failed { .. }, Some(r)) => {
+                Some((true, Reason::FailedAnalysis, r.message.clone()))
+            }
             _ => None,
         }
     }
@@ -94,6 +99,17 @@ impl Rollout {
             self.undone.as_deref(),
             state,
         )
+    }
+
+    /// Why the canaries failed the health analysis, when they did: the desired revision is
+    /// to be tainted for it.
+    pub fn failed(&self) -> Option<String> {
+        match &self.steps {
+            Steps::Failed {
+                step, of, analysis, ..
+            } => Some(super::gate::failed_message(*step, *of, analysis)),
+            _ => None,
+        }
     }
 
     /// The desired revision's canary status: its step and cutoff while in a step.

@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+use super::analysis::{self, Verdict};
 use kube::ResourceExt;
 use marin3r_api::envoy_config_revision::RevisionCanary;
 use marin3r_api::rollout::{
-    ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RolloutPhase, RolloutStep,
+    ABORT_ANNOTATION, PAUSE_ANNOTATION, PROMOTE_ANNOTATION, RolloutPhase, RolloutStatus,
+    RolloutStep,
 };
 use marin3r_api::{EnvoyConfig, EnvoyConfigRevision};
 
@@ -37,6 +39,14 @@ pub enum Steps {
     Done,
     /// Aborted by a person: `stable` stays published, to every proxy.
     Aborted { stable: String, message: String },
+    /// The canaries failed the health analysis: `stable` stays published, to every proxy,
+    /// and the version is tainted (`FailedAnalysis`).
+    Failed {
+        stable: String,
+        step: u32,
+        of: u32,
+        analysis: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +68,9 @@ pub struct Step {
     pub message: String,
     /// Paused by a person: the step does not end.
     pub paused: bool,
+    /// The last health analysis of the step's traffic (of the step `status.rollout`
+    /// records, which this one may be the next of).
+    pub analysis: Option<String>,
 }
 
 /// The rollout of the desired version `version`; `rejected`: Envoy rejected it; `held`: the
@@ -70,9 +83,10 @@ pub fn judge(
     held: bool,
     now: &Time,
 ) -> Steps {
-    let Some(steps) = ec.spec.rollout.as_ref().map(|r| &r.steps) else {
+    let Some(strategy) = ec.spec.rollout.as_ref() else {
         return Steps::None;
     };
+    let steps = &strategy.steps;
     if steps.is_empty() || rejected || held {
         return Steps::None;
     }
@@ -88,8 +102,20 @@ pub fn judge(
     }
     let paused = said(PAUSE_ANNOTATION) == Some("true");
     let desired = mine.iter().find(|r| r.spec.version == version);
-    let (number, started) = progress(ec, version, steps, paused, now);
     let of = u32::try_from(steps.len()).unwrap_or(u32::MAX);
+    // The step under way is judged on its traffic before anything moves on.
+    let analysis = match analyse(ec, version) {
+        Err((step, analysis)) => {
+            return Steps::Failed {
+                stable: stable.spec.version.clone(),
+                step,
+                of,
+                analysis,
+            };
+        }
+        Ok(said) => said,
+    };
+    let (number, started) = progress(ec, version, steps, paused, now);
     let Some(step) = steps.get(index(number)) else {
         return Steps::Done;
     };
@@ -110,6 +136,7 @@ pub fn judge(
         requeue: REPORTS_WAIT,
         message: String::new(),
         paused,
+        analysis,
     };
     let started = match started {
         Some(t) => t,
@@ -194,15 +221,7 @@ fn progress(
     paused: bool,
     now: &Time,
 ) -> (u32, Option<Time>) {
-    let ongoing = ec
-        .status
-        .as_ref()
-        .and_then(|s| s.rollout.as_ref())
-        .filter(|r| {
-            r.version == version
-                && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
-        });
-    let Some(r) = ongoing else {
+    let Some(r) = ongoing(ec, version) else {
         return (1, None);
     };
     let number = r.step.unwrap_or(1).max(1);
@@ -215,6 +234,28 @@ fn progress(
         }
         _ => (number, r.step_started_at.clone()),
     }
+}
+
+/// The health analysis of the step of `version` under way: what it says (None: no step under
+/// way), or the step and why when its canaries failed it.
+fn analyse(ec: &EnvoyConfig, version: &str) -> Result<Option<String>, (u32, String)> {
+    let (Some(strategy), Some(step)) = (
+        ec.spec.rollout.as_ref(),
+        ongoing(ec, version).and_then(|r| r.step),
+    ) else {
+        return Ok(None);
+    };
+    match analysis::judge(ec, &strategy.analysis(), version, step) {
+        Verdict::Failing(why) => Err((step, why)),
+        verdict => Ok(Some(format!("step {step}: {}", verdict.message()))),
+    }
+}
+
+/// The rollout of `version` under way, as `status.rollout` records it.
+fn ongoing<'a>(ec: &'a EnvoyConfig, version: &str) -> Option<&'a RolloutStatus> {
+    ec.status.as_ref()?.rollout.as_ref().filter(|r| {
+        r.version == version && matches!(r.phase, RolloutPhase::Progressing | RolloutPhase::Paused)
+    })
 }
 
 fn index(number: u32) -> usize {

@@ -65,6 +65,7 @@ fn reports(version: &str) -> Vec<SyncReport> {
                 version: version.into(),
                 proxies: 2,
                 lowest: hashes.iter().map(|h| hex(*h)).collect(),
+                traffic: None,
             }),
         })
         .collect()
@@ -430,4 +431,109 @@ fn an_abort_and_an_undo_are_what_is_served_until_the_spec_changes() {
     annotate(&mut ec, UNDO_ANNOTATION, &format!("{stable}@{version}"));
     mine[0].status.as_mut().unwrap().tainted = Some(true);
     assert_eq!(run(&ec, &mine).0, version);
+}
+
+/// The canaries' and the stable proxies' traffic in step 1, as both replicas read it.
+fn with_traffic(ec: &mut EnvoyConfig, canary_5xx: u64) {
+    use marin3r_api::proxy_sync::{StepTraffic, Traffic};
+    let version = ec.spec.version();
+    let status = ec.status.as_mut().unwrap();
+    for (i, r) in status.sync_reports.iter_mut().enumerate() {
+        let c = r.canary.as_mut().unwrap();
+        assert_eq!(c.version, version);
+        c.traffic = Some(StepTraffic {
+            step: 1,
+            canary: Traffic {
+                proxies: u32::from(i == 0),
+                requests: 30,
+                errors_5xx: canary_5xx,
+                ..Traffic::default()
+            },
+            stable: Traffic {
+                proxies: 1,
+                requests: 30,
+                ..Traffic::default()
+            },
+            unread: 0,
+        });
+    }
+}
+
+#[test]
+fn canaries_failing_the_analysis_roll_the_version_back_before_the_others_get_it() {
+    let (mut ec, mine) = scene();
+    let version = ec.spec.version();
+    let stable = mine[0].spec.version.clone();
+    in_step(&mut ec, 1, 0);
+    // Healthy: the step goes on, and says what it saw.
+    with_traffic(&mut ec, 0);
+    let healthy = step(judge(&ec, &mine, &version, false, false, &at(5)));
+    assert_eq!(healthy.number, 1);
+    let said = healthy.analysis.unwrap();
+    assert!(said.starts_with("step 1: healthy"), "{said}");
+    // Every canary request a 5xx: failed, in the middle of the bake.
+    with_traffic(&mut ec, 30);
+    let failed = judge(&ec, &mine, &version, false, false, &at(5));
+    let Steps::Failed {
+        stable: kept,
+        step: 1,
+        of: 2,
+        analysis,
+    } = &failed
+    else {
+        panic!("{failed:?}")
+    };
+    assert_eq!(kept, &stable);
+    assert!(analysis.contains("5xx responses are 100.0%"), "{analysis}");
+    // Through the plan: the stable version stays published to all, no canary is marked,
+    // the revision is to be tainted, and it says so.
+    let obs = Observed {
+        ec: &ec,
+        node_served_by: None,
+        allow_cross_namespace_secrets: false,
+        revisions: mine.clone(),
+        envoy_refusal: Vec::new(),
+        now: at(5),
+    };
+    let Plan::Publish(publish) = decide(&obs) else {
+        panic!("a valid spec is published")
+    };
+    assert_eq!(publish.algorithm.publish, stable);
+    assert_eq!(publish.rollout.canary(), None);
+    let why = publish.rollout.failed().unwrap();
+    assert!(
+        why.contains("failed the health analysis in step 1 of 2"),
+        "{why}"
+    );
+    let outcome = report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
+    let rollout = outcome.status.rollout.as_ref().unwrap();
+    assert_eq!(rollout.phase, RolloutPhase::RolledBack);
+    assert!(rollout.analysis.as_deref().unwrap().contains("100.0%"));
+    let ready = outcome
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "FailedAnalysis")
+    );
+    let events: Vec<(String, String)> = outcome
+        .events
+        .iter()
+        .map(|e| (e.reason.to_string(), e.message.clone()))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "RolloutRolledBack" && m.contains("failed the health analysis")),
+        "{events:?}"
+    );
+    // Paused, it still fails: a person's pause never keeps a broken canary.
+    annotate(&mut ec, PAUSE_ANNOTATION, "true");
+    assert!(matches!(
+        judge(&ec, &mine, &version, false, false, &at(5)),
+        Steps::Failed { .. }
+    ));
 }
