@@ -146,15 +146,44 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
                     });
                     c
                 });
-            let Some(reports) = reports_with(ec, &ctx.config.replica, count, canary) else {
-                continue;
-            };
-            writes += 1;
-            if let Err(e) = write(&ctx, ec, serde_json::json!({ "syncReports": reports })).await {
-                debug!(error = %e, namespace = %ns, config = %ec.name_any(), "could not write this replica's sync report; next period");
+            let entry = Entry { count, canary };
+            if let Some(wrote) = write_report(&ctx, ec, &entry).await {
+                writes += 1;
+                if let Err(e) = wrote {
+                    debug!(error = %e, namespace = %ns, config = %ec.name_any(), "could not write this replica's sync report; next period");
+                }
             }
         }
     }
+}
+
+/// This replica's entry of a config's sync reports.
+struct Entry {
+    count: Option<(String, Convergence)>,
+    canary: Option<CanaryReport>,
+}
+
+/// Writes `entry` into `ec`'s reports when it changed: None when it had not. A write refused
+/// because another writer came first (the other replicas, the leader: while a rollout steps
+/// they all write often) is tried once more on a fresh read, so a busy config does not leave
+/// this replica's counts, which the health analysis judges, a period behind each time.
+async fn write_report(ctx: &Context, ec: &EnvoyConfig, entry: &Entry) -> Option<Result<(), Error>> {
+    let me = &ctx.config.replica;
+    let reports = reports_with(ec, me, entry.count.clone(), entry.canary.clone())?;
+    let first = write(ctx, ec, serde_json::json!({ "syncReports": reports })).await;
+    if first.is_ok() {
+        return Some(first);
+    }
+    let api: Api<EnvoyConfig> =
+        Api::namespaced(ctx.client.clone(), &ec.namespace().unwrap_or_default());
+    let fresh = match api.get_opt(&ec.name_any()).await {
+        Ok(Some(fresh)) if fresh.uid() == ec.uid() => fresh,
+        _ => return Some(first),
+    };
+    let Some(reports) = reports_with(&fresh, me, entry.count.clone(), entry.canary.clone()) else {
+        return Some(Ok(()));
+    };
+    Some(write(ctx, &fresh, serde_json::json!({ "syncReports": reports })).await)
 }
 
 /// While `ec`'s rollout is in a canary step: this replica's proxies of its node (`proxies`),

@@ -2,8 +2,8 @@
 //! `README.md` and `docs/**/*.md` are fenced ```` ```console ```` blocks: a `$ ` line is a command,
 //! the lines below it (up to the next `$ `) its expected output. Offline `marin3r` commands are
 //! run here against the checked-in files and their output compared; every other command must
-//! be one that `hack/demo` (or, for the EnvoyDeployment guide, its end-to-end test) runs,
-//! word for word (`marin3r_testkit::commands`).
+//! be one that `hack/demo` (or, for the EnvoyDeployment and rollout guides, their end-to-end
+//! tests) runs, word for word (`marin3r_testkit::commands`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,10 +24,12 @@ const OFFLINE: &[&str] = &[
 /// The two scripts the README shows: `hack/test` runs every test, `hack/demo` the demo.
 const SCRIPTS: &[&str] = &["hack/demo", "hack/test"];
 
-/// Whether the demo, or the EnvoyDeployment guide's end-to-end test, runs this cluster
-/// command as the docs show it (`marin3r_testkit::commands`).
+/// Whether the demo, or the end-to-end test of the EnvoyDeployment or the rollout guide,
+/// runs this cluster command as the docs show it (`marin3r_testkit::commands`).
 fn run_by_the_demo(command: &str) -> bool {
-    commands::ALL.contains(&command) || commands::GATEWAY.contains(&command)
+    commands::ALL.contains(&command)
+        || commands::GATEWAY.contains(&command)
+        || commands::ROLLOUT.contains(&command)
 }
 
 fn root() -> PathBuf {

@@ -75,7 +75,50 @@ pub const GATEWAY: &[&str] = &[
     GATEWAY_PROXY_CONFIG,
 ];
 
-/// Every command above but the guide's.
+/// The rollout guide's commands (`docs/rollouts.md`), run in its order by its end-to-end
+/// test (`e2e/tests/it/rollout_guide_e2e.rs`) on the real cluster with nothing but
+/// `manifests/` installed, in the test's own namespace instead of `rollout`.
+pub const ROLLOUT_APPLY_NAMESPACE: &str = "kubectl apply -f docs/examples/rollout/namespace.yaml";
+pub const ROLLOUT_APPLY_DISCOVERY_SERVICE: &str =
+    "kubectl apply -f docs/examples/rollout/discoveryservice.yaml";
+pub const ROLLOUT_WAIT_DISCOVERY_SERVICE: &str =
+    "kubectl wait discoveryservice/instance -n rollout --for=condition=Ready --timeout=120s";
+pub const ROLLOUT_APPLY_V1: &str = "kubectl apply -f docs/examples/rollout/envoyconfig.yaml";
+pub const ROLLOUT_APPLY_WEB: &str = "kubectl apply -f docs/examples/rollout/web.yaml";
+pub const ROLLOUT_WAIT_WEB: &str =
+    "kubectl rollout status deployment/web -n rollout --timeout=120s";
+pub const ROLLOUT_APPLY_CLIENT: &str = "kubectl apply -f docs/examples/rollout/client.yaml";
+pub const ROLLOUT_CLIENT_LOGS: &str = "kubectl logs web-client -n rollout --tail=1";
+pub const ROLLOUT_APPLY_V2: &str = "kubectl apply -f docs/examples/rollout/envoyconfig-v2.yaml";
+pub const ROLLOUT_STATUS: &str = "marin3r rollout status web -n rollout";
+pub const ROLLOUT_PROXY_STATUS: &str = "marin3r proxy-status -n rollout";
+/// Waits until no step is under way; exit code 0 only when the version is published.
+pub const ROLLOUT_WATCH: &str = "marin3r rollout status web -n rollout --watch";
+pub const ROLLOUT_APPLY_BROKEN: &str =
+    "kubectl apply -f docs/examples/rollout/envoyconfig-broken.yaml";
+pub const ROLLOUT_HISTORY: &str = "marin3r rollout history web -n rollout";
+
+/// Every command of the rollout guide, in its order (a command may come more than once).
+pub const ROLLOUT: &[&str] = &[
+    ROLLOUT_APPLY_NAMESPACE,
+    ROLLOUT_APPLY_DISCOVERY_SERVICE,
+    ROLLOUT_WAIT_DISCOVERY_SERVICE,
+    ROLLOUT_APPLY_V1,
+    ROLLOUT_APPLY_WEB,
+    ROLLOUT_WAIT_WEB,
+    ROLLOUT_APPLY_CLIENT,
+    ROLLOUT_CLIENT_LOGS,
+    ROLLOUT_APPLY_V2,
+    ROLLOUT_STATUS,
+    ROLLOUT_PROXY_STATUS,
+    ROLLOUT_WATCH,
+    ROLLOUT_APPLY_BROKEN,
+    ROLLOUT_WATCH,
+    ROLLOUT_HISTORY,
+    ROLLOUT_APPLY_V2,
+];
+
+/// Every command above but the guides'.
 pub const ALL: &[&str] = &[
     INSTALL,
     APPLY_DISCOVERY_SERVICE,
@@ -104,28 +147,15 @@ pub async fn run(
     kubeconfig: &Path,
     marin3r: &Path,
 ) -> anyhow::Result<String> {
-    let words: Vec<&str> = command.split_whitespace().collect();
-    let (program, args) = words.split_first().context("an empty command")?;
-    let mut cmd = match *program {
-        "kubectl" => kubectl.command(args)?,
-        "marin3r" => {
-            let mut c = tokio::process::Command::new(marin3r);
-            c.args(args)
-                .env("KUBECONFIG", kubeconfig)
-                .kill_on_drop(true);
-            c
-        }
-        other => bail!("{command}: the demo runs only kubectl and marin3r, not {other}"),
+    let tools = Tools {
+        repo,
+        kubectl,
+        kubeconfig,
+        marin3r,
     };
-    let out = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        cmd.current_dir(repo)
-            .stdin(std::process::Stdio::null())
-            .output(),
-    )
-    .await
-    .with_context(|| format!("`{command}` did not finish within 30 s"))?
-    .with_context(|| format!("running `{command}`"))?;
+    let out = tools
+        .output(command, std::time::Duration::from_secs(30))
+        .await?;
     if !out.status.success() {
         bail!(
             "`{command}` failed:\n{}{}",
@@ -134,4 +164,45 @@ pub async fn run(
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Where documented commands run: the repository, and the tools `kubectl` and `marin3r`
+/// stand for.
+pub struct Tools<'a> {
+    pub repo: &'a Path,
+    pub kubectl: &'a Kubectl,
+    pub kubeconfig: &'a Path,
+    pub marin3r: &'a Path,
+}
+
+impl Tools<'_> {
+    /// Runs one documented command, whatever its exit status, for at most `timeout`.
+    pub async fn output(
+        &self,
+        command: &str,
+        timeout: std::time::Duration,
+    ) -> anyhow::Result<std::process::Output> {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let (program, args) = words.split_first().context("an empty command")?;
+        let mut cmd = match *program {
+            "kubectl" => self.kubectl.command(args)?,
+            "marin3r" => {
+                let mut c = tokio::process::Command::new(self.marin3r);
+                c.args(args)
+                    .env("KUBECONFIG", self.kubeconfig)
+                    .kill_on_drop(true);
+                c
+            }
+            other => bail!("{command}: the demo runs only kubectl and marin3r, not {other}"),
+        };
+        tokio::time::timeout(
+            timeout,
+            cmd.current_dir(self.repo)
+                .stdin(std::process::Stdio::null())
+                .output(),
+        )
+        .await
+        .with_context(|| format!("`{command}` did not finish within {timeout:?}"))?
+        .with_context(|| format!("running `{command}`"))
+    }
 }

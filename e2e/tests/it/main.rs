@@ -38,6 +38,7 @@ mod real_journey;
 mod release;
 mod replicas_e2e;
 mod rollout_e2e;
+mod rollout_guide_e2e;
 mod rollout_steps_e2e;
 mod shutdown_manager_e2e;
 mod soak_smoke;

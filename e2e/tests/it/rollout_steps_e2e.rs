@@ -436,15 +436,42 @@ async fn fails_its_analysis(scenario: &real::Scenario, ips: &[(String, String)])
         .collect();
     let applied = Instant::now();
     scenario.apply(&broken()).await.unwrap();
-    let rollout = until("rolled back by the analysis", BROKEN_BAKE, || async {
+    let rolled_back = || async {
         let status = configs.get("web").await.ok()?.status?;
         let r = status.rollout?;
         (r.phase == RolloutPhase::RolledBack
             && status.cache_state? == CacheState::Rollback
             && r.analysis.as_deref()?.contains("5xx responses are"))
         .then_some(r)
-    })
-    .await;
+    };
+    let rollout = loop {
+        if let Some(r) = rolled_back().await {
+            break r;
+        }
+        if applied.elapsed() > BROKEN_BAKE {
+            let status = configs.get("web").await.ok().and_then(|ec| ec.status);
+            eprintln!(
+                "rollout={:?}\nreports={:?}",
+                status.as_ref().map(|s| &s.rollout),
+                status.as_ref().map(|s| &s.sync_reports)
+            );
+            for pod in scenario
+                .ready_pods("app.kubernetes.io/component=discovery-service")
+                .await
+            {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let logs = scenario.logs(&name, &["discovery-service"]).await;
+                for line in logs
+                    .lines()
+                    .filter(|l| l.contains("stats") || l.contains("canary") || l.contains("taint"))
+                {
+                    eprintln!("{name}: {line}");
+                }
+            }
+            panic!("not rolled back by the analysis within {BROKEN_BAKE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let took = applied.elapsed();
     assert!(
         took < BROKEN_BAKE - Duration::from_secs(30),

@@ -156,7 +156,7 @@ pub fn judge(
     };
     let left = bake(step).saturating_sub(since(&started, now));
     Steps::Canary(Box::new(Step {
-        message: base.describe(step, version, left),
+        message: base.describe(step, version, &ends(&started, bake(step))),
         started: Some(started),
         canary: cutoff.map(|c| RevisionCanary::new(number, c)),
         // A little after the bake ends, so the next run finds it over (paused: a person's
@@ -170,8 +170,9 @@ pub fn judge(
 }
 
 impl Step {
-    /// What the step does, for people, with `left` of its bake to go.
-    fn describe(&self, step: &RolloutStep, version: &str, left: Duration) -> String {
+    /// What the step does, for people; its bake ends at `ends`. The same words for the whole
+    /// step (no countdown), so the status is not written again for the time alone.
+    fn describe(&self, step: &RolloutStep, version: &str, ends: &str) -> String {
         let (number, of) = (self.number, self.of);
         if self.paused {
             return format!(
@@ -190,12 +191,11 @@ impl Step {
         }
         format!(
             "step {number} of {of} ({}): {} of {} proxies get version {version}, the others \
-             version {}; the next step in {}",
+             version {}; the step ends at {ends}",
             step.describe(),
             self.target,
             self.connected,
             self.stable,
-            seconds(left)
         )
     }
 }
@@ -270,6 +270,14 @@ fn bake(step: &RolloutStep) -> Duration {
 fn since(t: &Time, now: &Time) -> Duration {
     let millis = now.0.as_millisecond().saturating_sub(t.0.as_millisecond());
     Duration::from_millis(u64::try_from(millis).unwrap_or(0))
+}
+
+/// When a step started at `started` and baking `bake` ends, for people.
+fn ends(started: &Time, bake: Duration) -> String {
+    k8s_openapi::jiff::SignedDuration::try_from(bake)
+        .ok()
+        .and_then(|d| started.0.checked_add(d).ok())
+        .map_or_else(|| "the end of its bake".to_owned(), |t| t.to_string())
 }
 
 fn seconds(d: Duration) -> String {

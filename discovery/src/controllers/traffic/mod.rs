@@ -34,8 +34,11 @@ use tracing::debug;
 
 use super::Context;
 
-/// How often the stats are read during a step.
-pub const PERIOD: Duration = Duration::from_secs(5);
+/// How often the stats of a config's proxies are read during a step; the first read of a
+/// step (its base) comes within [`TICK`] of the replica seeing the step.
+pub const PERIOD: Duration = Duration::from_secs(3);
+/// How often the configs are looked at.
+const TICK: Duration = Duration::from_secs(1);
 /// The stats port of a proxy that does not declare one (sidecars injected before it did).
 pub const DEFAULT_STATS_PORT: u16 = 9902;
 /// The most bytes of one proxy's answer read.
@@ -70,6 +73,8 @@ struct StepBook {
     /// Each proxy's growth at its last read, and its track then.
     grown: HashMap<String, (Track, Counters)>,
     unread: u32,
+    /// When it was last read.
+    read_at: std::time::Instant,
 }
 
 impl Book {
@@ -95,29 +100,36 @@ impl Book {
         (out.canary.proxies + out.stable.proxies + out.unread > 0).then_some(out)
     }
 
+    /// Whether `key`'s proxies are to be read now: a new step, or [`PERIOD`] since the last.
+    fn due(&self, key: &ConfigKey, version: &str, step: u32) -> bool {
+        let Ok(steps) = self.steps.lock() else {
+            return false;
+        };
+        steps
+            .get(key)
+            .is_none_or(|b| b.version != version || b.step != step || b.read_at.elapsed() >= PERIOD)
+    }
+
     /// Records a period's reads of `key`'s step: (address, track, counters or None when the
     /// read failed).
     fn record(&self, key: ConfigKey, at: &Target, reads: Vec<Read>) {
         let Ok(mut steps) = self.steps.lock() else {
             return;
         };
-        let book = steps.entry(key).or_insert_with(|| StepBook {
+        let fresh = || StepBook {
             version: at.version.clone(),
             step: at.step,
             base: HashMap::new(),
             grown: HashMap::new(),
             unread: 0,
-        });
+            read_at: std::time::Instant::now(),
+        };
+        let book = steps.entry(key).or_insert_with(fresh);
         if book.version != at.version || book.step != at.step {
-            *book = StepBook {
-                version: at.version.clone(),
-                step: at.step,
-                base: HashMap::new(),
-                grown: HashMap::new(),
-                unread: 0,
-            };
+            *book = fresh();
         }
         book.unread = 0;
+        book.read_at = std::time::Instant::now();
         let present: BTreeSet<&String> = reads.iter().map(|(ip, _, _)| ip).collect();
         book.grown.retain(|ip, _| present.contains(ip));
         book.base.retain(|ip, _| present.contains(ip));
@@ -153,7 +165,7 @@ struct Target {
 }
 
 /// Every replica: reads the stats of its proxies of each config in a canary step, every
-/// [`PERIOD`], until `stop`.
+/// [`PERIOD`] (at once for a new step), until `stop`.
 pub(crate) async fn run(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -166,7 +178,7 @@ pub(crate) async fn run(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
     loop {
         tokio::select! {
             () = &mut stop => return,
-            () = tokio::time::sleep(PERIOD) => {}
+            () = tokio::time::sleep(TICK) => {}
         }
         let store = ctx.index.configs.store();
         let listed = tokio::select! {
@@ -190,6 +202,7 @@ pub(crate) async fn run(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
             }
         }
         ctx.traffic.retain(&targets.keys().cloned().collect());
+        targets.retain(|key, t| ctx.traffic.due(key, &t.version, t.step));
         let reads = tokio::select! {
             () = &mut stop => return,
             reads = read_all(&agent, &targets) => reads,

@@ -82,6 +82,21 @@ fn the_growth_since_the_step_began_is_summed_per_track() {
 }
 
 #[test]
+fn a_new_step_is_read_at_once_and_then_every_period() {
+    let book = Book::default();
+    assert!(book.due(&key(), "v2", 1), "never read");
+    book.record(key(), &at("v2", 1), Vec::new());
+    assert!(!book.due(&key(), "v2", 1), "just read");
+    assert!(book.due(&key(), "v2", 2), "a new step");
+    assert!(book.due(&key(), "v3", 1), "a new version");
+    if let Ok(mut steps) = book.steps.lock() {
+        let b = steps.get_mut(&key()).unwrap();
+        b.read_at = std::time::Instant::now().checked_sub(PERIOD).unwrap();
+    }
+    assert!(book.due(&key(), "v2", 1), "a period later");
+}
+
+#[test]
 fn addresses_this_pod_must_not_read_are_refused() {
     assert_eq!(
         stats_address("10.1.2.3", None),
