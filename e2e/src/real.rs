@@ -582,6 +582,25 @@ pub fn python_container(script: &str) -> serde_json::Value {
     })
 }
 
+/// A guide's example `file` (in `folder`, for the namespace `guide_ns`) as it runs in a
+/// scenario's namespace `ns`, on the cluster's python image: the guides' end-to-end tests
+/// apply their examples word for word but for these two.
+pub fn guide_example(folder: &str, guide_ns: &str, file: &str, ns: &str) -> anyhow::Result<String> {
+    let path = marin3r_testkit::tools::repo_root().join(folder).join(file);
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let here = text
+        .replace(
+            &format!("namespace: {guide_ns}\n"),
+            &format!("namespace: {ns}\n"),
+        )
+        .replace(&format!("  name: {guide_ns}\n"), &format!("  name: {ns}\n"))
+        .replace("image: python:3.13-alpine", "image: marin3r-test/python:3");
+    if here == text {
+        bail!("{file} names no namespace {guide_ns}");
+    }
+    Ok(here)
+}
+
 /// A DiscoveryService `instance` with no spec, applied in a scenario's namespace
 /// ([`Scenario::apply`]): it serves that namespace alone.
 pub const DISCOVERY_SERVICE: &str = "apiVersion: operator.marin3r.3scale.net/v1alpha1

@@ -342,6 +342,19 @@ pub enum RolloutPhase {
 }
 
 impl RolloutPhase {
+    /// The phase as a metric's label value: lowercase, as every marin3r label value is.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Held => "held",
+            Self::Progressing => "progressing",
+            Self::Completed => "completed",
+            Self::RolledBack => "rolled_back",
+            Self::Paused => "paused",
+            Self::Aborted => "aborted",
+            Self::Undone => "undone",
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Held => "Held",

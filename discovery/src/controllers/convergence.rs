@@ -100,19 +100,9 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
     let mut turn = 0usize;
     loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(PERIOD) => {}
-        }
-        let store = ctx.index.configs.store();
-        // During an API outage the list never comes: stop must still end this.
-        let listed = tokio::select! {
-            () = &mut stop => return,
-            listed = super::listed(&store) => listed,
-        };
-        if !listed {
+        let Some(store) = super::next_turn(&ctx, &mut stop, PERIOD).await else {
             return;
-        }
+        };
         let status = ctx.config.proxies.snapshot();
         let nodes = convergence::by_node(&status);
         let mut configs = store.state();
@@ -278,21 +268,18 @@ fn reports_with(
 pub(crate) async fn sum(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
     // `marin3r_envoyconfig_proxies` reports the sums while this replica writes them.
-    let _reporting = ctx.metrics.proxies.report(ctx.index.configs.store());
+    let serves = {
+        let ctx = Arc::clone(&ctx);
+        Arc::new(move |ns: &str| ctx.serves_now(ns))
+    };
+    let _reporting = ctx
+        .metrics
+        .proxies
+        .report(ctx.index.configs.store(), serves);
     loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(PERIOD) => {}
-        }
-        let store = ctx.index.configs.store();
-        // During an API outage the list never comes: stop must still end this.
-        let listed = tokio::select! {
-            () = &mut stop => return,
-            listed = super::listed(&store) => listed,
-        };
-        if !listed {
+        let Some(store) = super::next_turn(&ctx, &mut stop, PERIOD).await else {
             return;
-        }
+        };
         let live = match super::nacks::live_replicas(&ctx).await {
             Ok(live) => live,
             Err(e) => {

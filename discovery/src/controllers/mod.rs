@@ -178,19 +178,31 @@ impl Context {
         if let Some(watched) = &self.config.watch_namespace {
             return Some(watched == namespace);
         }
-        let (Some(name), Some(index)) = (&self.config.discovery_service, &self.index.namespaces)
+        let (Some(_), Some(index)) = (&self.config.discovery_service, &self.index.namespaces)
         else {
             return Some(true);
         };
-        let store = index.store();
-        if !listed(&store).await {
+        if !listed(&index.store()).await {
             return None;
         }
-        Some(
-            store
-                .get(&ObjectRef::new(namespace))
-                .is_some_and(|ns| ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(name)),
-        )
+        Some(self.serves_now(namespace))
+    }
+
+    /// Whether this discovery service serves `namespace`, as its Namespace watch has it now
+    /// (no namespace before the watch has listed): for readers that cannot wait, such as a
+    /// metrics scrape.
+    pub fn serves_now(&self, namespace: &str) -> bool {
+        if let Some(watched) = &self.config.watch_namespace {
+            return watched == namespace;
+        }
+        let (Some(name), Some(index)) = (&self.config.discovery_service, &self.index.namespaces)
+        else {
+            return true;
+        };
+        index
+            .store()
+            .get(&ObjectRef::new(namespace))
+            .is_some_and(|ns| ns.labels().get(DISCOVERY_SERVICE_LABEL) == Some(name))
     }
 
     /// Whether to keep serving `namespace`'s revisions: when it cannot be known, yes, so
@@ -257,6 +269,26 @@ where
             Err(_) => continue,
         }
     }
+}
+
+/// The turn of a periodic task over the EnvoyConfigs: waits `period`, then until their store
+/// has listed (which never comes during an API outage, so `stop` ends the wait too). The
+/// store; None when the task is to end (`stop` came, or the watch is gone).
+pub(crate) async fn next_turn(
+    ctx: &Context,
+    stop: &mut (impl Future<Output = ()> + Unpin),
+    period: std::time::Duration,
+) -> Option<kube::runtime::reflector::Store<EnvoyConfig>> {
+    tokio::select! {
+        () = &mut *stop => return None,
+        () = tokio::time::sleep(period) => {}
+    }
+    let store = ctx.index.configs.store();
+    let listed = tokio::select! {
+        () = &mut *stop => return None,
+        listed = listed(&store) => listed,
+    };
+    listed.then_some(store)
 }
 
 /// Sets `flag` once `store` has listed its objects.

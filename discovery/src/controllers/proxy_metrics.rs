@@ -29,11 +29,19 @@ struct ProxyLabels {
     state: &'static str,
 }
 
-/// The gauge's source: the EnvoyConfig store while this replica leads, nothing otherwise.
+/// Whether this discovery service serves a namespace, as it knows now.
+pub(crate) type Serves = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The gauge's source: the EnvoyConfig store while this replica leads (and which of its
+/// namespaces this discovery service serves: the store holds every namespace's configs, and
+/// another discovery service's leader reports those), nothing otherwise.
 #[derive(Clone, Default)]
 pub struct ProxyMetrics {
-    store: Arc<Mutex<Option<Store<EnvoyConfig>>>>,
+    store: Arc<Mutex<Option<Source>>>,
 }
+
+/// The configs, and which of their namespaces are served.
+type Source = (Store<EnvoyConfig>, Serves);
 
 impl std::fmt::Debug for ProxyMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -56,20 +64,28 @@ impl ProxyMetrics {
         registry.register_collector(Box::new(self.clone()));
     }
 
-    /// Reports the sums in the configs of `store` until the returned guard is dropped.
-    pub(crate) fn report(&self, store: Store<EnvoyConfig>) -> Reporting {
-        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some(store);
+    /// Reports the sums in the configs of `store` in the namespaces it `serves` until the
+    /// returned guard is dropped.
+    pub(crate) fn report(&self, store: Store<EnvoyConfig>, serves: Serves) -> Reporting {
+        *self.store.lock().unwrap_or_else(PoisonError::into_inner) = Some((store, serves));
         Reporting(self.clone())
     }
 
-    /// The configs of the store while this replica leads; none otherwise.
+    /// The configs of the served namespaces while this replica leads; none otherwise.
     fn configs(&self) -> Vec<std::sync::Arc<EnvoyConfig>> {
-        let store = self
+        let Some((store, serves)) = self
             .store
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        store.iter().flat_map(Store::state).collect()
+            .clone()
+        else {
+            return Vec::new();
+        };
+        store
+            .state()
+            .into_iter()
+            .filter(|ec| serves(&ec.namespace().unwrap_or_default()))
+            .collect()
     }
 
     fn family(&self) -> Family<ProxyLabels, Gauge> {
@@ -123,7 +139,7 @@ impl ProxyMetrics {
                 .get_or_create(&RolloutLabels {
                     namespace: namespace.clone(),
                     name: name.clone(),
-                    phase: rollout.phase.as_str(),
+                    phase: rollout.phase.label(),
                 })
                 .set(1);
             if let Some(at) = &rollout.step_started_at {
@@ -148,7 +164,7 @@ impl Collector for ProxyMetrics {
         let (phases, started) = self.rollouts();
         phases.encode(encoder.encode_descriptor(
             "marin3r_envoyconfig_rollout_phase",
-            "1 for the phase of an EnvoyConfig's rollout (Held, Progressing, Paused, Completed, RolledBack, Aborted, Undone), for configs with spec.rollout; reported by the leader",
+            "1 for the phase of an EnvoyConfig's rollout (held, progressing, paused, completed, rolled_back, aborted, undone: status.rollout.phase in lowercase), for configs with spec.rollout; reported by the leader",
             None,
             phases.metric_type(),
         )?)?;
@@ -159,5 +175,63 @@ impl Collector for ProxyMetrics {
             started.metric_type(),
         )?)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test code
+
+    use super::*;
+    use kube::runtime::watcher::Event;
+    use marin3r_api::rollout::{RolloutPhase, RolloutStatus};
+
+    fn config(ns: &str, phase: RolloutPhase) -> EnvoyConfig {
+        let spec = serde_json::from_value(serde_json::json!({
+            "nodeID": "web", "resources": [], "rollout": {}
+        }))
+        .unwrap();
+        let mut ec = EnvoyConfig::new("web", spec);
+        ec.metadata.namespace = Some(ns.into());
+        ec.status = Some(marin3r_api::EnvoyConfigStatus {
+            rollout: Some(RolloutStatus {
+                phase,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        ec
+    }
+
+    /// Only the served namespaces' configs, phases in lowercase, and nothing once the term
+    /// ends.
+    #[test]
+    fn the_leader_reports_its_own_namespaces_rollouts() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        for ec in [
+            config("mine", RolloutPhase::RolledBack),
+            config("theirs", RolloutPhase::Held),
+        ] {
+            writer.apply_watcher_event(&Event::Apply(ec));
+        }
+        let metrics = ProxyMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let text = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        let term = metrics.report(store, Arc::new(|ns: &str| ns == "mine"));
+        let during = text();
+        assert!(
+            during.contains(
+                r#"marin3r_envoyconfig_rollout_phase{namespace="mine",name="web",phase="rolled_back"} 1"#
+            ),
+            "{during}"
+        );
+        assert!(!during.contains("theirs"), "{during}");
+        drop(term);
+        assert!(!text().contains("namespace="), "{}", text());
     }
 }

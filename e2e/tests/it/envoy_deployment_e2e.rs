@@ -42,22 +42,9 @@ const V2: &str = "greeter /v2/hello";
 /// How long the client keeps being counted after the last old pod is gone.
 const AFTER_ROLLOUT_MS: u64 = 5_000;
 
-/// The guide's example `file` as it runs here: in the scenario's namespace, on the cluster's
-/// python image.
+/// The guide's example `file` as it runs in the scenario's namespace `ns`.
 fn guide_example(file: &str, ns: &str) -> String {
-    let path = marin3r_testkit::tools::repo_root()
-        .join(GUIDE_EXAMPLES)
-        .join(file);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let here = text
-        .replace(
-            &format!("namespace: {GUIDE_NS}\n"),
-            &format!("namespace: {ns}\n"),
-        )
-        .replace(&format!("  name: {GUIDE_NS}\n"), &format!("  name: {ns}\n"))
-        .replace("image: python:3.13-alpine", "image: marin3r-test/python:3");
-    assert_ne!(here, text, "{file} names no namespace {GUIDE_NS}");
-    here
+    marin3r_e2e::real::guide_example(GUIDE_EXAMPLES, GUIDE_NS, file, ns).unwrap()
 }
 
 /// Runs one of the guide's commands (`commands::GATEWAY_*`) in the scenario's namespace:

@@ -382,7 +382,7 @@ async fn rolls_out(prefix: &str, replicas: usize) {
     step(&format!("rejected by {rejecting:?} alone, rolled back"));
     // The leader exports the phase: what Marin3rRolloutRolledBack alerts on.
     let series = format!(
-        "marin3r_envoyconfig_rollout_phase{{namespace=\"{ns}\",name=\"web\",phase=\"RolledBack\"}} 1"
+        "marin3r_envoyconfig_rollout_phase{{namespace=\"{ns}\",name=\"web\",phase=\"rolled_back\"}} 1"
     );
     until(
         "the leader's rollout metric",

@@ -105,7 +105,11 @@ async fn a_real_looking_pod_round_trips_over_https() {
         assert_eq!(
             parsed,
             json!({
-                "node": {"metadata": {"pod_name": "$(POD_NAME)", "pod_namespace": "$(POD_NAMESPACE)"}},
+                "node": {"metadata": {
+                    "pod_name": "$(POD_NAME)",
+                    "pod_namespace": "$(POD_NAMESPACE)",
+                    "stats_port": 9902,
+                }},
                 "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 9901}}},
             })
         );

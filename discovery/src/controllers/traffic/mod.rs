@@ -176,18 +176,9 @@ pub(crate) async fn run(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
         .build()
         .into();
     loop {
-        tokio::select! {
-            () = &mut stop => return,
-            () = tokio::time::sleep(TICK) => {}
-        }
-        let store = ctx.index.configs.store();
-        let listed = tokio::select! {
-            () = &mut stop => return,
-            listed = super::listed(&store) => listed,
-        };
-        if !listed {
+        let Some(store) = super::next_turn(&ctx, &mut stop, TICK).await else {
             return;
-        }
+        };
         let status = ctx.config.proxies.snapshot();
         let nodes = convergence::by_node(&status);
         let mut targets: BTreeMap<ConfigKey, Target> = BTreeMap::new();
