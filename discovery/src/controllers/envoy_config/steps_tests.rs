@@ -106,6 +106,26 @@ fn in_step(ec: &mut EnvoyConfig, step: u32, started: i64) {
     });
 }
 
+/// What the plan decides for `ec` and its revisions `mine` at second 5, and what it reports.
+fn planned(
+    ec: &EnvoyConfig,
+    mine: &[EnvoyConfigRevision],
+) -> (super::super::plan::Publish, super::super::plan::Outcome) {
+    let obs = Observed {
+        ec,
+        node_served_by: None,
+        allow_cross_namespace_secrets: false,
+        revisions: mine.to_vec(),
+        envoy_refusal: Vec::new(),
+        now: at(5),
+    };
+    let Plan::Publish(publish) = decide(&obs) else {
+        panic!("a valid spec is published")
+    };
+    let outcome = report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
+    (*publish, outcome)
+}
+
 fn step(steps: Steps) -> Step {
     match steps {
         Steps::Canary(step) => *step,
@@ -243,21 +263,7 @@ fn a_rolling_version_keeps_the_stable_one_published_until_done() {
     let (mut ec, mine) = scene();
     let version = ec.spec.version();
     let stable = mine[0].spec.version.clone();
-    let run = |ec: &EnvoyConfig| {
-        let obs = Observed {
-            ec,
-            node_served_by: None,
-            allow_cross_namespace_secrets: false,
-            revisions: mine.clone(),
-            envoy_refusal: Vec::new(),
-            now: at(5),
-        };
-        let Plan::Publish(publish) = decide(&obs) else {
-            panic!("a valid spec is published")
-        };
-        let outcome = report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
-        (publish, outcome)
-    };
+    let run = |ec: &EnvoyConfig| planned(ec, &mine);
     let (publish, outcome) = run(&ec);
     assert_eq!(publish.algorithm.publish, stable);
     assert_eq!(publish.rollout.canary(), Some(&RevisionCanary::new(1, 10)));
@@ -363,18 +369,7 @@ fn an_abort_and_an_undo_are_what_is_served_until_the_spec_changes() {
     let version = ec.spec.version();
     let stable = mine[0].spec.version.clone();
     let run = |ec: &EnvoyConfig, mine: &[EnvoyConfigRevision]| {
-        let obs = Observed {
-            ec,
-            node_served_by: None,
-            allow_cross_namespace_secrets: false,
-            revisions: mine.to_vec(),
-            envoy_refusal: Vec::new(),
-            now: at(5),
-        };
-        let Plan::Publish(publish) = decide(&obs) else {
-            panic!("a valid spec is published")
-        };
-        let outcome = report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
+        let (publish, outcome) = planned(ec, mine);
         (
             publish.algorithm.publish.clone(),
             publish.rollout.canary().cloned(),
@@ -487,17 +482,7 @@ fn canaries_failing_the_analysis_roll_the_version_back_before_the_others_get_it(
     assert!(analysis.contains("5xx responses are 100.0%"), "{analysis}");
     // Through the plan: the stable version stays published to all, no canary is marked,
     // the revision is to be tainted, and it says so.
-    let obs = Observed {
-        ec: &ec,
-        node_served_by: None,
-        allow_cross_namespace_secrets: false,
-        revisions: mine.clone(),
-        envoy_refusal: Vec::new(),
-        now: at(5),
-    };
-    let Plan::Publish(publish) = decide(&obs) else {
-        panic!("a valid spec is published")
-    };
+    let (publish, outcome) = planned(&ec, &mine);
     assert_eq!(publish.algorithm.publish, stable);
     assert_eq!(publish.rollout.canary(), None);
     let why = publish.rollout.failed().unwrap();
@@ -505,7 +490,6 @@ fn canaries_failing_the_analysis_roll_the_version_back_before_the_others_get_it(
         why.contains("failed the health analysis in step 1 of 2"),
         "{why}"
     );
-    let outcome = report(&obs, &publish.algorithm, &publish.mine, &publish.rollout);
     let rollout = outcome.status.rollout.as_ref().unwrap();
     assert_eq!(rollout.phase, RolloutPhase::RolledBack);
     assert!(rollout.analysis.as_deref().unwrap().contains("100.0%"));
