@@ -4,7 +4,8 @@
 //! listeners, is held until a person approves it (the blast-radius guard); and with `steps`,
 //! a new version is served first to some of the node's proxies (the canaries), step by step,
 //! each step baking for a while, and published to all once the last step has baked. A
-//! canary that Envoy rejects rolls the version back before the other proxies ever get it.
+//! canary that Envoy rejects, or whose traffic does worse than the stable proxies' (the
+//! health analysis), rolls the version back before the other proxies ever get it.
 //!
 //! The strategy is not part of the config's version: changing it makes no revision.
 
@@ -53,8 +54,8 @@ pub struct RolloutStrategy {
     /// The canary steps, at most 10: a new version is served to the proxies each step names
     /// (chosen stably among the node's connected proxies by the hash of their address), the
     /// others keeping the version served before; once the last step has baked, it is
-    /// published to every proxy. A NACK from the canaries rolls it back. Empty (the default):
-    /// published to every proxy at once.
+    /// published to every proxy. A NACK from the canaries rolls it back, as does their failing
+    /// the health analysis (`analysis`). Empty (the default): published to every proxy at once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 10))]
     pub steps: Vec<RolloutStep>,
