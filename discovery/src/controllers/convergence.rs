@@ -127,15 +127,7 @@ pub(crate) async fn report(ctx: Arc<Context>, stop: impl Future<Output = ()>) {
                 let c = convergence::count(proxies?.iter().copied(), &load.types);
                 (c.connected > 0).then_some((load.version, c))
             });
-            let canary = proxies
-                .and_then(|p| canary_report(ec, &key, p))
-                .map(|mut c| {
-                    let step = ec.status.as_ref().and_then(|s| s.rollout.as_ref()?.step);
-                    c.traffic = step.and_then(|step| {
-                        ctx.traffic.traffic(&ns, &ec.name_any(), &c.version, step)
-                    });
-                    c
-                });
+            let canary = proxies.and_then(|p| canary_report(ec, &key, p, &ctx.traffic));
             let entry = Entry { count, canary };
             if let Some(wrote) = write_report(&ctx, ec, &entry).await {
                 writes += 1;
@@ -177,11 +169,13 @@ async fn write_report(ctx: &Context, ec: &EnvoyConfig, entry: &Entry) -> Option<
 }
 
 /// While `ec`'s rollout is in a canary step: this replica's proxies of its node (`proxies`),
-/// counted once per address, and the lowest of their hashes under the version rolled out.
+/// counted once per address, the lowest of their hashes under the version rolled out, and
+/// what `book` read of their traffic in the step.
 fn canary_report(
     ec: &EnvoyConfig,
     key: &NodeKey,
     proxies: &[&marin3r_xds::ProxyStatus],
+    book: &super::traffic::Book,
 ) -> Option<CanaryReport> {
     let rollout = ec.status.as_ref()?.rollout.as_ref()?;
     if !matches!(
@@ -204,7 +198,9 @@ fn canary_report(
             .take(MAX_CANARY_HASHES)
             .map(|h| format!("{h:016x}"))
             .collect(),
-        traffic: None,
+        traffic: rollout
+            .step
+            .and_then(|step| book.traffic(&key.namespace, &ec.name_any(), &rollout.version, step)),
     })
 }
 

@@ -175,14 +175,13 @@ impl Context {
     /// label added later takes effect at once (see [`Context::watch_namespaces`]). `None`
     /// when it cannot be known: the watch ended before it listed (shutting down).
     async fn serving(&self, namespace: &str) -> Option<bool> {
-        if let Some(watched) = &self.config.watch_namespace {
-            return Some(watched == namespace);
-        }
-        let (Some(_), Some(index)) = (&self.config.discovery_service, &self.index.namespaces)
-        else {
-            return Some(true);
-        };
-        if !listed(&index.store()).await {
+        // Only a Namespace watch can be unlisted: without one the answer never waits.
+        let reads_labels =
+            self.config.watch_namespace.is_none() && self.config.discovery_service.is_some();
+        if reads_labels
+            && let Some(index) = &self.index.namespaces
+            && !listed(&index.store()).await
+        {
             return None;
         }
         Some(self.serves_now(namespace))

@@ -172,6 +172,7 @@ impl Report<'_> {
             rollout.steps = Some(step.of);
             rollout.step_started_at.clone_from(&step.started);
             rollout.canary = Some(format!("{}/{}", step.target, step.connected));
+            rollout.analysis.clone_from(&step.analysis);
         } else if let Steps::Aborted { message, .. } = steps {
             rollout.phase = RolloutPhase::Aborted;
             rollout.message.clone_from(message);
@@ -199,9 +200,6 @@ impl Report<'_> {
             if rollout.message.is_empty() && b.phase == rollout.phase {
                 rollout.message.clone_from(&b.message);
             }
-        }
-        if let Steps::Canary(step) = steps {
-            rollout.analysis = step.analysis.clone().or(rollout.analysis);
         }
         events.extend(step_events(before.as_ref(), &rollout));
         status.rollout = Some(rollout);

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
-use marin3r_controller::{Note, set_condition};
+use marin3r_controller::{Note, Reason as _, set_condition};
 
 use super::gate;
 pub use super::reason::Reason;
@@ -374,7 +374,7 @@ pub fn report(
         .and_then(|r| r.taint_condition());
     let nack = taint.map(|c| c.message.clone());
     // Tainted because its canaries failed the health analysis, not by Envoy.
-    let analysis = taint.is_some_and(|c| c.reason == RevisionReason::FailedAnalysis.to_string());
+    let analysis = taint.is_some_and(|c| c.reason == RevisionReason::FailedAnalysis.as_str());
     let (out_of_sync, reason, message) = rollout
         .served_condition(&status, &version)
         .unwrap_or_else(|| served_condition(plan, mine, &version, nack.as_deref(), analysis));
