@@ -93,12 +93,17 @@ async fn reconcile(cached: Arc<EnvoyConfig>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
     let obs = observe(&ec, &ctx).await?;
-    let outcome = match plan::decide(&obs) {
-        Plan::Invalid(outcome) => *outcome,
+    let (outcome, failed) = match plan::decide(&obs) {
+        Plan::Invalid(outcome) => (*outcome, None),
         Plan::Publish(plan) => publish(&ctx, &obs, *plan).await?,
     };
     // The status write fails on a stale read, so Events follow only a real change.
     write_status(&ctx, &ec, &outcome.status).await?;
+    // Tainted only once the status says why: a taint written first and a status write
+    // refused after it would leave the next run a tainted version and no analysis to show.
+    if let Some(failed) = failed {
+        fail_analysis(&ctx, &ns, &failed).await?;
+    }
     if let Some(state) = outcome.state_change {
         report_state(&ctx, &ec, &outcome, state);
     }
@@ -170,8 +175,13 @@ async fn envoy_refusal(
 }
 
 /// Deletes stale revisions, creates the desired one, unpublishes the others before
-/// publishing the chosen one, deletes the ones over the limit, and reports.
-async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Outcome, Error> {
+/// publishing the chosen one, deletes the ones over the limit, and reports; with the desired
+/// revision to taint when its canaries failed the health analysis.
+async fn publish(
+    ctx: &Context,
+    obs: &Observed<'_>,
+    plan: Publish,
+) -> Result<(Outcome, Option<Failed>), Error> {
     let api: Api<EnvoyConfigRevision> =
         Api::namespaced(ctx.client.clone(), &obs.ec.namespace().unwrap_or_default());
     for name in &plan.stale {
@@ -219,34 +229,34 @@ async fn publish(ctx: &Context, obs: &Observed<'_>, plan: Publish) -> Result<Out
         plan.rollout.canary(),
     )
     .await?;
-    if let Some(why) = plan.rollout.failed() {
-        fail_analysis(ctx, &api, &mine, &version, &why).await?;
-    }
-    Ok(plan::report(obs, algorithm, &mine, &plan.rollout))
+    let failed = plan.rollout.failed().and_then(|why| {
+        let desired = mine
+            .iter()
+            .find(|r| r.spec.version == version && !r.is_tainted())?;
+        Some(Failed {
+            name: desired.name_any(),
+            why,
+        })
+    });
+    Ok((plan::report(obs, algorithm, &mine, &plan.rollout), failed))
 }
 
-/// Taints the desired revision (`version`) whose canaries failed the health analysis, as
-/// read now (the canary mark was just taken off it): the next run rolls it back as it does a
-/// version Envoy rejected, and it is not published again until the spec changes.
-async fn fail_analysis(
-    ctx: &Context,
-    api: &Api<EnvoyConfigRevision>,
-    mine: &[EnvoyConfigRevision],
-    version: &str,
-    why: &str,
-) -> Result<(), Error> {
-    let Some(name) = mine
-        .iter()
-        .find(|r| r.spec.version == version && !r.is_tainted())
-        .map(ResourceExt::name_any)
-    else {
-        return Ok(());
-    };
-    let revision = api.get(&name).await?;
+/// The desired revision whose canaries failed the health analysis, and why.
+struct Failed {
+    name: String,
+    why: String,
+}
+
+/// Taints `failed` as read now (the canary mark was taken off it): the next run rolls it
+/// back as it does a version Envoy rejected, and it is not published again until the spec
+/// changes.
+async fn fail_analysis(ctx: &Context, ns: &str, failed: &Failed) -> Result<(), Error> {
+    let api: Api<EnvoyConfigRevision> = Api::namespaced(ctx.client.clone(), ns);
+    let revision = api.get(&failed.name).await?;
     if revision.is_tainted() {
         return Ok(());
     }
-    super::nacks::taint(ctx, &revision, RevisionReason::FailedAnalysis, why).await
+    super::nacks::taint(ctx, &revision, RevisionReason::FailedAnalysis, &failed.why).await
 }
 
 /// Writes `status.canary` on the desired revision (`version`) while it is in a canary step,
